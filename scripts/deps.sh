@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages k3pd needs to build, test and run (idempotent; skips apt when
+# everything is already present). Run as root (or with sudo available).
+set -euo pipefail
+PKGS=(build-essential cmake pkg-config git ca-certificates
+      libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
+      libucx-dev ucx-utils libuv1-dev check libjansson-dev libpcre2-dev libmicrohttpd-dev
+      libxxhash-dev python3 python3-grpcio python3-protobuf yamllint clang libclang-rt-14-dev
+      curl procps kubernetes-client)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  echo "k3pd: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

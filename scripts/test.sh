@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The README's test command: installs dependencies, builds the tree twice and runs every test.
+#   1. build-asan: CPU backend under AddressSanitizer + UndefinedBehaviorSanitizer; all of ctest.
+#   2. build-cuda: only when nvcc exists: compiles the CUDA backend (no GPU needed to build);
+#      the CPU tests are not repeated there.
+# Environment: K3PD_TEST_JOBS (default: nproc), K3PD_SKIP_CUDA_BUILD=1 to skip step 2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+jobs=${K3PD_TEST_JOBS:-$(nproc)}
+cmake -S . -B build-asan -DK3PD_CUDA=OFF -DK3PD_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake --build build-asan -j"$jobs"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE gpu
+if [ "${K3PD_SKIP_CUDA_BUILD:-0}" != 1 ] && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }; then
+  export PATH=$PATH:/usr/local/cuda/bin
+  cmake -S . -B build-cuda -DK3PD_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build-cuda -j"$jobs"
+  echo "k3pd: CUDA backend compiled (GPU tests run on a GPU host: scripts/gpu/run.sh)"
+fi
