@@ -6,7 +6,10 @@ PKGS=(build-essential cmake pkg-config git ca-certificates
       libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
       libucx-dev ucx-utils libuv1-dev check libjansson-dev libpcre2-dev libmicrohttpd-dev
       libxxhash-dev python3 python3-grpcio python3-protobuf yamllint clang libclang-rt-14-dev
-      curl procps kubernetes-client)
+      curl procps)
+# kubectl renders the Kubernetes manifests offline; some images ship it already (from another
+# package), and installing Debian's kubernetes-client over it would conflict.
+command -v kubectl >/dev/null 2>&1 || PKGS+=(kubernetes-client)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
