@@ -1,0 +1,196 @@
+/* Worker registry and pairing policy; see registry.h for the rules. */
+#include "registry.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3pd/err.h"
+
+void rt_registry_init(rt_registry_t *r) { memset(r, 0, sizeof *r); }
+
+void rt_registry_free(rt_registry_t *r) {
+  free(r->workers);
+  memset(r, 0, sizeof *r);
+}
+
+rt_worker_t *rt_registry_find(rt_registry_t *r, const char *id) {
+  for (size_t i = 0; i < r->n; i++)
+    if (strcmp(r->workers[i].info.id, id) == 0) return &r->workers[i];
+  return NULL;
+}
+
+static int validate(const rt_worker_info_t *in, char *err, size_t errlen) {
+  if (in->id[0] == 0 || strnlen(in->id, RT_ID_MAX) == RT_ID_MAX) {
+    snprintf(err, errlen, "worker_id: must be 1..%d bytes", RT_ID_MAX - 1);
+    return K3_EINVAL;
+  }
+  if (in->role != RT_ROLE_PREFILL && in->role != RT_ROLE_DECODE) {
+    snprintf(err, errlen, "role: must be PREFILL or DECODE");
+    return K3_EINVAL;
+  }
+  if (in->address[0] == 0 || strnlen(in->address, RT_ADDR_MAX) == RT_ADDR_MAX || !strchr(in->address, ':')) {
+    snprintf(err, errlen, "address: must be HOST:PORT");
+    return K3_EINVAL;
+  }
+  if (in->role == RT_ROLE_DECODE) {
+    if (in->page_tokens <= 0) {
+      snprintf(err, errlen, "capacity.page_tokens: must be > 0");
+      return K3_EINVAL;
+    }
+    if (in->kv_pages_total <= 0 || in->kda_slots_total <= 0) {
+      snprintf(err, errlen, "capacity.%s: must be > 0", in->kv_pages_total <= 0 ? "kv_pages" : "kda_slots");
+      return K3_EINVAL;
+    }
+    if (in->kv_pages_used < 0 || in->kv_pages_used > in->kv_pages_total || in->kda_slots_used < 0 ||
+        in->kda_slots_used > in->kda_slots_total) {
+      snprintf(err, errlen, "load.%s: outside 0..capacity",
+               (in->kv_pages_used < 0 || in->kv_pages_used > in->kv_pages_total) ? "kv_pages_used" : "kda_slots_used");
+      return K3_EINVAL;
+    }
+  }
+  if (in->queued_prompt_tokens < 0 || in->running < 0) {
+    snprintf(err, errlen, "load.%s: must be >= 0", in->running < 0 ? "running" : "queued_prompt_tokens");
+    return K3_EINVAL;
+  }
+  return 0;
+}
+
+int rt_registry_upsert(rt_registry_t *r, const rt_worker_info_t *info, int64_t now_ms, bool *is_new, char *err,
+                       size_t errlen) {
+  int rc = validate(info, err, errlen);
+  if (rc) return rc;
+  rt_worker_t *w = rt_registry_find(r, info->id);
+  bool fresh = w == NULL;
+  if (fresh) {
+    if (r->n == r->cap) {
+      size_t nc = r->cap ? r->cap * 2 : 8;
+      rt_worker_t *nw = realloc(r->workers, nc * sizeof *nw);
+      if (!nw) return K3_ENOMEM;
+      r->workers = nw;
+      r->cap = nc;
+    }
+    w = &r->workers[r->n++];
+    memset(w, 0, sizeof *w);
+  } else if (w->info.role != info->role || strcmp(w->info.address, info->address) != 0 ||
+             w->info.fingerprint != info->fingerprint) {
+    /* Same id, different identity: a replacement pod. Treat as a new registration. */
+    fresh = true;
+  }
+  uint32_t gen = w->generation + (fresh ? 1u : 0u);
+  w->info = *info;
+  w->state = info->draining ? RT_WORKER_DRAINING : RT_WORKER_ACTIVE;
+  w->last_seen_ms = now_ms;
+  w->pending_pages = 0;
+  w->pending_slots = 0;
+  w->pending_prompt_tokens = 0;
+  w->generation = gen;
+  if (is_new) *is_new = fresh;
+  return 0;
+}
+
+int rt_registry_remove(rt_registry_t *r, const char *id) {
+  for (size_t i = 0; i < r->n; i++) {
+    if (strcmp(r->workers[i].info.id, id) == 0) {
+      r->workers[i] = r->workers[--r->n];
+      return 0;
+    }
+  }
+  return K3_ENOENT;
+}
+
+size_t rt_registry_expire(rt_registry_t *r, int64_t now_ms, int64_t timeout_ms) {
+  size_t dropped = 0;
+  for (size_t i = 0; i < r->n;) {
+    if (now_ms - r->workers[i].last_seen_ms > timeout_ms) {
+      r->workers[i] = r->workers[--r->n];
+      dropped++;
+    } else {
+      i++;
+    }
+  }
+  return dropped;
+}
+
+size_t rt_registry_count(const rt_registry_t *r, rt_role_t role, bool active_only) {
+  size_t c = 0;
+  for (size_t i = 0; i < r->n; i++)
+    if (r->workers[i].info.role == role && (!active_only || r->workers[i].state == RT_WORKER_ACTIVE)) c++;
+  return c;
+}
+
+int64_t rt_pages_needed(int64_t prompt_tokens, int64_t max_new_tokens, int32_t page_tokens) {
+  if (page_tokens <= 0) return -1;
+  int64_t t = prompt_tokens + max_new_tokens;
+  return (t + page_tokens - 1) / page_tokens;
+}
+
+int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens, uint64_t fingerprint,
+                     size_t *out) {
+  bool any = false;
+  double best_util = 2.0;
+  int32_t best_running = 0;
+  size_t best = (size_t)-1;
+  for (size_t i = 0; i < r->n; i++) {
+    const rt_worker_t *w = &r->workers[i];
+    if (w->info.role != RT_ROLE_DECODE || w->state != RT_WORKER_ACTIVE) continue;
+    if (fingerprint && w->info.fingerprint != fingerprint) continue;
+    any = true;
+    int64_t need = rt_pages_needed(prompt_tokens, max_new_tokens, w->info.page_tokens);
+    int64_t used_pages = w->info.kv_pages_used + w->pending_pages;
+    int64_t used_slots = (int64_t)w->info.kda_slots_used + w->pending_slots;
+    if (need < 0 || used_pages + need > w->info.kv_pages_total || used_slots + 1 > w->info.kda_slots_total) continue;
+    double up = (double)(used_pages + need) / (double)w->info.kv_pages_total;
+    double us = (double)(used_slots + 1) / (double)w->info.kda_slots_total;
+    double util = up > us ? up : us;
+    bool better = best == (size_t)-1 || util < best_util - 1e-12 ||
+                  (util <= best_util + 1e-12 &&
+                   (w->info.running < best_running ||
+                    (w->info.running == best_running && strcmp(w->info.id, r->workers[best].info.id) < 0)));
+    if (better) {
+      best = i;
+      best_util = util;
+      best_running = w->info.running;
+    }
+  }
+  if (!any) return K3_EUNAVAIL;
+  if (best == (size_t)-1) return K3_ECAPACITY;
+  *out = best;
+  return 0;
+}
+
+int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *const *exclude, size_t n_exclude,
+                      size_t *out) {
+  size_t best = (size_t)-1;
+  int64_t best_q = 0;
+  for (size_t i = 0; i < r->n; i++) {
+    const rt_worker_t *w = &r->workers[i];
+    if (w->info.role != RT_ROLE_PREFILL || w->state != RT_WORKER_ACTIVE) continue;
+    if (fingerprint && w->info.fingerprint != fingerprint) continue;
+    bool skip = false;
+    for (size_t k = 0; k < n_exclude && !skip; k++) skip = strcmp(exclude[k], w->info.id) == 0;
+    if (skip) continue;
+    int64_t q = w->info.queued_prompt_tokens + w->pending_prompt_tokens;
+    if (best == (size_t)-1 || q < best_q || (q == best_q && strcmp(w->info.id, r->workers[best].info.id) < 0)) {
+      best = i;
+      best_q = q;
+    }
+  }
+  if (best == (size_t)-1) return K3_EUNAVAIL;
+  *out = best;
+  return 0;
+}
+
+void rt_worker_add_pending(rt_worker_t *w, int64_t pages, int32_t slots, int64_t prompt_tokens) {
+  w->pending_pages += pages;
+  w->pending_slots += slots;
+  w->pending_prompt_tokens += prompt_tokens;
+}
+
+void rt_worker_sub_pending(rt_worker_t *w, int64_t pages, int32_t slots, int64_t prompt_tokens) {
+  /* Pending counts are cleared by every heartbeat, so a late subtraction may go below zero:
+   * clamp rather than under-count the next burst. */
+  w->pending_pages = w->pending_pages > pages ? w->pending_pages - pages : 0;
+  w->pending_slots = w->pending_slots > slots ? w->pending_slots - slots : 0;
+  w->pending_prompt_tokens = w->pending_prompt_tokens > prompt_tokens ? w->pending_prompt_tokens - prompt_tokens : 0;
+}

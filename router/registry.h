@@ -1,0 +1,98 @@
+/* Router worker registry and pairing policy (pure bookkeeping: no I/O, no clocks of its own).
+ *
+ * Workers register themselves through the Cluster service and heartbeat with their load; the
+ * router holds no static worker list. This module keeps the table, expires workers that miss
+ * heartbeats, and chooses the (decode, prefill) pair for a request:
+ *   1. decode first: among ACTIVE decode workers with the request's model fingerprint and
+ *      enough free KV pages (ceil((prompt + max_new) / page_tokens)) and a free KDA slot,
+ *      pick the one with the lowest utilisation after admission (max of page and slot use),
+ *      ties broken by fewer running sequences, then by id;
+ *   2. then prefill: among ACTIVE prefill workers with the same fingerprint, the one with the
+ *      fewest queued prompt tokens (including what this router has sent it and not yet seen
+ *      acknowledged), ties by id.
+ * Between heartbeats the router adds its own in-flight reservations to a worker's reported load
+ * ("pending"), so a burst of requests does not all land on the same worker.
+ *
+ * Errors: K3_EUNAVAIL when a role has no eligible worker at all (→ gRPC UNAVAILABLE),
+ * K3_ECAPACITY when decode workers exist but none can take the request (→ RESOURCE_EXHAUSTED).
+ * Not thread-safe: owned by the router's loop thread. */
+#ifndef K3PD_ROUTER_REGISTRY_H
+#define K3PD_ROUTER_REGISTRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { RT_ROLE_PREFILL = 1, RT_ROLE_DECODE = 2 } rt_role_t;
+typedef enum { RT_WORKER_ACTIVE = 0, RT_WORKER_DRAINING = 1 } rt_worker_state_t;
+
+#define RT_ID_MAX 128
+#define RT_ADDR_MAX 256
+
+typedef struct {
+  char id[RT_ID_MAX];       /* unique worker id (pod name or host:port) */
+  rt_role_t role;
+  char address[RT_ADDR_MAX]; /* gRPC address the router dials, HOST:PORT */
+  uint64_t fingerprint;     /* model state-manifest fingerprint */
+  /* capacity (decode: pages/slots; prefill: max batch tokens) */
+  int64_t kv_pages_total;
+  int32_t page_tokens;
+  int32_t kda_slots_total;
+  int32_t max_batch;
+  /* load as last reported */
+  int64_t kv_pages_used;
+  int32_t kda_slots_used;
+  int32_t running;
+  int64_t queued_prompt_tokens;
+  bool draining;
+} rt_worker_info_t;
+
+typedef struct {
+  rt_worker_info_t info;
+  rt_worker_state_t state;
+  int64_t last_seen_ms;
+  /* router-side accounting of work sent since the last heartbeat */
+  int64_t pending_pages;
+  int32_t pending_slots;
+  int64_t pending_prompt_tokens;
+  uint32_t generation; /* bumps on every (re-)registration; lets callers detect replacement */
+} rt_worker_t;
+
+typedef struct {
+  rt_worker_t *workers; /* owned array */
+  size_t n, cap;
+} rt_registry_t;
+
+void rt_registry_init(rt_registry_t *r);
+void rt_registry_free(rt_registry_t *r);
+
+/* Registers or refreshes a worker (Register and Heartbeat both land here). Validates the info
+ * (non-empty id and address, sane capacities); on error returns K3_EINVAL with a message naming
+ * the field in err and changes nothing. *is_new is set when the id was not known. A heartbeat
+ * replaces the reported load and clears the pending counters (the report now includes them). */
+int rt_registry_upsert(rt_registry_t *r, const rt_worker_info_t *info, int64_t now_ms, bool *is_new, char *err,
+                       size_t errlen);
+/* Removes a worker; returns 0 or K3_ENOENT. */
+int rt_registry_remove(rt_registry_t *r, const char *id);
+/* Drops every worker whose last heartbeat is older than timeout_ms; returns how many. */
+size_t rt_registry_expire(rt_registry_t *r, int64_t now_ms, int64_t timeout_ms);
+rt_worker_t *rt_registry_find(rt_registry_t *r, const char *id);
+size_t rt_registry_count(const rt_registry_t *r, rt_role_t role, bool active_only);
+
+/* Pages a request needs on a decode worker with the given page size. */
+int64_t rt_pages_needed(int64_t prompt_tokens, int64_t max_new_tokens, int32_t page_tokens);
+
+/* Chooses a decode worker for the request (fingerprint 0 = any). Returns its index in
+ * r->workers via *out, or K3_EUNAVAIL / K3_ECAPACITY. Does not change the registry. */
+int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens, uint64_t fingerprint,
+                     size_t *out);
+/* Chooses a prefill worker with the fingerprint (0 = any), skipping ids in `exclude` (for
+ * retries after a prefill failed). Returns 0 and the index, or K3_EUNAVAIL. */
+int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *const *exclude, size_t n_exclude,
+                      size_t *out);
+
+/* Router-side accounting between heartbeats. */
+void rt_worker_add_pending(rt_worker_t *w, int64_t pages, int32_t slots, int64_t prompt_tokens);
+void rt_worker_sub_pending(rt_worker_t *w, int64_t pages, int32_t slots, int64_t prompt_tokens);
+
+#endif

@@ -1,0 +1,145 @@
+/* Router registry + pairing policy: registration validation, heartbeat expiry, decode-first
+ * choice by utilisation, capacity vs availability errors, prefill choice by queue, pending. */
+#include <check.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "k3pd/err.h"
+#include "registry.h"
+
+static rt_worker_info_t dec(const char *id, int64_t pages, int64_t used, int slots, int slots_used) {
+  rt_worker_info_t w;
+  memset(&w, 0, sizeof w);
+  snprintf(w.id, sizeof w.id, "%s", id);
+  w.role = RT_ROLE_DECODE;
+  snprintf(w.address, sizeof w.address, "127.0.0.1:%d", 5000 + (int)strlen(id));
+  w.fingerprint = 42;
+  w.kv_pages_total = pages;
+  w.kv_pages_used = used;
+  w.page_tokens = 16;
+  w.kda_slots_total = slots;
+  w.kda_slots_used = slots_used;
+  return w;
+}
+
+static rt_worker_info_t pre(const char *id, int64_t queued) {
+  rt_worker_info_t w;
+  memset(&w, 0, sizeof w);
+  snprintf(w.id, sizeof w.id, "%s", id);
+  w.role = RT_ROLE_PREFILL;
+  snprintf(w.address, sizeof w.address, "127.0.0.1:6%03d", (int)queued % 1000);
+  w.fingerprint = 42;
+  w.queued_prompt_tokens = queued;
+  return w;
+}
+
+START_TEST(test_validation) {
+  rt_registry_t r;
+  rt_registry_init(&r);
+  char err[128];
+  bool is_new;
+  rt_worker_info_t w = dec("d1", 100, 0, 4, 0);
+  w.page_tokens = 0;
+  ck_assert_int_eq(rt_registry_upsert(&r, &w, 0, &is_new, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "page_tokens"));
+  w = dec("d1", 100, 101, 4, 0);
+  ck_assert_int_eq(rt_registry_upsert(&r, &w, 0, &is_new, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "kv_pages_used"));
+  w = dec("", 100, 0, 4, 0);
+  ck_assert_int_eq(rt_registry_upsert(&r, &w, 0, &is_new, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "worker_id"));
+  w = dec("d1", 100, 0, 4, 0);
+  strcpy(w.address, "nocolon");
+  ck_assert_int_eq(rt_registry_upsert(&r, &w, 0, &is_new, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "address"));
+  ck_assert_int_eq(r.n, 0);
+  rt_registry_free(&r);
+}
+END_TEST
+
+START_TEST(test_choose_and_expire) {
+  rt_registry_t r;
+  rt_registry_init(&r);
+  char err[128];
+  bool is_new = false;
+  size_t idx;
+  ck_assert_int_eq(rt_choose_decode(&r, 10, 10, 42, &idx), K3_EUNAVAIL);
+  rt_worker_info_t a = dec("dA", 100, 50, 4, 1), b = dec("dB", 100, 10, 4, 1);
+  ck_assert_int_eq(rt_registry_upsert(&r, &a, 1000, &is_new, err, sizeof err), 0);
+  ck_assert(is_new);
+  ck_assert_int_eq(rt_registry_upsert(&r, &b, 1000, &is_new, err, sizeof err), 0);
+  ck_assert_int_eq(rt_choose_decode(&r, 10, 22, 42, &idx), 0); /* 2 pages */
+  ck_assert_str_eq(r.workers[idx].info.id, "dB");
+  /* wrong fingerprint: nobody */
+  ck_assert_int_eq(rt_choose_decode(&r, 10, 22, 7, &idx), K3_EUNAVAIL);
+  /* too big for anyone: capacity */
+  ck_assert_int_eq(rt_choose_decode(&r, 16 * 95, 0, 42, &idx), K3_ECAPACITY);
+  /* pending accounting shifts the choice: dB gets 45 pending pages → 55% used vs dA 50% */
+  rt_worker_add_pending(rt_registry_find(&r, "dB"), 45, 1, 0);
+  ck_assert_int_eq(rt_choose_decode(&r, 1, 0, 42, &idx), 0);
+  ck_assert_str_eq(r.workers[idx].info.id, "dA");
+  /* heartbeat clears pending */
+  b.kv_pages_used = 12;
+  ck_assert_int_eq(rt_registry_upsert(&r, &b, 2000, &is_new, err, sizeof err), 0);
+  ck_assert(!is_new);
+  ck_assert_int_eq(rt_registry_find(&r, "dB")->pending_pages, 0);
+  /* slots exhausted on both */
+  a.kda_slots_used = 4;
+  b.kda_slots_used = 4;
+  rt_registry_upsert(&r, &a, 2000, &is_new, err, sizeof err);
+  rt_registry_upsert(&r, &b, 2000, &is_new, err, sizeof err);
+  ck_assert_int_eq(rt_choose_decode(&r, 1, 1, 42, &idx), K3_ECAPACITY);
+  /* expiry: dA last seen at 2000, dB refreshed at 5000 */
+  rt_registry_upsert(&r, &b, 5000, &is_new, err, sizeof err);
+  ck_assert_uint_eq(rt_registry_expire(&r, 6500, 3000), 1);
+  ck_assert_ptr_null(rt_registry_find(&r, "dA"));
+  ck_assert_ptr_nonnull(rt_registry_find(&r, "dB"));
+  ck_assert_int_eq(rt_registry_remove(&r, "dB"), 0);
+  ck_assert_int_eq(rt_registry_remove(&r, "dB"), K3_ENOENT);
+  rt_registry_free(&r);
+}
+END_TEST
+
+START_TEST(test_prefill_choice_and_draining) {
+  rt_registry_t r;
+  rt_registry_init(&r);
+  char err[128];
+  bool is_new;
+  size_t idx;
+  rt_worker_info_t p1 = pre("p1", 500), p2 = pre("p2", 100), p3 = pre("p3", 0);
+  p3.draining = true;
+  rt_registry_upsert(&r, &p1, 0, &is_new, err, sizeof err);
+  rt_registry_upsert(&r, &p2, 0, &is_new, err, sizeof err);
+  rt_registry_upsert(&r, &p3, 0, &is_new, err, sizeof err);
+  ck_assert_uint_eq(rt_registry_count(&r, RT_ROLE_PREFILL, true), 2);
+  ck_assert_int_eq(rt_choose_prefill(&r, 42, NULL, 0, &idx), 0);
+  ck_assert_str_eq(r.workers[idx].info.id, "p2");
+  const char *ex[] = {"p2"};
+  ck_assert_int_eq(rt_choose_prefill(&r, 42, ex, 1, &idx), 0);
+  ck_assert_str_eq(r.workers[idx].info.id, "p1");
+  rt_worker_add_pending(rt_registry_find(&r, "p2"), 0, 0, 1000);
+  ck_assert_int_eq(rt_choose_prefill(&r, 42, NULL, 0, &idx), 0);
+  ck_assert_str_eq(r.workers[idx].info.id, "p1");
+  rt_worker_sub_pending(rt_registry_find(&r, "p2"), 0, 0, 5000); /* clamps at 0 */
+  ck_assert_int_eq(rt_registry_find(&r, "p2")->pending_prompt_tokens, 0);
+  const char *ex2[] = {"p1", "p2"};
+  ck_assert_int_eq(rt_choose_prefill(&r, 42, ex2, 2, &idx), K3_EUNAVAIL);
+  ck_assert_int_eq(rt_pages_needed(17, 0, 16), 2);
+  ck_assert_int_eq(rt_pages_needed(16, 0, 16), 1);
+  rt_registry_free(&r);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("router_registry");
+  TCase *tc = tcase_create("core");
+  tcase_add_test(tc, test_validation);
+  tcase_add_test(tc, test_choose_and_expire);
+  tcase_add_test(tc, test_prefill_choice_and_draining);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
