@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "k3pd/manifest.h"
 #include "k3pd/model_config.h"
 #include "k3pd/weights.h"
 
@@ -139,29 +140,17 @@ int k3_runner_decode_step(k3_runner_t *r, k3_decode_item_t *items, int n, char *
                           size_t errlen);
 
 /* ---- state manifest and export/import ------------------------------------------------------
- * Regions of one sequence, in manifest order: for every layer l in order, an MLA layer has ONE
- * region (its latent rows: the sequence's pages of that layer, in page order, whole pages,
- * page_tokens x cache_dim elements each, state dtype); a KDA layer has FOUR: S (fp32
- * [H,V,K]), conv q, conv k, conv v (state dtype, [P, W-1] oldest first). Bytes of an MLA
- * region depend on the sequence length (n_pages x page bytes). */
-typedef enum { K3_REGION_MLA_PAGES = 0, K3_REGION_KDA_S = 1, K3_REGION_KDA_CONV_Q = 2,
-               K3_REGION_KDA_CONV_K = 3, K3_REGION_KDA_CONV_V = 4 } k3_region_kind_t;
-
-typedef struct {
-  int layer;               /* 0-based model layer */
-  k3_region_kind_t kind;
-  int elem_bytes;          /* 4 (fp32) or 2 (bf16) */
-  uint64_t fixed_bytes;    /* KDA regions: bytes; MLA: 0 */
-  uint64_t page_bytes;     /* MLA: bytes per page; KDA: 0 */
-} k3_runner_region_t;
-
-int k3_runner_num_regions(const k3_runner_t *r);
-/* Region i (0 <= i < num_regions); NULL when out of range. Pointer owned by the runner. */
-const k3_runner_region_t *k3_runner_region(const k3_runner_t *r, int i);
-/* Bytes of region i for a sequence of `len` tokens. */
+ * The regions of one sequence are those of the runner's manifest (k3pd/manifest.h, built by
+ * k3_manifest_build for the runner's page size), in manifest order: per MLA layer ONE region
+ * (the sequence's pages of that layer, in page order, whole pages of page_tokens x cache_dim
+ * elements), per KDA layer FOUR (S fp32 [H,V,K] V-first, conv q, conv k, conv v [P, W-1]
+ * oldest first). The runner adjusts the manifest to its precision: in fp32 mode the MLA
+ * latents and conv states are F32 (ckpt's builder assumes bf16), their byte counts follow, and
+ * the fingerprint is re-derived from ckpt's fingerprint plus the precision and the adjusted
+ * regions, so fp32 and bf16 runners never share a fingerprint. */
+const k3_manifest_t *k3_runner_manifest(const k3_runner_t *r);
+/* Bytes of region i for a sequence of `len` tokens (MLA: pages_for(len) x bytes per page). */
 uint64_t k3_runner_region_bytes(const k3_runner_t *r, int i, int64_t len);
-/* Fingerprint of (model config, manifest, page size, state dtypes): equal fingerprints mean
- * the exported bytes can be imported. fp32 and bf16 modes never share a fingerprint. */
 uint64_t k3_runner_fingerprint(const k3_runner_t *r);
 
 /* Copies region i of `seq` into dst (cap bytes, at least region_bytes(i, seq->len)).
@@ -173,10 +162,10 @@ int k3_runner_export_region(const k3_runner_t *r, const k3_seq_t *seq, int i, vo
  * the exporter's length first). */
 int k3_runner_import_region(k3_runner_t *r, k3_seq_t *seq, int i, const void *src, size_t len);
 
-/* Raw pool memory for zero-copy transfer (UCX registration): base address and per-slot /
- * per-page stride of a region kind of a layer. Layout: element [id][...] at base + id*stride.
- * K3_EINVAL when the layer has no such region. */
-int k3_runner_pool_mem(const k3_runner_t *r, int layer, k3_region_kind_t kind, void **base,
-                       size_t *stride_bytes, size_t *count);
+/* Raw pool memory of manifest region i for zero-copy transfer (UCX registration): the slot
+ * (KDA) or page (MLA) with id `id` of that region lives at base + id*stride_bytes and is
+ * manifest->regions[i].bytes long; count = pool size. K3_EINVAL for a bad i. */
+int k3_runner_pool_mem(const k3_runner_t *r, int i, void **base, size_t *stride_bytes,
+                       size_t *count);
 
 #endif
