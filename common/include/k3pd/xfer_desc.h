@@ -1,0 +1,118 @@
+/* Reservation descriptor for the state handoff (decode reserves, prefill pushes).
+ *
+ * What it is for: the decode worker describes, for one request, where in its registered
+ * memory every transferable region of the sequence state must be written, so a prefill worker
+ * can push it with one-sided UCX puts. The descriptor travels as opaque bytes inside a protobuf
+ * `bytes` field; k3_xfer_desc_encode/_decode are its only (de)serialisers.
+ *
+ * What it is not: it knows nothing about the model. The worker maps its state manifest onto
+ * it: a pool is one registered memory block (the KV page pool, the KDA slot pool) with a base
+ * address, a stride per slot/page and a packed rkey; an index list names the pages or the slot
+ * reserved for this request; a region is one manifest region (e.g. "MLA layer 3 latent" or
+ * "KDA layer 7 S") = (pool, index list, offset inside each slot/page, bytes per slot/page,
+ * total bytes, streaming layer). Remote address of region byte b:
+ *   base + idx[b / unit] * stride + offset + b % unit
+ * so the descriptor stays compact for any prompt length (addresses are never listed).
+ *
+ * Invariants (checked by k3_xfer_desc_validate, hence by decode): every region byte maps inside
+ * its pool (index < n_slots, offset + unit <= stride); len covers exactly the listed indices
+ * ((n-1)*unit < len <= n*unit); counts are within the K3_XFER_MAX_* limits.
+ *
+ * Wire format v1 (little-endian, see docs/transfer.md): "K3XD" u16 version u16 flags, fixed
+ * header fields, worker address, pools (with rkeys), index lists as (start,count) runs, regions,
+ * then an xxhash64 of all preceding bytes. Decoding is strict: any truncation, trailing byte,
+ * bad count, checksum mismatch or failed validation is K3_EPROTO; nothing is allocated on error. */
+#ifndef K3PD_XFER_DESC_H
+#define K3PD_XFER_DESC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define K3_XFER_DESC_VERSION 1
+#define K3_XFER_MAX_POOLS 8
+#define K3_XFER_MAX_LISTS 8
+#define K3_XFER_MAX_REGIONS 4096
+#define K3_XFER_MAX_INDICES (1u << 22) /* per list: 4M pages */
+#define K3_XFER_MAX_ADDR_BYTES 8192    /* UCX worker address */
+#define K3_XFER_MAX_RKEY_BYTES 8192    /* packed rkey */
+
+/* Region kinds: informational (per-kind bandwidth stats and logs); the manifest assigns them. */
+typedef enum {
+  K3_XFER_KIND_OTHER = 0,
+  K3_XFER_KIND_MLA_KV = 1,   /* MLA latent pages (576 bf16 per token) */
+  K3_XFER_KIND_KDA_S = 2,    /* KDA recurrent state, fp32 [H,V,K] */
+  K3_XFER_KIND_KDA_CONV = 3, /* KDA conv q/k/v, bf16 [Pc,3] */
+  K3_XFER_KIND_COUNT = 4
+} k3_xfer_kind_t;
+
+const char *k3_xfer_kind_name(uint32_t kind); /* static string, "other" for unknown values */
+
+typedef struct {
+  uint64_t base_addr;    /* remote virtual address of slot/page 0 */
+  uint64_t stride_bytes; /* distance between consecutive slots/pages, > 0 */
+  uint64_t n_slots;      /* valid indices are < n_slots */
+  uint32_t rkey_len;     /* 1..K3_XFER_MAX_RKEY_BYTES */
+  uint8_t *rkey;         /* packed rkey (ucp_rkey_pack), owned by the descriptor */
+} k3_xfer_pool_desc_t;
+
+typedef struct {
+  uint32_t n;    /* 1..K3_XFER_MAX_INDICES */
+  uint32_t *idx; /* slot/page indices in region byte order, owned by the descriptor */
+} k3_xfer_index_list_t;
+
+typedef struct {
+  uint32_t kind;         /* k3_xfer_kind_t */
+  uint32_t pool;         /* < n_pools */
+  uint32_t list;         /* < n_lists */
+  uint32_t layer;        /* streaming group: pushed when the sender is told layer is final */
+  uint64_t offset_bytes; /* inside every slot/page */
+  uint64_t unit_bytes;   /* bytes of this region per slot/page, > 0, offset+unit <= stride */
+  uint64_t len_bytes;    /* total bytes written, (n-1)*unit < len <= n*unit */
+} k3_xfer_region_t;
+
+typedef struct {
+  uint64_t request_id;
+  uint64_t epoch;           /* fencing: DONE must carry the same epoch */
+  int64_t lease_expiry_ms;  /* wall clock (k3_wall_ms); the sender must be done before it */
+  uint64_t fingerprint;     /* state-manifest fingerprint of the receiver */
+  uint32_t worker_addr_len; /* receiver's UCX worker address */
+  uint8_t *worker_addr;     /* owned */
+  uint32_t n_pools;
+  k3_xfer_pool_desc_t pools[K3_XFER_MAX_POOLS];
+  uint32_t n_lists;
+  k3_xfer_index_list_t lists[K3_XFER_MAX_LISTS];
+  uint32_t n_regions;
+  k3_xfer_region_t *regions; /* owned, n_regions entries */
+  uint32_t n_layers;         /* 1 + max(region.layer); derived, filled by validate/decode */
+} k3_xfer_desc_t;
+
+/* Checks the invariants above and fills desc->n_layers. Returns 0 or K3_EINVAL with a message
+ * naming the field (e.g. "region 12: index 900 >= pool 1 n_slots 512") in err. */
+int k3_xfer_desc_validate(k3_xfer_desc_t *desc, char *err, size_t errlen);
+
+/* Serialises a valid descriptor into a malloc'd buffer (*out, caller frees with free()).
+ * Returns 0, K3_EINVAL (invalid descriptor) or K3_ENOMEM. */
+int k3_xfer_desc_encode(const k3_xfer_desc_t *desc, uint8_t **out, size_t *out_len);
+
+/* Parses bytes produced by k3_xfer_desc_encode. On success *out is a new descriptor (free with
+ * k3_xfer_desc_free). Returns K3_EPROTO (message in err) for any malformed input, K3_ENOMEM. */
+int k3_xfer_desc_decode(const uint8_t *buf, size_t len, k3_xfer_desc_t **out, char *err,
+                        size_t errlen);
+
+/* Deep copy (new descriptor, free with k3_xfer_desc_free). Returns 0 or K3_ENOMEM. */
+int k3_xfer_desc_clone(const k3_xfer_desc_t *src, k3_xfer_desc_t **out);
+
+/* Allocates an empty descriptor (all counts zero); free with k3_xfer_desc_free. NULL on OOM. */
+k3_xfer_desc_t *k3_xfer_desc_new(void);
+/* Frees the descriptor and everything it owns. NULL is a no-op. */
+void k3_xfer_desc_free(k3_xfer_desc_t *desc);
+
+/* Total bytes of all regions. */
+uint64_t k3_xfer_desc_total_bytes(const k3_xfer_desc_t *desc);
+
+/* Byte offset (from the pool base) of region byte `off`, and how many bytes are contiguous from
+ * there inside the same slot/page. The descriptor must be valid and off < len_bytes. */
+void k3_xfer_region_locate(const k3_xfer_desc_t *desc, uint32_t region, uint64_t off,
+                           uint64_t *pool_off, uint64_t *contig);
+
+#endif

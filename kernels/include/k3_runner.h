@@ -1,0 +1,171 @@
+/* The model runner: builds the Kimi-K3 (`kimi_k3`) and Kimi-Linear-48B (`kimi_linear`) forward
+ * pass out of the k3k op API (k3k.h), and owns the per-sequence decode state pools.
+ *
+ * What it is for:
+ *   - prefill: a packed batch of sequences of different lengths, each continuing from whatever
+ *     state its sequence already holds (len 0 = fresh), internally chunked for long prompts;
+ *     returns logits of the last position of every sequence (or of every position on request);
+ *   - decode_step: one token for each sequence of a batch, sequences at different positions;
+ *   - state: an MLA latent cache in fixed-size pages (page size chosen at init) with a per-
+ *     sequence page table, and one KDA slot per sequence (recurrent S fp32 V-first [H,V,K] plus
+ *     the conv states of q/k/v); both pools are sized at init;
+ *   - export/import of one sequence's state region by region (the regions of the state
+ *     manifest), so a prefill worker can hand a sequence to a decode worker.
+ * What it is not: a scheduler. It never decides which sequences run; the caller (decode
+ * worker, prefill worker, k3pd-generate) allocates pages and slots through the pool API below
+ * and passes fully described sequences in. No backend-specific code lives here: every numeric
+ * step goes through the k3k op API of the backend chosen at init.
+ *
+ * Precision (chosen at init, part of the state fingerprint):
+ *   K3_RUNNER_FP32 - every activation and accumulation fp32; weights read from bf16/MXFP4
+ *                    exactly; MLA latents and KDA conv states are STORED fp32 (storing them bf16
+ *                    would make prefill(T) differ from prefill(T-k) + k decode steps).
+ *   K3_RUNNER_BF16 - the rounding points of spec k3-model.md §8 (production engines); MLA
+ *                    latents and conv states are stored bf16 (spec §10.2).
+ *
+ * Invariants:
+ *   - a sequence's result never depends on the other sequences of the batch (bit-identical);
+ *   - prefill(A) then prefill(B) == prefill(A|B) for any split (chunk grid restarts per call);
+ *   - export -> import into a fresh slot/pages -> continue == never exported, bit for bit.
+ * Threading: one runner is used by one thread at a time (the backend may use its own worker
+ * threads inside an op). Errors: 0 or negative K3_E*; on error the sequences' states are
+ * unspecified only where a forward pass already started (documented per function). */
+#ifndef K3_RUNNER_H
+#define K3_RUNNER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "k3pd/manifest.h"
+#include "k3pd/model_config.h"
+#include "k3pd/weights.h"
+
+typedef enum { K3_RUNNER_FP32 = 0, K3_RUNNER_BF16 = 1 } k3_runner_precision_t;
+
+typedef struct {
+  k3_runner_precision_t precision;
+  const char *backend;      /* "cpu" (reference) or "cpu-fast"; NULL = "cpu" */
+  int threads;              /* worker threads of the backend (cpu-fast); <= 0 = 1 */
+  int page_tokens;          /* tokens per MLA latent page (e.g. 16 or 64); > 0 */
+  int num_pages;            /* page pool size (shared by all MLA layers: page p exists in each) */
+  int num_slots;            /* KDA slot pool size (one slot per live sequence) */
+  int max_batch_seqs;       /* most sequences in one prefill / decode_step call */
+  int prefill_chunk_tokens; /* per-sequence tokens per forward pass inside prefill; rounded up
+                               to a multiple of 64 (KDA chunk); <= 0 = 256 */
+} k3_runner_opts_t;
+
+/* Defaults: fp32, "cpu", 1 thread, 64-token pages, 64 pages, 4 slots, 8 seqs, 256 tokens. */
+void k3_runner_opts_default(k3_runner_opts_t *o);
+
+typedef struct k3_runner k3_runner_t;
+
+/* Builds a runner over `w` (file-backed or synthetic; NOT owned, must outlive the runner) and
+ * allocates the pools. Errors: K3_EINVAL (bad option, named in err), K3_ENOTSUP (unknown
+ * backend / model feature), K3_ENOENT/K3_EFORMAT (a tensor missing or malformed, named),
+ * K3_ENOMEM. On error *out is untouched. */
+int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
+                   char *err, size_t errlen);
+void k3_runner_free(k3_runner_t *r);
+
+const k3_model_config_t *k3_runner_config(const k3_runner_t *r);
+const k3_runner_opts_t *k3_runner_opts(const k3_runner_t *r);
+int64_t k3_runner_vocab(const k3_runner_t *r);
+
+/* ---- sequences and pools ------------------------------------------------------------------
+ * A sequence is described by the caller. `pages` is a caller-owned array of `cap_pages` page
+ * ids of which the first `n_pages` are in use (page i holds tokens [i*page_tokens,
+ * (i+1)*page_tokens)). `len` counts the tokens whose state is already in the pages/slot.
+ * Before a call that adds T tokens, n_pages must cover len+T tokens (see k3_runner_seq_reserve);
+ * a model without KDA layers ignores `slot`, one without MLA layers ignores the pages. */
+typedef struct {
+  int slot;         /* KDA slot id, or -1 */
+  int64_t len;      /* tokens already processed into the state */
+  int32_t *pages;   /* page table (caller-owned storage) */
+  int n_pages;      /* pages in use */
+  int cap_pages;    /* capacity of `pages` */
+} k3_seq_t;
+
+/* Pool API. Alloc returns K3_ECAPACITY (nothing allocated) when not enough are free. Slots and
+ * pages come back zeroed (a fresh slot is the zero KDA state). Freeing an id that is not
+ * allocated is K3_EINVAL. */
+int k3_runner_slot_alloc(k3_runner_t *r, int *slot);
+int k3_runner_slot_free(k3_runner_t *r, int slot);
+int k3_runner_pages_alloc(k3_runner_t *r, int n, int32_t *pages);
+int k3_runner_pages_free(k3_runner_t *r, int n, const int32_t *pages);
+int k3_runner_free_slots(const k3_runner_t *r);
+int k3_runner_free_pages(const k3_runner_t *r);
+/* Pages needed to hold `tokens` tokens. */
+int k3_runner_pages_for(const k3_runner_t *r, int64_t tokens);
+
+/* Monolithic convenience: makes `seq` able to hold `total_tokens` (allocating its slot on
+ * first use and any missing pages). On K3_ECAPACITY nothing changed. */
+int k3_runner_seq_reserve(k3_runner_t *r, k3_seq_t *seq, int64_t total_tokens);
+/* Returns the sequence's slot and pages to the pools and resets it (len 0, slot -1). */
+void k3_runner_seq_release(k3_runner_t *r, k3_seq_t *seq);
+
+/* ---- forward -------------------------------------------------------------------------------*/
+
+typedef struct {
+  k3_seq_t *seq;          /* state in/out; seq->len advances by n_tokens on success */
+  const int32_t *tokens;  /* n_tokens new token ids (< vocab) */
+  int64_t n_tokens;       /* >= 1 */
+  float *logits;          /* out: vocab floats (last position), or n_tokens*vocab when
+                             all_logits, row-major; NULL = no logits wanted */
+  bool all_logits;
+} k3_prefill_item_t;
+
+/* Fired when layer `layer`'s per-sequence state (pages of an MLA layer / the slot region of a
+ * KDA layer) is final for EVERY sequence of the call, while later layers still compute. The
+ * callback may read (export) that layer's regions; it must not call forward functions.
+ * A non-zero return aborts the prefill with that code. */
+typedef int (*k3_layer_done_fn)(int layer, void *ctx);
+
+/* Runs n items (n <= max_batch_seqs). A sequence with len 0 starts from the zero state
+ * (its slot is zeroed first); otherwise it continues from its state. Errors before any compute
+ * (K3_EINVAL bad item/token, K3_ECAPACITY pages missing) change nothing; an error from the
+ * callback leaves the sequences' states unspecified (release them). */
+int k3_runner_prefill(k3_runner_t *r, k3_prefill_item_t *items, int n, k3_layer_done_fn on_layer_done,
+                      void *cb_ctx, char *err, size_t errlen);
+
+typedef struct {
+  k3_seq_t *seq;   /* seq->len >= 1 (a decode step continues a prefilled sequence) */
+  int32_t token;   /* the token to feed (the previously sampled one) */
+  float *logits;   /* out: vocab floats; NULL = none */
+} k3_decode_item_t;
+
+/* One decode step for each of n sequences (recurrent KDA step, absorbed paged MLA decode).
+ * Same error contract as prefill (no callback). */
+int k3_runner_decode_step(k3_runner_t *r, k3_decode_item_t *items, int n, char *err,
+                          size_t errlen);
+
+/* ---- state manifest and export/import ------------------------------------------------------
+ * The regions of one sequence are those of the runner's manifest (k3pd/manifest.h, built by
+ * k3_manifest_build for the runner's page size), in manifest order: per MLA layer ONE region
+ * (the sequence's pages of that layer, in page order, whole pages of page_tokens x cache_dim
+ * elements), per KDA layer FOUR (S fp32 [H,V,K] V-first, conv q, conv k, conv v [P, W-1]
+ * oldest first). The runner adjusts the manifest to its precision: in fp32 mode the MLA
+ * latents and conv states are F32 (ckpt's builder assumes bf16), their byte counts follow, and
+ * the fingerprint is re-derived from ckpt's fingerprint plus the precision and the adjusted
+ * regions, so fp32 and bf16 runners never share a fingerprint. */
+const k3_manifest_t *k3_runner_manifest(const k3_runner_t *r);
+/* Bytes of region i for a sequence of `len` tokens (MLA: pages_for(len) x bytes per page). */
+uint64_t k3_runner_region_bytes(const k3_runner_t *r, int i, int64_t len);
+uint64_t k3_runner_fingerprint(const k3_runner_t *r);
+
+/* Copies region i of `seq` into dst (cap bytes, at least region_bytes(i, seq->len)).
+ * K3_ERANGE when too small; K3_EINVAL for a bad region/sequence. */
+int k3_runner_export_region(const k3_runner_t *r, const k3_seq_t *seq, int i, void *dst,
+                            size_t cap);
+/* Writes region i of `seq` from src (exactly region_bytes(i, seq->len) bytes); seq must
+ * already hold its slot and enough pages for seq->len tokens (the importer sets seq->len to
+ * the exporter's length first). */
+int k3_runner_import_region(k3_runner_t *r, k3_seq_t *seq, int i, const void *src, size_t len);
+
+/* Raw pool memory of manifest region i for zero-copy transfer (UCX registration): the slot
+ * (KDA) or page (MLA) with id `id` of that region lives at base + id*stride_bytes and is
+ * manifest->regions[i].bytes long; count = pool size. K3_EINVAL for a bad i. */
+int k3_runner_pool_mem(const k3_runner_t *r, int i, void **base, size_t *stride_bytes,
+                       size_t *count);
+
+#endif
