@@ -1,19 +1,173 @@
-/* k3pd-decode entry point: flags and wiring only (ARCHITECTURE.md §1). */
+/* k3pd-decode entry point: flags and wiring only (ARCHITECTURE.md §1). The logic lives in
+ * service.c (control plane) and engine.c (the decode loop).
+ *
+ * Start-up: load the model, register the receive pools with UCX, serve k3pd.v1.Decode +
+ * grpc.health.v1, register with the router, report SERVING.
+ * SIGTERM/SIGINT: drain — NOT_SERVING, tell the router (heartbeat draining), refuse new
+ * reservations, let running sequences finish for --drain-grace-ms, then cancel what is left,
+ * deregister, shut down, exit 0. A second signal exits at once with status 1. */
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
+#include "dc.h"
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
 #include "k3pd/log.h"
+#include "k3pd/netaddr.h"
+#include "k3pd/util.h"
+#include "k3pd/wmodel.h"
+
+typedef struct {
+  dc_worker_t w;
+  k3_weights_t *weights;
+  uv_signal_t sigterm, sigint;
+  uv_timer_t drain_timer;
+  int signals;
+  int64_t drain_grace_ms;
+  uint64_t drain_started_ns;
+  bool shutting_down;
+} app_t;
+
+static void begin_shutdown(app_t *a);
+
+static uint32_t live_requests(dc_worker_t *w) {
+  uint32_t n = 0;
+  for (dc_req_t *q = w->reqs; q; q = q->next) n++;
+  return n;
+}
+
+static void on_drain_tick(uv_timer_t *t) {
+  app_t *a = t->data;
+  dc_worker_t *w = &a->w;
+  uint64_t waited_ms = (k3_now_ns() - a->drain_started_ns) / 1000000;
+  if (live_requests(w) == 0) {
+    K3_INFO("drain complete after %llu ms", (unsigned long long)waited_ms);
+    begin_shutdown(a);
+  } else if ((int64_t)waited_ms >= a->drain_grace_ms) {
+    K3_WARN("drain grace (%lld ms) over with %u requests left: cancelling them", (long long)a->drain_grace_ms,
+            live_requests(w));
+    begin_shutdown(a);
+  }
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  app_t *a = s->data;
+  if (++a->signals > 1) {
+    K3_WARN("second signal (%d): exiting now", signum);
+    _exit(1);
+  }
+  K3_INFO("signal %d: draining (grace %lld ms)", signum, (long long)a->drain_grace_ms);
+  a->w.draining = true;
+  k3_rpc_server_set_health(a->w.srv, "", K3_RPC_HEALTH_NOT_SERVING);
+  k3_rpc_server_set_health(a->w.srv, "k3pd.v1.Decode", K3_RPC_HEALTH_NOT_SERVING);
+  k3_registrar_set_draining(a->w.reg, true);
+  a->drain_started_ns = k3_now_ns();
+  uv_timer_start(&a->drain_timer, on_drain_tick, 0, 50);
+}
+
+static void on_client_closed(void *arg) { (void)arg; }
+
+static void on_registrar_done(void *arg) {
+  app_t *a = arg;
+  k3_rpc_client_close(a->w.cli, on_client_closed, a);
+  a->w.cli = NULL;
+}
+
+static void on_server_done(void *arg) {
+  app_t *a = arg;
+  dc_worker_t *w = &a->w;
+  dc_engine_stop(w);
+  /* Messages the engine posted before stopping are delivered now, then the inbox closes. */
+  k3_inbox_close(&w->outbox, NULL);
+  k3_xfer_recv_free(w->recv);
+  w->recv = NULL;
+  k3_xfer_pool_free(w->kv_pool);
+  k3_xfer_pool_free(w->kda_pool);
+  k3_xfer_ctx_close(w->xfer);
+  k3_registrar_stop(w->reg, true, on_registrar_done, a);
+  uv_close((uv_handle_t *)&a->sigterm, NULL);
+  uv_close((uv_handle_t *)&a->sigint, NULL);
+  uv_close((uv_handle_t *)&a->drain_timer, NULL);
+}
+
+static void begin_shutdown(app_t *a) {
+  if (a->shutting_down) return;
+  a->shutting_down = true;
+  uv_timer_stop(&a->drain_timer);
+  k3_rpc_server_shutdown(a->w.srv, on_server_done, a);
+}
+
+static int setup_pools(dc_worker_t *w, char *err, size_t errlen) {
+  const k3_manifest_t *m = w->manifest;
+  w->region_off = calloc(m->n ? m->n : 1, sizeof *w->region_off);
+  if (!w->region_off) return K3_ENOMEM;
+  uint64_t off_kv = 0, off_kda = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    if (m->regions[i].kind == K3_REGION_MLA_LATENT) {
+      w->region_off[i] = off_kv;
+      off_kv += m->regions[i].bytes;
+    } else {
+      w->region_off[i] = off_kda;
+      off_kda += m->regions[i].bytes;
+    }
+  }
+  /* A model without MLA (or KDA) layers still gets a one-slot pool so descriptors stay uniform. */
+  int rc = k3_xfer_pool_init(w->xfer, off_kv ? (uint64_t)w->num_pages : 1, off_kv ? off_kv : 64, &w->kv_pool);
+  if (!rc) rc = k3_xfer_pool_init(w->xfer, (uint64_t)w->num_slots, off_kda ? off_kda : 64, &w->kda_pool);
+  if (rc) {
+    snprintf(err, errlen, "registering receive pools with UCX: %s", k3_strerror(rc));
+    return rc;
+  }
+  w->kv_base = k3_xfer_pool_base(w->kv_pool);
+  w->kv_stride = k3_xfer_pool_stride(w->kv_pool);
+  w->kda_base = k3_xfer_pool_base(w->kda_pool);
+  w->kda_stride = k3_xfer_pool_stride(w->kda_pool);
+  w->free_pages = malloc((size_t)w->num_pages * sizeof *w->free_pages);
+  w->free_slots = malloc((size_t)w->num_slots * sizeof *w->free_slots);
+  if (!w->free_pages || !w->free_slots) return K3_ENOMEM;
+  /* Hand out low ids first (stack: push in reverse). */
+  for (int i = 0; i < w->num_pages; i++) w->free_pages[i] = w->num_pages - 1 - i;
+  w->n_free_pages = w->num_pages;
+  for (int i = 0; i < w->num_slots; i++) w->free_slots[i] = w->num_slots - 1 - i;
+  w->n_free_slots = w->num_slots;
+  return 0;
+}
 
 int main(int argc, char **argv) {
-  const char *listen = "127.0.0.1:0";
-  const char *log_level = "info";
-  k3_flag_t flags[] = {
-      {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address", false},
+  signal(SIGPIPE, SIG_IGN);
+  static app_t app;
+  app_t *a = &app;
+  dc_worker_t *w = &a->w;
+  k3_wmodel_opts_t mo;
+  k3_wmodel_opts_default(&mo);
+  const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
+  const char *log_level = NULL;
+  int max_context = 0;
+  a->drain_grace_ms = 30000;
+  k3_flag_t flags[K3_WMODEL_NFLAGS + 8];
+  k3_wmodel_flags(&mo, flags);
+  k3_flag_t own[] = {
+      {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
+      {"router", K3_FLAG_STR, &router, "HOST:PORT", "router to register with", true},
+      {"advertise", K3_FLAG_STR, &advertise, "HOST:PORT", "address the router dials (default: listen host + port)",
+       false},
+      {"worker-id", K3_FLAG_STR, &worker_id, "ID", "unique worker id (default: decode-<advertised address>)", false},
+      {"max-context", K3_FLAG_INT, &max_context, "N", "longest prompt + completion (default: the page pool)", false},
+      {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long running sequences may finish",
+       false},
+      {"ucx-tls", K3_FLAG_STR, &ucx_tls, "LIST", "UCX transports (UCX_TLS), e.g. shm,tcp", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
   };
-  k3_flags_info_t info = {"k3pd-decode", "k3pd-decode: holds sequence state and runs continuous-batching decode steps, streaming tokens back.", NULL};
-  char err[512];
+  memcpy(flags + K3_WMODEL_NFLAGS, own, sizeof own);
+  k3_flags_info_t info = {"k3pd-decode",
+                          "Decode worker: reserves KV pages and KDA slots for requests, receives their state from "
+                          "prefill workers over UCX, and runs continuous-batching decode steps, streaming tokens "
+                          "to the router.",
+                          NULL};
+  char err[1024];
   int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
   if (rc) {
@@ -21,6 +175,116 @@ int main(int argc, char **argv) {
     return 2;
   }
   k3_log_set_component("k3pd-decode");
-  fprintf(stderr, "k3pd-decode: serving is not built yet in this version (see issue: the cluster)\n");
-  return 2;
+  if (log_level) {
+    k3_log_level_t lv;
+    if (k3_log_parse_level(log_level, &lv)) {
+      fprintf(stderr, "k3pd-decode: --log-level: expected error|warn|info|debug\n");
+      return 2;
+    }
+    k3_log_set_level(lv);
+  }
+  if (mo.page_tokens < 1 || mo.num_pages < 1 || mo.num_slots < 1 || mo.max_batch < 1) {
+    fprintf(stderr, "k3pd-decode: --page-tokens, --num-pages, --num-slots and --max-batch must be >= 1\n");
+    return 2;
+  }
+  rc = k3_wmodel_load(&mo, &a->weights, &w->runner, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "k3pd-decode: %s\n", err);
+    return 1;
+  }
+  w->manifest = k3_runner_manifest(w->runner);
+  w->fingerprint = k3_runner_fingerprint(w->runner);
+  w->page_tokens = mo.page_tokens;
+  w->num_pages = mo.num_pages;
+  w->num_slots = mo.num_slots;
+  w->max_batch = mo.max_batch;
+  w->max_context = max_context > 0 ? (uint32_t)max_context : (uint32_t)(mo.num_pages * mo.page_tokens);
+  uv_loop_t *loop = uv_default_loop();
+  w->loop = loop;
+  k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
+  rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
+  if (rc) {
+    fprintf(stderr, "k3pd-decode: UCX initialisation failed: %s\n", k3_strerror(rc));
+    return 1;
+  }
+  rc = setup_pools(w, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "k3pd-decode: %s\n", err);
+    return 1;
+  }
+  k3_xfer_recv_opts_t ro = {.on_ready = dc_on_xfer_ready, .on_release = dc_on_xfer_release, .ud = w};
+  rc = k3_xfer_recv_init(w->xfer, &ro, &w->recv);
+  if (!rc) rc = k3_inbox_init(loop, &w->outbox, dc_on_engine_msg, w);
+  if (!rc) rc = k3_rpc_server_init(loop, NULL, &w->srv);
+  if (!rc) rc = dc_service_register(w);
+  int port = 0;
+  if (!rc) rc = k3_rpc_server_start(w->srv, listen, &port);
+  if (rc) {
+    fprintf(stderr, "k3pd-decode: starting the gRPC server on %s: %s\n", listen, k3_strerror(rc));
+    return 1;
+  }
+  char adv[300], wid[400];
+  if (k3_addr_advertise(listen, port, advertise, adv, sizeof adv)) {
+    fprintf(stderr, "k3pd-decode: --listen/--advertise: bad address\n");
+    return 2;
+  }
+  snprintf(wid, sizeof wid, "%s", worker_id ? worker_id : "");
+  if (!worker_id) snprintf(wid, sizeof wid, "decode-%s", adv);
+  rc = dc_engine_start(w);
+  if (!rc) rc = k3_rpc_client_init(loop, NULL, &w->cli);
+  if (rc) {
+    fprintf(stderr, "k3pd-decode: start-up failed: %s\n", k3_strerror(rc));
+    return 1;
+  }
+  const uint8_t *ua;
+  size_t ual;
+  k3_xfer_ctx_address(w->xfer, &ua, &ual);
+  k3_registrar_opts_t rg = {.router = router,
+                            .role = K3PD__V1__ROLE__ROLE_DECODE,
+                            .worker_id = wid,
+                            .grpc_address = adv,
+                            .ucx_address = ua,
+                            .ucx_address_len = ual,
+                            .fingerprint = w->fingerprint,
+                            .model_name = mo.model_dir ? mo.model_dir : mo.synthetic,
+                            .get_load = dc_fill_load,
+                            .ud = w};
+  k3pd__v1__worker_capacity__init(&rg.capacity);
+  rg.capacity.kv_pages = (uint32_t)w->num_pages;
+  rg.capacity.page_tokens = (uint32_t)w->page_tokens;
+  rg.capacity.kda_slots = (uint32_t)w->num_slots;
+  rg.capacity.max_batch = (uint32_t)w->max_batch;
+  rg.capacity.max_context_tokens = w->max_context;
+  rc = k3_registrar_start(loop, w->cli, &rg, &w->reg);
+  if (rc) {
+    fprintf(stderr, "k3pd-decode: registrar: %s\n", k3_strerror(rc));
+    return 1;
+  }
+  uv_signal_init(loop, &a->sigterm);
+  uv_signal_init(loop, &a->sigint);
+  uv_timer_init(loop, &a->drain_timer);
+  a->sigterm.data = a->sigint.data = a->drain_timer.data = a;
+  uv_signal_start(&a->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&a->sigint, on_signal, SIGINT);
+  k3_rpc_server_set_health(w->srv, "", K3_RPC_HEALTH_SERVING);
+  k3_rpc_server_set_health(w->srv, "k3pd.v1.Decode", K3_RPC_HEALTH_SERVING);
+  K3_INFO("serving on %s (advertised %s) as %s: %d pages x %d tokens, %d slots, batch %d, path %s", listen, adv, wid,
+          w->num_pages, w->page_tokens, w->num_slots, w->max_batch, k3_xfer_path_name(k3_xfer_recv_path(w->recv)));
+  uv_run(loop, UV_RUN_DEFAULT);
+  /* Everything is closed: free what the loop no longer references. */
+  while (w->reqs) {
+    dc_req_t *q = w->reqs;
+    w->reqs = q->next;
+    free(q->pages);
+    free(q->stop_ids);
+    free(q);
+  }
+  free(w->region_off);
+  free(w->free_pages);
+  free(w->free_slots);
+  k3_runner_free(w->runner);
+  k3_weights_free(a->weights);
+  uv_loop_close(loop);
+  K3_INFO("stopped");
+  return 0;
 }

@@ -1,0 +1,321 @@
+/* The decode engine thread: continuous batching over the runner.
+ *
+ * Loop: take every queued message (admissions, cancellations), run one decode step for up to
+ * max_batch running sequences (round-robin when more are running), sample each sequence's next
+ * token with its own seed and step index (k3k_sample_row: a pure function of logits, params,
+ * seed and step, so the tokens equal the monolithic generator's), and post the tokens to the
+ * loop. A sequence finishes on a stop id or when it has produced max_new tokens (the first
+ * token, sampled by prefill, counts). Idle: blocks on the queue with a 100 ms deadline.
+ *
+ * Only this thread touches the runner after dc_engine_start. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dc.h"
+#include "k3pd/err.h"
+#include "k3pd/log.h"
+#include "k3pd/util.h"
+#include "k3pd/v1/common.pb-c.h"
+
+typedef struct eseq {
+  struct eseq *next;
+  dc_msg_t *admit;     /* owns seq, pages, stop ids */
+  uint32_t generated;  /* tokens produced so far (incl. the first) */
+  uint32_t last_token;
+  bool cancelled;
+} eseq_t;
+
+static double logprob_of(const float *logits, int64_t V, int32_t tok) {
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+  double s = 0;
+  for (int64_t i = 0; i < V; i++) s += exp((double)logits[i] - mx);
+  return (double)logits[tok] - mx - log(s);
+}
+
+static bool is_stop(const dc_msg_t *a, uint32_t tok) {
+  for (int i = 0; i < a->n_stop_ids; i++)
+    if (a->stop_ids[i] == tok) return true;
+  return false;
+}
+
+static dc_msg_t *new_out(uint64_t handle, int type) {
+  dc_msg_t *o = calloc(1, sizeof *o);
+  if (!o) return NULL;
+  o->link.type = type;
+  o->handle = handle;
+  return o;
+}
+
+static void post_out(dc_worker_t *w, dc_msg_t *o) {
+  if (o) k3_inbox_post(&w->outbox, &o->link);
+}
+
+static void free_admit(dc_msg_t *a) {
+  if (!a) return;
+  free(a->page_store);
+  free(a->stop_ids);
+  free(a);
+}
+
+/* Emits the first token (from prefill) for a newly admitted sequence; returns true if the
+ * sequence is already finished by it. */
+static bool emit_first(dc_worker_t *w, eseq_t *s) {
+  dc_msg_t *a = s->admit;
+  dc_msg_t *o = new_out(a->handle, DC_MSG_TOKENS);
+  s->generated = 1;
+  s->last_token = a->first_token;
+  bool stop = is_stop(a, a->first_token);
+  if (o) {
+    o->n_tokens = 1;
+    o->tokens[0] = a->first_token;
+    o->logprobs[0] = NAN; /* filled by the loop from the reservation's DONE */
+    if (stop) o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_STOP;
+    else if (a->max_new <= 1) o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+  }
+  post_out(w, o);
+  return stop || a->max_new <= 1;
+}
+
+/* Copies the verified state from the receive area (transfer pools) into the runner's pools:
+ * MLA regions page by page (the prompt's pages), KDA regions from the slot. The runner's pools
+ * use the same page/slot ids as the receive area. */
+static int import_state(dc_worker_t *w, dc_msg_t *a, uint8_t **buf, size_t *cap) {
+  const k3_manifest_t *m = w->manifest;
+  for (size_t i = 0; i < m->n; i++) {
+    const k3_region_t *rg = &m->regions[i];
+    uint64_t need = k3_runner_region_bytes(w->runner, (int)i, a->seq.len);
+    if (need > *cap) {
+      uint8_t *nb = realloc(*buf, need);
+      if (!nb) return K3_ENOMEM;
+      *buf = nb;
+      *cap = need;
+    }
+    if (rg->kind == K3_REGION_MLA_LATENT) {
+      uint64_t np = need / rg->bytes;
+      for (uint64_t p = 0; p < np; p++)
+        memcpy(*buf + p * rg->bytes, w->kv_base + (uint64_t)a->seq.pages[p] * w->kv_stride + w->region_off[i],
+               rg->bytes);
+    } else {
+      memcpy(*buf, w->kda_base + (uint64_t)a->seq.slot * w->kda_stride + w->region_off[i], rg->bytes);
+    }
+    int rc = k3_runner_import_region(w->runner, &a->seq, (int)i, *buf, need);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static void *engine_main(void *arg) {
+  dc_worker_t *w = arg;
+  eseq_t *run = NULL;
+  int64_t V = k3_runner_vocab(w->runner);
+  int maxb = w->max_batch;
+  float *logits = malloc((size_t)maxb * (size_t)V * sizeof(float));
+  k3_decode_item_t *items = calloc((size_t)maxb, sizeof *items);
+  eseq_t **batch = calloc((size_t)maxb, sizeof *batch);
+  if (!logits || !items || !batch) {
+    K3_ERROR("decode engine: out of memory for batch buffers");
+    free(logits);
+    free(items);
+    free(batch);
+    return NULL;
+  }
+  bool stop = false;
+  char err[256];
+  uint8_t *ibuf = NULL;
+  size_t icap = 0;
+  while (!stop) {
+    k3_msg_t *m = k3_msgq_take_all(&w->engine_q);
+    while (m) {
+      k3_msg_t *next = m->next;
+      dc_msg_t *dm = (dc_msg_t *)m;
+      if (m->type == DC_MSG_ADMIT) {
+        int src_import = 0;
+        eseq_t *s = calloc(1, sizeof *s);
+        if (!s) {
+          dc_msg_t *o = new_out(dm->handle, DC_MSG_DONE);
+          if (o) {
+            o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR;
+            snprintf(o->err, sizeof o->err, "decode engine out of memory");
+          }
+          post_out(w, o);
+          free_admit(dm);
+        } else if ((src_import = import_state(w, dm, &ibuf, &icap)) != 0) {
+          dc_msg_t *o = new_out(dm->handle, DC_MSG_TOKENS);
+          if (o) {
+            o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR;
+            snprintf(o->err, sizeof o->err, "importing the handed-off state: %s", k3_strerror(src_import));
+          }
+          post_out(w, o);
+          post_out(w, new_out(dm->handle, DC_MSG_DONE));
+          free_admit(dm);
+          free(s);
+        } else {
+          s->admit = dm;
+          if (emit_first(w, s)) {
+            post_out(w, new_out(dm->handle, DC_MSG_DONE));
+            free_admit(dm);
+            free(s);
+          } else {
+            s->next = run; /* order inside the batch does not change any result */
+            run = s;
+          }
+        }
+      } else if (m->type == DC_MSG_CANCEL) {
+        for (eseq_t **pp = &run; *pp; pp = &(*pp)->next) {
+          if ((*pp)->admit->handle == dm->handle) {
+            eseq_t *s = *pp;
+            *pp = s->next;
+            dc_msg_t *o = new_out(s->admit->handle, DC_MSG_DONE);
+            if (o) o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_CANCELLED;
+            post_out(w, o);
+            free_admit(s->admit);
+            free(s);
+            break;
+          }
+        }
+        free(dm);
+      } else { /* DC_MSG_STOP */
+        stop = true;
+        free(dm);
+      }
+      m = next;
+    }
+    if (stop) break;
+    if (!run) {
+      k3_msgq_wait(&w->engine_q, 100);
+      continue;
+    }
+    /* Build the batch: the first maxb sequences, then rotate them to the back so a long list
+     * is served round-robin. */
+    int n = 0;
+    for (eseq_t *s = run; s && n < maxb; s = s->next) batch[n++] = s;
+    for (int i = 0; i < n; i++) {
+      items[i].seq = &batch[i]->admit->seq;
+      items[i].token = (int32_t)batch[i]->last_token;
+      items[i].logits = logits + (size_t)i * (size_t)V;
+    }
+    uint64_t t0 = k3_now_ns();
+    int rc = k3_runner_decode_step(w->runner, items, n, err, sizeof err);
+    uint64_t step_ns = k3_now_ns() - t0;
+    (void)step_ns;
+    for (int i = 0; i < n; i++) {
+      eseq_t *s = batch[i];
+      dc_msg_t *a = s->admit;
+      dc_msg_t *o = new_out(a->handle, DC_MSG_TOKENS);
+      bool done = false;
+      if (rc) {
+        if (o) {
+          o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR;
+          snprintf(o->err, sizeof o->err, "decode step failed: %s", err);
+        }
+        done = true;
+      } else {
+        k3k_sample_cfg_t cfg = a->sample;
+        cfg.step = s->generated;
+        int32_t tok = 0;
+        int src = k3k_sample_row(items[i].logits, V, &cfg, &tok);
+        if (src) {
+          if (o) {
+            o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR;
+            snprintf(o->err, sizeof o->err, "sampling failed: %s", k3_strerror(src));
+          }
+          done = true;
+        } else {
+          s->generated++;
+          s->last_token = (uint32_t)tok;
+          if (o) {
+            o->n_tokens = 1;
+            o->tokens[0] = (uint32_t)tok;
+            o->logprobs[0] = a->want_logprobs ? (float)logprob_of(items[i].logits, V, tok) : 0.0f;
+          }
+          if (is_stop(a, (uint32_t)tok)) {
+            done = true;
+            if (o) o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_STOP;
+          } else if (s->generated >= a->max_new) {
+            done = true;
+            if (o) o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+          }
+        }
+      }
+      post_out(w, o);
+      if (done) {
+        for (eseq_t **pp = &run; *pp; pp = &(*pp)->next) {
+          if (*pp == s) {
+            *pp = s->next;
+            break;
+          }
+        }
+        post_out(w, new_out(a->handle, DC_MSG_DONE));
+        free_admit(a);
+        free(s);
+        batch[i] = NULL;
+      }
+    }
+    /* rotate: move the served (still running) prefix to the tail */
+    if (run && n == maxb) {
+      eseq_t *tail = run;
+      while (tail->next) tail = tail->next;
+      eseq_t *head = run;
+      int moved = 0;
+      while (head != tail && moved < n) {
+        eseq_t *h = head;
+        head = head->next;
+        h->next = NULL;
+        tail->next = h;
+        tail = h;
+        moved++;
+      }
+      run = head;
+    }
+  }
+  while (run) { /* shutdown: report every running sequence as cancelled */
+    eseq_t *s = run;
+    run = s->next;
+    dc_msg_t *o = new_out(s->admit->handle, DC_MSG_DONE);
+    if (o) o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_CANCELLED;
+    post_out(w, o);
+    free_admit(s->admit);
+    free(s);
+  }
+  free(logits);
+  free(items);
+  free(batch);
+  free(ibuf);
+  return NULL;
+}
+
+int dc_engine_start(dc_worker_t *w) {
+  int rc = k3_msgq_init(&w->engine_q);
+  if (rc) return rc;
+  if (pthread_create(&w->engine_thread, NULL, engine_main, w)) {
+    k3_msgq_destroy(&w->engine_q);
+    return K3_EINTERNAL;
+  }
+  w->engine_running = true;
+  return 0;
+}
+
+void dc_engine_post(dc_worker_t *w, dc_msg_t *m) { k3_msgq_push(&w->engine_q, &m->link); }
+
+void dc_engine_stop(dc_worker_t *w) {
+  if (!w->engine_running) return;
+  dc_msg_t *m = calloc(1, sizeof *m);
+  if (m) {
+    m->link.type = DC_MSG_STOP;
+    dc_engine_post(w, m);
+  } else {
+    k3_msgq_close(&w->engine_q);
+  }
+  pthread_join(w->engine_thread, NULL);
+  w->engine_running = false;
+  /* anything posted after the stop message was never looked at */
+  k3_msg_t *rest = k3_msgq_take_all(&w->engine_q);
+  while (rest) {
+    k3_msg_t *next = rest->next;
+    free_admit((dc_msg_t *)rest);
+    rest = next;
+  }
+  k3_msgq_destroy(&w->engine_q);
+}

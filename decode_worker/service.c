@@ -1,0 +1,517 @@
+/* k3pd-decode control plane: the k3pd.v1.Decode service, transfer-layer callbacks and the
+ * engine's outbox, all on the loop thread. See dc.h for the request lifecycle. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dc.h"
+#include "k3pd/err.h"
+#include "k3pd/log.h"
+#include "k3pd/util.h"
+#include "k3pd/v1/decode.pb-c.h"
+
+/* ---- request table ---- */
+
+static dc_req_t *find_id(dc_worker_t *w, const char *id) {
+  for (dc_req_t *r = w->reqs; r; r = r->next)
+    if (strcmp(r->id, id) == 0) return r;
+  return NULL;
+}
+
+static dc_req_t *find_handle(dc_worker_t *w, uint64_t h) {
+  for (dc_req_t *r = w->reqs; r; r = r->next)
+    if (r->handle == h) return r;
+  return NULL;
+}
+
+static void unlink_req(dc_worker_t *w, dc_req_t *q) {
+  for (dc_req_t **pp = &w->reqs; *pp; pp = &(*pp)->next) {
+    if (*pp == q) {
+      *pp = q->next;
+      return;
+    }
+  }
+}
+
+static void give_back(dc_worker_t *w, dc_req_t *q) {
+  for (int i = 0; i < q->n_pages; i++) w->free_pages[w->n_free_pages++] = q->pages[i];
+  q->n_pages = 0;
+  if (q->slot >= 0) w->free_slots[w->n_free_slots++] = q->slot;
+  q->slot = -1;
+}
+
+/* Frees the request once neither the transfer layer nor the engine can touch its memory and
+ * no stream is attached. */
+static void maybe_drop(dc_worker_t *w, dc_req_t *q) {
+  if (q->xfer_live || q->engine_has || q->attach) return;
+  give_back(w, q);
+  unlink_req(w, q);
+  free(q->pages);
+  free(q->stop_ids);
+  free(q);
+}
+
+static void finish_attach(dc_req_t *q, k3_rpc_code_t code, const char *msg) {
+  if (!q->attach) return;
+  k3_rpc_call_t *c = q->attach;
+  q->attach = NULL;
+  k3_rpc_call_finish(c, code, msg);
+}
+
+/* ---- Reserve ---- */
+
+static int build_layout(dc_worker_t *w, dc_req_t *q, k3_xfer_layout_t *lay, k3_xfer_region_t *regs) {
+  const k3_manifest_t *m = w->manifest;
+  memset(lay, 0, sizeof *lay);
+  lay->n_pools = 2;
+  lay->pools[0] = w->kv_pool;
+  lay->pools[1] = w->kda_pool;
+  uint32_t prompt_pages = (uint32_t)((q->n_prompt + (uint32_t)w->page_tokens - 1) / (uint32_t)w->page_tokens);
+  static uint32_t slot_idx[1];
+  lay->n_lists = 2;
+  lay->lists[0].n = prompt_pages;
+  lay->lists[0].idx = (uint32_t *)q->pages; /* copied by reserve */
+  slot_idx[0] = (uint32_t)q->slot;
+  lay->lists[1].n = 1;
+  lay->lists[1].idx = slot_idx;
+  uint64_t off_kv = 0, off_kda = 0;
+  uint32_t n = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    const k3_region_t *rg = &m->regions[i];
+    k3_xfer_region_t *x = &regs[n++];
+    memset(x, 0, sizeof *x);
+    x->layer = (uint32_t)rg->layer;
+    x->unit_bytes = rg->bytes;
+    if (rg->kind == K3_REGION_MLA_LATENT) {
+      x->kind = K3_XFER_KIND_MLA_KV;
+      x->pool = 0;
+      x->list = 0;
+      x->offset_bytes = off_kv;
+      x->len_bytes = (uint64_t)prompt_pages * rg->bytes;
+      off_kv += rg->bytes;
+    } else {
+      x->kind = rg->kind == K3_REGION_KDA_STATE ? K3_XFER_KIND_KDA_S : K3_XFER_KIND_KDA_CONV;
+      x->pool = 1;
+      x->list = 1;
+      x->offset_bytes = off_kda;
+      x->len_bytes = rg->bytes;
+      off_kda += rg->bytes;
+    }
+  }
+  lay->n_regions = n;
+  lay->regions = regs;
+  return 0;
+}
+
+static void reply_reservation(k3_rpc_call_t *call, dc_req_t *q, k3_xfer_desc_t *desc) {
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  int rc = k3_xfer_desc_encode(desc, &buf, &len);
+  if (rc) {
+    k3_rpc_call_finishf(call, K3_RPC_INTERNAL, "encoding the reservation descriptor: %s", k3_strerror(rc));
+    return;
+  }
+  K3pd__V1__Reservation res = K3PD__V1__RESERVATION__INIT;
+  res.request_id = q->id;
+  res.epoch = desc->epoch;
+  res.lease_expires_unix_ms = desc->lease_expiry_ms;
+  res.descriptor.data = buf;
+  res.descriptor.len = len;
+  res.n_pages = (uint32_t)q->n_pages;
+  res.kda_slot = q->slot < 0 ? 0 : (uint32_t)q->slot;
+  k3_rpc_call_reply(call, &res.base);
+  free(buf);
+}
+
+static void on_reserve(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
+  dc_worker_t *w = user;
+  const K3pd__V1__ReserveRequest *rq = (const K3pd__V1__ReserveRequest *)msg;
+  if (!rq->request_id || !*rq->request_id || strlen(rq->request_id) > 128) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "request_id: must be 1..128 bytes");
+    return;
+  }
+  if (rq->n_prompt_tokens < 1) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "n_prompt_tokens: must be >= 1");
+    return;
+  }
+  if (rq->max_new_tokens < 1) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "max_new_tokens: must be >= 1");
+    return;
+  }
+  if (rq->lease_ms < 1) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "lease_ms: must be >= 1");
+    return;
+  }
+  if ((uint64_t)rq->n_prompt_tokens + rq->max_new_tokens > w->max_context) {
+    k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT,
+                        "n_prompt_tokens + max_new_tokens: %llu exceeds this worker's max context %u",
+                        (unsigned long long)rq->n_prompt_tokens + rq->max_new_tokens, w->max_context);
+    return;
+  }
+  dc_req_t *old = find_id(w, rq->request_id);
+  if (old) {
+    /* A repeated Reserve for a reservation still waiting for its state re-issues it with a new
+     * epoch: the router's retry after a prefill worker failed. */
+    if (old->state != DC_RESERVED || !old->xfer_live || old->n_prompt != rq->n_prompt_tokens ||
+        old->max_new != rq->max_new_tokens) {
+      k3_rpc_call_finish(call, K3_RPC_ALREADY_EXISTS, "request_id: already reserved and admitted on this worker");
+      return;
+    }
+    k3_xfer_desc_t *desc = NULL;
+    int rc = k3_xfer_recv_reissue(w->recv, old->handle, rq->lease_ms, &desc);
+    if (rc) {
+      k3_rpc_call_finishf(call, k3_rpc_code_from_err(rc), "re-issuing reservation: %s", k3_strerror(rc));
+      return;
+    }
+    old->epoch = desc->epoch;
+    K3_INFO("request %s: reservation re-issued, epoch %llu", old->id, (unsigned long long)old->epoch);
+    reply_reservation(call, old, desc);
+    k3_xfer_desc_free(desc);
+    return;
+  }
+  if (w->draining) {
+    k3_rpc_call_finish(call, K3_RPC_UNAVAILABLE, "decode worker is draining");
+    return;
+  }
+  int need_pages = w->manifest->mla_bytes_per_page
+                       ? (int)(((uint64_t)rq->n_prompt_tokens + rq->max_new_tokens + (uint64_t)w->page_tokens - 1) /
+                               (uint64_t)w->page_tokens)
+                       : 0;
+  if (need_pages > w->n_free_pages || w->n_free_slots < 1) {
+    w->n_reserve_rejected++;
+    k3_rpc_call_finishf(call, K3_RPC_RESOURCE_EXHAUSTED, "%s: need %d, free %d",
+                        w->n_free_slots < 1 ? "kda_slots" : "kv_pages", w->n_free_slots < 1 ? 1 : need_pages,
+                        w->n_free_slots < 1 ? 0 : w->n_free_pages);
+    return;
+  }
+  dc_req_t *q = calloc(1, sizeof *q);
+  int32_t *pages = calloc((size_t)(need_pages > 0 ? need_pages : 1), sizeof *pages);
+  k3_xfer_region_t *regs = calloc(w->manifest->n ? w->manifest->n : 1, sizeof *regs);
+  if (!q || !pages || !regs) {
+    free(q);
+    free(pages);
+    free(regs);
+    k3_rpc_call_finish(call, K3_RPC_RESOURCE_EXHAUSTED, "decode worker out of memory");
+    return;
+  }
+  snprintf(q->id, sizeof q->id, "%s", rq->request_id);
+  q->handle = ++w->next_handle;
+  q->n_prompt = rq->n_prompt_tokens;
+  q->max_new = rq->max_new_tokens;
+  q->pages = pages;
+  for (int i = 0; i < need_pages; i++) q->pages[i] = w->free_pages[--w->n_free_pages];
+  q->n_pages = need_pages;
+  q->slot = w->free_slots[--w->n_free_slots];
+  q->t_reserved_ns = k3_now_ns();
+  k3_xfer_layout_t lay;
+  build_layout(w, q, &lay, regs);
+  k3_xfer_desc_t *desc = NULL;
+  int rc = k3_xfer_recv_reserve(w->recv, &lay, q->handle, w->fingerprint, rq->lease_ms, q, &desc);
+  free(regs);
+  if (rc) {
+    give_back(w, q);
+    free(q->pages);
+    free(q);
+    k3_rpc_call_finishf(call, k3_rpc_code_from_err(rc), "reserving transfer memory: %s", k3_strerror(rc));
+    return;
+  }
+  q->xfer_live = true;
+  q->epoch = desc->epoch;
+  q->state = DC_RESERVED;
+  q->next = w->reqs;
+  w->reqs = q;
+  K3_INFO("request %s: reserved %d pages + slot %d, epoch %llu, lease %u ms", q->id, q->n_pages, q->slot,
+          (unsigned long long)q->epoch, rq->lease_ms);
+  reply_reservation(call, q, desc);
+  k3_xfer_desc_free(desc);
+  k3_registrar_kick(w->reg);
+}
+
+/* ---- admission ---- */
+
+static void admit(dc_worker_t *w, dc_req_t *q) {
+  dc_msg_t *m = calloc(1, sizeof *m);
+  int32_t *pages = calloc((size_t)(q->n_pages > 0 ? q->n_pages : 1), sizeof *pages);
+  uint32_t *stops = calloc((size_t)(q->n_stop_ids > 0 ? q->n_stop_ids : 1), sizeof *stops);
+  if (!m || !pages || !stops) {
+    free(m);
+    free(pages);
+    free(stops);
+    finish_attach(q, K3_RPC_RESOURCE_EXHAUSTED, "decode worker out of memory");
+    k3_xfer_recv_release(w->recv, q->handle);
+    return;
+  }
+  m->link.type = DC_MSG_ADMIT;
+  m->handle = q->handle;
+  memcpy(pages, q->pages, (size_t)q->n_pages * sizeof *pages);
+  m->page_store = pages;
+  m->seq.slot = q->slot;
+  m->seq.len = q->n_prompt;
+  m->seq.pages = pages;
+  m->seq.n_pages = q->n_pages;
+  m->seq.cap_pages = q->n_pages;
+  m->first_token = q->first_token;
+  m->max_new = q->max_new;
+  m->sample = q->sample;
+  memcpy(stops, q->stop_ids, (size_t)q->n_stop_ids * sizeof *stops);
+  m->stop_ids = stops;
+  m->n_stop_ids = q->n_stop_ids;
+  m->want_logprobs = q->want_logprobs;
+  q->state = DC_RUNNING;
+  q->engine_has = true;
+  w->n_admitted++;
+  w->n_running++;
+  dc_engine_post(w, m);
+}
+
+void dc_on_xfer_ready(void *ud, const k3_xfer_ready_t *r) {
+  dc_worker_t *w = ud;
+  dc_req_t *q = find_handle(w, r->request_id);
+  if (!q || q->state != DC_RESERVED) return;
+  q->state = DC_READY;
+  q->first_token = r->first_token;
+  q->first_logprob = r->first_logprob;
+  q->t_ready_ns = k3_now_ns();
+  K3_INFO("request %s: state verified (epoch %llu, first token %u, handoff %.2f ms after reserve)", q->id,
+          (unsigned long long)r->epoch, r->first_token, (double)(q->t_ready_ns - q->t_reserved_ns) / 1e6);
+  if (q->attach) admit(w, q);
+}
+
+void dc_on_xfer_release(void *ud, uint64_t request_id, void *owner) {
+  dc_worker_t *w = ud;
+  dc_req_t *q = owner;
+  (void)request_id;
+  q->xfer_live = false;
+  if (q->state == DC_RESERVED || q->state == DC_READY) {
+    /* Never admitted: lease expired or cancelled. */
+    if (q->state == DC_RESERVED) w->n_leases_expired++;
+    q->state = DC_FINISHED;
+    finish_attach(q, K3_RPC_ABORTED, "reservation expired before the state arrived");
+  }
+  maybe_drop(w, q);
+  k3_registrar_kick(w->reg);
+}
+
+/* ---- Attach ---- */
+
+static void on_attach_cancel(k3_rpc_call_t *call, void *arg) {
+  dc_worker_t *w = k3_rpc_call_get_user(call);
+  dc_req_t *q = arg;
+  (void)w;
+  if (q->attach != call) return;
+  q->attach = NULL;
+  k3_rpc_call_finish(call, K3_RPC_CANCELLED, "cancelled");
+  if (q->engine_has) {
+    dc_msg_t *m = calloc(1, sizeof *m);
+    if (m) {
+      m->link.type = DC_MSG_CANCEL;
+      m->handle = q->handle;
+      dc_engine_post(w, m);
+    }
+  } else if (q->xfer_live) {
+    k3_xfer_recv_cancel(w->recv, q->handle);
+  }
+}
+
+static void on_attach(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
+  dc_worker_t *w = user;
+  const K3pd__V1__AttachRequest *rq = (const K3pd__V1__AttachRequest *)msg;
+  dc_req_t *q = rq->request_id ? find_id(w, rq->request_id) : NULL;
+  if (!q || q->state == DC_FINISHED) {
+    k3_rpc_call_finishf(call, K3_RPC_NOT_FOUND, "request_id: no reservation \"%s\" on this worker",
+                        rq->request_id ? rq->request_id : "");
+    return;
+  }
+  if (rq->epoch != q->epoch) {
+    k3_rpc_call_finishf(call, K3_RPC_FAILED_PRECONDITION, "epoch: %llu is stale (current %llu)",
+                        (unsigned long long)rq->epoch, (unsigned long long)q->epoch);
+    return;
+  }
+  if (q->attach) {
+    k3_rpc_call_finish(call, K3_RPC_ALREADY_EXISTS, "request_id: a stream is already attached");
+    return;
+  }
+  const K3pd__V1__SamplingParams *sp = rq->sampling;
+  memset(&q->sample, 0, sizeof q->sample);
+  q->sample.temperature = 1.0f;
+  q->sample.top_p = 1.0f;
+  if (sp) {
+    if (sp->temperature_opt_case == K3PD__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE) {
+      if (!isfinite(sp->temperature) || sp->temperature < 0 || sp->temperature > 100) {
+        k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "sampling.temperature: must be in [0, 100]");
+        return;
+      }
+      q->sample.temperature = sp->temperature;
+    }
+    if (sp->top_p_opt_case == K3PD__V1__SAMPLING_PARAMS__TOP_P_OPT_TOP_P) {
+      if (!(sp->top_p > 0 && sp->top_p <= 1)) {
+        k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "sampling.top_p: must be in (0, 1]");
+        return;
+      }
+      q->sample.top_p = sp->top_p;
+    }
+    if (sp->top_k < 0) {
+      k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "sampling.top_k: must be >= 0");
+      return;
+    }
+    q->sample.top_k = sp->top_k;
+    if (sp->seed_opt_case != K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED) {
+      k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT,
+                         "sampling.seed: required on Attach (must equal the seed prefill used)");
+      return;
+    }
+    q->sample.seed = sp->seed;
+  } else {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "sampling: required on Attach");
+    return;
+  }
+  size_t ns = rq->stop ? rq->stop->n_stop_token_ids : 0;
+  uint32_t *stops = calloc(ns + 1, sizeof *stops);
+  if (!stops) {
+    k3_rpc_call_finish(call, K3_RPC_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  for (size_t i = 0; i < ns; i++) stops[i] = rq->stop->stop_token_ids[i];
+  free(q->stop_ids);
+  q->stop_ids = stops;
+  q->n_stop_ids = (int)ns;
+  q->want_logprobs = rq->return_logprobs;
+  q->attach = call;
+  k3_rpc_call_set_user(call, w);
+  k3_rpc_call_set_cancel_cb(call, on_attach_cancel, q);
+  if (q->state == DC_READY) admit(w, q);
+}
+
+/* ---- engine outbox ---- */
+
+void dc_on_engine_msg(k3_msg_t *m, void *ud) {
+  dc_worker_t *w = ud;
+  dc_msg_t *o = (dc_msg_t *)m;
+  dc_req_t *q = find_handle(w, o->handle);
+  if (!q) {
+    free(o);
+    return;
+  }
+  if (m->type == DC_MSG_TOKENS) {
+    if (q->attach && (o->n_tokens || o->finish_reason)) {
+      K3pd__V1__AttachResponse r = K3PD__V1__ATTACH_RESPONSE__INIT;
+      K3pd__V1__TokenLogprob lp[8], *lpp[8];
+      r.token_ids = o->tokens;
+      r.n_token_ids = o->n_tokens;
+      r.first_index = q->emitted;
+      if (q->want_logprobs) {
+        for (uint32_t i = 0; i < o->n_tokens; i++) {
+          k3pd__v1__token_logprob__init(&lp[i]);
+          lp[i].token_id = o->tokens[i];
+          lp[i].logprob = (q->emitted == 0 && i == 0) ? q->first_logprob : o->logprobs[i];
+          lpp[i] = &lp[i];
+        }
+        r.logprobs = lpp;
+        r.n_logprobs = o->n_tokens;
+      }
+      if (q->emitted == 0 && o->n_tokens) q->t_first_ns = k3_now_ns();
+      q->emitted += o->n_tokens;
+      K3pd__V1__Timings tm = K3PD__V1__TIMINGS__INIT;
+      if (o->finish_reason) {
+        r.finish_reason = o->finish_reason;
+        r.completion_tokens = q->emitted;
+        q->finish_reason = o->finish_reason;
+        tm.handoff_us = (q->t_ready_ns - q->t_reserved_ns) / 1000;
+        tm.decode_us = (k3_now_ns() - (q->t_first_ns ? q->t_first_ns : k3_now_ns())) / 1000;
+        r.timings = &tm;
+      }
+      k3_rpc_call_write(q->attach, &r.base);
+      if (o->finish_reason == K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR) {
+        K3_ERROR("request %s: %s", q->id, o->err);
+        finish_attach(q, K3_RPC_INTERNAL, o->err);
+      }
+    }
+  } else if (m->type == DC_MSG_DONE) {
+    q->engine_has = false;
+    q->state = DC_FINISHED;
+    w->n_finished++;
+    if (w->n_running) w->n_running--;
+    K3_INFO("request %s: finished, %u tokens", q->id, q->emitted);
+    finish_attach(q, K3_RPC_OK, NULL);
+    if (q->xfer_live) k3_xfer_recv_release(w->recv, q->handle); /* on_release drops it */
+    else maybe_drop(w, q);
+    k3_registrar_kick(w->reg);
+  }
+  free(o);
+}
+
+/* ---- Release and Stats ---- */
+
+static void on_release_rpc(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
+  dc_worker_t *w = user;
+  const K3pd__V1__ReleaseRequest *rq = (const K3pd__V1__ReleaseRequest *)msg;
+  K3pd__V1__ReleaseResponse resp = K3PD__V1__RELEASE_RESPONSE__INIT;
+  dc_req_t *q = rq->request_id ? find_id(w, rq->request_id) : NULL;
+  if (q && (rq->epoch == 0 || rq->epoch == q->epoch) && q->state != DC_FINISHED) {
+    resp.released = true;
+    K3_INFO("request %s: released by the router", q->id);
+    if (q->engine_has) {
+      dc_msg_t *m = calloc(1, sizeof *m);
+      if (m) {
+        m->link.type = DC_MSG_CANCEL;
+        m->handle = q->handle;
+        dc_engine_post(w, m);
+      }
+    } else {
+      q->state = DC_FINISHED;
+      finish_attach(q, K3_RPC_CANCELLED, "released by the router");
+      if (q->xfer_live) k3_xfer_recv_cancel(w->recv, q->handle);
+      else maybe_drop(w, q);
+    }
+  }
+  k3_rpc_call_reply(call, &resp.base);
+}
+
+static uint32_t count_state(dc_worker_t *w, dc_state_t st) {
+  uint32_t n = 0;
+  for (dc_req_t *q = w->reqs; q; q = q->next) n += q->state == st;
+  return n;
+}
+
+static void on_stats(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
+  dc_worker_t *w = user;
+  (void)msg;
+  K3pd__V1__StatsResponse r = K3PD__V1__STATS_RESPONSE__INIT;
+  k3_xfer_stats_t xs;
+  k3_xfer_ctx_stats(w->xfer, &xs);
+  r.total_kv_pages = (uint32_t)w->num_pages;
+  r.used_kv_pages = (uint32_t)(w->num_pages - w->n_free_pages);
+  r.total_kda_slots = (uint32_t)w->num_slots;
+  r.used_kda_slots = (uint32_t)(w->num_slots - w->n_free_slots);
+  r.reservations = count_state(w, DC_RESERVED) + count_state(w, DC_READY);
+  r.running_seqs = w->n_running;
+  r.leases_expired = xs.leases_expired;
+  r.admitted = w->n_admitted;
+  r.finished = w->n_finished;
+  r.rejected_done = xs.done_rejected_unknown + xs.done_rejected_stale + xs.done_rejected_fingerprint +
+                    xs.done_rejected_digest + xs.done_rejected_malformed;
+  k3_rpc_call_reply(call, &r.base);
+}
+
+void dc_fill_load(void *ud, K3pd__V1__WorkerLoad *load) {
+  dc_worker_t *w = ud;
+  load->used_kv_pages = (uint32_t)(w->num_pages - w->n_free_pages);
+  load->used_kda_slots = (uint32_t)(w->num_slots - w->n_free_slots);
+  load->running_seqs = w->n_running;
+}
+
+int dc_service_register(dc_worker_t *w) {
+  int rc = k3_rpc_server_add_method(w->srv, "/k3pd.v1.Decode/Reserve", K3_RPC_UNARY,
+                                    &k3pd__v1__reserve_request__descriptor, on_reserve, w);
+  if (!rc)
+    rc = k3_rpc_server_add_method(w->srv, "/k3pd.v1.Decode/Release", K3_RPC_UNARY,
+                                  &k3pd__v1__release_request__descriptor, on_release_rpc, w);
+  if (!rc)
+    rc = k3_rpc_server_add_method(w->srv, "/k3pd.v1.Decode/Attach", K3_RPC_SERVER_STREAM,
+                                  &k3pd__v1__attach_request__descriptor, on_attach, w);
+  if (!rc)
+    rc = k3_rpc_server_add_method(w->srv, "/k3pd.v1.Decode/Stats", K3_RPC_UNARY,
+                                  &k3pd__v1__stats_request__descriptor, on_stats, w);
+  return rc;
+}
