@@ -1,19 +1,131 @@
-/* k3pd-prefill entry point: flags and wiring only (ARCHITECTURE.md §1). */
+/* k3pd-prefill entry point: flags and wiring only (ARCHITECTURE.md §1). The logic lives in
+ * service.c (Prefill/Abort, transfer sends) and engine.c (batched prompt forward passes).
+ *
+ * SIGTERM/SIGINT: drain — NOT_SERVING, heartbeat "draining" so the router stops sending work,
+ * refuse new prompts, let queued and running ones finish for --drain-grace-ms, then cancel the
+ * rest (the router retries them on another prefill worker), deregister, exit 0. A second signal
+ * exits at once with status 1. */
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
 #include "k3pd/log.h"
+#include "k3pd/netaddr.h"
+#include "k3pd/util.h"
+#include "k3pd/wmodel.h"
+#include "pf.h"
+
+typedef struct {
+  pf_worker_t w;
+  k3_weights_t *weights;
+  uv_signal_t sigterm, sigint;
+  uv_timer_t drain_timer;
+  int signals;
+  int64_t drain_grace_ms;
+  uint64_t drain_started_ns;
+  bool shutting_down;
+} app_t;
+
+static void begin_shutdown(app_t *a);
+
+static uint32_t live_jobs(pf_worker_t *w) {
+  uint32_t n = 0;
+  for (pf_job_t *j = w->jobs; j; j = j->next) n++;
+  return n;
+}
+
+static void on_drain_tick(uv_timer_t *t) {
+  app_t *a = t->data;
+  uint64_t waited_ms = (k3_now_ns() - a->drain_started_ns) / 1000000;
+  if (live_jobs(&a->w) == 0) {
+    K3_INFO("drain complete after %llu ms", (unsigned long long)waited_ms);
+    begin_shutdown(a);
+  } else if ((int64_t)waited_ms >= a->drain_grace_ms) {
+    K3_WARN("drain grace (%lld ms) over with %u prompts left: cancelling them", (long long)a->drain_grace_ms,
+            live_jobs(&a->w));
+    begin_shutdown(a);
+  }
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  app_t *a = s->data;
+  if (++a->signals > 1) {
+    K3_WARN("second signal (%d): exiting now", signum);
+    _exit(1);
+  }
+  K3_INFO("signal %d: draining (grace %lld ms)", signum, (long long)a->drain_grace_ms);
+  a->w.draining = true;
+  k3_rpc_server_set_health(a->w.srv, "", K3_RPC_HEALTH_NOT_SERVING);
+  k3_rpc_server_set_health(a->w.srv, "k3pd.v1.Prefill", K3_RPC_HEALTH_NOT_SERVING);
+  k3_registrar_set_draining(a->w.reg, true);
+  a->drain_started_ns = k3_now_ns();
+  uv_timer_start(&a->drain_timer, on_drain_tick, 0, 50);
+}
+
+static void on_registrar_done(void *arg) {
+  app_t *a = arg;
+  k3_rpc_client_close(a->w.cli, NULL, NULL);
+  a->w.cli = NULL;
+}
+
+static void on_server_done(void *arg) {
+  app_t *a = arg;
+  pf_worker_t *w = &a->w;
+  pf_engine_stop(w);
+  k3_inbox_close(&w->outbox, NULL);
+  k3_xfer_ctx_close(w->xfer); /* fails sends still running; their callbacks free the jobs */
+  k3_registrar_stop(w->reg, true, on_registrar_done, a);
+  uv_close((uv_handle_t *)&a->sigterm, NULL);
+  uv_close((uv_handle_t *)&a->sigint, NULL);
+  uv_close((uv_handle_t *)&a->drain_timer, NULL);
+}
+
+static void begin_shutdown(app_t *a) {
+  if (a->shutting_down) return;
+  a->shutting_down = true;
+  uv_timer_stop(&a->drain_timer);
+  k3_rpc_server_shutdown(a->w.srv, on_server_done, a);
+}
 
 int main(int argc, char **argv) {
-  const char *listen = "127.0.0.1:0";
-  const char *log_level = "info";
-  k3_flag_t flags[] = {
-      {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address", false},
+  signal(SIGPIPE, SIG_IGN);
+  static app_t app;
+  app_t *a = &app;
+  pf_worker_t *w = &a->w;
+  k3_wmodel_opts_t mo;
+  k3_wmodel_opts_default(&mo);
+  mo.num_slots = 8;
+  const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
+  const char *log_level = NULL;
+  int64_t max_batch_tokens = 4096, send_deadline_ms = 30000;
+  a->drain_grace_ms = 30000;
+  k3_flag_t flags[K3_WMODEL_NFLAGS + 9];
+  k3_wmodel_flags(&mo, flags);
+  k3_flag_t own[] = {
+      {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
+      {"router", K3_FLAG_STR, &router, "HOST:PORT", "router to register with", true},
+      {"advertise", K3_FLAG_STR, &advertise, "HOST:PORT", "address the router dials (default: listen host + port)",
+       false},
+      {"worker-id", K3_FLAG_STR, &worker_id, "ID", "unique worker id (default: prefill-<advertised address>)", false},
+      {"max-batch-tokens", K3_FLAG_I64, &max_batch_tokens, "N", "prompt tokens batched into one forward pass", false},
+      {"send-deadline-ms", K3_FLAG_I64, &send_deadline_ms, "MS", "longest a state transfer may take", false},
+      {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long queued prompts may finish",
+       false},
+      {"ucx-tls", K3_FLAG_STR, &ucx_tls, "LIST", "UCX transports (UCX_TLS), e.g. shm,tcp", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
   };
-  k3_flags_info_t info = {"k3pd-prefill", "k3pd-prefill: runs prompts through the model and pushes per-sequence state into a decode worker over UCX.", NULL};
-  char err[512];
+  memcpy(flags + K3_WMODEL_NFLAGS, own, sizeof own);
+  k3_flags_info_t info = {"k3pd-prefill",
+                          "Prefill worker: runs prompts through the model in batches and pushes every layer's "
+                          "final state (MLA latent pages, KDA recurrent + conv state) into the decode worker's "
+                          "reserved memory over UCX as soon as the layer finishes, then sends DONE with the first "
+                          "sampled token.",
+                          NULL};
+  char err[1024];
   int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
   if (rc) {
@@ -21,6 +133,103 @@ int main(int argc, char **argv) {
     return 2;
   }
   k3_log_set_component("k3pd-prefill");
-  fprintf(stderr, "k3pd-prefill: serving is not built yet in this version (see issue: the cluster)\n");
-  return 2;
+  if (log_level) {
+    k3_log_level_t lv;
+    if (k3_log_parse_level(log_level, &lv)) {
+      fprintf(stderr, "k3pd-prefill: --log-level: expected error|warn|info|debug\n");
+      return 2;
+    }
+    k3_log_set_level(lv);
+  }
+  if (max_batch_tokens < 1 || send_deadline_ms < 1 || mo.max_batch < 1) {
+    fprintf(stderr, "k3pd-prefill: --max-batch, --max-batch-tokens and --send-deadline-ms must be >= 1\n");
+    return 2;
+  }
+  rc = k3_wmodel_load(&mo, &a->weights, &w->runner, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "k3pd-prefill: %s\n", err);
+    return 1;
+  }
+  w->manifest = k3_runner_manifest(w->runner);
+  w->fingerprint = k3_runner_fingerprint(w->runner);
+  w->vocab = k3_runner_vocab(w->runner);
+  w->max_batch = mo.max_batch;
+  w->max_batch_tokens = max_batch_tokens;
+  w->send_deadline_ms = (uint32_t)send_deadline_ms;
+  uv_loop_t *loop = uv_default_loop();
+  w->loop = loop;
+  k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
+  rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
+  if (rc) {
+    fprintf(stderr, "k3pd-prefill: UCX initialisation failed: %s\n", k3_strerror(rc));
+    return 1;
+  }
+  rc = k3_inbox_init(loop, &w->outbox, pf_on_engine_msg, w);
+  if (!rc) rc = k3_rpc_server_init(loop, NULL, &w->srv);
+  if (!rc) rc = pf_service_register(w);
+  int port = 0;
+  if (!rc) rc = k3_rpc_server_start(w->srv, listen, &port);
+  if (rc) {
+    fprintf(stderr, "k3pd-prefill: starting the gRPC server on %s: %s\n", listen, k3_strerror(rc));
+    return 1;
+  }
+  char adv[300], wid[400];
+  if (k3_addr_advertise(listen, port, advertise, adv, sizeof adv)) {
+    fprintf(stderr, "k3pd-prefill: --listen/--advertise: bad address\n");
+    return 2;
+  }
+  if (worker_id)
+    snprintf(wid, sizeof wid, "%s", worker_id);
+  else
+    snprintf(wid, sizeof wid, "prefill-%s", adv);
+  rc = pf_engine_start(w);
+  if (!rc) rc = k3_rpc_client_init(loop, NULL, &w->cli);
+  if (rc) {
+    fprintf(stderr, "k3pd-prefill: start-up failed: %s\n", k3_strerror(rc));
+    return 1;
+  }
+  k3_registrar_opts_t rg = {.router = router,
+                            .role = K3PD__V1__ROLE__ROLE_PREFILL,
+                            .worker_id = wid,
+                            .grpc_address = adv,
+                            .fingerprint = w->fingerprint,
+                            .model_name = mo.model_dir ? mo.model_dir : mo.synthetic,
+                            .get_load = pf_fill_load,
+                            .ud = w};
+  k3pd__v1__worker_capacity__init(&rg.capacity);
+  rg.capacity.kv_pages = (uint32_t)mo.num_pages;
+  rg.capacity.page_tokens = (uint32_t)mo.page_tokens;
+  rg.capacity.kda_slots = (uint32_t)mo.num_slots;
+  rg.capacity.max_batch = (uint32_t)mo.max_batch;
+  rg.capacity.max_context_tokens = (uint32_t)(mo.num_pages * mo.page_tokens);
+  rc = k3_registrar_start(loop, w->cli, &rg, &w->reg);
+  if (rc) {
+    fprintf(stderr, "k3pd-prefill: registrar: %s\n", k3_strerror(rc));
+    return 1;
+  }
+  uv_signal_init(loop, &a->sigterm);
+  uv_signal_init(loop, &a->sigint);
+  uv_timer_init(loop, &a->drain_timer);
+  a->sigterm.data = a->sigint.data = a->drain_timer.data = a;
+  uv_signal_start(&a->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&a->sigint, on_signal, SIGINT);
+  k3_rpc_server_set_health(w->srv, "", K3_RPC_HEALTH_SERVING);
+  k3_rpc_server_set_health(w->srv, "k3pd.v1.Prefill", K3_RPC_HEALTH_SERVING);
+  K3_INFO("serving on %s (advertised %s) as %s: batch %d seqs / %lld tokens", listen, adv, wid, w->max_batch,
+          (long long)w->max_batch_tokens);
+  uv_run(loop, UV_RUN_DEFAULT);
+  while (w->jobs) {
+    pf_job_t *j = w->jobs;
+    w->jobs = j->next;
+    free(j->tokens);
+    k3_xfer_desc_free(j->desc);
+    free(j->srcs);
+    free(j->src_idx);
+    free(j);
+  }
+  k3_runner_free(w->runner);
+  k3_weights_free(a->weights);
+  uv_loop_close(loop);
+  K3_INFO("stopped");
+  return 0;
 }

@@ -1,0 +1,99 @@
+/* k3pd-prefill internals shared by its files (not a public API).
+ *
+ * Threads: the loop thread owns the gRPC calls, the transfer sends and the job table; the
+ * engine thread owns the runner (and so the local pages/slots a prompt is computed into).
+ * Per job, the engine posts in order: STARTED (local page/slot ids known) → LAYER l for every
+ * layer as its state becomes final → FINISHED (first token sampled) or FAILED. The loop starts
+ * the UCX send on STARTED, pushes each layer's regions on LAYER (overlapping the remaining
+ * layers' compute), and on FINISHED flushes and sends DONE. When the send completes the loop
+ * answers the Prefill RPC and posts FREE so the engine returns the local pages/slot. */
+#ifndef K3PD_PREFILL_PF_H
+#define K3PD_PREFILL_PF_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "k3_runner.h"
+#include "k3k.h"
+#include "k3pd/msgq.h"
+#include "k3pd/registrar.h"
+#include "k3pd/rpc.h"
+#include "k3pd/rpc_client.h"
+#include "k3pd/xfer.h"
+
+typedef enum { PF_QUEUED = 0, PF_RUNNING, PF_SENDING, PF_DONE } pf_state_t;
+
+typedef struct pf_job {
+  struct pf_job *next;
+  char id[129];
+  uint64_t epoch;
+  pf_state_t state;
+  k3_rpc_call_t *call;       /* the Prefill RPC; NULL once answered */
+  int32_t *tokens;           /* owned */
+  uint32_t n_tokens;
+  k3k_sample_cfg_t sample;
+  k3_xfer_desc_t *desc;      /* owned */
+  k3_xfer_send_t *send;      /* live send, or NULL */
+  k3_xfer_src_t *srcs;       /* owned, desc->n_regions entries */
+  uint32_t *src_idx;         /* owned: local page ids then the slot id */
+  bool cancelled;            /* Abort or the caller went away */
+  bool engine_has;           /* the engine still holds local state for it (until FREE echo) */
+  bool free_posted;          /* FREE sent to the engine (exactly once) */
+  uint32_t layers_signalled;
+  uint32_t first_token;
+  float first_logprob;
+  int status;                /* K3_E* of the outcome */
+  char err[200];
+  uint64_t t_arrive_ns, t_start_ns, t_computed_ns, t_done_ns;
+  uint64_t bytes;
+} pf_job_t;
+
+typedef enum { PF_MSG_RUN = 1, PF_MSG_FREE, PF_MSG_STOP, PF_MSG_STARTED, PF_MSG_LAYER, PF_MSG_FINISHED, PF_MSG_FAILED } pf_msg_type_t;
+
+typedef struct {
+  k3_msg_t link;
+  pf_job_t *job;   /* loop-owned; the engine only reads tokens/n_tokens/sample before STARTED */
+  /* STARTED */
+  k3_seq_t *seq;   /* engine-owned local sequence (valid until FREE) */
+  /* LAYER */
+  int layer;
+  /* FINISHED / FAILED */
+  uint32_t token;
+  float logprob;
+  int status;
+  char err[200];
+} pf_msg_t;
+
+typedef struct pf_worker {
+  uv_loop_t *loop;
+  k3_rpc_server_t *srv;
+  k3_rpc_client_t *cli;
+  k3_registrar_t *reg;
+  k3_xfer_ctx_t *xfer;
+  k3_runner_t *runner;       /* engine thread's after pf_engine_start */
+  const k3_manifest_t *manifest;
+  uint64_t fingerprint;
+  int64_t vocab;
+  int max_batch;
+  int64_t max_batch_tokens;
+  uint32_t send_deadline_ms;
+  pf_job_t *jobs;
+  bool draining;
+  pthread_t engine_thread;
+  k3_msgq_t engine_q;
+  bool engine_running;
+  k3_inbox_t outbox;
+  uint64_t queued_tokens;    /* tokens of jobs not yet started */
+  uint32_t running;
+  uint64_t n_ok, n_failed, bytes_sent;
+} pf_worker_t;
+
+int pf_engine_start(pf_worker_t *w);
+void pf_engine_post(pf_worker_t *w, pf_msg_t *m);
+void pf_engine_stop(pf_worker_t *w);
+
+int pf_service_register(pf_worker_t *w);
+void pf_on_engine_msg(k3_msg_t *m, void *ud);
+void pf_fill_load(void *ud, K3pd__V1__WorkerLoad *load);
+
+#endif

@@ -1,0 +1,347 @@
+/* k3pd-prefill control plane: the k3pd.v1.Prefill service, the engine's outbox and the UCX
+ * sends, all on the loop thread. See pf.h for the per-job message order. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3pd/err.h"
+#include "k3pd/log.h"
+#include "k3pd/util.h"
+#include "k3pd/v1/prefill.pb-c.h"
+#include "pf.h"
+
+static pf_job_t *find_id(pf_worker_t *w, const char *id) {
+  for (pf_job_t *j = w->jobs; j; j = j->next)
+    if (strcmp(j->id, id) == 0) return j;
+  return NULL;
+}
+
+static void unlink_job(pf_worker_t *w, pf_job_t *j) {
+  for (pf_job_t **pp = &w->jobs; *pp; pp = &(*pp)->next) {
+    if (*pp == j) {
+      *pp = j->next;
+      return;
+    }
+  }
+}
+
+static void free_job(pf_job_t *j) {
+  free(j->tokens);
+  k3_xfer_desc_free(j->desc);
+  free(j->srcs);
+  free(j->src_idx);
+  free(j);
+}
+
+/* Drops the job once the engine released its local state, the send is over and the RPC is
+ * answered. */
+static void maybe_drop(pf_worker_t *w, pf_job_t *j) {
+  if (j->engine_has || j->send || j->call) return;
+  unlink_job(w, j);
+  free_job(j);
+}
+
+/* Exactly one FREE goes to the engine per job; the engine answers it exactly once. */
+static void post_free(pf_worker_t *w, pf_job_t *j) {
+  if (j->free_posted) return;
+  j->free_posted = true;
+  if (!w->engine_running) { /* shutting down: the engine already released everything */
+    j->engine_has = false;
+    return;
+  }
+  pf_msg_t *m = calloc(1, sizeof *m);
+  if (!m) return; /* the engine keeps the state until shutdown; logged by the caller's error */
+  m->link.type = PF_MSG_FREE;
+  m->job = j;
+  pf_engine_post(w, m);
+}
+
+static void answer(pf_worker_t *w, pf_job_t *j) {
+  if (!j->call) return;
+  k3_rpc_call_t *c = j->call;
+  j->call = NULL;
+  uint64_t now = k3_now_ns();
+  if (j->status == 0) {
+    K3pd__V1__PrefillResponse r = K3PD__V1__PREFILL_RESPONSE__INIT;
+    K3pd__V1__Timings tm = K3PD__V1__TIMINGS__INIT;
+    r.first_token = j->first_token;
+    r.first_logprob = j->first_logprob;
+    tm.queue_us = j->t_start_ns > j->t_arrive_ns ? (j->t_start_ns - j->t_arrive_ns) / 1000 : 0;
+    tm.prefill_us = j->t_computed_ns > j->t_start_ns ? (j->t_computed_ns - j->t_start_ns) / 1000 : 0;
+    tm.handoff_us = j->t_done_ns > j->t_computed_ns ? (j->t_done_ns - j->t_computed_ns) / 1000 : 0;
+    tm.total_us = (now - j->t_arrive_ns) / 1000;
+    r.timings = &tm;
+    r.bytes_transferred = j->bytes;
+    r.seed = j->sample.seed;
+    w->n_ok++;
+    K3_INFO("request %s: prefill %u tokens in %.2f ms, handoff %llu bytes finished %.2f ms after compute", j->id,
+            j->n_tokens, (double)tm.prefill_us / 1e3, (unsigned long long)j->bytes, (double)tm.handoff_us / 1e3);
+    k3_rpc_call_reply(c, &r.base);
+  } else {
+    w->n_failed++;
+    K3_WARN("request %s: prefill failed: %s (%s)", j->id, j->err, k3_strerror(j->status));
+    k3_rpc_call_finish(c, j->status == K3_ECANCELED ? K3_RPC_CANCELLED : k3_rpc_code_from_err(j->status), j->err);
+  }
+}
+
+static void fail(pf_worker_t *w, pf_job_t *j, int status, const char *msg) {
+  if (j->status == 0) {
+    j->status = status;
+    snprintf(j->err, sizeof j->err, "%s", msg);
+  }
+  if (j->send) k3_xfer_send_cancel(j->send); /* its callback answers */
+  else answer(w, j);
+}
+
+/* The loop-side worker for callbacks that only carry the job (one worker per process). */
+static pf_worker_t *g_w;
+
+static void unqueue(pf_worker_t *w, pf_job_t *j) {
+  if (j->state == PF_QUEUED) {
+    w->queued_tokens -= j->n_tokens;
+    j->state = PF_RUNNING;
+  }
+}
+
+static void on_send_done_cb(void *ud, const k3_xfer_send_result_t *res) {
+  pf_job_t *j = ud;
+  j->send = NULL;
+  j->t_done_ns = k3_now_ns();
+  j->bytes = res->bytes;
+  if (res->status && j->status == 0) {
+    j->status = res->status;
+    snprintf(j->err, sizeof j->err, "state transfer to the decode worker failed: %s", k3_strerror(res->status));
+  }
+  if (j->status == 0) g_w->bytes_sent += res->bytes;
+  j->state = PF_DONE;
+  answer(g_w, j);
+  if (j->engine_has) post_free(g_w, j);
+  maybe_drop(g_w, j);
+}
+
+/* Builds the local sources of every descriptor region from the runner's pool memory. */
+static int start_send(pf_worker_t *w, pf_job_t *j, const k3_seq_t *seq) {
+  const k3_manifest_t *m = w->manifest;
+  if (j->desc->n_regions != m->n) return K3_EINVAL;
+  j->srcs = calloc(m->n ? m->n : 1, sizeof *j->srcs);
+  j->src_idx = calloc((size_t)seq->n_pages + 1, sizeof *j->src_idx);
+  if (!j->srcs || !j->src_idx) return K3_ENOMEM;
+  for (int p = 0; p < seq->n_pages; p++) j->src_idx[p] = (uint32_t)seq->pages[p];
+  j->src_idx[seq->n_pages] = (uint32_t)seq->slot;
+  for (size_t i = 0; i < m->n; i++) {
+    void *base;
+    size_t stride, count;
+    int rc = k3_runner_pool_mem(w->runner, (int)i, &base, &stride, &count);
+    if (rc) return rc;
+    k3_xfer_src_t *s = &j->srcs[i];
+    s->base = base;
+    s->stride_bytes = stride;
+    s->offset_bytes = 0;
+    s->unit_bytes = m->regions[i].bytes;
+    if (m->regions[i].kind == K3_REGION_MLA_LATENT) {
+      s->idx = j->src_idx;
+      s->n_idx = (uint32_t)seq->n_pages;
+    } else {
+      s->idx = j->src_idx + seq->n_pages;
+      s->n_idx = 1;
+    }
+  }
+  int64_t left = k3_rpc_call_deadline_left_ms(j->call);
+  uint32_t dl = w->send_deadline_ms;
+  if (left > 0 && left < (int64_t)dl) dl = (uint32_t)left;
+  k3_xfer_send_opts_t so = {.deadline_ms = dl};
+  return k3_xfer_send_start(w->xfer, j->desc, j->srcs, &so, on_send_done_cb, j, &j->send);
+}
+
+void pf_on_engine_msg(k3_msg_t *m, void *ud) {
+  pf_worker_t *w = ud;
+  pf_msg_t *o = (pf_msg_t *)m;
+  pf_job_t *j = o->job;
+  switch (m->type) {
+    case PF_MSG_STARTED: {
+      unqueue(w, j);
+      j->engine_has = true;
+      j->t_start_ns = k3_now_ns();
+      w->running++;
+      if (j->cancelled) break;
+      int rc = start_send(w, j, o->seq);
+      if (rc) fail(w, j, rc, "starting the state transfer to the decode worker failed");
+      break;
+    }
+    case PF_MSG_LAYER:
+      if (j->send && !j->cancelled) {
+        int rc = k3_xfer_send_layer_ready(j->send, (uint32_t)o->layer);
+        if (rc == 0) j->layers_signalled++;
+      }
+      break;
+    case PF_MSG_FINISHED:
+      j->t_computed_ns = k3_now_ns();
+      if (w->running) w->running--;
+      j->first_token = o->token;
+      j->first_logprob = o->logprob;
+      if (j->send && !j->cancelled) {
+        j->state = PF_SENDING;
+        int rc = k3_xfer_send_finish(j->send, o->token, o->logprob);
+        if (rc) fail(w, j, rc, "finishing the state transfer failed");
+      } else {
+        if (!j->status) fail(w, j, K3_ECANCELED, "prefill aborted");
+        if (j->engine_has) post_free(w, j);
+      }
+      break;
+    case PF_MSG_FAILED:
+      if (j->state == PF_QUEUED) unqueue(w, j);
+      else if (w->running) w->running--;
+      fail(w, j, o->status, o->err);
+      if (j->engine_has) post_free(w, j);
+      else maybe_drop(w, j);
+      break;
+    case PF_MSG_FREE: /* the engine released (or dropped) the job */
+      unqueue(w, j);
+      j->engine_has = false;
+      maybe_drop(w, j);
+      break;
+    default:
+      break;
+  }
+  free(o);
+}
+
+static void on_prefill_cancel(k3_rpc_call_t *call, void *arg) {
+  pf_job_t *j = arg;
+  (void)call;
+  if (j->call != call) return;
+  j->cancelled = true;
+  fail(g_w, j, K3_ECANCELED, "prefill cancelled by the caller");
+  if (j->state == PF_QUEUED) post_free(g_w, j); /* drop it from the engine's queue */
+}
+
+static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
+  pf_worker_t *w = user;
+  const K3pd__V1__PrefillRequest *rq = (const K3pd__V1__PrefillRequest *)msg;
+  char err[256];
+  if (!rq->request_id || !*rq->request_id || strlen(rq->request_id) > 128) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "request_id: must be 1..128 bytes");
+    return;
+  }
+  if (rq->n_token_ids < 1) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "token_ids: at least one token is required");
+    return;
+  }
+  for (size_t i = 0; i < rq->n_token_ids; i++) {
+    if ((int64_t)rq->token_ids[i] >= w->vocab) {
+      k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT, "token_ids[%zu]: %u is outside the vocabulary (%lld)", i,
+                          rq->token_ids[i], (long long)w->vocab);
+      return;
+    }
+  }
+  if (w->draining) {
+    k3_rpc_call_finish(call, K3_RPC_UNAVAILABLE, "prefill worker is draining");
+    return;
+  }
+  if (find_id(w, rq->request_id)) {
+    k3_rpc_call_finish(call, K3_RPC_ALREADY_EXISTS, "request_id: already running on this prefill worker");
+    return;
+  }
+  k3_xfer_desc_t *desc = NULL;
+  int rc = k3_xfer_desc_decode(rq->reservation.data, rq->reservation.len, &desc, err, sizeof err);
+  if (rc) {
+    k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT, "reservation: %s", err);
+    return;
+  }
+  if (desc->fingerprint != w->fingerprint) {
+    k3_rpc_call_finishf(call, K3_RPC_FAILED_PRECONDITION,
+                        "reservation: decode fingerprint %016llx differs from this prefill worker's %016llx",
+                        (unsigned long long)desc->fingerprint, (unsigned long long)w->fingerprint);
+    k3_xfer_desc_free(desc);
+    return;
+  }
+  if (desc->epoch != rq->epoch) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "epoch: does not match the reservation's epoch");
+    k3_xfer_desc_free(desc);
+    return;
+  }
+  pf_job_t *j = calloc(1, sizeof *j);
+  int32_t *toks = malloc(rq->n_token_ids * sizeof *toks);
+  pf_msg_t *m = calloc(1, sizeof *m);
+  if (!j || !toks || !m) {
+    free(j);
+    free(toks);
+    free(m);
+    k3_xfer_desc_free(desc);
+    k3_rpc_call_finish(call, K3_RPC_RESOURCE_EXHAUSTED, "prefill worker out of memory");
+    return;
+  }
+  snprintf(j->id, sizeof j->id, "%s", rq->request_id);
+  j->epoch = rq->epoch;
+  j->call = call;
+  for (size_t i = 0; i < rq->n_token_ids; i++) toks[i] = (int32_t)rq->token_ids[i];
+  j->tokens = toks;
+  j->n_tokens = (uint32_t)rq->n_token_ids;
+  j->desc = desc;
+  j->sample.temperature = 1.0f;
+  j->sample.top_p = 1.0f;
+  const K3pd__V1__SamplingParams *sp = rq->sampling;
+  if (sp) {
+    if (sp->temperature_opt_case == K3PD__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE)
+      j->sample.temperature = sp->temperature;
+    if (sp->top_p_opt_case == K3PD__V1__SAMPLING_PARAMS__TOP_P_OPT_TOP_P) j->sample.top_p = sp->top_p;
+    j->sample.top_k = sp->top_k;
+    if (sp->seed_opt_case == K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED) j->sample.seed = sp->seed;
+  }
+  if (!(j->sample.temperature >= 0 && j->sample.temperature <= 100) || !(j->sample.top_p > 0 && j->sample.top_p <= 1) ||
+      j->sample.top_k < 0) {
+    free_job(j);
+    free(m);
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT,
+                       "sampling: temperature must be in [0,100], top_p in (0,1], top_k >= 0");
+    return;
+  }
+  if (!sp || sp->seed_opt_case != K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED)
+    j->sample.seed = k3_hash64(j->id, strlen(j->id), (uint64_t)k3_wall_ms());
+  j->t_arrive_ns = k3_now_ns();
+  j->state = PF_QUEUED;
+  j->engine_has = true;
+  j->next = w->jobs;
+  w->jobs = j;
+  w->queued_tokens += j->n_tokens;
+  k3_rpc_call_set_cancel_cb(call, on_prefill_cancel, j);
+  m->link.type = PF_MSG_RUN;
+  m->job = j;
+  pf_engine_post(w, m);
+  k3_registrar_kick(w->reg);
+}
+
+static void on_abort(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
+  pf_worker_t *w = user;
+  const K3pd__V1__AbortRequest *rq = (const K3pd__V1__AbortRequest *)msg;
+  K3pd__V1__AbortResponse r = K3PD__V1__ABORT_RESPONSE__INIT;
+  pf_job_t *j = rq->request_id ? find_id(w, rq->request_id) : NULL;
+  if (j && j->state != PF_DONE) {
+    r.found = true;
+    K3_INFO("request %s: aborted", j->id);
+    j->cancelled = true;
+    fail(w, j, K3_ECANCELED, "prefill aborted");
+    if (j->state == PF_QUEUED) post_free(w, j);
+  }
+  k3_rpc_call_reply(call, &r.base);
+}
+
+void pf_fill_load(void *ud, K3pd__V1__WorkerLoad *load) {
+  pf_worker_t *w = ud;
+  load->queued_prompt_tokens = w->queued_tokens;
+  load->running_seqs = w->running;
+  uint32_t q = 0;
+  for (pf_job_t *j = w->jobs; j; j = j->next) q += j->state == PF_QUEUED;
+  load->queued_requests = q;
+}
+
+int pf_service_register(pf_worker_t *w) {
+  g_w = w;
+  int rc = k3_rpc_server_add_method(w->srv, "/k3pd.v1.Prefill/Prefill", K3_RPC_UNARY,
+                                    &k3pd__v1__prefill_request__descriptor, on_prefill, w);
+  if (!rc)
+    rc = k3_rpc_server_add_method(w->srv, "/k3pd.v1.Prefill/Abort", K3_RPC_UNARY,
+                                  &k3pd__v1__abort_request__descriptor, on_abort, w);
+  return rc;
+}
