@@ -1,19 +1,104 @@
-/* k3pd-router entry point: flags and wiring only (ARCHITECTURE.md §1). */
+/* k3pd-router entry point: flags and wiring only (ARCHITECTURE.md §1). The logic lives in
+ * generate.c (the public Generate flow), cluster_svc.c (worker registry service) and
+ * registry.c (placement policy).
+ *
+ * SIGTERM/SIGINT: NOT_SERVING, refuse new requests, let in-flight ones finish for
+ * --drain-grace-ms, then cancel the rest and exit 0. A second signal exits at once (status 1). */
+#include <libgen.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
 #include "k3pd/log.h"
+#include "k3pd/util.h"
+#include "rt.h"
+
+typedef struct {
+  rt_router_t rt;
+  uv_signal_t sigterm, sigint;
+  uv_timer_t drain_timer;
+  int signals;
+  int64_t drain_grace_ms;
+  uint64_t drain_started_ns;
+  bool shutting_down;
+} app_t;
+
+static void on_client_closed(void *arg) { (void)arg; }
+
+static void on_server_done(void *arg) {
+  app_t *a = arg;
+  k3_rpc_client_close(a->rt.cli, on_client_closed, NULL);
+  uv_close((uv_handle_t *)&a->rt.expiry_timer, NULL);
+  uv_close((uv_handle_t *)&a->sigterm, NULL);
+  uv_close((uv_handle_t *)&a->sigint, NULL);
+  uv_close((uv_handle_t *)&a->drain_timer, NULL);
+}
+
+static void begin_shutdown(app_t *a) {
+  if (a->shutting_down) return;
+  a->shutting_down = true;
+  uv_timer_stop(&a->drain_timer);
+  k3_rpc_server_shutdown(a->rt.srv, on_server_done, a);
+}
+
+static void on_drain_tick(uv_timer_t *t) {
+  app_t *a = t->data;
+  uint64_t waited_ms = (k3_now_ns() - a->drain_started_ns) / 1000000;
+  uint32_t live = rt_live_requests(&a->rt);
+  if (live == 0 || (int64_t)waited_ms >= a->drain_grace_ms) {
+    if (live) K3_WARN("drain grace over with %u requests in flight: cancelling them", live);
+    begin_shutdown(a);
+  }
+}
+
+static void on_signal(uv_signal_t *s, int signum) {
+  app_t *a = s->data;
+  if (++a->signals > 1) {
+    K3_WARN("second signal (%d): exiting now", signum);
+    _exit(1);
+  }
+  K3_INFO("signal %d: draining (grace %lld ms)", signum, (long long)a->drain_grace_ms);
+  a->rt.draining = true;
+  k3_rpc_server_set_health(a->rt.srv, "", K3_RPC_HEALTH_NOT_SERVING);
+  k3_rpc_server_set_health(a->rt.srv, "k3pd.v1.Generation", K3_RPC_HEALTH_NOT_SERVING);
+  a->drain_started_ns = k3_now_ns();
+  uv_timer_start(&a->drain_timer, on_drain_tick, 0, 50);
+}
 
 int main(int argc, char **argv) {
-  const char *listen = "127.0.0.1:0";
-  const char *log_level = "info";
+  signal(SIGPIPE, SIG_IGN);
+  static app_t app;
+  app_t *a = &app;
+  rt_router_t *rt = &a->rt;
+  const char *listen = "127.0.0.1:50051", *model = NULL, *model_name = NULL, *port_file = NULL, *log_level = NULL;
+  int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, lease_ms = 30000, max_new_limit = 4096, retries = 2;
+  a->drain_grace_ms = 30000;
   k3_flag_t flags[] = {
-      {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address", false},
+      {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "public gRPC address (port 0 = ephemeral)", false},
+      {"model", K3_FLAG_STR, &model, "DIR", "model directory (config.json, tiktoken.model, tokenizer_config.json)",
+       true},
+      {"model-name", K3_FLAG_STR, &model_name, "NAME", "name clients may put in GenerateRequest.model (default: "
+       "the directory's name)", false},
+      {"port-file", K3_FLAG_STR, &port_file, "FILE", "write the bound port here once serving", false},
+      {"heartbeat-ms", K3_FLAG_INT, &heartbeat_ms, "MS", "heartbeat interval told to workers", false},
+      {"heartbeat-timeout-ms", K3_FLAG_INT, &heartbeat_timeout_ms, "MS", "drop workers silent for this long", false},
+      {"lease-ms", K3_FLAG_INT, &lease_ms, "MS", "decode reservation lease (state must arrive within it)", false},
+      {"max-new-tokens-limit", K3_FLAG_INT, &max_new_limit, "N", "largest max_new_tokens accepted", false},
+      {"prefill-retries", K3_FLAG_INT, &retries, "N", "re-issue a failed prefill to another worker up to N times",
+       false},
+      {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long requests may finish", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
   };
-  k3_flags_info_t info = {"k3pd-router", "k3pd-router: the public endpoint. Tokenizes requests, picks a decode and a prefill worker, relays the token stream, owns request lifetime.", NULL};
-  char err[512];
+  k3_flags_info_t info = {"k3pd-router",
+                          "The cluster's public endpoint (k3pd.v1.Generation). Tokenizes requests, picks a decode "
+                          "worker (free KV pages + KDA slots) and a prefill worker (queued tokens), relays the token "
+                          "stream and owns request lifetime. Workers register themselves (k3pd.v1.Cluster).",
+                          NULL};
+  char err[1024];
   int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
   if (rc) {
@@ -21,6 +106,80 @@ int main(int argc, char **argv) {
     return 2;
   }
   k3_log_set_component("k3pd-router");
-  fprintf(stderr, "k3pd-router: serving is not built yet in this version (see issue: the cluster)\n");
-  return 2;
+  if (log_level) {
+    k3_log_level_t lv;
+    if (k3_log_parse_level(log_level, &lv)) {
+      fprintf(stderr, "k3pd-router: --log-level: expected error|warn|info|debug\n");
+      return 2;
+    }
+    k3_log_set_level(lv);
+  }
+  if (heartbeat_ms < 10 || heartbeat_timeout_ms <= heartbeat_ms || lease_ms < 1 || max_new_limit < 1 ||
+      retries < 0) {
+    fprintf(stderr, "k3pd-router: need --heartbeat-ms >= 10 < --heartbeat-timeout-ms, --lease-ms >= 1, "
+                    "--max-new-tokens-limit >= 1, --prefill-retries >= 0\n");
+    return 2;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", model);
+  rc = k3_model_config_load(path, &rt->cfg, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "k3pd-router: %s\n", err);
+    return 1;
+  }
+  rc = k3_tok_load(model, NULL, &rt->tok, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "k3pd-router: tokenizer: %s\n", err);
+    return 1;
+  }
+  int32_t stops[2];
+  int ns = k3_tok_stop_ids(rt->tok, stops);
+  for (int i = 0; i < ns; i++) rt->eos_ids[rt->n_eos_ids++] = stops[i];
+  bool have = false;
+  for (int i = 0; i < rt->n_eos_ids; i++) have |= rt->eos_ids[i] == rt->cfg.eos_token_id;
+  if (!have && rt->cfg.eos_token_id >= 0 && rt->cfg.eos_token_id < rt->cfg.vocab_size)
+    rt->eos_ids[rt->n_eos_ids++] = (int32_t)rt->cfg.eos_token_id;
+  char mcopy[4096];
+  snprintf(mcopy, sizeof mcopy, "%s", model);
+  snprintf(rt->model_name, sizeof rt->model_name, "%s", model_name ? model_name : basename(mcopy));
+  rt->heartbeat_ms = (uint32_t)heartbeat_ms;
+  rt->heartbeat_timeout_ms = (uint32_t)heartbeat_timeout_ms;
+  rt->lease_ms = (uint32_t)lease_ms;
+  rt->max_new_tokens_limit = (uint32_t)max_new_limit;
+  rt->prefill_retries = (uint32_t)retries;
+  rt_registry_init(&rt->reg);
+  uv_loop_t *loop = uv_default_loop();
+  rt->loop = loop;
+  rc = k3_rpc_server_init(loop, NULL, &rt->srv);
+  if (!rc) rc = rt_cluster_register(rt);
+  if (!rc) rc = rt_generate_register(rt);
+  int port = 0;
+  if (!rc) rc = k3_rpc_server_start(rt->srv, listen, &port);
+  if (!rc) rc = k3_rpc_client_init(loop, NULL, &rt->cli);
+  if (rc) {
+    fprintf(stderr, "k3pd-router: starting the gRPC server on %s: %s\n", listen, k3_strerror(rc));
+    return 1;
+  }
+  rt_expiry_start(rt);
+  uv_signal_init(loop, &a->sigterm);
+  uv_signal_init(loop, &a->sigint);
+  uv_timer_init(loop, &a->drain_timer);
+  a->sigterm.data = a->sigint.data = a->drain_timer.data = a;
+  uv_signal_start(&a->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&a->sigint, on_signal, SIGINT);
+  k3_rpc_server_set_health(rt->srv, "", K3_RPC_HEALTH_SERVING);
+  k3_rpc_server_set_health(rt->srv, "k3pd.v1.Generation", K3_RPC_HEALTH_SERVING);
+  if (port_file) {
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%d\n", port);
+    if (k3_write_file(port_file, buf, (size_t)n)) K3_WARN("cannot write --port-file %s", port_file);
+  }
+  K3_INFO("serving model \"%s\" (%s) on port %d; eos ids %d", rt->model_name, k3_model_type_name(rt->cfg.type), port,
+          rt->n_eos_ids);
+  uv_run(loop, UV_RUN_DEFAULT);
+  rt_registry_free(&rt->reg);
+  k3_tok_free(rt->tok);
+  uv_loop_close(loop);
+  K3_INFO("stopped");
+  return 0;
 }

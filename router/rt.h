@@ -1,0 +1,49 @@
+/* k3pd-router internals shared by its files (not a public API). Everything runs on the loop
+ * thread: the router never blocks and never runs the model. */
+#ifndef K3PD_ROUTER_RT_H
+#define K3PD_ROUTER_RT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "k3pd/detok.h"
+#include "k3pd/model_config.h"
+#include "k3pd/rpc.h"
+#include "k3pd/rpc_client.h"
+#include "k3pd/tokenizer.h"
+#include "registry.h"
+
+typedef struct rt_router {
+  uv_loop_t *loop;
+  k3_rpc_server_t *srv;
+  k3_rpc_client_t *cli;
+  rt_registry_t reg;
+  uv_timer_t expiry_timer;
+  k3_tok_t *tok;
+  k3_model_config_t cfg;
+  char model_name[256];
+  int32_t eos_ids[4];       /* the model's end-of-sequence ids (unless ignore_eos) */
+  int n_eos_ids;
+  uint32_t heartbeat_ms, heartbeat_timeout_ms;
+  uint32_t lease_ms;        /* decode reservation lease */
+  uint32_t max_new_tokens_limit;
+  uint32_t prefill_retries; /* re-issues of a failed prefill to another worker */
+  uint64_t next_reg_epoch;
+  uint64_t next_req;
+  struct rt_req *reqs;      /* live requests */
+  bool draining;
+  /* counters (also exported as metrics) */
+  uint64_t n_started, n_ok, n_failed, n_cancelled;
+} rt_router_t;
+
+/* cluster_svc.c */
+int rt_cluster_register(rt_router_t *rt);
+void rt_expiry_start(rt_router_t *rt);
+
+/* generate.c */
+int rt_generate_register(rt_router_t *rt);
+/* Number of requests in flight. */
+uint32_t rt_live_requests(const rt_router_t *rt);
+
+#endif
