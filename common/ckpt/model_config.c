@@ -226,7 +226,6 @@ static void read_text(json_t *t, int k3, const char *path, k3_model_config_t *c,
   if (lac && !json_is_object(lac)) {
     ck_errs_add(e, "key '%slinear_attn_config' must be an object", path);
   } else if (lac) {
-    check_keys(lac, kLinAttn, k3, lpath, NULL, e);
     get_int32(lac, "num_heads", lpath, &c->kda_num_heads, e);
     get_int32(lac, "head_dim", lpath, &c->kda_head_dim, e);
     get_int32(lac, "short_conv_kernel_size", lpath, &c->conv_kernel, e);
@@ -349,6 +348,12 @@ int k3_model_config_parse(const char *json, size_t len, k3_model_config_t *out, 
     get_int(root, "pad_token_id", "", &c.pad_token_id, &e);
   }
   check_keys(t, kText, k3, path, NULL, &e);
+  json_t *lac = json_object_get(t, "linear_attn_config");
+  if (json_is_object(lac)) {
+    char lpath[96];
+    snprintf(lpath, sizeof lpath, "%slinear_attn_config.", path);
+    check_keys(lac, kLinAttn, k3, lpath, NULL, &e);
+  }
   if (e.count) goto out; /* key problems first: type/invariant messages would be noise */
   c.type = k3 ? K3_MODEL_K3 : K3_MODEL_LINEAR;
   get_int(t, "bos_token_id", path, &c.bos_token_id, &e);
