@@ -313,9 +313,19 @@ xf_ep_t *xf_ep_get(k3_xfer_ctx_t *ctx, const uint8_t *addr, size_t len) {
                                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
                         .address = (const ucp_address_t *)e->addr,
-                        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                        .err_mode = ctx->no_peer_mode ? UCP_ERR_HANDLING_MODE_NONE
+                                                      : UCP_ERR_HANDLING_MODE_PEER,
                         .err_handler = {.cb = ep_err_cb, .arg = e}};
   ucs_status_t st = ucp_ep_create(ctx->worker, &ep, &e->ep);
+  if (st == UCS_ERR_UNREACHABLE && !ctx->no_peer_mode) {
+    ctx->no_peer_mode = true; /* learned once per process: UCX logs the refusal once */
+    /* UCX 1.13 shm transports (posix/sysv) have no peer-failure support, so peer error mode
+     * leaves no AM transport. Fall back to no error handling: a dead peer then surfaces as the
+     * send's deadline (the ACK never comes), still never a hang. */
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(ctx->worker, &ep, &e->ep);
+    if (st == UCS_OK) K3_DEBUG("xfer: endpoint without peer failure detection (shm)");
+  }
   if (st != UCS_OK) {
     K3_ERROR("xfer: ucp_ep_create: %s", xf_ucs_str(st));
     free(e->addr);

@@ -54,6 +54,7 @@ struct k3_xfer_ctx {
   size_t addr_len;
   bool cuda_capable;
   bool in_drive, drive_again, closing;
+  bool no_peer_mode; /* peer error mode left no AM transport (shm): endpoints use NONE */
   uint32_t handles_open; /* uv handles still to close before the ctx memory goes */
   k3_xfer_stats_t stats;
   xf_ep_t *eps;                 /* cached endpoints (in_cache) */
