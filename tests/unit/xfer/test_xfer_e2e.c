@@ -196,7 +196,7 @@ static int receiver(cfg_t c, int wfd, int resfd) {
 /* ---- sender ------------------------------------------------------------------------------- */
 
 typedef struct {
-  int fired, status[64];
+  int fired, status[64], done[64];
   uint64_t t_done[64];
 } sres_t;
 
@@ -208,6 +208,7 @@ typedef struct {
 static void sent(void *ud, const k3_xfer_send_result_t *r) {
   sud_t *u = ud;
   u->res->status[u->i] = r->status;
+  u->res->done[u->i] = 1;
   u->res->t_done[u->i] = k3_now_ns();
   u->res->fired++;
 }
@@ -267,7 +268,8 @@ static int sender(cfg_t c, int rfd, pid_t victim, sres_t *out, uint64_t *t_start
   }
   for (uint32_t l = 0; l < 4; l++) {
     for (int i = 0; i < n; i++)
-      if (k3_xfer_send_layer_ready(s[i], l) && victim <= 0) return 26;
+      /* After its callback a send handle is gone: only live sends are driven. */
+      if (!out->done[i] && k3_xfer_send_layer_ready(s[i], l) && victim <= 0) return 26;
     if (l == 0 && victim > 0) {
       uv_run(&loop, UV_RUN_NOWAIT);
       kill(victim, SIGKILL);
@@ -280,7 +282,7 @@ static int sender(cfg_t c, int rfd, pid_t victim, sres_t *out, uint64_t *t_start
     uv_run(&loop, UV_RUN_NOWAIT); /* some compute happens between layers */
   }
   for (int i = 0; i < n; i++)
-    if (k3_xfer_send_finish(s[i], 1000 + (uint32_t)i, -0.5f) && victim <= 0) return 27;
+    if (!out->done[i] && k3_xfer_send_finish(s[i], 1000 + (uint32_t)i, -0.5f) && victim <= 0) return 27;
   uv_timer_t t;
   uv_timer_init(&loop, &t);
   t.data = out;
