@@ -12,6 +12,8 @@
 # binaries just built. Packages every base image has (libc6, libgcc-s1, libstdc++6) and
 # the CUDA runtime packages of nvidia/cuda images are always allowed. Only NEEDED entries are
 # checked, not the whole closure: apt installs each listed package's own dependencies.
+# RUNTIME_DEPS_ALLOW (env, space-separated) adds packages to accept, for builds that are never
+# shipped in an image (the sanitizer runtimes of an ASan/UBSan test build).
 set -euo pipefail
 allowed=""
 if [ "${1:-}" = --check ]; then allowed=$2; shift 2
@@ -48,7 +50,7 @@ mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u)
 if [ -z "$allowed" ]; then printf '%s\n' "${pkgs[@]}"; exit 0; fi
 missing=()
 for p in "${pkgs[@]}"; do
-  case " $allowed libc6 libgcc-s1 libstdc++6 " in *" $p "*) continue;; esac
+  case " $allowed ${RUNTIME_DEPS_ALLOW:-} libc6 libgcc-s1 libstdc++6 " in *" $p "*) continue;; esac
   case "$p" in cuda-*|libcublas*|libcudnn*|libnccl*) continue;; esac
   missing+=("$p")
 done
