@@ -112,7 +112,7 @@ int k3_model_config_parse(const char *json, size_t len, k3_model_config_t *out, 
 int k3_model_config_load(const char *path, k3_model_config_t *out, char *err, size_t errlen);
 
 /* Built-in configs: "tiny" (spec §11.1 verbatim), "tiny-48b" (48B spec §10 verbatim),
- * "medium" (spec §11.2), "k3" (the released K3 config.json), "48b" (released 48B config.json).
+ * "medium" (spec §11.2: the released K3 config with 16 layers / 256 experts).
  * Returns the JSON text (static), or NULL for an unknown name. */
 const char *k3_model_config_preset(const char *name);
 /* Space-separated list of preset names (static). */

@@ -113,7 +113,7 @@ int k3_rpc_server_set_health(k3_rpc_server_t *srv, const char *service, k3_rpc_h
 /* Graceful shutdown (C-STACK.md §3): every health status -> NOT_SERVING, watchers finished,
  * no new calls; in-flight calls may complete for opts.grace_ms, then all are cancelled (their
  * cancel callbacks fire). When every call is gone the server, completion queue and drain thread
- * are destroyed and `done` runs on the loop (may be NULL); srv is freed after `done` returns.
+ * are destroyed, srv is freed, and then `done` runs on the loop (may be NULL).
  * Calling it before start is fine. Calling it twice is a programmer error. */
 typedef void (*k3_rpc_server_done_fn)(void *arg);
 void k3_rpc_server_shutdown(k3_rpc_server_t *srv, k3_rpc_server_done_fn done, void *arg);

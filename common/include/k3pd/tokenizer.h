@@ -37,6 +37,9 @@
 #define K3_TOK_ID_OPEN 163587       /* K3 <|open|>,  48B <|im_user|> */
 #define K3_TOK_ID_CLOSE 163588      /* K3 <|close|>, 48B <|im_assistant|> */
 #define K3_TOK_ID_SEP 163589        /* K3 <|sep|>,   48B unnamed */
+#define K3_TOK_ID_IM_END 163586       /* 48B <|im_end|> (same slot as K3 <|end_of_msg|>) */
+#define K3_TOK_ID_IM_USER 163587      /* 48B <|im_user|> */
+#define K3_TOK_ID_IM_ASSISTANT 163588 /* 48B <|im_assistant|> */
 #define K3_TOK_ID_IM_SYSTEM 163594  /* 48B <|im_system|> */
 #define K3_TOK_ID_IM_MIDDLE 163601  /* 48B <|im_middle|> */
 #define K3_TOK_ID_TOOL_CALLS_BEGIN 163595 /* 48B <|tool_calls_section_begin|> */

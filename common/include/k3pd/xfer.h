@@ -108,6 +108,10 @@ typedef struct {
    * memory. Called for every extent of every region after digests matched, before on_ready. */
   int (*h2d)(void *ud, uint64_t request_id, uint32_t region, uint64_t off, const void *src,
              uint64_t len);
+  /* Optional: allocate/free the sender's staging buffers (max_inflight x chunk_bytes) as
+   * pinned host memory (cudaHostAlloc); NULL = aligned_alloc, which works but is slower. */
+  void *(*host_alloc)(void *ud, size_t bytes);
+  void (*host_free)(void *ud, void *ptr);
   void *ud;
 } k3_xfer_stage_t;
 

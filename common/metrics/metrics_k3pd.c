@@ -1,0 +1,222 @@
+/* The k3pd metric catalogue: one table row per metric (role, name, help, type, label,
+ * preset label values, buckets, and where the family pointer goes in the role's struct).
+ *
+ * This table is the source of truth for docs/metrics.md (a unit test checks the doc lists
+ * every name) and for the prometheus-adapter rules in deploy/ (which use the two names in
+ * K3PD_M_*). Changing a name here is an API change for dashboards and HPAs.
+ *
+ * Not here: updating the metrics (the binaries do that through the returned structs). */
+#include <stddef.h>
+#include <string.h>
+
+#include "k3pd/err.h"
+#include "k3pd/metrics_k3pd.h"
+
+const double K3PD_TTFT_BUCKETS[K3PD_TTFT_BUCKETS_N] = {
+    0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60, 120};
+const double K3PD_TOKEN_BUCKETS[K3PD_TOKEN_BUCKETS_N] = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5};
+const double K3PD_OVERHEAD_BUCKETS[K3PD_OVERHEAD_BUCKETS_N] = {
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.5};
+
+static const char *const STATUS_VALUES[] = {
+    K3PD_STATUS_OK,          K3PD_STATUS_CANCELLED,          K3PD_STATUS_INVALID_ARGUMENT,
+    K3PD_STATUS_DEADLINE_EXCEEDED, K3PD_STATUS_RESOURCE_EXHAUSTED, K3PD_STATUS_UNAVAILABLE,
+    K3PD_STATUS_INTERNAL};
+static const char *const ROLE_VALUES[] = {K3PD_ROLE_PREFILL, K3PD_ROLE_DECODE};
+static const char *const REGION_VALUES[] = {K3PD_REGION_MLA_PAGES, K3PD_REGION_KDA_STATE};
+static const char *const PATH_VALUES[] = {K3PD_PATH_HOST, K3PD_PATH_STAGED, K3PD_PATH_CUDA_DIRECT};
+static const char *const POOL_VALUES[] = {K3PD_POOL_RESERVED, K3PD_POOL_USED, K3PD_POOL_FREE};
+static const char *const REJECT_VALUES[] = {K3PD_REJECT_STALE_EPOCH, K3PD_REJECT_DIGEST_MISMATCH,
+                                            K3PD_REJECT_FINGERPRINT_MISMATCH,
+                                            K3PD_REJECT_UNKNOWN_REQUEST};
+static const char *const FAIL_VALUES[] = {K3PD_HANDOFF_FAIL_TRANSPORT, K3PD_HANDOFF_FAIL_TIMEOUT,
+                                          K3PD_HANDOFF_FAIL_REJECTED};
+#define N(a) (sizeof(a) / sizeof((a)[0]))
+
+enum { R_ALL, R_ROUTER, R_PREFILL, R_DECODE };
+static const char *const ROLE_NAMES[] = {"all", "router", "prefill", "decode"};
+
+typedef struct {
+  int role;
+  const char *name;
+  k3_metric_type_t type;
+  const char *label;          /* NULL: unlabelled */
+  const char *const *presets; /* values of label */
+  size_t npresets;
+  const double *buckets; /* histograms; NULL: K3_METRIC_LATENCY_BUCKETS */
+  size_t nbuckets;
+  size_t offset; /* of the k3_metric_t * in the role struct */
+  const char *help;
+} row_t;
+
+#define C K3_METRIC_COUNTER
+#define G K3_METRIC_GAUGE
+#define H K3_METRIC_HISTOGRAM
+#define RT(f) offsetof(k3_router_metrics_t, f)
+#define PF(f) offsetof(k3_prefill_metrics_t, f)
+#define DC(f) offsetof(k3_decode_metrics_t, f)
+#define L(name, arr) name, arr, N(arr)
+#define NOL NULL, NULL, 0
+#define B(arr) arr, N(arr)
+#define NOB NULL, 0
+
+static const row_t ROWS[] = {
+    {R_ALL, "k3pd_build_info", G, NOL, NOB, 0,
+     "Constant 1, labelled with the process role and k3pd version."},
+    /* router */
+    {R_ROUTER, "k3pd_router_requests_started_total", C, NOL, NOB, RT(requests_started_total),
+     "Generate requests accepted by the router."},
+    {R_ROUTER, "k3pd_router_requests_total", C, L("status", STATUS_VALUES), NOB,
+     RT(requests_total), "Generate requests finished, by final status."},
+    {R_ROUTER, "k3pd_router_prompt_tokens_total", C, NOL, NOB, RT(prompt_tokens_total),
+     "Prompt tokens of accepted requests."},
+    {R_ROUTER, "k3pd_router_generation_tokens_total", C, NOL, NOB, RT(generation_tokens_total),
+     "Tokens streamed to clients."},
+    {R_ROUTER, "k3pd_router_time_to_first_token_seconds", H, NOL, B(K3PD_TTFT_BUCKETS),
+     RT(ttft_seconds), "Time from request arrival to the first token sent to the client."},
+    {R_ROUTER, "k3pd_router_inter_token_latency_seconds", H, NOL, B(K3PD_TOKEN_BUCKETS),
+     RT(itl_seconds), "Time between consecutive tokens sent to the client."},
+    {R_ROUTER, "k3pd_router_e2e_request_latency_seconds", H, NOL, B(K3PD_TTFT_BUCKETS),
+     RT(e2e_seconds), "Time from request arrival to its final status."},
+    {R_ROUTER, "k3pd_router_queue_time_seconds", H, NOL, B(K3PD_TTFT_BUCKETS), RT(queue_seconds),
+     "Time from request arrival until its prefill is dispatched to a worker."},
+    {R_ROUTER, "k3pd_router_added_latency_seconds", H, NOL, B(K3PD_OVERHEAD_BUCKETS),
+     RT(added_latency_seconds),
+     "Router processing time per request (parsing, scheduling, relaying), excluding workers."},
+    {R_ROUTER, "k3pd_router_active_streams", G, NOL, NOB, RT(active_streams),
+     "Client streams currently open."},
+    {R_ROUTER, "k3pd_router_registered_workers", G, L("role", ROLE_VALUES), NOB,
+     RT(registered_workers), "Workers registered and ready, by role."},
+    {R_ROUTER, "k3pd_router_prefill_retries_total", C, NOL, NOB, RT(prefill_retries_total),
+     "Prefills re-dispatched to another worker after a worker failed or drained."},
+    /* prefill */
+    {R_PREFILL, K3PD_M_PREFILL_QUEUED_PROMPT_TOKENS, G, NOL, NOB, PF(queued_prompt_tokens),
+     "Prompt tokens waiting for a prefill batch (the prefill autoscaling signal)."},
+    {R_PREFILL, "k3pd_prefill_queued_requests", G, NOL, NOB, PF(queued_requests),
+     "Requests waiting for a prefill batch."},
+    {R_PREFILL, "k3pd_prefill_running_requests", G, NOL, NOB, PF(running_requests),
+     "Sequences in the prefill batch now running."},
+    {R_PREFILL, "k3pd_prefill_tokens_total", C, NOL, NOB, PF(tokens_total),
+     "Prompt tokens prefilled."},
+    {R_PREFILL, "k3pd_prefill_forward_seconds", H, NOL, NOB, PF(forward_seconds),
+     "Duration of one batched prefill forward pass."},
+    {R_PREFILL, "k3pd_prefill_requests_total", C, L("status", STATUS_VALUES), NOB,
+     PF(requests_total), "Prefill requests finished, by final status."},
+    {R_PREFILL, "k3pd_prefill_handoff_bytes_total", C, L("region", REGION_VALUES), NOB,
+     PF(handoff_bytes_total), "Bytes of sequence state handed off to decode, by region kind."},
+    {R_PREFILL, "k3pd_prefill_handoff_seconds", H, L("region", REGION_VALUES), NOB,
+     PF(handoff_seconds), "Duration of one handoff transfer, by region kind."},
+    {R_PREFILL, "k3pd_prefill_handoff_failures_total", C, L("reason", FAIL_VALUES), NOB,
+     PF(handoff_failures_total), "Handoffs that failed, by reason."},
+    {R_PREFILL, "k3pd_prefill_transfer_path", G, L("path", PATH_VALUES), NOB, PF(transfer_path),
+     "1 for the transfer path in use (host, staged through pinned memory, CUDA direct)."},
+    /* decode */
+    {R_DECODE, "k3pd_decode_kv_pages", G, L("state", POOL_VALUES), NOB, DC(kv_pages),
+     "MLA KV pages by state (reserved for a pending handoff, used, free)."},
+    {R_DECODE, "k3pd_decode_kda_slots", G, L("state", POOL_VALUES), NOB, DC(kda_slots),
+     "KDA recurrent-state slots by state (reserved, used, free)."},
+    {R_DECODE, K3PD_M_DECODE_KV_UTILIZATION_RATIO, G, NOL, NOB, DC(kv_utilization_ratio),
+     "Non-free fraction of the scarcer pool, max(pages, slots), 0..1 (the decode autoscaling signal)."},
+    {R_DECODE, "k3pd_decode_running_sequences", G, NOL, NOB, DC(running_sequences),
+     "Sequences in the decode batch."},
+    {R_DECODE, "k3pd_decode_step_seconds", H, NOL, B(K3PD_TOKEN_BUCKETS), DC(step_seconds),
+     "Duration of one batched decode step."},
+    {R_DECODE, "k3pd_decode_generated_tokens_total", C, NOL, NOB, DC(generated_tokens_total),
+     "Tokens generated."},
+    {R_DECODE, "k3pd_decode_reservation_wait_seconds", H, NOL, NOB, DC(reservation_wait_seconds),
+     "Time from reserving pages/slots for a handoff to accepting its DONE."},
+    {R_DECODE, "k3pd_decode_lease_expiries_total", C, NOL, NOB, DC(lease_expiries_total),
+     "Reservations released because their lease expired before a DONE arrived."},
+    {R_DECODE, "k3pd_decode_rejected_dones_total", C, L("reason", REJECT_VALUES), NOB,
+     DC(rejected_dones_total), "Handoff DONE messages rejected, by reason."},
+    {R_DECODE, "k3pd_decode_requests_total", C, L("status", STATUS_VALUES), NOB,
+     DC(requests_total), "Decode requests finished, by final status."},
+};
+
+static int register_role(k3_metrics_t *m, int role, const char *version, void *out,
+                         k3_metric_t **build_info) {
+  for (size_t i = 0; i < N(ROWS); i++) {
+    const row_t *r = &ROWS[i];
+    if (r->role != role && r->role != R_ALL) continue;
+    k3_metric_desc_t d = {.name = r->name, .help = r->help, .type = r->type,
+                          .buckets = r->buckets, .nbuckets = r->nbuckets};
+    static const char *const build_labels[] = {"role", "version"};
+    if (r->role == R_ALL) {
+      d.label_names = build_labels;
+      d.nlabels = 2;
+    } else if (r->label) {
+      d.label_names = &r->label;
+      d.nlabels = 1;
+      d.presets = r->presets;
+      d.npresets = r->npresets;
+    }
+    k3_metric_t *f;
+    int rc = k3_metrics_register(m, &d, &f);
+    if (rc) return rc;
+    if (r->role == R_ALL) {
+      const char *lv[] = {ROLE_NAMES[role], version ? version : "unknown"};
+      if ((rc = k3_metric_set(f, lv, 1.0))) return rc;
+      *build_info = f;
+    } else {
+      memcpy((char *)out + r->offset, &f, sizeof f);
+    }
+  }
+  return 0;
+}
+
+int k3_router_metrics_register(k3_metrics_t *m, const char *version, k3_router_metrics_t *out) {
+  memset(out, 0, sizeof *out);
+  return register_role(m, R_ROUTER, version, out, &out->build_info);
+}
+
+int k3_prefill_metrics_register(k3_metrics_t *m, const char *version, k3_prefill_metrics_t *out) {
+  memset(out, 0, sizeof *out);
+  int rc = register_role(m, R_PREFILL, version, out, &out->build_info);
+  if (!rc) rc = k3_prefill_metrics_set_path(out, K3PD_PATH_HOST);
+  return rc;
+}
+
+int k3_decode_metrics_register(k3_metrics_t *m, const char *version, k3_decode_metrics_t *out) {
+  memset(out, 0, sizeof *out);
+  return register_role(m, R_DECODE, version, out, &out->build_info);
+}
+
+static double frac(long busy, long total) { return total > 0 ? (double)busy / (double)total : 0; }
+
+void k3_decode_metrics_set_pools(k3_decode_metrics_t *dm, long pr, long pu, long pf, long sr,
+                                 long su, long sf) {
+  /* Presets exist for every state, so these lookups never allocate or fail. */
+  const char *st[3] = {K3PD_POOL_RESERVED, K3PD_POOL_USED, K3PD_POOL_FREE};
+  long pages[3] = {pr, pu, pf}, slots[3] = {sr, su, sf};
+  for (int i = 0; i < 3; i++) {
+    k3_metric_set(dm->kv_pages, &st[i], (double)pages[i]);
+    k3_metric_set(dm->kda_slots, &st[i], (double)slots[i]);
+  }
+  double a = frac(pr + pu, pr + pu + pf), b = frac(sr + su, sr + su + sf);
+  k3_gauge_set(k3_metric_default(dm->kv_utilization_ratio), a > b ? a : b);
+}
+
+int k3_prefill_metrics_set_path(k3_prefill_metrics_t *pm, const char *path) {
+  size_t hit = N(PATH_VALUES);
+  for (size_t i = 0; i < N(PATH_VALUES); i++)
+    if (path && strcmp(path, PATH_VALUES[i]) == 0) hit = i;
+  if (hit == N(PATH_VALUES)) return K3_EINVAL;
+  for (size_t i = 0; i < N(PATH_VALUES); i++) {
+    int rc = k3_metric_set(pm->transfer_path, &PATH_VALUES[i], i == hit ? 1.0 : 0.0);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+size_t k3pd_metrics_catalog(size_t i, const char **name, k3_metric_type_t *type,
+                            const char **help, const char **role) {
+  if (i < N(ROWS)) {
+    *name = ROWS[i].name;
+    *type = ROWS[i].type;
+    *help = ROWS[i].help;
+    *role = ROLE_NAMES[ROWS[i].role];
+  }
+  return N(ROWS);
+}

@@ -1,0 +1,387 @@
+/* Receiver: reservation table with leases, DONE verification and the fencing rule.
+ *
+ * What it is for: the decode side. k3_xfer_recv_reserve turns a layout over registered pools
+ * into a live reservation (fresh epoch, lease) and a descriptor. A DONE is accepted only for a
+ * live reservation of the same epoch and fingerprint, and only after every region's xxhash64,
+ * recomputed over our own memory at the reservation's own addresses (never addresses taken
+ * from the message), matches the sender's. Every outcome is ACKed to the sender and counted.
+ *
+ * Fencing rule (docs/transfer.md): memory of a reservation that did not complete (lease expired,
+ * cancelled) is quarantined for quarantine_ms before on_release hands it back to the owner, and
+ * optionally poisoned (0xFF) first. Senders stop writing at the lease expiry (their deadline is
+ * clamped to it) and force-close their endpoint on any failure, so quarantine_ms only has to
+ * cover clock skew plus teardown. A reservation's epoch changes on re-issue, so a DONE from an
+ * earlier attempt is rejected (K3_ESTALE) and never admits bytes of a reused slot.
+ *
+ * What it is not: the page/slot allocator (the owner's, freed in on_release). The table is a
+ * list: a decode worker holds at most a few hundred reservations. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "k3pd/err.h"
+#include "k3pd/log.h"
+#include "k3pd/util.h"
+#include "xfer_int.h"
+
+enum { RS_LIVE, RS_READY, RS_QUAR };
+
+typedef struct resv {
+  struct resv *next;
+  int state;
+  uint64_t expiry_ns; /* lease end (LIVE) or quarantine end (QUAR) */
+  void *owner;
+  k3_xfer_desc_t *desc; /* our copy: the only addresses we ever hash or release */
+  k3_xfer_pool_t *pools[K3_XFER_MAX_POOLS];
+} resv_t;
+
+struct k3_xfer_recv {
+  k3_xfer_ctx_t *ctx;
+  k3_xfer_recv_opts_t opts;
+  k3_xfer_stage_t stage;
+  bool staged;
+  resv_t *list;
+  uint64_t next_epoch;
+};
+
+int k3_xfer_recv_init(k3_xfer_ctx_t *ctx, const k3_xfer_recv_opts_t *opts, k3_xfer_recv_t **out) {
+  if (ctx->recv) return K3_EEXIST;
+  k3_xfer_recv_t *r = calloc(1, sizeof *r);
+  if (!r) return K3_ENOMEM;
+  r->ctx = ctx;
+  if (opts) r->opts = *opts;
+  if (!r->opts.quarantine_ms) r->opts.quarantine_ms = 2000;
+  if (r->opts.stage && r->opts.stage->h2d) {
+    r->stage = *r->opts.stage;
+    r->staged = true;
+  }
+  r->opts.stage = NULL;
+  /* Epochs are unique across restarts of this process too: wall-clock ms in the high bits. */
+  r->next_epoch = ((uint64_t)k3_wall_ms() << 16) | 1;
+  ctx->recv = r;
+  *out = r;
+  return 0;
+}
+
+k3_xfer_path_t k3_xfer_recv_path(const k3_xfer_recv_t *r) {
+  return r->staged ? K3_XFER_PATH_STAGED : K3_XFER_PATH_HOST;
+}
+
+static void resv_release(k3_xfer_recv_t *r, resv_t *v) {
+  for (resv_t **pp = &r->list; *pp; pp = &(*pp)->next)
+    if (*pp == v) {
+      *pp = v->next;
+      break;
+    }
+  r->ctx->stats.reservations_released++;
+  uint64_t id = v->desc->request_id;
+  void *owner = v->owner;
+  k3_xfer_desc_free(v->desc);
+  free(v);
+  if (r->opts.on_release) r->opts.on_release(r->opts.ud, id, owner);
+}
+
+void k3_xfer_recv_free(k3_xfer_recv_t *r) {
+  if (!r) return;
+  while (r->list) resv_release(r, r->list);
+  r->ctx->recv = NULL;
+  free(r);
+}
+
+static resv_t *find(k3_xfer_recv_t *r, uint64_t request_id) {
+  for (resv_t *v = r->list; v; v = v->next)
+    if (v->desc->request_id == request_id && v->state != RS_QUAR) return v;
+  return NULL;
+}
+
+static int make_desc(k3_xfer_recv_t *r, resv_t *v, uint32_t lease_ms, k3_xfer_desc_t **out) {
+  v->desc->epoch = r->next_epoch++;
+  v->desc->lease_expiry_ms = k3_wall_ms() + lease_ms;
+  v->expiry_ns = k3_now_ns() + (uint64_t)lease_ms * 1000000ull;
+  return k3_xfer_desc_clone(v->desc, out);
+}
+
+int k3_xfer_recv_reserve(k3_xfer_recv_t *r, const k3_xfer_layout_t *layout, uint64_t request_id,
+                         uint64_t fingerprint, uint32_t lease_ms, void *owner,
+                         k3_xfer_desc_t **out_desc) {
+  if (find(r, request_id)) return K3_EEXIST;
+  if (!layout || layout->n_pools > K3_XFER_MAX_POOLS || layout->n_lists > K3_XFER_MAX_LISTS ||
+      layout->n_regions > K3_XFER_MAX_REGIONS || lease_ms == 0)
+    return K3_EINVAL;
+  resv_t *v = calloc(1, sizeof *v);
+  k3_xfer_desc_t *d = k3_xfer_desc_new();
+  if (!v || !d) goto oom;
+  v->desc = d;
+  v->owner = owner;
+  d->request_id = request_id;
+  d->fingerprint = fingerprint;
+  const uint8_t *addr;
+  size_t addr_len;
+  k3_xfer_ctx_address(r->ctx, &addr, &addr_len);
+  d->worker_addr = malloc(addr_len);
+  if (!d->worker_addr) goto oom;
+  memcpy(d->worker_addr, addr, addr_len);
+  d->worker_addr_len = (uint32_t)addr_len;
+  d->n_pools = layout->n_pools;
+  for (uint32_t p = 0; p < layout->n_pools; p++) {
+    const k3_xfer_pool_t *pl = layout->pools[p];
+    if (!pl) goto inval;
+    v->pools[p] = layout->pools[p];
+    d->pools[p].base_addr = (uint64_t)(uintptr_t)pl->base;
+    d->pools[p].stride_bytes = pl->stride_bytes;
+    d->pools[p].n_slots = pl->n_slots;
+    d->pools[p].rkey_len = (uint32_t)pl->rkey_len;
+    d->pools[p].rkey = malloc(pl->rkey_len);
+    if (!d->pools[p].rkey) goto oom;
+    memcpy(d->pools[p].rkey, pl->rkey, pl->rkey_len);
+  }
+  d->n_lists = layout->n_lists;
+  for (uint32_t l = 0; l < layout->n_lists; l++) {
+    uint32_t n = layout->lists[l].n;
+    if (n == 0 || n > K3_XFER_MAX_INDICES || !layout->lists[l].idx) goto inval;
+    d->lists[l].n = n;
+    d->lists[l].idx = malloc((size_t)n * sizeof(uint32_t));
+    if (!d->lists[l].idx) goto oom;
+    memcpy(d->lists[l].idx, layout->lists[l].idx, (size_t)n * sizeof(uint32_t));
+  }
+  d->n_regions = layout->n_regions;
+  if (d->n_regions) {
+    d->regions = malloc((size_t)d->n_regions * sizeof(k3_xfer_region_t));
+    if (!d->regions) goto oom;
+    memcpy(d->regions, layout->regions, (size_t)d->n_regions * sizeof(k3_xfer_region_t));
+  }
+  char err[160];
+  if (k3_xfer_desc_validate(d, err, sizeof err)) {
+    K3_ERROR("xfer: reservation for request %llu: %s", (unsigned long long)request_id, err);
+    goto inval;
+  }
+  int rc = make_desc(r, v, lease_ms, out_desc);
+  if (rc) goto oom;
+  v->state = RS_LIVE;
+  v->next = r->list;
+  r->list = v;
+  xf_drive(r->ctx); /* re-arm the timer for this lease */
+  return 0;
+inval:
+  k3_xfer_desc_free(d);
+  free(v);
+  return K3_EINVAL;
+oom:
+  k3_xfer_desc_free(d);
+  free(v);
+  return K3_ENOMEM;
+}
+
+int k3_xfer_recv_reissue(k3_xfer_recv_t *r, uint64_t request_id, uint32_t lease_ms,
+                         k3_xfer_desc_t **out_desc) {
+  resv_t *v = find(r, request_id);
+  if (!v) return K3_ENOENT;
+  if (v->state != RS_LIVE || lease_ms == 0) return K3_EINVAL;
+  uint64_t old_epoch = v->desc->epoch, old_exp = v->expiry_ns;
+  int64_t old_wall = v->desc->lease_expiry_ms;
+  int rc = make_desc(r, v, lease_ms, out_desc);
+  if (rc) { /* on error nothing changed */
+    v->desc->epoch = old_epoch;
+    v->desc->lease_expiry_ms = old_wall;
+    v->expiry_ns = old_exp;
+    return rc;
+  }
+  xf_drive(r->ctx);
+  return 0;
+}
+
+static void quarantine(k3_xfer_recv_t *r, resv_t *v) {
+  v->state = RS_QUAR;
+  v->expiry_ns = k3_now_ns() + (uint64_t)r->opts.quarantine_ms * 1000000ull;
+  r->ctx->stats.slots_quarantined++;
+}
+
+int k3_xfer_recv_cancel(k3_xfer_recv_t *r, uint64_t request_id) {
+  resv_t *v = find(r, request_id);
+  if (!v) return K3_ENOENT;
+  r->ctx->stats.reservations_cancelled++;
+  if (v->state == RS_READY) {
+    resv_release(r, v);
+    return 0;
+  }
+  quarantine(r, v);
+  xf_drive(r->ctx);
+  return 0;
+}
+
+int k3_xfer_recv_release(k3_xfer_recv_t *r, uint64_t request_id) {
+  resv_t *v = find(r, request_id);
+  if (!v) return K3_ENOENT;
+  if (v->state != RS_READY) return K3_EINVAL;
+  resv_release(r, v);
+  return 0;
+}
+
+uint32_t k3_xfer_recv_live(const k3_xfer_recv_t *r) {
+  uint32_t n = 0;
+  for (resv_t *v = r->list; v; v = v->next) n += v->state != RS_QUAR;
+  return n;
+}
+uint32_t k3_xfer_recv_quarantined(const k3_xfer_recv_t *r) {
+  uint32_t n = 0;
+  for (resv_t *v = r->list; v; v = v->next) n += v->state == RS_QUAR;
+  return n;
+}
+
+/* Calls fn on every contiguous extent of region `reg` in our own memory. */
+static int for_extents(resv_t *v, uint32_t reg, int (*fn)(void *, uint64_t, const uint8_t *, uint64_t),
+                       void *arg) {
+  const k3_xfer_region_t *rg = &v->desc->regions[reg];
+  const uint8_t *base = v->pools[rg->pool]->base;
+  for (uint64_t off = 0; off < rg->len_bytes;) {
+    uint64_t pool_off, n;
+    k3_xfer_region_locate(v->desc, reg, off, &pool_off, &n);
+    int rc = fn(arg, off, base + pool_off, n);
+    if (rc) return rc;
+    off += n;
+  }
+  return 0;
+}
+
+static int hash_extent(void *arg, uint64_t off, const uint8_t *p, uint64_t n) {
+  XXH64_update(arg, p, n);
+  return 0;
+}
+
+typedef struct {
+  k3_xfer_recv_t *r;
+  uint64_t request_id;
+  uint32_t region;
+} h2d_arg_t;
+
+static int h2d_extent(void *arg, uint64_t off, const uint8_t *p, uint64_t n) {
+  h2d_arg_t *a = arg;
+  return a->r->stage.h2d(a->r->stage.ud, a->request_id, a->region, off, p, n);
+}
+
+static void ack(k3_xfer_recv_t *r, const xf_done_t *dm, int status) {
+  xf_ep_t *e = xf_ep_get(r->ctx, dm->addr, dm->addr_len);
+  if (!e) return; /* sender unreachable: it will time out */
+  xf_ack_t a = {.request_id = dm->request_id, .epoch = dm->epoch, .send_id = dm->send_id, .status = status};
+  size_t len;
+  uint8_t *msg = xf_ack_encode(&a, &len);
+  if (msg) xf_am_send(e, XF_AM_ACK, msg, len);
+  xf_ep_put(e);
+}
+
+/* Decides on one DONE. Returns 0 (accepted) or the rejection code; counters are updated. */
+static int judge(k3_xfer_recv_t *r, const xf_done_t *dm, resv_t **out) {
+  k3_xfer_stats_t *st = &r->ctx->stats;
+  resv_t *v = find(r, dm->request_id);
+  if (!v) {
+    st->done_rejected_unknown++;
+    return K3_ENOENT;
+  }
+  if (v->desc->epoch != dm->epoch) {
+    st->done_rejected_stale++;
+    return K3_ESTALE;
+  }
+  if (v->state != RS_LIVE) { /* duplicate DONE for an admitted sequence */
+    st->done_rejected_stale++;
+    return K3_ESTALE;
+  }
+  if (v->desc->fingerprint != dm->fingerprint) {
+    st->done_rejected_fingerprint++;
+    return K3_EFINGERPRINT;
+  }
+  if (dm->n_digests != v->desc->n_regions) {
+    st->done_rejected_malformed++;
+    return K3_EPROTO;
+  }
+  if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, dm->request_id);
+  XXH64_state_t *h = XXH64_createState();
+  if (!h) return K3_ENOMEM;
+  for (uint32_t i = 0; i < v->desc->n_regions; i++) {
+    uint64_t want;
+    memcpy(&want, dm->digests + 8 * (size_t)i, 8);
+    XXH64_reset(h, 0);
+    for_extents(v, i, hash_extent, h);
+    uint64_t got = XXH64_digest(h);
+    if (got != want) {
+      XXH64_freeState(h);
+      K3_WARN("xfer: request %llu epoch %llu: digest mismatch in region %u (%s, layer %u): "
+              "sender %016llx, memory %016llx",
+              (unsigned long long)dm->request_id, (unsigned long long)dm->epoch, i,
+              k3_xfer_kind_name(v->desc->regions[i].kind), v->desc->regions[i].layer,
+              (unsigned long long)want, (unsigned long long)got);
+      st->done_rejected_digest++;
+      return K3_EDIGEST;
+    }
+  }
+  XXH64_freeState(h);
+  if (r->staged) {
+    for (uint32_t i = 0; i < v->desc->n_regions; i++) {
+      h2d_arg_t a = {r, dm->request_id, i};
+      int rc = for_extents(v, i, h2d_extent, &a);
+      if (rc) {
+        K3_ERROR("xfer: request %llu: host-to-device copy of region %u failed: %s",
+                 (unsigned long long)dm->request_id, i, k3_strerror(rc));
+        return K3_EDEVICE;
+      }
+    }
+  }
+  st->done_accepted++;
+  *out = v;
+  return 0;
+}
+
+void xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
+  xf_done_t dm;
+  if (xf_done_decode(msg, len, &dm)) {
+    r->ctx->stats.done_rejected_malformed++;
+    K3_WARN("xfer: malformed DONE (%zu bytes) dropped", len);
+    return;
+  }
+  resv_t *v = NULL;
+  int rc = judge(r, &dm, &v);
+  ack(r, &dm, rc);
+  if (rc) {
+    K3_WARN("xfer: DONE for request %llu epoch %llu rejected: %s",
+            (unsigned long long)dm.request_id, (unsigned long long)dm.epoch, k3_errname(rc));
+    return;
+  }
+  v->state = RS_READY;
+  K3_DEBUG("xfer: request %llu epoch %llu ready", (unsigned long long)dm.request_id,
+           (unsigned long long)dm.epoch);
+  k3_xfer_ready_t rd = {.request_id = dm.request_id, .epoch = dm.epoch,
+                        .first_token = dm.first_token, .first_logprob = dm.first_logprob,
+                        .owner = v->owner};
+  if (r->opts.on_ready) r->opts.on_ready(r->opts.ud, &rd);
+}
+
+static int poison_extent(void *arg, uint64_t off, const uint8_t *p, uint64_t n) {
+  memset((void *)p, 0xFF, n);
+  return 0;
+}
+
+uint64_t xf_recv_pump(k3_xfer_recv_t *r, uint64_t now, uint64_t *next_deadline) {
+  uint64_t work = 0;
+  for (resv_t *v = r->list, *nx; v; v = nx) {
+    nx = v->next;
+    if (v->state == RS_LIVE && now >= v->expiry_ns) {
+      K3_WARN("xfer: lease of request %llu epoch %llu expired; quarantined for %u ms",
+              (unsigned long long)v->desc->request_id, (unsigned long long)v->desc->epoch,
+              r->opts.quarantine_ms);
+      r->ctx->stats.leases_expired++;
+      quarantine(r, v);
+      work++;
+    }
+    if (v->state == RS_QUAR && now >= v->expiry_ns) {
+      if (r->opts.poison) {
+        for (uint32_t i = 0; i < v->desc->n_regions; i++) for_extents(v, i, poison_extent, NULL);
+        r->ctx->stats.slots_poisoned++;
+      }
+      resv_release(r, v);
+      work++;
+      continue;
+    }
+    if (v->state != RS_READY && v->expiry_ns < *next_deadline) *next_deadline = v->expiry_ns;
+  }
+  return work;
+}

@@ -1,0 +1,457 @@
+/* Sender: pushes a request's regions into the receiver's reserved memory, layer by layer.
+ *
+ * What it is for: k3_xfer_send_start → k3_xfer_send_layer_ready (per layer, as compute
+ * finishes it) → k3_xfer_send_finish. Regions of a signalled layer are queued; the pump issues
+ * chunked ucp_put_nbx calls (a chunk never crosses a slot/page boundary on either side) with
+ * up to max_inflight in flight, hashing exactly the bytes it hands to UCX. After every put of
+ * every layer completed it flushes the endpoint, and only after the flush completed does it send
+ * DONE: DONE can never overtake data (flush-first by construction). It then waits for the
+ * receiver's ACK, whose status is the send's result.
+ *
+ * What it is not: a retry engine. Any failure (deadline, endpoint error, receiver rejection)
+ * completes the send with an error; a failed send with puts in flight tears its endpoint down so
+ * no queued put lands later (other sends to that peer fail too: the peer is suspect anyway).
+ *
+ * Lifetime: the callback fires once (from the pump, on the loop); the struct lives on until
+ * every UCX request that points at it has completed, then it is freed. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "k3pd/err.h"
+#include "k3pd/log.h"
+#include "k3pd/util.h"
+#include "xfer_int.h"
+
+enum { PH_PUSH, PH_FLUSH, PH_WAIT_ACK, PH_FIRED };
+
+typedef struct {
+  k3_xfer_send_t *s;
+  uint32_t kind;
+  bool busy;
+  uint8_t *stage; /* staging buffer (staged path only) */
+} xf_slot_t;
+
+struct k3_xfer_send {
+  k3_xfer_send_t *next;
+  k3_xfer_ctx_t *ctx;
+  const k3_xfer_desc_t *desc;
+  const k3_xfer_src_t *srcs;
+  k3_xfer_send_opts_t opts;
+  k3_xfer_stage_t stage;
+  bool staged;
+  k3_xfer_send_cb cb;
+  void *ud;
+  uint64_t send_id, deadline_ns;
+  xf_ep_t *ep;
+  ucp_rkey_h rkeys[K3_XFER_MAX_POOLS];
+  uint8_t *layer_ready;
+  uint32_t layers_signalled, n_layers;
+  uint32_t *queue, q_len, q_pos; /* regions in push order */
+  uint64_t cur_off;              /* next byte of region queue[q_pos] */
+  XXH64_state_t **hash;
+  uint64_t *digest;
+  xf_slot_t *slots;
+  uint32_t inflight;
+  int phase, status;
+  bool finish_called, flush_pending, ep_failed;
+  uint32_t first_token;
+  float first_logprob;
+  k3_xfer_send_result_t res;
+  uint64_t kind_first[K3_XFER_KIND_COUNT], kind_last[K3_XFER_KIND_COUNT];
+};
+
+static void send_free(k3_xfer_send_t *s) {
+  for (uint32_t p = 0; p < K3_XFER_MAX_POOLS; p++)
+    if (s->rkeys[p]) ucp_rkey_destroy(s->rkeys[p]);
+  if (s->ep) xf_ep_put(s->ep);
+  if (s->hash)
+    for (uint32_t r = 0; r < s->desc->n_regions; r++) XXH64_freeState(s->hash[r]);
+  if (s->slots)
+    for (uint32_t i = 0; i < s->opts.max_inflight; i++) {
+      if (!s->slots[i].stage) continue;
+      if (s->stage.host_free) s->stage.host_free(s->stage.ud, s->slots[i].stage);
+      else free(s->slots[i].stage);
+    }
+  free(s->slots);
+  free(s->hash);
+  free(s->digest);
+  free(s->queue);
+  free(s->layer_ready);
+  free(s);
+}
+
+static uint32_t kind_of(const k3_xfer_region_t *rg) {
+  return rg->kind < K3_XFER_KIND_COUNT ? rg->kind : K3_XFER_KIND_OTHER;
+}
+
+int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_xfer_src_t *srcs,
+                       const k3_xfer_send_opts_t *opts, k3_xfer_send_cb cb, void *ud,
+                       k3_xfer_send_t **out) {
+  if (!ctx || !desc || !srcs || !cb || ctx->closing) return K3_EINVAL;
+  k3_xfer_desc_t chk = *desc;
+  char err[160];
+  if (k3_xfer_desc_validate(&chk, err, sizeof err)) {
+    K3_ERROR("xfer: send of request %llu: %s", (unsigned long long)desc->request_id, err);
+    return K3_EINVAL;
+  }
+  k3_xfer_send_opts_t o = opts ? *opts : (k3_xfer_send_opts_t){0};
+  if (!o.deadline_ms) o.deadline_ms = 30000;
+  if (!o.chunk_bytes) o.chunk_bytes = 4u << 20;
+  if (!o.max_inflight) o.max_inflight = 16;
+  bool staged = o.stage && o.stage->d2h;
+  /* Sources must be able to supply every region byte. */
+  for (uint32_t r = 0; r < desc->n_regions; r++) {
+    const k3_xfer_src_t *sr = &srcs[r];
+    const k3_xfer_region_t *rg = &desc->regions[r];
+    bool ok = staged || sr->base;
+    if (ok && sr->idx) {
+      unsigned __int128 cap = (unsigned __int128)sr->n_idx * sr->unit_bytes;
+      ok = sr->unit_bytes > 0 && sr->n_idx > 0 && cap >= rg->len_bytes &&
+           sr->offset_bytes + sr->unit_bytes <= (sr->stride_bytes ? sr->stride_bytes : UINT64_MAX);
+    }
+    if (!ok) {
+      K3_ERROR("xfer: send of request %llu: source %u cannot supply %llu bytes",
+               (unsigned long long)desc->request_id, r, (unsigned long long)rg->len_bytes);
+      return K3_EINVAL;
+    }
+  }
+  int64_t left_ms = desc->lease_expiry_ms - k3_wall_ms();
+  if (left_ms <= 0) {
+    K3_WARN("xfer: send of request %llu: lease already expired", (unsigned long long)desc->request_id);
+    return K3_ETIMEDOUT;
+  }
+  if ((uint64_t)left_ms < o.deadline_ms) o.deadline_ms = (uint32_t)left_ms; /* stop before the lease */
+
+  k3_xfer_send_t *s = calloc(1, sizeof *s);
+  if (!s) return K3_ENOMEM;
+  s->ctx = ctx;
+  s->desc = desc;
+  s->srcs = srcs;
+  s->opts = o;
+  s->staged = staged;
+  if (staged) s->stage = *o.stage;
+  s->opts.stage = NULL;
+  s->cb = cb;
+  s->ud = ud;
+  s->n_layers = chk.n_layers;
+  s->layer_ready = calloc(chk.n_layers, 1);
+  s->queue = calloc(desc->n_regions, sizeof(uint32_t));
+  s->hash = calloc(desc->n_regions, sizeof(XXH64_state_t *));
+  s->digest = calloc(desc->n_regions, sizeof(uint64_t));
+  s->slots = calloc(o.max_inflight, sizeof(xf_slot_t));
+  int rc = K3_ENOMEM;
+  if (!s->layer_ready || !s->queue || !s->hash || !s->digest || !s->slots) goto fail;
+  for (uint32_t r = 0; r < desc->n_regions; r++) {
+    s->hash[r] = XXH64_createState();
+    if (!s->hash[r]) goto fail;
+    XXH64_reset(s->hash[r], 0);
+  }
+  for (uint32_t i = 0; i < o.max_inflight; i++) {
+    s->slots[i].s = s;
+    if (!staged) continue;
+    s->slots[i].stage = s->stage.host_alloc ? s->stage.host_alloc(s->stage.ud, o.chunk_bytes)
+                                            : aligned_alloc(4096, (o.chunk_bytes + 4095) & ~4095ull);
+    if (!s->slots[i].stage) goto fail;
+  }
+  s->ep = xf_ep_get(ctx, desc->worker_addr, desc->worker_addr_len);
+  if (!s->ep) {
+    rc = K3_EUNAVAIL;
+    goto fail;
+  }
+  for (uint32_t p = 0; p < desc->n_pools; p++) {
+    ucs_status_t st = ucp_ep_rkey_unpack(s->ep->ep, desc->pools[p].rkey, &s->rkeys[p]);
+    if (st != UCS_OK) {
+      K3_ERROR("xfer: send of request %llu: rkey of pool %u rejected: %s",
+               (unsigned long long)desc->request_id, p, xf_ucs_str(st));
+      rc = K3_EPROTO;
+      goto fail;
+    }
+  }
+  s->send_id = ctx->next_send_id++;
+  s->res.request_id = desc->request_id;
+  s->res.epoch = desc->epoch;
+  s->res.t_start_ns = k3_now_ns();
+  s->deadline_ns = s->res.t_start_ns + (uint64_t)o.deadline_ms * 1000000ull;
+  s->next = ctx->sends;
+  ctx->sends = s;
+  xf_drive(ctx); /* arms the deadline timer */
+  *out = s;
+  return 0;
+fail:
+  send_free(s);
+  return rc;
+}
+
+k3_xfer_path_t k3_xfer_send_path(const k3_xfer_send_t *s) {
+  return s->staged ? K3_XFER_PATH_STAGED : K3_XFER_PATH_HOST;
+}
+
+int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
+  if (s->phase == PH_FIRED) return s->status ? s->status : K3_EINVAL;
+  uint32_t n_layers = s->n_layers;
+  if (layer >= n_layers || s->layer_ready[layer]) return K3_EINVAL;
+  s->layer_ready[layer] = 1;
+  s->layers_signalled++;
+  for (uint32_t r = 0; r < s->desc->n_regions; r++)
+    if (s->desc->regions[r].layer == layer) s->queue[s->q_len++] = r;
+  if (s->layers_signalled == n_layers) s->res.t_last_layer_ns = k3_now_ns();
+  xf_drive(s->ctx);
+  return 0;
+}
+
+int k3_xfer_send_finish(k3_xfer_send_t *s, uint32_t first_token, float first_logprob) {
+  if (s->phase == PH_FIRED) return s->status ? s->status : K3_EINVAL;
+  if (s->finish_called || s->q_len != s->desc->n_regions) return K3_EINVAL;
+  s->finish_called = true;
+  s->first_token = first_token;
+  s->first_logprob = first_logprob;
+  xf_drive(s->ctx);
+  return 0;
+}
+
+void k3_xfer_send_cancel(k3_xfer_send_t *s) {
+  if (s->phase == PH_FIRED) return;
+  if (!s->status) s->status = K3_ECANCELED;
+  xf_drive(s->ctx);
+}
+
+/* ---- UCX completions (record only) ------------------------------------------------------ */
+
+static void put_cb(void *req, ucs_status_t st, void *ud) {
+  xf_slot_t *sl = ud;
+  k3_xfer_send_t *s = sl->s;
+  sl->busy = false;
+  s->inflight--;
+  s->kind_last[sl->kind] = k3_now_ns();
+  if (st != UCS_OK && !s->status) s->status = st == UCS_ERR_CANCELED ? K3_ECANCELED : K3_ETRANSPORT;
+  s->ctx->drive_again = true;
+  ucp_request_free(req);
+}
+
+static void flush_cb(void *req, ucs_status_t st, void *ud) {
+  k3_xfer_send_t *s = ud;
+  s->flush_pending = false;
+  if (st != UCS_OK && !s->status) s->status = K3_ETRANSPORT;
+  s->ctx->drive_again = true;
+  ucp_request_free(req);
+}
+
+/* ---- pump ------------------------------------------------------------------------------- */
+
+static void fire(k3_xfer_send_t *s, int status) {
+  k3_xfer_ctx_t *ctx = s->ctx;
+  s->phase = PH_FIRED;
+  s->status = status;
+  s->res.status = status;
+  s->res.t_done_ns = k3_now_ns();
+  for (int k = 0; k < K3_XFER_KIND_COUNT; k++)
+    s->res.kind_ns[k] = s->kind_last[k] > s->kind_first[k] ? s->kind_last[k] - s->kind_first[k] : 0;
+  if (status == 0) ctx->stats.sends_ok++;
+  else if (status == K3_ETIMEDOUT) ctx->stats.sends_timed_out++;
+  else ctx->stats.sends_failed++;
+  ctx->stats.bytes_put += s->res.bytes;
+  if (status && (s->inflight || s->flush_pending)) xf_ep_fail(s->ep); /* cancel what is queued */
+  s->cb(s->ud, &s->res);
+}
+
+static const void *src_ptr(const k3_xfer_src_t *sr, uint64_t off, uint64_t *contig) {
+  const uint8_t *b = sr->base;
+  if (!sr->idx) {
+    *contig = UINT64_MAX;
+    return b + sr->offset_bytes + off;
+  }
+  uint64_t i = off / sr->unit_bytes, in = off % sr->unit_bytes;
+  *contig = sr->unit_bytes - in;
+  return b + (uint64_t)sr->idx[i] * sr->stride_bytes + sr->offset_bytes + in;
+}
+
+/* Issues puts while slots are free. Returns the number issued; sets s->status on error. */
+static uint32_t issue(k3_xfer_send_t *s) {
+  const k3_xfer_desc_t *d = s->desc;
+  uint32_t issued = 0;
+  while (!s->status && s->q_pos < s->q_len) {
+    xf_slot_t *sl = NULL;
+    for (uint32_t i = 0; i < s->opts.max_inflight; i++)
+      if (!s->slots[i].busy) {
+        sl = &s->slots[i];
+        break;
+      }
+    if (!sl) break;
+    uint32_t r = s->queue[s->q_pos];
+    const k3_xfer_region_t *rg = &d->regions[r];
+    uint64_t pool_off, rcontig, lcontig = UINT64_MAX;
+    k3_xfer_region_locate(d, r, s->cur_off, &pool_off, &rcontig);
+    uint64_t n = s->opts.chunk_bytes < rcontig ? s->opts.chunk_bytes : rcontig;
+    const void *ptr;
+    if (s->staged) {
+      int rc = s->stage.d2h(s->stage.ud, r, s->cur_off, sl->stage, n);
+      if (rc) {
+        K3_ERROR("xfer: request %llu: staging copy of region %u failed: %s",
+                 (unsigned long long)d->request_id, r, k3_strerror(rc));
+        s->status = K3_EDEVICE;
+        break;
+      }
+      ptr = sl->stage;
+    } else {
+      ptr = src_ptr(&s->srcs[r], s->cur_off, &lcontig);
+      if (lcontig < n) n = lcontig;
+    }
+    XXH64_update(s->hash[r], ptr, n);
+    uint32_t kind = kind_of(rg);
+    if (!s->kind_first[kind]) s->kind_first[kind] = k3_now_ns();
+    s->res.kind_bytes[kind] += n;
+    sl->kind = kind;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.send = put_cb,
+                             .user_data = sl};
+    ucs_status_ptr_t req = ucp_put_nbx(s->ep->ep, ptr, n, d->pools[rg->pool].base_addr + pool_off,
+                                       s->rkeys[rg->pool], &p);
+    if (UCS_PTR_IS_ERR(req)) {
+      K3_WARN("xfer: request %llu: put failed: %s", (unsigned long long)d->request_id,
+              xf_ucs_str(UCS_PTR_STATUS(req)));
+      s->status = K3_ETRANSPORT;
+      break;
+    }
+    if (req) {
+      sl->busy = true;
+      s->inflight++;
+    } else {
+      s->kind_last[kind] = k3_now_ns();
+    }
+    s->res.bytes += n;
+    issued++;
+    s->cur_off += n;
+    if (s->cur_off == rg->len_bytes) {
+      s->digest[r] = XXH64_digest(s->hash[r]);
+      s->q_pos++;
+      s->cur_off = 0;
+    }
+  }
+  return issued;
+}
+
+static int send_done_msg(k3_xfer_send_t *s) {
+  const uint8_t *addr;
+  size_t addr_len;
+  k3_xfer_ctx_address(s->ctx, &addr, &addr_len);
+  xf_done_t dm = {.request_id = s->desc->request_id,
+                  .epoch = s->desc->epoch,
+                  .fingerprint = s->desc->fingerprint,
+                  .send_id = s->send_id,
+                  .first_token = s->first_token,
+                  .first_logprob = s->first_logprob,
+                  .n_digests = s->desc->n_regions,
+                  .addr_len = (uint32_t)addr_len,
+                  .addr = addr};
+  size_t len;
+  uint8_t *msg = xf_done_encode(&dm, s->digest, &len);
+  if (!msg) return K3_ENOMEM;
+  return xf_am_send(s->ep, XF_AM_DONE, msg, len);
+}
+
+static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
+  uint64_t work = 0;
+  if (!s->status && s->ep_failed) s->status = K3_ETRANSPORT;
+  if (!s->status && now >= s->deadline_ns) {
+    K3_WARN("xfer: request %llu epoch %llu: deadline of %u ms exceeded (phase %d)",
+            (unsigned long long)s->desc->request_id, (unsigned long long)s->desc->epoch,
+            s->opts.deadline_ms, s->phase);
+    s->status = K3_ETIMEDOUT;
+  }
+  if (s->status) {
+    fire(s, s->status);
+    return 1;
+  }
+  if (s->phase == PH_PUSH) {
+    work += issue(s);
+    if (s->status) return work + 1;
+    if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0) {
+      ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                               .cb.send = flush_cb,
+                               .user_data = s};
+      ucs_status_ptr_t req = ucp_ep_flush_nbx(s->ep->ep, &p);
+      if (UCS_PTR_IS_ERR(req)) {
+        s->status = K3_ETRANSPORT;
+        return work + 1;
+      }
+      s->flush_pending = req != NULL;
+      s->phase = PH_FLUSH;
+      work++;
+    }
+  }
+  if (s->phase == PH_FLUSH && !s->flush_pending) {
+    s->res.t_flushed_ns = k3_now_ns();
+    int rc = send_done_msg(s);
+    if (rc) {
+      s->status = rc;
+      return work + 1;
+    }
+    s->phase = PH_WAIT_ACK;
+    work++;
+  }
+  return work;
+}
+
+uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now, uint64_t *next_deadline) {
+  uint64_t work = 0;
+  /* Failed endpoints nobody references any more (e.g. ACK endpoints) are closed here. */
+  for (xf_ep_t *e = ctx->eps, *nx; e; e = nx) {
+    nx = e->next;
+    if (e->failed && e->refs == 0) xf_ep_fail(e);
+  }
+  for (k3_xfer_send_t **pp = &ctx->sends; *pp;) {
+    k3_xfer_send_t *s = *pp;
+    if (s->phase != PH_FIRED) work += pump_one(s, now);
+    if (s->phase == PH_FIRED && s->inflight == 0 && !s->flush_pending) {
+      *pp = s->next;
+      send_free(s);
+      continue;
+    }
+    if (s->phase != PH_FIRED && s->deadline_ns < *next_deadline) *next_deadline = s->deadline_ns;
+    pp = &s->next;
+  }
+  return work;
+}
+
+void xf_send_on_ack(k3_xfer_ctx_t *ctx, const uint8_t *msg, size_t len) {
+  xf_ack_t a;
+  if (xf_ack_decode(msg, len, &a)) {
+    K3_WARN("xfer: malformed ACK (%zu bytes) ignored", len);
+    return;
+  }
+  for (k3_xfer_send_t *s = ctx->sends; s; s = s->next) {
+    if (s->send_id != a.send_id || s->phase != PH_WAIT_ACK) continue;
+    if (s->desc->request_id != a.request_id || s->desc->epoch != a.epoch) break;
+    if (a.status)
+      K3_WARN("xfer: request %llu epoch %llu rejected by the receiver: %s",
+              (unsigned long long)a.request_id, (unsigned long long)a.epoch, k3_errname(a.status));
+    fire(s, a.status);
+    return;
+  }
+  K3_DEBUG("xfer: ACK for unknown send %llu ignored", (unsigned long long)a.send_id);
+}
+
+void xf_send_on_ep_failed(k3_xfer_ctx_t *ctx, xf_ep_t *e) {
+  for (k3_xfer_send_t *s = ctx->sends; s; s = s->next)
+    if (s->ep == e) s->ep_failed = true;
+}
+
+void xf_send_shutdown_all(k3_xfer_ctx_t *ctx) {
+  for (k3_xfer_send_t *s = ctx->sends; s; s = s->next)
+    if (s->phase != PH_FIRED) fire(s, K3_ESHUTDOWN);
+  /* Forced closes complete the cancelled requests, so inflight drops to zero. */
+  for (xf_ep_t *e = ctx->eps, *nx; e; e = nx) {
+    nx = e->next;
+    xf_ep_fail(e);
+  }
+  while (ctx->sends) {
+    k3_xfer_send_t *s = ctx->sends;
+    ctx->sends = s->next;
+    if (s->inflight || s->flush_pending)
+      K3_WARN("xfer: shutdown with %u requests outstanding on request %llu", s->inflight,
+              (unsigned long long)s->desc->request_id);
+    send_free(s);
+  }
+}

@@ -1,0 +1,124 @@
+/* Private to k3_xfer: the structs shared by ctx.c, pool.c, send.c, recv.c and the small wire
+ * codec for the two active messages (DONE: sender → receiver; ACK: receiver → sender).
+ *
+ * Driving model: every UCX callback only records facts (counters, statuses, queued messages).
+ * All decisions — issuing more puts, flushing, verifying a DONE, calling user callbacks —
+ * happen in xf_drive(), which runs on the loop outside any UCX callback: from the worker's
+ * event-fd poll, from an idle handle while work is pending, and after API calls. This keeps
+ * UCX callbacks re-entrancy free and lets user callbacks call back into the API. */
+#ifndef K3PD_XFER_INT_H
+#define K3PD_XFER_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <ucp/api/ucp.h>
+#include <uv.h>
+
+#include "k3pd/xfer.h"
+
+#define XF_AM_DONE 17
+#define XF_AM_ACK 18
+#define XF_WIRE_MAGIC 0x4e58334bu /* "K3XN" */
+#define XF_WIRE_VERSION 1
+
+/* Cached endpoint to one peer worker address. Referenced by sends (and ACK replies); a failed
+ * endpoint leaves the cache at once and is closed when its last reference goes. */
+typedef struct xf_ep {
+  struct xf_ep *next;
+  k3_xfer_ctx_t *ctx;
+  ucp_ep_h ep;
+  uint8_t *addr;
+  size_t addr_len;
+  uint32_t refs;
+  bool failed;   /* error handler ran, or torn down on purpose */
+  bool in_cache;
+  bool closed;   /* ucp endpoint closed; the struct lives until refs == 0 */
+} xf_ep_t;
+
+/* A queued incoming active message (copied out of the UCX callback). */
+typedef struct xf_msg {
+  struct xf_msg *next;
+  size_t len;
+  uint8_t data[];
+} xf_msg_t;
+
+struct k3_xfer_ctx {
+  uv_loop_t *loop;
+  uv_poll_t poll;  /* worker event fd */
+  uv_idle_t idle;  /* keeps driving while work is pending, without blocking in epoll */
+  uv_timer_t timer; /* earliest deadline of sends and reservations */
+  ucp_context_h ucp;
+  ucp_worker_h worker;
+  ucp_address_t *addr;
+  size_t addr_len;
+  bool cuda_capable;
+  bool in_drive, drive_again, closing;
+  bool no_peer_mode; /* peer error mode left no AM transport (shm): endpoints use NONE */
+  uint32_t handles_open; /* uv handles still to close before the ctx memory goes */
+  k3_xfer_stats_t stats;
+  xf_ep_t *eps;                 /* cached endpoints (in_cache) */
+  k3_xfer_send_t *sends;        /* live and draining sends */
+  k3_xfer_recv_t *recv;         /* at most one */
+  xf_msg_t *done_q, **done_tail; /* DONE messages for recv */
+  xf_msg_t *ack_q, **ack_tail;   /* ACK messages for sends */
+  uint64_t next_send_id;
+};
+
+struct k3_xfer_pool {
+  k3_xfer_ctx_t *ctx;
+  ucp_mem_h memh;
+  void *base;
+  uint64_t n_slots, stride_bytes;
+  void *rkey;
+  size_t rkey_len;
+};
+
+/* ctx.c */
+void xf_drive(k3_xfer_ctx_t *ctx);        /* run now unless already inside a drive */
+void xf_rearm_timer(k3_xfer_ctx_t *ctx);  /* after any deadline changed */
+/* Returns a referenced endpoint for addr (cached or new) or NULL (error logged). */
+xf_ep_t *xf_ep_get(k3_xfer_ctx_t *ctx, const uint8_t *addr, size_t len);
+void xf_ep_put(xf_ep_t *e);          /* drop a reference; closes a failed ep at zero */
+/* Tear down: leaves the cache, sends on it fail, the UCP ep is force-closed now; the struct is
+ * freed at once if unreferenced, else by the last xf_ep_put. Never call from a UCX callback. */
+void xf_ep_fail(xf_ep_t *e);
+/* Fire-and-forget eager AM on e. Takes ownership of the malloc'd `data` (freed when UCX is done
+ * with it, also on error). Returns 0 or K3_ETRANSPORT. */
+int xf_am_send(xf_ep_t *e, unsigned id, void *data, size_t len);
+const char *xf_ucs_str(ucs_status_t st);
+
+/* send.c, called by ctx.c */
+uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now_ns, uint64_t *next_deadline_ns); /* work done */
+void xf_send_on_ack(k3_xfer_ctx_t *ctx, const uint8_t *msg, size_t len);
+void xf_send_on_ep_failed(k3_xfer_ctx_t *ctx, xf_ep_t *e);
+void xf_send_shutdown_all(k3_xfer_ctx_t *ctx);
+
+/* recv.c, called by ctx.c */
+uint64_t xf_recv_pump(k3_xfer_recv_t *r, uint64_t now_ns, uint64_t *next_deadline_ns);
+void xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len);
+
+/* ---- wire messages --------------------------------------------------------------------- */
+
+typedef struct {
+  uint64_t request_id, epoch, fingerprint, send_id;
+  uint32_t first_token;
+  float first_logprob;
+  uint32_t n_digests;
+  uint32_t addr_len;
+  const uint8_t *addr;     /* points into the message */
+  const uint8_t *digests;  /* n_digests little-endian u64, points into the message */
+} xf_done_t;
+
+typedef struct {
+  uint64_t request_id, epoch, send_id;
+  int32_t status;
+} xf_ack_t;
+
+/* DONE: header 56 bytes + addr + 8 * n_digests. Returns a malloc'd buffer or NULL. */
+uint8_t *xf_done_encode(const xf_done_t *d, const uint64_t *digests, size_t *len);
+int xf_done_decode(const uint8_t *buf, size_t len, xf_done_t *out); /* 0 or K3_EPROTO */
+uint8_t *xf_ack_encode(const xf_ack_t *a, size_t *len); /* malloc'd or NULL */
+int xf_ack_decode(const uint8_t *buf, size_t len, xf_ack_t *out); /* 0 or K3_EPROTO */
+
+#endif

@@ -1,0 +1,325 @@
+/* Model runner lifecycle: options, weight binding (every tensor is a k3k view onto the
+ * k3_weights_t memory, uploaded once on device backends), accessors.
+ * Not here: the forward pass (forward.c and the layer files) and state export (state.c). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3pd/err.h"
+#include "runner_internal.h"
+
+void k3_runner_opts_default(k3_runner_opts_t *o) {
+  memset(o, 0, sizeof *o);
+  o->precision = K3_RUNNER_FP32;
+  o->backend = "cpu";
+  o->threads = 1;
+  o->page_tokens = 64;
+  o->num_pages = 64;
+  o->num_slots = 4;
+  o->max_batch_seqs = 8;
+  o->prefill_chunk_tokens = 256;
+}
+
+void rn_seterr(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || !errlen) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- weight binding: k3k views onto the k3_weights_t memory ------------------------------ */
+
+typedef struct {
+  k3_runner_t *r;
+  char *err;
+  size_t errlen;
+  int rc;
+} binder_t;
+
+static k3k_dtype_t map_dtype(k3_dtype_t d) {
+  switch (d) {
+    case K3_DT_F32: return K3K_F32;
+    case K3_DT_BF16: return K3K_BF16;
+    case K3_DT_U8: return K3K_U8;
+    default: return (k3k_dtype_t)-1;
+  }
+}
+
+/* Tensor `name` (without prefix) as a contiguous [rows, cols] view (cols 0: 1-D of rows
+ * elements; rows*cols must equal the stored element count). Uploads it on device backends. */
+static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t cols) {
+  k3k_tensor_t t;
+  memset(&t, 0, sizeof t);
+  if (b->rc) return t;
+  const k3_tensor_view_t *v = k3_weights_get(b->r->w, name);
+  if (!v) {
+    rn_seterr(b->err, b->errlen, "runner: tensor %s is missing", name);
+    b->rc = K3_ENOENT;
+    return t;
+  }
+  int64_t want = cols ? rows * cols : rows, n = k3_tensor_numel(v);
+  k3k_dtype_t dt = map_dtype(v->dtype);
+  if ((int)dt < 0 || (want && n != want)) {
+    rn_seterr(b->err, b->errlen, "runner: tensor %s has %lld elements of %s, expected %lld", name,
+              (long long)n, k3_dtype_name(v->dtype), (long long)want);
+    b->rc = K3_EFORMAT;
+    return t;
+  }
+  if (!want) rows = n;
+  void *data = (void *)v->data;
+  k3k_backend_t *be = b->r->be;
+  if (!be->host_memory) {
+    k3_runner_t *r = b->r;
+    if (r->n_uploads == r->cap_uploads) {
+      int cap = r->cap_uploads ? 2 * r->cap_uploads : 256;
+      void **p = realloc(r->uploads, (size_t)cap * sizeof *p);
+      if (!p) {
+        b->rc = K3_ENOMEM;
+        return t;
+      }
+      r->uploads = p;
+      r->cap_uploads = cap;
+    }
+    void *dev = NULL;
+    if (be->alloc(be, v->nbytes, &dev) || be->copy_from_host(be, dev, v->data, v->nbytes)) {
+      if (dev) be->free(be, dev);
+      rn_seterr(b->err, b->errlen, "runner: cannot upload tensor %s to backend %s", name, be->name);
+      b->rc = K3_ENOMEM;
+      return t;
+    }
+    r->uploads[r->n_uploads++] = dev;
+    data = dev;
+  }
+  if (cols)
+    t = k3k_tensor_2d(be, dt, data, rows, cols);
+  else
+    t = k3k_tensor_1d(be, dt, data, rows);
+  return t;
+}
+
+static int bind_layer(binder_t *b, int l) {
+  k3_runner_t *r = b->r;
+  const k3_model_config_t *c = &r->cfg;
+  rn_layer_t *L = &r->layers[l];
+  char n[256];
+  const int64_t H = c->hidden_size;
+#define NM(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
+  L->kind = c->layer_kind[l];
+  L->moe = c->layer_is_moe[l];
+  L->boundary = c->attn_res_block_size > 0 && c->attn_res_boundary[l];
+  L->in_ln = view(b, NM("model.layers.%d.input_layernorm.weight", l), H, 0);
+  L->post_ln = view(b, NM("model.layers.%d.post_attention_layernorm.weight", l), H, 0);
+  if (c->attn_res_block_size > 0) {
+    L->sa_res_norm = view(b, NM("model.layers.%d.self_attention_res_norm.weight", l), H, 0);
+    L->sa_res_proj = view(b, NM("model.layers.%d.self_attention_res_proj.weight", l), H, 0);
+    L->mlp_res_norm = view(b, NM("model.layers.%d.mlp_res_norm.weight", l), H, 0);
+    L->mlp_res_proj = view(b, NM("model.layers.%d.mlp_res_proj.weight", l), H, 0);
+  }
+  const char *sa = "self_attn";
+  if (L->kind == K3_LAYER_KDA) {
+    const int64_t P = c->kda_proj_dim, NH = c->kda_num_heads, DK = c->kda_head_dim;
+    const int64_t W = c->conv_kernel, R = DK; /* f/g low rank = head_dim */
+    L->q = view(b, NM("model.layers.%d.%s.q_proj.weight", l, sa), P, H);
+    L->k = view(b, NM("model.layers.%d.%s.k_proj.weight", l, sa), P, H);
+    L->v = view(b, NM("model.layers.%d.%s.v_proj.weight", l, sa), P, H);
+    L->fa = view(b, NM("model.layers.%d.%s.f_a_proj.weight", l, sa), R, H);
+    L->fb = view(b, NM("model.layers.%d.%s.f_b_proj.weight", l, sa), P, R);
+    L->b = view(b, NM("model.layers.%d.%s.b_proj.weight", l, sa), NH, H);
+    if (c->use_full_rank_gate) {
+      L->g = view(b, NM("model.layers.%d.%s.g_proj.weight", l, sa), P, H);
+    } else {
+      L->ga = view(b, NM("model.layers.%d.%s.g_a_proj.weight", l, sa), R, H);
+      L->gb = view(b, NM("model.layers.%d.%s.g_b_proj.weight", l, sa), P, R);
+    }
+    L->o = view(b, NM("model.layers.%d.%s.o_proj.weight", l, sa), H, P);
+    static const char *cv[3] = {"q", "k", "v"};
+    for (int j = 0; j < 3; j++)
+      L->conv[j] = view(b, NM("model.layers.%d.%s.%s_conv1d.weight", l, sa, cv[j]), P, W);
+    L->a_log = view(b, NM("model.layers.%d.%s.A_log", l, sa), 0, 0);
+    L->dt_bias = view(b, NM("model.layers.%d.%s.dt_bias", l, sa), P, 0);
+    L->o_norm = view(b, NM("model.layers.%d.%s.o_norm.weight", l, sa), DK, 0);
+  } else {
+    const int64_t NH = c->num_heads, DQK = c->mla_qk_head_dim, DV = c->v_head_dim;
+    const int64_t CL = c->kv_lora_rank, CD = c->mla_cache_dim;
+    if (c->q_lora_rank > 0) {
+      L->qa = view(b, NM("model.layers.%d.%s.q_a_proj.weight", l, sa), c->q_lora_rank, H);
+      L->qa_ln = view(b, NM("model.layers.%d.%s.q_a_layernorm.weight", l, sa), c->q_lora_rank, 0);
+      L->qb = view(b, NM("model.layers.%d.%s.q_b_proj.weight", l, sa), NH * DQK, c->q_lora_rank);
+    } else {
+      L->qp = view(b, NM("model.layers.%d.%s.q_proj.weight", l, sa), NH * DQK, H);
+    }
+    L->kva = view(b, NM("model.layers.%d.%s.kv_a_proj_with_mqa.weight", l, sa), CD, H);
+    L->kva_ln = view(b, NM("model.layers.%d.%s.kv_a_layernorm.weight", l, sa), CL, 0);
+    L->kvb = view(b, NM("model.layers.%d.%s.kv_b_proj.weight", l, sa),
+                     NH * (c->qk_nope_head_dim + DV), CL);
+    L->mo = view(b, NM("model.layers.%d.%s.o_proj.weight", l, sa), H, NH * DV);
+    if (c->mla_use_output_gate)
+      L->mg = view(b, NM("model.layers.%d.%s.g_proj.weight", l, sa), NH * DV, H);
+  }
+  if (!L->moe) {
+    const int64_t F = c->intermediate_size;
+    L->d_gate = view(b, NM("model.layers.%d.mlp.gate_proj.weight", l), F, H);
+    L->d_up = view(b, NM("model.layers.%d.mlp.up_proj.weight", l), F, H);
+    L->d_down = view(b, NM("model.layers.%d.mlp.down_proj.weight", l), H, F);
+  } else {
+    const int64_t E = c->num_experts, F = c->moe_intermediate_size, D = c->expert_in_dim;
+    const int64_t S = c->shared_expert_width;
+    const char *m = "block_sparse_moe";
+    L->router = view(b, NM("model.layers.%d.%s.gate.weight", l, m), E, H);
+    L->router_bias = view(b, NM("model.layers.%d.%s.gate.e_score_correction_bias", l, m), E, 0);
+    if (c->routed_expert_hidden_size > 0) {
+      L->lat_down = view(b, NM("model.layers.%d.%s.routed_expert_down_proj.weight", l, m), D, H);
+      L->lat_up = view(b, NM("model.layers.%d.%s.routed_expert_up_proj.weight", l, m), H, D);
+      if (c->latent_moe_use_norm)
+        L->lat_norm = view(b, NM("model.layers.%d.%s.routed_expert_norm.weight", l, m), D, 0);
+    }
+    if (S > 0) {
+      L->sh_gate = view(b, NM("model.layers.%d.%s.shared_experts.gate_proj.weight", l, m), S, H);
+      L->sh_up = view(b, NM("model.layers.%d.%s.shared_experts.up_proj.weight", l, m), S, H);
+      L->sh_down = view(b, NM("model.layers.%d.%s.shared_experts.down_proj.weight", l, m), H, S);
+    }
+    L->w1 = calloc((size_t)E, sizeof(rn_expw_t));
+    L->w3 = calloc((size_t)E, sizeof(rn_expw_t));
+    L->w2 = calloc((size_t)E, sizeof(rn_expw_t));
+    if (!L->w1 || !L->w3 || !L->w2) return b->rc = K3_ENOMEM;
+    for (int e = 0; e < E && !b->rc; e++) {
+      if (c->experts_mxfp4) {
+        static const char *wn[3] = {"w1", "w3", "w2"};
+        rn_expw_t *dst[3] = {&L->w1[e], &L->w3[e], &L->w2[e]};
+        for (int j = 0; j < 3; j++) {
+          int64_t rows = j < 2 ? F : D, cols = j < 2 ? D : F;
+          dst[j]->mx = true;
+          dst[j]->packed = view(b, NM("model.layers.%d.%s.experts.%d.%s.weight_packed", l, m, e, wn[j]),
+                                rows, cols / 2);
+          dst[j]->scale = view(b, NM("model.layers.%d.%s.experts.%d.%s.weight_scale", l, m, e, wn[j]),
+                               rows, cols / K3_MXFP4_GROUP);
+        }
+      } else {
+        L->w1[e].w = view(b, NM("model.layers.%d.%s.experts.%d.w1.weight", l, m, e), F, D);
+        L->w3[e].w = view(b, NM("model.layers.%d.%s.experts.%d.w3.weight", l, m, e), F, D);
+        L->w2[e].w = view(b, NM("model.layers.%d.%s.experts.%d.w2.weight", l, m, e), D, F);
+      }
+    }
+  }
+#undef NM
+  return b->rc;
+}
+
+static void free_weights(k3_runner_t *r) {
+  for (int i = 0; i < r->n_uploads; i++) r->be->free(r->be, r->uploads[i]);
+  free(r->uploads);
+  r->uploads = NULL;
+  r->n_uploads = 0;
+  if (r->layers) {
+    for (int l = 0; l < r->cfg.num_layers; l++) {
+      free(r->layers[l].w1);
+      free(r->layers[l].w3);
+      free(r->layers[l].w2);
+    }
+  }
+  free(r->layers);
+  r->layers = NULL;
+}
+
+static int bind_all(k3_runner_t *r, char *err, size_t errlen) {
+  const k3_model_config_t *c = &r->cfg;
+  binder_t b = {r, err, errlen, 0};
+  r->layers = calloc((size_t)c->num_layers, sizeof(rn_layer_t));
+  if (!r->layers) return K3_ENOMEM;
+  r->embed = view(&b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size);
+  r->lm_head = view(&b, "lm_head.weight", c->vocab_size, c->hidden_size);
+  r->final_norm = view(&b, "model.norm.weight", c->hidden_size, 0);
+  if (c->attn_res_block_size > 0) {
+    r->out_res_norm = view(&b, "model.output_attn_res_norm.weight", c->hidden_size, 0);
+    r->out_res_proj = view(&b, "model.output_attn_res_proj.weight", c->hidden_size, 0);
+  }
+  for (int l = 0; l < c->num_layers && !b.rc; l++) bind_layer(&b, l);
+  if (!b.rc) {
+    for (int l = 0; l < c->num_layers; l++) {
+      const rn_layer_t *L = &r->layers[l];
+      if (L->kind == K3_LAYER_KDA && c->kda_gate == K3_KDA_GATE_LOWER_BOUND) {
+        const k3_tensor_view_t *v = NULL;
+        char n[128];
+        snprintf(n, sizeof n, "model.layers.%d.self_attn.A_log", l);
+        v = k3_weights_get(r->w, n);
+        if (!v || k3_tensor_numel(v) < c->kda_num_heads) {
+          rn_seterr(err, errlen, "runner: %s shorter than num_heads (%d)", n, c->kda_num_heads);
+          return K3_EFORMAT;
+        }
+      }
+    }
+  }
+  return b.rc;
+}
+
+/* ---- lifecycle -------------------------------------------------------------------------- */
+
+int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
+                   char *err, size_t errlen) {
+  if (!w || !out) return K3_EINVAL;
+  k3_runner_opts_t o;
+  if (opts)
+    o = *opts;
+  else
+    k3_runner_opts_default(&o);
+  const char *be = o.backend ? o.backend : "cpu";
+  if (strcmp(be, "cpu") && strcmp(be, "cpu-fast") && strcmp(be, "cuda")) {
+    rn_seterr(err, errlen, "runner: unknown backend '%s' (expected cpu, cpu-fast or cuda)", be);
+    return K3_ENOTSUP;
+  }
+  if (o.precision != K3_RUNNER_FP32 && o.precision != K3_RUNNER_BF16) {
+    rn_seterr(err, errlen, "runner: bad precision %d (expected fp32 or bf16)", (int)o.precision);
+    return K3_EINVAL;
+  }
+  if (o.page_tokens <= 0 || o.num_pages < 0 || o.num_slots < 0 || o.max_batch_seqs <= 0) {
+    rn_seterr(err, errlen, "runner: page_tokens (%d) and max_batch_seqs (%d) must be > 0, "
+              "num_pages (%d) and num_slots (%d) >= 0", o.page_tokens, o.max_batch_seqs,
+              o.num_pages, o.num_slots);
+    return K3_EINVAL;
+  }
+  if (o.threads <= 0) o.threads = 1;
+  if (o.prefill_chunk_tokens <= 0) o.prefill_chunk_tokens = 256;
+  o.prefill_chunk_tokens = (o.prefill_chunk_tokens + 63) / 64 * 64;
+
+  k3_runner_t *r = calloc(1, sizeof *r);
+  if (!r) return K3_ENOMEM;
+  r->cfg = *k3_weights_config(w);
+  r->w = w;
+  snprintf(r->backend_name, sizeof r->backend_name, "%s", be);
+  o.backend = r->backend_name;
+  r->opts = o;
+  r->n_kda = r->cfg.num_kda;
+  r->n_mla = r->cfg.num_mla;
+  r->bf16 = o.precision == K3_RUNNER_BF16;
+  r->act = r->bf16 ? K3K_BF16 : K3K_F32;
+  r->sdt = r->act;
+  if (!strcmp(be, "cpu-fast") && o.threads > 0) k3k_cpu_fast_set_threads(o.threads);
+  r->be = k3k_backend_get(be);
+  int rc = 0;
+  if (!r->be) {
+    rn_seterr(err, errlen, "runner: backend '%s' is not available", be);
+    rc = K3_ENOTSUP;
+  }
+  if (!rc) rc = bind_all(r, err, errlen);
+  if (!rc) rc = rn_state_init(r, err, errlen);
+  if (rc) {
+    if (rc == K3_ENOMEM && err && !err[0]) rn_seterr(err, errlen, "runner: out of memory");
+    k3_runner_free(r);
+    return rc;
+  }
+  *out = r;
+  return 0;
+}
+
+void k3_runner_free(k3_runner_t *r) {
+  if (!r) return;
+  rn_state_free(r);
+  if (r->be) free_weights(r);
+  free(r);
+}
+
+const k3_model_config_t *k3_runner_config(const k3_runner_t *r) { return &r->cfg; }
+const k3_runner_opts_t *k3_runner_opts(const k3_runner_t *r) { return &r->opts; }
+int64_t k3_runner_vocab(const k3_runner_t *r) { return r->cfg.vocab_size; }

@@ -1,0 +1,125 @@
+/* Private state of the model runner shared by its source files (not a public API).
+ *
+ * Weights are k3k tensor views straight onto the k3_weights_t memory (zero copy on host
+ * backends; uploaded once on a device backend). Activations live in per-pass buffers from the
+ * backend allocator. Precision is expressed the k3k way: the activation dtype `act` is F32 in
+ * fp32 mode and BF16 in bf16 mode, so every op output of dtype `act` is a spec §8 "stored bf16"
+ * point in bf16 mode; fp32 islands (router logits, KDA gate/beta/l2norm, logits) use F32.
+ *
+ * Pools: per MLA layer one cache tensor [num_pages, page_tokens, cache_dim]; per KDA layer one
+ * S tensor [num_slots, NH, DV, DK] fp32 and three conv tensors [num_slots, P, W-1] (q, k, v);
+ * page/slot id i of a region lives at base + i*stride. Cache and conv dtype = state dtype
+ * (F32 in fp32 mode, BF16 in bf16 mode). */
+#ifndef K3_RUNNER_INTERNAL_H
+#define K3_RUNNER_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "k3_runner.h"
+#include "k3k.h"
+
+typedef struct {
+  bool mx;                 /* MXFP4 (packed + scale) or a plain bf16 weight */
+  k3k_tensor_t w, packed, scale;
+} rn_expw_t;
+
+typedef struct {
+  k3_layer_kind_t kind;
+  bool moe, boundary;
+  k3k_tensor_t in_ln, post_ln;                   /* [H] */
+  k3k_tensor_t sa_res_norm, sa_res_proj;         /* [H] (K3 only) */
+  k3k_tensor_t mlp_res_norm, mlp_res_proj;
+  /* KDA */
+  k3k_tensor_t q, k, v, fa, fb, b, g, ga, gb, o; /* g (K3 full rank) or ga/gb (48B) */
+  k3k_tensor_t conv[3];                          /* [P, W] */
+  k3k_tensor_t a_log, dt_bias, o_norm;           /* [>=NH], [P], [DK] */
+  /* MLA */
+  k3k_tensor_t qa, qb, qp, kva, kvb, mo, mg;
+  k3k_tensor_t qa_ln, kva_ln;
+  /* FFN */
+  k3k_tensor_t d_gate, d_up, d_down;
+  k3k_tensor_t router, router_bias;
+  k3k_tensor_t lat_down, lat_up, lat_norm;
+  k3k_tensor_t sh_gate, sh_up, sh_down;
+  rn_expw_t *w1, *w3, *w2;                       /* [E] */
+} rn_layer_t;
+
+/* Per-pass buffer list (freed at the end of the pass). */
+typedef struct {
+  k3_runner_t *r;
+  void **ptrs;
+  int n, cap;
+  int rc;                  /* first allocation error */
+} rn_ws_t;
+
+/* Geometry of one pass: n_seq sequences packed back to back. */
+typedef struct {
+  int n_seq;
+  int64_t n_tok;
+  k3_seq_t **seq;          /* [n_seq] */
+  int32_t *off;            /* host [n_seq+1] packed row offsets */
+  int64_t *pos0;           /* host [n_seq] absolute position of the first row */
+  const int32_t *tok;      /* host [n_tok] token ids */
+  bool decode;             /* one token per sequence: KDA step, absorbed MLA decode */
+  k3k_tensor_t cu, slots;  /* device I32 [n_seq+1], [n_seq] */
+} rn_pass_t;
+
+struct k3_runner {
+  k3_model_config_t cfg;
+  k3_runner_opts_t opts;
+  char backend_name[16];
+  const k3_weights_t *w;
+  k3k_backend_t *be;
+  k3k_dtype_t act;         /* activation dtype: F32 (fp32 mode) or BF16 */
+  k3k_dtype_t sdt;         /* MLA latent / conv state dtype (same rule) */
+  bool bf16;
+
+  void **uploads;          /* device copies of weights (non-host backends) */
+  int n_uploads, cap_uploads;
+  k3k_tensor_t embed, lm_head, final_norm, out_res_norm, out_res_proj;
+  rn_layer_t *layers;
+  int n_kda, n_mla;
+
+  /* pools */
+  uint8_t *slot_used, *page_used;
+  int free_slots, free_pages;
+  k3k_tensor_t *kda_S;     /* [n_kda] */
+  k3k_tensor_t (*kda_conv)[3];
+  k3k_tensor_t *mla_cache; /* [n_mla] */
+
+  k3_manifest_t man;       /* adjusted to the precision (state.c) */
+  struct { void *base; size_t stride, count; } *regmem; /* [man.n] */
+};
+
+/* Common error text helper (snprintf into err when not NULL). */
+void rn_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* state.c */
+int rn_state_init(k3_runner_t *r, char *err, size_t errlen);
+void rn_state_free(k3_runner_t *r);
+
+/* ws: per-pass device buffers. rn_buf returns a contiguous 2-D tensor (rows may be 0); on
+ * allocation failure ws->rc is set and a tensor with NULL data is returned. */
+void rn_ws_init(rn_ws_t *ws, k3_runner_t *r);
+void rn_ws_free(rn_ws_t *ws);
+k3k_tensor_t rn_buf(rn_ws_t *ws, k3k_dtype_t dt, int64_t rows, int64_t cols);
+/* A device I32 tensor holding a copy of host values. */
+k3k_tensor_t rn_i32(rn_ws_t *ws, const int32_t *host, int64_t n);
+
+/* mixers.c / ffn.c: x [T,H] (normed input) -> out [T,H] (dtype act). Return 0 or K3_E*. */
+int rn_kda_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int ki, const rn_pass_t *ps,
+                   const k3k_tensor_t *x, const k3k_tensor_t *out);
+int rn_mla_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int mi, const rn_pass_t *ps,
+                   const k3k_tensor_t *x, const k3k_tensor_t *out);
+int rn_ffn_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tensor_t *x,
+                   const k3k_tensor_t *out);
+
+/* forward.c: the whole stack over one pass (ps->cu/slots are filled by it). row_dst[t] (host,
+ * may be NULL entirely) is where row t's fp32 logits go (vocab floats), NULL = not wanted. The
+ * callback fires after each layer when `fire_cb`. */
+int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_done_fn cb,
+               void *cb_ctx, bool fire_cb, char *err, size_t errlen);
+
+#endif

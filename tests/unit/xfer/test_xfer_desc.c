@@ -1,0 +1,203 @@
+/* Descriptor codec: round trip, strict rejection of truncated/corrupted bytes, validation. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3pd/err.h"
+#include "k3pd/util.h"
+#include "k3pd/xfer_desc.h"
+
+static k3_xfer_desc_t *mk(void) {
+  k3_xfer_desc_t *d = k3_xfer_desc_new();
+  d->request_id = 0x1122334455667788ull;
+  d->epoch = 42;
+  d->lease_expiry_ms = 1700000000123;
+  d->fingerprint = 0xfeedfacecafebeefull;
+  d->worker_addr_len = 37;
+  d->worker_addr = malloc(37);
+  for (int i = 0; i < 37; i++) d->worker_addr[i] = (uint8_t)(i * 7);
+  d->n_pools = 2;
+  for (int p = 0; p < 2; p++) {
+    d->pools[p].base_addr = 0x7f0000000000ull + (uint64_t)p * 0x10000000ull;
+    d->pools[p].stride_bytes = p ? 8960 : 2048;
+    d->pools[p].n_slots = p ? 40 : 1000;
+    d->pools[p].rkey_len = 12 + p;
+    d->pools[p].rkey = malloc(13);
+    memset(d->pools[p].rkey, 0xA0 + p, 13);
+  }
+  d->n_lists = 2;
+  uint32_t pages[] = {5, 6, 7, 100, 3, 4, 999};
+  d->lists[0].n = 7;
+  d->lists[0].idx = malloc(sizeof pages);
+  memcpy(d->lists[0].idx, pages, sizeof pages);
+  d->lists[1].n = 1;
+  d->lists[1].idx = malloc(4);
+  d->lists[1].idx[0] = 39;
+  d->n_regions = 3;
+  d->regions = calloc(3, sizeof(k3_xfer_region_t));
+  d->regions[0] = (k3_xfer_region_t){K3_XFER_KIND_MLA_KV, 0, 0, 2, 1024, 1024, 6 * 1024 + 64};
+  d->regions[1] = (k3_xfer_region_t){K3_XFER_KIND_KDA_S, 1, 1, 0, 4480, 4096, 4096};
+  d->regions[2] = (k3_xfer_region_t){K3_XFER_KIND_KDA_CONV, 1, 1, 1, 8576, 384, 384};
+  return d;
+}
+
+START_TEST(test_roundtrip) {
+  k3_xfer_desc_t *d = mk();
+  char err[200] = "";
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), 0);
+  ck_assert_uint_eq(d->n_layers, 3);
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(k3_xfer_desc_encode(d, &buf, &len), 0);
+  k3_xfer_desc_t *e = NULL;
+  ck_assert_int_eq(k3_xfer_desc_decode(buf, len, &e, err, sizeof err), 0);
+  ck_assert_uint_eq(e->request_id, d->request_id);
+  ck_assert_uint_eq(e->epoch, 42);
+  ck_assert_int_eq(e->lease_expiry_ms, d->lease_expiry_ms);
+  ck_assert_uint_eq(e->fingerprint, d->fingerprint);
+  ck_assert_uint_eq(e->worker_addr_len, 37);
+  ck_assert_mem_eq(e->worker_addr, d->worker_addr, 37);
+  ck_assert_uint_eq(e->n_pools, 2);
+  for (int p = 0; p < 2; p++) {
+    ck_assert_uint_eq(e->pools[p].base_addr, d->pools[p].base_addr);
+    ck_assert_uint_eq(e->pools[p].stride_bytes, d->pools[p].stride_bytes);
+    ck_assert_uint_eq(e->pools[p].n_slots, d->pools[p].n_slots);
+    ck_assert_uint_eq(e->pools[p].rkey_len, d->pools[p].rkey_len);
+    ck_assert_mem_eq(e->pools[p].rkey, d->pools[p].rkey, d->pools[p].rkey_len);
+  }
+  ck_assert_uint_eq(e->lists[0].n, 7);
+  ck_assert_mem_eq(e->lists[0].idx, d->lists[0].idx, 7 * 4);
+  ck_assert_uint_eq(e->lists[1].idx[0], 39);
+  ck_assert_mem_eq(e->regions, d->regions, 3 * sizeof(k3_xfer_region_t));
+  ck_assert_uint_eq(e->n_layers, 3);
+  ck_assert_uint_eq(k3_xfer_desc_total_bytes(e), 6 * 1024 + 64 + 4096 + 384);
+  /* Addressing: byte 1024*3+5 of region 0 is in the 4th page (index 100). */
+  uint64_t off, contig;
+  k3_xfer_region_locate(e, 0, 3 * 1024 + 5, &off, &contig);
+  ck_assert_uint_eq(off, 100ull * 2048 + 1024 + 5);
+  ck_assert_uint_eq(contig, 1024 - 5);
+  k3_xfer_region_locate(e, 0, 6 * 1024 + 10, &off, &contig);
+  ck_assert_uint_eq(off, 999ull * 2048 + 1024 + 10);
+  ck_assert_uint_eq(contig, 54);
+  /* Clone is deep and equal. */
+  k3_xfer_desc_t *c;
+  ck_assert_int_eq(k3_xfer_desc_clone(e, &c), 0);
+  ck_assert_ptr_ne(c->regions, e->regions);
+  uint8_t *buf2;
+  size_t len2;
+  ck_assert_int_eq(k3_xfer_desc_encode(c, &buf2, &len2), 0);
+  ck_assert_uint_eq(len2, len);
+  ck_assert_mem_eq(buf2, buf, len);
+  free(buf);
+  free(buf2);
+  k3_xfer_desc_free(c);
+  k3_xfer_desc_free(e);
+  k3_xfer_desc_free(d);
+}
+END_TEST
+
+START_TEST(test_compact_runs) {
+  /* 1M tokens of contiguous pages: the index list costs one run. */
+  k3_xfer_desc_t *d = mk();
+  free(d->lists[0].idx);
+  d->lists[0].n = 16384;
+  d->lists[0].idx = malloc(16384 * 4);
+  for (uint32_t i = 0; i < 16384; i++) d->lists[0].idx[i] = 2000 + i;
+  d->pools[0].n_slots = 20000;
+  d->regions[0].len_bytes = 16384ull * 1024;
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(k3_xfer_desc_encode(d, &buf, &len), 0);
+  ck_assert_uint_lt(len, 400);
+  k3_xfer_desc_t *e;
+  ck_assert_int_eq(k3_xfer_desc_decode(buf, len, &e, NULL, 0), 0);
+  ck_assert_uint_eq(e->lists[0].idx[16383], 2000 + 16383);
+  free(buf);
+  k3_xfer_desc_free(e);
+  k3_xfer_desc_free(d);
+}
+END_TEST
+
+START_TEST(test_truncated_and_corrupt) {
+  k3_xfer_desc_t *d = mk();
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(k3_xfer_desc_encode(d, &buf, &len), 0);
+  k3_xfer_desc_t *e = NULL;
+  char err[200];
+  for (size_t n = 0; n < len; n++) { /* every truncation */
+    e = NULL;
+    ck_assert_int_eq(k3_xfer_desc_decode(buf, n, &e, err, sizeof err), K3_EPROTO);
+    ck_assert_ptr_null(e);
+  }
+  uint8_t *cp = malloc(len + 1);
+  for (size_t i = 0; i < len; i++) { /* every single-byte corruption */
+    memcpy(cp, buf, len);
+    cp[i] ^= 0x5a;
+    ck_assert_int_eq(k3_xfer_desc_decode(cp, len, &e, err, sizeof err), K3_EPROTO);
+  }
+  /* A trailing byte, even with a recomputed checksum, is rejected by the parser. */
+  memcpy(cp, buf, len - 8);
+  cp[len - 8] = 0;
+  uint64_t h = k3_hash64(cp, len - 7, 0);
+  memcpy(cp + len - 7, &h, 8);
+  ck_assert_int_eq(k3_xfer_desc_decode(cp, len + 1, &e, err, sizeof err), K3_EPROTO);
+  ck_assert_ptr_nonnull(strstr(err, "trailing"));
+  /* A well-formed message whose region points outside its pool fails validation by name:
+   * patch region 0's pool from 0 to 1 (offset 1024 + unit 1024 fits, index 999 >= 40 does not). */
+  memcpy(cp, buf, len);
+  size_t regs = len - 8 - 3 * 40; /* regions are the last 3*40 bytes before the checksum */
+  uint32_t one = 1;
+  memcpy(cp + regs + 4, &one, 4);
+  h = k3_hash64(cp, len - 8, 0);
+  memcpy(cp + len - 8, &h, 8);
+  ck_assert_int_eq(k3_xfer_desc_decode(cp, len, &e, err, sizeof err), K3_EPROTO);
+  ck_assert_ptr_nonnull(strstr(err, "region 0"));
+  free(cp);
+  free(buf);
+  k3_xfer_desc_free(d);
+}
+END_TEST
+
+START_TEST(test_validate_errors) {
+  char err[200];
+  k3_xfer_desc_t *d = mk();
+  d->regions[1].len_bytes = 4097; /* more than one slot's unit */
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "region 1"));
+  d->regions[1].len_bytes = 4096;
+  d->regions[0].len_bytes = 5 * 1024; /* leaves the 7th page unused */
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  d->regions[0].len_bytes = 6 * 1024 + 64;
+  d->regions[2].offset_bytes = 8960 - 383; /* crosses the slot stride */
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "stride"));
+  d->regions[2].offset_bytes = 8576;
+  d->lists[1].idx[0] = 40; /* == n_slots */
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "index 40"));
+  d->lists[1].idx[0] = 39;
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), 0);
+  uint8_t *buf;
+  size_t len;
+  d->n_pools = 0;
+  ck_assert_int_eq(k3_xfer_desc_encode(d, &buf, &len), K3_EINVAL);
+  d->n_pools = 2;
+  k3_xfer_desc_free(d);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("xfer_desc");
+  TCase *tc = tcase_create("core");
+  tcase_add_test(tc, test_roundtrip);
+  tcase_add_test(tc, test_compact_runs);
+  tcase_add_test(tc, test_truncated_and_corrupt);
+  tcase_add_test(tc, test_validate_errors);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int nf = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return nf ? 1 : 0;
+}

@@ -1,0 +1,229 @@
+/* k3pd-generate: single-process (monolithic) generation from a checkpoint or a synthetic
+ * preset, through the model runner. It is the reference the disaggregated cluster must match.
+ *
+ * Output: one "token <i> <id>" line per generated token on stdout as it is produced, then the
+ * final stdout line "ids: <ids separated by spaces>"; a timing summary on stderr. Stop ids:
+ * the config's eos_token_id, plus (when they fit the vocab) the tokenizer pair 163585 [EOS] /
+ * 163586 (<|end_of_msg|> for K3, <|im_end|> for the 48B); --ignore-eos disables stopping.
+ * Greedy unless --temperature > 0. Text prompts (--prompt) wait for the tokenizer. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3_runner.h"
+#include "k3k.h"
+#include "k3pd/err.h"
+#include "k3pd/flags.h"
+#include "k3pd/util.h"
+#include "k3pd/weights.h"
+#include "logits_file.h"
+
+typedef struct {
+  const char *model, *prompt_ids, *prompt, *precision, *backend, *logits_out, *synthetic;
+  int max_new, top_k, threads, page_tokens, seed_weights;
+  double temperature, top_p;
+  int64_t seed;
+  bool ignore_eos, all_logits;
+} gen_args_t;
+
+static bool is_stop(const k3_model_config_t *c, int32_t id) {
+  if (id == c->eos_token_id) return true;
+  return c->vocab_size > 163586 && (id == 163585 || id == 163586);
+}
+
+static int run(const gen_args_t *a) {
+  char err[1024] = "";
+  k3_model_config_t cfg;
+  k3_weights_t *w = NULL;
+  int rc;
+  if (a->synthetic) {
+    const char *json = k3_model_config_preset(a->synthetic);
+    if (!json) {
+      fprintf(stderr, "k3pd-generate: unknown --synthetic preset '%s' (known: %s)\n", a->synthetic,
+              k3_model_config_preset_names());
+      return 2;
+    }
+    rc = k3_model_config_parse(json, strlen(json), &cfg, err, sizeof err);
+    if (!rc) rc = k3_weights_synth(&cfg, (uint64_t)a->seed_weights, &w, err, sizeof err);
+  } else {
+    rc = k3_weights_open_dir(a->model, &cfg, &w, err, sizeof err);
+  }
+  if (rc) {
+    fprintf(stderr, "k3pd-generate: cannot load the model: %s (%s)\n", err, k3_strerror(rc));
+    return 1;
+  }
+  int32_t *prompt = NULL;
+  size_t n_prompt = 0;
+  if ((rc = k3_parse_int_list(a->prompt_ids, &prompt, &n_prompt, err, sizeof err)) || n_prompt == 0) {
+    fprintf(stderr, "k3pd-generate: --prompt-ids: %s\n", rc ? err : "empty list");
+    k3_weights_free(w);
+    return 2;
+  }
+  k3_runner_opts_t o;
+  k3_runner_opts_default(&o);
+  if (!strcmp(a->precision, "bf16"))
+    o.precision = K3_RUNNER_BF16;
+  else if (strcmp(a->precision, "fp32")) {
+    fprintf(stderr, "k3pd-generate: --precision must be fp32 or bf16, not '%s'\n", a->precision);
+    rc = 2;
+    goto done_w;
+  }
+  o.backend = a->backend;
+  o.threads = a->threads;
+  o.page_tokens = a->page_tokens;
+  o.num_slots = 1;
+  o.max_batch_seqs = 1;
+  int64_t total = (int64_t)n_prompt + a->max_new;
+  o.num_pages = (int)((total + a->page_tokens - 1) / (a->page_tokens > 0 ? a->page_tokens : 1)) + 1;
+  k3_runner_t *r = NULL;
+  if ((rc = k3_runner_init(w, &o, &r, err, sizeof err))) {
+    fprintf(stderr, "k3pd-generate: %s (%s)\n", err, k3_strerror(rc));
+    rc = 1;
+    goto done_w;
+  }
+  const int64_t V = k3_runner_vocab(r);
+  int32_t *pages = calloc((size_t)o.num_pages, sizeof *pages);
+  int32_t *out_ids = calloc((size_t)(a->max_new > 0 ? a->max_new : 1), sizeof *out_ids);
+  int64_t lrows = a->all_logits ? (int64_t)n_prompt : 1;
+  float *logits = malloc((size_t)(lrows * V) * sizeof(float));
+  k3_seq_t seq = {.slot = -1, .pages = pages, .cap_pages = o.num_pages};
+  lf_t lf = {0};
+  int n_out = 0;
+  uint64_t t0 = 0, t1 = 0, t2 = 0;
+  if (!pages || !out_ids || !logits) {
+    rc = 1;
+    goto done_r;
+  }
+  if ((rc = k3_runner_seq_reserve(r, &seq, total))) {
+    fprintf(stderr, "k3pd-generate: cannot reserve state: %s\n", k3_strerror(rc));
+    rc = 1;
+    goto done_r;
+  }
+  if (a->logits_out && lf_open(&lf, a->logits_out, (uint64_t)V)) {
+    fprintf(stderr, "k3pd-generate: cannot write %s\n", a->logits_out);
+    rc = 1;
+    goto done_r;
+  }
+  k3k_sample_cfg_t sc = {.temperature = (float)a->temperature, .top_k = a->top_k,
+                         .top_p = (float)a->top_p, .seed = (uint64_t)a->seed};
+  t0 = k3_now_ns();
+  k3_prefill_item_t it = {&seq, prompt, (int64_t)n_prompt, logits, a->all_logits};
+  if ((rc = k3_runner_prefill(r, &it, 1, NULL, NULL, err, sizeof err))) {
+    fprintf(stderr, "k3pd-generate: prefill: %s\n", err);
+    rc = 1;
+    goto done_r;
+  }
+  t1 = k3_now_ns();
+  const float *last = logits + (lrows - 1) * V;
+  if (lf.fp && lf_write_rows(&lf, logits, (uint64_t)lrows)) rc = 1;
+  for (int step = 0; step < a->max_new && !rc; step++) {
+    int32_t id;
+    sc.step = (uint64_t)step;
+    if ((rc = k3k_sample_row(last, V, &sc, &id))) {
+      fprintf(stderr, "k3pd-generate: sampling failed: %s\n", k3_strerror(rc));
+      rc = 1;
+      break;
+    }
+    out_ids[n_out++] = id;
+    printf("token %d %d\n", step, id);
+    fflush(stdout);
+    if ((!a->ignore_eos && is_stop(k3_runner_config(r), id)) || step + 1 == a->max_new) break;
+    k3_decode_item_t d = {&seq, id, logits};
+    if ((rc = k3_runner_decode_step(r, &d, 1, err, sizeof err))) {
+      fprintf(stderr, "k3pd-generate: decode: %s\n", err);
+      rc = 1;
+      break;
+    }
+    last = logits;
+    if (lf.fp && lf_write_rows(&lf, logits, 1)) rc = 1;
+  }
+  t2 = k3_now_ns();
+  if (lf.fp && lf_close(&lf)) {
+    fprintf(stderr, "k3pd-generate: cannot write %s\n", a->logits_out);
+    rc = 1;
+  }
+  if (!rc) {
+    double pf = (double)(t1 - t0) / 1e9, dc = (double)(t2 - t1) / 1e9;
+    int steps = n_out > 0 ? n_out - 1 : 0;
+    fprintf(stderr,
+            "k3pd-generate: %s %s %s: prefill %zu tokens in %.3f s (%.1f tokens/s); decode %d "
+            "steps in %.3f s (%.1f tokens/s)\n",
+            k3_model_type_name(cfg.type), a->precision, o.backend ? o.backend : "cpu", n_prompt, pf,
+            pf > 0 ? (double)n_prompt / pf : 0.0, steps, dc, dc > 0 ? steps / dc : 0.0);
+    printf("ids:");
+    for (int i = 0; i < n_out; i++) printf(" %d", out_ids[i]);
+    printf("\n");
+  }
+done_r:
+  if (lf.fp) lf_close(&lf);
+  k3_runner_seq_release(r, &seq);
+  free(pages);
+  free(out_ids);
+  free(logits);
+  k3_runner_free(r);
+done_w:
+  free(prompt);
+  k3_weights_free(w);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  gen_args_t a = {.precision = "fp32", .backend = "cpu", .max_new = 16, .threads = 1,
+                  .page_tokens = 64, .seed_weights = 1, .temperature = 0.0, .top_p = 1.0,
+                  .seed = 0};
+  k3_flag_t flags[] = {
+      {"model", K3_FLAG_STR, &a.model, "DIR", "checkpoint directory (config.json + safetensors)", false},
+      {"synthetic", K3_FLAG_STR, &a.synthetic, "PRESET", "use in-memory synthetic weights of a preset (tiny, tiny-48b, ...) instead of --model", false},
+      {"seed-weights", K3_FLAG_INT, &a.seed_weights, "N", "seed of the synthetic weights (default 1)", false},
+      {"prompt-ids", K3_FLAG_STR, &a.prompt_ids, "IDS", "prompt as comma-separated token ids", false},
+      {"prompt", K3_FLAG_STR, &a.prompt, "TEXT", "prompt text (needs the tokenizer: not available yet)", false},
+      {"max-new-tokens", K3_FLAG_INT, &a.max_new, "N", "tokens to generate (default 16)", false},
+      {"temperature", K3_FLAG_DOUBLE, &a.temperature, "T", "sampling temperature; 0 or unset = greedy", false},
+      {"top-p", K3_FLAG_DOUBLE, &a.top_p, "P", "nucleus sampling mass (default 1 = off)", false},
+      {"top-k", K3_FLAG_INT, &a.top_k, "K", "keep the K most likely tokens (default 0 = off)", false},
+      {"seed", K3_FLAG_I64, &a.seed, "S", "sampling seed (default 0)", false},
+      {"precision", K3_FLAG_STR, &a.precision, "fp32|bf16", "numeric mode (default fp32)", false},
+      {"backend", K3_FLAG_STR, &a.backend, "NAME", "cpu (reference) or cpu-fast (default cpu)", false},
+      {"threads", K3_FLAG_INT, &a.threads, "N", "threads of the cpu-fast backend (default 1)", false},
+      {"page-tokens", K3_FLAG_INT, &a.page_tokens, "N", "tokens per MLA cache page (default 64)", false},
+      {"ignore-eos", K3_FLAG_BOOL, &a.ignore_eos, NULL, "do not stop on the model's stop ids", false},
+      {"logits-out", K3_FLAG_STR, &a.logits_out, "FILE", "write float32 logits of every computed position (format: docs/model-runner.md)", false},
+      {"all-logits", K3_FLAG_BOOL, &a.all_logits, NULL, "with --logits-out: also every prompt position", false},
+  };
+  k3_flags_info_t info = {"k3pd-generate",
+                          "Monolithic generation through the model runner; final stdout line: "
+                          "'ids: <generated ids>'.",
+                          NULL};
+  char err[256];
+  int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
+  if (rc == K3_FLAGS_EXIT) return 0;
+  if (rc) {
+    fprintf(stderr, "k3pd-generate: %s\n", err);
+    return 2;
+  }
+  if (a.prompt) {
+    fprintf(stderr, "k3pd-generate: --prompt TEXT needs the tokenizer, which is not built yet; "
+                    "pass token ids with --prompt-ids\n");
+    return 2;
+  }
+  if (!a.prompt_ids) {
+    fprintf(stderr, "k3pd-generate: --prompt-ids is required\n");
+    return 2;
+  }
+  if ((a.model != NULL) == (a.synthetic != NULL)) {
+    fprintf(stderr, "k3pd-generate: give exactly one of --model DIR or --synthetic PRESET\n");
+    return 2;
+  }
+  if (a.max_new < 0 || a.page_tokens <= 0 || a.threads <= 0) {
+    fprintf(stderr, "k3pd-generate: --max-new-tokens must be >= 0, --page-tokens and --threads > 0\n");
+    return 2;
+  }
+  if (a.all_logits && !a.logits_out) {
+    fprintf(stderr, "k3pd-generate: --all-logits needs --logits-out FILE\n");
+    return 2;
+  }
+  rc = run(&a);
+  k3k_backends_shutdown();
+  return rc;
+}

@@ -1,0 +1,329 @@
+/* k3pd-xfer-bench: two processes move a state manifest's worth of regions over k3_xfer and
+ * compare the bandwidth with a single-threaded memcpy of the same bytes.
+ *
+ * The receiver (forked child, its own UCX context) registers a KV page pool and a KDA slot pool
+ * shaped like the manifest, reserves two requests (a warm-up and the measured one) and sends
+ * the descriptors over a pipe. The sender (parent) pushes layer by layer; with
+ * --layer-delay-us each layer is signalled that long after the previous one (simulated
+ * compute), and the bench reports how long after the last layer's signal the transfer finished.
+ * The measured time runs from the first layer signal to the receiver's ACK (digests verified).
+ * Manifests: tiny (2 KDA layers of 64 KiB + 1 KiB, 2 MLA layers of 64 B/token) and k3 (spec
+ * §10.2: 69 KDA layers of S 6,291,456 B + conv 221,184 B, 24 MLA layers of 1,152 B/token).
+ * Last line: RESULT gbps=<x> memcpy_gbps=<y> ratio=<x/y> for the first --tls entry. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "k3pd/err.h"
+#include "k3pd/flags.h"
+#include "k3pd/log.h"
+#include "k3pd/util.h"
+#include "k3pd/xfer.h"
+
+#define PAGE_TOK 64
+
+typedef struct {
+  uint32_t n_kda, n_mla;
+  uint64_t s_bytes, conv_bytes, tok_bytes; /* per layer */
+} manifest_t;
+
+static const manifest_t M_TINY = {2, 2, 65536, 1024, 64};
+static const manifest_t M_K3 = {69, 24, 6291456, 221184, 1152};
+
+typedef struct {
+  manifest_t m;
+  uint32_t tokens, n_pages, n_regions, n_layers;
+  uint64_t kv_stride, kda_stride;
+  k3_xfer_region_t *rg;
+} plan_t;
+
+/* Layer order as in K3: every 4th layer is MLA (plus the last), the rest KDA. */
+static void plan_build(plan_t *p, manifest_t m, uint32_t tokens) {
+  p->m = m;
+  p->tokens = tokens;
+  p->n_pages = (tokens + PAGE_TOK - 1) / PAGE_TOK;
+  p->n_layers = m.n_kda + m.n_mla;
+  p->kv_stride = (uint64_t)m.n_mla * PAGE_TOK * m.tok_bytes;
+  p->kda_stride = (uint64_t)m.n_kda * (m.s_bytes + m.conv_bytes);
+  p->n_regions = 2 * m.n_kda + m.n_mla;
+  p->rg = calloc(p->n_regions, sizeof(k3_xfer_region_t));
+  uint32_t r = 0, kda = 0, mla = 0;
+  for (uint32_t l = 0; l < p->n_layers; l++) {
+    bool is_mla = (mla < m.n_mla) && ((l % 4 == 3) || (m.n_kda - kda == 0) || (l == p->n_layers - 1));
+    if (is_mla) {
+      p->rg[r++] = (k3_xfer_region_t){K3_XFER_KIND_MLA_KV, 0, 0, l, (uint64_t)mla * PAGE_TOK * m.tok_bytes,
+                                      PAGE_TOK * m.tok_bytes, (uint64_t)tokens * m.tok_bytes};
+      mla++;
+    } else {
+      uint64_t o = (uint64_t)kda * (m.s_bytes + m.conv_bytes);
+      p->rg[r++] = (k3_xfer_region_t){K3_XFER_KIND_KDA_S, 1, 1, l, o, m.s_bytes, m.s_bytes};
+      p->rg[r++] = (k3_xfer_region_t){K3_XFER_KIND_KDA_CONV, 1, 1, l, o + m.s_bytes, m.conv_bytes, m.conv_bytes};
+      kda++;
+    }
+  }
+  p->n_regions = r;
+}
+
+static void wr(int fd, const void *b, size_t n) {
+  for (size_t d = 0; d < n;) {
+    ssize_t w = write(fd, (const char *)b + d, n - d);
+    if (w <= 0) _exit(3);
+    d += (size_t)w;
+  }
+}
+static int rd(int fd, void *b, size_t n) {
+  for (size_t d = 0; d < n;) {
+    ssize_t r = read(fd, (char *)b + d, n - d);
+    if (r <= 0) return -1;
+    d += (size_t)r;
+  }
+  return 0;
+}
+
+/* ---- receiver process ---- */
+static int g_ready;
+static void on_ready(void *ud, const k3_xfer_ready_t *r) { g_ready++; }
+static void rstop(uv_timer_t *t) {
+  if (g_ready >= 2 || t->data) uv_stop(t->loop);
+}
+static void rdeadline(uv_timer_t *t) { uv_stop(t->loop); }
+
+static int receiver(const plan_t *p, const char *tls, int wfd) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  k3_xfer_ctx_t *ctx;
+  k3_xfer_ctx_opts_t o = {.tls = tls};
+  if (k3_xfer_ctx_init(&loop, &o, &ctx)) return 2;
+  k3_xfer_pool_t *kv, *kda;
+  if (k3_xfer_pool_init(ctx, p->n_pages, p->kv_stride, &kv) || k3_xfer_pool_init(ctx, 1, p->kda_stride, &kda))
+    return 2;
+  k3_xfer_recv_opts_t ro = {.on_ready = on_ready};
+  k3_xfer_recv_t *r;
+  k3_xfer_recv_init(ctx, &ro, &r);
+  uint32_t *pages = malloc(p->n_pages * sizeof(uint32_t)), slot = 0;
+  for (uint32_t i = 0; i < p->n_pages; i++) pages[i] = i;
+  for (uint64_t id = 0; id < 2; id++) {
+    k3_xfer_layout_t lay = {.n_pools = 2, .pools = {kv, kda}, .n_lists = 2,
+                            .lists = {{p->n_pages, pages}, {1, &slot}},
+                            .n_regions = p->n_regions, .regions = p->rg};
+    k3_xfer_desc_t *d;
+    uint8_t *buf;
+    size_t len;
+    if (k3_xfer_recv_reserve(r, &lay, id, 0xB0B, 600000, NULL, &d) || k3_xfer_desc_encode(d, &buf, &len))
+      return 2;
+    uint32_t l32 = (uint32_t)len;
+    wr(wfd, &l32, 4);
+    wr(wfd, buf, len);
+    free(buf);
+    k3_xfer_desc_free(d);
+  }
+  uv_timer_t t, dl;
+  uv_timer_init(&loop, &t);
+  uv_timer_init(&loop, &dl);
+  t.data = NULL;
+  uv_timer_start(&t, rstop, 1, 1);
+  uv_timer_start(&dl, rdeadline, 120000, 0);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  /* Give the last ACK a moment to leave before tearing down. */
+  for (int i = 0; i < 50; i++) uv_run(&loop, UV_RUN_NOWAIT), usleep(1000);
+  k3_xfer_recv_free(r);
+  k3_xfer_pool_free(kv);
+  k3_xfer_pool_free(kda);
+  k3_xfer_ctx_close(ctx);
+  uv_close((uv_handle_t *)&t, NULL);
+  uv_close((uv_handle_t *)&dl, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  free(pages);
+  return g_ready == 2 ? 0 : 4;
+}
+
+/* ---- sender process ---- */
+typedef struct {
+  k3_xfer_send_t *s;
+  uint32_t next_layer, n_layers;
+  bool done;
+  k3_xfer_send_result_t res;
+  uint64_t last_signal_ns;
+} sstate_t;
+
+static void sent(void *ud, const k3_xfer_send_result_t *r) {
+  sstate_t *st = ud;
+  st->res = *r;
+  st->done = true;
+  uv_stop(uv_default_loop());
+}
+static void layer_tick(uv_timer_t *t) {
+  sstate_t *st = t->data;
+  if (st->done) return;
+  k3_xfer_send_layer_ready(st->s, st->next_layer++);
+  if (st->next_layer == st->n_layers) {
+    st->last_signal_ns = k3_now_ns();
+    uv_timer_stop(t);
+    k3_xfer_send_finish(st->s, 1, 0.0f);
+  }
+}
+
+static int one_send(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *d, const k3_xfer_src_t *src,
+                    uint32_t delay_us, sstate_t *st) {
+  memset(st, 0, sizeof *st);
+  st->n_layers = d->n_layers;
+  k3_xfer_send_opts_t so = {.deadline_ms = 120000, .chunk_bytes = 4u << 20, .max_inflight = 16};
+  int rc = k3_xfer_send_start(ctx, d, src, &so, sent, st, &st->s);
+  if (rc) return rc;
+  uv_timer_t t;
+  uv_timer_init(uv_default_loop(), &t);
+  t.data = st;
+  if (delay_us == 0) {
+    for (uint32_t l = 0; l < d->n_layers; l++) k3_xfer_send_layer_ready(st->s, l);
+    st->last_signal_ns = k3_now_ns();
+    k3_xfer_send_finish(st->s, 1, 0.0f);
+  } else {
+    uint64_t ms = (delay_us + 999) / 1000;
+    uv_timer_start(&t, layer_tick, ms, ms);
+  }
+  while (!st->done) uv_run(uv_default_loop(), UV_RUN_DEFAULT);
+  uv_close((uv_handle_t *)&t, NULL);
+  uv_run(uv_default_loop(), UV_RUN_NOWAIT);
+  return st->res.status;
+}
+
+typedef struct {
+  double gbps, memcpy_gbps;
+} fig_t;
+
+static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *fig) {
+  int pp[2];
+  if (pipe(pp)) return K3_EIO;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(pp[0]);
+    _exit(receiver(p, tls, pp[1]));
+  }
+  close(pp[1]);
+  k3_xfer_desc_t *d[2];
+  for (int i = 0; i < 2; i++) {
+    uint32_t len;
+    uint8_t *buf;
+    if (rd(pp[0], &len, 4) || !(buf = malloc(len)) || rd(pp[0], buf, len) ||
+        k3_xfer_desc_decode(buf, len, &d[i], NULL, 0)) {
+      fprintf(stderr, "receiver failed to start (tls=%s)\n", tls ? tls : "default");
+      kill(pid, SIGKILL);
+      waitpid(pid, NULL, 0);
+      return K3_EUNAVAIL;
+    }
+    free(buf);
+  }
+  k3_xfer_ctx_t *ctx;
+  k3_xfer_ctx_opts_t o = {.tls = tls};
+  if (k3_xfer_ctx_init(uv_default_loop(), &o, &ctx)) return K3_ETRANSPORT;
+  uint64_t total = k3_xfer_desc_total_bytes(d[0]);
+  k3_xfer_src_t *src = calloc(p->n_regions, sizeof *src);
+  uint8_t *mem = malloc(total), *dst = malloc(total);
+  uint64_t off = 0;
+  for (uint32_t r = 0; r < p->n_regions; r++) {
+    for (uint64_t b = 0; b < p->rg[r].len_bytes; b += 4096) mem[off + b] = (uint8_t)(r + b / 4096);
+    src[r] = (k3_xfer_src_t){.base = mem + off};
+    off += p->rg[r].len_bytes;
+  }
+  /* memcpy baseline on the same bytes, destination faulted in first, best of 3. */
+  memset(dst, 0, total);
+  double best = 1e30;
+  for (int i = 0; i < 3; i++) {
+    uint64_t t0 = k3_now_ns();
+    memcpy(dst, mem, total);
+    double s = (double)(k3_now_ns() - t0) / 1e9;
+    if (s < best) best = s;
+  }
+  fig->memcpy_gbps = (double)total / best / 1e9;
+  sstate_t st;
+  int rc = one_send(ctx, d[0], src, 0, &st); /* warm-up: endpoint, rkeys, transport caches */
+  if (!rc) rc = one_send(ctx, d[1], src, delay_us, &st);
+  if (rc) {
+    fprintf(stderr, "transfer failed (tls=%s): %s\n", tls ? tls : "default", k3_errname(rc));
+  } else {
+    uint64_t first = st.res.t_start_ns;
+    double secs = (double)(st.res.t_done_ns - first) / 1e9;
+    fig->gbps = (double)total / secs / 1e9;
+    printf("tls=%-8s bytes=%llu time_ms=%.2f gbps=%.2f memcpy_gbps=%.2f ratio=%.2f\n",
+           tls ? tls : "default", (unsigned long long)total, secs * 1e3, fig->gbps, fig->memcpy_gbps,
+           fig->gbps / fig->memcpy_gbps);
+    for (int k = 1; k < K3_XFER_KIND_COUNT; k++)
+      if (st.res.kind_bytes[k])
+        printf("  %-9s bytes=%llu put_ms=%.2f gbps=%.2f\n", k3_xfer_kind_name((uint32_t)k),
+               (unsigned long long)st.res.kind_bytes[k], st.res.kind_ns[k] / 1e6,
+               st.res.kind_ns[k] ? (double)st.res.kind_bytes[k] / (double)st.res.kind_ns[k] : 0.0);
+    printf("  flush+DONE+verify+ACK after the last put: %.2f ms\n",
+           (double)(st.res.t_done_ns - st.res.t_flushed_ns) / 1e6);
+    if (delay_us)
+      printf("  overlap: layer delay %u us x %u layers; finished %.2f ms after the last layer's "
+             "signal (one layer = %.2f ms)\n",
+             delay_us, p->n_layers, (double)(st.res.t_done_ns - st.last_signal_ns) / 1e6,
+             ((delay_us + 999) / 1000) * 1.0);
+  }
+  k3_xfer_ctx_close(ctx);
+  uv_run(uv_default_loop(), UV_RUN_DEFAULT);
+  int ws;
+  waitpid(pid, &ws, 0);
+  for (int i = 0; i < 2; i++) k3_xfer_desc_free(d[i]);
+  free(src);
+  free(mem);
+  free(dst);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  const char *manifest = "tiny", *tls = "shm,tcp,default";
+  int tokens = 1024, delay_us = 0;
+  k3_flag_t flags[] = {
+      {"manifest", K3_FLAG_STR, &manifest, "tiny|k3", "state manifest sizes to move", false},
+      {"tokens", K3_FLAG_INT, &tokens, "N", "prompt tokens (MLA pages)", false},
+      {"tls", K3_FLAG_STR, &tls, "LIST", "comma-separated UCX_TLS runs; 'default' = UCX's choice", false},
+      {"layer-delay-us", K3_FLAG_INT, &delay_us, "N", "simulated compute per layer (0 = all at once)", false},
+  };
+  k3_flags_info_t info = {"k3pd-xfer-bench", "Two-process UCX state-transfer benchmark vs memcpy.", NULL};
+  char err[256];
+  int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
+  if (rc == K3_FLAGS_EXIT) return 0;
+  if (rc) {
+    fprintf(stderr, "k3pd-xfer-bench: %s\n", err);
+    return 2;
+  }
+  manifest_t m;
+  if (!strcmp(manifest, "tiny")) m = M_TINY;
+  else if (!strcmp(manifest, "k3")) m = M_K3;
+  else {
+    fprintf(stderr, "k3pd-xfer-bench: --manifest must be tiny or k3, got '%s'\n", manifest);
+    return 2;
+  }
+  if (tokens < 1 || tokens > (1 << 20) || delay_us < 0) {
+    fprintf(stderr, "k3pd-xfer-bench: --tokens must be 1..1048576 and --layer-delay-us >= 0\n");
+    return 2;
+  }
+  k3_log_set_level(K3_LOG_WARN);
+  plan_t p;
+  plan_build(&p, m, (uint32_t)tokens);
+  printf("manifest=%s tokens=%d regions=%u layers=%u kda_bytes=%llu mla_bytes=%llu\n", manifest, tokens,
+         p.n_regions, p.n_layers, (unsigned long long)(m.n_kda * (m.s_bytes + m.conv_bytes)),
+         (unsigned long long)((uint64_t)m.n_mla * m.tok_bytes * (uint64_t)tokens));
+  char *list = strdup(tls), *save = NULL;
+  fig_t first = {0};
+  bool have_first = false;
+  int fails = 0;
+  for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    fig_t f = {0};
+    int r = run_tls(&p, strcmp(t, "default") ? t : NULL, (uint32_t)delay_us, &f);
+    if (r) fails++;
+    if (!have_first) {
+      first = f;
+      have_first = true;
+    }
+  }
+  free(list);
+  free(p.rg);
+  printf("RESULT gbps=%.2f memcpy_gbps=%.2f ratio=%.2f\n", first.gbps, first.memcpy_gbps,
+         first.memcpy_gbps > 0 ? first.gbps / first.memcpy_gbps : 0.0);
+  return fails ? 1 : 0;
+}
