@@ -77,7 +77,7 @@ typedef struct {
   uint32_t tokens[8];
   float logprobs[8];
   int finish_reason;      /* 0 = still running */
-  char err[160];
+  char err[320];
 } dc_msg_t;
 
 int dc_engine_start(dc_worker_t *w);

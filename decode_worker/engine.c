@@ -52,6 +52,16 @@ static void post_out(dc_worker_t *w, dc_msg_t *o) {
   if (o) k3_inbox_post(&w->outbox, &o->link);
 }
 
+/* Frees an admission; when `r` is given the sequence's ids go back to the runner's bitmaps
+ * (the worker's own free lists are updated by the loop when it sees DONE). */
+static void free_admit_r(k3_runner_t *r, dc_msg_t *a) {
+  if (!a) return;
+  if (r && a->seq.slot >= 0) k3_runner_seq_release(r, &a->seq);
+  free(a->page_store);
+  free(a->stop_ids);
+  free(a);
+}
+
 static void free_admit(dc_msg_t *a) {
   if (!a) return;
   free(a->page_store);
@@ -83,6 +93,8 @@ static bool emit_first(dc_worker_t *w, eseq_t *s) {
  * use the same page/slot ids as the receive area. */
 static int import_state(dc_worker_t *w, dc_msg_t *a, uint8_t **buf, size_t *cap) {
   const k3_manifest_t *m = w->manifest;
+  int crc = k3_runner_seq_claim(w->runner, &a->seq);
+  if (crc) return crc;
   for (size_t i = 0; i < m->n; i++) {
     const k3_region_t *rg = &m->regions[i];
     uint64_t need = k3_runner_region_bytes(w->runner, (int)i, a->seq.len);
@@ -101,7 +113,10 @@ static int import_state(dc_worker_t *w, dc_msg_t *a, uint8_t **buf, size_t *cap)
       memcpy(*buf, w->kda_base + (uint64_t)a->seq.slot * w->kda_stride + w->region_off[i], rg->bytes);
     }
     int rc = k3_runner_import_region(w->runner, &a->seq, (int)i, *buf, need);
-    if (rc) return rc;
+    if (rc) {
+      k3_runner_seq_release(w->runner, &a->seq);
+      return rc;
+    }
   }
   return 0;
 }
@@ -155,7 +170,7 @@ static void *engine_main(void *arg) {
           s->admit = dm;
           if (emit_first(w, s)) {
             post_out(w, new_out(dm->handle, DC_MSG_DONE));
-            free_admit(dm);
+            free_admit_r(w->runner, dm);
             free(s);
           } else {
             s->next = run; /* order inside the batch does not change any result */
@@ -170,7 +185,7 @@ static void *engine_main(void *arg) {
             dc_msg_t *o = new_out(s->admit->handle, DC_MSG_DONE);
             if (o) o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_CANCELLED;
             post_out(w, o);
-            free_admit(s->admit);
+            free_admit_r(w->runner, s->admit);
             free(s);
             break;
           }
@@ -248,7 +263,7 @@ static void *engine_main(void *arg) {
           }
         }
         post_out(w, new_out(a->handle, DC_MSG_DONE));
-        free_admit(a);
+        free_admit_r(w->runner, a);
         free(s);
         batch[i] = NULL;
       }
@@ -276,7 +291,7 @@ static void *engine_main(void *arg) {
     dc_msg_t *o = new_out(s->admit->handle, DC_MSG_DONE);
     if (o) o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_CANCELLED;
     post_out(w, o);
-    free_admit(s->admit);
+    free_admit_r(w->runner, s->admit);
     free(s);
   }
   free(logits);

@@ -43,7 +43,7 @@ typedef struct pf_job {
   uint32_t first_token;
   float first_logprob;
   int status;                /* K3_E* of the outcome */
-  char err[200];
+  char err[320];
   uint64_t t_arrive_ns, t_start_ns, t_computed_ns, t_done_ns;
   uint64_t bytes;
 } pf_job_t;
@@ -61,7 +61,7 @@ typedef struct {
   uint32_t token;
   float logprob;
   int status;
-  char err[200];
+  char err[300];
 } pf_msg_t;
 
 typedef struct pf_worker {

@@ -434,6 +434,16 @@ static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const Protobuf
 
 /* ---- request intake ---- */
 
+/* Prepends `prefix` to the message in err (truncating its end if needed). */
+static void prefix_err(char *err, size_t errlen, const char *prefix) {
+  size_t pl = strlen(prefix), ml = strlen(err);
+  if (pl >= errlen) return;
+  if (pl + ml >= errlen) ml = errlen - pl - 1;
+  memmove(err + pl, err, ml);
+  memcpy(err, prefix, pl);
+  err[pl + ml] = 0;
+}
+
 static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_req_t *q, char *err, size_t errlen) {
   k3_tok_ids_t ids = {0};
   int rc = 0;
@@ -445,9 +455,7 @@ static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_
       }
       rc = k3_tok_encode(rt->tok, g->text, strlen(g->text), 0, &ids, err, errlen);
       if (rc) {
-        char inner[256];
-        snprintf(inner, sizeof inner, "%s", err);
-        snprintf(err, errlen, "text: %s", inner);
+        prefix_err(err, errlen, "text: ");
         free(ids.ids);
         return K3_EINVAL;
       }
@@ -501,9 +509,7 @@ static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_
       rc = k3_chat_render(rt->tok, arr, &co, &ids, err, errlen);
       json_decref(arr);
       if (rc) {
-        char inner[256];
-        snprintf(inner, sizeof inner, "%s", err);
-        snprintf(err, errlen, "chat: %s", inner);
+        prefix_err(err, errlen, "chat: ");
         free(ids.ids);
         return K3_EINVAL;
       }

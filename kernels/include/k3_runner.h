@@ -101,6 +101,12 @@ int k3_runner_pages_for(const k3_runner_t *r, int64_t tokens);
 /* Monolithic convenience: makes `seq` able to hold `total_tokens` (allocating its slot on
  * first use and any missing pages). On K3_ECAPACITY nothing changed. */
 int k3_runner_seq_reserve(k3_runner_t *r, k3_seq_t *seq, int64_t total_tokens);
+/* Adopts ids chosen by someone else (a decode worker allocates page/slot ids for a reservation
+ * on its control thread and hands the sequence to the runner's thread): marks seq->slot and
+ * seq->pages[0..n_pages) as allocated WITHOUT zeroing them (their contents are about to be
+ * imported). K3_EINVAL when an id is out of range, repeated or already allocated; on error
+ * nothing changed. Release with k3_runner_seq_release. */
+int k3_runner_seq_claim(k3_runner_t *r, const k3_seq_t *seq);
 /* Returns the sequence's slot and pages to the pools and resets it (len 0, slot -1). */
 void k3_runner_seq_release(k3_runner_t *r, k3_seq_t *seq);
 

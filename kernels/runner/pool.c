@@ -5,6 +5,7 @@
  * fresh slot IS the zero KDA state and a fresh page has zero tail rows (exported pages are
  * then deterministic byte for byte). Not thread-safe: the runner is single-caller.
  * Invariant: free_pages/free_slots equal the number of zero entries of the bitmaps. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,6 +106,25 @@ int k3_runner_seq_reserve(k3_runner_t *r, k3_seq_t *seq, int64_t total_tokens) {
     if (rc) return rc; /* cannot happen: checked above */
     seq->n_pages += add;
   }
+  return 0;
+}
+
+int k3_runner_seq_claim(k3_runner_t *r, const k3_seq_t *seq) {
+  if (!seq || seq->n_pages < 0 || (seq->n_pages > 0 && !seq->pages)) return K3_EINVAL;
+  bool want_slot = r->n_kda > 0;
+  if (want_slot && (seq->slot < 0 || seq->slot >= r->opts.num_slots || r->slot_used[seq->slot])) return K3_EINVAL;
+  for (int i = 0; i < seq->n_pages; i++) {
+    int p = seq->pages[i];
+    if (p < 0 || p >= r->opts.num_pages || r->page_used[p]) return K3_EINVAL;
+    for (int j = 0; j < i; j++)
+      if (seq->pages[j] == p) return K3_EINVAL;
+  }
+  if (want_slot) {
+    r->slot_used[seq->slot] = 1;
+    r->free_slots--;
+  }
+  for (int i = 0; i < seq->n_pages; i++) r->page_used[seq->pages[i]] = 1;
+  r->free_pages -= seq->n_pages;
   return 0;
 }
 

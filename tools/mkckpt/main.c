@@ -17,6 +17,9 @@
 #include "k3pd/tmap.h"
 #include "k3pd/util.h"
 #include "mkckpt.h"
+#ifdef K3PD_HAVE_TOK
+#include "k3pd/tokenizer.h"
+#endif
 
 static void print_summary(const k3_model_config_t *cfg, const k3_tmap_t *map, size_t nshards,
                           const k3_manifest_t *man, const char *out, bool dry) {
@@ -121,6 +124,22 @@ int main(int argc, char **argv) {
       fprintf(stderr, "k3pd-mkckpt: %s\n", err);
       goto out;
     }
+#ifdef K3PD_HAVE_TOK
+    /* The tokenizer file set next to the weights: a byte-level BPE vocabulary learned from the
+     * built-in corpus, filling the preset's vocab (the top 256 ids are the model type's special
+     * tokens). A real-size vocabulary (163,840) cannot be learned from the small corpus: then the
+     * real tiktoken.model must be copied in by hand. */
+    rc = k3_tok_write_model_files(out, k3_model_type_name(cfg.type), (int)cfg.vocab_size, err, sizeof err);
+    if (rc == K3_ERANGE) {
+      printf("tokenizer       not written: vocab %" PRId64 " is too large for the built-in corpus (%s)\n",
+             cfg.vocab_size, err);
+    } else if (rc) {
+      fprintf(stderr, "k3pd-mkckpt: writing tokenizer files: %s\n", err);
+      goto out;
+    } else {
+      printf("tokenizer       tiktoken.model + tokenizer_config.json (%" PRId64 " ids)\n", cfg.vocab_size);
+    }
+#endif
   }
   print_summary(&cfg, &map, nshards, &man, out, dry);
   status = 0;
