@@ -8,7 +8,7 @@ field, streaming (1000 messages, in order), deadline -> DEADLINE_EXCEEDED, clien
 the server, unknown method -> UNIMPLEMENTED, health Check/Watch including the NOT_SERVING +
 UNAVAILABLE transition on SIGTERM, and a clean server exit. Every wait is bounded.
 
-Usage: interop.py --server PATH --gen DIR
+Usage: interop.py --server PATH --gen DIR [--bench PATH]
 """
 import argparse
 import importlib.util
@@ -43,6 +43,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", required=True)
     ap.add_argument("--gen", required=True)
+    ap.add_argument("--bench", help="rpc_bench binary: two-process C client figures")
     args = ap.parse_args()
     d, h = load_stubs(args.gen)
 
@@ -143,6 +144,12 @@ def main():
             check(False, "unknown method rejected")
         except grpc.RpcError as e:
             check(e.code() == grpc.StatusCode.UNIMPLEMENTED, "unknown method -> UNIMPLEMENTED")
+
+        if args.bench:
+            b = subprocess.run([args.bench, target, "2000", "10000"], capture_output=True,
+                               text=True, timeout=30)
+            print(b.stdout, end="")
+            check(b.returncode == 0, "C client (rpc_bench) unary + 10k stream against the server")
 
         # health
         SERVING = h.HealthCheckResponse.SERVING

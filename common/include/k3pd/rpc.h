@@ -90,7 +90,8 @@ typedef struct {
 } k3_rpc_server_opts_t;
 
 /* Creates a server on `loop` (opts may be NULL). Calls grpc_init() (balanced in close).
- * *out is owned by the caller and released by k3_rpc_server_shutdown(). The built-in
+ * *out is owned by the caller and released by k3_rpc_server_shutdown() (which also balances
+ * grpc_init). On error nothing is returned in *out and no callback runs. The built-in
  * grpc.health.v1.Health service is registered; the overall status ("") starts NOT_SERVING. */
 int k3_rpc_server_init(uv_loop_t *loop, const k3_rpc_server_opts_t *opts, k3_rpc_server_t **out);
 
@@ -124,7 +125,8 @@ size_t k3_rpc_server_live_calls(const k3_rpc_server_t *srv);
 /* ---- per-call API (loop thread only; `call` valid until the handler's reply/finish) ---- */
 
 /* Unary success: packs `resp` (the caller keeps ownership of it and may free it as soon as
- * this returns) and sends it with status OK. Releases the handler's reference. Returns 0, or
+ * this returns) and sends it with status OK. Releases the handler's reference. Returns 0,
+ * K3_ENOMEM (the client gets INTERNAL), or
  * K3_ECANCELED when the call was already cancelled (the reference is released either way). */
 int k3_rpc_call_reply(k3_rpc_call_t *call, const ProtobufCMessage *resp);
 
