@@ -47,7 +47,8 @@ typedef struct rt_req {
   char prefill_id[RT_ID_MAX], prefill_addr[RT_ADDR_MAX];
   char excluded[RT_MAX_EXCLUDE][RT_ID_MAX];
   int n_excluded;
-  int64_t pending_pages;
+  int64_t pending_pages;  /* counted in the decode worker's in-flight total until freed */
+  uint32_t decode_gen;    /* registration the in-flight count was added to */
   uint64_t epoch;
   uint8_t *desc;
   size_t desc_len;
@@ -78,6 +79,8 @@ uint32_t rt_live_requests(const rt_router_t *rt) {
 
 static void req_free(rt_req_t *q) {
   rt_router_t *rt = q->rt;
+  rt_worker_t *dw = q->decode_id[0] ? rt_registry_find(&rt->reg, q->decode_id) : NULL;
+  if (dw && dw->incarnation == q->decode_gen) rt_worker_sub_inflight(dw, q->pending_pages, 1);
   for (rt_req_t **pp = &rt->reqs; *pp; pp = &(*pp)->next) {
     if (*pp == q) {
       *pp = q->next;
@@ -325,7 +328,7 @@ static void on_prefill_done(void *arg, const k3_rpc_status_t *st, const Protobuf
   rt_req_t *q = arg;
   q->prefill_call = NULL;
   rt_worker_t *pw = worker(q, q->prefill_id);
-  if (pw) rt_worker_sub_pending(pw, 0, 0, (int64_t)q->n_prompt);
+  if (pw) rt_worker_sub_pending(pw, (int64_t)q->n_prompt);
   if (q->phase == RQ_DONE) {
     maybe_free(q);
     return;
@@ -371,7 +374,7 @@ static void start_prefill(rt_req_t *q) {
   rt_worker_t *pw = &rt->reg.workers[pi];
   snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pw->info.id);
   snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pw->info.address);
-  rt_worker_add_pending(pw, 0, 0, (int64_t)q->n_prompt);
+  rt_worker_add_pending(pw, (int64_t)q->n_prompt);
   K3pd__V1__PrefillRequest pr = K3PD__V1__PREFILL_REQUEST__INIT;
   uint32_t *ids = malloc(q->n_prompt * sizeof *ids);
   if (!ids) {
@@ -713,7 +716,8 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   snprintf(q->decode_id, sizeof q->decode_id, "%s", dw->info.id);
   snprintf(q->decode_addr, sizeof q->decode_addr, "%s", dw->info.address);
   q->pending_pages = rt_pages_needed((int64_t)q->n_prompt, q->max_new, dw->info.page_tokens);
-  rt_worker_add_pending(dw, q->pending_pages, 1, 0);
+  rt_worker_add_inflight(dw, q->pending_pages, 1);
+  q->decode_gen = dw->incarnation;
   K3pd__V1__ReserveRequest rr = K3PD__V1__RESERVE_REQUEST__INIT;
   rr.request_id = q->id;
   rr.n_prompt_tokens = (uint32_t)q->n_prompt;

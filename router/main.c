@@ -132,13 +132,20 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-router: tokenizer: %s\n", err);
     return 1;
   }
+  /* The default stop ids follow the one rule k3pd-generate uses too (k3_model_config_stop_ids);
+   * the tokenizer's own stop pair is the same two specials, which the check below asserts. */
+  rt->n_eos_ids = k3_model_config_stop_ids(&rt->cfg, rt->eos_ids);
   int32_t stops[2];
   int ns = k3_tok_stop_ids(rt->tok, stops);
-  for (int i = 0; i < ns; i++) rt->eos_ids[rt->n_eos_ids++] = stops[i];
-  bool have = false;
-  for (int i = 0; i < rt->n_eos_ids; i++) have |= rt->eos_ids[i] == rt->cfg.eos_token_id;
-  if (!have && rt->cfg.eos_token_id >= 0 && rt->cfg.eos_token_id < rt->cfg.vocab_size)
-    rt->eos_ids[rt->n_eos_ids++] = (int32_t)rt->cfg.eos_token_id;
+  for (int i = 0; i < ns; i++) {
+    bool have = false;
+    for (int j = 0; j < rt->n_eos_ids; j++) have |= rt->eos_ids[j] == stops[i];
+    if (!have) {
+      fprintf(stderr, "k3pd-router: tokenizer stop id %d is not a model stop id: tokenizer and config disagree\n",
+              stops[i]);
+      return 1;
+    }
+  }
   char mcopy[4096];
   snprintf(mcopy, sizeof mcopy, "%s", model);
   snprintf(rt->model_name, sizeof rt->model_name, "%s", model_name ? model_name : basename(mcopy));

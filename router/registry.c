@@ -78,11 +78,14 @@ int rt_registry_upsert(rt_registry_t *r, const rt_worker_info_t *info, int64_t n
     fresh = true;
   }
   uint32_t gen = w->generation + (fresh ? 1u : 0u);
+  if (fresh) { /* a new process: nothing of ours is in flight there */
+    w->inflight_pages = 0;
+    w->inflight_slots = 0;
+    w->incarnation++;
+  }
   w->info = *info;
   w->state = info->draining ? RT_WORKER_DRAINING : RT_WORKER_ACTIVE;
   w->last_seen_ms = now_ms;
-  w->pending_pages = 0;
-  w->pending_slots = 0;
   w->pending_prompt_tokens = 0;
   w->generation = gen;
   if (is_new) *is_new = fresh;
@@ -137,8 +140,8 @@ int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_
     if (fingerprint && w->info.fingerprint != fingerprint) continue;
     any = true;
     int64_t need = rt_pages_needed(prompt_tokens, max_new_tokens, w->info.page_tokens);
-    int64_t used_pages = w->info.kv_pages_used + w->pending_pages;
-    int64_t used_slots = (int64_t)w->info.kda_slots_used + w->pending_slots;
+    int64_t used_pages = w->info.kv_pages_used > w->inflight_pages ? w->info.kv_pages_used : w->inflight_pages;
+    int64_t used_slots = w->info.kda_slots_used > w->inflight_slots ? w->info.kda_slots_used : w->inflight_slots;
     if (need < 0 || used_pages + need > w->info.kv_pages_total || used_slots + 1 > w->info.kda_slots_total) continue;
     double up = (double)(used_pages + need) / (double)w->info.kv_pages_total;
     double us = (double)(used_slots + 1) / (double)w->info.kda_slots_total;
@@ -181,16 +184,19 @@ int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *
   return 0;
 }
 
-void rt_worker_add_pending(rt_worker_t *w, int64_t pages, int32_t slots, int64_t prompt_tokens) {
-  w->pending_pages += pages;
-  w->pending_slots += slots;
-  w->pending_prompt_tokens += prompt_tokens;
+void rt_worker_add_inflight(rt_worker_t *w, int64_t pages, int32_t slots) {
+  w->inflight_pages += pages;
+  w->inflight_slots += slots;
 }
 
-void rt_worker_sub_pending(rt_worker_t *w, int64_t pages, int32_t slots, int64_t prompt_tokens) {
-  /* Pending counts are cleared by every heartbeat, so a late subtraction may go below zero:
-   * clamp rather than under-count the next burst. */
-  w->pending_pages = w->pending_pages > pages ? w->pending_pages - pages : 0;
-  w->pending_slots = w->pending_slots > slots ? w->pending_slots - slots : 0;
+void rt_worker_sub_inflight(rt_worker_t *w, int64_t pages, int32_t slots) {
+  w->inflight_pages = w->inflight_pages > pages ? w->inflight_pages - pages : 0;
+  w->inflight_slots = w->inflight_slots > slots ? w->inflight_slots - slots : 0;
+}
+
+void rt_worker_add_pending(rt_worker_t *w, int64_t prompt_tokens) { w->pending_prompt_tokens += prompt_tokens; }
+
+void rt_worker_sub_pending(rt_worker_t *w, int64_t prompt_tokens) {
+  /* cleared by every heartbeat, so a late subtraction may go below zero: clamp */
   w->pending_prompt_tokens = w->pending_prompt_tokens > prompt_tokens ? w->pending_prompt_tokens - prompt_tokens : 0;
 }

@@ -10,8 +10,12 @@
  *   2. then prefill: among ACTIVE prefill workers with the same fingerprint, the one with the
  *      fewest queued prompt tokens (including what this router has sent it and not yet seen
  *      acknowledged), ties by id.
- * Between heartbeats the router adds its own in-flight reservations to a worker's reported load
- * ("pending"), so a burst of requests does not all land on the same worker.
+ * A decode worker's used pages/slots are max(reported, in-flight), where in-flight counts the
+ * reservations this router placed there and has not yet seen end. Heartbeats do not reset it:
+ * a heartbeat generated while Reserve calls were on the wire would under-count them and a burst
+ * would overrun the worker (seen in the e2e test). With one router the in-flight count is exact;
+ * with several, the reported load covers the other routers' share. Prefill queues use the
+ * reported queue plus what was sent since the last heartbeat ("pending"), a balancing hint only.
  *
  * Errors: K3_EUNAVAIL when a role has no eligible worker at all (→ gRPC UNAVAILABLE),
  * K3_ECAPACITY when decode workers exist but none can take the request (→ RESOURCE_EXHAUSTED).
@@ -51,11 +55,12 @@ typedef struct {
   rt_worker_info_t info;
   rt_worker_state_t state;
   int64_t last_seen_ms;
-  /* router-side accounting of work sent since the last heartbeat */
-  int64_t pending_pages;
-  int32_t pending_slots;
-  int64_t pending_prompt_tokens;
-  uint32_t generation; /* bumps on every (re-)registration; lets callers detect replacement */
+  /* router-side accounting */
+  int64_t inflight_pages;        /* decode: pages of this router's live requests placed here */
+  int32_t inflight_slots;        /* decode: their KDA slots */
+  int64_t pending_prompt_tokens; /* prefill: prompt tokens sent since the last heartbeat */
+  uint32_t generation;  /* registration epoch last handed to the worker (heartbeats carry it) */
+  uint32_t incarnation; /* bumps when a new process takes the id; in-flight counts belong to one */
 } rt_worker_t;
 
 typedef struct {
@@ -91,8 +96,11 @@ int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_
 int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *const *exclude, size_t n_exclude,
                       size_t *out);
 
-/* Router-side accounting between heartbeats. */
-void rt_worker_add_pending(rt_worker_t *w, int64_t pages, int32_t slots, int64_t prompt_tokens);
-void rt_worker_sub_pending(rt_worker_t *w, int64_t pages, int32_t slots, int64_t prompt_tokens);
+/* Router-side accounting: decode reservations placed here (until the request ends) and prefill
+ * tokens sent since the last heartbeat. Subtraction clamps at zero. */
+void rt_worker_add_inflight(rt_worker_t *w, int64_t pages, int32_t slots);
+void rt_worker_sub_inflight(rt_worker_t *w, int64_t pages, int32_t slots);
+void rt_worker_add_pending(rt_worker_t *w, int64_t prompt_tokens);
+void rt_worker_sub_pending(rt_worker_t *w, int64_t prompt_tokens);
 
 #endif

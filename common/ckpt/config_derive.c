@@ -112,3 +112,15 @@ size_t k3_model_config_canonical(const k3_model_config_t *c, char *buf, size_t c
   cat(buf, cap, &n, "\n");
   return n;
 }
+
+int k3_model_config_stop_ids(const k3_model_config_t *cfg, int32_t out[3]) {
+  int n = 0;
+  int64_t cand[3] = {cfg->eos_token_id, cfg->vocab_size - 256 + 1, cfg->vocab_size - 256 + 2};
+  for (int i = 0; i < 3; i++) {
+    if (cand[i] < 0 || cand[i] >= cfg->vocab_size) continue;
+    bool dup = false;
+    for (int j = 0; j < n; j++) dup |= out[j] == (int32_t)cand[i];
+    if (!dup) out[n++] = (int32_t)cand[i];
+  }
+  return n;
+}

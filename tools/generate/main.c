@@ -3,8 +3,9 @@
  *
  * Output: one "token <i> <id>" line per generated token on stdout as it is produced, then the
  * final stdout line "ids: <ids separated by spaces>"; a timing summary on stderr. Stop ids:
- * the config's eos_token_id, plus (when they fit the vocab) the tokenizer pair 163585 [EOS] /
- * 163586 (<|end_of_msg|> for K3, <|im_end|> for the 48B); --ignore-eos disables stopping.
+ * k3_model_config_stop_ids — the config's eos_token_id plus the tokenizer's [EOS] and
+ * <|end_of_msg|>/<|im_end|> specials mapped into the vocabulary (the router uses the same
+ * rule); --ignore-eos disables stopping.
  * Greedy unless --temperature > 0. Text prompts (--prompt) wait for the tokenizer. */
 #include <stdbool.h>
 #include <stdio.h>
@@ -27,9 +28,13 @@ typedef struct {
   bool ignore_eos, all_logits;
 } gen_args_t;
 
+/* The model's default stop ids (k3_model_config_stop_ids: the same rule the router uses). */
 static bool is_stop(const k3_model_config_t *c, int32_t id) {
-  if (id == c->eos_token_id) return true;
-  return c->vocab_size > 163586 && (id == 163585 || id == 163586);
+  int32_t ids[3];
+  int n = k3_model_config_stop_ids(c, ids);
+  for (int i = 0; i < n; i++)
+    if (ids[i] == id) return true;
+  return false;
 }
 
 static int run(const gen_args_t *a) {

@@ -118,6 +118,13 @@ const char *k3_model_config_preset(const char *name);
 /* Space-separated list of preset names (static). */
 const char *k3_model_config_preset_names(void);
 
+/* The model's default end-of-sequence ids, the ONE rule every generator uses (k3pd-generate,
+ * the router): config.json's eos_token_id, plus the two stop specials of the tokenizer's table
+ * — [EOS] and <|end_of_msg|> (K3) / <|im_end|> (48B), real ids 163585 and 163586 — mapped into
+ * this vocabulary the way the tokenizer maps specials (the top 256 ids: real 163584+k →
+ * vocab_size-256+k). Writes up to 3 distinct ids into out (in that order) and returns the count. */
+int k3_model_config_stop_ids(const k3_model_config_t *cfg, int32_t out[3]);
+
 /* "kimi_k3" / "kimi_linear". */
 const char *k3_model_type_name(k3_model_type_t t);
 

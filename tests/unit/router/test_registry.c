@@ -74,15 +74,29 @@ START_TEST(test_choose_and_expire) {
   ck_assert_int_eq(rt_choose_decode(&r, 10, 22, 7, &idx), K3_EUNAVAIL);
   /* too big for anyone: capacity */
   ck_assert_int_eq(rt_choose_decode(&r, 16 * 95, 0, 42, &idx), K3_ECAPACITY);
-  /* pending accounting shifts the choice: dB gets 45 pending pages → 55% used vs dA 50% */
-  rt_worker_add_pending(rt_registry_find(&r, "dB"), 45, 1, 0);
+  /* in-flight accounting shifts the choice: dB has 55 pages of our requests in flight (more
+   * than its report of 10) → 56% used vs dA 51% */
+  rt_worker_add_inflight(rt_registry_find(&r, "dB"), 55, 1);
   ck_assert_int_eq(rt_choose_decode(&r, 1, 0, 42, &idx), 0);
   ck_assert_str_eq(r.workers[idx].info.id, "dA");
-  /* heartbeat clears pending */
+  /* a heartbeat that does not yet include them must not reset the in-flight count */
   b.kv_pages_used = 12;
   ck_assert_int_eq(rt_registry_upsert(&r, &b, 2000, &is_new, err, sizeof err), 0);
   ck_assert(!is_new);
-  ck_assert_int_eq(rt_registry_find(&r, "dB")->pending_pages, 0);
+  ck_assert_int_eq(rt_registry_find(&r, "dB")->inflight_pages, 55);
+  ck_assert_int_eq(rt_choose_decode(&r, 1, 0, 42, &idx), 0);
+  ck_assert_str_eq(r.workers[idx].info.id, "dA");
+  /* requests end: back to the reported load */
+  rt_worker_sub_inflight(rt_registry_find(&r, "dB"), 55, 1);
+  ck_assert_int_eq(rt_choose_decode(&r, 1, 0, 42, &idx), 0);
+  ck_assert_str_eq(r.workers[idx].info.id, "dB");
+  /* in-flight slots alone can exhaust a worker */
+  rt_worker_add_inflight(rt_registry_find(&r, "dA"), 0, 4);
+  rt_worker_add_inflight(rt_registry_find(&r, "dB"), 0, 4);
+  ck_assert_int_eq(rt_choose_decode(&r, 1, 1, 42, &idx), K3_ECAPACITY);
+  rt_worker_sub_inflight(rt_registry_find(&r, "dA"), 0, 9); /* clamps at 0 */
+  rt_worker_sub_inflight(rt_registry_find(&r, "dB"), 0, 4);
+  ck_assert_int_eq(rt_registry_find(&r, "dA")->inflight_slots, 0);
   /* slots exhausted on both */
   a.kda_slots_used = 4;
   b.kda_slots_used = 4;
@@ -117,10 +131,10 @@ START_TEST(test_prefill_choice_and_draining) {
   const char *ex[] = {"p2"};
   ck_assert_int_eq(rt_choose_prefill(&r, 42, ex, 1, &idx), 0);
   ck_assert_str_eq(r.workers[idx].info.id, "p1");
-  rt_worker_add_pending(rt_registry_find(&r, "p2"), 0, 0, 1000);
+  rt_worker_add_pending(rt_registry_find(&r, "p2"), 1000);
   ck_assert_int_eq(rt_choose_prefill(&r, 42, NULL, 0, &idx), 0);
   ck_assert_str_eq(r.workers[idx].info.id, "p1");
-  rt_worker_sub_pending(rt_registry_find(&r, "p2"), 0, 0, 5000); /* clamps at 0 */
+  rt_worker_sub_pending(rt_registry_find(&r, "p2"), 5000); /* clamps at 0 */
   ck_assert_int_eq(rt_registry_find(&r, "p2")->pending_prompt_tokens, 0);
   const char *ex2[] = {"p1", "p2"};
   ck_assert_int_eq(rt_choose_prefill(&r, 42, ex2, 2, &idx), K3_EUNAVAIL);
