@@ -258,7 +258,6 @@ static void on_attach_msg(void *arg, const ProtobufCMessage *msg) {
   if (n_send && !q->t_first) q->t_first = k3_now_ns();
   q->completion_tokens += (uint32_t)n_send;
   if (a->finish_reason) q->finish_reason = a->finish_reason;
-  if (a->timings && a->timings->handoff_us) q->handoff_us = a->timings->handoff_us;
   const K3pd__V1__TokenLogprob *const *lps = NULL;
   size_t n_lps = 0;
   if (q->want_logprobs && a->n_logprobs) {

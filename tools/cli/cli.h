@@ -22,4 +22,10 @@ typedef struct {
 extern const k3_cli_cmd_t cli_tok_cmds[];
 extern const size_t cli_tok_ncmds;
 
+/* cli_generate.c, cli_up.c (cluster client and local cluster) */
+extern const k3_cli_cmd_t cli_generate_cmds[];
+extern const size_t cli_generate_ncmds;
+extern const k3_cli_cmd_t cli_up_cmds[];
+extern const size_t cli_up_ncmds;
+
 #endif

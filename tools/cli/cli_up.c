@@ -1,0 +1,380 @@
+/* k3pd-cli up: runs a local cluster in the foreground — one router plus N prefill and M decode
+ * workers on loopback — with every process's log lines prefixed by its name on stderr.
+ * It prints "cluster ready: router at HOST:PORT ..." once every worker registered (and writes
+ * --ready-file), and on Ctrl-C / SIGTERM stops the workers, then the router, with SIGTERM
+ * (each drains), SIGKILLs whatever is still running after --stop-timeout-ms, and exits 0 when
+ * every process exited 0. A process that dies on its own stops the whole cluster (exit 1).
+ * Binaries are looked up in --bindir, next to k3pd-cli, in the build tree, then on PATH. */
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "cli.h"
+#include "k3pd/err.h"
+#include "k3pd/flags.h"
+#include "k3pd/util.h"
+
+#define UP_MAX_PROCS 34
+
+typedef struct up_proc {
+  struct up_state *st;
+  char name[32];
+  uv_process_t proc;
+  uv_pipe_t out;
+  char line[4096];
+  size_t line_len;
+  bool running, registered, is_router;
+  int64_t exit_status;
+  int term_signal;
+} up_proc_t;
+
+typedef struct up_state {
+  uv_loop_t *loop;
+  up_proc_t procs[UP_MAX_PROCS];
+  int n;
+  int n_workers, n_registered;
+  bool ready, stopping;
+  int failed;
+  const char *ready_file;
+  char router_addr[64];
+  uv_signal_t sigint, sigterm;
+  uv_timer_t kill_timer, router_timer;
+  int64_t stop_timeout_ms;
+} up_state_t;
+
+static void stop_all(up_state_t *s);
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)h;
+  buf->base = malloc(suggested);
+  buf->len = buf->base ? suggested : 0;
+}
+
+static void emit_line(up_proc_t *p) {
+  p->line[p->line_len] = 0;
+  fprintf(stderr, "[%-9s] %s\n", p->name, p->line);
+  if (!p->registered && !p->is_router && strstr(p->line, "registered with router")) {
+    p->registered = true;
+    up_state_t *s = p->st;
+    if (++s->n_registered == s->n_workers && !s->ready) {
+      s->ready = true;
+      fprintf(stderr, "cluster ready: router at %s (%d workers registered)\n", s->router_addr, s->n_workers);
+      if (s->ready_file) {
+        char buf[96];
+        int n = snprintf(buf, sizeof buf, "%s\n", s->router_addr);
+        if (k3_write_file(s->ready_file, buf, (size_t)n)) fprintf(stderr, "k3pd-cli up: cannot write --ready-file\n");
+      }
+    }
+  }
+  p->line_len = 0;
+}
+
+static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+  up_proc_t *p = stream->data;
+  if (nread > 0) {
+    for (ssize_t i = 0; i < nread; i++) {
+      char c = buf->base[i];
+      if (c == '\n' || p->line_len == sizeof p->line - 1) {
+        emit_line(p);
+        if (c == '\n') continue;
+      }
+      p->line[p->line_len++] = c;
+    }
+  } else if (nread < 0) {
+    if (p->line_len) emit_line(p);
+    uv_close((uv_handle_t *)stream, NULL);
+  }
+  free(buf->base);
+}
+
+static bool all_exited(up_state_t *s) {
+  for (int i = 0; i < s->n; i++)
+    if (s->procs[i].running) return false;
+  return true;
+}
+
+static void on_exit_cb(uv_process_t *h, int64_t status, int term_signal) {
+  up_proc_t *p = h->data;
+  up_state_t *s = p->st;
+  p->running = false;
+  p->exit_status = status;
+  p->term_signal = term_signal;
+  uv_close((uv_handle_t *)h, NULL);
+  if (status != 0 || term_signal) {
+    fprintf(stderr, "k3pd-cli up: %s exited with status %lld%s%s\n", p->name, (long long)status,
+            term_signal ? ", signal " : "", term_signal ? strsignal(term_signal) : "");
+    if (!s->stopping) {
+      s->failed = 1;
+      stop_all(s);
+    } else if (term_signal != SIGKILL) {
+      s->failed = 1;
+    }
+  }
+  if (s->stopping) {
+    /* workers gone: now the router */
+    bool workers_left = false;
+    for (int i = 0; i < s->n; i++) workers_left |= s->procs[i].running && !s->procs[i].is_router;
+    if (!workers_left)
+      for (int i = 0; i < s->n; i++)
+        if (s->procs[i].running && s->procs[i].is_router) uv_process_kill(&s->procs[i].proc, SIGTERM);
+  }
+  if (all_exited(s)) {
+    uv_close((uv_handle_t *)&s->sigint, NULL);
+    uv_close((uv_handle_t *)&s->sigterm, NULL);
+    uv_close((uv_handle_t *)&s->kill_timer, NULL);
+    uv_close((uv_handle_t *)&s->router_timer, NULL);
+  }
+}
+
+static void on_kill_timer(uv_timer_t *t) {
+  up_state_t *s = t->data;
+  for (int i = 0; i < s->n; i++) {
+    if (s->procs[i].running) {
+      fprintf(stderr, "k3pd-cli up: %s did not stop in time: SIGKILL\n", s->procs[i].name);
+      s->failed = 1;
+      uv_process_kill(&s->procs[i].proc, SIGKILL);
+    }
+  }
+}
+
+static void stop_all(up_state_t *s) {
+  if (s->stopping) return;
+  s->stopping = true;
+  fprintf(stderr, "k3pd-cli up: stopping the cluster\n");
+  bool workers = false;
+  for (int i = 0; i < s->n; i++) {
+    if (s->procs[i].running && !s->procs[i].is_router) {
+      uv_process_kill(&s->procs[i].proc, SIGTERM);
+      workers = true;
+    }
+  }
+  if (!workers)
+    for (int i = 0; i < s->n; i++)
+      if (s->procs[i].running) uv_process_kill(&s->procs[i].proc, SIGTERM);
+  uv_timer_start(&s->kill_timer, on_kill_timer, (uint64_t)s->stop_timeout_ms, 0);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  up_state_t *s = h->data;
+  (void)signum;
+  if (s->stopping) {
+    on_kill_timer(&s->kill_timer);
+    return;
+  }
+  stop_all(s);
+}
+
+static int spawn(up_state_t *s, const char *name, bool is_router, char **argv) {
+  if (s->n == UP_MAX_PROCS) return K3_ECAPACITY;
+  up_proc_t *p = &s->procs[s->n];
+  memset(p, 0, sizeof *p);
+  p->st = s;
+  p->is_router = is_router;
+  snprintf(p->name, sizeof p->name, "%s", name);
+  /* One pipe carries both stdout and stderr of the child (its log lines). */
+  uv_file fds[2];
+  int prc = uv_pipe(fds, 0, 0);
+  if (prc) {
+    fprintf(stderr, "k3pd-cli up: pipe: %s\n", uv_strerror(prc));
+    return K3_EIO;
+  }
+  uv_stdio_container_t io[3];
+  io[0].flags = UV_IGNORE;
+  io[1].flags = UV_INHERIT_FD;
+  io[1].data.fd = fds[1];
+  io[2].flags = UV_INHERIT_FD;
+  io[2].data.fd = fds[1];
+  uv_process_options_t o;
+  memset(&o, 0, sizeof o);
+  o.file = argv[0];
+  o.args = argv;
+  o.exit_cb = on_exit_cb;
+  o.stdio = io;
+  o.stdio_count = 3;
+  p->proc.data = p;
+  int rc = uv_spawn(s->loop, &p->proc, &o);
+  close(fds[1]);
+  if (rc) {
+    fprintf(stderr, "k3pd-cli up: cannot start %s (%s): %s\n", name, argv[0], uv_strerror(rc));
+    close(fds[0]);
+    return K3_EIO;
+  }
+  uv_pipe_init(s->loop, &p->out, 0);
+  p->out.data = p;
+  uv_pipe_open(&p->out, fds[0]);
+  p->running = true;
+  s->n++;
+  uv_read_start((uv_stream_t *)&p->out, alloc_cb, read_cb);
+  return 0;
+}
+
+/* Finds a k3pd binary: --bindir, next to k3pd-cli, the build tree (../../<dir>/), PATH. */
+static int find_bin(const char *bindir, const char *self, const char *name, const char *subdir, char *out, size_t cap) {
+  char exe[PATH_MAX];
+  if (bindir) {
+    snprintf(out, cap, "%s/%s", bindir, name);
+    if (access(out, X_OK) == 0) return 0;
+    snprintf(out, cap, "%s/%s/%s", bindir, subdir, name);
+    if (access(out, X_OK) == 0) return 0;
+    return K3_ENOENT;
+  }
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = 0;
+    char *dir = dirname(exe);
+    snprintf(out, cap, "%s/%s", dir, name);
+    if (access(out, X_OK) == 0) return 0;
+    snprintf(out, cap, "%s/../../%s/%s", dir, subdir, name);
+    if (access(out, X_OK) == 0) return 0;
+  }
+  (void)self;
+  const char *path = getenv("PATH");
+  if (path) {
+    char *copy = strdup(path), *save = NULL;
+    for (char *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+      snprintf(out, cap, "%s/%s", d, name);
+      if (access(out, X_OK) == 0) {
+        free(copy);
+        return 0;
+      }
+    }
+    free(copy);
+  }
+  return K3_ENOENT;
+}
+
+static void on_router_timer(uv_timer_t *t) {
+  up_state_t *s = t->data;
+  if (!s->ready && !s->stopping) {
+    fprintf(stderr, "k3pd-cli up: workers did not register within the start-up timeout\n");
+    s->failed = 1;
+    stop_all(s);
+  }
+}
+
+static int run_up(int argc, char **argv) {
+  const char *model = NULL, *bindir = NULL, *ready_file = NULL, *backend = "cpu-fast", *precision = "fp32";
+  const char *host = "127.0.0.1";
+  int n_prefill = 1, n_decode = 1, port = 50051, threads = 1, page_tokens = 16, num_pages = 1024, num_slots = 16;
+  int64_t stop_timeout_ms = 30000, start_timeout_ms = 120000;
+  k3_flag_t flags[] = {
+      {"model", K3_FLAG_STR, &model, "DIR", "model directory (checkpoint + tokenizer)", true},
+      {"prefill", K3_FLAG_INT, &n_prefill, "N", "prefill workers", false},
+      {"decode", K3_FLAG_INT, &n_decode, "M", "decode workers", false},
+      {"port", K3_FLAG_INT, &port, "P", "router port on 127.0.0.1 (0 = ephemeral)", false},
+      {"backend", K3_FLAG_STR, &backend, "NAME", "kernel backend of the workers (cpu, cpu-fast, cuda)", false},
+      {"precision", K3_FLAG_STR, &precision, "fp32|bf16", "numeric mode of the workers", false},
+      {"threads", K3_FLAG_INT, &threads, "N", "backend threads per worker", false},
+      {"page-tokens", K3_FLAG_INT, &page_tokens, "N", "MLA page size", false},
+      {"num-pages", K3_FLAG_INT, &num_pages, "N", "KV pages per worker", false},
+      {"num-slots", K3_FLAG_INT, &num_slots, "N", "KDA slots per worker", false},
+      {"bindir", K3_FLAG_STR, &bindir, "DIR", "where k3pd-router/-prefill/-decode are", false},
+      {"ready-file", K3_FLAG_STR, &ready_file, "FILE", "write the router address here once every worker registered",
+       false},
+      {"start-timeout-ms", K3_FLAG_I64, &start_timeout_ms, "MS", "give up if the workers have not registered by then",
+       false},
+      {"stop-timeout-ms", K3_FLAG_I64, &stop_timeout_ms, "MS", "SIGKILL processes still running this long after "
+       "Ctrl-C", false},
+  };
+  k3_flags_info_t info = {"k3pd-cli up",
+                          "Runs a local k3pd cluster (router + prefill + decode workers on 127.0.0.1) in the "
+                          "foreground; Ctrl-C stops it cleanly.",
+                          NULL};
+  char err[512];
+  int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
+  if (rc == K3_FLAGS_EXIT) return 0;
+  if (rc) {
+    fprintf(stderr, "k3pd-cli up: %s\n", err);
+    return 2;
+  }
+  if (n_prefill < 1 || n_decode < 1 || n_prefill + n_decode > UP_MAX_PROCS - 1 || port < 0 || port > 65535) {
+    fprintf(stderr, "k3pd-cli up: need 1 <= --prefill, --decode (at most %d workers) and 0 <= --port <= 65535\n",
+            UP_MAX_PROCS - 1);
+    return 2;
+  }
+  char router_bin[PATH_MAX], prefill_bin[PATH_MAX], decode_bin[PATH_MAX];
+  if (find_bin(bindir, argv[0], "k3pd-router", "router", router_bin, sizeof router_bin) ||
+      find_bin(bindir, argv[0], "k3pd-prefill", "prefill_worker", prefill_bin, sizeof prefill_bin) ||
+      find_bin(bindir, argv[0], "k3pd-decode", "decode_worker", decode_bin, sizeof decode_bin)) {
+    fprintf(stderr, "k3pd-cli up: cannot find k3pd-router/-prefill/-decode (use --bindir)\n");
+    return 2;
+  }
+  static up_state_t s;
+  memset(&s, 0, sizeof s);
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  s.loop = &loop;
+  s.ready_file = ready_file;
+  s.stop_timeout_ms = stop_timeout_ms;
+  s.n_workers = n_prefill + n_decode;
+  uv_signal_init(&loop, &s.sigint);
+  uv_signal_init(&loop, &s.sigterm);
+  uv_timer_init(&loop, &s.kill_timer);
+  uv_timer_init(&loop, &s.router_timer);
+  s.sigint.data = s.sigterm.data = s.kill_timer.data = s.router_timer.data = &s;
+  uv_signal_start(&s.sigint, on_signal, SIGINT);
+  uv_signal_start(&s.sigterm, on_signal, SIGTERM);
+  char listen[80], portfile[] = "/tmp/k3pd-up-port-XXXXXX";
+  int pfd = mkstemp(portfile);
+  if (pfd < 0) {
+    fprintf(stderr, "k3pd-cli up: cannot create a temporary file\n");
+    return 1;
+  }
+  close(pfd);
+  snprintf(listen, sizeof listen, "%s:%d", host, port);
+  char *rargv[] = {router_bin, "--model", (char *)model, "--listen", listen, "--port-file", portfile, NULL};
+  if (spawn(&s, "router", true, rargv)) return 1;
+  /* wait for the router's port (bounded) */
+  uint64_t deadline = k3_now_ns() + 20ull * 1000000000ull;
+  int rport = 0;
+  while (!rport && k3_now_ns() < deadline && s.procs[0].running) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    char *txt = NULL;
+    if (k3_read_file(portfile, &txt, NULL) == 0) {
+      rport = atoi(txt);
+      free(txt);
+    }
+    if (!rport) usleep(20000);
+  }
+  unlink(portfile);
+  if (!rport) {
+    fprintf(stderr, "k3pd-cli up: the router did not start\n");
+    stop_all(&s);
+  } else {
+    snprintf(s.router_addr, sizeof s.router_addr, "%s:%d", host, rport);
+    char th[16], pt[16], np[16], ns[16];
+    snprintf(th, sizeof th, "%d", threads);
+    snprintf(pt, sizeof pt, "%d", page_tokens);
+    snprintf(np, sizeof np, "%d", num_pages);
+    snprintf(ns, sizeof ns, "%d", num_slots);
+    for (int i = 0; i < n_prefill + n_decode && !s.stopping; i++) {
+      bool pre = i < n_prefill;
+      char name[32], id[48];
+      snprintf(name, sizeof name, "%s-%d", pre ? "prefill" : "decode", pre ? i : i - n_prefill);
+      snprintf(id, sizeof id, "%s", name);
+      char *wargv[] = {pre ? prefill_bin : decode_bin, "--model", (char *)model, "--router", s.router_addr,
+                       "--listen", "127.0.0.1:0", "--worker-id", id, "--backend", (char *)backend,
+                       "--precision", (char *)precision, "--threads", th, "--page-tokens", pt, "--num-pages", np,
+                       "--num-slots", ns, NULL};
+      if (spawn(&s, name, false, wargv)) {
+        s.failed = 1;
+        stop_all(&s);
+      }
+    }
+    uv_timer_start(&s.router_timer, on_router_timer, (uint64_t)start_timeout_ms, 0);
+  }
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  fprintf(stderr, "k3pd-cli up: cluster stopped%s\n", s.failed ? " (with errors)" : "");
+  return s.failed ? 1 : 0;
+}
+
+const k3_cli_cmd_t cli_up_cmds[] = {
+    {"up", "run a local cluster (router + prefill + decode) in the foreground", run_up},
+};
+const size_t cli_up_ncmds = sizeof cli_up_cmds / sizeof cli_up_cmds[0];
