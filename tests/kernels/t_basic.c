@@ -304,7 +304,29 @@ static void t_gate(void) {
   }
 }
 
+/* Bad arguments: a clear message naming the op, slot and field; K3_EINVAL from k3k_run. */
+static void t_validate(void) {
+  float x[12], w[5], y[12];
+  k3k_tensor_t tx = k3k_tensor_2d(NULL, K3K_F32, x, 3, 4), tw = k3k_tensor_1d(NULL, K3K_F32, w, 5),
+               ty = k3k_tensor_2d(NULL, K3K_F32, y, 3, 4);
+  const k3k_tensor_t *t[3] = {&tx, &tw, &ty};
+  k3k_rmsnorm_params_t p = {.eps = 1e-5f};
+  char err[200] = "";
+  int rc = k3k_op_validate(K3K_OP_RMSNORM, &p, t, 3, err, sizeof err);
+  check(rc == K3_EINVAL && strstr(err, "rmsnorm") && strstr(err, "t[1] w") && strstr(err, "shape[0]=5"),
+        "validate names the bad tensor: '%s'", err);
+  check(k3k_rmsnorm(k3k_backend_get("cpu"), &p, &tx, &tw, &ty) == K3_EINVAL, "k3k_run rejects it");
+  check(k3k_op_validate(K3K_OP_RMSNORM, &p, t, 2, err, sizeof err) == K3_EINVAL && strstr(err, "2 tensors"),
+        "validate checks the tensor count: '%s'", err);
+  tw.shape[0] = 4;
+  tx.dtype = K3K_I32;
+  check(k3k_op_validate(K3K_OP_RMSNORM, &p, t, 3, err, sizeof err) == K3_EINVAL && strstr(err, "dtype i32"),
+        "validate checks dtypes: '%s'", err);
+  check(k3k_backend_get("no-such-backend") == NULL, "unknown backend is NULL");
+}
+
 void t_basic(void) {
+  t_validate();
   rng_seed(1);
   t_copy_add();
   t_get_rows();

@@ -60,6 +60,38 @@ static void t_conv(void) {
     for (int i = 0; i < 6; i++) tt_free(&s[i]);
   }
 
+  /* CONV_STEP against float64 on every backend: 3 sequences in scrambled slots, bf16 state. */
+  {
+    int64_t sh[3] = {S, C, W - 1};
+    tt_t s[5] = {tt_2d(K3K_BF16, 3, C, 1), tt_2d(K3K_BF16, C, W, 0), tt_1d(K3K_I32, 3),
+                 tt_new(K3K_BF16, 3, sh, 0), tt_2d(K3K_BF16, 3, C, 0)};
+    tt_rand(&s[0], -2, 2);
+    tt_rand(&s[1], -1, 1);
+    tt_rand(&s[3], -2, 2);
+    int32_t sl3[3] = {3, 5, 1};
+    double *wy = tt_expect(&s[4], 1e-6, 8e-3), *ws = tt_expect(&s[3], 0, 0);
+    s[3].inout = true;
+    for (int64_t e = 0; e < tt_numel(&s[3]); e++) ws[e] = tt_get(&s[3], e);
+    for (int i = 0; i < 3; i++) {
+      tt_seti(&s[2], i, sl3[i]);
+      for (int c = 0; c < C; c++) {
+        const double *st = ws + (sl3[i] * C + c) * (W - 1);
+        double a = tt_get(&s[1], c * W + W - 1) * tt_get(&s[0], i * C + c);
+        for (int j = 0; j < W - 1; j++) a += tt_get(&s[1], c * W + j) * st[j];
+        wy[i * C + c] = rbf(a * sigm(a));
+      }
+    }
+    for (int i = 0; i < 3; i++)
+      for (int c = 0; c < C; c++) {
+        double *st = ws + (sl3[i] * C + c) * (W - 1);
+        for (int j = 0; j < W - 2; j++) st[j] = st[j + 1];
+        st[W - 2] = tt_get(&s[0], i * C + c);
+      }
+    k3k_conv_params_t p = {.n_seqs = 3, .read_state = 1, .activation = 1};
+    run_case("conv_step bf16 state", K3K_OP_CONV_STEP, &p, s, 5, 0);
+    for (int i = 0; i < 5; i++) tt_free(&s[i]);
+  }
+
   /* Prefill(5) == prefill(3) + step + step, bit for bit (same sum order, fp32 state). */
   int64_t stsh[3] = {1, C, W - 1};
   tt_t x = tt_2d(K3K_F32, 5, C, 0), w = tt_2d(K3K_F32, C, W, 0);
