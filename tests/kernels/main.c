@@ -34,6 +34,17 @@ int main(int argc, char **argv) {
     t_route();
     t_seq();
     t_mla();
+    /* Again with more workers than cores: more, smaller tasks and a resized pool. */
+    int before = k3k_cpu_fast_get_threads();
+    if (k3k_cpu_fast_set_threads(5) == 0) {
+      printf("cpu-fast threads 5\n");
+      t_basic();
+      t_seq();
+      t_mla();
+      k3k_cpu_fast_set_threads(before);
+    } else {
+      check(false, "k3k_cpu_fast_set_threads(5)");
+    }
     rc = g_fail ? 1 : 0;
   }
   k3k_backends_shutdown();
