@@ -180,14 +180,19 @@ static void t_gemm(void) {
   s[1].t.data = s[1].buf;
   s[1].t = k3k_tensor_slice(&s[1].t, 0, 5, N);
   s[1].t = k3k_tensor_slice(&s[1].t, 1, 2, K);
-  for (int pass = 0; pass < 2; pass++) {
-    k3k_dtype_t yd = pass ? K3K_BF16 : K3K_F32;
+  for (int pass = 0; pass < 3; pass++) {
+    k3k_dtype_t yd = pass == 1 ? K3K_BF16 : K3K_F32;
+    if (pass == 2) { /* decode-shaped: M=3 rows take the fast path's no-packing kernel */
+      M = 3;
+      s[0].t.shape[0] = M;
+    }
     s[2] = tt_2d(yd, M, N, 3);
-    double *w = tt_expect(&s[2], 1e-5, pass ? 8e-3 : 1e-5);
+    double *w = tt_expect(&s[2], 1e-5, pass == 1 ? 8e-3 : 1e-5);
     gemm_want(&s[0], &s[1], w, M, N, K);
-    if (pass)
+    if (pass == 1)
       for (int64_t i = 0; i < M * N; i++) w[i] = rbf(w[i]);
-    run_case(pass ? "gemm sliced W, bf16 out" : "gemm sliced W, f32 out", K3K_OP_GEMM, NULL, s, 3, 0);
+    run_case(pass == 2 ? "gemm sliced W, M=3" : pass ? "gemm sliced W, bf16 out" : "gemm sliced W, f32 out",
+             K3K_OP_GEMM, NULL, s, 3, 0);
     tt_free(&s[2]);
   }
   for (int i = 0; i < 2; i++) tt_free(&s[i]);
@@ -200,6 +205,13 @@ static void t_gemm(void) {
   gemm_want(&g[0], &g[1], tt_expect(&g[2], 1e-5, 1e-4), M, N, K);
   run_case("gemm bf16 13x130x70", K3K_OP_GEMM, NULL, g, 3, 0);
   for (int i = 0; i < 3; i++) tt_free(&g[i]);
+  M = 1, K = 4 * 33 + 3, N = 8 * 5;
+  tt_t d[3] = {tt_2d(K3K_BF16, M, K, 0), tt_2d(K3K_F32, N, K, 0), tt_2d(K3K_F32, M, N, 0)};
+  tt_rand(&d[0], -1, 1);
+  tt_rand(&d[1], -1, 1);
+  gemm_want(&d[0], &d[1], tt_expect(&d[2], 1e-5, 1e-5), M, N, K);
+  run_case("gemm decode 1x135x40 f32 W", K3K_OP_GEMM, NULL, d, 3, 0);
+  for (int i = 0; i < 3; i++) tt_free(&d[i]);
 }
 
 /* MXFP4: random codes and scales near 127, checked by an independent decoder here. */
