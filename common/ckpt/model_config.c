@@ -226,7 +226,6 @@ static void read_text(json_t *t, int k3, const char *path, k3_model_config_t *c,
   if (lac && !json_is_object(lac)) {
     ck_errs_add(e, "key '%slinear_attn_config' must be an object", path);
   } else if (lac) {
-    check_keys(lac, kLinAttn, k3, lpath, NULL, e);
     get_int32(lac, "num_heads", lpath, &c->kda_num_heads, e);
     get_int32(lac, "head_dim", lpath, &c->kda_head_dim, e);
     get_int32(lac, "short_conv_kernel_size", lpath, &c->conv_kernel, e);
@@ -273,8 +272,17 @@ static void read_text(json_t *t, int k3, const char *path, k3_model_config_t *c,
       {"moe_layer_freq", c->moe_layer_freq}, {"num_expert_group", c->num_expert_group},
       {"topk_group", c->topk_group}, {"linear_attn_config.num_heads", c->kda_num_heads},
       {"linear_attn_config.head_dim", c->kda_head_dim}};
-  for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+  /* Upper bounds keep every derived size far from int64 overflow and the tensor map finite
+   * (the real K3 uses at most 163840 / 896 experts). */
+  for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++) {
     if (pos[i].v < 1) ck_errs_add(e, "%s%s must be >= 1", path, pos[i].k);
+    if (pos[i].v > (1 << 24)) ck_errs_add(e, "%s%s = %lld is implausibly large (max %d)", path, pos[i].k, (long long)pos[i].v, 1 << 24);
+  }
+  if (c->num_experts > 65536) ck_errs_add(e, "%snum_experts = %d exceeds 65536", path, c->num_experts);
+  if (c->intermediate_size > (1 << 24) || c->routed_expert_hidden_size > (1 << 24) || c->q_lora_rank > (1 << 24) ||
+      c->num_shared_experts > 1024 || c->attn_res_block_size > K3_MAX_LAYERS)
+    ck_errs_add(e, "%sa width (intermediate_size, routed_expert_hidden_size, q_lora_rank, num_shared_experts, attn_res_block_size) is implausibly large", path);
+  if (c->conv_kernel > 64) ck_errs_add(e, "%sshort_conv_kernel_size = %d exceeds 64", lpath, c->conv_kernel);
   if (c->conv_kernel < 2) ck_errs_add(e, "%sshort_conv_kernel_size must be >= 2", lpath);
   if (c->q_lora_rank < 0) ck_errs_add(e, "%sq_lora_rank must be null or >= 1", path);
   if (c->num_shared_experts < 0) ck_errs_add(e, "%snum_shared_experts must be >= 0", path);
@@ -349,6 +357,12 @@ int k3_model_config_parse(const char *json, size_t len, k3_model_config_t *out, 
     get_int(root, "pad_token_id", "", &c.pad_token_id, &e);
   }
   check_keys(t, kText, k3, path, NULL, &e);
+  json_t *lac = json_object_get(t, "linear_attn_config");
+  if (json_is_object(lac)) {
+    char lpath[96];
+    snprintf(lpath, sizeof lpath, "%slinear_attn_config.", path);
+    check_keys(lac, kLinAttn, k3, lpath, NULL, &e);
+  }
   if (e.count) goto out; /* key problems first: type/invariant messages would be noise */
   c.type = k3 ? K3_MODEL_K3 : K3_MODEL_LINEAR;
   get_int(t, "bos_token_id", path, &c.bos_token_id, &e);

@@ -326,7 +326,8 @@ typedef struct {
  *   7. draw u = k3k_rng_uniform(seed, step) ∈ [0,1); target = u·Z'; walk the kept prefix
  *      accumulating p_i (fp32) and return the first i whose running sum exceeds target (the
  *      last kept one if rounding leaves none).
- * Prefill samples step 0, decode continues with steps 1..n: same seed+step → same token. */
+ * NaN logits count as −inf. Prefill samples step 0, decode continues with steps 1..n: same
+ * seed+step → same token. */
 typedef struct {
   float temperature; /* <= 0 → greedy */
   int32_t top_k;     /* <= 0 → no limit */
@@ -339,8 +340,10 @@ typedef struct {
   const k3k_sample_cfg_t *rows; /* host memory, n_rows entries; borrowed for the call */
 } k3k_sample_params_t;
 
-/* Counter-based RNG used by SAMPLE: x = splitmix64(seed ^ splitmix64(step + 0x9E3779B97F4A7C15));
- * returns (x >> 40)·2^-24, a multiple of 2^-24 in [0,1) exactly representable in fp32. */
+/* Counter-based RNG used by SAMPLE. With sm(z) = the SplitMix64 output for state z
+ * (z += 0x9E3779B97F4A7C15; z = (z^(z>>30))·0xBF58476D1CE4E5B9; z = (z^(z>>27))·0x94D049BB133111EB;
+ * z^(z>>31)): x = sm(seed ^ sm(step)); returns (x >> 40)·2^-24, a multiple of 2^-24 in [0,1),
+ * exact in fp32. No state: the value depends only on (seed, step). */
 float k3k_rng_uniform(uint64_t seed, uint64_t step);
 /* Host implementation of SAMPLE for one row (the CPU backends use it; a device backend may copy
  * logits to the host and call it to stay bit-identical). Returns 0 or K3_EINVAL/K3_ENOMEM. */

@@ -5,12 +5,14 @@
  * A nibble is an E2M1 code (bit 3 = sign): 0..7 = +0,.5,1,1.5,2,3,4,6; 8..15 the negatives.
  * A scale byte e is E8M0: 2^(e-127). Bytes 0x00 and 0xFF are rejected (0xFF is NaN in the OCP
  * spec; batchgen rejects both when expanding to bf16) and never produced by the quantizer.
- * W[n][k] = E2M1(code) * 2^(scale[n][k/32] - 127); exact in fp32 and bf16 for scales 1..254.
+ * W[n][k] = E2M1(code) * 2^(scale[n][k/32] - 127); exact in fp32 and bf16 for scales 1..254
+ * except that |W| >= 2^128 (scale 254 with |code value| >= 2) overflows to +-inf, as in bf16.
+ * The quantizer never produces such a scale from finite inputs (its maximum is 252).
  *
  * Quantizer (spec §11.1, used by the synthetic generator): per 32-group,
  * e = 127 + floor(log2(amax)) - 2 clamped to [1, 254]; codes = nearest E2M1 of w / 2^(e-127),
  * magnitudes clamped to 6, ties to the code with an even mantissa bit; a group with amax == 0
- * (or non-finite amax is rejected) gets e = 127 and all-zero codes; a value that rounds to
+ * gets e = 127 and all-zero codes; a non-finite value is rejected; a value that rounds to
  * zero is stored as +0 (code 0). Pure functions; no state. */
 #ifndef K3PD_MXFP4_H
 #define K3PD_MXFP4_H

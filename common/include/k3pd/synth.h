@@ -24,13 +24,15 @@
 #include "k3pd/model_config.h"
 #include "k3pd/tmap.h"
 
-/* Fills dst with bytes [byte_begin, byte_begin + nbytes) of entry e's data (any range within
- * e->nbytes; element-aligned ranges are cheapest). Returns 0 or K3_EINVAL (range/dtype). */
+/* Fills dst with bytes [byte_begin, byte_begin + nbytes) of entry e's data. For BF16/F32 entries
+ * the range must be element-aligned; for MXFP4 (U8) entries any byte range works (each touched
+ * 32-group is regenerated). Returns 0 or K3_EINVAL (range, alignment or unsupported dtype). */
 int k3_synth_fill(const k3_model_config_t *cfg, const k3_tmap_entry_t *e, uint64_t seed,
                   uint64_t byte_begin, size_t nbytes, void *dst);
 
-/* The fp32 master value of element idx of entry e before dtype rounding (for MXFP4 entries:
- * of the logical bf16 master weight, idx < logical_rows*logical_cols). For tests and kernels. */
+/* The value of element idx of entry e before rounding to its dtype. For MXFP4 entries: the
+ * bf16-rounded master of the logical [N, K] weight (idx < logical_rows*logical_cols), i.e. the
+ * quantizer's input. For tests and kernels. */
 float k3_synth_value(const k3_model_config_t *cfg, const k3_tmap_entry_t *e, uint64_t seed,
                      uint64_t idx);
 

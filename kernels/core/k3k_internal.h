@@ -1,0 +1,106 @@
+/* Private helpers shared by the k3k backends: element load/store with dtype conversion, the
+ * 2-D offset helper, and the reference op entry points the fast backend falls back to.
+ * Not installed; include only from kernels/. */
+#ifndef K3K_INTERNAL_H
+#define K3K_INTERNAL_H
+
+#include <math.h>
+
+#include "k3k.h"
+#include "k3pd/err.h"
+#include "k3pd/util.h"
+
+/* Element `off` (in elements from t->data) as fp32. F32/BF16 only. */
+static inline float k3k_ld(const k3k_tensor_t *t, int64_t off) {
+  if (t->dtype == K3K_F32) return ((const float *)t->data)[off];
+  return k3_bf16_to_f32(((const uint16_t *)t->data)[off]);
+}
+/* Stores fp32 `v` at `off` in t's dtype (the bf16 rounding point when t is BF16). */
+static inline void k3k_st(const k3k_tensor_t *t, int64_t off, float v) {
+  if (t->dtype == K3K_F32)
+    ((float *)t->data)[off] = v;
+  else
+    ((uint16_t *)t->data)[off] = k3_f32_to_bf16(v);
+}
+static inline int32_t k3k_ldi(const k3k_tensor_t *t, int64_t off) {
+  return ((const int32_t *)t->data)[off];
+}
+/* Offset of [i][j] in a 2-D view. */
+static inline int64_t k3k_off2(const k3k_tensor_t *t, int64_t i, int64_t j) {
+  return i * t->stride[0] + j * t->stride[1];
+}
+static inline float k3k_sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* One reference function per op: (params, tensors) -> 0 or negative K3_E*. Arguments have
+ * passed k3k_op_validate(); metadata contents (indices, lengths) are checked here before any
+ * write. */
+typedef int (*k3k_cpu_fn)(const void *params, const k3k_tensor_t *const *t);
+k3k_cpu_fn k3k_cpu_ref_fn(k3k_op_t op);
+
+#define K3K_CPU_DECL(name) int k3k_cpu_##name(const void *params, const k3k_tensor_t *const *t)
+K3K_CPU_DECL(copy);
+K3K_CPU_DECL(add);
+K3K_CPU_DECL(get_rows);
+K3K_CPU_DECL(rmsnorm);
+K3K_CPU_DECL(gated_rmsnorm);
+K3K_CPU_DECL(gemm);
+K3K_CPU_DECL(mxfp4_gemm);
+K3K_CPU_DECL(mxfp4_dequant);
+K3K_CPU_DECL(conv_prefill);
+K3K_CPU_DECL(conv_step);
+K3K_CPU_DECL(l2norm);
+K3K_CPU_DECL(kda_gate);
+K3K_CPU_DECL(sigmoid);
+K3K_CPU_DECL(kda_chunk);
+K3K_CPU_DECL(kda_step);
+K3K_CPU_DECL(mla_prefill);
+K3K_CPU_DECL(mla_decode);
+K3K_CPU_DECL(mla_cache_write);
+K3K_CPU_DECL(mla_cache_gather);
+K3K_CPU_DECL(sigmoid_mul);
+K3K_CPU_DECL(router);
+K3K_CPU_DECL(situ);
+K3K_CPU_DECL(silu_mul);
+K3K_CPU_DECL(moe_combine);
+K3K_CPU_DECL(attn_res_mix);
+K3K_CPU_DECL(sample);
+
+/* Pieces the fast backend reuses so both paths share one definition of the math. */
+/* E2M1 code → value. */
+extern const float k3k_e2m1_table[16];
+/* 2^(e-127) for an E8M0 byte (e != 255). */
+static inline float k3k_e8m0(uint8_t e) { return ldexpf(1.0f, (int)e - 127); }
+/* Reference KDA over one sequence and head range [h0,h1) (the fast backend parallelises over
+ * (sequence, head) with it). */
+int k3k_cpu_kda_chunk_seq(const k3k_kda_params_t *p, const k3k_tensor_t *const *t, int32_t seq,
+                          int32_t h0, int32_t h1, float *scratch);
+size_t k3k_cpu_kda_chunk_scratch_floats(const k3k_tensor_t *const *t, const k3k_kda_params_t *p);
+/* Reference KDA step of one (sequence, head). */
+void k3k_cpu_kda_step_head(const k3k_kda_params_t *p, const k3k_tensor_t *const *t, int32_t i,
+                           int32_t h);
+/* Reference MLA decode of one (sequence, head); scratch >= kv_lora + max seq_len floats. */
+void k3k_cpu_mla_decode_head(const k3k_mla_params_t *p, const k3k_tensor_t *const *t,
+                             int32_t i, int32_t h, float *scratch);
+/* Reference MLA prefill of one (sequence, head); scratch >= Lk floats. */
+void k3k_cpu_mla_prefill_head(const k3k_mla_params_t *p, const k3k_tensor_t *const *t,
+                              int32_t i, int32_t h, float *scratch);
+/* Metadata checks shared by both CPU backends (return K3_ERANGE / K3_EINVAL before writes). */
+int k3k_cpu_check_seqs(const k3k_tensor_t *cu, int32_t n, int64_t total, const char *what);
+int k3k_cpu_check_slots(const k3k_tensor_t *slots, int32_t n, int64_t n_slots);
+int k3k_cpu_check_mla_decode(const k3k_mla_params_t *p, const k3k_tensor_t *const *t);
+int k3k_cpu_check_mla_prefill(const k3k_mla_params_t *p, const k3k_tensor_t *const *t);
+
+/* CPU memory vtable entries shared by "cpu" and "cpu-fast". */
+int k3k_cpu_mem_alloc(k3k_backend_t *be, size_t bytes, void **out);
+void k3k_cpu_mem_free(k3k_backend_t *be, void *p);
+int k3k_cpu_mem_copy(k3k_backend_t *be, void *dst, const void *src, size_t bytes);
+int k3k_cpu_mem_memset(k3k_backend_t *be, void *dst, int byte, size_t bytes);
+int k3k_cpu_sync(k3k_backend_t *be);
+
+k3k_backend_t *k3k_cpu_backend_create(void);
+void k3k_cpu_backend_destroy(k3k_backend_t *be);
+k3k_backend_t *k3k_cpu_fast_backend_create(int threads);
+void k3k_cpu_fast_backend_destroy(k3k_backend_t *be);
+int k3k_cpu_fast_resize(k3k_backend_t *be, int threads);
+
+#endif

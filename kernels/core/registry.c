@@ -1,0 +1,101 @@
+/* Backend registry and k3k_run(). Backends are created lazily on first k3k_backend_get() and
+ * kept until k3k_backends_shutdown(); one mutex guards creation. The CUDA backend is linked in
+ * only when kernels/cuda/ exists and CUDA was found (K3K_HAVE_CUDA); it is then created through
+ * k3k_cuda_backend_create(), so this file needs no CUDA headers. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/k3k_internal.h"
+#include "k3pd/log.h"
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static k3k_backend_t *g_cpu, *g_fast, *g_cuda;
+static bool g_cuda_tried;
+static int g_fast_threads; /* 0 = not chosen yet */
+
+static const char *const k_names[] = {"cpu", "cpu-fast",
+#ifdef K3K_HAVE_CUDA
+                                      "cuda",
+#endif
+                                      NULL};
+
+const char *const *k3k_backend_names(void) { return k_names; }
+
+static int default_threads(void) {
+  const char *e = getenv("K3PD_KERNEL_THREADS");
+  if (e && *e) {
+    int n = atoi(e);
+    if (n >= 1 && n <= 256) return n;
+    K3_WARN("K3PD_KERNEL_THREADS=%s ignored (want 1..256)", e);
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+}
+
+k3k_backend_t *k3k_backend_get(const char *name) {
+  if (!name) return NULL;
+  k3k_backend_t *be = NULL;
+  pthread_mutex_lock(&g_mu);
+  if (!strcmp(name, "cpu")) {
+    if (!g_cpu) g_cpu = k3k_cpu_backend_create();
+    be = g_cpu;
+  } else if (!strcmp(name, "cpu-fast")) {
+    if (!g_fast_threads) g_fast_threads = default_threads();
+    if (!g_fast) g_fast = k3k_cpu_fast_backend_create(g_fast_threads);
+    be = g_fast;
+  } else if (!strcmp(name, "cuda")) {
+#ifdef K3K_HAVE_CUDA
+    if (!g_cuda && !g_cuda_tried) {
+      g_cuda_tried = true;
+      if (k3k_cuda_backend_create(&g_cuda) != 0) g_cuda = NULL;
+    }
+#endif
+    be = g_cuda;
+  }
+  pthread_mutex_unlock(&g_mu);
+  return be;
+}
+
+void k3k_backends_shutdown(void) {
+  pthread_mutex_lock(&g_mu);
+  if (g_cpu) k3k_cpu_backend_destroy(g_cpu);
+  if (g_fast) k3k_cpu_fast_backend_destroy(g_fast);
+#ifdef K3K_HAVE_CUDA
+  if (g_cuda) k3k_cuda_backend_destroy(g_cuda);
+#endif
+  g_cpu = g_fast = g_cuda = NULL;
+  g_cuda_tried = false;
+  pthread_mutex_unlock(&g_mu);
+}
+
+int k3k_cpu_fast_set_threads(int n) {
+  if (n < 1 || n > 256) return K3_EINVAL;
+  pthread_mutex_lock(&g_mu);
+  g_fast_threads = n;
+  int rc = g_fast ? k3k_cpu_fast_resize(g_fast, n) : 0;
+  pthread_mutex_unlock(&g_mu);
+  return rc;
+}
+
+int k3k_cpu_fast_get_threads(void) {
+  pthread_mutex_lock(&g_mu);
+  if (!g_fast_threads) g_fast_threads = default_threads();
+  int n = g_fast_threads;
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+
+int k3k_run(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor_t *const *t,
+            int nt) {
+  if (!be) return K3_EINVAL;
+  char err[256];
+  int rc = k3k_op_validate(op, params, t, nt, err, sizeof err);
+  if (rc) {
+    K3_DEBUG("k3k_run(%s): %s", be->name, err);
+    return rc;
+  }
+  if (!be->supports(be, op, params, t, nt)) return K3_ENOTSUP;
+  return be->run(be, op, params, t, nt);
+}

@@ -1,0 +1,120 @@
+/* The "cpu" backend: the reference (specification) backend. Single-threaded, plain loops; every
+ * op is implemented in kernels/cpu/<family>.c. Memory is ordinary host memory, 64-byte aligned.
+ * The memory entry points are shared with "cpu-fast". */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/k3k_internal.h"
+
+int k3k_cpu_mem_alloc(k3k_backend_t *be, size_t bytes, void **out) {
+  size_t n = (bytes + 63) & ~(size_t)63;
+  void *p = aligned_alloc(64, n ? n : 64);
+  if (!p) return K3_ENOMEM;
+  *out = p;
+  return 0;
+}
+void k3k_cpu_mem_free(k3k_backend_t *be, void *p) { free(p); }
+int k3k_cpu_mem_copy(k3k_backend_t *be, void *dst, const void *src, size_t bytes) {
+  if (bytes) memmove(dst, src, bytes);
+  return 0;
+}
+int k3k_cpu_mem_memset(k3k_backend_t *be, void *dst, int byte, size_t bytes) {
+  if (bytes) memset(dst, byte, bytes);
+  return 0;
+}
+int k3k_cpu_sync(k3k_backend_t *be) { return 0; }
+
+static const k3k_cpu_fn k_ref[K3K_OP_COUNT] = {
+    [K3K_OP_COPY] = k3k_cpu_copy,
+    [K3K_OP_ADD] = k3k_cpu_add,
+    [K3K_OP_GET_ROWS] = k3k_cpu_get_rows,
+    [K3K_OP_RMSNORM] = k3k_cpu_rmsnorm,
+    [K3K_OP_GATED_RMSNORM] = k3k_cpu_gated_rmsnorm,
+    [K3K_OP_GEMM] = k3k_cpu_gemm,
+    [K3K_OP_MXFP4_GEMM] = k3k_cpu_mxfp4_gemm,
+    [K3K_OP_MXFP4_DEQUANT] = k3k_cpu_mxfp4_dequant,
+    [K3K_OP_CONV_PREFILL] = k3k_cpu_conv_prefill,
+    [K3K_OP_CONV_STEP] = k3k_cpu_conv_step,
+    [K3K_OP_L2NORM] = k3k_cpu_l2norm,
+    [K3K_OP_KDA_GATE] = k3k_cpu_kda_gate,
+    [K3K_OP_SIGMOID] = k3k_cpu_sigmoid,
+    [K3K_OP_KDA_CHUNK] = k3k_cpu_kda_chunk,
+    [K3K_OP_KDA_STEP] = k3k_cpu_kda_step,
+    [K3K_OP_MLA_PREFILL] = k3k_cpu_mla_prefill,
+    [K3K_OP_MLA_DECODE] = k3k_cpu_mla_decode,
+    [K3K_OP_MLA_CACHE_WRITE] = k3k_cpu_mla_cache_write,
+    [K3K_OP_MLA_CACHE_GATHER] = k3k_cpu_mla_cache_gather,
+    [K3K_OP_SIGMOID_MUL] = k3k_cpu_sigmoid_mul,
+    [K3K_OP_ROUTER] = k3k_cpu_router,
+    [K3K_OP_SITU] = k3k_cpu_situ,
+    [K3K_OP_SILU_MUL] = k3k_cpu_silu_mul,
+    [K3K_OP_MOE_COMBINE] = k3k_cpu_moe_combine,
+    [K3K_OP_ATTN_RES_MIX] = k3k_cpu_attn_res_mix,
+    [K3K_OP_SAMPLE] = k3k_cpu_sample,
+};
+
+k3k_cpu_fn k3k_cpu_ref_fn(k3k_op_t op) {
+  return (op >= 0 && op < K3K_OP_COUNT) ? k_ref[op] : NULL;
+}
+
+/* Host memory only: a tensor owned by another backend (a device) cannot be read here. */
+static bool host_tensors(const k3k_tensor_t *const *t, int nt) {
+  for (int i = 0; i < nt; i++)
+    if (t[i] && t[i]->backend && !t[i]->backend->host_memory) return false;
+  return true;
+}
+
+static bool cpu_supports(k3k_backend_t *be, k3k_op_t op, const void *params,
+                         const k3k_tensor_t *const *t, int nt) {
+  return k3k_cpu_ref_fn(op) != NULL && host_tensors(t, nt);
+}
+
+static int cpu_run(k3k_backend_t *be, k3k_op_t op, const void *params,
+                   const k3k_tensor_t *const *t, int nt) {
+  return k_ref[op](params, t);
+}
+
+k3k_backend_t *k3k_cpu_backend_create(void) {
+  k3k_backend_t *be = calloc(1, sizeof *be);
+  if (!be) return NULL;
+  be->name = "cpu";
+  be->host_memory = true;
+  be->alloc = k3k_cpu_mem_alloc;
+  be->free = k3k_cpu_mem_free;
+  be->copy_from_host = k3k_cpu_mem_copy;
+  be->copy_to_host = k3k_cpu_mem_copy;
+  be->copy = k3k_cpu_mem_copy;
+  be->memset = k3k_cpu_mem_memset;
+  be->synchronize = k3k_cpu_sync;
+  be->supports = cpu_supports;
+  be->run = cpu_run;
+  return be;
+}
+
+void k3k_cpu_backend_destroy(k3k_backend_t *be) { free(be); }
+
+/* ---- Metadata checks shared by both CPU backends (run before any write). ---- */
+
+/* cu [n+1]: cu[0] >= 0, non-decreasing, cu[n] <= total. */
+int k3k_cpu_check_seqs(const k3k_tensor_t *cu, int32_t n, int64_t total, const char *what) {
+  int32_t prev = k3k_ldi(cu, 0);
+  if (prev < 0) return K3_ERANGE;
+  for (int32_t i = 1; i <= n; i++) {
+    int32_t c = k3k_ldi(cu, i * cu->stride[0]);
+    if (c < prev) return K3_ERANGE;
+    prev = c;
+  }
+  return prev <= total ? 0 : K3_ERANGE;
+}
+
+/* slots [n]: each in [0, n_slots) and pairwise distinct (two sequences sharing a state slot
+ * would make the result depend on processing order). */
+int k3k_cpu_check_slots(const k3k_tensor_t *slots, int32_t n, int64_t n_slots) {
+  for (int32_t i = 0; i < n; i++) {
+    int32_t s = k3k_ldi(slots, i * slots->stride[0]);
+    if (s < 0 || s >= n_slots) return K3_ERANGE;
+    for (int32_t j = 0; j < i; j++)
+      if (k3k_ldi(slots, j * slots->stride[0]) == s) return K3_EINVAL;
+  }
+  return 0;
+}
