@@ -171,3 +171,29 @@ int k3k_cuda_get_rows(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *
   K3K_CU(cudaStreamSynchronize(cx->stream));
   return bad ? K3_ERANGE : 0;
 }
+
+/* ---- test/benchmark helper: fill with hash-based uniform values in [lo, hi) ---- */
+__global__ void fill_random_kernel(void *p, int64_t n, int dt, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    uint64_t x = (uint64_t)i * 0x9E3779B97F4A7C15ull ^ seed;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    float u = lo + (hi - lo) * (float)((x >> 40) * (1.0 / 16777216.0));
+    if (dt == K3K_F32)
+      ((float *)p)[i] = u;
+    else
+      ((uint16_t *)p)[i] = f2bf(u);
+  }
+}
+
+int k3k_cu_fill_random(cudaStream_t st, void *p, int64_t n, k3k_dtype_t dt, uint64_t seed,
+                       float lo, float hi) {
+  if (n == 0) return 0;
+  fill_random_kernel<<<grid_for(n), 256, 0, st>>>(p, n, (int)dt, seed, lo, hi);
+  K3K_LAUNCHED("fill_random");
+  return 0;
+}

@@ -110,6 +110,10 @@ typedef struct {
 } k3k_cu_kda_decode_args;
 int k3k_cu_kda_decode(cudaStream_t st, const k3k_cu_kda_decode_args *a);
 
+/* Benchmarks/tests: fills n F32/BF16 elements with hash-based uniform values in [lo, hi). */
+int k3k_cu_fill_random(cudaStream_t st, void *p, int64_t n, k3k_dtype_t dt, uint64_t seed,
+                       float lo, float hi);
+
 #ifdef __cplusplus
 }
 #endif
