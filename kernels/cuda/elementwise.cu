@@ -57,30 +57,35 @@ int k3k_cuda_copy(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *cons
 /* ---- 2-D elementwise: ADD, SIGMOID, SIGMOID_MUL ---- */
 enum { EW_ADD = 0, EW_SIGMOID = 1, EW_SIGMUL = 2, EW_SIGMUL_BF16 = 3, EW_SILU_MUL = 4, EW_SITU = 5 };
 
+/* 2-D grid (columns in x, rows in y, both grid-strided): no 64-bit division per element. */
 __global__ void ew2_kernel(dv a, dv b, dv y, int64_t rows, int64_t cols, int kind, float p0,
                            float p1) {
-  int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / cols, c = i % cols;
-    float av = dv_ld(a, r * a.s[0] + c * a.s[1]), out;
-    if (kind == EW_SIGMOID) {
-      out = sigmoidf_acc(av);
-    } else {
-      float bv = dv_ld(b, r * b.s[0] + c * b.s[1]);
-      if (kind == EW_ADD)
-        out = av + bv;
-      else if (kind == EW_SIGMUL)
-        out = av * sigmoidf_acc(bv);
-      else if (kind == EW_SILU_MUL)
-        out = av * sigmoidf_acc(av) * bv;
-      else if (kind == EW_SITU)
-        out = p0 * tanhf(av / p0) * sigmoidf_acc(av) * (p1 * tanhf(bv / p1));
-      else
-        out = round_bf(round_bf(av) * round_bf(sigmoidf_acc(bv)));
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < cols;
+         c += (int64_t)gridDim.x * blockDim.x) {
+      float av = dv_ld(a, r * a.s[0] + c * a.s[1]), out;
+      if (kind == EW_SIGMOID) {
+        out = sigmoidf_acc(av);
+      } else {
+        float bv = dv_ld(b, r * b.s[0] + c * b.s[1]);
+        if (kind == EW_ADD)
+          out = av + bv;
+        else if (kind == EW_SIGMUL)
+          out = av * sigmoidf_acc(bv);
+        else if (kind == EW_SILU_MUL)
+          out = av * sigmoidf_acc(av) * bv;
+        else if (kind == EW_SITU)
+          out = p0 * tanhf(av / p0) * sigmoidf_acc(av) * (p1 * tanhf(bv / p1));
+        else
+          out = round_bf(round_bf(av) * round_bf(sigmoidf_acc(bv)));
+      }
+      dv_st(y, r * y.s[0] + c * y.s[1], out);
     }
-    dv_st(y, r * y.s[0] + c * y.s[1], out);
-  }
+}
+
+static dim3 grid2(int64_t rows, int64_t cols) {
+  int64_t gx = (cols + 255) / 256, gy = rows;
+  return dim3((unsigned)(gx > 1024 ? 1024 : gx), (unsigned)(gy > 65535 ? 65535 : gy));
 }
 
 static int ew2(k3k_cuda_ctx *cx, const k3k_tensor_t *a, const k3k_tensor_t *b,
@@ -89,8 +94,8 @@ static int ew2(k3k_cuda_ctx *cx, const k3k_tensor_t *a, const k3k_tensor_t *b,
   int64_t n = a->shape[0] * a->shape[1];
   if (n == 0) return 0;
   dv B = b ? mkdv(b) : mkdv(a);
-  ew2_kernel<<<grid_for(n), 256, 0, cx->stream>>>(mkdv(a), B, mkdv(y), a->shape[0], a->shape[1],
-                                                  kind, p0, p1);
+  ew2_kernel<<<grid2(a->shape[0], a->shape[1]), 256, 0, cx->stream>>>(
+      mkdv(a), B, mkdv(y), a->shape[0], a->shape[1], kind, p0, p1);
   K3K_LAUNCHED(name);
   return 0;
 }

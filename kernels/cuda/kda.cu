@@ -16,29 +16,30 @@
 __device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
 
 /* ---- KDA_GATE (spec §3.4; 48B softplus form too) ---- */
-__global__ void kda_gate_kernel(dv graw, dv alog, dv dtb, dv g, int64_t rows, int64_t p,
-                                int64_t dh, int form, float lower_bound) {
-  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i >= rows * p) return;
-  int64_t t = i / p, c = i % p;
-  float a = expf(dv_ld(alog, (c / dh) * alog.s[0]));
-  float x = dv_ld(graw, t * graw.s[0] + c * graw.s[1]) + dv_ld(dtb, c * dtb.s[0]);
-  float out;
-  if (form == K3K_GATE_LOWER_BOUND) {
-    out = lower_bound * sigmoidf_acc(a * x);
-  } else {
-    float sp = x > 20.0f ? x : log1pf(expf(x));
-    out = -a * sp;
-  }
-  dv_st(g, t * g.s[0] + c * g.s[1], out);
+__global__ void kda_gate_kernel(dv graw, dv alog, dv dtb, dv g, int64_t rows, int p, int dh,
+                                int form, float lower_bound) {
+  for (int64_t t = blockIdx.y; t < rows; t += gridDim.y)
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < p; c += gridDim.x * blockDim.x) {
+      float a = expf(dv_ld(alog, (int64_t)(c / dh) * alog.s[0]));
+      float x = dv_ld(graw, t * graw.s[0] + c * graw.s[1]) + dv_ld(dtb, c * dtb.s[0]);
+      float out;
+      if (form == K3K_GATE_LOWER_BOUND) {
+        out = lower_bound * sigmoidf_acc(a * x);
+      } else {
+        float sp = x > 20.0f ? x : log1pf(expf(x));
+        out = -a * sp;
+      }
+      dv_st(g, t * g.s[0] + c * g.s[1], out);
+    }
 }
 
 int k3k_cuda_kda_gate(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const k3k_kda_gate_params_t *p = (const k3k_kda_gate_params_t *)params;
   int64_t rows = t[0]->shape[0], P = t[0]->shape[1];
   if (rows * P == 0) return 0;
-  kda_gate_kernel<<<k3k_ceil_div(rows * P, 256), 256, 0, cx->stream>>>(
-      mkdv(t[0]), mkdv(t[1]), mkdv(t[2]), mkdv(t[3]), rows, P, p->head_dim, (int)p->form,
+  unsigned gx = k3k_ceil_div(P, 256), gy = (unsigned)(rows > 65535 ? 65535 : rows);
+  kda_gate_kernel<<<dim3(gx > 1024 ? 1024 : gx, gy), 256, 0, cx->stream>>>(
+      mkdv(t[0]), mkdv(t[1]), mkdv(t[2]), mkdv(t[3]), rows, (int)P, p->head_dim, (int)p->form,
       p->lower_bound);
   K3K_LAUNCHED("kda_gate");
   return 0;

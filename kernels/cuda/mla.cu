@@ -73,7 +73,8 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
   return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
 }
 
-/* Grid (splits, B, NH/48). Warp w: head group hg = w % 3 (16 heads), quarter dq = w / 3 (it
+/* Grid (NH/48, splits, B): the head groups of one (sequence, split) are adjacent in launch
+ * order, so the second group's cache reads hit L2. Warp w: head group hg = w % 3 (16 heads), quarter dq = w / 3 (it
  * scores tokens dq*8..+8 of each tile and accumulates output dims dq*128..+128). */
 __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_decode_args a,
                                                                      int chunk) {
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_d
   uint16_t *Qs = (uint16_t *)smem;
   uint16_t *KVs = Qs + MLA_HB * MLA_LDS;
   float *Ss = (float *)(KVs + 2 * MLA_TILE * MLA_LDS);
-  const int split = blockIdx.x, b = blockIdx.y, hbase = blockIdx.z * MLA_HB;
+  const int split = blockIdx.y, b = blockIdx.z, hbase = blockIdx.x * MLA_HB;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, hg = w % 3, dq = w / 3;
   const int g = lane >> 2, t4 = lane & 3;
   const int len = a.seq_lens[(size_t)b * a.sl_stride];
@@ -125,17 +126,25 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_d
     __syncthreads();
     const uint16_t *kvb = KVs + buf * MLA_TILE * MLA_LDS;
     /* Scores for 16 heads x 8 tokens (dq*8..). */
-    float sc[4] = {0.f, 0.f, 0.f, 0.f};
+    /* Four independent accumulators break the 36-long dependent mma chain. */
+    float sc4[4][4] = {};
     const uint16_t *kb = kvb + (dq * 8 + g) * MLA_LDS + 2 * t4;
-#pragma unroll 4
-    for (int k0 = 0; k0 < MLA_D; k0 += 16) {
-      uint32_t af[4];
-      af[0] = *(const uint32_t *)(qa + k0);
-      af[1] = *(const uint32_t *)(qa + 8 * MLA_LDS + k0);
-      af[2] = *(const uint32_t *)(qa + k0 + 8);
-      af[3] = *(const uint32_t *)(qa + 8 * MLA_LDS + k0 + 8);
-      mma_bf16(sc, af, *(const uint32_t *)(kb + k0), *(const uint32_t *)(kb + k0 + 8));
+#pragma unroll 3
+    for (int k0 = 0; k0 < MLA_D; k0 += 64) {
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        int kk = k0 + u * 16;
+        uint32_t af[4];
+        af[0] = *(const uint32_t *)(qa + kk);
+        af[1] = *(const uint32_t *)(qa + 8 * MLA_LDS + kk);
+        af[2] = *(const uint32_t *)(qa + kk + 8);
+        af[3] = *(const uint32_t *)(qa + 8 * MLA_LDS + kk + 8);
+        mma_bf16(sc4[u], af, *(const uint32_t *)(kb + kk), *(const uint32_t *)(kb + kk + 8));
+      }
     }
+    float sc[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) sc[j] = (sc4[0][j] + sc4[1][j]) + (sc4[2][j] + sc4[3][j]);
     {
       int col = dq * 8 + 2 * t4;
       float *s_lo = Ss + (hg * 16 + g) * (MLA_TILE + 1), *s_hi = s_lo + 8 * (MLA_TILE + 1);
@@ -217,7 +226,7 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_d
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
   const int h_lo = hbase + hg * 16 + g, h_hi = h_lo + 8;
-  int splits = gridDim.x;
+  int splits = gridDim.y;
   if (splits == 1) {
     float il = len > 0 ? 1.0f / l_lo : 0.f, ih = len > 0 ? 1.0f / l_hi : 0.f;
     uint16_t *o_lo = a.out + ((size_t)b * a.heads + h_lo) * MLA_DV + dq * 128 + 2 * t4;
@@ -296,7 +305,7 @@ static int mla_attend(cudaStream_t st, const k3k_cu_mla_decode_args *a) {
   /* Cheap and idempotent; set on every call so no global state is needed (per device). */
   K3K_CU(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               MLA_SMEM));
-  mla_decode_kernel<<<dim3(splits, a->batch, a->heads / MLA_HB), MLA_THREADS, MLA_SMEM, st>>>(
+  mla_decode_kernel<<<dim3(a->heads / MLA_HB, splits, a->batch), MLA_THREADS, MLA_SMEM, st>>>(
       *a, chunk);
   K3K_LAUNCHED("mla_decode");
   if (splits > 1) {
