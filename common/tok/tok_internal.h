@@ -19,13 +19,15 @@
  *  - `\p{Han}` in the Rust regex crate is the Script property; a bare script name in PCRE2
  *    >= 10.40 means Script_Extensions (which adds e.g. U+3001 、 and U+30FC ー), so `sc:`
  *    is spelled out.
- *  - Rust `\s` is Unicode White_Space, which contains U+0085; PCRE2's UCP `\s` (Z + HT LF
- *    VT FF CR) does not, so it is added explicitly. */
+ *  - Rust `\s` is Unicode White_Space. PCRE2's UCP `\s` (Z + HT LF VT FF CR, plus U+180E)
+ *    differs at U+0085 and U+180E, so the White_Space set is listed explicitly. */
 #define K3_RE_HAN "\\p{sc:Han}"
 #define K3_RE_UPPERISH "(?:(?!\\p{sc:Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])"
 #define K3_RE_LOWERISH "(?:(?!\\p{sc:Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])"
-#define K3_RE_SPACE "[\\s\\x{85}]"
-#define K3_RE_NONSPACE "[^\\s\\x{85}]"
+#define K3_RE_WS_CHARS \
+  "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define K3_RE_SPACE "[" K3_RE_WS_CHARS "]"
+#define K3_RE_NONSPACE "[^" K3_RE_WS_CHARS "]"
 #define K3_RE_PREFIX "[^\\r\\n\\p{L}\\p{N}]"
 #define K3_RE_CONTRACTION "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
 #define K3_RE_PATTERN                                                                   \
@@ -33,7 +35,7 @@
   "|" K3_RE_PREFIX "?" K3_RE_UPPERISH "*" K3_RE_LOWERISH "+" K3_RE_CONTRACTION "?"      \
   "|" K3_RE_PREFIX "?" K3_RE_UPPERISH "+" K3_RE_LOWERISH "*" K3_RE_CONTRACTION "?"      \
   "|\\p{N}{1,3}"                                                                        \
-  "| ?[^\\s\\x{85}\\p{L}\\p{N}]+[\\r\\n]*"                                              \
+  "| ?[^" K3_RE_WS_CHARS "\\p{L}\\p{N}]+[\\r\\n]*"                                              \
   "|" K3_RE_SPACE "*[\\r\\n]+"                                                          \
   "|" K3_RE_SPACE "+(?!" K3_RE_NONSPACE ")"                                             \
   "|" K3_RE_SPACE "+"

@@ -139,19 +139,21 @@ static int regex_split(split_state_t *st, size_t off, size_t len, bool ascii) {
     }
     return 0;
   }
-  if (!st->md) {
-    st->md = pcre2_match_data_create_from_pattern(st->sp->re, NULL);
-    st->mc = pcre2_match_context_create(NULL);
-    /* The lookahead-guarded class repeats keep one backtrack frame per code point; a
-     * 25,000-letter word needs far more than the 32 KiB default JIT stack. The stack is
-     * reserved virtual memory, committed as used. */
-    st->js = st->sp->jit ? pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, NULL) : NULL;
-    if (!st->md || !st->mc || (st->sp->jit && !st->js)) return K3_ENOMEM;
-    if (st->js) pcre2_jit_stack_assign(st->mc, NULL, st->js);
-  }
+  if (!st->md && !(st->md = pcre2_match_data_create_from_pattern(st->sp->re, NULL)))
+    return K3_ENOMEM;
   size_t i = 0;
   while (i < len) {
     int rc = pcre2_match(st->sp->re, s, len, i, PCRE2_NO_UTF_CHECK, st->md, st->mc);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !st->js) {
+      /* The lookahead-guarded class repeats keep one backtrack frame per code point, so a
+       * long non-ASCII word overflows the 32 KiB default JIT stack. Only then is a large
+       * stack made (reserved virtual memory, committed as used) and the match retried. */
+      st->mc = pcre2_match_context_create(NULL);
+      st->js = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, NULL);
+      if (!st->mc || !st->js) return K3_ENOMEM;
+      pcre2_jit_stack_assign(st->mc, NULL, st->js);
+      continue;
+    }
     if (rc == PCRE2_ERROR_NOMATCH) break; /* cannot happen: every code point is covered */
     if (rc < 0) return rc == PCRE2_ERROR_NOMEMORY ? K3_ENOMEM : K3_EINTERNAL;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(st->md);

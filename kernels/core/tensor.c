@@ -25,6 +25,11 @@ const char *k3k_dtype_name(k3k_dtype_t dt) {
 k3k_tensor_t k3k_tensor_make(struct k3k_backend *be, k3k_dtype_t dt, void *data, int ndim,
                              const int64_t *shape) {
   k3k_tensor_t t = {.dtype = dt, .ndim = ndim, .data = data, .backend = be};
+  /* A bad rank yields ndim 0, which every op's validation rejects with a message. */
+  if (ndim < 1 || ndim > K3K_MAX_DIMS || !shape) {
+    t.ndim = 0;
+    return t;
+  }
   int64_t s = 1;
   for (int d = ndim - 1; d >= 0; d--) {
     t.shape[d] = shape[d];

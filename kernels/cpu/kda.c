@@ -38,8 +38,9 @@ static int32_t chunk_len(const k3k_kda_params_t *p) { return p->chunk ? p->chunk
 size_t k3k_cpu_kda_chunk_scratch_floats(const k3k_tensor_t *const *t, const k3k_kda_params_t *p) {
   size_t C = (size_t)chunk_len(p), Dk = (size_t)(t[0]->shape[1] / p->n_heads),
          Dv = (size_t)(t[2]->shape[1] / p->n_heads);
-  /* q, k, G, W: C×Dk each; v, U, Vn: C×Dv each; L, X, Aqk: C×C each; beta: C; Dv row. */
-  return 4 * C * Dk + 3 * C * Dv + 3 * C * C + C + Dv;
+  /* q, k, G, W, e^G, e^{G_last−G}: C×Dk each; v, U, Vn: C×Dv each; L, X, Aqk: C×C each;
+   * beta: C; one spare row. */
+  return 6 * C * Dk + 3 * C * Dv + 3 * C * C + C + Dv;
 }
 
 /* One sequence, heads [h0,h1). Equations (rows r, s of one chunk, n ≤ chunk rows):
@@ -58,7 +59,7 @@ int k3k_cpu_kda_chunk_seq(const k3k_kda_params_t *p, const k3k_tensor_t *const *
   if (end == start) return 0;
   float *q = scratch, *k = q + CH * Dk, *G = k + CH * Dk, *Wm = G + CH * Dk, *v = Wm + CH * Dk,
         *U = v + CH * Dv, *Vn = U + CH * Dv, *L = Vn + CH * Dv, *X = L + CH * CH, *A = X + CH * CH,
-        *beta = A + CH * CH;
+        *beta = A + CH * CH, *eG = beta + CH, *eGl = eG + CH * Dk;
   for (int64_t h = h0; h < h1; h++) {
     float *S = (float *)St->data + (slot * H + h) * Dv * Dk; /* S[k][v] = S[v*Dk + k] */
     if (!p->read_state) memset(S, 0, (size_t)(Dv * Dk) * sizeof *S);
@@ -75,6 +76,12 @@ int k3k_cpu_kda_chunk_seq(const k3k_kda_params_t *p, const k3k_tensor_t *const *
         for (int64_t e = 0; e < Dv; e++) v[r * Dv + e] = k3k_ld(V, row * V->stride[0] + h * Dv + e);
         beta[r] = k3k_ld(B, row * B->stride[0] + h);
       }
+      /* e^{G_r} and e^{G_{n−1} − G_r}: exponents ≤ 0, computed once per chunk. */
+      for (int64_t r = 0; r < n; r++)
+        for (int64_t d = 0; d < Dk; d++) {
+          eG[r * Dk + d] = expf(G[r * Dk + d]);
+          eGl[r * Dk + d] = expf(G[(n - 1) * Dk + d] - G[r * Dk + d]);
+        }
       /* L (strictly lower) and Aqk (lower incl. diagonal); exp of G differences only, s ≤ r. */
       for (int64_t r = 0; r < n; r++)
         for (int64_t s = 0; s <= r; s++) {
@@ -102,7 +109,7 @@ int k3k_cpu_kda_chunk_seq(const k3k_kda_params_t *p, const k3k_tensor_t *const *
       for (int64_t r = 0; r < n; r++) {
         for (int64_t d = 0; d < Dk; d++) {
           float acc = 0.0f;
-          for (int64_t s = 0; s <= r; s++) acc += X[r * CH + s] * expf(G[s * Dk + d]) * k[s * Dk + d];
+          for (int64_t s = 0; s <= r; s++) acc += X[r * CH + s] * eG[s * Dk + d] * k[s * Dk + d];
           Wm[r * Dk + d] = acc;
         }
         for (int64_t e = 0; e < Dv; e++) {
@@ -121,16 +128,15 @@ int k3k_cpu_kda_chunk_seq(const k3k_kda_params_t *p, const k3k_tensor_t *const *
       for (int64_t r = 0; r < n; r++)
         for (int64_t e = 0; e < Dv; e++) {
           float acc = 0.0f;
-          for (int64_t d = 0; d < Dk; d++) acc += q[r * Dk + d] * expf(G[r * Dk + d]) * S[e * Dk + d];
+          for (int64_t d = 0; d < Dk; d++) acc += q[r * Dk + d] * eG[r * Dk + d] * S[e * Dk + d];
           for (int64_t s = 0; s <= r; s++) acc += A[r * CH + s] * Vn[s * Dv + e];
           k3k_st(O, (cs + r) * O->stride[0] + h * Dv + e, acc);
         }
       /* S ← diag(e^{G_{n−1}})·S + (e^{G_{n−1}−G} ⊙ k)ᵀ·Vn. */
-      const float *Gl = G + (n - 1) * Dk;
       for (int64_t e = 0; e < Dv; e++)
         for (int64_t d = 0; d < Dk; d++) {
-          float acc = expf(Gl[d]) * S[e * Dk + d];
-          for (int64_t r = 0; r < n; r++) acc += expf(Gl[d] - G[r * Dk + d]) * k[r * Dk + d] * Vn[r * Dv + e];
+          float acc = eG[(n - 1) * Dk + d] * S[e * Dk + d];
+          for (int64_t r = 0; r < n; r++) acc += eGl[r * Dk + d] * k[r * Dk + d] * Vn[r * Dv + e];
           S[e * Dk + d] = acc;
         }
     }

@@ -1,0 +1,120 @@
+/* Internal interface of the CUDA backend (kernels/cuda/): the device context and one entry
+ * point per op family, plus the raw fused kernels the op API has no slot for.
+ *
+ * What it is for: cuda_backend.cu owns the context and dispatches validated ops here; the GPU
+ * tests (tests/gpu/) include this header to reach the stream, the fused decode step and the
+ * perf helpers.
+ * What it is not: public API. Model code uses k3k.h only.
+ * Invariants: every entry returns 0, K3_ENOMEM (scratch growth) or K3_EDEVICE (logged). Work is
+ * queued on ctx->stream and not synchronised unless the function says so. Entries assume the
+ * tensors passed k3k_op_validate() and cuda_supports(). */
+#ifndef K3K_CUDA_OPS_H
+#define K3K_CUDA_OPS_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "k3k.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct k3k_cuda_pool k3k_cuda_pool; /* size-bucketed cache of cudaMalloc blocks */
+
+typedef struct {
+  int device;
+  int num_sms;
+  cudaStream_t stream;
+  void *lt;            /* cublasLtHandle_t */
+  void *lt_ws;         /* cuBLASLt workspace (device), lt_ws_bytes */
+  size_t lt_ws_bytes;
+  void *scratch;       /* per-op device scratch (split-KV partials, casts), grown on demand */
+  size_t scratch_bytes;
+  void *host_buf;      /* pinned host staging (sampling), grown on demand */
+  size_t host_bytes;
+  k3k_cuda_pool *pool;
+  void *algo_cache;    /* cuBLASLt algorithm cache (gemm.cu), k3k_cuda_algo_cache_bytes() */
+} k3k_cuda_ctx;
+size_t k3k_cuda_algo_cache_bytes(void);
+
+/* The context of a "cuda" backend (NULL for any other backend). */
+k3k_cuda_ctx *k3k_cuda_ctx_of(k3k_backend_t *be);
+/* Grows ctx->scratch to at least `bytes` (synchronises the stream before freeing the old one). */
+int k3k_cuda_scratch(k3k_cuda_ctx *cx, size_t bytes, void **out);
+int k3k_cuda_host_scratch(k3k_cuda_ctx *cx, size_t bytes, void **out);
+
+/* Entry points, one per op (same slot order as k3k.h). */
+typedef int (*k3k_cuda_fn)(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t);
+#define K3K_CUDA_DECL(name) \
+  int k3k_cuda_##name(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t)
+K3K_CUDA_DECL(copy);
+K3K_CUDA_DECL(add);
+K3K_CUDA_DECL(get_rows);
+K3K_CUDA_DECL(sigmoid);
+K3K_CUDA_DECL(sigmoid_mul);
+K3K_CUDA_DECL(situ);
+K3K_CUDA_DECL(silu_mul);
+K3K_CUDA_DECL(rmsnorm);
+K3K_CUDA_DECL(gated_rmsnorm);
+K3K_CUDA_DECL(l2norm);
+K3K_CUDA_DECL(attn_res_mix);
+K3K_CUDA_DECL(gemm);
+K3K_CUDA_DECL(conv_prefill);
+K3K_CUDA_DECL(conv_step);
+K3K_CUDA_DECL(kda_gate);
+K3K_CUDA_DECL(kda_step);
+K3K_CUDA_DECL(mla_decode);
+K3K_CUDA_DECL(mla_cache_write);
+K3K_CUDA_DECL(mla_cache_gather);
+K3K_CUDA_DECL(sample);
+
+/* Shape/dtype checks beyond k3k_op_validate() for ops with restricted fast paths. */
+bool k3k_cuda_gemm_ok(const k3k_tensor_t *const *t);
+bool k3k_cuda_kda_step_ok(const void *params, const k3k_tensor_t *const *t);
+bool k3k_cuda_mla_decode_ok(const void *params, const k3k_tensor_t *const *t);
+
+/* Strided-batched GEMM through cuBLASLt, column-major convention:
+ * C[m x n] = op(A) op(B), A/B/C of the given cudaDataType (values of cudaDataType_t), fp32
+ * accumulate, ld and batch strides in elements. Used by GEMM and the MLA absorption. */
+int k3k_cuda_lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int64_t n,
+                     int64_t k, const void *a, int type_a, int64_t lda, int64_t stride_a,
+                     const void *b, int type_b, int64_t ldb, int64_t stride_b, void *c,
+                     int type_c, int64_t ldc, int64_t stride_c, int batch);
+
+/* Fused KDA decode step (spec §3.9 minus the projections): conv update + L2 norms + gate + beta
+ * + delta-rule update + output + gated RMSNorm, one token per sequence, one pass over the fp32
+ * state. Equals CONV_STEP(q,k,v) → L2NORM(q,k) → KDA_GATE → SIGMOID(b) → KDA_STEP →
+ * GATED_RMSNORM with bf16 conv outputs, fp32 q/k/g/beta, bf16 o. DK = DV = 128. */
+typedef struct {
+  int batch, heads;                   /* B sequences, NH heads of 128 */
+  const uint16_t *q, *k, *v;          /* [B][NH*128] bf16 projections, before the conv */
+  size_t ld_qkv;
+  const uint16_t *g_raw;              /* [B][NH*128] bf16 f_b_proj output */
+  size_t ld_g;
+  const float *b_raw;                 /* [B][NH] fp32 */
+  size_t ld_b;
+  const uint16_t *z;                  /* [B][NH*128] bf16 output-gate projection */
+  size_t ld_z;
+  uint16_t *conv_q, *conv_k, *conv_v; /* [slots][NH*128][3] bf16, updated in place */
+  const float *wq, *wk, *wv;          /* [NH*128][4] fp32 conv weights */
+  const float *a_log;                 /* [>= NH] fp32 */
+  const float *dt_bias;               /* [NH*128] fp32 */
+  const float *o_norm_w;              /* [128] fp32 */
+  float *state;                       /* [slots][NH][128 v][128 k] fp32, updated in place */
+  const int32_t *slots;               /* [B] device, slot of each sequence */
+  uint16_t *out;                      /* [B][NH*128] bf16 gated-normed output */
+  size_t ld_out;
+  float lower_bound, q_scale, l2_eps, rms_eps;
+} k3k_cu_kda_decode_args;
+int k3k_cu_kda_decode(cudaStream_t st, const k3k_cu_kda_decode_args *a);
+
+/* Benchmarks/tests: fills n F32/BF16 elements with hash-based uniform values in [lo, hi). */
+int k3k_cu_fill_random(cudaStream_t st, void *p, int64_t n, k3k_dtype_t dt, uint64_t seed,
+                       float lo, float hi);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,51 @@
+/* Helpers of the GPU test program (k3k-gpu-check): paired host/device tensors, random fill,
+ * poisoning, and the relative Frobenius comparison.
+ *
+ * What it is for: every parity case builds its inputs once on the host, uploads the same bytes
+ * to the "cuda" backend, runs the op on the reference backend and on "cuda", and compares.
+ * What it is not: a general test harness (tests/kernels/ is the op test program).
+ * Ownership: a gpair owns both buffers; gpair_free releases them. */
+#ifndef K3K_GPU_UTIL_H
+#define K3K_GPU_UTIL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "k3k.h"
+
+typedef struct {
+  k3k_tensor_t h, d; /* host (reference backend) and device views, same shape/strides */
+  size_t bytes;
+} gpair;
+
+typedef struct {
+  k3k_backend_t *ref, *cuda;
+  uint64_t rng;
+  int passed, failed;
+  bool verbose;
+} gctx;
+
+int gpair_new(gctx *g, gpair *p, k3k_dtype_t dt, int ndim, const int64_t *shape);
+void gpair_free(gctx *g, gpair *p);
+/* Uniform in [lo, hi) (F32/BF16 rounded; I32 truncated), then uploaded. */
+int gpair_rand(gctx *g, gpair *p, float lo, float hi);
+/* Host copy -> device (after the host values were set by hand). */
+int gpair_upload(gctx *g, gpair *p);
+/* 0xFF bytes on both sides: NaN for F32/BF16, -1 for I32, so unwritten outputs show. */
+int gpair_poison(gctx *g, gpair *p);
+/* Compares device against host: relative Frobenius error over F32/BF16 (exact for I32).
+ * A NaN on one side only fails. Records and prints one line; returns true when it passed. */
+bool gpair_check(gctx *g, gpair *p, double tol, const char *what);
+float gpair_host_get(const gpair *p, int64_t i);
+void gpair_host_set(gpair *p, int64_t i, float v);
+
+uint64_t g_rand_u64(gctx *g);
+float g_rand_unif(gctx *g, float lo, float hi);
+
+/* Records a result not coming from gpair_check (e.g. a failed op call). */
+void g_record(gctx *g, bool ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Both backends, same op; each runs on its own tensor views. Returns 0 when both succeeded. */
+int g_run2(gctx *g, k3k_op_t op, const void *params, gpair **ps, int n, const char *what);
+
+#endif

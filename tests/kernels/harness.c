@@ -1,0 +1,233 @@
+/* test_kernels harness implementation (see harness.h). */
+#include "harness.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+int g_pass, g_fail;
+
+void check(bool ok, const char *fmt, ...) {
+  if (ok) {
+    g_pass++;
+    return;
+  }
+  g_fail++;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stdout, "FAIL: ");
+  vfprintf(stdout, fmt, ap);
+  fprintf(stdout, "\n");
+  va_end(ap);
+}
+
+static uint64_t g_rng = 0x1234567887654321ull;
+void rng_seed(uint64_t s) { g_rng = s * 0x9E3779B97F4A7C15ull + 1; }
+uint32_t rng_u32(void) {
+  g_rng ^= g_rng << 13;
+  g_rng ^= g_rng >> 7;
+  g_rng ^= g_rng << 17;
+  return (uint32_t)(g_rng >> 16);
+}
+double rng_uniform(double lo, double hi) { return lo + (hi - lo) * (rng_u32() / 4294967296.0); }
+
+tt_t tt_new(k3k_dtype_t dt, int ndim, const int64_t *shape, int64_t pad) {
+  tt_t x = {0};
+  x.t.dtype = dt;
+  x.t.ndim = ndim;
+  int64_t s = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    x.t.shape[d] = shape[d];
+    x.t.stride[d] = s;
+    s *= (shape[d] > 0 ? shape[d] : 1) + (d == ndim - 1 ? pad : 0);
+  }
+  x.bytes = (size_t)s * k3k_dtype_size(dt) + 64;
+  x.buf = calloc(1, x.bytes);
+  x.t.data = x.buf;
+  return x;
+}
+tt_t tt_2d(k3k_dtype_t dt, int64_t n0, int64_t n1, int64_t pad) {
+  int64_t s[2] = {n0, n1};
+  return tt_new(dt, 2, s, pad);
+}
+tt_t tt_1d(k3k_dtype_t dt, int64_t n0) {
+  int64_t s[1] = {n0};
+  return tt_new(dt, 1, s, 0);
+}
+void tt_free(tt_t *x) {
+  free(x->buf);
+  free(x->want);
+  memset(x, 0, sizeof *x);
+}
+
+int64_t tt_numel(const tt_t *x) { return k3k_tensor_numel(&x->t); }
+
+static int64_t off_of(const k3k_tensor_t *t, int64_t i) {
+  int64_t off = 0;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    int64_t n = t->shape[d] ? t->shape[d] : 1;
+    off += (i % n) * t->stride[d];
+    i /= n;
+  }
+  return off;
+}
+
+static double get_t(const k3k_tensor_t *t, int64_t i) {
+  int64_t o = off_of(t, i);
+  switch (t->dtype) {
+    case K3K_F32: return ((const float *)t->data)[o];
+    case K3K_BF16: return k3_bf16_to_f32(((const uint16_t *)t->data)[o]);
+    case K3K_U8: return ((const uint8_t *)t->data)[o];
+    case K3K_I32: return ((const int32_t *)t->data)[o];
+  }
+  return 0;
+}
+double tt_get(const tt_t *x, int64_t i) { return get_t(&x->t, i); }
+void tt_set(tt_t *x, int64_t i, double v) {
+  int64_t o = off_of(&x->t, i);
+  switch (x->t.dtype) {
+    case K3K_F32: ((float *)x->t.data)[o] = (float)v; break;
+    case K3K_BF16: ((uint16_t *)x->t.data)[o] = k3_f32_to_bf16((float)v); break;
+    case K3K_U8: ((uint8_t *)x->t.data)[o] = (uint8_t)v; break;
+    case K3K_I32: ((int32_t *)x->t.data)[o] = (int32_t)v; break;
+  }
+}
+int32_t tt_geti(const tt_t *x, int64_t i) { return (int32_t)tt_get(x, i); }
+void tt_seti(tt_t *x, int64_t i, int32_t v) { tt_set(x, i, v); }
+
+void tt_rand(tt_t *x, double lo, double hi) {
+  for (int64_t i = 0; i < tt_numel(x); i++) tt_set(x, i, rng_uniform(lo, hi));
+}
+
+double *tt_expect(tt_t *x, double atol, double rtol) {
+  free(x->want);
+  x->want = calloc((size_t)tt_numel(x) + 1, sizeof(double));
+  x->atol = atol;
+  x->rtol = rtol;
+  x->out = true;
+  return x->want;
+}
+
+double tol_rel(k3k_dtype_t dt) { return dt == K3K_BF16 ? 8e-3 : 2e-5; }
+
+/* Bytes of one logical element at index i. */
+static const void *elem_ptr(const k3k_tensor_t *t, int64_t i) {
+  return (const char *)t->data + off_of(t, i) * (int64_t)k3k_dtype_size(t->dtype);
+}
+
+int run_host(const char *backend, k3k_op_t op, const void *params, tt_t *slots, int n) {
+  const k3k_tensor_t *tp[K3K_MAX_ARGS];
+  for (int i = 0; i < n; i++) tp[i] = &slots[i].t;
+  return k3k_run(k3k_backend_get(backend), op, params, tp, n);
+}
+
+int run_case(const char *name, k3k_op_t op, const void *params, tt_t *slots, int n, int want_rc) {
+  const char *const *names = k3k_backend_names();
+  void **ref_bytes = calloc((size_t)n, sizeof(void *)); /* "cpu" outputs for bit-identity */
+  void **orig = calloc((size_t)n, sizeof(void *));      /* inputs as given, for every backend */
+  for (int i = 0; i < n; i++) {
+    orig[i] = malloc(slots[i].bytes);
+    memcpy(orig[i], slots[i].buf, slots[i].bytes);
+  }
+  int ran = 0;
+  for (int b = 0; names[b]; b++) {
+    k3k_backend_t *be = k3k_backend_get(names[b]);
+    if (!be) continue;
+    ran++;
+    void *dev[K3K_MAX_ARGS] = {0};
+    k3k_tensor_t tv[K3K_MAX_ARGS];
+    const k3k_tensor_t *tp[K3K_MAX_ARGS];
+    bool ok = true;
+    for (int i = 0; i < n; i++) {
+      tt_t *s = &slots[i];
+      if (be->alloc(be, s->bytes, &dev[i])) {
+        ok = false;
+        break;
+      }
+      size_t off = (size_t)((char *)s->t.data - (char *)s->buf);
+      if (s->out && !s->inout) {
+        /* Poison: all-ones bytes are NaN for f32/bf16 and −1 for i32. */
+        void *tmp = malloc(s->bytes);
+        memset(tmp, 0xFF, s->bytes);
+        be->copy_from_host(be, dev[i], tmp, s->bytes);
+        free(tmp);
+      } else {
+        be->copy_from_host(be, dev[i], orig[i], s->bytes);
+      }
+      tv[i] = s->t;
+      tv[i].data = (char *)dev[i] + off;
+      tv[i].backend = be;
+      tp[i] = &tv[i];
+    }
+    check(ok, "%s[%s]: alloc", name, be->name);
+    if (!ok) {
+      for (int i = 0; i < n; i++)
+        if (dev[i]) be->free(be, dev[i]);
+      continue;
+    }
+    int rc = k3k_run(be, op, params, tp, n);
+    be->synchronize(be);
+    check(rc == want_rc, "%s[%s]: rc %d (%s), want %d", name, be->name, rc, k3_errname(rc),
+          want_rc);
+    for (int i = 0; i < n; i++) {
+      tt_t *s = &slots[i];
+      if (!s->out) {
+        be->free(be, dev[i]);
+        continue;
+      }
+      void *host = malloc(s->bytes);
+      be->copy_to_host(be, host, dev[i], s->bytes);
+      k3k_tensor_t ht = s->t;
+      ht.data = (char *)host + ((char *)s->t.data - (char *)s->buf);
+      if (rc == 0 && want_rc == 0 && s->want) {
+        double maxerr = 0, maxrel = 0;
+        int64_t bad = -1;
+        for (int64_t e = 0; e < tt_numel(s); e++) {
+          double got = get_t(&ht, e), w = s->want[e];
+          double err = fabs(got - w);
+          if (!(err <= s->atol + s->rtol * fabs(w))) {
+            if (bad < 0) bad = e;
+          }
+          if (err > maxerr || isnan(err)) maxerr = isnan(err) ? INFINITY : err;
+          if (fabs(w) > 1e-6 && err / fabs(w) > maxrel) maxrel = err / fabs(w);
+        }
+        check(bad < 0, "%s[%s] t[%d]: element %lld got %.8g want %.8g (max abs err %.3g)", name,
+              be->name, i, (long long)bad, bad >= 0 ? get_t(&ht, bad) : 0.0,
+              bad >= 0 ? s->want[bad] : 0.0, maxerr);
+      }
+      if (want_rc != 0 && s->out && !s->inout) {
+        /* "On error nothing changed": the poison must still be there. */
+        bool untouched = true;
+        for (int64_t e = 0; e < tt_numel(s) && untouched; e++)
+          for (size_t by = 0; by < k3k_dtype_size(s->t.dtype); by++)
+            if (((const uint8_t *)elem_ptr(&ht, e))[by] != 0xFF) untouched = false;
+        check(untouched, "%s[%s] t[%d]: written although the op failed", name, be->name, i);
+      }
+      if (rc == 0 && !strcmp(be->name, "cpu")) {
+        free(ref_bytes[i]);
+        ref_bytes[i] = host;
+        host = NULL;
+      } else if (rc == 0 && be->host_memory && ref_bytes[i]) {
+        k3k_tensor_t rt = s->t;
+        rt.data = (char *)ref_bytes[i] + ((char *)s->t.data - (char *)s->buf);
+        int64_t diff = -1;
+        for (int64_t e = 0; e < tt_numel(s) && diff < 0; e++)
+          if (memcmp(elem_ptr(&ht, e), elem_ptr(&rt, e), k3k_dtype_size(s->t.dtype))) diff = e;
+        check(diff < 0, "%s[%s] t[%d]: not bit-identical to cpu at element %lld (%.9g vs %.9g)",
+              name, be->name, i, (long long)diff, diff >= 0 ? get_t(&ht, diff) : 0.0,
+              diff >= 0 ? get_t(&rt, diff) : 0.0);
+      }
+      free(host);
+      be->free(be, dev[i]);
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    /* Leave the reference result in the host tensor so cases can chain ops. */
+    if (ref_bytes[i]) memcpy(slots[i].buf, ref_bytes[i], slots[i].bytes);
+    free(ref_bytes[i]);
+    free(orig[i]);
+  }
+  free(ref_bytes);
+  free(orig);
+  return ran;
+}

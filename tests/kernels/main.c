@@ -1,0 +1,53 @@
+/* test_kernels: runs every op on every available backend against float64 expectations and the
+ * "cpu" reference (see harness.h). `--perf` prints timings instead. `--threads N` sets the
+ * cpu-fast pool size. Exit status 0 only when nothing failed; the last line is
+ * "N passed, N failed". */
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+int main(int argc, char **argv) {
+  bool perf = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--perf")) {
+      perf = true;
+    } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+      if (k3k_cpu_fast_set_threads(atoi(argv[++i]))) {
+        fprintf(stderr, "--threads: want 1..256\n");
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "usage: %s [--perf] [--threads N]\n", argv[0]);
+      return 2;
+    }
+  }
+  int rc = 0;
+  if (perf) {
+    rc = perf_main(argc, argv);
+  } else {
+    printf("backends:");
+    for (const char *const *n = k3k_backend_names(); *n; n++)
+      printf(" %s%s", *n, k3k_backend_get(*n) ? "" : " (unavailable)");
+    printf("; cpu-fast threads %d\n", k3k_cpu_fast_get_threads());
+    t_basic();
+    t_route();
+    t_seq();
+    t_mla();
+    /* Again with more workers than cores: more, smaller tasks and a resized pool. */
+    int before = k3k_cpu_fast_get_threads();
+    if (k3k_cpu_fast_set_threads(5) == 0) {
+      printf("cpu-fast threads 5\n");
+      t_basic();
+      t_seq();
+      t_mla();
+      k3k_cpu_fast_set_threads(before);
+    } else {
+      check(false, "k3k_cpu_fast_set_threads(5)");
+    }
+    rc = g_fail ? 1 : 0;
+  }
+  k3k_backends_shutdown();
+  if (!perf) printf("%d passed, %d failed\n", g_pass, g_fail);
+  return rc;
+}
