@@ -23,6 +23,8 @@
 
 #include "k3_runner.h"
 #include "k3k.h"
+#include "k3pd/metrics.h"
+#include "k3pd/metrics_k3pd.h"
 #include "k3pd/msgq.h"
 #include "k3pd/registrar.h"
 #include "k3pd/rpc.h"
@@ -120,7 +122,16 @@ struct dc_worker {
   /* counters */
   uint64_t n_admitted, n_finished, n_leases_expired, n_reserve_rejected;
   uint32_t n_running;
+  /* metrics (updated from the loop and, lock-free, from the engine thread) */
+  k3_metrics_t *mreg;
+  k3_decode_metrics_t m;
+  k3_metrics_http_t *mhttp;
+  k3_xfer_stats_t last_xs;   /* transfer-layer counters already exported */
+  int health;                /* last readiness reported: -1 unknown, 0 not serving, 1 serving */
 };
+
+/* main.c: refresh pool gauges and transfer-derived counters (loop thread). */
+void dc_metrics_refresh(dc_worker_t *w);
 
 /* service.c */
 int dc_service_register(dc_worker_t *w);

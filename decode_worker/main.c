@@ -24,7 +24,7 @@ typedef struct {
   dc_worker_t w;
   k3_weights_t *weights;
   uv_signal_t sigterm, sigint;
-  uv_timer_t drain_timer;
+  uv_timer_t drain_timer, metrics_timer;
   int signals;
   int64_t drain_grace_ms;
   uint64_t drain_started_ns;
@@ -32,6 +32,45 @@ typedef struct {
 } app_t;
 
 static void begin_shutdown(app_t *a);
+
+void dc_metrics_refresh(dc_worker_t *w) {
+  long pr = 0, pu = 0, sr = 0, su = 0;
+  for (dc_req_t *q = w->reqs; q; q = q->next) {
+    if (q->state == DC_RESERVED || q->state == DC_READY) {
+      pr += q->n_pages;
+      sr += q->slot >= 0;
+    } else {
+      pu += q->n_pages;
+      su += q->slot >= 0;
+    }
+  }
+  k3_decode_metrics_set_pools(&w->m, pr, pu, w->n_free_pages, sr, su, w->n_free_slots);
+  k3_gauge_set(k3_metric_default(w->m.running_sequences), (double)w->n_running);
+  k3_xfer_stats_t xs;
+  k3_xfer_ctx_stats(w->xfer, &xs);
+  k3_counter_add(k3_metric_default(w->m.lease_expiries_total), (double)(xs.leases_expired - w->last_xs.leases_expired));
+  const char *r;
+  r = K3PD_REJECT_STALE_EPOCH;
+  k3_metric_add(w->m.rejected_dones_total, &r, (double)(xs.done_rejected_stale - w->last_xs.done_rejected_stale));
+  r = K3PD_REJECT_DIGEST_MISMATCH;
+  k3_metric_add(w->m.rejected_dones_total, &r, (double)(xs.done_rejected_digest - w->last_xs.done_rejected_digest));
+  r = K3PD_REJECT_FINGERPRINT_MISMATCH;
+  k3_metric_add(w->m.rejected_dones_total, &r,
+                (double)(xs.done_rejected_fingerprint - w->last_xs.done_rejected_fingerprint));
+  r = K3PD_REJECT_UNKNOWN_REQUEST;
+  k3_metric_add(w->m.rejected_dones_total, &r, (double)(xs.done_rejected_unknown - w->last_xs.done_rejected_unknown));
+  w->last_xs = xs;
+  /* Readiness (gRPC health "" and /readyz): weights loaded, registered, not draining. */
+  int ready = !w->draining && k3_registrar_registered(w->reg);
+  if (ready != w->health) {
+    w->health = ready;
+    k3_rpc_server_set_health(w->srv, "", ready ? K3_RPC_HEALTH_SERVING : K3_RPC_HEALTH_NOT_SERVING);
+    k3_rpc_server_set_health(w->srv, "k3pd.v1.Decode", ready ? K3_RPC_HEALTH_SERVING : K3_RPC_HEALTH_NOT_SERVING);
+  }
+  if (w->mhttp) k3_metrics_http_set_ready(w->mhttp, ready);
+}
+
+static void on_metrics_tick(uv_timer_t *t) { dc_metrics_refresh(t->data); }
 
 static uint32_t live_requests(dc_worker_t *w) {
   uint32_t n = 0;
@@ -91,6 +130,7 @@ static void on_server_done(void *arg) {
   uv_close((uv_handle_t *)&a->sigterm, NULL);
   uv_close((uv_handle_t *)&a->sigint, NULL);
   uv_close((uv_handle_t *)&a->drain_timer, NULL);
+  uv_close((uv_handle_t *)&a->metrics_timer, NULL);
 }
 
 static void begin_shutdown(app_t *a) {
@@ -144,10 +184,10 @@ int main(int argc, char **argv) {
   k3_wmodel_opts_t mo;
   k3_wmodel_opts_default(&mo);
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
-  const char *log_level = NULL;
-  int max_context = 0;
+  const char *log_level = NULL, *metrics_host = NULL;
+  int max_context = 0, metrics_port = -1;
   a->drain_grace_ms = 30000;
-  k3_flag_t flags[K3_WMODEL_NFLAGS + 8];
+  k3_flag_t flags[K3_WMODEL_NFLAGS + 10];
   k3_wmodel_flags(&mo, flags);
   k3_flag_t own[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
@@ -160,6 +200,9 @@ int main(int argc, char **argv) {
        false},
       {"ucx-tls", K3_FLAG_STR, &ucx_tls, "LIST", "UCX transports (UCX_TLS), e.g. shm,tcp", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
+      {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
+       false},
+      {"metrics-host", K3_FLAG_STR, &metrics_host, "IP", "address the metrics server binds (default all)", false},
   };
   memcpy(flags + K3_WMODEL_NFLAGS, own, sizeof own);
   k3_flags_info_t info = {"k3pd-decode",
@@ -201,6 +244,18 @@ int main(int argc, char **argv) {
   w->max_context = max_context > 0 ? (uint32_t)max_context : (uint32_t)(mo.num_pages * mo.page_tokens);
   uv_loop_t *loop = uv_default_loop();
   w->loop = loop;
+  if (k3_metrics_init(&w->mreg) || k3_decode_metrics_register(w->mreg, K3PD_VERSION, &w->m)) {
+    fprintf(stderr, "k3pd-decode: cannot set up metrics\n");
+    return 1;
+  }
+  if (metrics_port >= 0) {
+    rc = k3_metrics_http_start(w->mreg, metrics_host, metrics_port, &w->mhttp);
+    if (rc) {
+      fprintf(stderr, "k3pd-decode: --metrics-port %d: %s\n", metrics_port, k3_strerror(rc));
+      return 1;
+    }
+    K3_INFO("metrics on port %d (/metrics, /healthz, /readyz)", k3_metrics_http_port(w->mhttp));
+  }
   k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
   rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
   if (rc) {
@@ -263,11 +318,16 @@ int main(int argc, char **argv) {
   uv_signal_init(loop, &a->sigterm);
   uv_signal_init(loop, &a->sigint);
   uv_timer_init(loop, &a->drain_timer);
+  uv_timer_init(loop, &a->metrics_timer);
   a->sigterm.data = a->sigint.data = a->drain_timer.data = a;
+  a->metrics_timer.data = w;
+  uv_timer_start(&a->metrics_timer, on_metrics_tick, 0, 250);
   uv_signal_start(&a->sigterm, on_signal, SIGTERM);
   uv_signal_start(&a->sigint, on_signal, SIGINT);
-  k3_rpc_server_set_health(w->srv, "", K3_RPC_HEALTH_SERVING);
-  k3_rpc_server_set_health(w->srv, "k3pd.v1.Decode", K3_RPC_HEALTH_SERVING);
+  /* "" / k3pd.v1.Decode turn SERVING once registered (dc_metrics_refresh); liveness now. */
+  w->health = -1;
+  k3_rpc_server_set_health(w->srv, "", K3_RPC_HEALTH_NOT_SERVING);
+  k3_rpc_server_set_health(w->srv, "liveness", K3_RPC_HEALTH_SERVING);
   K3_INFO("serving on %s (advertised %s) as %s: %d pages x %d tokens, %d slots, batch %d, path %s", listen, adv, wid,
           w->num_pages, w->page_tokens, w->num_slots, w->max_batch, k3_xfer_path_name(k3_xfer_recv_path(w->recv)));
   uv_run(loop, UV_RUN_DEFAULT);
@@ -284,6 +344,8 @@ int main(int argc, char **argv) {
   free(w->free_slots);
   k3_runner_free(w->runner);
   k3_weights_free(a->weights);
+  k3_metrics_http_stop(w->mhttp);
+  k3_metrics_free(w->mreg);
   uv_loop_close(loop);
   K3_INFO("stopped");
   return 0;

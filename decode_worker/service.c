@@ -273,6 +273,8 @@ void dc_on_xfer_ready(void *ud, const k3_xfer_ready_t *r) {
   q->first_token = r->first_token;
   q->first_logprob = r->first_logprob;
   q->t_ready_ns = k3_now_ns();
+  k3_histogram_observe(k3_metric_default(w->m.reservation_wait_seconds),
+                       (double)(q->t_ready_ns - q->t_reserved_ns) / 1e9);
   K3_INFO("request %s: state verified (epoch %llu, first token %u, handoff %.2f ms after reserve)", q->id,
           (unsigned long long)r->epoch, r->first_token, (double)(q->t_ready_ns - q->t_reserved_ns) / 1e6);
   if (q->attach) admit(w, q);
@@ -412,6 +414,7 @@ void dc_on_engine_msg(k3_msg_t *m, void *ud) {
       }
       if (q->emitted == 0 && o->n_tokens) q->t_first_ns = k3_now_ns();
       q->emitted += o->n_tokens;
+      k3_counter_add(k3_metric_default(w->m.generated_tokens_total), (double)o->n_tokens);
       K3pd__V1__Timings tm = K3PD__V1__TIMINGS__INIT;
       if (o->finish_reason) {
         r.finish_reason = o->finish_reason;
@@ -431,6 +434,14 @@ void dc_on_engine_msg(k3_msg_t *m, void *ud) {
     q->engine_has = false;
     q->state = DC_FINISHED;
     w->n_finished++;
+    {
+      const char *st = q->finish_reason == K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR ? K3PD_STATUS_INTERNAL
+                       : (q->finish_reason == K3PD__V1__FINISH_REASON__FINISH_REASON_STOP ||
+                          q->finish_reason == K3PD__V1__FINISH_REASON__FINISH_REASON_LENGTH)
+                           ? K3PD_STATUS_OK
+                           : K3PD_STATUS_CANCELLED;
+      k3_metric_inc(w->m.requests_total, &st);
+    }
     if (w->n_running) w->n_running--;
     K3_INFO("request %s: finished, %u tokens", q->id, q->emitted);
     finish_attach(q, K3_RPC_OK, NULL);

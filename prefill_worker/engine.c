@@ -130,7 +130,14 @@ static void run_batch(pf_worker_t *w, pf_job_t **jobs, int n, held_t **held, flo
   }
   if (m == 0) return;
   layer_ctx_t lc = {w, ok_jobs, m};
+  uint64_t t0 = k3_now_ns();
   int rc = k3_runner_prefill(w->runner, items, m, on_layer, &lc, err, sizeof err);
+  k3_histogram_observe(k3_metric_default(w->m.forward_seconds), (double)(k3_now_ns() - t0) / 1e9);
+  if (!rc) {
+    int64_t toks = 0;
+    for (int i = 0; i < m; i++) toks += items[i].n_tokens;
+    k3_counter_add(k3_metric_default(w->m.tokens_total), (double)toks);
+  }
   for (int i = 0; i < m; i++) {
     pf_job_t *job = ok_jobs[i];
     if (rc) {

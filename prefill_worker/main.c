@@ -23,7 +23,7 @@ typedef struct {
   pf_worker_t w;
   k3_weights_t *weights;
   uv_signal_t sigterm, sigint;
-  uv_timer_t drain_timer;
+  uv_timer_t drain_timer, metrics_timer;
   int signals;
   int64_t drain_grace_ms;
   uint64_t drain_started_ns;
@@ -31,6 +31,23 @@ typedef struct {
 } app_t;
 
 static void begin_shutdown(app_t *a);
+
+void pf_metrics_refresh(pf_worker_t *w) {
+  K3pd__V1__WorkerLoad load = K3PD__V1__WORKER_LOAD__INIT;
+  pf_fill_load(w, &load);
+  k3_gauge_set(k3_metric_default(w->m.queued_prompt_tokens), (double)load.queued_prompt_tokens);
+  k3_gauge_set(k3_metric_default(w->m.queued_requests), (double)load.queued_requests);
+  k3_gauge_set(k3_metric_default(w->m.running_requests), (double)load.running_seqs);
+  int ready = !w->draining && k3_registrar_registered(w->reg);
+  if (ready != w->health) {
+    w->health = ready;
+    k3_rpc_server_set_health(w->srv, "", ready ? K3_RPC_HEALTH_SERVING : K3_RPC_HEALTH_NOT_SERVING);
+    k3_rpc_server_set_health(w->srv, "k3pd.v1.Prefill", ready ? K3_RPC_HEALTH_SERVING : K3_RPC_HEALTH_NOT_SERVING);
+  }
+  if (w->mhttp) k3_metrics_http_set_ready(w->mhttp, ready);
+}
+
+static void on_metrics_tick(uv_timer_t *t) { pf_metrics_refresh(t->data); }
 
 static uint32_t live_jobs(pf_worker_t *w) {
   uint32_t n = 0;
@@ -82,6 +99,7 @@ static void on_server_done(void *arg) {
   uv_close((uv_handle_t *)&a->sigterm, NULL);
   uv_close((uv_handle_t *)&a->sigint, NULL);
   uv_close((uv_handle_t *)&a->drain_timer, NULL);
+  uv_close((uv_handle_t *)&a->metrics_timer, NULL);
 }
 
 static void begin_shutdown(app_t *a) {
@@ -100,10 +118,11 @@ int main(int argc, char **argv) {
   k3_wmodel_opts_default(&mo);
   mo.num_slots = 8;
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
-  const char *log_level = NULL;
+  const char *log_level = NULL, *metrics_host = NULL;
+  int metrics_port = -1;
   int64_t max_batch_tokens = 4096, send_deadline_ms = 30000;
   a->drain_grace_ms = 30000;
-  k3_flag_t flags[K3_WMODEL_NFLAGS + 9];
+  k3_flag_t flags[K3_WMODEL_NFLAGS + 11];
   k3_wmodel_flags(&mo, flags);
   k3_flag_t own[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
@@ -117,6 +136,9 @@ int main(int argc, char **argv) {
        false},
       {"ucx-tls", K3_FLAG_STR, &ucx_tls, "LIST", "UCX transports (UCX_TLS), e.g. shm,tcp", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
+      {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
+       false},
+      {"metrics-host", K3_FLAG_STR, &metrics_host, "IP", "address the metrics server binds (default all)", false},
   };
   memcpy(flags + K3_WMODEL_NFLAGS, own, sizeof own);
   k3_flags_info_t info = {"k3pd-prefill",
@@ -158,6 +180,18 @@ int main(int argc, char **argv) {
   w->send_deadline_ms = (uint32_t)send_deadline_ms;
   uv_loop_t *loop = uv_default_loop();
   w->loop = loop;
+  if (k3_metrics_init(&w->mreg) || k3_prefill_metrics_register(w->mreg, K3PD_VERSION, &w->m)) {
+    fprintf(stderr, "k3pd-prefill: cannot set up metrics\n");
+    return 1;
+  }
+  if (metrics_port >= 0) {
+    rc = k3_metrics_http_start(w->mreg, metrics_host, metrics_port, &w->mhttp);
+    if (rc) {
+      fprintf(stderr, "k3pd-prefill: --metrics-port %d: %s\n", metrics_port, k3_strerror(rc));
+      return 1;
+    }
+    K3_INFO("metrics on port %d (/metrics, /healthz, /readyz)", k3_metrics_http_port(w->mhttp));
+  }
   k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
   rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
   if (rc) {
@@ -210,11 +244,17 @@ int main(int argc, char **argv) {
   uv_signal_init(loop, &a->sigterm);
   uv_signal_init(loop, &a->sigint);
   uv_timer_init(loop, &a->drain_timer);
+  uv_timer_init(loop, &a->metrics_timer);
   a->sigterm.data = a->sigint.data = a->drain_timer.data = a;
+  a->metrics_timer.data = w;
+  w->health = -1;
+  uv_timer_start(&a->metrics_timer, on_metrics_tick, 0, 250);
   uv_signal_start(&a->sigterm, on_signal, SIGTERM);
   uv_signal_start(&a->sigint, on_signal, SIGINT);
-  k3_rpc_server_set_health(w->srv, "", K3_RPC_HEALTH_SERVING);
-  k3_rpc_server_set_health(w->srv, "k3pd.v1.Prefill", K3_RPC_HEALTH_SERVING);
+  /* "" / k3pd.v1.Prefill turn SERVING once registered (pf_metrics_refresh); liveness now. */
+  k3_rpc_server_set_health(w->srv, "", K3_RPC_HEALTH_NOT_SERVING);
+  k3_rpc_server_set_health(w->srv, "liveness", K3_RPC_HEALTH_SERVING);
+  k3_prefill_metrics_set_path(&w->m, K3PD_PATH_HOST);
   K3_INFO("serving on %s (advertised %s) as %s: batch %d seqs / %lld tokens", listen, adv, wid, w->max_batch,
           (long long)w->max_batch_tokens);
   uv_run(loop, UV_RUN_DEFAULT);
@@ -229,6 +269,8 @@ int main(int argc, char **argv) {
   }
   k3_runner_free(w->runner);
   k3_weights_free(a->weights);
+  k3_metrics_http_stop(w->mhttp);
+  k3_metrics_free(w->mreg);
   uv_loop_close(loop);
   K3_INFO("stopped");
   return 0;

@@ -15,6 +15,8 @@
 
 #include "k3_runner.h"
 #include "k3k.h"
+#include "k3pd/metrics.h"
+#include "k3pd/metrics_k3pd.h"
 #include "k3pd/msgq.h"
 #include "k3pd/registrar.h"
 #include "k3pd/rpc.h"
@@ -86,7 +88,15 @@ typedef struct pf_worker {
   uint64_t queued_tokens;    /* tokens of jobs not yet started */
   uint32_t running;
   uint64_t n_ok, n_failed, bytes_sent;
+  /* metrics (loop thread, and lock-free from the engine thread) */
+  k3_metrics_t *mreg;
+  k3_prefill_metrics_t m;
+  k3_metrics_http_t *mhttp;
+  int health; /* last readiness reported: -1 unknown, 0, 1 */
 } pf_worker_t;
+
+/* main.c: refresh gauges and readiness (loop thread). */
+void pf_metrics_refresh(pf_worker_t *w);
 
 int pf_engine_start(pf_worker_t *w);
 void pf_engine_post(pf_worker_t *w, pf_msg_t *m);

@@ -75,11 +75,23 @@ static void answer(pf_worker_t *w, pf_job_t *j) {
     r.bytes_transferred = j->bytes;
     r.seed = j->sample.seed;
     w->n_ok++;
+    const char *st = K3PD_STATUS_OK;
+    k3_metric_inc(w->m.requests_total, &st);
     K3_INFO("request %s: prefill %u tokens in %.2f ms, handoff %llu bytes finished %.2f ms after compute", j->id,
             j->n_tokens, (double)tm.prefill_us / 1e3, (unsigned long long)j->bytes, (double)tm.handoff_us / 1e3);
     k3_rpc_call_reply(c, &r.base);
   } else {
     w->n_failed++;
+    {
+      k3_rpc_code_t code = j->status == K3_ECANCELED ? K3_RPC_CANCELLED : k3_rpc_code_from_err(j->status);
+      const char *st = code == K3_RPC_CANCELLED            ? K3PD_STATUS_CANCELLED
+                       : code == K3_RPC_INVALID_ARGUMENT    ? K3PD_STATUS_INVALID_ARGUMENT
+                       : code == K3_RPC_DEADLINE_EXCEEDED   ? K3PD_STATUS_DEADLINE_EXCEEDED
+                       : code == K3_RPC_RESOURCE_EXHAUSTED  ? K3PD_STATUS_RESOURCE_EXHAUSTED
+                       : code == K3_RPC_UNAVAILABLE         ? K3PD_STATUS_UNAVAILABLE
+                                                            : K3PD_STATUS_INTERNAL;
+      k3_metric_inc(w->m.requests_total, &st);
+    }
     K3_WARN("request %s: prefill failed: %s (%s)", j->id, j->err, k3_strerror(j->status));
     k3_rpc_call_finish(c, j->status == K3_ECANCELED ? K3_RPC_CANCELLED : k3_rpc_code_from_err(j->status), j->err);
   }
@@ -113,7 +125,26 @@ static void on_send_done_cb(void *ud, const k3_xfer_send_result_t *res) {
     j->status = res->status;
     snprintf(j->err, sizeof j->err, "state transfer to the decode worker failed: %s", k3_strerror(res->status));
   }
-  if (j->status == 0) g_w->bytes_sent += res->bytes;
+  if (j->status == 0) {
+    g_w->bytes_sent += res->bytes;
+    const char *mla = K3PD_REGION_MLA_PAGES, *kda = K3PD_REGION_KDA_STATE;
+    uint64_t kda_b = res->kind_bytes[K3_XFER_KIND_KDA_S] + res->kind_bytes[K3_XFER_KIND_KDA_CONV];
+    uint64_t kda_ns = res->kind_ns[K3_XFER_KIND_KDA_S] > res->kind_ns[K3_XFER_KIND_KDA_CONV]
+                          ? res->kind_ns[K3_XFER_KIND_KDA_S]
+                          : res->kind_ns[K3_XFER_KIND_KDA_CONV];
+    k3_metric_add(g_w->m.handoff_bytes_total, &mla, (double)res->kind_bytes[K3_XFER_KIND_MLA_KV]);
+    k3_metric_add(g_w->m.handoff_bytes_total, &kda, (double)kda_b);
+    if (res->kind_bytes[K3_XFER_KIND_MLA_KV])
+      k3_metric_observe(g_w->m.handoff_seconds, &mla, (double)res->kind_ns[K3_XFER_KIND_MLA_KV] / 1e9);
+    if (kda_b) k3_metric_observe(g_w->m.handoff_seconds, &kda, (double)kda_ns / 1e9);
+  } else if (res->status) {
+    const char *reason = res->status == K3_ETIMEDOUT ? K3PD_HANDOFF_FAIL_TIMEOUT
+                         : (res->status == K3_ESTALE || res->status == K3_ENOENT || res->status == K3_EDIGEST ||
+                            res->status == K3_EFINGERPRINT)
+                             ? K3PD_HANDOFF_FAIL_REJECTED
+                             : K3PD_HANDOFF_FAIL_TRANSPORT;
+    if (res->status != K3_ECANCELED) k3_metric_inc(g_w->m.handoff_failures_total, &reason);
+  }
   j->state = PF_DONE;
   answer(g_w, j);
   if (j->engine_has) post_free(g_w, j);

@@ -11,6 +11,12 @@
 
 static const char *role_name(rt_role_t r) { return r == RT_ROLE_DECODE ? "decode" : "prefill"; }
 
+void rt_metrics_workers(rt_router_t *rt) {
+  const char *pre = K3PD_ROLE_PREFILL, *dec = K3PD_ROLE_DECODE;
+  k3_metric_set(rt->m.registered_workers, &pre, (double)rt_registry_count(&rt->reg, RT_ROLE_PREFILL, false));
+  k3_metric_set(rt->m.registered_workers, &dec, (double)rt_registry_count(&rt->reg, RT_ROLE_DECODE, false));
+}
+
 static void fill_load(rt_worker_info_t *in, const K3pd__V1__WorkerLoad *l) {
   if (!l) return;
   in->kv_pages_used = l->used_kv_pages;
@@ -69,6 +75,7 @@ static void on_register(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   K3_INFO("worker %s registered: %s at %s, fingerprint %016llx%s", in.id, role_name(in.role), in.address,
           (unsigned long long)in.fingerprint, is_new ? "" : " (re-registration)");
   k3_rpc_call_reply(call, &r.base);
+  rt_metrics_workers(rt);
 }
 
 static void on_heartbeat(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
@@ -107,6 +114,7 @@ static void on_deregister(k3_rpc_call_t *call, const ProtobufCMessage *msg, void
     k3_rpc_client_forget(rt->cli, w->info.address);
     rt_registry_remove(&rt->reg, rq->worker_id);
     r.found = true;
+    rt_metrics_workers(rt);
   }
   k3_rpc_call_reply(call, &r.base);
 }
@@ -125,6 +133,7 @@ static void on_expiry(uv_timer_t *t) {
       i++;
     }
   }
+  rt_metrics_workers(rt);
 }
 
 void rt_expiry_start(rt_router_t *rt) {

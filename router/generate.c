@@ -65,7 +65,42 @@ typedef struct rt_req {
   uint64_t handoff_us;
   int64_t deadline_left_ms;
   int busy; /* > 0 while a function up the stack still uses the request: frees are deferred */
+  uint64_t t_last_tok;   /* for inter-token latency */
+  uint64_t router_ns;    /* time spent in this request's router handlers (added latency) */
+  bool counted;          /* counted as an active stream */
 } rt_req_t;
+
+/* Time the router itself spends on a request, summed over its handlers. */
+#define RT_TIMED_BEGIN uint64_t rt_t0_ = k3_now_ns()
+#define RT_TIMED_END(q) ((q)->router_ns += k3_now_ns() - rt_t0_)
+
+static const char *status_label(k3_rpc_code_t c) {
+  switch (c) {
+    case K3_RPC_OK: return K3PD_STATUS_OK;
+    case K3_RPC_CANCELLED: return K3PD_STATUS_CANCELLED;
+    case K3_RPC_INVALID_ARGUMENT: return K3PD_STATUS_INVALID_ARGUMENT;
+    case K3_RPC_DEADLINE_EXCEEDED: return K3PD_STATUS_DEADLINE_EXCEEDED;
+    case K3_RPC_RESOURCE_EXHAUSTED: return K3PD_STATUS_RESOURCE_EXHAUSTED;
+    case K3_RPC_UNAVAILABLE: return K3PD_STATUS_UNAVAILABLE;
+    default: return K3PD_STATUS_INTERNAL;
+  }
+}
+
+/* Final accounting of a request that reached the stream phase (called once). */
+static void account_end(rt_req_t *q, k3_rpc_code_t code) {
+  rt_router_t *rt = q->rt;
+  const char *st = status_label(code);
+  k3_metric_inc(rt->m.requests_total, &st);
+  double now = (double)k3_now_ns();
+  k3_histogram_observe(k3_metric_default(rt->m.e2e_seconds), (now - (double)q->t_arrive) / 1e9);
+  k3_counter_add(k3_metric_default(rt->m.prompt_tokens_total), (double)q->n_prompt);
+  k3_counter_add(k3_metric_default(rt->m.generation_tokens_total), (double)q->completion_tokens);
+  k3_histogram_observe(k3_metric_default(rt->m.added_latency_seconds), (double)q->router_ns / 1e9);
+  if (q->counted) {
+    k3_gauge_add(k3_metric_default(rt->m.active_streams), -1);
+    q->counted = false;
+  }
+}
 
 static void req_fail(rt_req_t *q, k3_rpc_code_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void start_prefill(rt_req_t *q);
@@ -169,6 +204,7 @@ static void req_fail(rt_req_t *q, k3_rpc_code_t code, const char *fmt, ...) {
     q->rt->n_cancelled++;
   else
     q->rt->n_failed++;
+  account_end(q, code);
   log_done(q, k3_rpc_code_name(code));
   if (q->call) {
     k3_rpc_call_t *c = q->call;
@@ -227,6 +263,7 @@ static void finish_ok(rt_req_t *q) {
   send_chunk(q, NULL, 0, tail.data ? tail.data : "", tail.len, NULL, 0, true);
   free(tail.data);
   q->rt->n_ok++;
+  account_end(q, K3_RPC_OK);
   log_done(q, "ok");
   if (q->call) {
     k3_rpc_call_t *c = q->call;
@@ -238,9 +275,19 @@ static void finish_ok(rt_req_t *q) {
   maybe_free(q);
 }
 
+static void on_attach_msg_body(rt_req_t *q, const K3pd__V1__AttachResponse *a);
+
 static void on_attach_msg(void *arg, const ProtobufCMessage *msg) {
   rt_req_t *q = arg;
-  const K3pd__V1__AttachResponse *a = (const K3pd__V1__AttachResponse *)msg;
+  RT_TIMED_BEGIN;
+  q->busy++;
+  on_attach_msg_body(q, (const K3pd__V1__AttachResponse *)msg);
+  RT_TIMED_END(q);
+  q->busy--;
+  maybe_free(q);
+}
+
+static void on_attach_msg_body(rt_req_t *q, const K3pd__V1__AttachResponse *a) {
   if (q->phase == RQ_DONE) return;
   k3_tok_str_t text = {0};
   size_t n_send = 0;
@@ -255,7 +302,18 @@ static void on_attach_msg(void *arg, const ProtobufCMessage *msg) {
       return;
     }
   }
-  if (n_send && !q->t_first) q->t_first = k3_now_ns();
+  if (n_send) {
+    uint64_t now = k3_now_ns();
+    if (!q->t_first) {
+      q->t_first = now;
+      k3_histogram_observe(k3_metric_default(q->rt->m.ttft_seconds), (double)(now - q->t_arrive) / 1e9);
+    } else if (q->t_last_tok) {
+      /* a chunk of n tokens arriving together counts as n gaps of equal share */
+      double gap = (double)(now - q->t_last_tok) / 1e9 / (double)n_send;
+      for (size_t i = 0; i < n_send; i++) k3_histogram_observe(k3_metric_default(q->rt->m.itl_seconds), gap);
+    }
+    q->t_last_tok = now;
+  }
   q->completion_tokens += (uint32_t)n_send;
   if (a->finish_reason) q->finish_reason = a->finish_reason;
   const K3pd__V1__TokenLogprob *const *lps = NULL;
@@ -344,6 +402,7 @@ static void on_prefill_done(void *arg, const k3_rpc_status_t *st, const Protobuf
     K3_WARN("request %s: prefill on %s failed (%s: %s); re-issuing", q->id, q->prefill_id, k3_rpc_code_name(st->code),
             st->details);
     snprintf(q->excluded[q->n_excluded++], RT_ID_MAX, "%s", q->prefill_id);
+    k3_counter_inc(k3_metric_default(q->rt->m.prefill_retries_total));
     K3pd__V1__ReserveRequest rr = K3PD__V1__RESERVE_REQUEST__INIT;
     rr.request_id = q->id;
     rr.n_prompt_tokens = (uint32_t)q->n_prompt;
@@ -392,6 +451,8 @@ static void start_prefill(rt_req_t *q) {
   pr.decode_worker_id = q->decode_id;
   k3_rpc_call_opts_t o = {.timeout_ms = call_timeout(q), .request_id = q->id};
   q->t_prefill_start = k3_now_ns();
+  if (q->n_excluded == 0)
+    k3_histogram_observe(k3_metric_default(rt->m.queue_seconds), (double)(q->t_prefill_start - q->t_arrive) / 1e9);
   rc = k3_rpc_unary(rt->cli, q->prefill_addr, "/k3pd.v1.Prefill/Prefill", &pr.base,
                     &k3pd__v1__prefill_response__descriptor, &o, on_prefill_done, q, &q->prefill_call);
   free(ids);
@@ -631,6 +692,7 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   rt_router_t *rt = user;
   const K3pd__V1__GenerateRequest *g = (const K3pd__V1__GenerateRequest *)msg;
   char err[512];
+  RT_TIMED_BEGIN;
   if (rt->draining) {
     k3_rpc_call_finish(call, K3_RPC_UNAVAILABLE, "router is draining");
     return;
@@ -673,11 +735,15 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   q->next = rt->reqs;
   rt->reqs = q;
   rt->n_started++;
+  k3_counter_inc(k3_metric_default(rt->m.requests_started_total));
   int rc = parse_sampling(rt, g, q, err, sizeof err);
   if (!rc) rc = build_prompt(rt, g, q, err, sizeof err);
   if (rc) {
     rt->n_failed++;
-    k3_rpc_call_finish(call, rc == K3_ENOMEM ? K3_RPC_RESOURCE_EXHAUSTED : K3_RPC_INVALID_ARGUMENT, err);
+    k3_rpc_code_t code = rc == K3_ENOMEM ? K3_RPC_RESOURCE_EXHAUSTED : K3_RPC_INVALID_ARGUMENT;
+    account_end(q, code);
+    K3_INFO("request %s %s: %s", q->id, k3_rpc_code_name(code), err);
+    k3_rpc_call_finish(call, code, err);
     req_free(q);
     return;
   }
@@ -688,11 +754,14 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
                           .skip_special = false};
   if (k3_detok_init(rt->tok, &dopt, &q->detok)) {
     rt->n_failed++;
+    account_end(q, K3_RPC_INVALID_ARGUMENT);
     k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "stop.stop_strings: invalid");
     req_free(q);
     return;
   }
   q->call = call;
+  q->counted = true;
+  k3_gauge_add(k3_metric_default(rt->m.active_streams), 1);
   k3_rpc_call_set_cancel_cb(call, on_client_cancel, q);
   size_t di;
   rc = rt_choose_decode(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, &di);
@@ -723,6 +792,7 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   rr.max_new_tokens = q->max_new;
   rr.lease_ms = rt->lease_ms;
   k3_rpc_call_opts_t o = {.timeout_ms = call_timeout(q), .request_id = q->id};
+  RT_TIMED_END(q); /* validation, tokenisation and placement */
   rc = k3_rpc_unary(rt->cli, q->decode_addr, "/k3pd.v1.Decode/Reserve", &rr.base, &k3pd__v1__reservation__descriptor,
                     &o, on_reserve_done, q, &q->reserve_call);
   if (rc) req_fail(q, K3_RPC_INTERNAL, "starting the reservation: %s", k3_strerror(rc));

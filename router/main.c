@@ -63,6 +63,7 @@ static void on_signal(uv_signal_t *s, int signum) {
   }
   K3_INFO("signal %d: draining (grace %lld ms)", signum, (long long)a->drain_grace_ms);
   a->rt.draining = true;
+  if (a->rt.mhttp) k3_metrics_http_set_ready(a->rt.mhttp, false);
   k3_rpc_server_set_health(a->rt.srv, "", K3_RPC_HEALTH_NOT_SERVING);
   k3_rpc_server_set_health(a->rt.srv, "k3pd.v1.Generation", K3_RPC_HEALTH_NOT_SERVING);
   a->drain_started_ns = k3_now_ns();
@@ -75,6 +76,8 @@ int main(int argc, char **argv) {
   app_t *a = &app;
   rt_router_t *rt = &a->rt;
   const char *listen = "127.0.0.1:50051", *model = NULL, *model_name = NULL, *port_file = NULL, *log_level = NULL;
+  const char *metrics_host = NULL;
+  int metrics_port = -1;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, lease_ms = 30000, max_new_limit = 4096, retries = 2;
   a->drain_grace_ms = 30000;
   k3_flag_t flags[] = {
@@ -92,6 +95,9 @@ int main(int argc, char **argv) {
        false},
       {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long requests may finish", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
+      {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
+       false},
+      {"metrics-host", K3_FLAG_STR, &metrics_host, "IP", "address the metrics server binds (default all)", false},
   };
   k3_flags_info_t info = {"k3pd-router",
                           "The cluster's public endpoint (k3pd.v1.Generation). Tokenizes requests, picks a decode "
@@ -155,6 +161,18 @@ int main(int argc, char **argv) {
   rt->max_new_tokens_limit = (uint32_t)max_new_limit;
   rt->prefill_retries = (uint32_t)retries;
   rt_registry_init(&rt->reg);
+  if (k3_metrics_init(&rt->mreg) || k3_router_metrics_register(rt->mreg, K3PD_VERSION, &rt->m)) {
+    fprintf(stderr, "k3pd-router: cannot set up metrics\n");
+    return 1;
+  }
+  if (metrics_port >= 0) {
+    rc = k3_metrics_http_start(rt->mreg, metrics_host, metrics_port, &rt->mhttp);
+    if (rc) {
+      fprintf(stderr, "k3pd-router: --metrics-port %d: %s\n", metrics_port, k3_strerror(rc));
+      return 1;
+    }
+    K3_INFO("metrics on port %d (/metrics, /healthz, /readyz)", k3_metrics_http_port(rt->mhttp));
+  }
   uv_loop_t *loop = uv_default_loop();
   rt->loop = loop;
   rc = k3_rpc_server_init(loop, NULL, &rt->srv);
@@ -176,6 +194,9 @@ int main(int argc, char **argv) {
   uv_signal_start(&a->sigint, on_signal, SIGINT);
   k3_rpc_server_set_health(rt->srv, "", K3_RPC_HEALTH_SERVING);
   k3_rpc_server_set_health(rt->srv, "k3pd.v1.Generation", K3_RPC_HEALTH_SERVING);
+  k3_rpc_server_set_health(rt->srv, "liveness", K3_RPC_HEALTH_SERVING);
+  rt_metrics_workers(rt);
+  if (rt->mhttp) k3_metrics_http_set_ready(rt->mhttp, true);
   if (port_file) {
     char buf[32];
     int n = snprintf(buf, sizeof buf, "%d\n", port);
@@ -186,6 +207,8 @@ int main(int argc, char **argv) {
   uv_run(loop, UV_RUN_DEFAULT);
   rt_registry_free(&rt->reg);
   k3_tok_free(rt->tok);
+  k3_metrics_http_stop(rt->mhttp);
+  k3_metrics_free(rt->mreg);
   uv_loop_close(loop);
   K3_INFO("stopped");
   return 0;

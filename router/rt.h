@@ -8,6 +8,8 @@
 #include <uv.h>
 
 #include "k3pd/detok.h"
+#include "k3pd/metrics.h"
+#include "k3pd/metrics_k3pd.h"
 #include "k3pd/model_config.h"
 #include "k3pd/rpc.h"
 #include "k3pd/rpc_client.h"
@@ -35,7 +37,13 @@ typedef struct rt_router {
   bool draining;
   /* counters (also exported as metrics) */
   uint64_t n_started, n_ok, n_failed, n_cancelled;
+  k3_metrics_t *mreg;
+  k3_router_metrics_t m;
+  k3_metrics_http_t *mhttp;
 } rt_router_t;
+
+/* cluster_svc.c: registered_workers{role} from the registry. */
+void rt_metrics_workers(rt_router_t *rt);
 
 /* cluster_svc.c */
 int rt_cluster_register(rt_router_t *rt);
