@@ -339,6 +339,7 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
   k3_rpc_call_set_cancel_cb(call, on_prefill_cancel, j);
   m->link.type = PF_MSG_RUN;
   m->job = j;
+  K3_INFO("request %s: queued %u prompt tokens (epoch %llu)", j->id, j->n_tokens, (unsigned long long)j->epoch);
   pf_engine_post(w, m);
   k3_registrar_kick(w->reg);
 }

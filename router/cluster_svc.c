@@ -56,6 +56,7 @@ static void on_register(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
     in.page_tokens = (int32_t)rq->capacity->page_tokens;
     in.kda_slots_total = (int32_t)rq->capacity->kda_slots;
     in.max_batch = (int32_t)rq->capacity->max_batch;
+    in.max_context = rq->capacity->max_context_tokens;
   }
   fill_load(&in, rq->load);
   char err[256];

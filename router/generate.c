@@ -518,7 +518,7 @@ static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_
       }
       rc = k3_tok_encode(rt->tok, g->text, strlen(g->text), 0, &ids, err, errlen);
       if (rc) {
-        prefix_err(err, errlen, "text: ");
+        if (strncmp(err, "text", 4) != 0) prefix_err(err, errlen, "text: ");
         free(ids.ids);
         return K3_EINVAL;
       }
@@ -764,7 +764,15 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   k3_gauge_add(k3_metric_default(rt->m.active_streams), 1);
   k3_rpc_call_set_cancel_cb(call, on_client_cancel, q);
   size_t di;
+  int64_t max_ctx = rt_max_context(&rt->reg, 0);
+  if (max_ctx > 0 && (int64_t)q->n_prompt + q->max_new > max_ctx) {
+    req_fail(q, K3_RPC_INVALID_ARGUMENT,
+             "prompt: %zu tokens + stop.max_new_tokens %u exceed the context limit of %lld tokens", q->n_prompt,
+             q->max_new, (long long)max_ctx);
+    return;
+  }
   rc = rt_choose_decode(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, &di);
+  if (rc == K3_ECAPACITY) rc = rt_choose_decode_optimistic(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, &di);
   if (rc == K3_EUNAVAIL) {
     req_fail(q, K3_RPC_UNAVAILABLE, "no decode worker is registered");
     return;

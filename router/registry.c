@@ -122,14 +122,25 @@ size_t rt_registry_count(const rt_registry_t *r, rt_role_t role, bool active_onl
   return c;
 }
 
+int64_t rt_max_context(const rt_registry_t *r, uint64_t fingerprint) {
+  int64_t best = 0;
+  for (size_t i = 0; i < r->n; i++) {
+    const rt_worker_t *w = &r->workers[i];
+    if (w->info.role != RT_ROLE_DECODE || w->state != RT_WORKER_ACTIVE) continue;
+    if (fingerprint && w->info.fingerprint != fingerprint) continue;
+    if (w->info.max_context > best) best = w->info.max_context;
+  }
+  return best;
+}
+
 int64_t rt_pages_needed(int64_t prompt_tokens, int64_t max_new_tokens, int32_t page_tokens) {
   if (page_tokens <= 0) return -1;
   int64_t t = prompt_tokens + max_new_tokens;
   return (t + page_tokens - 1) / page_tokens;
 }
 
-int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens, uint64_t fingerprint,
-                     size_t *out) {
+static int choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens, uint64_t fingerprint,
+                         bool use_reports, size_t *out) {
   bool any = false;
   double best_util = 2.0;
   int32_t best_running = 0;
@@ -140,9 +151,11 @@ int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_
     if (fingerprint && w->info.fingerprint != fingerprint) continue;
     any = true;
     int64_t need = rt_pages_needed(prompt_tokens, max_new_tokens, w->info.page_tokens);
-    int64_t used_pages = w->info.kv_pages_used > w->inflight_pages ? w->info.kv_pages_used : w->inflight_pages;
-    int64_t used_slots = w->info.kda_slots_used > w->inflight_slots ? w->info.kda_slots_used : w->inflight_slots;
+    int64_t rp = use_reports ? w->info.kv_pages_used : 0, rs = use_reports ? w->info.kda_slots_used : 0;
+    int64_t used_pages = rp > w->inflight_pages ? rp : w->inflight_pages;
+    int64_t used_slots = rs > w->inflight_slots ? rs : w->inflight_slots;
     if (need < 0 || used_pages + need > w->info.kv_pages_total || used_slots + 1 > w->info.kda_slots_total) continue;
+    if (w->info.max_context > 0 && prompt_tokens + max_new_tokens > w->info.max_context) continue;
     double up = (double)(used_pages + need) / (double)w->info.kv_pages_total;
     double us = (double)(used_slots + 1) / (double)w->info.kda_slots_total;
     double util = up > us ? up : us;
@@ -160,6 +173,16 @@ int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_
   if (best == (size_t)-1) return K3_ECAPACITY;
   *out = best;
   return 0;
+}
+
+int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens, uint64_t fingerprint,
+                     size_t *out) {
+  return choose_decode(r, prompt_tokens, max_new_tokens, fingerprint, true, out);
+}
+
+int rt_choose_decode_optimistic(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens,
+                                uint64_t fingerprint, size_t *out) {
+  return choose_decode(r, prompt_tokens, max_new_tokens, fingerprint, false, out);
 }
 
 int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *const *exclude, size_t n_exclude,

@@ -43,6 +43,7 @@ typedef struct {
   int32_t page_tokens;
   int32_t kda_slots_total;
   int32_t max_batch;
+  int64_t max_context;      /* decode: longest prompt + completion a sequence may reach (0 = unknown) */
   /* load as last reported */
   int64_t kv_pages_used;
   int32_t kda_slots_used;
@@ -84,6 +85,10 @@ size_t rt_registry_expire(rt_registry_t *r, int64_t now_ms, int64_t timeout_ms);
 rt_worker_t *rt_registry_find(rt_registry_t *r, const char *id);
 size_t rt_registry_count(const rt_registry_t *r, rt_role_t role, bool active_only);
 
+/* Largest max_context among ACTIVE decode workers with the fingerprint (0 = any); 0 if none
+ * report one. */
+int64_t rt_max_context(const rt_registry_t *r, uint64_t fingerprint);
+
 /* Pages a request needs on a decode worker with the given page size. */
 int64_t rt_pages_needed(int64_t prompt_tokens, int64_t max_new_tokens, int32_t page_tokens);
 
@@ -91,6 +96,11 @@ int64_t rt_pages_needed(int64_t prompt_tokens, int64_t max_new_tokens, int32_t p
  * r->workers via *out, or K3_EUNAVAIL / K3_ECAPACITY. Does not change the registry. */
 int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens, uint64_t fingerprint,
                      size_t *out);
+/* Like rt_choose_decode but counting only this router's in-flight reservations (ignoring the
+ * reported load, which may be a heartbeat behind). Used when the reports say "full": the decode
+ * worker's Reserve is the final judge, so a stale report never turns away a request that fits. */
+int rt_choose_decode_optimistic(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens,
+                                uint64_t fingerprint, size_t *out);
 /* Chooses a prefill worker with the fingerprint (0 = any), skipping ids in `exclude` (for
  * retries after a prefill failed). Returns 0 and the index, or K3_EUNAVAIL. */
 int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *const *exclude, size_t n_exclude,

@@ -25,7 +25,7 @@ struct k3_registrar {
   void *ud;
   uint32_t retry_first_ms, retry_ms, call_timeout_ms, hb_interval_ms;
   uint64_t reg_epoch;
-  bool registered, draining, stopping, in_flight, deregistering;
+  bool registered, draining, stopping, in_flight, deregistering, kick_pending;
   int hb_fails;
   int last_logged_code;
   k3_rpc_ccall_t *call;
@@ -136,6 +136,14 @@ static void on_heartbeat(void *arg, const k3_rpc_status_t *st, const ProtobufCMe
     return;
   }
   r->hb_fails = 0;
+  if (r->kick_pending) { /* the load changed while this heartbeat was on the wire */
+    r->kick_pending = false;
+    const K3pd__V1__HeartbeatResponse *hr0 = (const K3pd__V1__HeartbeatResponse *)resp;
+    if (!hr0->reregister) {
+      schedule(r, 0);
+      return;
+    }
+  }
   const K3pd__V1__HeartbeatResponse *hr = (const K3pd__V1__HeartbeatResponse *)resp;
   if (hr->heartbeat_interval_ms) r->hb_interval_ms = hr->heartbeat_interval_ms;
   if (hr->reregister) {
@@ -222,7 +230,11 @@ int k3_registrar_start(uv_loop_t *loop, k3_rpc_client_t *cli, const k3_registrar
 bool k3_registrar_registered(const k3_registrar_t *r) { return r->registered; }
 
 void k3_registrar_kick(k3_registrar_t *r) {
-  if (r->registered && !r->in_flight && !r->stopping) schedule(r, 0);
+  if (!r->registered || r->stopping) return;
+  if (r->in_flight)
+    r->kick_pending = true; /* sent as soon as the current call completes */
+  else
+    schedule(r, 0);
 }
 
 void k3_registrar_set_draining(k3_registrar_t *r, bool draining) {
