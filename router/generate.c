@@ -47,6 +47,7 @@ typedef struct rt_req {
   char prefill_id[RT_ID_MAX], prefill_addr[RT_ADDR_MAX];
   char excluded[RT_MAX_EXCLUDE][RT_ID_MAX];
   int n_excluded;
+  int retries;            /* prefill re-issues so far (bounded by --prefill-retries) */
   int64_t pending_pages;  /* counted in the decode worker's in-flight total until freed */
   uint32_t decode_gen;    /* registration the in-flight count was added to */
   uint64_t epoch;
@@ -374,7 +375,10 @@ static int start_attach(rt_req_t *q) {
 
 /* ---- prefill (with retries) ---- */
 
-static bool retryable(k3_rpc_code_t c) {
+/* Prefill failures worth another prefill worker: transport-class errors, and a deadline that
+ * was the transfer's (clamped to the reservation lease) rather than the client's own. */
+static bool retryable(rt_req_t *q, k3_rpc_code_t c) {
+  if (c == K3_RPC_DEADLINE_EXCEEDED) return q->deadline_left_ms == INT64_MAX || call_timeout(q) > 1000;
   return c == K3_RPC_UNAVAILABLE || c == K3_RPC_INTERNAL || c == K3_RPC_ABORTED || c == K3_RPC_UNKNOWN ||
          c == K3_RPC_CANCELLED;
 }
@@ -398,10 +402,13 @@ static void on_prefill_done(void *arg, const k3_rpc_status_t *st, const Protobuf
     return;
   }
   /* Retry on another prefill worker into the same reservation (new epoch). */
-  if (retryable(st->code) && q->n_excluded < RT_MAX_EXCLUDE && q->n_excluded <= (int)q->rt->prefill_retries) {
+  if (retryable(q, st->code) && q->n_excluded < RT_MAX_EXCLUDE && q->retries < (int)q->rt->prefill_retries) {
     K3_WARN("request %s: prefill on %s failed (%s: %s); re-issuing", q->id, q->prefill_id, k3_rpc_code_name(st->code),
             st->details);
-    snprintf(q->excluded[q->n_excluded++], RT_ID_MAX, "%s", q->prefill_id);
+    q->retries++;
+    /* A worker that failed at the transport level is not asked again; one whose transfer ran out
+     * of lease (it was merely slow or queued) may be. */
+    if (st->code != K3_RPC_DEADLINE_EXCEEDED) snprintf(q->excluded[q->n_excluded++], RT_ID_MAX, "%s", q->prefill_id);
     k3_counter_inc(k3_metric_default(q->rt->m.prefill_retries_total));
     K3pd__V1__ReserveRequest rr = K3PD__V1__RESERVE_REQUEST__INIT;
     rr.request_id = q->id;
@@ -451,7 +458,7 @@ static void start_prefill(rt_req_t *q) {
   pr.decode_worker_id = q->decode_id;
   k3_rpc_call_opts_t o = {.timeout_ms = call_timeout(q), .request_id = q->id};
   q->t_prefill_start = k3_now_ns();
-  if (q->n_excluded == 0)
+  if (q->retries == 0)
     k3_histogram_observe(k3_metric_default(rt->m.queue_seconds), (double)(q->t_prefill_start - q->t_arrive) / 1e9);
   rc = k3_rpc_unary(rt->cli, q->prefill_addr, "/k3pd.v1.Prefill/Prefill", &pr.base,
                     &k3pd__v1__prefill_response__descriptor, &o, on_prefill_done, q, &q->prefill_call);

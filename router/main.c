@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
   const char *listen = "127.0.0.1:50051", *model = NULL, *model_name = NULL, *port_file = NULL, *log_level = NULL;
   const char *metrics_host = NULL;
   int metrics_port = -1;
-  int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, lease_ms = 30000, max_new_limit = 4096, retries = 2;
+  int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, lease_ms = 120000, max_new_limit = 4096, retries = 2;
   a->drain_grace_ms = 30000;
   k3_flag_t flags[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "public gRPC address (port 0 = ephemeral)", false},
@@ -89,7 +89,8 @@ int main(int argc, char **argv) {
       {"port-file", K3_FLAG_STR, &port_file, "FILE", "write the bound port here once serving", false},
       {"heartbeat-ms", K3_FLAG_INT, &heartbeat_ms, "MS", "heartbeat interval told to workers", false},
       {"heartbeat-timeout-ms", K3_FLAG_INT, &heartbeat_timeout_ms, "MS", "drop workers silent for this long", false},
-      {"lease-ms", K3_FLAG_INT, &lease_ms, "MS", "decode reservation lease (state must arrive within it)", false},
+      {"lease-ms", K3_FLAG_INT, &lease_ms, "MS", "decode reservation lease: the prompt's queueing, prefill and state "
+       "transfer must fit in it (a prefill whose transfer misses it is re-issued with a fresh lease)", false},
       {"max-new-tokens-limit", K3_FLAG_INT, &max_new_limit, "N", "largest max_new_tokens accepted", false},
       {"prefill-retries", K3_FLAG_INT, &retries, "N", "re-issue a failed prefill to another worker up to N times",
        false},
