@@ -206,6 +206,20 @@ def test_churn_drain_metrics(args, stubs, model):
         gen = cl.generate_call()
         # no workers yet: UNAVAILABLE
         expect_status(gen, req(stubs, prompt=[1, 2, 3]), grpc.StatusCode.UNAVAILABLE, "no decode worker")
+        # a worker that cannot reach its router is alive but not ready
+        saved = cl.port
+        cl.port = 1  # nothing listens there
+        lost = cl.start_worker("decode", 9, wait=False)
+        cl.port = saved
+        lost_addr = wait_until(lambda: cl.worker_addr(lost), 30, "decode-9 address")
+        time.sleep(0.5)
+        check(cl.health(lost_addr) == h.HealthCheckResponse.NOT_SERVING and
+              cl.health(lost_addr, "liveness") == h.HealthCheckResponse.SERVING,
+              "health: a worker not registered with a router is live but NOT_SERVING")
+        lost.p.send_signal(signal.SIGTERM)
+        check(lost.p.wait(timeout=30) == 0, "an unregistered worker still exits 0 on SIGTERM")
+        cl.procs.remove(lost)
+        lost.log.close()
         # a worker is NOT_SERVING until registered, SERVING after
         p0 = cl.start_worker("prefill", 0, wait=False)
         addr = wait_until(lambda: cl.worker_addr(p0), 30, "prefill-0 address")
