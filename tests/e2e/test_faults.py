@@ -197,7 +197,7 @@ def test_overload(args, stubs, model):
 def test_churn_drain_metrics(args, stubs, model):
     c, g, _, h = stubs
     cl = Cluster(args.bindir, model, os.path.join(args.workdir, "churn"), 0, 0, worker_args=WORKER_ARGS + [
-        "--metrics-port", "0", "--metrics-host", "127.0.0.1"], stubs=stubs,
+        "--metrics-port", "0", "--metrics-host", "127.0.0.1"], stubs=stubs, prefill_args=["--drain-grace-ms", "0"],
         router_args=["--metrics-port", "0", "--metrics-host", "127.0.0.1"])
     ok = False
     try:
@@ -252,6 +252,35 @@ def test_churn_drain_metrics(args, stubs, model):
               "prefill worker killed mid-prefill: request re-issued and tokens equal monolithic (%s)" %
               holder.get("err", "ok"))
         check("re-issuing" in cl.router.text(), "router logged the prefill re-issue")
+        # SIGTERM (drain with no grace) of the prefill worker running a prompt: re-issued too
+        survivor = p1 if victim is p0 else p0
+        p2 = cl.start_worker("prefill", 2)
+        prompt2 = [(i * 53 + 7) % 3800 for i in range(600)]
+        mono2 = monolithic(args.bindir, model, prompt2, 5)
+        holder.clear()
+
+        def long_req2():
+            try:
+                holder["ids"] = [t for ch in gen(req(stubs, prompt=prompt2, max_new=5), timeout=300)
+                                 for t in ch.token_ids]
+            except grpc.RpcError as e:
+                holder["err"] = "%s: %s" % (e.code().name, e.details())
+
+        before_q = {p.name: p.text().count("queued 600 prompt tokens") for p in (survivor, p2)}
+        th = threading.Thread(target=long_req2)
+        th.start()
+        victim2 = wait_until(lambda: next((p for p in (survivor, p2)
+                                           if p.text().count("queued 600 prompt tokens") > before_q[p.name]), None),
+                             30, "the second 600-token prefill to be queued")
+        time.sleep(0.3)
+        victim2.p.send_signal(signal.SIGTERM)
+        th.join(timeout=300)
+        check("ids" in holder and holder["ids"] == mono2,
+              "prefill worker drained (SIGTERM, no grace) mid-prefill: re-issued, tokens equal monolithic (%s)" %
+              holder.get("err", "ok"))
+        check(victim2.p.wait(timeout=60) == 0, "the drained prefill worker exited 0")
+        cl.procs.remove(victim2)
+        victim2.log.close()
         # a decode worker joins while requests run; both get used
         d1 = cl.start_worker("decode", 1)
         with cf.ThreadPoolExecutor(max_workers=8) as ex:
