@@ -8,9 +8,9 @@
  * K3_EINVAL (duplicate slot: two sequences would race on one state) exactly like the CPU
  * reference (kernels/cpu/cpu_backend.c k3k_cpu_check_slots / k3k_cpu_check_seqs), so "on error
  * nothing changed" holds on the GPU too.
- * What it is not: free. One synchronisation per call (~10 µs of latency): decode kernels instead
- * guard their ids inside the kernel (they skip an out-of-range id, so nothing out of bounds is
- * touched) and report through the same functions only when the caller asks for strict checks.
+ * What it is not: free. One synchronisation per call (~10-20 µs of latency), paid by every op
+ * that calls it (KDA_CHUNK, CONV_PREFILL, CONV_STEP, KDA_STEP, MLA_DECODE, GET_ROWS). The raw fused
+ * decode entry (k3k_cu_kda_decode) does not call it; it skips out-of-range slots in the kernel.
  * Invariants: uses ctx scratch (bitmap for uniqueness); never writes the checked tensors. */
 #include "cuda_common.cuh"
 
