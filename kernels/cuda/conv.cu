@@ -65,6 +65,11 @@ int k3k_cuda_conv_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor
   int64_t T = x->shape[0], C = x->shape[1];
   int width = (int)w->shape[1];
   if (p->n_seqs == 0 || C == 0) return 0;
+  /* cu_seqlens and slots (range, uniqueness) are checked on the device before any write. */
+  int rc;
+  if ((rc = k3k_cuda_check_seqs(cx, t[2], p->n_seqs, T)) ||
+      (rc = k3k_cuda_check_ids(cx, t[3], p->n_seqs, t[4]->shape[0], 1, 0)))
+    return rc;
   if (T > 0) {
     conv_prefill_kernel<<<dim3(k3k_ceil_div(C, 256), (unsigned)T), 256, 0, cx->stream>>>(
         mkdv(x), mkdv(w), (const int32_t *)cu->data, (const int32_t *)sl->data, p->n_seqs,
@@ -102,6 +107,8 @@ int k3k_cuda_conv_step(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t 
   const k3k_tensor_t *x = t[0], *w = t[1], *sl = t[2], *st = t[3], *y = t[4];
   int64_t N = x->shape[0], C = x->shape[1];
   if (N == 0 || C == 0) return 0;
+  int rc = k3k_cuda_check_ids(cx, t[2], N, t[3]->shape[0], 1, 0);
+  if (rc) return rc;
   conv_step_kernel<<<dim3(k3k_ceil_div(C, 256), (unsigned)N), 256, 0, cx->stream>>>(
       mkdv(x), mkdv(w), (const int32_t *)sl->data, mkdv(st), mkdv(y), C, (int)w->shape[1],
       p->activation);

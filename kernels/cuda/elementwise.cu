@@ -154,8 +154,11 @@ int k3k_cuda_get_rows(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *
   const k3k_tensor_t *tab = t[0], *ids = t[1], *y = t[2];
   int64_t n = ids->shape[0], v = tab->shape[0], d = tab->shape[1];
   if (n == 0 || d == 0) return 0;
+  /* Ids are checked before any row is written (k3k.h: on error nothing changed). */
+  int rc = k3k_cuda_check_ids(cx, ids, n, v, 0, 0);
+  if (rc) return rc;
   void *flag;
-  int rc = k3k_cuda_scratch(cx, sizeof(int), &flag);
+  rc = k3k_cuda_scratch(cx, sizeof(int), &flag);
   if (rc) return rc;
   K3K_CU(cudaMemsetAsync(flag, 0, sizeof(int), cx->stream));
   bool vec = tab->dtype == K3K_BF16 && y->dtype == K3K_BF16 && tab->stride[1] == 1 &&

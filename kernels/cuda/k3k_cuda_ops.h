@@ -65,6 +65,7 @@ K3K_CUDA_DECL(conv_prefill);
 K3K_CUDA_DECL(conv_step);
 K3K_CUDA_DECL(kda_gate);
 K3K_CUDA_DECL(kda_step);
+K3K_CUDA_DECL(kda_chunk);
 K3K_CUDA_DECL(mla_decode);
 K3K_CUDA_DECL(mla_cache_write);
 K3K_CUDA_DECL(mla_cache_gather);
@@ -73,6 +74,19 @@ K3K_CUDA_DECL(sample);
 /* Shape/dtype checks beyond k3k_op_validate() for ops with restricted fast paths. */
 bool k3k_cuda_gemm_ok(const k3k_tensor_t *const *t);
 bool k3k_cuda_kda_step_ok(const void *params, const k3k_tensor_t *const *t);
+bool k3k_cuda_kda_chunk_ok(const void *params, const k3k_tensor_t *const *t);
+
+/* Device-side validation of metadata before an op writes (check.cu); one synchronisation each.
+ * ids [n] I32: each in [0,limit) (negative allowed when allow_neg), pairwise distinct when
+ * unique -> 0, K3_ERANGE (range) or K3_EINVAL (duplicate). cu [n+1]: non-decreasing from >= 0,
+ * last <= total -> 0 or K3_ERANGE. Pages: every seq_len in [0, max_pages*page_size] and every
+ * page id a sequence uses in [0, n_pages) -> 0 or K3_ERANGE. */
+int k3k_cuda_check_ids(k3k_cuda_ctx *cx, const k3k_tensor_t *ids, int64_t n, int64_t limit,
+                       int unique, int allow_neg);
+int k3k_cuda_check_seqs(k3k_cuda_ctx *cx, const k3k_tensor_t *cu, int64_t n, int64_t total);
+int k3k_cuda_check_pages(k3k_cuda_ctx *cx, const k3k_tensor_t *page_table,
+                         const k3k_tensor_t *seq_lens, int64_t n, int64_t page_size,
+                         int64_t n_pages);
 bool k3k_cuda_mla_decode_ok(const void *params, const k3k_tensor_t *const *t);
 
 /* Strided-batched GEMM through cuBLASLt, column-major convention:
@@ -107,8 +121,13 @@ typedef struct {
   uint16_t *out;                      /* [B][NH*128] bf16 gated-normed output */
   size_t ld_out;
   float lower_bound, q_scale, l2_eps, rms_eps;
+  int n_slots;                        /* > 0: slots outside [0,n_slots) are skipped (guard) */
 } k3k_cu_kda_decode_args;
 int k3k_cu_kda_decode(cudaStream_t st, const k3k_cu_kda_decode_args *a);
+
+/* Benchmarks: with ev != NULL (5 created events), every later MLA_DECODE records ev[0..4]
+ * around its phases (q prep | absorption GEMM | attention | output GEMM + cast); NULL stops. */
+void k3k_cuda_mla_phase_events(cudaEvent_t *ev);
 
 /* Benchmarks/tests: fills n F32/BF16 elements with hash-based uniform values in [lo, hi). */
 int k3k_cu_fill_random(cudaStream_t st, void *p, int64_t n, k3k_dtype_t dt, uint64_t seed,

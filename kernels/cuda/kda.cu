@@ -8,7 +8,7 @@
  * loads/stores and keep four rows in flight per warp.
  * The fused step also does the conv update, L2 norms, gate, beta and the gated RMSNorm, so a
  * decode token of a KDA layer costs one launch after the projections.
- * What it is not: the chunked prefill (KDA_CHUNK is not implemented on CUDA yet).
+ * What it is not: the chunked prefill (kda_chunk.cu).
  * Layouts: state [slot][NH][DV=128][DK=128] fp32 (spec §3.6, V-first); conv states
  * [slot][C][3] bf16, oldest first. */
 #include "cuda_common.cuh"
@@ -123,6 +123,8 @@ bool k3k_cuda_kda_step_ok(const void *params, const k3k_tensor_t *const *t) {
 int k3k_cuda_kda_step(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const k3k_kda_params_t *p = (const k3k_kda_params_t *)params;
   if (p->n_seqs == 0) return 0;
+  int rc = k3k_cuda_check_ids(cx, t[5], p->n_seqs, t[6]->shape[0], 1, 0);
+  if (rc) return rc;
   float scale = p->scale != 0.0f ? p->scale : 1.0f / sqrtf(128.0f);
   kda_step_kernel<<<dim3(p->n_heads, p->n_seqs), 256, 0, cx->stream>>>(
       mkdv(t[0]), mkdv(t[1]), mkdv(t[2]), mkdv(t[3]), mkdv(t[4]), (const int32_t *)t[5]->data,
@@ -148,6 +150,9 @@ __global__ void __launch_bounds__(256) kda_decode_kernel(k3k_cu_kda_decode_args 
   const int nh = gridDim.x;
   const size_t P = (size_t)nh * 128;
   const int slot = a.slots[b];
+  /* Out-of-range slots are skipped (nothing outside the pools is touched); callers of this raw
+   * entry validate ids with k3k_cuda_check_ids when they come from outside. */
+  if (a.n_slots > 0 && (slot < 0 || slot >= a.n_slots)) return;
   float beta = sigmoidf_acc(a.b_raw[(size_t)b * a.ld_b + h]);
   if (tid < 128) {
     size_t c = (size_t)h * 128 + tid;

@@ -352,11 +352,24 @@ bool k3k_cuda_mla_decode_ok(const void *params, const k3k_tensor_t *const *t) {
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* Benchmark hook (k3k_cuda_ops.h): when set, events 0..4 bracket prep, absorption GEMM,
+ * attention, output GEMM + cast. */
+static cudaEvent_t *g_mla_ev;
+void k3k_cuda_mla_phase_events(cudaEvent_t *ev) { g_mla_ev = ev; }
+#define MLA_MARK(i) \
+  do { \
+    if (g_mla_ev) K3K_CU(cudaEventRecord(g_mla_ev[i], cx->stream)); \
+  } while (0)
+
 int k3k_cuda_mla_decode(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const k3k_mla_params_t *p = (const k3k_mla_params_t *)params;
   const k3k_tensor_t *q = t[0], *w = t[1], *cache = t[2], *pt = t[3], *sl = t[4], *o = t[5];
   int64_t N = p->n_seqs, NH = p->n_heads, ldw = w->stride[0];
   if (N == 0) return 0;
+  /* seq_lens within the page table and every used page id within the pool: checked on the
+   * device before the kernels index the cache. */
+  int rc = k3k_cuda_check_pages(cx, pt, sl, N, cache->shape[1], cache->shape[0]);
+  if (rc) return rc;
   k3k_cu_mla_decode_args a;
   memset(&a, 0, sizeof a);
   a.batch = (int)N;
@@ -375,7 +388,7 @@ int k3k_cuda_mla_decode(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t
          b_olat = al256(N * NH * MLA_DV * 2), b_o32 = al256(N * NH * 128 * 4),
          b_work = al256(mla_work_bytes(&a));
   char *base;
-  int rc = k3k_cuda_scratch(cx, b_qb + b_qabs + b_olat + b_o32 + b_work, (void **)&base);
+  rc = k3k_cuda_scratch(cx, b_qb + b_qabs + b_olat + b_o32 + b_work, (void **)&base);
   if (rc) return rc;
   uint16_t *qb = (uint16_t *)base, *qabs = (uint16_t *)(base + b_qb);
   uint16_t *olat = (uint16_t *)(base + b_qb + b_qabs);
@@ -384,16 +397,20 @@ int k3k_cuda_mla_decode(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t
   a.q = qabs;
   a.out = olat;
 
+  MLA_MARK(0);
   mla_prep_kernel<<<dim3(k3k_ceil_div(NH * 192, 256), (unsigned)N), 256, 0, cx->stream>>>(
       mkdv(q), NH, qb, qabs);
   K3K_LAUNCHED("mla_prep");
+  MLA_MARK(1);
   /* q_lat[n][h][c] = Σ_d W[h*256+d][c] q_nope[n][h][d]  (col-major: 512 x N per head). */
   rc = k3k_cuda_lt_gemm(cx, 0, 0, MLA_DV, N, 128, w->data, CUDA_R_16BF, ldw, 256 * ldw, qb,
                         CUDA_R_16BF, NH * 192, 192, qabs, CUDA_R_16BF, NH * MLA_D, MLA_D,
                         (int)NH);
   if (rc) return rc;
+  MLA_MARK(2);
   rc = mla_attend(cx->stream, &a);
   if (rc) return rc;
+  MLA_MARK(3);
   /* o[n][h][v] = Σ_c W[h*256+128+v][c] o_lat[n][h][c]  (col-major: 128 x N per head). */
   rc = k3k_cuda_lt_gemm(cx, 1, 0, 128, N, MLA_DV, (const uint16_t *)w->data + 128 * ldw,
                         CUDA_R_16BF, ldw, 256 * ldw, olat, CUDA_R_16BF, NH * MLA_DV, MLA_DV, o32,
@@ -402,6 +419,7 @@ int k3k_cuda_mla_decode(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t
   mla_out_kernel<<<dim3(k3k_ceil_div(NH * 128, 256), (unsigned)N), 256, 0, cx->stream>>>(
       o32, NH * 128, mkdv(o));
   K3K_LAUNCHED("mla_out");
+  MLA_MARK(4);
   return 0;
 }
 

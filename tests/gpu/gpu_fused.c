@@ -94,7 +94,7 @@ void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH) {
     a.conv_q = p[CQ].d.data, a.conv_k = p[CK].d.data, a.conv_v = p[CV].d.data;
     a.wq = p[WQ].d.data, a.wk = p[WK].d.data, a.wv = p[WV].d.data;
     a.a_log = p[AL].d.data, a.dt_bias = p[DT].d.data, a.o_norm_w = p[ON].d.data;
-    a.state = p[ST].d.data, a.slots = p[SL].d.data;
+    a.state = p[ST].d.data, a.slots = p[SL].d.data, a.n_slots = (int)p[ST].h.shape[0];
     a.out = p[OUT].d.data, a.ld_out = (size_t)P;
     a.lower_bound = -5.0f, a.q_scale = 1.0f / sqrtf(128.0f), a.l2_eps = 1e-6f, a.rms_eps = 1e-5f;
     rc = k3k_cu_kda_decode(cx->stream, &a);

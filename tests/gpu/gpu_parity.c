@@ -285,6 +285,71 @@ out:
   gpair_free(g, &b), gpair_free(g, &sl), gpair_free(g, &st), gpair_free(g, &o);
 }
 
+/* ---- KDA chunked prefill ----
+ * Tolerance TOL_KDA_CHUNK 1e-2 for the output AND the fp32 state: the CUDA kernel feeds the
+ * tensor cores bf16 operands (q, k, v times exp factors, T, W, Vn, Aqk and the state itself;
+ * relative 2^-9 each, fp32 accumulate; kernels/cuda/kda_chunk.cu), so unlike KDA_STEP (fp32 CUDA
+ * cores, 1e-4) the state carries bf16-operand error (~1e-3 observed). An indexing or math error
+ * gives O(1). `gmin` < -5 makes 16-row gate spans exceed the kernel's factorisation bound, so the
+ * per-element diagonal path runs. */
+#define TOL_KDA_CHUNK 1e-2
+static void t_kda_chunk(gctx *g, int64_t T, int64_t NH, int read_state, k3k_dtype_t dt,
+                        float gmin, int one_seq) {
+  int32_t cu[8];
+  int n = one_seq ? 1 : split_lens(T, cu, 8);
+  if (one_seq) cu[0] = 0, cu[1] = (int32_t)T;
+  int64_t S = n + 2;
+  gpair q = {0}, k = {0}, v = {0}, gg = {0}, b = {0}, cup = {0}, sl = {0}, st = {0}, o = {0};
+  char what[160];
+  snprintf(what, sizeof what, "kda_chunk T=%lld NH=%lld seqs=%d read_state=%d %s gmin=%g",
+           (long long)T, (long long)NH, n, read_state, k3k_dtype_name(dt), gmin);
+  NEW(q, dt, 2, T, NH * 128);
+  NEW(k, dt, 2, T, NH * 128);
+  NEW(v, dt, 2, T, NH * 128);
+  NEW(gg, K3K_F32, 2, T, NH * 128);
+  NEW(b, K3K_F32, 2, T, NH);
+  NEW(cup, K3K_I32, 1, n + 1);
+  NEW(sl, K3K_I32, 1, n);
+  NEW(st, K3K_F32, 4, S, NH, 128, 128);
+  NEW(o, dt, 2, T, NH * 128);
+  rand_unit_heads(g, &q, T, NH), rand_unit_heads(g, &k, T, NH);
+  gpair_rand(g, &v, -2, 2), gpair_rand(g, &gg, gmin, 0), gpair_rand(g, &b, 0, 1);
+  gpair_rand(g, &st, -0.5f, 0.5f);
+  for (int i = 0; i <= n; i++) gpair_host_set(&cup, i, (float)cu[i]);
+  for (int i = 0; i < n; i++) gpair_host_set(&sl, i, (float)(S - 1 - i)); /* reversed slots */
+  gpair_upload(g, &cup), gpair_upload(g, &sl);
+  gpair_poison(g, &o);
+  k3k_kda_params_t p = {n, (int32_t)NH, read_state, 0.0f, 0};
+  gpair *a[] = {&q, &k, &v, &gg, &b, &cup, &sl, &st, &o};
+  if (!g_run2(g, K3K_OP_KDA_CHUNK, &p, a, 9, what)) {
+    gpair_check(g, &o, TOL_KDA_CHUNK, what);
+    strncat(what, " state", sizeof what - strlen(what) - 1);
+    gpair_check(g, &st, TOL_KDA_CHUNK, what);
+  }
+  if (n >= 2) { /* bad ids: K3_ERANGE / K3_EINVAL and the state pool untouched */
+    const k3k_tensor_t *td[] = {&q.d, &k.d, &v.d, &gg.d, &b.d, &cup.d, &sl.d, &st.d, &o.d};
+    int32_t good1 = (int32_t)gpair_host_get(&sl, 1);
+    gpair_host_set(&sl, 1, (float)S); /* out of range */
+    gpair_upload(g, &sl);
+    int rc1 = k3k_run(g->cuda, K3K_OP_KDA_CHUNK, &p, td, 9);
+    gpair_host_set(&sl, 1, gpair_host_get(&sl, 0)); /* duplicate */
+    gpair_upload(g, &sl);
+    int rc2 = k3k_run(g->cuda, K3K_OP_KDA_CHUNK, &p, td, 9);
+    gpair_host_set(&sl, 1, (float)good1);
+    gpair_upload(g, &sl);
+    g_record(g, rc1 == K3_ERANGE && rc2 == K3_EINVAL,
+             "kda_chunk T=%lld bad slot -> %s, duplicate slot -> %s", (long long)T,
+             k3_errname(rc1), k3_errname(rc2));
+    snprintf(what, sizeof what, "kda_chunk T=%lld state unchanged after rejected calls",
+             (long long)T);
+    gpair_check(g, &st, TOL_KDA_CHUNK, what);
+  }
+out:
+  gpair_free(g, &q), gpair_free(g, &k), gpair_free(g, &v), gpair_free(g, &gg);
+  gpair_free(g, &b), gpair_free(g, &cup), gpair_free(g, &sl), gpair_free(g, &st);
+  gpair_free(g, &o);
+}
+
 /* ---- MLA decode ---- */
 static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH) {
   const int64_t ps = 64;
@@ -415,6 +480,9 @@ int gpu_parity(gctx *g, bool quick) {
     t_gate(g, T, 4, K3K_GATE_SOFTPLUS);
     t_attn_res(g, T == 1000 ? 8 : i % 3, T, 7168);
     t_mla_cache(g, T);
+    t_kda_chunk(g, T, 4, 1, K3K_BF16, -5.0f, 1);
+    t_kda_chunk(g, T, 4, 0, K3K_BF16, -5.0f, 1);
+    t_kda_chunk(g, T, 2, i & 1, K3K_F32, -5.0f, 0);
     if (quick) break;
   }
   static const int64_t kN[] = {1, 63, 64, 65};
@@ -423,6 +491,8 @@ int gpu_parity(gctx *g, bool quick) {
     t_kda_step(g, kN[i], i == 0 ? 2 : 96, i != 1);
     gpu_fused_kda_case(g, kN[i], 96);
   }
+  t_kda_chunk(g, 65, 96, 1, K3K_BF16, -5.0f, 0);  /* real head count, ragged */
+  t_kda_chunk(g, 200, 2, 1, K3K_BF16, -40.0f, 0); /* wide gate spans: per-element diagonal */
   static const int32_t l1[] = {1}, l2[] = {63, 64, 65, 1000, 1}, l3[] = {1000, 0, 130};
   t_mla_decode(g, 1, l1, 48);
   t_mla_decode(g, 5, l2, 96);

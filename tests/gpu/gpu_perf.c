@@ -183,7 +183,7 @@ int gpu_perf(gctx *g) {
     for (int i = 0; i < B; i++) sl[i] = i;
     void *dsl = dbuf(&P, B, K3K_I32, 0, 0);
     be->copy_from_host(be, dsl, sl, sizeof sl);
-    a->slots = dsl;
+    a->slots = dsl, a->n_slots = (int)B;
     a->out = dbuf(&P, B * Pd, K3K_BF16, 0, 0), a->ld_out = Pd;
     a->lower_bound = -5, a->q_scale = 1 / sqrtf(128), a->l2_eps = 1e-6f, a->rms_eps = 1e-5f;
     double t = time_it(&P, run_fused, &f, 30);
@@ -230,7 +230,58 @@ int gpu_perf(gctx *g) {
     double bytes = (double)B * ctx * 1152 + NH * 256 * 512 * 2.0 + B * NH * (192 + 128) * 2.0;
     double flop = 2.0 * B * NH * ctx * (576 + 512) + 2.0 * 2 * B * NH * 128 * 512;
     report(&P, "mla_decode B=64 ctx=8192 (incl. absorption)", t, bytes, flop);
+    /* The same call split into its phases (one run after the warm-ups above). */
+    cudaEvent_t ev[5];
+    for (int i = 0; i < 5; i++) cudaEventCreate(&ev[i]);
+    k3k_cuda_mla_phase_events(ev);
+    int prc = run_op(&ob);
+    k3k_cuda_mla_phase_events(NULL);
+    if (!prc && cudaEventSynchronize(ev[4]) == cudaSuccess) {
+      static const char *ph[4] = {"q prep", "absorption GEMM", "attention", "out GEMM+cast"};
+      for (int i = 0; i < 4; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, ev[i], ev[i + 1]);
+        printf("PHASE mla_decode %-16s %9.1f us\n", ph[i], ms * 1e3);
+      }
+      float ms = 0;
+      cudaEventElapsedTime(&ms, ev[2], ev[3]);
+      report(&P, "mla_decode attention kernel alone", ms * 1e-3, (double)B * ctx * 1152,
+             2.0 * B * NH * ctx * (576 + 512));
+    }
+    for (int i = 0; i < 5; i++) cudaEventDestroy(ev[i]);
     be->free(be, cache);
+  }
+  /* KDA chunked prefill, 8K tokens x 96 heads (one sequence, then 8 x 1024), bf16 q/k/v/o.
+   * Bytes: q,k,v,o bf16 + g fp32 + beta + state in/out. FLOPs per token and head (chunk C=64,
+   * triangles counted half): Akk+Aqk 2·C·Dk, W+U C·(Dk+Dv), W·S and q·S 4·Dk·Dv, Aqk·Vn C·Dv,
+   * state update 2·Dk·Dv. */
+  for (int nseq = 1; nseq <= 8; nseq *= 8) {
+    void *q = dbuf(&P, TP * Pd, K3K_BF16, -.09f, .09f), *k = dbuf(&P, TP * Pd, K3K_BF16, -.09f, .09f),
+         *v = dbuf(&P, TP * Pd, K3K_BF16, -1, 1), *gg = dbuf(&P, TP * Pd, K3K_F32, -5, 0),
+         *bt = dbuf(&P, TP * NH, K3K_F32, 0, 1), *o = dbuf(&P, TP * Pd, K3K_BF16, 0, 0),
+         *st = dbuf(&P, nseq * NH * 128 * 128, K3K_F32, -.5f, .5f);
+    int32_t cu[9], sl[8];
+    for (int i = 0; i <= nseq; i++) cu[i] = (int32_t)(TP / nseq * i);
+    for (int i = 0; i < nseq; i++) sl[i] = i;
+    void *dcu = dbuf(&P, nseq + 1, K3K_I32, 0, 0), *dsl = dbuf(&P, nseq, K3K_I32, 0, 0);
+    be->copy_from_host(be, dcu, cu, sizeof(int32_t) * (nseq + 1));
+    be->copy_from_host(be, dsl, sl, sizeof(int32_t) * nseq);
+    int64_t sshape[4] = {nseq, NH, 128, 128};
+    k3k_tensor_t tq = T2(&P, K3K_BF16, q, TP, Pd), tk = T2(&P, K3K_BF16, k, TP, Pd),
+                 tv = T2(&P, K3K_BF16, v, TP, Pd), tg = T2(&P, K3K_F32, gg, TP, Pd),
+                 tb = T2(&P, K3K_F32, bt, TP, NH), tcu = k3k_tensor_1d(be, K3K_I32, dcu, nseq + 1),
+                 tsl = k3k_tensor_1d(be, K3K_I32, dsl, nseq),
+                 tst = k3k_tensor_make(be, K3K_F32, st, 4, sshape), to = T2(&P, K3K_BF16, o, TP, Pd);
+    k3k_kda_params_t kp = {nseq, (int32_t)NH, 1, 0, 0};
+    opb ob = {&P, K3K_OP_KDA_CHUNK, &kp, {&tq, &tk, &tv, &tg, &tb, &tcu, &tsl, &tst, &to}, 9};
+    double t = time_it(&P, run_op, &ob, 10);
+    double bytes = (double)TP * Pd * (2 * 4 + 4) + TP * NH * 4.0 + 2.0 * nseq * NH * 128 * 128 * 4;
+    double flop = (double)TP * NH * (2 * 64 * 128 + 64 * 256 + 6 * 128 * 128 + 64 * 128);
+    char name[64];
+    snprintf(name, sizeof name, "kda_chunk T=8192 NH=96 seqs=%d", nseq);
+    report(&P, name, t, bytes, flop);
+    void *bufs[] = {q, k, v, gg, bt, o, st, dcu, dsl};
+    for (int i = 0; i < 9; i++) be->free(be, bufs[i]);
   }
   bench_gemm(&P, B, Pd, H, "gemm decode q_proj M=64 N=12288 K=7168");
   bench_gemm(&P, B, H, Pd, "gemm decode o_proj M=64 N=7168 K=12288");

@@ -25,7 +25,7 @@ typedef struct {
 } tt_t;
 
 /* Counters and reporting. */
-extern int g_pass, g_fail;
+extern int g_pass, g_fail, g_skip; /* g_skip: device backend answered K3_ENOTSUP */
 void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Deterministic RNG: uniform in [lo, hi). */
