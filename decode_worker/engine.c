@@ -26,14 +26,6 @@ typedef struct eseq {
   bool cancelled;
 } eseq_t;
 
-static double logprob_of(const float *logits, int64_t V, int32_t tok) {
-  double mx = -INFINITY;
-  for (int64_t i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
-  double s = 0;
-  for (int64_t i = 0; i < V; i++) s += exp((double)logits[i] - mx);
-  return (double)logits[tok] - mx - log(s);
-}
-
 static bool is_stop(const dc_msg_t *a, uint32_t tok) {
   for (int i = 0; i < a->n_stop_ids; i++)
     if (a->stop_ids[i] == tok) return true;
@@ -243,7 +235,7 @@ static void *engine_main(void *arg) {
           if (o) {
             o->n_tokens = 1;
             o->tokens[0] = (uint32_t)tok;
-            o->logprobs[0] = a->want_logprobs ? (float)logprob_of(items[i].logits, V, tok) : 0.0f;
+            o->logprobs[0] = a->want_logprobs ? (float)k3k_logprob_row(items[i].logits, V, tok) : 0.0f;
           }
           if (is_stop(a, (uint32_t)tok)) {
             done = true;

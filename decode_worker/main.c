@@ -15,6 +15,7 @@
 #include "dc.h"
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
+#include "k3pd/lifecycle.h"
 #include "k3pd/log.h"
 #include "k3pd/netaddr.h"
 #include "k3pd/util.h"
@@ -23,15 +24,10 @@
 typedef struct {
   dc_worker_t w;
   k3_weights_t *weights;
-  uv_signal_t sigterm, sigint;
-  uv_timer_t drain_timer, metrics_timer;
-  int signals;
+  k3_lifecycle_t *lc;
+  uv_timer_t metrics_timer;
   int64_t drain_grace_ms;
-  uint64_t drain_started_ns;
-  bool shutting_down;
 } app_t;
-
-static void begin_shutdown(app_t *a);
 
 void dc_metrics_refresh(dc_worker_t *w) {
   long pr = 0, pu = 0, sr = 0, su = 0;
@@ -72,39 +68,19 @@ void dc_metrics_refresh(dc_worker_t *w) {
 
 static void on_metrics_tick(uv_timer_t *t) { dc_metrics_refresh(t->data); }
 
-static uint32_t live_requests(dc_worker_t *w) {
+static uint32_t live_requests(void *ud) {
+  app_t *a = ud;
   uint32_t n = 0;
-  for (dc_req_t *q = w->reqs; q; q = q->next) n++;
+  for (dc_req_t *q = a->w.reqs; q; q = q->next) n++;
   return n;
 }
 
-static void on_drain_tick(uv_timer_t *t) {
-  app_t *a = t->data;
-  dc_worker_t *w = &a->w;
-  uint64_t waited_ms = (k3_now_ns() - a->drain_started_ns) / 1000000;
-  if (live_requests(w) == 0) {
-    K3_INFO("drain complete after %llu ms", (unsigned long long)waited_ms);
-    begin_shutdown(a);
-  } else if ((int64_t)waited_ms >= a->drain_grace_ms) {
-    K3_WARN("drain grace (%lld ms) over with %u requests left: cancelling them", (long long)a->drain_grace_ms,
-            live_requests(w));
-    begin_shutdown(a);
-  }
-}
-
-static void on_signal(uv_signal_t *s, int signum) {
-  app_t *a = s->data;
-  if (++a->signals > 1) {
-    K3_WARN("second signal (%d): exiting now", signum);
-    _exit(1);
-  }
-  K3_INFO("signal %d: draining (grace %lld ms)", signum, (long long)a->drain_grace_ms);
+static void on_drain(void *ud) {
+  app_t *a = ud;
   a->w.draining = true;
   k3_rpc_server_set_health(a->w.srv, "", K3_RPC_HEALTH_NOT_SERVING);
   k3_rpc_server_set_health(a->w.srv, "k3pd.v1.Decode", K3_RPC_HEALTH_NOT_SERVING);
   k3_registrar_set_draining(a->w.reg, true);
-  a->drain_started_ns = k3_now_ns();
-  uv_timer_start(&a->drain_timer, on_drain_tick, 0, 50);
 }
 
 static void on_client_closed(void *arg) { (void)arg; }
@@ -127,16 +103,11 @@ static void on_server_done(void *arg) {
   k3_xfer_pool_free(w->kda_pool);
   k3_xfer_ctx_close(w->xfer);
   k3_registrar_stop(w->reg, true, on_registrar_done, a);
-  uv_close((uv_handle_t *)&a->sigterm, NULL);
-  uv_close((uv_handle_t *)&a->sigint, NULL);
-  uv_close((uv_handle_t *)&a->drain_timer, NULL);
   uv_close((uv_handle_t *)&a->metrics_timer, NULL);
 }
 
-static void begin_shutdown(app_t *a) {
-  if (a->shutting_down) return;
-  a->shutting_down = true;
-  uv_timer_stop(&a->drain_timer);
+static void begin_shutdown(void *ud) {
+  app_t *a = ud;
   k3_rpc_server_shutdown(a->w.srv, on_server_done, a);
 }
 
@@ -217,15 +188,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
     return 2;
   }
-  k3_log_set_component("k3pd-decode");
-  if (log_level) {
-    k3_log_level_t lv;
-    if (k3_log_parse_level(log_level, &lv)) {
-      fprintf(stderr, "k3pd-decode: --log-level: expected error|warn|info|debug\n");
-      return 2;
-    }
-    k3_log_set_level(lv);
-  }
+  if (k3_app_log_setup("k3pd-decode", log_level)) return 2;
   if (mo.page_tokens < 1 || mo.num_pages < 1 || mo.num_slots < 1 || mo.max_batch < 1) {
     fprintf(stderr, "k3pd-decode: --page-tokens, --num-pages, --num-slots and --max-batch must be >= 1\n");
     return 2;
@@ -248,14 +211,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: cannot set up metrics\n");
     return 1;
   }
-  if (metrics_port >= 0) {
-    rc = k3_metrics_http_start(w->mreg, metrics_host, metrics_port, &w->mhttp);
-    if (rc) {
-      fprintf(stderr, "k3pd-decode: --metrics-port %d: %s\n", metrics_port, k3_strerror(rc));
-      return 1;
-    }
-    K3_INFO("metrics on port %d (/metrics, /healthz, /readyz)", k3_metrics_http_port(w->mhttp));
-  }
+  if (k3_app_metrics_http(w->mreg, "k3pd-decode", metrics_host, metrics_port, &w->mhttp)) return 1;
   k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
   rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
   if (rc) {
@@ -315,15 +271,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: registrar: %s\n", k3_strerror(rc));
     return 1;
   }
-  uv_signal_init(loop, &a->sigterm);
-  uv_signal_init(loop, &a->sigint);
-  uv_timer_init(loop, &a->drain_timer);
+  k3_lifecycle_opts_t lo = {.prog = "k3pd-decode",
+                            .grace_ms = a->drain_grace_ms,
+                            .on_drain = on_drain,
+                            .live_work = live_requests,
+                            .on_shutdown = begin_shutdown,
+                            .ud = a};
+  if (k3_lifecycle_start(loop, &lo, &a->lc)) {
+    fprintf(stderr, "k3pd-decode: out of memory\n");
+    return 1;
+  }
   uv_timer_init(loop, &a->metrics_timer);
-  a->sigterm.data = a->sigint.data = a->drain_timer.data = a;
   a->metrics_timer.data = w;
   uv_timer_start(&a->metrics_timer, on_metrics_tick, 0, 250);
-  uv_signal_start(&a->sigterm, on_signal, SIGTERM);
-  uv_signal_start(&a->sigint, on_signal, SIGINT);
   /* "" / k3pd.v1.Decode turn SERVING once registered (dc_metrics_refresh); liveness now. */
   w->health = -1;
   k3_rpc_server_set_health(w->srv, "", K3_RPC_HEALTH_NOT_SERVING);

@@ -47,14 +47,6 @@ static int on_layer(int layer, void *ctx) {
   return 0;
 }
 
-static double logprob_of(const float *logits, int64_t V, int32_t tok) {
-  double mx = -INFINITY;
-  for (int64_t i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
-  double s = 0;
-  for (int64_t i = 0; i < V; i++) s += exp((double)logits[i] - mx);
-  return (double)logits[tok] - mx - log(s);
-}
-
 static void fail_job(pf_worker_t *w, pf_job_t *job, int status, const char *msg) {
   pf_msg_t *o = new_out(job, PF_MSG_FAILED);
   if (o) {
@@ -155,7 +147,7 @@ static void run_batch(pf_worker_t *w, pf_job_t **jobs, int n, held_t **held, flo
     pf_msg_t *o = new_out(job, PF_MSG_FINISHED);
     if (o) {
       o->token = (uint32_t)tok;
-      o->logprob = (float)logprob_of(items[i].logits, V, tok);
+      o->logprob = (float)k3k_logprob_row(items[i].logits, V, tok);
     }
     post_out(w, o);
   }

@@ -13,6 +13,7 @@
 
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
+#include "k3pd/lifecycle.h"
 #include "k3pd/log.h"
 #include "k3pd/netaddr.h"
 #include "k3pd/util.h"
@@ -22,15 +23,10 @@
 typedef struct {
   pf_worker_t w;
   k3_weights_t *weights;
-  uv_signal_t sigterm, sigint;
-  uv_timer_t drain_timer, metrics_timer;
-  int signals;
+  k3_lifecycle_t *lc;
+  uv_timer_t metrics_timer;
   int64_t drain_grace_ms;
-  uint64_t drain_started_ns;
-  bool shutting_down;
 } app_t;
-
-static void begin_shutdown(app_t *a);
 
 void pf_metrics_refresh(pf_worker_t *w) {
   K3pd__V1__WorkerLoad load = K3PD__V1__WORKER_LOAD__INIT;
@@ -49,38 +45,19 @@ void pf_metrics_refresh(pf_worker_t *w) {
 
 static void on_metrics_tick(uv_timer_t *t) { pf_metrics_refresh(t->data); }
 
-static uint32_t live_jobs(pf_worker_t *w) {
+static uint32_t live_jobs(void *ud) {
+  app_t *a = ud;
   uint32_t n = 0;
-  for (pf_job_t *j = w->jobs; j; j = j->next) n++;
+  for (pf_job_t *j = a->w.jobs; j; j = j->next) n++;
   return n;
 }
 
-static void on_drain_tick(uv_timer_t *t) {
-  app_t *a = t->data;
-  uint64_t waited_ms = (k3_now_ns() - a->drain_started_ns) / 1000000;
-  if (live_jobs(&a->w) == 0) {
-    K3_INFO("drain complete after %llu ms", (unsigned long long)waited_ms);
-    begin_shutdown(a);
-  } else if ((int64_t)waited_ms >= a->drain_grace_ms) {
-    K3_WARN("drain grace (%lld ms) over with %u prompts left: cancelling them", (long long)a->drain_grace_ms,
-            live_jobs(&a->w));
-    begin_shutdown(a);
-  }
-}
-
-static void on_signal(uv_signal_t *s, int signum) {
-  app_t *a = s->data;
-  if (++a->signals > 1) {
-    K3_WARN("second signal (%d): exiting now", signum);
-    _exit(1);
-  }
-  K3_INFO("signal %d: draining (grace %lld ms)", signum, (long long)a->drain_grace_ms);
+static void on_drain(void *ud) {
+  app_t *a = ud;
   a->w.draining = true;
   k3_rpc_server_set_health(a->w.srv, "", K3_RPC_HEALTH_NOT_SERVING);
   k3_rpc_server_set_health(a->w.srv, "k3pd.v1.Prefill", K3_RPC_HEALTH_NOT_SERVING);
   k3_registrar_set_draining(a->w.reg, true);
-  a->drain_started_ns = k3_now_ns();
-  uv_timer_start(&a->drain_timer, on_drain_tick, 0, 50);
 }
 
 static void on_registrar_done(void *arg) {
@@ -96,16 +73,11 @@ static void on_server_done(void *arg) {
   k3_inbox_close(&w->outbox, NULL);
   k3_xfer_ctx_close(w->xfer); /* fails sends still running; their callbacks free the jobs */
   k3_registrar_stop(w->reg, true, on_registrar_done, a);
-  uv_close((uv_handle_t *)&a->sigterm, NULL);
-  uv_close((uv_handle_t *)&a->sigint, NULL);
-  uv_close((uv_handle_t *)&a->drain_timer, NULL);
   uv_close((uv_handle_t *)&a->metrics_timer, NULL);
 }
 
-static void begin_shutdown(app_t *a) {
-  if (a->shutting_down) return;
-  a->shutting_down = true;
-  uv_timer_stop(&a->drain_timer);
+static void begin_shutdown(void *ud) {
+  app_t *a = ud;
   k3_rpc_server_shutdown(a->w.srv, on_server_done, a);
 }
 
@@ -154,15 +126,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-prefill: %s\n", err);
     return 2;
   }
-  k3_log_set_component("k3pd-prefill");
-  if (log_level) {
-    k3_log_level_t lv;
-    if (k3_log_parse_level(log_level, &lv)) {
-      fprintf(stderr, "k3pd-prefill: --log-level: expected error|warn|info|debug\n");
-      return 2;
-    }
-    k3_log_set_level(lv);
-  }
+  if (k3_app_log_setup("k3pd-prefill", log_level)) return 2;
   if (max_batch_tokens < 1 || send_deadline_ms < 1 || mo.max_batch < 1) {
     fprintf(stderr, "k3pd-prefill: --max-batch, --max-batch-tokens and --send-deadline-ms must be >= 1\n");
     return 2;
@@ -184,14 +148,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-prefill: cannot set up metrics\n");
     return 1;
   }
-  if (metrics_port >= 0) {
-    rc = k3_metrics_http_start(w->mreg, metrics_host, metrics_port, &w->mhttp);
-    if (rc) {
-      fprintf(stderr, "k3pd-prefill: --metrics-port %d: %s\n", metrics_port, k3_strerror(rc));
-      return 1;
-    }
-    K3_INFO("metrics on port %d (/metrics, /healthz, /readyz)", k3_metrics_http_port(w->mhttp));
-  }
+  if (k3_app_metrics_http(w->mreg, "k3pd-prefill", metrics_host, metrics_port, &w->mhttp)) return 1;
   k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
   rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
   if (rc) {
@@ -241,16 +198,20 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-prefill: registrar: %s\n", k3_strerror(rc));
     return 1;
   }
-  uv_signal_init(loop, &a->sigterm);
-  uv_signal_init(loop, &a->sigint);
-  uv_timer_init(loop, &a->drain_timer);
+  k3_lifecycle_opts_t lo = {.prog = "k3pd-prefill",
+                            .grace_ms = a->drain_grace_ms,
+                            .on_drain = on_drain,
+                            .live_work = live_jobs,
+                            .on_shutdown = begin_shutdown,
+                            .ud = a};
+  if (k3_lifecycle_start(loop, &lo, &a->lc)) {
+    fprintf(stderr, "k3pd-prefill: out of memory\n");
+    return 1;
+  }
   uv_timer_init(loop, &a->metrics_timer);
-  a->sigterm.data = a->sigint.data = a->drain_timer.data = a;
   a->metrics_timer.data = w;
   w->health = -1;
   uv_timer_start(&a->metrics_timer, on_metrics_tick, 0, 250);
-  uv_signal_start(&a->sigterm, on_signal, SIGTERM);
-  uv_signal_start(&a->sigint, on_signal, SIGINT);
   /* "" / k3pd.v1.Prefill turn SERVING once registered (pf_metrics_refresh); liveness now. */
   k3_rpc_server_set_health(w->srv, "", K3_RPC_HEALTH_NOT_SERVING);
   k3_rpc_server_set_health(w->srv, "liveness", K3_RPC_HEALTH_SERVING);

@@ -13,18 +13,15 @@
 
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
+#include "k3pd/lifecycle.h"
 #include "k3pd/log.h"
 #include "k3pd/util.h"
 #include "rt.h"
 
 typedef struct {
   rt_router_t rt;
-  uv_signal_t sigterm, sigint;
-  uv_timer_t drain_timer;
-  int signals;
+  k3_lifecycle_t *lc;
   int64_t drain_grace_ms;
-  uint64_t drain_started_ns;
-  bool shutting_down;
 } app_t;
 
 static void on_client_closed(void *arg) { (void)arg; }
@@ -33,41 +30,21 @@ static void on_server_done(void *arg) {
   app_t *a = arg;
   k3_rpc_client_close(a->rt.cli, on_client_closed, NULL);
   uv_close((uv_handle_t *)&a->rt.expiry_timer, NULL);
-  uv_close((uv_handle_t *)&a->sigterm, NULL);
-  uv_close((uv_handle_t *)&a->sigint, NULL);
-  uv_close((uv_handle_t *)&a->drain_timer, NULL);
 }
 
-static void begin_shutdown(app_t *a) {
-  if (a->shutting_down) return;
-  a->shutting_down = true;
-  uv_timer_stop(&a->drain_timer);
+static void begin_shutdown(void *ud) {
+  app_t *a = ud;
   k3_rpc_server_shutdown(a->rt.srv, on_server_done, a);
 }
 
-static void on_drain_tick(uv_timer_t *t) {
-  app_t *a = t->data;
-  uint64_t waited_ms = (k3_now_ns() - a->drain_started_ns) / 1000000;
-  uint32_t live = rt_live_requests(&a->rt);
-  if (live == 0 || (int64_t)waited_ms >= a->drain_grace_ms) {
-    if (live) K3_WARN("drain grace over with %u requests in flight: cancelling them", live);
-    begin_shutdown(a);
-  }
-}
+static uint32_t live_requests(void *ud) { return rt_live_requests(&((app_t *)ud)->rt); }
 
-static void on_signal(uv_signal_t *s, int signum) {
-  app_t *a = s->data;
-  if (++a->signals > 1) {
-    K3_WARN("second signal (%d): exiting now", signum);
-    _exit(1);
-  }
-  K3_INFO("signal %d: draining (grace %lld ms)", signum, (long long)a->drain_grace_ms);
+static void on_drain(void *ud) {
+  app_t *a = ud;
   a->rt.draining = true;
   if (a->rt.mhttp) k3_metrics_http_set_ready(a->rt.mhttp, false);
   k3_rpc_server_set_health(a->rt.srv, "", K3_RPC_HEALTH_NOT_SERVING);
   k3_rpc_server_set_health(a->rt.srv, "k3pd.v1.Generation", K3_RPC_HEALTH_NOT_SERVING);
-  a->drain_started_ns = k3_now_ns();
-  uv_timer_start(&a->drain_timer, on_drain_tick, 0, 50);
 }
 
 int main(int argc, char **argv) {
@@ -112,15 +89,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-router: %s\n", err);
     return 2;
   }
-  k3_log_set_component("k3pd-router");
-  if (log_level) {
-    k3_log_level_t lv;
-    if (k3_log_parse_level(log_level, &lv)) {
-      fprintf(stderr, "k3pd-router: --log-level: expected error|warn|info|debug\n");
-      return 2;
-    }
-    k3_log_set_level(lv);
-  }
+  if (k3_app_log_setup("k3pd-router", log_level)) return 2;
   if (heartbeat_ms < 10 || heartbeat_timeout_ms <= heartbeat_ms || lease_ms < 1 || max_new_limit < 1 ||
       retries < 0) {
     fprintf(stderr, "k3pd-router: need --heartbeat-ms >= 10 < --heartbeat-timeout-ms, --lease-ms >= 1, "
@@ -166,14 +135,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-router: cannot set up metrics\n");
     return 1;
   }
-  if (metrics_port >= 0) {
-    rc = k3_metrics_http_start(rt->mreg, metrics_host, metrics_port, &rt->mhttp);
-    if (rc) {
-      fprintf(stderr, "k3pd-router: --metrics-port %d: %s\n", metrics_port, k3_strerror(rc));
-      return 1;
-    }
-    K3_INFO("metrics on port %d (/metrics, /healthz, /readyz)", k3_metrics_http_port(rt->mhttp));
-  }
+  if (k3_app_metrics_http(rt->mreg, "k3pd-router", metrics_host, metrics_port, &rt->mhttp)) return 1;
   uv_loop_t *loop = uv_default_loop();
   rt->loop = loop;
   rc = k3_rpc_server_init(loop, NULL, &rt->srv);
@@ -187,12 +149,16 @@ int main(int argc, char **argv) {
     return 1;
   }
   rt_expiry_start(rt);
-  uv_signal_init(loop, &a->sigterm);
-  uv_signal_init(loop, &a->sigint);
-  uv_timer_init(loop, &a->drain_timer);
-  a->sigterm.data = a->sigint.data = a->drain_timer.data = a;
-  uv_signal_start(&a->sigterm, on_signal, SIGTERM);
-  uv_signal_start(&a->sigint, on_signal, SIGINT);
+  k3_lifecycle_opts_t lo = {.prog = "k3pd-router",
+                            .grace_ms = a->drain_grace_ms,
+                            .on_drain = on_drain,
+                            .live_work = live_requests,
+                            .on_shutdown = begin_shutdown,
+                            .ud = a};
+  if (k3_lifecycle_start(loop, &lo, &a->lc)) {
+    fprintf(stderr, "k3pd-router: out of memory\n");
+    return 1;
+  }
   k3_rpc_server_set_health(rt->srv, "", K3_RPC_HEALTH_SERVING);
   k3_rpc_server_set_health(rt->srv, "k3pd.v1.Generation", K3_RPC_HEALTH_SERVING);
   k3_rpc_server_set_health(rt->srv, "liveness", K3_RPC_HEALTH_SERVING);

@@ -1,6 +1,7 @@
 /* Reference sampling (SAMPLE) and its counter-based RNG. The algorithm is specified in k3k.h;
  * the token is a pure function of (logits, config, seed, step) so a prefill worker (step 0) and
  * a decode worker (steps 1..n) reproduce a monolithic run bit for bit. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "core/k3k_internal.h"
@@ -99,4 +100,12 @@ int k3k_cpu_sample(const void *params, const k3k_tensor_t *const *t) {
   free(row);
   free(ids);
   return rc;
+}
+
+double k3k_logprob_row(const float *logits, int64_t V, int32_t tok) {
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+  double s = 0;
+  for (int64_t i = 0; i < V; i++) s += exp((double)logits[i] - mx);
+  return (double)logits[tok] - mx - log(s);
 }

@@ -348,6 +348,9 @@ float k3k_rng_uniform(uint64_t seed, uint64_t step);
 /* Host implementation of SAMPLE for one row (the CPU backends use it; a device backend may copy
  * logits to the host and call it to stay bit-identical). Returns 0 or K3_EINVAL/K3_ENOMEM. */
 int k3k_sample_row(const float *logits, int64_t V, const k3k_sample_cfg_t *cfg, int32_t *out);
+/* log softmax(logits)[tok] of the raw logits (no temperature), computed in double; what the
+ * workers report as a token's logprob. tok must be < V. */
+double k3k_logprob_row(const float *logits, int64_t V, int32_t tok);
 
 /* ------------------------------------------------------------------------------------------ */
 /* MoE planning (host helper, not an op): groups the (token, choice) pairs of a router result by
