@@ -6,7 +6,7 @@
  * rows for the fused gate/up, or two row tiles of one matrix), token tiles of 8 form the mma N
  * dimension, K goes in chunks of 128 (each of the 4 threads of a quad owns one 32-k scale
  * group: one 16-byte load per row, one scale byte).
- * Dequantisation without tables: the 8 nibbles of a 32-bit word w go to 4 bf16x2 registers,
+ * Dequantisation without tables (dq): the 8 nibbles of a 32-bit word w go to 4 bf16x2 registers,
  * register i holding nibbles i and i+4: ((w << (6-4i)) & 0x01C001C0) | ((w << (12-4i)) &
  * 0x80008000) places e1 e0 m at the bf16 exponent/mantissa boundary and the sign at bit 15,
  * which is the E2M1 value times 2^-126 (the e = 0 codes land on bf16 subnormals, exactly like
@@ -58,10 +58,10 @@ __device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
   return *reinterpret_cast<uint32_t *>(&r);
 }
 
-/* 16 packed bytes (32 codes of one scale group) → 16 bf16x2 registers, scaled. */
-__device__ __forceinline__ void dequant16(const uint4 &raw, uint32_t s, uint32_t a[16]) {
-  const uint32_t M1 = 0x01C001C0u, M2 = 0x80008000u;
-  uint32_t f1, f2 = 0;
+/* E8M0 byte s → the bf16x2 factor(s) that turn the 2^-126-biased codes into values: 2^(s−1),
+ * split in two multiplies when s > 128 (f2 = 0: none). */
+__device__ __forceinline__ void scale_factors(uint32_t s, uint32_t &f1, uint32_t &f2) {
+  f2 = 0;
   if (s <= 128) {
     f1 = (s + 126) << 7;
   } else if (s == 255) {
@@ -72,21 +72,20 @@ __device__ __forceinline__ void dequant16(const uint4 &raw, uint32_t s, uint32_t
   }
   f1 |= f1 << 16;
   f2 |= f2 << 16;
-  const uint32_t wv[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    uint32_t w = wv[j];
-    a[4 * j + 0] = ((w << 6) & M1) | ((w << 12) & M2);
-    a[4 * j + 1] = ((w << 2) & M1) | ((w << 8) & M2);
-    a[4 * j + 2] = ((w >> 2) & M1) | ((w << 4) & M2);
-    a[4 * j + 3] = ((w >> 6) & M1) | (w & M2);
-  }
-#pragma unroll
-  for (int i = 0; i < 16; i++) a[i] = bmul2(a[i], f1);
-  if (f2) {
-#pragma unroll
-    for (int i = 0; i < 16; i++) a[i] = bmul2(a[i], f2);
-  }
+}
+/* Register i (0..3) of word w: nibbles i and i+4 as scaled bf16x2. */
+__device__ __forceinline__ uint32_t dq(uint32_t w, int i, uint32_t f1, uint32_t f2) {
+  const uint32_t M1 = 0x01C001C0u, M2 = 0x80008000u;
+  uint32_t r;
+  if (i == 0) r = ((w << 6) & M1) | ((w << 12) & M2);
+  else if (i == 1) r = ((w << 2) & M1) | ((w << 8) & M2);
+  else if (i == 2) r = ((w >> 2) & M1) | ((w << 4) & M2);
+  else r = ((w >> 6) & M1) | (w & M2);
+  r = bmul2(r, f1);
+  return f2 ? bmul2(r, f2) : r;
+}
+__device__ __forceinline__ uint32_t word_of(const uint4 &v, int q) {
+  return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
 }
 
 __device__ __forceinline__ void mma_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -111,7 +110,7 @@ __device__ __forceinline__ float act_fn(const gargs &a, float g, float u) {
 /* NT token tiles of 8 per pass; FUSED: tile 0 = gate rows, tile 1 = up rows (same rows);
  * otherwise tiles 0/1 = rows r0..r0+15 and r0+16..r0+31 of one matrix. 4 warps per block. */
 template <int NT, bool FUSED>
-__global__ void __launch_bounds__(128) mx_gemm_kernel(gargs a) {
+__global__ void __launch_bounds__(128, NT == 1 ? 4 : 1) mx_gemm_kernel(gargs a) {
   int e, rb, re;
   if (a.expert_off) {
     if ((int)blockIdx.y >= a.active[0]) return;
@@ -170,11 +169,21 @@ __global__ void __launch_bounds__(128) mx_gemm_kernel(gargs a) {
             scn[m][h] = __ldg(sp[m][h] + (kc + 1) * 4);
           }
       }
-      uint32_t A[2][2][16];
+      /* Decode (NT = 1): each register is used by one mma, so dequantise it right there (fewer
+       * live registers, more warps per SM to stream weights). Prefill: once per chunk, reused
+       * by every token tile. */
+      uint32_t F1[2][2], F2[2][2];
+      uint32_t A[2][2][NT == 1 ? 1 : 16];
 #pragma unroll
       for (int m = 0; m < 2; m++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) dequant16(raw[m][h], sc[m][h], A[m][h]);
+        for (int h = 0; h < 2; h++) {
+          scale_factors(sc[m][h], F1[m][h], F2[m][h]);
+          if (NT > 1)
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+              A[m][h][NT == 1 ? 0 : i] = dq(word_of(raw[m][h], i >> 2), i & 3, F1[m][h], F2[m][h]);
+        }
 #pragma unroll
       for (int t = 0; t < NT; t++) {
         const int tok0 = tb + 8 * t;
@@ -204,10 +213,22 @@ __global__ void __launch_bounds__(128) mx_gemm_kernel(gargs a) {
           uint32_t b0 = __byte_perm(u[4 * q + (i0 >> 1)], u[4 * q + 2 + (i0 >> 1)], 0x5410);
           uint32_t b1 = __byte_perm(u[4 * q + (i0 >> 1)], u[4 * q + 2 + (i0 >> 1)], 0x7632);
 #pragma unroll
-          for (int m = 0; m < 2; m++)
-            if (valid[m])
-              mma_bf16(c[t][m], A[m][0][4 * q + i0], A[m][1][4 * q + i0], A[m][0][4 * q + i0 + 1],
-                       A[m][1][4 * q + i0 + 1], b0, b1);
+          for (int m = 0; m < 2; m++) {
+            if (!valid[m]) continue;
+            uint32_t a0, a1, a2, a3;
+            if (NT == 1) {
+              a0 = dq(word_of(raw[m][0], q), i0, F1[m][0], F2[m][0]);
+              a1 = dq(word_of(raw[m][1], q), i0, F1[m][1], F2[m][1]);
+              a2 = dq(word_of(raw[m][0], q), i0 + 1, F1[m][0], F2[m][0]);
+              a3 = dq(word_of(raw[m][1], q), i0 + 1, F1[m][1], F2[m][1]);
+            } else {
+              a0 = A[m][0][NT == 1 ? 0 : 4 * q + i0];
+              a1 = A[m][1][NT == 1 ? 0 : 4 * q + i0];
+              a2 = A[m][0][NT == 1 ? 0 : 4 * q + i0 + 1];
+              a3 = A[m][1][NT == 1 ? 0 : 4 * q + i0 + 1];
+            }
+            mma_bf16(c[t][m], a0, a1, a2, a3, b0, b1);
+          }
         }
       }
 #pragma unroll

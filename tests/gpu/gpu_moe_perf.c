@@ -133,7 +133,7 @@ int gpu_moe_perf(gctx *g) {
   k3k_cu_mx_set S3 = {NULL, NULL, w3p, w3s, (int64_t)p13, (int64_t)s13, DL / 2, DL / 32};
   k3k_cu_mx_set S2 = {NULL, NULL, w2p, w2s, (int64_t)p2, (int64_t)s2, H1 / 2, H1 / 32};
   float *bias = dalloc(g, E * 4);
-  k3k_cu_fill_random(st, bias, E, K3K_F32, 14, -0.2f, 0.2f);
+  k3k_cu_fill_random(st, bias, E, K3K_F32, 14, -0.01f, 0.01f);
   k3k_tensor_t tb = k3k_tensor_1d(g->cuda, K3K_F32, bias, E);
 
   const int32_t Ts[3] = {1, 16, 8192};
@@ -146,7 +146,7 @@ int gpu_moe_perf(gctx *g) {
       g_record(g, false, "perf: buffers for T=%d", T);
       return 1;
     }
-    k3k_cu_fill_random(st, lg, (int64_t)T * E, K3K_F32, 20 + i, -6, 6);
+    k3k_cu_fill_random(st, lg, (int64_t)T * E, K3K_F32, 20 + i, -3, 3); /* unsaturated */
     k3k_cu_fill_random(st, z, (int64_t)T * DL, K3K_BF16, 30 + i, -1, 1);
     k3k_tensor_t tl = k3k_tensor_2d(g->cuda, K3K_F32, lg, T, E);
     k3k_tensor_t tz = k3k_tensor_2d(g->cuda, K3K_BF16, z, T, DL);
