@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "moe_ops.h"
 
 /* ---- memory pool: live blocks in an open-addressed table, freed blocks cached by size ---- */
 typedef struct {
@@ -258,7 +259,11 @@ static k3k_cuda_fn op_fn(k3k_op_t op) {
   case K3K_OP_SILU_MUL: return k3k_cuda_silu_mul;
   case K3K_OP_ATTN_RES_MIX: return k3k_cuda_attn_res_mix;
   case K3K_OP_SAMPLE: return k3k_cuda_sample;
-  default: return NULL; /* MXFP4_*, MLA_PREFILL, ROUTER, MOE_COMBINE: not yet */
+  case K3K_OP_ROUTER: return k3k_cuda_router; /* moe.cu, router.cu, mxfp4.cu (MoE) */
+  case K3K_OP_MOE_COMBINE: return k3k_cuda_moe_combine;
+  case K3K_OP_MXFP4_GEMM: return k3k_cuda_mxfp4_gemm;
+  case K3K_OP_MXFP4_DEQUANT: return k3k_cuda_mxfp4_dequant;
+  default: return NULL; /* MLA_PREFILL: not yet */
   }
 }
 
@@ -284,6 +289,7 @@ static bool cuda_supports(k3k_backend_t *be, k3k_op_t op, const void *params,
     return k3k_cuda_mla_decode_ok(params, t) && rows_fit(((const k3k_mla_params_t *)params)->n_seqs);
   case K3K_OP_ATTN_RES_MIX: return t[0]->shape[0] + 1 <= 16;
   case K3K_OP_SAMPLE: return t[0]->shape[1] < INT32_MAX;
+  case K3K_OP_ROUTER: case K3K_OP_MOE_COMBINE: return k3k_cuda_moe_ok(op, params, t);
   default: return true;
   }
 }

@@ -1,0 +1,33 @@
+/* Shared pieces of k3k-gpu-moe (gpu_moe.c: parity and main; gpu_moe_perf.c: --perf): the GPU
+ * MoE block as the runner would issue it, with no host round trip.
+ * What it is not: a public API (the runner wires the same calls itself). */
+#ifndef K3K_GPU_MOE_H
+#define K3K_GPU_MOE_H
+
+#include "gpu_util.h"
+#include "moe_ops.h"
+
+#define H1 3072 /* moe_intermediate_size */
+#define DL 3584 /* routed_expert_hidden_size (latent) */
+
+/* One MoE block: router op (K3 form: no groups, renormalise, scaling 2.827) on logits [T,E],
+ * device plan, fused gate/up W4A16 GEMM + SiTU (token gather fused into the loads), down GEMM,
+ * combine into y [T,DL] (bf16). dev: moe_dev_bytes(T, E, k) bytes of device scratch. */
+typedef struct {
+  int32_t T, E, k;
+  const k3k_tensor_t *lg, *bias, *z;
+  k3k_cu_mx_set w1, w3, w2;
+  const k3k_tensor_t *y;
+  void *dev;
+} moe_run;
+size_t moe_dev_bytes(int32_t T, int32_t E, int32_t k);
+/* Queues the block; stage_mask bit 0 router+plan, bit 1 gate/up, bit 2 down, bit 3 combine. */
+int moe_gpu_stages(gctx *g, const moe_run *m, unsigned stage_mask);
+int moe_gpu(gctx *g, const moe_run *m);
+/* Number of active experts of the last plan held in m->dev (synchronises). */
+int moe_n_active(gctx *g, const moe_run *m);
+
+int gpu_moe_parity(gctx *g);
+int gpu_moe_perf(gctx *g);
+
+#endif

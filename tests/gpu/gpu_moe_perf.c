@@ -1,0 +1,196 @@
+/* k3k-gpu-moe --perf: the MoE block at real K3 shapes (E = 896, k = 16, latent 3584, expert
+ * width 3072, every expert's MXFP4 weights resident: 15.7 GB) at decode batch 1 and 16 and an
+ * 8K-token prefill, timed with CUDA events (median after warm-up) next to ceilings measured in
+ * the same run: device copy bandwidth (2 GiB D2D, bytes read + written) and the cuBLASLt bf16
+ * GEMM rate (8192^3, fp32 accumulate).
+ * Floors: decode = expert bytes read (active experts × 17.6 MB of packed codes + scales) / copy
+ * bandwidth; prefill = expert FLOPs (2 · T·k · 3 · 3072 · 3584) / GEMM rate. Lines start with
+ * PERF; "x" is time / floor. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu_moe.h"
+#include "k3pd/err.h"
+
+typedef int (*pfn)(void *arg);
+
+static double median_s(gctx *g, pfn fn, void *arg, int iters) {
+  cudaStream_t st = k3k_cuda_ctx_of(g->cuda)->stream;
+  cudaEvent_t e0, e1;
+  double ts[32];
+  if (iters > 32) iters = 32;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  double r = -1;
+  for (int i = 0; i < 2; i++)
+    if (fn(arg)) goto out;
+  for (int i = 0; i < iters; i++) {
+    cudaEventRecord(e0, st);
+    if (fn(arg)) goto out;
+    cudaEventRecord(e1, st);
+    if (cudaEventSynchronize(e1) != cudaSuccess) goto out;
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    ts[i] = ms * 1e-3;
+  }
+  for (int i = 1; i < iters; i++)
+    for (int j = i; j > 0 && ts[j] < ts[j - 1]; j--) {
+      double t = ts[j];
+      ts[j] = ts[j - 1];
+      ts[j - 1] = t;
+    }
+  r = ts[iters / 2];
+out:
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return r;
+}
+
+typedef struct {
+  gctx *g;
+  void *a, *b, *c;
+  size_t bytes;
+  int64_t n;
+} ceil_arg;
+static int run_copy(void *p) {
+  ceil_arg *c = (ceil_arg *)p;
+  return c->g->cuda->copy(c->g->cuda, c->a, c->b, c->bytes);
+}
+static int run_gemm(void *p) {
+  ceil_arg *c = (ceil_arg *)p;
+  return k3k_cuda_lt_gemm(k3k_cuda_ctx_of(c->g->cuda), 1, 0, c->n, c->n, c->n, c->a, CUDA_R_16BF,
+                          c->n, 0, c->b, CUDA_R_16BF, c->n, 0, c->c, CUDA_R_16BF, c->n, 0, 1);
+}
+
+typedef struct {
+  gctx *g;
+  moe_run *m;
+  unsigned mask;
+} moe_arg;
+static int run_moe(void *p) {
+  moe_arg *a = (moe_arg *)p;
+  return moe_gpu_stages(a->g, a->m, a->mask);
+}
+
+static void line(const char *name, double t, double floor_t, double bytes, double flop) {
+  printf("PERF %-52s %9.1f us  %7.1f GB/s %6.1f TFLOP/s  floor %8.1f us  x%.2f\n", name, t * 1e6,
+         bytes / t * 1e-9, flop / t * 1e-12, floor_t * 1e6, t / floor_t);
+  fflush(stdout);
+}
+
+static void *dalloc(gctx *g, size_t bytes) {
+  void *p = NULL;
+  return g->cuda->alloc(g->cuda, bytes, &p) ? NULL : p;
+}
+
+int gpu_moe_perf(gctx *g) {
+  cudaStream_t st = k3k_cuda_ctx_of(g->cuda)->stream;
+  const int32_t E = 896, K = 16;
+  /* ceilings */
+  ceil_arg c = {g, NULL, NULL, NULL, (size_t)1 << 31, 8192};
+  c.a = dalloc(g, c.bytes);
+  c.b = dalloc(g, c.bytes);
+  if (!c.a || !c.b) {
+    g_record(g, false, "perf: ceiling buffers");
+    return 1;
+  }
+  k3k_cu_fill_random(st, c.b, (int64_t)(c.bytes / 2), K3K_BF16, 1, -1, 1);
+  double bw = 2.0 * (double)c.bytes / median_s(g, run_copy, &c, 10);
+  g->cuda->free(g->cuda, c.a);
+  g->cuda->free(g->cuda, c.b);
+  size_t gb = (size_t)c.n * c.n * 2;
+  c.a = dalloc(g, gb);
+  c.b = dalloc(g, gb);
+  c.c = dalloc(g, gb);
+  k3k_cu_fill_random(st, c.a, c.n * c.n, K3K_BF16, 2, -1, 1);
+  k3k_cu_fill_random(st, c.b, c.n * c.n, K3K_BF16, 3, -1, 1);
+  double rate = 2.0 * c.n * c.n * c.n / median_s(g, run_gemm, &c, 10);
+  g->cuda->free(g->cuda, c.a);
+  g->cuda->free(g->cuda, c.b);
+  g->cuda->free(g->cuda, c.c);
+  printf("PERF ceilings: copy %.0f GB/s (read+write), bf16 GEMM %.1f TFLOP/s\n", bw * 1e-9,
+         rate * 1e-12);
+
+  /* all 896 experts resident, stacked per matrix; random codes, scales near 2^-6 */
+  const size_t p13 = (size_t)H1 * DL / 2, s13 = (size_t)H1 * DL / 32;
+  const size_t p2 = (size_t)DL * H1 / 2, s2 = (size_t)DL * H1 / 32;
+  const double expert_bytes = 2.0 * (double)(p13 + s13) + (double)(p2 + s2);
+  uint8_t *w1p = dalloc(g, E * p13), *w1s = dalloc(g, E * s13), *w3p = dalloc(g, E * p13);
+  uint8_t *w3s = dalloc(g, E * s13), *w2p = dalloc(g, E * p2), *w2s = dalloc(g, E * s2);
+  if (!w1p || !w1s || !w3p || !w3s || !w2p || !w2s) {
+    g_record(g, false, "perf: expert weights (15.7 GB)");
+    return 1;
+  }
+  k3k_cu_fill_random(st, w1p, (int64_t)(E * p13 / 2), K3K_BF16, 11, -1e30f, 1e30f);
+  k3k_cu_fill_random(st, w3p, (int64_t)(E * p13 / 2), K3K_BF16, 12, -1e30f, 1e30f);
+  k3k_cu_fill_random(st, w2p, (int64_t)(E * p2 / 2), K3K_BF16, 13, -1e30f, 1e30f);
+  g->cuda->memset(g->cuda, w1s, 121, E * s13);
+  g->cuda->memset(g->cuda, w3s, 121, E * s13);
+  g->cuda->memset(g->cuda, w2s, 121, E * s2);
+  k3k_cu_mx_set S1 = {NULL, NULL, w1p, w1s, (int64_t)p13, (int64_t)s13, DL / 2, DL / 32};
+  k3k_cu_mx_set S3 = {NULL, NULL, w3p, w3s, (int64_t)p13, (int64_t)s13, DL / 2, DL / 32};
+  k3k_cu_mx_set S2 = {NULL, NULL, w2p, w2s, (int64_t)p2, (int64_t)s2, H1 / 2, H1 / 32};
+  float *bias = dalloc(g, E * 4);
+  k3k_cu_fill_random(st, bias, E, K3K_F32, 14, -0.01f, 0.01f);
+  k3k_tensor_t tb = k3k_tensor_1d(g->cuda, K3K_F32, bias, E);
+
+  const int32_t Ts[3] = {1, 16, 8192};
+  for (int i = 0; i < 3; i++) {
+    int32_t T = Ts[i];
+    float *lg = dalloc(g, (size_t)T * E * 4);
+    uint16_t *z = dalloc(g, (size_t)T * DL * 2), *y = dalloc(g, (size_t)T * DL * 2);
+    void *dev = dalloc(g, moe_dev_bytes(T, E, K));
+    if (!lg || !z || !y || !dev) {
+      g_record(g, false, "perf: buffers for T=%d", T);
+      return 1;
+    }
+    k3k_cu_fill_random(st, lg, (int64_t)T * E, K3K_F32, 20 + i, -3, 3); /* unsaturated */
+    k3k_cu_fill_random(st, z, (int64_t)T * DL, K3K_BF16, 30 + i, -1, 1);
+    k3k_tensor_t tl = k3k_tensor_2d(g->cuda, K3K_F32, lg, T, E);
+    k3k_tensor_t tz = k3k_tensor_2d(g->cuda, K3K_BF16, z, T, DL);
+    k3k_tensor_t ty = k3k_tensor_2d(g->cuda, K3K_BF16, y, T, DL);
+    moe_run m = {T, E, K, &tl, &tb, &tz, S1, S3, S2, &ty, dev};
+    moe_arg a = {g, &m, 15};
+    if (moe_gpu(g, &m) || g->cuda->synchronize(g->cuda)) {
+      g_record(g, false, "perf: MoE block T=%d failed", T);
+      return 1;
+    }
+    int nact = moe_n_active(g, &m);
+    double bytes = nact * expert_bytes, flop = 2.0 * T * K * 3.0 * H1 * DL;
+    double floor_b = bytes / bw, floor_f = flop / rate, fl = floor_b > floor_f ? floor_b : floor_f;
+    char name[96];
+    a.mask = 15;
+    double t_all = median_s(g, run_moe, &a, 20);
+    a.mask = 6;
+    double t_gemm = median_s(g, run_moe, &a, 20);
+    a.mask = 2;
+    double t_13 = median_s(g, run_moe, &a, 20);
+    a.mask = 4;
+    double t_2 = median_s(g, run_moe, &a, 20);
+    a.mask = 1;
+    double t_rp = median_s(g, run_moe, &a, 20);
+    printf("PERF T=%d tokens, %d active experts, %.1f MB expert bytes, %.2f TFLOP\n", T, nact,
+           bytes * 1e-6, flop * 1e-12);
+    snprintf(name, sizeof name, "moe block T=%d (router..combine)", T);
+    line(name, t_all, fl, bytes, flop);
+    snprintf(name, sizeof name, "moe expert GEMMs T=%d (gate/up+SiTU, down)", T);
+    line(name, t_gemm, fl, bytes, flop);
+    snprintf(name, sizeof name, "  gate/up+SiTU T=%d", T);
+    line(name, t_13, fl * 2.0 / 3.0, bytes * 2.0 / 3.0, flop * 2.0 / 3.0);
+    snprintf(name, sizeof name, "  down T=%d", T);
+    line(name, t_2, fl / 3.0, bytes / 3.0, flop / 3.0);
+    snprintf(name, sizeof name, "  router+plan T=%d", T);
+    double rb = (double)T * E * 4;
+    line(name, t_rp, rb / bw, rb, 0);
+    g->cuda->free(g->cuda, lg);
+    g->cuda->free(g->cuda, z);
+    g->cuda->free(g->cuda, y);
+    g->cuda->free(g->cuda, dev);
+  }
+  uint8_t *all[] = {w1p, w1s, w3p, w3s, w2p, w2s};
+  for (int i = 0; i < 6; i++) g->cuda->free(g->cuda, all[i]);
+  g->cuda->free(g->cuda, bias);
+  return 0;
+}
