@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest driver for k3pd-bench against a real local cluster (scripts/bench/run.sh).
 # usage: test_bench.sh SOURCE_DIR BUILD_DIR WORK_DIR MODE
-#   greedy    8 requests, concurrency 4, mixed lengths, 2 warm-up: every greedy stream must equal
+#   greedy    8 requests, concurrency 4, mixed lengths, 1 warm-up: every greedy stream must equal
 #             k3pd-generate's, and the JSON line must report 8 ok, no errors, real latencies
 #   sampled   open loop (Poisson) with seeded top-k/top-p sampling: the streams must still equal
 #             k3pd-generate's for the same seeds
@@ -17,8 +17,8 @@ fail() { echo "test_bench($mode): $*" >&2; for f in "$work"/logs/*.log; do echo 
 
 case $mode in
   greedy)
-    "${run[@]}" --prefill 1 --decode 1 --verify -- --requests 8 --concurrency 4 --warmup 2 \
-      --prompt-len 1..40 --output-len 4..12 --json "$json" --label ctest-greedy || fail "k3pd-bench exited $?"
+    "${run[@]}" --prefill 1 --decode 1 --verify -- --requests 8 --concurrency 4 --warmup 1 \
+      --prompt-len 1..12 --output-len 2..6 --json "$json" --label ctest-greedy || fail "k3pd-bench exited $?"
     python3 - "$json" <<'EOF' || fail "JSON line check failed"
 import json, sys
 lines = open(sys.argv[1]).read().splitlines()
@@ -31,7 +31,7 @@ for k in ("ttft_ms", "e2e_ms", "itl_ms", "router_overhead_us", "prefill_us"):
     s = r[k]
     assert s["n"] > 0 and s["p50"] is not None and s["p50"] <= s["p90"] <= s["p99"] <= s["max"], (k, s)
 assert r["ttft_ms"]["p50"] > 0 and r["ttft_ms"]["p50"] <= r["e2e_ms"]["p50"] * 1.0001
-assert r["output_tokens"] >= 8 * 4 and r["output_tokens_per_s"] > 0 and r["requests_per_s"] > 0
+assert r["output_tokens"] >= 8 * 2 and r["output_tokens_per_s"] > 0 and r["requests_per_s"] > 0
 m = r["monolithic"]
 assert m["runs"] == 8 and m["failures"] == 0 and m["verified"] == 8 and m["mismatches"] == 0, m
 assert m["prefill_tokens_per_s"] > 0 and m["decode_tokens_per_s"] > 0, m
@@ -39,7 +39,7 @@ print("test_bench(greedy): JSON ok:", r["ok"], "requests, ttft p50 %.1f ms" % r[
 EOF
     ;;
   sampled)
-    "${run[@]}" --verify -- --requests 6 --rate 20 --prompt-len 3..24 --output-len 6 \
+    "${run[@]}" --verify -- --requests 4 --rate 20 --prompt-len 3..16 --output-len 5 \
       --temperature 0.9 --top-k 40 --top-p 0.95 --sample-seed 77 || fail "k3pd-bench exited $?"
     ;;
   mismatch)
