@@ -12,10 +12,12 @@
  *   decode   = first token relayed → final chunk
  *   internal = total − queue − prefill − decode: router time between Reserve and Prefill
  *              start plus the gap between the Prefill reply and the first token reaching the
- *              router (negative when the first token overtakes the Prefill reply)
+ *              router (negative when the first token overtakes the Prefill reply); the
+ *              latter is mostly the decode worker emitting the first token between
+ *              engine steps, not router CPU (docs/perf-cluster.md, finding 1)
  *   edge     = client-observed end-to-end − total: the client→router hop, the router's intake
  *              before its clock starts (unpack, validate, tokenise) and the final chunk's return
- *   overhead = internal + edge: the latency the router adds on top of the workers' RPCs. */
+ *   overhead = internal + edge: an upper bound of the latency the router adds. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
