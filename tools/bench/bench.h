@@ -1,0 +1,174 @@
+/* k3pd-bench internals: the workload description, per-request records and the pieces that
+ * main.c wires together (workload.c, load.c, report.c, mono.c).
+ *
+ * Not a library: private to the k3pd-bench binary. Everything runs on one thread (the uv loop
+ * of load.c while requests fly; plain code before and after).
+ *
+ * Invariants:
+ *  - Request i of a run is a pure function of (workload, i): its prompt, output length and
+ *    sampling seed come from a per-index RNG, so the monolithic comparison replays exactly
+ *    what the cluster was sent, whatever order requests completed in.
+ *  - Times are k3_now_ns() (monotonic) in ns; durations reported in µs or ms as named. */
+#ifndef K3PD_BENCH_H
+#define K3PD_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- length distributions (workload.c) ---- */
+
+typedef enum { BN_DIST_FIXED = 0, BN_DIST_UNIFORM, BN_DIST_FILE } bn_dist_kind_t;
+
+typedef struct {
+  bn_dist_kind_t kind;
+  uint32_t lo, hi;   /* FIXED: lo == hi; UNIFORM: inclusive range */
+  uint32_t *values;  /* FILE: the lengths listed in the file (owned; bn_dist_free) */
+  size_t n_values;
+} bn_dist_t;
+
+/* Parses "N", "A..B" (inclusive, 1 <= A <= B) or "@FILE" (whitespace-separated positive
+ * integers; a draw picks one uniformly). `what` names the flag in errors. On error *d is
+ * untouched and err names the flag and the problem. */
+int bn_dist_parse(const char *spec, const char *what, bn_dist_t *d, char *err, size_t errlen);
+void bn_dist_free(bn_dist_t *d);
+/* Draws one length with the RNG state *rng (splitmix64). */
+uint32_t bn_dist_draw(const bn_dist_t *d, uint64_t *rng);
+/* Largest value the distribution can produce. */
+uint32_t bn_dist_max(const bn_dist_t *d);
+
+uint64_t bn_rng_next(uint64_t *state);     /* splitmix64 */
+double bn_rng_uniform(uint64_t *state);    /* [0, 1) */
+
+/* ---- workload ---- */
+
+typedef struct {
+  bn_dist_t prompt_len, output_len;
+  uint64_t seed;         /* workload seed: prompt ids, lengths */
+  uint32_t id_max;       /* random prompt ids are drawn from [0, id_max) */
+  char **texts;          /* text mode: prompts (owned), request i uses texts[i % n_texts] */
+  size_t n_texts;
+  /* sampling, as sent to the router and to k3pd-generate */
+  double temperature;    /* 0 = greedy */
+  double top_p;          /* 1 = off */
+  int top_k;             /* 0 = off */
+  uint64_t sample_seed;  /* request i uses sample_seed + i */
+  bool ignore_eos;
+} bn_workload_t;
+
+/* One request, generated from the workload. */
+typedef struct {
+  uint64_t index;
+  uint32_t *ids;      /* token-id mode: prompt (owned); NULL in text mode */
+  size_t n_ids;
+  const char *text;   /* text mode: borrowed from the workload */
+  uint32_t max_new;
+  uint64_t seed;
+} bn_req_spec_t;
+
+/* Reads a prompt file: one prompt per non-empty line (a trailing '\r' is dropped). */
+int bn_workload_load_texts(bn_workload_t *w, const char *path, char *err, size_t errlen);
+/* Fills *s for request `index` (deterministic). Returns 0 or K3_ENOMEM. */
+int bn_spec_make(const bn_workload_t *w, uint64_t index, bn_req_spec_t *s);
+void bn_spec_free(bn_req_spec_t *s);
+void bn_workload_free(bn_workload_t *w);
+
+/* ---- results of one request (load.c fills, report.c reads) ---- */
+
+typedef struct {
+  uint64_t index;
+  int code;                   /* gRPC status; -1 = never started (start error) */
+  bool complete;              /* OK status and a final chunk with a finish reason */
+  int finish_reason;
+  uint64_t t_start, t_first, t_end; /* ns; t_first 0 when no token arrived */
+  uint32_t n_tokens;          /* tokens received */
+  uint32_t prompt_tokens;     /* usage.prompt_tokens from the final chunk */
+  uint32_t *ids;              /* generated ids (owned) when the run keeps them */
+  /* final chunk's Timings (µs; 0 = not measured) */
+  uint64_t queue_us, prefill_us, handoff_us, first_token_us, decode_us, total_us;
+  bool have_timings;
+} bn_result_t;
+
+/* A growable vector of doubles (ITL samples). */
+typedef struct {
+  double *v;
+  size_t n, cap;
+} bn_vec_t;
+int bn_vec_push(bn_vec_t *v, double x);
+
+/* ---- load generation (load.c) ---- */
+
+typedef struct {
+  const char *router;      /* HOST:PORT */
+  int concurrency;         /* closed loop: requests kept in flight */
+  double rate;             /* > 0: open loop, Poisson arrivals at this many requests/s */
+  int max_inflight;        /* open loop: arrivals beyond this many in flight are dropped as errors */
+  uint64_t requests;       /* measured requests (0 when duration_s is used) */
+  double duration_s;       /* > 0: send measured requests for this long */
+  uint64_t warmup;         /* requests sent (closed loop) before measuring; not recorded */
+  uint32_t timeout_ms;     /* per-request gRPC deadline */
+  bool keep_ids;           /* store generated ids in results (verification) */
+} bn_load_opts_t;
+
+typedef struct {
+  bn_result_t *res;        /* measured requests, in index order (owned) */
+  size_t n_res;
+  bn_vec_t itl_ms;         /* inter-token gaps of measured requests, one sample per token */
+  uint64_t t_begin, t_end; /* measured phase: first send .. last completion (ns) */
+  uint64_t dropped;        /* open loop arrivals refused because max_inflight was reached */
+} bn_run_t;
+
+/* Runs warm-up then the measured phase against opts->router. Blocks until every request
+ * finished (each has its own deadline). Returns 0, or a negative K3_E* code when the client
+ * could not be set up (err says why); request failures are recorded in run, not returned. */
+int bn_load_run(const bn_workload_t *w, const bn_load_opts_t *o, bn_run_t *run, char *err, size_t errlen);
+void bn_run_free(bn_run_t *run);
+
+/* ---- monolithic comparison (mono.c) ---- */
+
+typedef struct {
+  const char *generate;    /* path of k3pd-generate */
+  const char *model;       /* checkpoint dir */
+  const char *backend;     /* --backend for k3pd-generate */
+  const char *precision;   /* --precision */
+  uint32_t timeout_ms;     /* per process */
+} bn_mono_opts_t;
+
+typedef struct {
+  uint64_t runs, failures;             /* processes run; ones that failed or were unparsable */
+  uint64_t prompt_tokens, prefill_ns;  /* summed from k3pd-generate's stderr summary */
+  uint64_t decode_steps, decode_ns;
+  uint64_t wall_ns;                    /* summed process wall time (includes model load) */
+  uint64_t completion_tokens;
+  uint64_t checked, mismatches;        /* verification: requests compared / differing */
+  char first_mismatch[512];            /* description of the first mismatch */
+} bn_mono_t;
+
+/* Replays every complete measured request of `run` through k3pd-generate, sequentially,
+ * accumulating its own timings into *m; when `verify`, compares the generated ids with the
+ * cluster's (run must have been made with keep_ids). `prompt_ids` maps text prompts to ids
+ * (NULL in token-id mode). Returns 0, or a negative K3_E* code when k3pd-generate could not be
+ * run at all (err says why). */
+typedef int (*bn_tokenize_fn)(void *ctx, const char *text, uint32_t **ids, size_t *n, char *err, size_t errlen);
+int bn_mono_run(const bn_mono_opts_t *o, const bn_workload_t *w, const bn_run_t *run, bool verify,
+                bn_tokenize_fn tokenize, void *tok_ctx, bn_mono_t *m, char *err, size_t errlen);
+
+/* ---- report (report.c) ---- */
+
+typedef struct {
+  const bn_workload_t *w;
+  const bn_load_opts_t *load;
+  const char *label;
+  const char *prompt_len_spec, *output_len_spec;
+  const bn_mono_t *mono;   /* NULL when not run */
+  bool verified;
+} bn_report_in_t;
+
+/* Prints the human table to stdout. */
+void bn_report_print(const bn_report_in_t *in, const bn_run_t *run);
+/* Appends one compact JSON line to path. Returns 0 or a negative K3_E* code. */
+int bn_report_json(const bn_report_in_t *in, const bn_run_t *run, const char *path, char *err, size_t errlen);
+/* p-th percentile (0..100) of v[0..n) by linear interpolation; sorts v. NAN when n == 0. */
+double bn_percentile(double *v, size_t n, double p);
+
+#endif

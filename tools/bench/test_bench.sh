@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# ctest driver for k3pd-bench against a real local cluster (scripts/bench/run.sh).
+# usage: test_bench.sh SOURCE_DIR BUILD_DIR WORK_DIR MODE
+#   greedy    8 requests, concurrency 4, mixed lengths, 1 warm-up: every greedy stream must equal
+#             k3pd-generate's, and the JSON line must report 8 ok, no errors, real latencies
+#   sampled   open loop (Poisson) with seeded top-k/top-p sampling: the streams must still equal
+#             k3pd-generate's for the same seeds
+#   mismatch  the replay uses a checkpoint with different weights: k3pd-bench must exit 1 and
+#             say "verification FAILED" (the check can fail)
+set -euo pipefail
+src=$1 build=$2 work=$3 mode=$4
+rm -rf "$work"
+mkdir -p "$work"
+run=("$src/scripts/bench/run.sh" --build "$build" --logs "$work/logs")
+json=$work/bench.json
+fail() { echo "test_bench($mode): $*" >&2; for f in "$work"/logs/*.log; do echo "--- $f" >&2; tail -n 5 "$f" >&2; done; exit 1; }
+
+case $mode in
+  greedy)
+    "${run[@]}" --prefill 1 --decode 1 --verify -- --requests 8 --concurrency 4 --warmup 1 \
+      --prompt-len 1..12 --output-len 2..6 --json "$json" --label ctest-greedy || fail "k3pd-bench exited $?"
+    python3 - "$json" <<'EOF' || fail "JSON line check failed"
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 1, lines
+r = json.loads(lines[0])
+assert r["tool"] == "k3pd-bench" and r["label"] == "ctest-greedy", r
+assert r["sent"] == 8 and r["ok"] == 8 and r["errors"] == {}, r
+assert r["config"]["greedy"] is True and r["config"]["concurrency"] == 4
+for k in ("ttft_ms", "e2e_ms", "itl_ms", "router_overhead_us", "prefill_us"):
+    s = r[k]
+    assert s["n"] > 0 and s["p50"] is not None and s["p50"] <= s["p90"] <= s["p99"] <= s["max"], (k, s)
+assert r["ttft_ms"]["p50"] > 0 and r["ttft_ms"]["p50"] <= r["e2e_ms"]["p50"] * 1.0001
+assert r["output_tokens"] >= 8 * 2 and r["output_tokens_per_s"] > 0 and r["requests_per_s"] > 0
+m = r["monolithic"]
+assert m["runs"] == 8 and m["failures"] == 0 and m["verified"] == 8 and m["mismatches"] == 0, m
+assert m["prefill_tokens_per_s"] > 0 and m["decode_tokens_per_s"] > 0, m
+print("test_bench(greedy): JSON ok:", r["ok"], "requests, ttft p50 %.1f ms" % r["ttft_ms"]["p50"])
+EOF
+    ;;
+  sampled)
+    "${run[@]}" --verify -- --requests 4 --rate 20 --prompt-len 3..16 --output-len 5 \
+      --temperature 0.9 --top-k 40 --top-p 0.95 --sample-seed 77 || fail "k3pd-bench exited $?"
+    ;;
+  mismatch)
+    "$build/tools/mkckpt/k3pd-mkckpt" --preset tiny --out "$work/other" --seed 2 >/dev/null
+    set +e
+    # The later --model wins: the cluster runs the seed-1 checkpoint, the replay the seed-2 one.
+    "${run[@]}" --verify -- --requests 2 --concurrency 2 --prompt-len 8 --output-len 6 \
+      --model "$work/other" 2>"$work/stderr"
+    rc=$?
+    set -e
+    cat "$work/stderr" >&2
+    [ $rc = 1 ] || fail "expected exit 1 on a mismatch, got $rc"
+    grep -q "verification FAILED" "$work/stderr" || fail "no 'verification FAILED' message"
+    ;;
+  *) echo "test_bench: unknown mode $mode" >&2; exit 2 ;;
+esac
+echo "test_bench($mode): ok"
