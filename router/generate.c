@@ -288,18 +288,28 @@ static void on_attach_msg(void *arg, const ProtobufCMessage *msg) {
   maybe_free(q);
 }
 
-static void on_attach_msg_body(rt_req_t *q, const K3pd__V1__AttachResponse *a) {
-  if (q->phase == RQ_DONE) return;
+/* Relays tokens [first_index, first_index + n) of the completion; indices already sent (the
+ * first token is forwarded from the Prefill reply as soon as it arrives) are skipped. */
+static void relay_tokens(rt_req_t *q, uint32_t first_index, const uint32_t *ids, size_t n,
+                         K3pd__V1__TokenLogprob *const *lps, size_t n_lps) {
+  size_t skip = first_index < q->completion_tokens ? q->completion_tokens - first_index : 0;
+  if (skip >= n) return;
+  ids += skip;
+  n -= skip;
+  if (lps) {
+    lps = n_lps > skip ? lps + skip : NULL;
+    n_lps = n_lps > skip ? n_lps - skip : 0;
+  }
   k3_tok_str_t text = {0};
   size_t n_send = 0;
   bool stop_str = false;
-  for (size_t i = 0; i < a->n_token_ids && !stop_str; i++) {
-    int st = k3_detok_feed(q->detok, (int32_t)a->token_ids[i], &text);
+  for (size_t i = 0; i < n && !stop_str; i++) {
+    int st = k3_detok_feed(q->detok, (int32_t)ids[i], &text);
     n_send++;
     if (st == K3_DETOK_STOP_STR) stop_str = true;
     if (st < 0) {
       free(text.data);
-      req_fail(q, K3_RPC_INTERNAL, "decode worker returned token %u outside the vocabulary", a->token_ids[i]);
+      req_fail(q, K3_RPC_INTERNAL, "decode worker returned token %u outside the vocabulary", ids[i]);
       return;
     }
   }
@@ -316,20 +326,25 @@ static void on_attach_msg_body(rt_req_t *q, const K3pd__V1__AttachResponse *a) {
     q->t_last_tok = now;
   }
   q->completion_tokens += (uint32_t)n_send;
-  if (a->finish_reason) q->finish_reason = a->finish_reason;
-  const K3pd__V1__TokenLogprob *const *lps = NULL;
-  size_t n_lps = 0;
-  if (q->want_logprobs && a->n_logprobs) {
-    lps = (const K3pd__V1__TokenLogprob *const *)a->logprobs;
-    n_lps = a->n_logprobs < n_send ? a->n_logprobs : n_send;
+  const K3pd__V1__TokenLogprob *const *out_lps = NULL;
+  size_t out_n_lps = 0;
+  if (q->want_logprobs && lps && n_lps) {
+    out_lps = (const K3pd__V1__TokenLogprob *const *)lps;
+    out_n_lps = n_lps < n_send ? n_lps : n_send;
   }
-  if (n_send) send_chunk(q, a->token_ids, n_send, text.data ? text.data : "", text.len, lps, n_lps, false);
+  if (n_send) send_chunk(q, ids, n_send, text.data ? text.data : "", text.len, out_lps, out_n_lps, false);
   free(text.data);
   if (stop_str) {
     q->stopped_by_string = true;
     q->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_STOP;
     finish_ok(q);
   }
+}
+
+static void on_attach_msg_body(rt_req_t *q, const K3pd__V1__AttachResponse *a) {
+  if (q->phase == RQ_DONE) return;
+  if (a->finish_reason) q->finish_reason = a->finish_reason;
+  relay_tokens(q, a->first_index, a->token_ids, a->n_token_ids, a->logprobs, a->n_logprobs);
 }
 
 static void on_attach_done(void *arg, const k3_rpc_status_t *st) {
@@ -399,6 +414,19 @@ static void on_prefill_done(void *arg, const k3_rpc_status_t *st, const Protobuf
     q->prefill_ok = true;
     q->t_prefill_done = k3_now_ns();
     if (pr->timings) q->handoff_us = pr->timings->handoff_us;
+    /* The first token is known now (decode verified the state before the RPC completed):
+     * forward it instead of waiting for the decode worker's next step. The Attach stream's
+     * index 0 is then skipped. */
+    if (q->completion_tokens == 0 && q->phase == RQ_RUNNING) {
+      uint32_t tok = pr->first_token;
+      K3pd__V1__TokenLogprob lp = K3PD__V1__TOKEN_LOGPROB__INIT, *lpp = &lp;
+      lp.token_id = tok;
+      lp.logprob = pr->first_logprob;
+      q->busy++;
+      relay_tokens(q, 0, &tok, 1, q->want_logprobs ? &lpp : NULL, q->want_logprobs ? 1 : 0);
+      q->busy--;
+      maybe_free(q);
+    }
     return;
   }
   /* Retry on another prefill worker into the same reservation (new epoch). */
