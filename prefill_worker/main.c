@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
   const char *log_level = NULL, *metrics_host = NULL;
   int metrics_port = -1;
-  int64_t max_batch_tokens = 4096, send_deadline_ms = 30000;
+  int64_t max_batch_tokens = 4096, send_deadline_ms = 120000;
   a->drain_grace_ms = 30000;
   k3_flag_t flags[K3_WMODEL_NFLAGS + 11];
   k3_wmodel_flags(&mo, flags);
@@ -103,7 +103,8 @@ int main(int argc, char **argv) {
        false},
       {"worker-id", K3_FLAG_STR, &worker_id, "ID", "unique worker id (default: prefill-<advertised address>)", false},
       {"max-batch-tokens", K3_FLAG_I64, &max_batch_tokens, "N", "prompt tokens batched into one forward pass", false},
-      {"send-deadline-ms", K3_FLAG_I64, &send_deadline_ms, "MS", "longest a state transfer may take", false},
+      {"send-deadline-ms", K3_FLAG_I64, &send_deadline_ms, "MS", "longest a prompt's forward pass + state transfer "
+       "may take (the transfer starts with the pass: layers stream as they finish); also clamped to the lease", false},
       {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long queued prompts may finish",
        false},
       {"ucx-tls", K3_FLAG_STR, &ucx_tls, "LIST", "UCX transports (UCX_TLS), e.g. shm,tcp", false},

@@ -11,9 +11,11 @@
 #include "k3pd/v1/prefill.pb-c.h"
 #include "pf.h"
 
-static pf_job_t *find_id(pf_worker_t *w, const char *id) {
+/* Jobs are keyed by (request id, epoch): a re-issued prefill (new epoch) may arrive while the
+ * failed attempt of the same request is still being torn down here. */
+static pf_job_t *find_job(pf_worker_t *w, const char *id, uint64_t epoch) {
   for (pf_job_t *j = w->jobs; j; j = j->next)
-    if (strcmp(j->id, id) == 0) return j;
+    if (strcmp(j->id, id) == 0 && j->epoch == epoch) return j;
   return NULL;
 }
 
@@ -270,8 +272,8 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
     k3_rpc_call_finish(call, K3_RPC_UNAVAILABLE, "prefill worker is draining");
     return;
   }
-  if (find_id(w, rq->request_id)) {
-    k3_rpc_call_finish(call, K3_RPC_ALREADY_EXISTS, "request_id: already running on this prefill worker");
+  if (find_job(w, rq->request_id, rq->epoch)) {
+    k3_rpc_call_finish(call, K3_RPC_ALREADY_EXISTS, "request_id: this epoch is already running on this prefill worker");
     return;
   }
   k3_xfer_desc_t *desc = NULL;
@@ -348,10 +350,10 @@ static void on_abort(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *use
   pf_worker_t *w = user;
   const K3pd__V1__AbortRequest *rq = (const K3pd__V1__AbortRequest *)msg;
   K3pd__V1__AbortResponse r = K3PD__V1__ABORT_RESPONSE__INIT;
-  pf_job_t *j = rq->request_id ? find_id(w, rq->request_id) : NULL;
-  if (j && j->state != PF_DONE) {
+  for (pf_job_t *j = w->jobs; rq->request_id && j; j = j->next) { /* every attempt of the request */
+    if (strcmp(j->id, rq->request_id) != 0 || j->state == PF_DONE || j->cancelled) continue;
     r.found = true;
-    K3_INFO("request %s: aborted", j->id);
+    K3_INFO("request %s: aborted (epoch %llu)", j->id, (unsigned long long)j->epoch);
     j->cancelled = true;
     fail(w, j, K3_ECANCELED, "prefill aborted");
     if (j->state == PF_QUEUED) post_free(w, j);

@@ -61,7 +61,8 @@ START_TEST(test_deadline_exceeded) {
   ck_assert(fx_run_until(&r.done, 5000));
   double ms = (double)(k3_now_ns() - t0) / 1e6;
   ck_assert_int_eq(r.code, K3_RPC_DEADLINE_EXCEEDED);
-  ck_assert(ms >= 140 && ms < 2000);
+  /* lower bound: the deadline is not early; upper bound generous (loaded CI machines, ASan) */
+  ck_assert(ms >= 140 && ms < 10000);
   /* The server side saw the deadline as a cancellation. */
   ck_assert(fx_run_until_ge(&F.server_cancels, 1, 5000));
   /* The handler saw the client's deadline (150 ms minus transit). */
