@@ -66,6 +66,7 @@ K3K_CUDA_DECL(conv_step);
 K3K_CUDA_DECL(kda_gate);
 K3K_CUDA_DECL(kda_step);
 K3K_CUDA_DECL(kda_chunk);
+K3K_CUDA_DECL(mla_prefill);
 K3K_CUDA_DECL(mla_decode);
 K3K_CUDA_DECL(mla_cache_write);
 K3K_CUDA_DECL(mla_cache_gather);
@@ -88,6 +89,7 @@ int k3k_cuda_check_pages(k3k_cuda_ctx *cx, const k3k_tensor_t *page_table,
                          const k3k_tensor_t *seq_lens, int64_t n, int64_t page_size,
                          int64_t n_pages);
 bool k3k_cuda_mla_decode_ok(const void *params, const k3k_tensor_t *const *t);
+bool k3k_cuda_mla_prefill_ok(const void *params, const k3k_tensor_t *const *t);
 
 /* Strided-batched GEMM through cuBLASLt, column-major convention:
  * C[m x n] = op(A) op(B), A/B/C of the given cudaDataType (values of cudaDataType_t), fp32
