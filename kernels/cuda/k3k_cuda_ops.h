@@ -130,6 +130,8 @@ int k3k_cu_kda_decode(cudaStream_t st, const k3k_cu_kda_decode_args *a);
 /* Benchmarks: with ev != NULL (5 created events), every later MLA_DECODE records ev[0..4]
  * around its phases (q prep | absorption GEMM | attention | output GEMM + cast); NULL stops. */
 void k3k_cuda_mla_phase_events(cudaEvent_t *ev);
+/* Benchmarks only: MLA decode attention variants that leave a stage out (mla.cu); 0 = normal. */
+void k3k_cuda_mla_probe(int mode);
 
 /* Benchmarks/tests: fills n F32/BF16 elements with hash-based uniform values in [lo, hi). */
 int k3k_cu_fill_random(cudaStream_t st, void *p, int64_t n, k3k_dtype_t dt, uint64_t seed,

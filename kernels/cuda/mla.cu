@@ -35,6 +35,7 @@ typedef struct {
   uint16_t *out;               /* [B][NH][512] bf16 o_lat */
   float *work;                 /* split-KV scratch */
   int num_sms;
+  int probe;                   /* benchmark variants (k3k_cuda_mla_probe); 0 in service */
 } k3k_cu_mla_decode_args;
 
 /* Block shape. 48 heads share every 64-token latent tile the block streams through shared
@@ -119,8 +120,10 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_d
   for (int ts = tok0; ts < tok1; ts += MLA_TILE, buf ^= 1) {
     cp_async_wait<0>();
     __syncthreads(); /* tile `buf` landed for all threads; the previous tile is fully used */
-    if (ts + MLA_TILE < tok1) load_tile(ts + MLA_TILE, buf ^ 1);
+    if (a.probe == 2) buf = 0;
+    else if (ts + MLA_TILE < tok1) load_tile(ts + MLA_TILE, buf ^ 1);
     cp_async_commit();
+    if (a.probe == 1) continue;
     const uint16_t *kvb = KVs + buf * MLA_TILE * MLA_LDS;
 
     /* Scores: 48 heads x tokens 16tg..+16 over dims kh*288..+288. */
@@ -129,7 +132,7 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_d
     for (int i = 0; i < 3; i++)
 #pragma unroll
       for (int j = 0; j < 2; j++) sacc[i][j][0] = sacc[i][j][1] = sacc[i][j][2] = sacc[i][j][3] = 0.f;
-    {
+    if (a.probe != 4) {
       const uint16_t *qa = Qs + (lane & 15) * MLA_LDS + kh * 288 + (lane >> 4) * 8;
       const uint16_t *kb =
           kvb + (16 * tg + ((lane >> 4) << 3) + (lane & 7)) * MLA_LDS + kh * 288 + ((lane >> 3) & 1) * 8;
@@ -194,7 +197,7 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_d
     }
     __syncthreads();
     /* O[48 x dims 64w..+64] = alpha * O + P V. */
-    {
+    if (a.probe != 3) {
 #pragma unroll
       for (int mt = 0; mt < 3; mt++) {
         float al0 = alpha_s[16 * mt + g], al1 = alpha_s[16 * mt + g + 8];
@@ -317,7 +320,13 @@ static size_t mla_work_bytes(const k3k_cu_mla_decode_args *a) {
   return (size_t)s * a->batch * a->heads * (MLA_DV + 1) * sizeof(float);
 }
 
-static int mla_attend(cudaStream_t st, const k3k_cu_mla_decode_args *a) {
+/* Benchmark hook: 1 = tile loads and barriers only, 2 = no loads after the first tile, 3 = no
+ * P·V, 4 = no score mma; 0 = the real kernel. Results are wrong for modes != 0. */
+static int g_mla_probe;
+void k3k_cuda_mla_probe(int mode) { g_mla_probe = mode; }
+
+static int mla_attend(cudaStream_t st, k3k_cu_mla_decode_args *a) {
+  a->probe = g_mla_probe;
   if (a->batch == 0) return 0;
   int splits = mla_splits(a);
   int chunk = (a->max_len + splits - 1) / splits;

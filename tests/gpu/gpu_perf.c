@@ -248,6 +248,19 @@ int gpu_perf(gctx *g) {
       report(&P, "mla_decode attention kernel alone", ms * 1e-3, (double)B * ctx * 1152,
              2.0 * B * NH * ctx * (576 + 512));
     }
+    /* Variants that leave a stage out (wrong results, timing only): what bounds the kernel. */
+    static const char *pn[5] = {"", "loads+barriers only", "no loads (tile 0 reused)",
+                                "no P.V", "no scores"};
+    for (int m = 1; m <= 4; m++) {
+      k3k_cuda_mla_probe(m);
+      k3k_cuda_mla_phase_events(ev);
+      double tp = time_it(&P, run_op, &ob, 5);
+      k3k_cuda_mla_phase_events(NULL);
+      k3k_cuda_mla_probe(0);
+      float pm = 0;
+      if (tp > 0 && cudaEventSynchronize(ev[4]) == cudaSuccess) cudaEventElapsedTime(&pm, ev[2], ev[3]);
+      printf("PROBE mla_decode attention %-26s %9.1f us\n", pn[m], pm * 1e3);
+    }
     for (int i = 0; i < 5; i++) cudaEventDestroy(ev[i]);
     be->free(be, cache);
   }
