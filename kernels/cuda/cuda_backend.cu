@@ -251,6 +251,7 @@ static k3k_cuda_fn op_fn(k3k_op_t op) {
   case K3K_OP_SIGMOID: return k3k_cuda_sigmoid;
   case K3K_OP_KDA_STEP: return k3k_cuda_kda_step;
   case K3K_OP_KDA_CHUNK: return k3k_cuda_kda_chunk;
+  case K3K_OP_MLA_PREFILL: return k3k_cuda_mla_prefill;
   case K3K_OP_MLA_DECODE: return k3k_cuda_mla_decode;
   case K3K_OP_MLA_CACHE_WRITE: return k3k_cuda_mla_cache_write;
   case K3K_OP_MLA_CACHE_GATHER: return k3k_cuda_mla_cache_gather;
@@ -263,7 +264,7 @@ static k3k_cuda_fn op_fn(k3k_op_t op) {
   case K3K_OP_MOE_COMBINE: return k3k_cuda_moe_combine;
   case K3K_OP_MXFP4_GEMM: return k3k_cuda_mxfp4_gemm;
   case K3K_OP_MXFP4_DEQUANT: return k3k_cuda_mxfp4_dequant;
-  default: return NULL; /* MLA_PREFILL: not yet */
+  default: return NULL; /* every op has a CUDA path; shapes it does not take: see supports */
   }
 }
 
@@ -285,6 +286,7 @@ static bool cuda_supports(k3k_backend_t *be, k3k_op_t op, const void *params,
   case K3K_OP_KDA_STEP:
     return k3k_cuda_kda_step_ok(params, t) && rows_fit(((const k3k_kda_params_t *)params)->n_seqs);
   case K3K_OP_KDA_CHUNK: return k3k_cuda_kda_chunk_ok(params, t);
+  case K3K_OP_MLA_PREFILL: return k3k_cuda_mla_prefill_ok(params, t);
   case K3K_OP_MLA_DECODE:
     return k3k_cuda_mla_decode_ok(params, t) && rows_fit(((const k3k_mla_params_t *)params)->n_seqs);
   case K3K_OP_ATTN_RES_MIX: return t[0]->shape[0] + 1 <= 16;

@@ -66,6 +66,7 @@ K3K_CUDA_DECL(conv_step);
 K3K_CUDA_DECL(kda_gate);
 K3K_CUDA_DECL(kda_step);
 K3K_CUDA_DECL(kda_chunk);
+K3K_CUDA_DECL(mla_prefill);
 K3K_CUDA_DECL(mla_decode);
 K3K_CUDA_DECL(mla_cache_write);
 K3K_CUDA_DECL(mla_cache_gather);
@@ -88,6 +89,7 @@ int k3k_cuda_check_pages(k3k_cuda_ctx *cx, const k3k_tensor_t *page_table,
                          const k3k_tensor_t *seq_lens, int64_t n, int64_t page_size,
                          int64_t n_pages);
 bool k3k_cuda_mla_decode_ok(const void *params, const k3k_tensor_t *const *t);
+bool k3k_cuda_mla_prefill_ok(const void *params, const k3k_tensor_t *const *t);
 
 /* Strided-batched GEMM through cuBLASLt, column-major convention:
  * C[m x n] = op(A) op(B), A/B/C of the given cudaDataType (values of cudaDataType_t), fp32
@@ -128,6 +130,8 @@ int k3k_cu_kda_decode(cudaStream_t st, const k3k_cu_kda_decode_args *a);
 /* Benchmarks: with ev != NULL (5 created events), every later MLA_DECODE records ev[0..4]
  * around its phases (q prep | absorption GEMM | attention | output GEMM + cast); NULL stops. */
 void k3k_cuda_mla_phase_events(cudaEvent_t *ev);
+/* Benchmarks only: MLA decode attention variants that leave a stage out (mla.cu); 0 = normal. */
+void k3k_cuda_mla_probe(int mode);
 
 /* Benchmarks/tests: fills n F32/BF16 elements with hash-based uniform values in [lo, hi). */
 int k3k_cu_fill_random(cudaStream_t st, void *p, int64_t n, k3k_dtype_t dt, uint64_t seed,

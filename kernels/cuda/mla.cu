@@ -2,29 +2,30 @@
  *
  * What it is for: spec §4.3. Per sequence, per head: scores = q(576) . kv(576) * scale over the
  * cached tokens, fp32 softmax, o_lat = sum p * kv[:512]. All 96 heads read the SAME cache rows,
- * so a block takes 48 heads (3 warps' worth of 16-row MMA tiles) and streams the rows once
- * through shared memory; tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate) do both
- * products, and an online softmax keeps nothing of size T. Long contexts are split over blocks
- * (split-KV); a second kernel merges the splits by their log-sum-exp.
+ * so a block takes 48 heads and streams 64-token latent tiles once through shared memory
+ * (two-stage cp.async); tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate) do both
+ * products with warp tiles chosen for few shared-memory bytes per mma (see the block shape
+ * below), and an online softmax keeps nothing of size T. Long contexts and small batches are
+ * split over blocks (split-KV); a second kernel merges the splits by their log-sum-exp.
  * The op is four launches: q → bf16 [q_nope | q_rot] staging; q_lat = W_UKᵀ q_nope per head
  * (cuBLASLt strided-batched, written into the 576-wide absorbed query); attention → o_lat
  * (bf16); o = W_UV o_lat per head (cuBLASLt, fp32) and a cast into o's dtype.
- * What it is not: prefill attention (MLA_PREFILL is not implemented on CUDA yet).
+ * What it is not: prefill attention (mla_prefill.cu).
  * Numerics vs the reference (all fp32): q_lat, p and o_lat are rounded to bf16 for the tensor
  * cores (relative error ~2^-9 each), well inside the bf16 tolerance of the parity suite.
  * Invariants (k3k_cuda_mla_decode_ok): Dn = 128, Dr = 64, Dv = 128, c = 512, NH % 48 == 0,
- * page_size % 32 == 0 (a 32-token tile never crosses a page), BF16 cache/weights with inner
- * stride 1. params.max_seqlen_k, when > 0, must bound every seq_len (it sizes the split grid);
- * otherwise the page-table capacity is used. */
+ * BF16 contiguous cache (any page size: pages are looked up per token row), BF16 weights with
+ * inner stride 1. params.max_seqlen_k, when > 0, must bound every seq_len (it sizes the split
+ * grid); otherwise the page-table capacity is used. */
 #include <string.h>
 
-#include "cuda_common.cuh"
+#include "mma_sm80.cuh"
 
 typedef struct {
   int batch, heads;            /* heads % 48 == 0 */
   const uint16_t *q;           /* [B][NH][576] bf16: absorbed q_lat (512) | q_rot (64) */
   const uint16_t *kv;          /* page pool [pages][page_size][576] bf16, contiguous */
-  int page_size;               /* tokens per page, % 32 == 0 */
+  int page_size;               /* tokens per page */
   const int32_t *block_table;  /* [B][pt_stride] page ids */
   int64_t pt_stride;
   const int32_t *seq_lens;     /* [B * sl_stride] tokens cached */
@@ -34,227 +35,241 @@ typedef struct {
   uint16_t *out;               /* [B][NH][512] bf16 o_lat */
   float *work;                 /* split-KV scratch */
   int num_sms;
+  int probe;                   /* benchmark variants (k3k_cuda_mla_probe); 0 in service */
 } k3k_cu_mla_decode_args;
 
+/* Block shape. 48 heads share every 64-token latent tile the block streams through shared
+ * memory (two stages, cp.async). Shared memory per block (226.9 KB of the 227 KB an SM offers):
+ *   Q   48 x 584 bf16      56.1 KB   (pitch 584 = 1168 B = 73 x 16 B: ldmatrix conflict-free)
+ *   KV  2 x 64 x 584 bf16 149.5 KB
+ *   Sx  48 x 72 fp32       13.8 KB   (scores of one tile)
+ *   Ps  48 x 72 bf16        6.9 KB   (probabilities of one tile, pitch 144 B)
+ *   alpha, m, l  48 x 3 fp32
+ * Why this split (smem bytes per mma.sync is what bounds a tensor-core kernel whose operands
+ * come from shared memory; 4096·(1/Mw + 1/Nw) bytes per mma for a warp tile Mw x Nw):
+ *   scores: warp (tg = w&3, kh = w>>2) computes 48 heads x 16 tokens over dims kh*288..+288
+ *     (341 B/mma); the two K halves meet through Sx;
+ *   P·V:    warp w owns output dims 64w..+64 for all 48 heads (149 B/mma), 96 fp32 regs.
+ * The old layout (16 heads x 8 tokens per warp, A fragments by 32-bit loads) needed 768 B/mma. */
 #define MLA_D 576
 #define MLA_DV 512
-#define MLA_LDS 584 /* smem row pitch (bf16): 1168 B = 73 x 16 B, conflict-free for mma/ldmatrix */
-#define MLA_TILE 32
-#define MLA_HB 48 /* heads per block */
-#define MLA_THREADS 384
-#define MLA_SMEM ((MLA_HB * MLA_LDS + 2 * MLA_TILE * MLA_LDS) * 2 + MLA_HB * (MLA_TILE + 1) * 4)
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void *p) {
-  unsigned s = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
-  return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
-}
+#define MLA_LDS 584
+#define MLA_TILE 64
+#define MLA_HB 48
+#define MLA_THREADS 256
+#define MLA_SXP 72
+#define MLA_PP 72
+#define MLA_OFF_KV (MLA_HB * MLA_LDS * 2)
+#define MLA_OFF_SX (MLA_OFF_KV + 2 * MLA_TILE * MLA_LDS * 2)
+#define MLA_OFF_PS (MLA_OFF_SX + MLA_HB * MLA_SXP * 4)
+#define MLA_OFF_ST (MLA_OFF_PS + MLA_HB * MLA_PP * 2)
+#define MLA_SMEM (MLA_OFF_ST + 3 * MLA_HB * 4)
 
 /* Grid (NH/48, splits, B): the head groups of one (sequence, split) are adjacent in launch
- * order, so the second group's cache reads hit L2. Warp w: head group hg = w % 3 (16 heads), quarter dq = w / 3 (it
- * scores tokens dq*8..+8 of each tile and accumulates output dims dq*128..+128). */
+ * order, so the second group's cache reads hit L2. */
 __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_decode_args a,
                                                                      int chunk) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t *Qs = (uint16_t *)smem;
-  uint16_t *KVs = Qs + MLA_HB * MLA_LDS;
-  float *Ss = (float *)(KVs + 2 * MLA_TILE * MLA_LDS);
+  uint16_t *KVs = (uint16_t *)(smem + MLA_OFF_KV);
+  float *Sx = (float *)(smem + MLA_OFF_SX);
+  uint16_t *Ps = (uint16_t *)(smem + MLA_OFF_PS);
+  float *alpha_s = (float *)(smem + MLA_OFF_ST), *m_s = alpha_s + MLA_HB, *l_s = m_s + MLA_HB;
   const int split = blockIdx.y, b = blockIdx.z, hbase = blockIdx.x * MLA_HB;
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, hg = w % 3, dq = w / 3;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const int len = a.seq_lens[(size_t)b * a.sl_stride];
   const int tok0 = split * chunk, tok1 = min(len, tok0 + chunk);
   const int32_t *bt = a.block_table + (size_t)b * a.pt_stride;
 
-  /* Q for 48 heads. */
+  /* Q rows: warp w copies rows w, w+8, ...; a row is 72 chunks of 16 B (lanes 0..31, +32, +64). */
   const uint16_t *qg = a.q + ((size_t)b * a.heads + hbase) * MLA_D;
-  for (int i = tid; i < MLA_HB * (MLA_D / 8); i += MLA_THREADS) {
-    int r = i / (MLA_D / 8), c8 = i % (MLA_D / 8);
-    cp_async16(Qs + r * MLA_LDS + c8 * 8, qg + (size_t)r * MLA_D + c8 * 8, true);
-  }
-  auto load_tile = [&](int tile_start, int buf) {
+  for (int r = w; r < MLA_HB; r += 8)
+    for (int c = lane; c < MLA_D / 8; c += 32)
+      cp_async16(Qs + r * MLA_LDS + c * 8, qg + (size_t)r * MLA_D + c * 8, true);
+  /* KV tile: warp w copies token rows 8w..8w+7; each row's page is looked up once. Rows past
+   * tok1 are zero-filled (their scores are masked; zero V keeps 0·V finite). */
+  auto load_tile = [&](int ts, int buf) {
     uint16_t *dst = KVs + buf * MLA_TILE * MLA_LDS;
-    for (int i = tid; i < MLA_TILE * (MLA_D / 8); i += MLA_THREADS) {
-      int r = i / (MLA_D / 8), c8 = i % (MLA_D / 8);
-      int tok = tile_start + r;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      int r = w * 8 + i, tok = ts + r;
       bool valid = tok < tok1;
       const uint16_t *src = a.kv;
-      if (valid)
-        src = a.kv + ((size_t)bt[tok / a.page_size] * a.page_size + tok % a.page_size) * MLA_D +
-              c8 * 8;
-      cp_async16(dst + r * MLA_LDS + c8 * 8, src, valid);
+      if (valid) src += ((size_t)bt[tok / a.page_size] * a.page_size + tok % a.page_size) * MLA_D;
+      for (int c = lane; c < MLA_D / 8; c += 32)
+        cp_async16(dst + r * MLA_LDS + c * 8, valid ? src + c * 8 : a.kv, valid);
     }
   };
   if (tok0 < tok1) load_tile(tok0, 0);
   cp_async_commit();
 
   const float sl2 = a.scale * 1.4426950408889634f; /* scores in log2 units */
-  float oacc[16][4];
+  float oacc[3][8][4];
 #pragma unroll
-  for (int i = 0; i < 16; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f; /* rows g, g+8 */
-  const uint16_t *qa = Qs + (hg * 16 + g) * MLA_LDS + 2 * t4;
+  for (int i = 0; i < 3; i++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) oacc[i][j][0] = oacc[i][j][1] = oacc[i][j][2] = oacc[i][j][3] = 0.f;
+  /* Softmax state of rows 6w..6w+5 (warp-uniform m; l as per-lane partial sums). */
+  float m_row[6], l_row[6];
+#pragma unroll
+  for (int i = 0; i < 6; i++) m_row[i] = -INFINITY, l_row[i] = 0.f;
 
+  const int tg = w & 3, kh = w >> 2;
   int buf = 0;
   for (int ts = tok0; ts < tok1; ts += MLA_TILE, buf ^= 1) {
-    if (ts + MLA_TILE < tok1) load_tile(ts + MLA_TILE, buf ^ 1);
+    cp_async_wait<0>();
+    __syncthreads(); /* tile `buf` landed for all threads; the previous tile is fully used */
+    if (a.probe == 2) buf = 0;
+    else if (ts + MLA_TILE < tok1) load_tile(ts + MLA_TILE, buf ^ 1);
     cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    if (a.probe == 1) continue;
     const uint16_t *kvb = KVs + buf * MLA_TILE * MLA_LDS;
-    /* Scores for 16 heads x 8 tokens (dq*8..). */
-    /* Four independent accumulators break the 36-long dependent mma chain. */
-    float sc4[4][4] = {};
-    const uint16_t *kb = kvb + (dq * 8 + g) * MLA_LDS + 2 * t4;
-#pragma unroll 3
-    for (int k0 = 0; k0 < MLA_D; k0 += 64) {
+
+    /* Scores: 48 heads x tokens 16tg..+16 over dims kh*288..+288. */
+    float sacc[3][2][4];
 #pragma unroll
-      for (int u = 0; u < 4; u++) {
-        int kk = k0 + u * 16;
-        uint32_t af[4];
-        af[0] = *(const uint32_t *)(qa + kk);
-        af[1] = *(const uint32_t *)(qa + 8 * MLA_LDS + kk);
-        af[2] = *(const uint32_t *)(qa + kk + 8);
-        af[3] = *(const uint32_t *)(qa + 8 * MLA_LDS + kk + 8);
-        mma_bf16(sc4[u], af, *(const uint32_t *)(kb + kk), *(const uint32_t *)(kb + kk + 8));
+    for (int i = 0; i < 3; i++)
+#pragma unroll
+      for (int j = 0; j < 2; j++) sacc[i][j][0] = sacc[i][j][1] = sacc[i][j][2] = sacc[i][j][3] = 0.f;
+    if (a.probe != 4) {
+      const uint16_t *qa = Qs + (lane & 15) * MLA_LDS + kh * 288 + (lane >> 4) * 8;
+      const uint16_t *kb =
+          kvb + (16 * tg + ((lane >> 4) << 3) + (lane & 7)) * MLA_LDS + kh * 288 + ((lane >> 3) & 1) * 8;
+#pragma unroll 6
+      for (int ks = 0; ks < 18; ks++) {
+        uint32_t bf[4], af[3][4];
+        ldsm_x4(bf, kb + ks * 16);
+#pragma unroll
+        for (int mt = 0; mt < 3; mt++) ldsm_x4(af[mt], qa + mt * 16 * MLA_LDS + ks * 16);
+#pragma unroll
+        for (int mt = 0; mt < 3; mt++) {
+          mma_bf16(sacc[mt][0], af[mt], bf[0], bf[1]);
+          mma_bf16(sacc[mt][1], af[mt], bf[2], bf[3]);
+        }
       }
     }
-    float sc[4];
+    if (kh == 1) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) sc[j] = (sc4[0][j] + sc4[1][j]) + (sc4[2][j] + sc4[3][j]);
-    {
-      int col = dq * 8 + 2 * t4;
-      float *s_lo = Ss + (hg * 16 + g) * (MLA_TILE + 1), *s_hi = s_lo + 8 * (MLA_TILE + 1);
-      bool v0 = ts + col < tok1, v1 = ts + col + 1 < tok1;
-      s_lo[col] = v0 ? sc[0] * sl2 : -INFINITY;
-      s_lo[col + 1] = v1 ? sc[1] * sl2 : -INFINITY;
-      s_hi[col] = v0 ? sc[2] * sl2 : -INFINITY;
-      s_hi[col + 1] = v1 ? sc[3] * sl2 : -INFINITY;
+      for (int mt = 0; mt < 3; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+          float *s = Sx + (16 * mt + g) * MLA_SXP + 16 * tg + 8 * nt + 2 * t4;
+          *(float2 *)s = make_float2(sacc[mt][nt][0], sacc[mt][nt][1]);
+          *(float2 *)(s + 8 * MLA_SXP) = make_float2(sacc[mt][nt][2], sacc[mt][nt][3]);
+        }
     }
     __syncthreads();
-    /* Online softmax for rows g and g+8: this lane holds tokens {2t4, 2t4+1} + {0, 8, 16, 24}. */
-    const float *r_lo = Ss + (hg * 16 + g) * (MLA_TILE + 1), *r_hi = r_lo + 8 * (MLA_TILE + 1);
-    float p_lo[8], p_hi[8];
+    if (kh == 0) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      p_lo[2 * j] = r_lo[j * 8 + 2 * t4];
-      p_lo[2 * j + 1] = r_lo[j * 8 + 2 * t4 + 1];
-      p_hi[2 * j] = r_hi[j * 8 + 2 * t4];
-      p_hi[2 * j + 1] = r_hi[j * 8 + 2 * t4 + 1];
-    }
-    float mx_lo = p_lo[0], mx_hi = p_hi[0];
+      for (int nt = 0; nt < 2; nt++) {
+        int col = 16 * tg + 8 * nt + 2 * t4;
+        bool v0 = ts + col < tok1, v1 = ts + col + 1 < tok1;
 #pragma unroll
-    for (int j = 1; j < 8; j++) {
-      mx_lo = fmaxf(mx_lo, p_lo[j]);
-      mx_hi = fmaxf(mx_hi, p_hi[j]);
-    }
-#pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o));
-    }
-    float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-    /* A tile always has >= 1 valid token, so mn_* is finite here. */
-    float al_lo = exp2f(m_lo - mn_lo), al_hi = exp2f(m_hi - mn_hi);
-    m_lo = mn_lo;
-    m_hi = mn_hi;
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      p_lo[j] = exp2f(p_lo[j] - mn_lo);
-      p_hi[j] = exp2f(p_hi[j] - mn_hi);
-      sum_lo += p_lo[j];
-      sum_hi += p_hi[j];
-    }
-    l_lo = l_lo * al_lo + sum_lo;
-    l_hi = l_hi * al_hi + sum_hi;
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-      oacc[i][0] *= al_lo;
-      oacc[i][1] *= al_lo;
-      oacc[i][2] *= al_hi;
-      oacc[i][3] *= al_hi;
-    }
-    /* P (16 x 32) as two k16 A fragments: k-step ks covers tokens ks*16 .. ks*16+15. */
-#pragma unroll
-    for (int ks = 0; ks < 2; ks++) {
-      uint32_t pa[4];
-      pa[0] = pack_bf2(p_lo[4 * ks], p_lo[4 * ks + 1]);
-      pa[1] = pack_bf2(p_hi[4 * ks], p_hi[4 * ks + 1]);
-      pa[2] = pack_bf2(p_lo[4 * ks + 2], p_lo[4 * ks + 3]);
-      pa[3] = pack_bf2(p_hi[4 * ks + 2], p_hi[4 * ks + 3]);
-      /* ldmatrix.x4.trans: matrices (k 0-7, n), (k 8-15, n), (k 0-7, n+8), (k 8-15, n+8). */
-      int mi = lane >> 3, rr = lane & 7;
-      const uint16_t *vrow = kvb + (ks * 16 + (mi & 1) * 8 + rr) * MLA_LDS + dq * 128 + (mi >> 1) * 8;
-#pragma unroll
-      for (int np = 0; np < 8; np++) {
-        uint32_t bf[4];
-        ldsm_x4_trans(bf, vrow + np * 16);
-        mma_bf16(oacc[2 * np], pa, bf[0], bf[1]);
-        mma_bf16(oacc[2 * np + 1], pa, bf[2], bf[3]);
+        for (int mt = 0; mt < 3; mt++) {
+          float *s = Sx + (16 * mt + g) * MLA_SXP + col;
+          float2 lo = *(float2 *)s, hi = *(float2 *)(s + 8 * MLA_SXP);
+          lo.x = v0 ? (lo.x + sacc[mt][nt][0]) * sl2 : -INFINITY;
+          lo.y = v1 ? (lo.y + sacc[mt][nt][1]) * sl2 : -INFINITY;
+          hi.x = v0 ? (hi.x + sacc[mt][nt][2]) * sl2 : -INFINITY;
+          hi.y = v1 ? (hi.y + sacc[mt][nt][3]) * sl2 : -INFINITY;
+          *(float2 *)s = lo;
+          *(float2 *)(s + 8 * MLA_SXP) = hi;
+        }
       }
     }
-    __syncthreads(); /* buffer `buf` and Ss are rewritten next iteration */
+    __syncthreads();
+    /* Online softmax, warp w rows 6w..6w+5, lane tokens lane and lane+32. A tile always holds a
+     * valid token, so the new max is finite. */
+#pragma unroll
+    for (int i = 0; i < 6; i++) {
+      int row = 6 * w + i;
+      float s0 = Sx[row * MLA_SXP + lane], s1 = Sx[row * MLA_SXP + lane + 32];
+      float mx = warp_max(fmaxf(s0, s1));
+      float mn = fmaxf(m_row[i], mx);
+      float al = exp2f(m_row[i] - mn);
+      m_row[i] = mn;
+      float p0 = exp2f(s0 - mn), p1 = exp2f(s1 - mn);
+      l_row[i] = l_row[i] * al + p0 + p1;
+      Ps[row * MLA_PP + lane] = f2bf(p0);
+      Ps[row * MLA_PP + lane + 32] = f2bf(p1);
+      if (lane == 0) alpha_s[row] = al;
+    }
+    __syncthreads();
+    /* O[48 x dims 64w..+64] = alpha * O + P V. */
+    if (a.probe != 3) {
+#pragma unroll
+      for (int mt = 0; mt < 3; mt++) {
+        float al0 = alpha_s[16 * mt + g], al1 = alpha_s[16 * mt + g + 8];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+          oacc[mt][nt][0] *= al0;
+          oacc[mt][nt][1] *= al0;
+          oacc[mt][nt][2] *= al1;
+          oacc[mt][nt][3] *= al1;
+        }
+      }
+      const uint16_t *pa = Ps + (lane & 15) * MLA_PP + (lane >> 4) * 8;
+      const uint16_t *vb = kvb + (((lane >> 3) & 1) * 8 + (lane & 7)) * MLA_LDS + 64 * w + (lane >> 4) * 8;
+#pragma unroll
+      for (int ks = 0; ks < 4; ks++) {
+        uint32_t af[3][4];
+#pragma unroll
+        for (int mt = 0; mt < 3; mt++) ldsm_x4(af[mt], pa + mt * 16 * MLA_PP + ks * 16);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+          uint32_t bf[4];
+          ldsm_x4_trans(bf, vb + ks * 16 * MLA_LDS + np * 16);
+#pragma unroll
+          for (int mt = 0; mt < 3; mt++) {
+            mma_bf16(oacc[mt][2 * np], af[mt], bf[0], bf[1]);
+            mma_bf16(oacc[mt][2 * np + 1], af[mt], bf[2], bf[3]);
+          }
+        }
+      }
+    }
   }
   cp_async_wait<0>();
 
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-  const int h_lo = hbase + hg * 16 + g, h_hi = h_lo + 8;
-  int splits = gridDim.y;
-  if (splits == 1) {
-    float il = len > 0 ? 1.0f / l_lo : 0.f, ih = len > 0 ? 1.0f / l_hi : 0.f;
-    uint16_t *o_lo = a.out + ((size_t)b * a.heads + h_lo) * MLA_DV + dq * 128 + 2 * t4;
-    uint16_t *o_hi = a.out + ((size_t)b * a.heads + h_hi) * MLA_DV + dq * 128 + 2 * t4;
+  /* Row statistics to shared memory: m (log2 units) and l. */
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-      *(uint32_t *)(o_lo + i * 8) = pack_bf2(oacc[i][0] * il, oacc[i][1] * il);
-      *(uint32_t *)(o_hi + i * 8) = pack_bf2(oacc[i][2] * ih, oacc[i][3] * ih);
+  for (int i = 0; i < 6; i++) {
+    float l = warp_sum(l_row[i]);
+    if (lane == 0) {
+      m_s[6 * w + i] = m_row[i];
+      l_s[6 * w + i] = l;
     }
-    return;
   }
-  /* Split partials: normalised O (fp32) and lse (log2 units; -inf for an empty split). */
+  __syncthreads();
+  int splits = gridDim.y;
   size_t nrow = (size_t)a.batch * a.heads;
-  float *wo = a.work, *wl = a.work + (size_t)splits * nrow * MLA_DV;
-  size_t r_lo = (size_t)split * nrow + (size_t)b * a.heads + h_lo, r_hi = r_lo + 8;
   bool empty = tok0 >= tok1;
-  float il = empty ? 0.f : 1.0f / l_lo, ih = empty ? 0.f : 1.0f / l_hi;
 #pragma unroll
-  for (int i = 0; i < 16; i++) {
-    *(float2 *)(wo + r_lo * MLA_DV + dq * 128 + i * 8 + 2 * t4) =
-        make_float2(oacc[i][0] * il, oacc[i][1] * il);
-    *(float2 *)(wo + r_hi * MLA_DV + dq * 128 + i * 8 + 2 * t4) =
-        make_float2(oacc[i][2] * ih, oacc[i][3] * ih);
-  }
-  if (dq == 0 && t4 == 0) {
-    wl[r_lo] = empty ? -INFINITY : m_lo + log2f(l_lo);
-    wl[r_hi] = empty ? -INFINITY : m_hi + log2f(l_hi);
-  }
+  for (int mt = 0; mt < 3; mt++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      int row = 16 * mt + g + 8 * hh;
+      float il = empty ? 0.f : 1.0f / l_s[row];
+      size_t orow = (size_t)b * a.heads + hbase + row;
+      if (splits == 1) {
+        uint16_t *o = a.out + orow * MLA_DV + 64 * w + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+          *(uint32_t *)(o + nt * 8) =
+              pack_bf2(oacc[mt][nt][2 * hh] * il, oacc[mt][nt][2 * hh + 1] * il);
+      } else {
+        /* Split partials: normalised O (fp32) and lse (log2 units; -inf for an empty split). */
+        size_t r = (size_t)split * nrow + orow;
+        float *o = a.work + r * MLA_DV + 64 * w + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+          *(float2 *)(o + nt * 8) =
+              make_float2(oacc[mt][nt][2 * hh] * il, oacc[mt][nt][2 * hh + 1] * il);
+        if (w == 0 && t4 == 0)
+          a.work[(size_t)splits * nrow * MLA_DV + r] =
+              empty ? -INFINITY : m_s[row] + log2f(l_s[row]);
+      }
+    }
 }
 
 /* One block of 128 threads per (b, h): out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M). */
@@ -282,13 +297,21 @@ __global__ void mla_merge_kernel(const float *work, int splits, size_t nrow, uin
       make_uint2(pack_bf2(acc.x * inv, acc.y * inv), pack_bf2(acc.z * inv, acc.w * inv));
 }
 
-/* Splits: enough blocks for ~2 waves, each split at least 256 tokens. */
+/* Splits: one block per SM at a time, so pick the split count that minimises
+ * waves x tiles-per-split (+1 tile per extra split for the merge), fewest splits on ties. */
 static int mla_splits(const k3k_cu_mla_decode_args *a) {
-  int blocks1 = a->batch * (a->heads / MLA_HB);
-  int want = (2 * a->num_sms + blocks1 - 1) / blocks1;
-  int cap = (a->max_len + 255) / 256;
-  int s = want < cap ? want : cap;
-  return s < 1 ? 1 : (s > 64 ? 64 : s);
+  long units = (long)a->batch * (a->heads / MLA_HB);
+  long tiles = (a->max_len + MLA_TILE - 1) / MLA_TILE;
+  if (tiles < 1) return 1;
+  int best = 1;
+  long best_cost = -1;
+  for (int s = 1; s <= 64 && s <= tiles; s++) {
+    long per = (tiles + s - 1) / s;
+    long waves = (units * s + a->num_sms - 1) / a->num_sms;
+    long cost = waves * per + (s > 1 ? 1 : 0);
+    if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
+  }
+  return best;
 }
 
 static size_t mla_work_bytes(const k3k_cu_mla_decode_args *a) {
@@ -297,11 +320,18 @@ static size_t mla_work_bytes(const k3k_cu_mla_decode_args *a) {
   return (size_t)s * a->batch * a->heads * (MLA_DV + 1) * sizeof(float);
 }
 
-static int mla_attend(cudaStream_t st, const k3k_cu_mla_decode_args *a) {
+/* Benchmark hook: 1 = tile loads and barriers only, 2 = no loads after the first tile, 3 = no
+ * P·V, 4 = no score mma; 0 = the real kernel. Results are wrong for modes != 0. */
+static int g_mla_probe;
+void k3k_cuda_mla_probe(int mode) { g_mla_probe = mode; }
+
+static int mla_attend(cudaStream_t st, k3k_cu_mla_decode_args *a) {
+  a->probe = g_mla_probe;
   if (a->batch == 0) return 0;
   int splits = mla_splits(a);
   int chunk = (a->max_len + splits - 1) / splits;
   chunk = (chunk + MLA_TILE - 1) / MLA_TILE * MLA_TILE;
+  if (chunk < MLA_TILE) chunk = MLA_TILE;
   /* Cheap and idempotent; set on every call so no global state is needed (per device). */
   K3K_CU(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               MLA_SMEM));
@@ -315,7 +345,6 @@ static int mla_attend(cudaStream_t st, const k3k_cu_mla_decode_args *a) {
   }
   return 0;
 }
-
 
 /* ---- MLA_DECODE op ---- */
 
@@ -344,7 +373,7 @@ bool k3k_cuda_mla_decode_ok(const void *params, const k3k_tensor_t *const *t) {
   if (w->dtype != K3K_BF16 || w->stride[1] != 1 || (w->stride[0] % 8) != 0 ||
       ((uintptr_t)w->data & 15))
     return false;
-  if (cache->dtype != K3K_BF16 || !k3k_tensor_is_contiguous(cache) || cache->shape[1] % 32 ||
+  if (cache->dtype != K3K_BF16 || !k3k_tensor_is_contiguous(cache) ||
       ((uintptr_t)cache->data & 15))
     return false;
   return true;

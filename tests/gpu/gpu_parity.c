@@ -459,6 +459,7 @@ out:
 /* Fused decode step vs CONV_STEP x3 → L2NORM q,k → KDA_GATE → SIGMOID → KDA_STEP →
  * GATED_RMSNORM on the reference backend. */
 void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH);
+void gpu_mla_prefill_cases(gctx *g, bool quick);
 
 int gpu_parity(gctx *g, bool quick) {
   for (int i = 0; i < NT; i++) {
@@ -502,6 +503,7 @@ int gpu_parity(gctx *g, bool quick) {
     for (int i = 0; i < 64; i++) l4[i] = 1 + (i * 997) % 2048;
     t_mla_decode(g, 64, l4, 96);
   }
+  gpu_mla_prefill_cases(g, quick);
   t_sample(g, 163840);
   t_gemm(g, 4, 4096, 7168, K3K_BF16, K3K_F32); /* lm_head rows (vocab cut to 4096) */
   return 0;

@@ -248,8 +248,45 @@ int gpu_perf(gctx *g) {
       report(&P, "mla_decode attention kernel alone", ms * 1e-3, (double)B * ctx * 1152,
              2.0 * B * NH * ctx * (576 + 512));
     }
+    /* Variants that leave a stage out (wrong results, timing only): what bounds the kernel. */
+    static const char *pn[5] = {"", "loads+barriers only", "no loads (tile 0 reused)",
+                                "no P.V", "no scores"};
+    for (int m = 1; m <= 4; m++) {
+      k3k_cuda_mla_probe(m);
+      k3k_cuda_mla_phase_events(ev);
+      double tp = time_it(&P, run_op, &ob, 5);
+      k3k_cuda_mla_phase_events(NULL);
+      k3k_cuda_mla_probe(0);
+      float pm = 0;
+      if (tp > 0 && cudaEventSynchronize(ev[4]) == cudaSuccess) cudaEventElapsedTime(&pm, ev[2], ev[3]);
+      printf("PROBE mla_decode attention %-26s %9.1f us\n", pn[m], pm * 1e3);
+    }
     for (int i = 0; i < 5; i++) cudaEventDestroy(ev[i]);
     be->free(be, cache);
+  }
+  /* MLA prefill attention (non-absorbed, causal), 96 heads: 8K tokens in one sequence, then a
+   * 4K chunk over an 8K context (4K prefix). FLOPs: 2·(192 + 128) per visible (query, key)
+   * pair and head; bytes: q, kv, k_rot read once, o written once (bf16). */
+  for (int pre = 0; pre <= 1; pre++) {
+    const int64_t Tk = 8192, Tq = pre ? 4096 : 8192;
+    void *q = dbuf(&P, Tq * NH * 192, K3K_BF16, -1, 1), *kv = dbuf(&P, Tk * NH * 256, K3K_BF16, -1, 1),
+         *kr = dbuf(&P, Tk * 64, K3K_BF16, -1, 1), *o = dbuf(&P, Tq * NH * 128, K3K_BF16, 0, 0);
+    int32_t cq[2] = {0, (int32_t)Tq}, ck[2] = {0, (int32_t)Tk};
+    void *dcq = dbuf(&P, 2, K3K_I32, 0, 0), *dck = dbuf(&P, 2, K3K_I32, 0, 0);
+    be->copy_from_host(be, dcq, cq, sizeof cq);
+    be->copy_from_host(be, dck, ck, sizeof ck);
+    k3k_tensor_t tq = T2(&P, K3K_BF16, q, Tq, NH * 192), tkv = T2(&P, K3K_BF16, kv, Tk, NH * 256),
+                 tkr = T2(&P, K3K_BF16, kr, Tk, 64), tcq = k3k_tensor_1d(be, K3K_I32, dcq, 2),
+                 tck = k3k_tensor_1d(be, K3K_I32, dck, 2), to = T2(&P, K3K_BF16, o, Tq, NH * 128);
+    k3k_mla_params_t mp = {1, (int32_t)NH, 128, 64, 128, 512, (int32_t)Tq, (int32_t)Tk, 0};
+    opb ob = {&P, K3K_OP_MLA_PREFILL, &mp, {&tq, &tkv, &tkr, &tcq, &tck, &to}, 6};
+    double t = time_it(&P, run_op, &ob, 10);
+    double pairs = (double)Tq * (Tk - Tq) + (double)Tq * (Tq + 1) / 2;
+    double bytes = (double)Tq * NH * (192 + 128) * 2 + (double)Tk * (NH * 256 + 64) * 2;
+    report(&P, pre ? "mla_prefill Tq=4096 Tk=8192 (prefix) NH=96" : "mla_prefill T=8192 causal NH=96",
+           t, bytes, 2.0 * NH * 320 * pairs);
+    void *bufs[] = {q, kv, kr, o, dcq, dck};
+    for (int i = 0; i < 6; i++) be->free(be, bufs[i]);
   }
   /* KDA chunked prefill, 8K tokens x 96 heads (one sequence, then 8 x 1024), bf16 q/k/v/o.
    * Bytes: q,k,v,o bf16 + g fp32 + beta + state in/out. FLOPs per token and head (chunk C=64,

@@ -1,0 +1,101 @@
+/* Parity of the CUDA MLA_PREFILL kernel (kernels/cuda/mla_prefill.cu) against the reference.
+ *
+ * What it is for: causal bottom-right attention over ragged sequences with a prefix (Lk > Lq,
+ * chunked prefill), odd lengths around the 64-key and 128-query tile edges, real head count,
+ * BF16 and F32 outputs, and the metadata errors (Lk < Lq → K3_EINVAL, cu past the rows →
+ * K3_ERANGE) with the output left untouched.
+ * Tolerance TOL_BF16 (1e-2 relative Frobenius): q/k/v are bf16 on both sides; the kernel rounds
+ * p to bf16 for the P·V tensor-core product (2^-9 relative per term, averaging out over keys)
+ * and a BF16 output adds one rounding; observed errors are ~3e-3. */
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu_util.h"
+#include "k3pd/err.h"
+
+#define TOL_BF16 1e-2
+
+#define SH(...) ((const int64_t[]){__VA_ARGS__})
+#define NEW(p, dt, nd, ...)                                        \
+  do {                                                             \
+    if (gpair_new(g, &(p), (dt), (nd), SH(__VA_ARGS__))) goto out; \
+  } while (0)
+
+static void t_mla_prefill(gctx *g, int n, const int32_t *lq, const int32_t *lk, int64_t NH,
+                          k3k_dtype_t odt, bool bad) {
+  int64_t Tq = 0, Tk = 0;
+  for (int i = 0; i < n; i++) Tq += lq[i], Tk += lk[i];
+  gpair q = {0}, kv = {0}, kr = {0}, cq = {0}, ck = {0}, o = {0};
+  char what[200];
+  int off = snprintf(what, sizeof what, "mla_prefill NH=%lld o=%s lq/lk=", (long long)NH,
+                     k3k_dtype_name(odt));
+  for (int i = 0; i < n && off < 150; i++)
+    off += snprintf(what + off, sizeof what - off, "%s%d/%d", i ? "," : "", lq[i], lk[i]);
+  NEW(q, K3K_BF16, 2, Tq ? Tq : 1, NH * 192);
+  NEW(kv, K3K_BF16, 2, Tk ? Tk : 1, NH * 256);
+  NEW(kr, K3K_BF16, 2, Tk ? Tk : 1, 64);
+  NEW(cq, K3K_I32, 1, n + 1);
+  NEW(ck, K3K_I32, 1, n + 1);
+  NEW(o, odt, 2, Tq ? Tq : 1, NH * 128);
+  gpair_rand(g, &q, -1, 1), gpair_rand(g, &kv, -1, 1), gpair_rand(g, &kr, -1, 1);
+  int64_t aq = 0, ak = 0;
+  gpair_host_set(&cq, 0, 0), gpair_host_set(&ck, 0, 0);
+  for (int i = 0; i < n; i++) {
+    aq += lq[i], ak += lk[i];
+    gpair_host_set(&cq, i + 1, (float)aq), gpair_host_set(&ck, i + 1, (float)ak);
+  }
+  gpair_upload(g, &cq), gpair_upload(g, &ck);
+  gpair_poison(g, &o);
+  k3k_mla_params_t p = {n, (int32_t)NH, 128, 64, 128, 512, 0, 0, 0.0f};
+  if (!bad) {
+    gpair *a[] = {&q, &kv, &kr, &cq, &ck, &o};
+    if (!g_run2(g, K3K_OP_MLA_PREFILL, &p, a, 6, what)) gpair_check(g, &o, TOL_BF16, what);
+    goto out;
+  }
+  /* Rejected calls: sequence 0 with Lk < Lq (swap the bounds), then cu_k past the rows. */
+  {
+    const k3k_tensor_t *td[] = {&q.d, &kv.d, &kr.d, &cq.d, &ck.d, &o.d};
+    gpair_host_set(&ck, 1, (float)(lq[0] - 1));
+    gpair_upload(g, &ck);
+    int rc1 = k3k_run(g->cuda, K3K_OP_MLA_PREFILL, &p, td, 6);
+    gpair_host_set(&ck, 1, (float)lk[0]);
+    gpair_host_set(&ck, n, (float)(Tk + 1));
+    gpair_upload(g, &ck);
+    int rc2 = k3k_run(g->cuda, K3K_OP_MLA_PREFILL, &p, td, 6);
+    g_record(g, rc1 == K3_EINVAL && rc2 == K3_ERANGE, "%s: Lk<Lq -> %s, cu_k past rows -> %s",
+             what, k3_errname(rc1), k3_errname(rc2));
+    /* The output must still be the poison (0xFF bytes everywhere). */
+    int rc = g->cuda->synchronize(g->cuda);
+    bool untouched = rc == 0;
+    if (untouched) {
+      size_t nb = o.bytes;
+      unsigned char *hb = (unsigned char *)o.h.data;
+      if (g->cuda->copy_to_host(g->cuda, hb, o.d.data, nb)) untouched = false;
+      for (size_t i = 0; untouched && i < nb; i++) untouched = hb[i] == 0xFF;
+    }
+    g_record(g, untouched, "%s: output untouched after rejected calls", what);
+  }
+out:
+  gpair_free(g, &q), gpair_free(g, &kv), gpair_free(g, &kr), gpair_free(g, &cq);
+  gpair_free(g, &ck), gpair_free(g, &o);
+}
+
+void gpu_mla_prefill_cases(gctx *g, bool quick) {
+  static const int32_t kT[] = {1, 63, 64, 65, 1000};
+  for (int i = 0; i < 5; i++) {
+    t_mla_prefill(g, 1, &kT[i], &kT[i], 2, K3K_BF16, false);
+    if (quick && i == 1) break;
+  }
+  /* prefix (chunked prefill): the chunk is the last Lq of Lk positions */
+  static const int32_t pq[] = {65}, pk[] = {200};
+  t_mla_prefill(g, 1, pq, pk, 4, K3K_BF16, false);
+  /* ragged, with an empty sequence, a prefix, F32 output */
+  static const int32_t rq[] = {63, 1, 0, 130, 129}, rk[] = {63, 100, 5, 300, 129};
+  t_mla_prefill(g, 5, rq, rk, 3, K3K_F32, false);
+  /* real head count */
+  static const int32_t hq[] = {65, 17}, hk[] = {65, 80};
+  t_mla_prefill(g, 2, hq, hk, 96, K3K_BF16, false);
+  /* metadata errors */
+  static const int32_t eq[] = {10, 5}, ek[] = {20, 5};
+  t_mla_prefill(g, 2, eq, ek, 2, K3K_BF16, true);
+}
