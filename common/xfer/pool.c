@@ -128,6 +128,44 @@ int xf_done_decode(const uint8_t *b, size_t len, xf_done_t *d) {
   return 0;
 }
 
+/* LAYER layout: magic u32 | version u16 | type u16 (3) | request_id u64 | epoch u64 |
+ * fingerprint u64 | send_id u64 | layer u32 | n_digests u32 | digests u64[n]. */
+#define LAYER_HDR 48
+uint8_t *xf_layer_encode(const xf_layer_t *m, const uint64_t *digests, size_t *len) {
+  size_t n = LAYER_HDR + 8 * (size_t)m->n_digests;
+  uint8_t *b = calloc(1, n);
+  if (!b) return NULL;
+  put32(b, XF_WIRE_MAGIC);
+  put16(b + 4, XF_WIRE_VERSION);
+  put16(b + 6, 3);
+  put64(b + 8, m->request_id);
+  put64(b + 16, m->epoch);
+  put64(b + 24, m->fingerprint);
+  put64(b + 32, m->send_id);
+  put32(b + 40, m->layer);
+  put32(b + 44, m->n_digests);
+  for (uint32_t i = 0; i < m->n_digests; i++) put64(b + LAYER_HDR + 8 * (size_t)i, digests[i]);
+  *len = n;
+  return b;
+}
+
+int xf_layer_decode(const uint8_t *b, size_t len, xf_layer_t *m) {
+  if (len < LAYER_HDR || get32(b) != XF_WIRE_MAGIC || get16(b + 4) != XF_WIRE_VERSION ||
+      get16(b + 6) != 3)
+    return K3_EPROTO;
+  m->request_id = get64(b + 8);
+  m->epoch = get64(b + 16);
+  m->fingerprint = get64(b + 24);
+  m->send_id = get64(b + 32);
+  m->layer = get32(b + 40);
+  m->n_digests = get32(b + 44);
+  if (m->n_digests == 0 || m->n_digests > K3_XFER_MAX_REGIONS ||
+      len != LAYER_HDR + 8 * (size_t)m->n_digests)
+    return K3_EPROTO;
+  m->digests = b + LAYER_HDR;
+  return 0;
+}
+
 /* ACK layout: magic u32 | version u16 | type u16 (2) | request_id u64 | epoch u64 |
  * send_id u64 | status i32 | reserved u32. */
 uint8_t *xf_ack_encode(const xf_ack_t *a, size_t *len) {

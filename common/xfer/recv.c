@@ -2,9 +2,15 @@
  *
  * What it is for: the decode side. k3_xfer_recv_reserve turns a layout over registered pools
  * into a live reservation (fresh epoch, lease) and a descriptor. A DONE is accepted only for a
- * live reservation of the same epoch and fingerprint, and only after every region's xxhash64,
+ * live reservation of the same epoch and fingerprint, and only after every region's XXH3-64,
  * recomputed over our own memory at the reservation's own addresses (never addresses taken
  * from the message), matches the sender's. Every outcome is ACKed to the sender and counted.
+ *
+ * Incremental verification: the sender announces each layer (LAYER: that layer's digests)
+ * after flushing its puts, and we verify the layer at once, while later layers stream; DONE then
+ * only re-checks the recorded digests and hashes what was not announced (normally nothing but
+ * a lost race). A LAYER for anything but a live reservation of the same epoch and fingerprint is
+ * ignored (DONE gives the verdict); a mismatch is remembered and becomes DONE's verdict.
  *
  * Fencing rule (docs/transfer.md): memory of a reservation that did not complete (lease expired,
  * cancelled) is quarantined for quarantine_ms before on_release hands it back to the owner, and
@@ -17,8 +23,6 @@
  * list: a decode worker holds at most a few hundred reservations. */
 #include <stdlib.h>
 #include <string.h>
-
-#include <xxhash.h>
 
 #include "k3pd/err.h"
 #include "k3pd/log.h"
@@ -34,6 +38,9 @@ typedef struct resv {
   void *owner;
   k3_xfer_desc_t *desc; /* our copy: the only addresses we ever hash or release */
   k3_xfer_pool_t *pools[K3_XFER_MAX_POOLS];
+  uint8_t *verified;  /* per region: verified by a LAYER of the current epoch */
+  uint64_t *vdigest;  /* per region: the digest it was verified against */
+  int verdict;        /* first LAYER failure of the current epoch (K3_EDIGEST/K3_EPROTO) or 0 */
 } resv_t;
 
 struct k3_xfer_recv {
@@ -78,6 +85,8 @@ static void resv_release(k3_xfer_recv_t *r, resv_t *v) {
   uint64_t id = v->desc->request_id;
   void *owner = v->owner;
   k3_xfer_desc_free(v->desc);
+  free(v->verified);
+  free(v->vdigest);
   free(v);
   if (r->opts.on_release) r->opts.on_release(r->opts.ud, id, owner);
 }
@@ -96,6 +105,9 @@ static resv_t *find(k3_xfer_recv_t *r, uint64_t request_id) {
 }
 
 static int make_desc(k3_xfer_recv_t *r, resv_t *v, uint32_t lease_ms, k3_xfer_desc_t **out) {
+  /* A new epoch forgets what earlier attempts announced. */
+  memset(v->verified, 0, v->desc->n_regions);
+  v->verdict = 0;
   v->desc->epoch = r->next_epoch++;
   v->desc->lease_expiry_ms = k3_wall_ms() + lease_ms;
   v->expiry_ns = k3_now_ns() + (uint64_t)lease_ms * 1000000ull;
@@ -156,19 +168,24 @@ int k3_xfer_recv_reserve(k3_xfer_recv_t *r, const k3_xfer_layout_t *layout, uint
     K3_ERROR("xfer: reservation for request %llu: %s", (unsigned long long)request_id, err);
     goto inval;
   }
+  v->verified = calloc(d->n_regions ? d->n_regions : 1, 1);
+  v->vdigest = calloc(d->n_regions ? d->n_regions : 1, sizeof(uint64_t));
+  if (!v->verified || !v->vdigest) goto oom;
   int rc = make_desc(r, v, lease_ms, out_desc);
   if (rc) goto oom;
   v->state = RS_LIVE;
   v->next = r->list;
   r->list = v;
-  xf_drive(r->ctx); /* re-arm the timer for this lease */
+  xf_drive_api(r->ctx); /* re-arm the timer for this lease */
   return 0;
 inval:
   k3_xfer_desc_free(d);
+  if (v) free(v->verified), free(v->vdigest);
   free(v);
   return K3_EINVAL;
 oom:
   k3_xfer_desc_free(d);
+  if (v) free(v->verified), free(v->vdigest);
   free(v);
   return K3_ENOMEM;
 }
@@ -181,13 +198,14 @@ int k3_xfer_recv_reissue(k3_xfer_recv_t *r, uint64_t request_id, uint32_t lease_
   uint64_t old_epoch = v->desc->epoch, old_exp = v->expiry_ns;
   int64_t old_wall = v->desc->lease_expiry_ms;
   int rc = make_desc(r, v, lease_ms, out_desc);
-  if (rc) { /* on error nothing changed */
+  if (rc) { /* on error nothing changed that matters: the old epoch's announcements are
+             * dropped, so its DONE re-hashes every region */
     v->desc->epoch = old_epoch;
     v->desc->lease_expiry_ms = old_wall;
     v->expiry_ns = old_exp;
     return rc;
   }
-  xf_drive(r->ctx);
+  xf_drive_api(r->ctx);
   return 0;
 }
 
@@ -206,7 +224,7 @@ int k3_xfer_recv_cancel(k3_xfer_recv_t *r, uint64_t request_id) {
     return 0;
   }
   quarantine(r, v);
-  xf_drive(r->ctx);
+  xf_drive_api(r->ctx);
   return 0;
 }
 
@@ -245,8 +263,65 @@ static int for_extents(resv_t *v, uint32_t reg, int (*fn)(void *, uint64_t, cons
 }
 
 static int hash_extent(void *arg, uint64_t off, const uint8_t *p, uint64_t n) {
-  XXH64_update(arg, p, n);
+  XXH3_64bits_update(arg, p, n);
   return 0;
+}
+
+static uint64_t region_digest(resv_t *v, uint32_t reg, xf_hash_t *h) {
+  XXH3_64bits_reset(h);
+  for_extents(v, reg, hash_extent, h);
+  return XXH3_64bits_digest(h);
+}
+
+static void log_mismatch(resv_t *v, uint32_t i, uint64_t want, uint64_t got) {
+  K3_WARN("xfer: request %llu epoch %llu: digest mismatch in region %u (%s, layer %u): "
+          "sender %016llx, memory %016llx",
+          (unsigned long long)v->desc->request_id, (unsigned long long)v->desc->epoch, i,
+          k3_xfer_kind_name(v->desc->regions[i].kind), v->desc->regions[i].layer,
+          (unsigned long long)want, (unsigned long long)got);
+}
+
+void xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
+  xf_layer_t m;
+  if (xf_layer_decode(msg, len, &m)) {
+    K3_WARN("xfer: malformed LAYER (%zu bytes) dropped", len);
+    return;
+  }
+  resv_t *v = find(r, m.request_id);
+  if (!v || v->state != RS_LIVE || v->desc->epoch != m.epoch ||
+      v->desc->fingerprint != m.fingerprint || v->verdict) {
+    K3_DEBUG("xfer: LAYER %u for request %llu epoch %llu ignored", m.layer,
+             (unsigned long long)m.request_id, (unsigned long long)m.epoch);
+    return;
+  }
+  const k3_xfer_desc_t *d = v->desc;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < d->n_regions; i++) n += d->regions[i].layer == m.layer;
+  if (n != m.n_digests) {
+    K3_WARN("xfer: request %llu: LAYER %u carries %u digests, the layer has %u regions",
+            (unsigned long long)m.request_id, m.layer, m.n_digests, n);
+    v->verdict = K3_EPROTO;
+    return;
+  }
+  if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, m.request_id);
+  xf_hash_t *h = XXH3_createState();
+  if (!h) return; /* not verified now: DONE hashes it */
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < d->n_regions; i++) {
+    if (d->regions[i].layer != m.layer) continue;
+    uint64_t want;
+    memcpy(&want, m.digests + 8 * (size_t)k++, 8);
+    uint64_t got = region_digest(v, i, h);
+    if (got != want) {
+      log_mismatch(v, i, want, got);
+      v->verdict = K3_EDIGEST;
+      break;
+    }
+    v->verified[i] = 1;
+    v->vdigest[i] = got;
+  }
+  if (h) XXH3_freeState(h);
+  if (!v->verdict) r->ctx->stats.layers_verified++;
 }
 
 typedef struct {
@@ -294,27 +369,32 @@ static int judge(k3_xfer_recv_t *r, const xf_done_t *dm, resv_t **out) {
     st->done_rejected_malformed++;
     return K3_EPROTO;
   }
-  if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, dm->request_id);
-  XXH64_state_t *h = XXH64_createState();
-  if (!h) return K3_ENOMEM;
+  if (v->verdict) { /* a LAYER of this epoch already failed */
+    if (v->verdict == K3_EDIGEST) st->done_rejected_digest++;
+    else st->done_rejected_malformed++;
+    return v->verdict;
+  }
+  bool hooked = false;
+  xf_hash_t *h = NULL;
   for (uint32_t i = 0; i < v->desc->n_regions; i++) {
-    uint64_t want;
+    uint64_t want, got;
     memcpy(&want, dm->digests + 8 * (size_t)i, 8);
-    XXH64_reset(h, 0);
-    for_extents(v, i, hash_extent, h);
-    uint64_t got = XXH64_digest(h);
+    if (v->verified[i]) {
+      got = v->vdigest[i]; /* checked against our memory when its LAYER came */
+    } else {
+      if (!hooked && r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, dm->request_id);
+      hooked = true;
+      if (!h && !(h = XXH3_createState())) return K3_ENOMEM;
+      got = region_digest(v, i, h);
+    }
     if (got != want) {
-      XXH64_freeState(h);
-      K3_WARN("xfer: request %llu epoch %llu: digest mismatch in region %u (%s, layer %u): "
-              "sender %016llx, memory %016llx",
-              (unsigned long long)dm->request_id, (unsigned long long)dm->epoch, i,
-              k3_xfer_kind_name(v->desc->regions[i].kind), v->desc->regions[i].layer,
-              (unsigned long long)want, (unsigned long long)got);
+      if (h) XXH3_freeState(h);
+      log_mismatch(v, i, want, got);
       st->done_rejected_digest++;
       return K3_EDIGEST;
     }
   }
-  XXH64_freeState(h);
+  if (h) XXH3_freeState(h);
   if (r->staged) {
     for (uint32_t i = 0; i < v->desc->n_regions; i++) {
       h2d_arg_t a = {r, dm->request_id, i};
@@ -382,6 +462,7 @@ uint64_t xf_recv_pump(k3_xfer_recv_t *r, uint64_t now, uint64_t *next_deadline) 
       continue;
     }
     if (v->state != RS_READY && v->expiry_ns < *next_deadline) *next_deadline = v->expiry_ns;
+    if (v->state == RS_LIVE && now + XF_TICK_NS < *next_deadline) *next_deadline = now + XF_TICK_NS;
   }
   return work;
 }

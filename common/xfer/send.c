@@ -17,8 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <xxhash.h>
-
 #include "k3pd/err.h"
 #include "k3pd/log.h"
 #include "k3pd/util.h"
@@ -28,10 +26,23 @@ enum { PH_PUSH, PH_FLUSH, PH_WAIT_ACK, PH_FIRED };
 
 typedef struct {
   k3_xfer_send_t *s;
-  uint32_t kind;
+  uint32_t kind, layer;
   bool busy;
   uint8_t *stage; /* staging buffer (staged path only) */
 } xf_slot_t;
+
+/* Per-layer progress: once every region of the layer has been handed to UCX and all its puts
+ * completed, the endpoint is flushed and LAYER (the layer's digests) is sent, so the receiver
+ * verifies it while later layers stream. */
+enum { LY_WAIT, LY_PUSHING, LY_FLUSHING, LY_ANNOUNCED };
+typedef struct {
+  k3_xfer_send_t *s;
+  uint32_t layer;
+  uint32_t regions_left; /* regions of the layer not yet fully issued */
+  uint32_t puts_out;     /* its puts still in flight */
+  uint8_t state;
+  bool flush_out;        /* a flush request for it is outstanding */
+} xf_layer_st_t;
 
 struct k3_xfer_send {
   k3_xfer_send_t *next;
@@ -45,12 +56,14 @@ struct k3_xfer_send {
   void *ud;
   uint64_t send_id, deadline_ns;
   xf_ep_t *ep;
-  ucp_rkey_h rkeys[K3_XFER_MAX_POOLS];
+  xf_rkey_t *rkeys[K3_XFER_MAX_POOLS];
+  xf_layer_st_t *layers;
+  uint32_t layer_flushes_out, layers_announced;
   uint8_t *layer_ready;
   uint32_t layers_signalled, n_layers;
   uint32_t *queue, q_len, q_pos; /* regions in push order */
   uint64_t cur_off;              /* next byte of region queue[q_pos] */
-  XXH64_state_t **hash;
+  xf_hash_t **hash;
   uint64_t *digest;
   xf_slot_t *slots;
   uint32_t inflight;
@@ -64,10 +77,11 @@ struct k3_xfer_send {
 
 static void send_free(k3_xfer_send_t *s) {
   for (uint32_t p = 0; p < K3_XFER_MAX_POOLS; p++)
-    if (s->rkeys[p]) ucp_rkey_destroy(s->rkeys[p]);
+    if (s->rkeys[p]) xf_rkey_put(s->ep, s->rkeys[p]);
   if (s->ep) xf_ep_put(s->ep);
   if (s->hash)
-    for (uint32_t r = 0; r < s->desc->n_regions; r++) XXH64_freeState(s->hash[r]);
+    for (uint32_t r = 0; r < s->desc->n_regions; r++) XXH3_freeState(s->hash[r]);
+  free(s->layers);
   if (s->slots)
     for (uint32_t i = 0; i < s->opts.max_inflight; i++) {
       if (!s->slots[i].stage) continue;
@@ -98,8 +112,10 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   }
   k3_xfer_send_opts_t o = opts ? *opts : (k3_xfer_send_opts_t){0};
   if (!o.deadline_ms) o.deadline_ms = 30000;
-  if (!o.chunk_bytes) o.chunk_bytes = 4u << 20;
-  if (!o.max_inflight) o.max_inflight = 16;
+  /* 1 MiB: each chunk is hashed right before it is put, so the put's read hits the cache
+   * (docs/transfer.md, figures); larger chunks made the put re-read DRAM. */
+  if (!o.chunk_bytes) o.chunk_bytes = 1u << 20;
+  if (!o.max_inflight) o.max_inflight = 32;
   bool staged = o.stage && o.stage->d2h;
   /* Sources must be able to supply every region byte. */
   for (uint32_t r = 0; r < desc->n_regions; r++) {
@@ -138,15 +154,21 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   s->n_layers = chk.n_layers;
   s->layer_ready = calloc(chk.n_layers, 1);
   s->queue = calloc(desc->n_regions, sizeof(uint32_t));
-  s->hash = calloc(desc->n_regions, sizeof(XXH64_state_t *));
+  s->hash = calloc(desc->n_regions, sizeof(xf_hash_t *));
+  s->layers = calloc(chk.n_layers, sizeof(xf_layer_st_t));
   s->digest = calloc(desc->n_regions, sizeof(uint64_t));
   s->slots = calloc(o.max_inflight, sizeof(xf_slot_t));
   int rc = K3_ENOMEM;
-  if (!s->layer_ready || !s->queue || !s->hash || !s->digest || !s->slots) goto fail;
+  if (!s->layer_ready || !s->queue || !s->hash || !s->digest || !s->slots || !s->layers) goto fail;
   for (uint32_t r = 0; r < desc->n_regions; r++) {
-    s->hash[r] = XXH64_createState();
+    s->hash[r] = XXH3_createState();
     if (!s->hash[r]) goto fail;
-    XXH64_reset(s->hash[r], 0);
+    XXH3_64bits_reset(s->hash[r]);
+    s->layers[desc->regions[r].layer].regions_left++;
+  }
+  for (uint32_t l = 0; l < chk.n_layers; l++) {
+    s->layers[l].s = s;
+    s->layers[l].layer = l;
   }
   for (uint32_t i = 0; i < o.max_inflight; i++) {
     s->slots[i].s = s;
@@ -161,8 +183,9 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
     goto fail;
   }
   for (uint32_t p = 0; p < desc->n_pools; p++) {
-    ucs_status_t st = ucp_ep_rkey_unpack(s->ep->ep, desc->pools[p].rkey, &s->rkeys[p]);
-    if (st != UCS_OK) {
+    ucs_status_t st;
+    s->rkeys[p] = xf_rkey_get(s->ep, desc->pools[p].rkey, desc->pools[p].rkey_len, &st);
+    if (!s->rkeys[p]) {
       K3_ERROR("xfer: send of request %llu: rkey of pool %u rejected: %s",
                (unsigned long long)desc->request_id, p, xf_ucs_str(st));
       rc = K3_EPROTO;
@@ -176,7 +199,7 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   s->deadline_ns = s->res.t_start_ns + (uint64_t)o.deadline_ms * 1000000ull;
   s->next = ctx->sends;
   ctx->sends = s;
-  xf_drive(ctx); /* arms the deadline timer */
+  xf_drive_api(ctx); /* arms the deadline timer */
   *out = s;
   return 0;
 fail:
@@ -194,10 +217,11 @@ int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
   if (layer >= n_layers || s->layer_ready[layer]) return K3_EINVAL;
   s->layer_ready[layer] = 1;
   s->layers_signalled++;
+  s->layers[layer].state = LY_PUSHING;
   for (uint32_t r = 0; r < s->desc->n_regions; r++)
     if (s->desc->regions[r].layer == layer) s->queue[s->q_len++] = r;
   if (s->layers_signalled == n_layers) s->res.t_last_layer_ns = k3_now_ns();
-  xf_drive(s->ctx);
+  xf_drive_api(s->ctx);
   return 0;
 }
 
@@ -207,14 +231,14 @@ int k3_xfer_send_finish(k3_xfer_send_t *s, uint32_t first_token, float first_log
   s->finish_called = true;
   s->first_token = first_token;
   s->first_logprob = first_logprob;
-  xf_drive(s->ctx);
+  xf_drive_api(s->ctx);
   return 0;
 }
 
 void k3_xfer_send_cancel(k3_xfer_send_t *s) {
   if (s->phase == PH_FIRED) return;
   if (!s->status) s->status = K3_ECANCELED;
-  xf_drive(s->ctx);
+  xf_drive_api(s->ctx);
 }
 
 /* ---- UCX completions (record only) ------------------------------------------------------ */
@@ -224,7 +248,18 @@ static void put_cb(void *req, ucs_status_t st, void *ud) {
   k3_xfer_send_t *s = sl->s;
   sl->busy = false;
   s->inflight--;
+  s->layers[sl->layer].puts_out--;
   s->kind_last[sl->kind] = k3_now_ns();
+  if (st != UCS_OK && !s->status) s->status = st == UCS_ERR_CANCELED ? K3_ECANCELED : K3_ETRANSPORT;
+  s->ctx->drive_again = true;
+  ucp_request_free(req);
+}
+
+static void layer_flush_cb(void *req, ucs_status_t st, void *ud) {
+  xf_layer_st_t *ly = ud;
+  k3_xfer_send_t *s = ly->s;
+  ly->flush_out = false;
+  s->layer_flushes_out--;
   if (st != UCS_OK && !s->status) s->status = st == UCS_ERR_CANCELED ? K3_ECANCELED : K3_ETRANSPORT;
   s->ctx->drive_again = true;
   ucp_request_free(req);
@@ -252,7 +287,7 @@ static void fire(k3_xfer_send_t *s, int status) {
   else if (status == K3_ETIMEDOUT) ctx->stats.sends_timed_out++;
   else ctx->stats.sends_failed++;
   ctx->stats.bytes_put += s->res.bytes;
-  if (status && (s->inflight || s->flush_pending)) xf_ep_fail(s->ep); /* cancel what is queued */
+  if (status && (s->inflight || s->flush_pending || s->layer_flushes_out)) xf_ep_fail(s->ep); /* cancel what is queued */
   s->cb(s->ud, &s->res);
 }
 
@@ -298,7 +333,7 @@ static uint32_t issue(k3_xfer_send_t *s) {
       ptr = src_ptr(&s->srcs[r], s->cur_off, &lcontig);
       if (lcontig < n) n = lcontig;
     }
-    XXH64_update(s->hash[r], ptr, n);
+    XXH3_64bits_update(s->hash[r], ptr, n);
     uint32_t kind = kind_of(rg);
     if (!s->kind_first[kind]) s->kind_first[kind] = k3_now_ns();
     s->res.kind_bytes[kind] += n;
@@ -306,8 +341,9 @@ static uint32_t issue(k3_xfer_send_t *s) {
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.send = put_cb,
                              .user_data = sl};
+    sl->layer = rg->layer;
     ucs_status_ptr_t req = ucp_put_nbx(s->ep->ep, ptr, n, d->pools[rg->pool].base_addr + pool_off,
-                                       s->rkeys[rg->pool], &p);
+                                       s->rkeys[rg->pool]->h, &p);
     if (UCS_PTR_IS_ERR(req)) {
       K3_WARN("xfer: request %llu: put failed: %s", (unsigned long long)d->request_id,
               xf_ucs_str(UCS_PTR_STATUS(req)));
@@ -317,6 +353,7 @@ static uint32_t issue(k3_xfer_send_t *s) {
     if (req) {
       sl->busy = true;
       s->inflight++;
+      s->layers[rg->layer].puts_out++;
     } else {
       s->kind_last[kind] = k3_now_ns();
     }
@@ -324,7 +361,8 @@ static uint32_t issue(k3_xfer_send_t *s) {
     issued++;
     s->cur_off += n;
     if (s->cur_off == rg->len_bytes) {
-      s->digest[r] = XXH64_digest(s->hash[r]);
+      s->digest[r] = XXH3_64bits_digest(s->hash[r]);
+      s->layers[rg->layer].regions_left--;
       s->q_pos++;
       s->cur_off = 0;
     }
@@ -351,6 +389,59 @@ static int send_done_msg(k3_xfer_send_t *s) {
   return xf_am_send(s->ep, XF_AM_DONE, msg, len);
 }
 
+static int send_layer_msg(k3_xfer_send_t *s, uint32_t layer) {
+  const k3_xfer_desc_t *d = s->desc;
+  uint32_t n = 0;
+  for (uint32_t r = 0; r < d->n_regions; r++) n += d->regions[r].layer == layer;
+  uint64_t *dg = malloc((size_t)n * sizeof(uint64_t));
+  if (!dg) return K3_ENOMEM;
+  n = 0;
+  for (uint32_t r = 0; r < d->n_regions; r++)
+    if (d->regions[r].layer == layer) dg[n++] = s->digest[r];
+  xf_layer_t m = {.request_id = d->request_id, .epoch = d->epoch, .fingerprint = d->fingerprint,
+                  .send_id = s->send_id, .layer = layer, .n_digests = n};
+  size_t len;
+  uint8_t *msg = xf_layer_encode(&m, dg, &len);
+  free(dg);
+  if (!msg) return K3_ENOMEM;
+  return xf_am_send(s->ep, XF_AM_LAYER, msg, len);
+}
+
+/* Flushes every layer whose puts all completed, and announces every flushed layer. */
+static uint64_t advance_layers(k3_xfer_send_t *s) {
+  uint64_t work = 0;
+  for (uint32_t l = 0; l < s->n_layers && !s->status; l++) {
+    xf_layer_st_t *ly = &s->layers[l];
+    if (ly->state == LY_PUSHING && ly->regions_left == 0 && ly->puts_out == 0) {
+      ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                               .cb.send = layer_flush_cb,
+                               .user_data = ly};
+      ucs_status_ptr_t req = ucp_ep_flush_nbx(s->ep->ep, &p);
+      if (UCS_PTR_IS_ERR(req)) {
+        s->status = K3_ETRANSPORT;
+        break;
+      }
+      if (req) {
+        ly->flush_out = true;
+        s->layer_flushes_out++;
+      }
+      ly->state = LY_FLUSHING;
+      work++;
+    }
+    if (ly->state == LY_FLUSHING && !ly->flush_out) {
+      int rc = send_layer_msg(s, l);
+      if (rc) {
+        s->status = rc;
+        break;
+      }
+      ly->state = LY_ANNOUNCED;
+      s->layers_announced++;
+      work++;
+    }
+  }
+  return work;
+}
+
 static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
   uint64_t work = 0;
   if (!s->status && s->ep_failed) s->status = K3_ETRANSPORT;
@@ -361,13 +452,17 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
     s->status = K3_ETIMEDOUT;
   }
   if (s->status) {
+    if (s->ctx->api_drive) return 0; /* the loop's next drive fires it */
     fire(s, s->status);
     return 1;
   }
   if (s->phase == PH_PUSH) {
     work += issue(s);
     if (s->status) return work + 1;
-    if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0) {
+    work += advance_layers(s);
+    if (s->status) return work + 1;
+    if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0 &&
+        s->layers_announced == s->n_layers) {
       ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                .cb.send = flush_cb,
                                .user_data = s};
@@ -404,12 +499,15 @@ uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now, uint64_t *next_deadline)
   for (k3_xfer_send_t **pp = &ctx->sends; *pp;) {
     k3_xfer_send_t *s = *pp;
     if (s->phase != PH_FIRED) work += pump_one(s, now);
-    if (s->phase == PH_FIRED && s->inflight == 0 && !s->flush_pending) {
+    if (s->phase == PH_FIRED && s->inflight == 0 && !s->flush_pending && !s->layer_flushes_out) {
       *pp = s->next;
       send_free(s);
       continue;
     }
-    if (s->phase != PH_FIRED && s->deadline_ns < *next_deadline) *next_deadline = s->deadline_ns;
+    if (s->phase != PH_FIRED) {
+      uint64_t due = s->deadline_ns < now + XF_TICK_NS ? s->deadline_ns : now + XF_TICK_NS;
+      if (due < *next_deadline) *next_deadline = due;
+    }
     pp = &s->next;
   }
   return work;
@@ -449,7 +547,7 @@ void xf_send_shutdown_all(k3_xfer_ctx_t *ctx) {
   while (ctx->sends) {
     k3_xfer_send_t *s = ctx->sends;
     ctx->sends = s->next;
-    if (s->inflight || s->flush_pending)
+    if (s->inflight || s->flush_pending || s->layer_flushes_out)
       K3_WARN("xfer: shutdown with %u requests outstanding on request %llu", s->inflight,
               (unsigned long long)s->desc->request_id);
     send_free(s);

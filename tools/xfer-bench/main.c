@@ -129,6 +129,11 @@ static int receiver(const plan_t *p, const char *tls, int wfd) {
   uv_run(&loop, UV_RUN_DEFAULT);
   /* Give the last ACK a moment to leave before tearing down. */
   for (int i = 0; i < 50; i++) uv_run(&loop, UV_RUN_NOWAIT), usleep(1000);
+  k3_xfer_stats_t st;
+  k3_xfer_ctx_stats(ctx, &st);
+  printf("  receiver: %llu of %u layers verified as they landed (2 transfers), %llu accepted\n",
+         (unsigned long long)st.layers_verified, 2 * p->n_layers, (unsigned long long)st.done_accepted);
+  fflush(stdout);
   k3_xfer_recv_free(r);
   k3_xfer_pool_free(kv);
   k3_xfer_pool_free(kda);

@@ -80,6 +80,7 @@ typedef struct {
   uint64_t leases_expired, reservations_cancelled, reservations_released;
   uint64_t slots_quarantined, slots_poisoned;
   uint64_t ep_errors;
+  uint64_t layers_verified; /* layers verified as they landed (LAYER), before DONE */
 } k3_xfer_stats_t;
 void k3_xfer_ctx_stats(const k3_xfer_ctx_t *ctx, k3_xfer_stats_t *out);
 
@@ -186,8 +187,9 @@ typedef struct {
   uint32_t quarantine_ms; /* after expiry/cancel of an unfinished reservation; 0 = 2000 */
   bool poison;            /* fill quarantined memory with 0xFF before release (default off) */
   const k3_xfer_stage_t *stage; /* non-NULL with h2d: staged path (copied) */
-  /* Test hook: called after DONE is accepted for epoch/fingerprint, before digests are
-   * checked; may modify memory (to prove corruption is detected). NULL in production. */
+  /* Test hook: called before each verification step of a live reservation whose epoch and
+   * fingerprint matched (each LAYER announcement, then DONE if anything is left to hash); may
+   * modify memory (to prove corruption is detected). NULL in production. */
   void (*test_before_verify)(void *ud, uint64_t request_id);
 } k3_xfer_recv_opts_t;
 

@@ -89,11 +89,15 @@ static void on_ready(void *ud, const k3_xfer_ready_t *r) {
   if (r->first_token != 1000 + r->request_id) x->res.bit_identical = -1000;
 }
 static void on_release(void *ud, uint64_t id, void *owner) { ((rctx_t *)ud)->res.released++; }
+/* Corrupts byte 100 of region 0 (KDA S, layer 0). The hook runs before every verification
+ * step (each LAYER, then DONE), so the write is idempotent: whatever step verifies region 0
+ * sees the bad byte even if the region's data landed after an earlier step's call. */
 static void flip(void *ud, uint64_t id) {
   rctx_t *x = ud;
-  if (x->c.mode != M_DIGEST || x->flipped++) return;
+  if (x->c.mode != M_DIGEST) return;
+  x->flipped++;
   uint8_t *p = (uint8_t *)k3_xfer_pool_base(x->kda) + (id % N_SLOTS) * KDA_STRIDE + 100;
-  *p ^= 1;
+  *p = (uint8_t)~expect_byte(id, 0, 100);
 }
 static int h2d(void *ud, uint64_t id, uint32_t reg, uint64_t off, const void *src, uint64_t len) {
   rctx_t *x = ud;
