@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "k3pd/err.h"
@@ -171,11 +173,13 @@ static void layer_tick(uv_timer_t *t) {
   }
 }
 
+static uint64_t g_chunk_bytes; /* 0 = library default */
+
 static int one_send(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *d, const k3_xfer_src_t *src,
                     uint32_t delay_us, sstate_t *st) {
   memset(st, 0, sizeof *st);
   st->n_layers = d->n_layers;
-  k3_xfer_send_opts_t so = {.deadline_ms = 120000, .chunk_bytes = 4u << 20, .max_inflight = 16};
+  k3_xfer_send_opts_t so = {.deadline_ms = 120000, .chunk_bytes = g_chunk_bytes};
   int rc = k3_xfer_send_start(ctx, d, src, &so, sent, st, &st->s);
   if (rc) return rc;
   uv_timer_t t;
@@ -245,7 +249,13 @@ static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *f
   fig->memcpy_gbps = (double)total / best / 1e9;
   sstate_t st;
   int rc = one_send(ctx, d[0], src, 0, &st); /* warm-up: endpoint, rkeys, transport caches */
+  struct rusage ru0, ru1;
+  struct timespec c0, c1;
+  getrusage(RUSAGE_SELF, &ru0);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
   if (!rc) rc = one_send(ctx, d[1], src, delay_us, &st);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+  getrusage(RUSAGE_SELF, &ru1);
   if (rc) {
     fprintf(stderr, "transfer failed (tls=%s): %s\n", tls ? tls : "default", k3_errname(rc));
   } else {
@@ -262,6 +272,9 @@ static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *f
                st.res.kind_ns[k] ? (double)st.res.kind_bytes[k] / (double)st.res.kind_ns[k] : 0.0);
     printf("  flush+DONE+verify+ACK after the last put: %.2f ms\n",
            (double)(st.res.t_done_ns - st.res.t_flushed_ns) / 1e6);
+    printf("  sender: cpu %.2f ms for %.2f ms wall, %ld minor faults\n",
+           ((double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec)) / 1e6,
+           secs * 1e3, ru1.ru_minflt - ru0.ru_minflt);
     if (delay_us)
       printf("  overlap: layer delay %u us x %u layers; finished %.2f ms after the last layer's "
              "signal (one layer = %.2f ms)\n",
@@ -281,12 +294,13 @@ static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *f
 
 int main(int argc, char **argv) {
   const char *manifest = "tiny", *tls = "shm,tcp,default";
-  int tokens = 1024, delay_us = 0;
+  int tokens = 1024, delay_us = 0, chunk_kib = 0;
   k3_flag_t flags[] = {
       {"manifest", K3_FLAG_STR, &manifest, "tiny|k3", "state manifest sizes to move", false},
       {"tokens", K3_FLAG_INT, &tokens, "N", "prompt tokens (MLA pages)", false},
       {"tls", K3_FLAG_STR, &tls, "LIST", "comma-separated UCX_TLS runs; 'default' = UCX's choice", false},
       {"layer-delay-us", K3_FLAG_INT, &delay_us, "N", "simulated compute per layer (0 = all at once)", false},
+      {"chunk-kib", K3_FLAG_INT, &chunk_kib, "N", "bytes per put in KiB (0 = library default)", false},
   };
   k3_flags_info_t info = {"k3pd-xfer-bench", "Two-process UCX state-transfer benchmark vs memcpy.", NULL};
   char err[256];
@@ -303,10 +317,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-xfer-bench: --manifest must be tiny or k3, got '%s'\n", manifest);
     return 2;
   }
-  if (tokens < 1 || tokens > (1 << 20) || delay_us < 0) {
-    fprintf(stderr, "k3pd-xfer-bench: --tokens must be 1..1048576 and --layer-delay-us >= 0\n");
+  if (tokens < 1 || tokens > (1 << 20) || delay_us < 0 || chunk_kib < 0 || chunk_kib > (1 << 20)) {
+    fprintf(stderr, "k3pd-xfer-bench: --tokens must be 1..1048576, --layer-delay-us >= 0 and "
+                    "--chunk-kib 0..1048576\n");
     return 2;
   }
+  g_chunk_bytes = (uint64_t)chunk_kib << 10;
   k3_log_set_level(K3_LOG_WARN);
   plan_t p;
   plan_build(&p, m, (uint32_t)tokens);

@@ -135,6 +135,8 @@ typedef struct {
   uint64_t chunk_bytes;   /* max bytes per put; 0 = 4 MiB */
   uint32_t max_inflight;  /* puts in flight; 0 = 16 */
   const k3_xfer_stage_t *stage; /* non-NULL with d2h: staged path (copied) */
+  /* Never write through a mapped remote pointer; always ucp_put_nbx (tests, comparisons). */
+  bool puts_only;
 } k3_xfer_send_opts_t;
 
 /* Outcome of a send, passed to the completion callback. */
@@ -168,6 +170,10 @@ int k3_xfer_send_finish(k3_xfer_send_t *s, uint32_t first_token, float first_log
  * queued put lands later. */
 void k3_xfer_send_cancel(k3_xfer_send_t *s);
 k3_xfer_path_t k3_xfer_send_path(const k3_xfer_send_t *s);
+/* True when this send writes the receiver's pools directly through a UCX-mapped pointer
+ * (ucp_rkey_ptr: same host, shm pools), hashing and copying each block in one pass with
+ * streaming stores; false when it uses ucp_put_nbx (tcp, other hosts, puts_only). */
+bool k3_xfer_send_direct(const k3_xfer_send_t *s);
 
 /* ---- receiver: registered pools + reservation table with leases ------------------------ */
 

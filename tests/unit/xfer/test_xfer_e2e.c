@@ -27,7 +27,7 @@
 #define N_REG 6
 #define FP 0x5eedf00dull
 
-enum { M_OK, M_STALE, M_UNKNOWN, M_FPRINT, M_DIGEST, M_SLOW, M_SENDER_DIES, M_RECV_DIES, M_STAGED };
+enum { M_OK, M_STALE, M_UNKNOWN, M_FPRINT, M_DIGEST, M_SLOW, M_SENDER_DIES, M_RECV_DIES, M_STAGED, M_PUTS };
 
 typedef struct {
   const char *tls;
@@ -110,7 +110,7 @@ static void check_cb(uv_timer_t *t) {
   rctx_t *x = t->data;
   int want = x->c.mode == M_SENDER_DIES ? 0 : x->c.n_req;
   bool done = x->c.mode == M_SENDER_DIES ? x->res.released == 1
-              : x->c.mode == M_OK || x->c.mode == M_SLOW || x->c.mode == M_STAGED
+              : x->c.mode == M_OK || x->c.mode == M_SLOW || x->c.mode == M_STAGED || x->c.mode == M_PUTS
                   ? x->res.ready == want
                   : false;
   k3_xfer_stats_t st;
@@ -159,7 +159,8 @@ static int receiver(cfg_t c, int wfd, int resfd) {
   uv_timer_init(&loop, &stop);
   uv_timer_init(&loop, &chk);
   chk.data = &x;
-  uv_timer_start(&stop, stop_cb, c.mode == M_OK || c.mode == M_SLOW || c.mode == M_STAGED ? 15000 : 2500, 0);
+  bool want_ok = c.mode == M_OK || c.mode == M_SLOW || c.mode == M_STAGED || c.mode == M_PUTS;
+  uv_timer_start(&stop, stop_cb, want_ok ? 15000 : 2500, 0);
   uv_timer_start(&chk, check_cb, 5, 5);
   uv_run(&loop, UV_RUN_DEFAULT);
   /* Bit identity of every ready request, read back from our pools. */
@@ -201,6 +202,7 @@ static int receiver(cfg_t c, int wfd, int resfd) {
 
 typedef struct {
   int fired, status[64], done[64];
+  int direct; /* sends that wrote through a mapped pointer */
   uint64_t t_done[64];
 } sres_t;
 
@@ -265,9 +267,10 @@ static int sender(cfg_t c, int rfd, pid_t victim, sres_t *out, uint64_t *t_start
     ud[i] = (sud_t){out, i};
     k3_xfer_stage_t st = {.d2h = d2h, .ud = (void *)(intptr_t)i};
     k3_xfer_send_opts_t so = {.deadline_ms = 2000, .chunk_bytes = 1000, .max_inflight = 4,
-                              .stage = c.mode == M_STAGED ? &st : NULL};
+                              .stage = c.mode == M_STAGED ? &st : NULL, .puts_only = c.mode == M_PUTS};
     int rc = k3_xfer_send_start(ctx, d[i], src[i], &so, sent, &ud[i], &s[i]);
     if (rc) return 24;
+    out->direct += k3_xfer_send_direct(s[i]);
     if (c.mode == M_STAGED && k3_xfer_send_path(s[i]) != K3_XFER_PATH_STAGED) return 25;
   }
   for (uint32_t l = 0; l < 4; l++) {
@@ -338,29 +341,35 @@ static void run(cfg_t c, rres_t *rr, sres_t *sr) {
   close(p2[1]);
 }
 
-static void expect_ok(const char *tls, int mode, int n) {
+/* direct: 1 = every send must write through the mapped pointer, 0 = none may. */
+static void expect_ok(const char *tls, int mode, int n, int direct) {
   cfg_t c = {tls, mode, n};
   rres_t rr = {0};
   sres_t sr;
   run(c, &rr, &sr);
+  ck_assert_int_eq(sr.direct, direct ? n : 0);
   for (int i = 0; i < n; i++) ck_assert_int_eq(sr.status[i], 0);
   ck_assert_int_eq(rr.ready, n);
   ck_assert_int_eq(rr.bit_identical, 1);
   ck_assert_uint_eq(rr.st.done_accepted, (uint64_t)n);
   ck_assert_int_eq(rr.released, n); /* recv_free released them all */
+  /* Every layer was verified from its LAYER announcement, before DONE. */
+  ck_assert_uint_eq(rr.st.layers_verified, 4u * (uint64_t)n);
 }
 
-START_TEST(test_shm_ok) { expect_ok("shm", M_OK, 1); }
+START_TEST(test_shm_ok) { expect_ok("shm", M_OK, 1, 1); }
 END_TEST
-START_TEST(test_tcp_ok) { expect_ok("tcp", M_OK, 1); }
+START_TEST(test_shm_puts) { expect_ok("shm", M_PUTS, 1, 0); }
 END_TEST
-START_TEST(test_many_concurrent) { expect_ok("shm", M_OK, 32); }
+START_TEST(test_tcp_ok) { expect_ok("tcp", M_OK, 1, 0); }
 END_TEST
-START_TEST(test_tcp_many) { expect_ok("tcp", M_OK, 8); }
+START_TEST(test_many_concurrent) { expect_ok("shm", M_OK, 32, 1); }
 END_TEST
-START_TEST(test_slow_receiver) { expect_ok("tcp", M_SLOW, 2); }
+START_TEST(test_tcp_many) { expect_ok("tcp", M_OK, 8, 0); }
 END_TEST
-START_TEST(test_staged) { expect_ok("shm", M_STAGED, 1); }
+START_TEST(test_slow_receiver) { expect_ok("tcp", M_SLOW, 2, 0); }
+END_TEST
+START_TEST(test_staged) { expect_ok("shm", M_STAGED, 1, 1); }
 END_TEST
 
 static void expect_reject(int mode, int code, size_t counter_off) {
@@ -439,6 +448,7 @@ int main(void) {
   TCase *tc = tcase_create("loopback");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_shm_ok);
+  tcase_add_test(tc, test_shm_puts);
   tcase_add_test(tc, test_tcp_ok);
   tcase_add_test(tc, test_many_concurrent);
   tcase_add_test(tc, test_tcp_many);
