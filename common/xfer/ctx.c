@@ -70,6 +70,15 @@ static ucs_status_t am_layer_cb(void *arg, const void *h, size_t hl, void *d, si
                                 const ucp_am_recv_param_t *p) {
   return am_cb(arg, h, hl, d, l, p, &((k3_xfer_ctx_t *)arg)->layer_tail);
 }
+/* DATA is the exception to "record only": a rendezvous receive has to be started (or the data
+ * copied) inside the callback. recv.c does that and nothing else (no user callback). */
+static ucs_status_t am_data_cb(void *arg, const void *h, size_t hl, void *d, size_t l,
+                               const ucp_am_recv_param_t *p) {
+  k3_xfer_ctx_t *ctx = arg;
+  xf_recv_on_data(ctx, h, hl, d, l, p);
+  ctx->drive_again = true;
+  return UCS_OK;
+}
 
 static void drain_queues(k3_xfer_ctx_t *ctx) {
   while (ctx->ack_q) {
@@ -79,21 +88,36 @@ static void drain_queues(k3_xfer_ctx_t *ctx) {
     xf_send_on_ack(ctx, m->data, m->len);
     free(m);
   }
-  /* LAYER before DONE: a DONE then finds its earlier layers verified already. */
-  while (ctx->layer_q) {
-    xf_msg_t *m = ctx->layer_q;
-    ctx->layer_q = m->next;
-    if (!ctx->layer_q) ctx->layer_tail = &ctx->layer_q;
-    if (ctx->recv) xf_recv_on_layer(ctx->recv, m->data, m->len);
-    free(m);
-  }
-  while (ctx->done_q) {
-    xf_msg_t *m = ctx->done_q;
-    ctx->done_q = m->next;
-    if (!ctx->done_q) ctx->done_tail = &ctx->done_q;
-    if (ctx->recv) xf_recv_on_done(ctx->recv, m->data, m->len);
-    else ctx->stats.done_rejected_unknown++;
-    free(m);
+  /* LAYER before DONE: a DONE then finds its earlier layers verified already. A message whose
+   * data is still landing (rendezvous path) goes back to the queue for a later drive; the
+   * lease bounds how long (an expired reservation answers it). */
+  for (int q = 0; q < 2; q++) {
+    xf_msg_t **head = q ? &ctx->done_q : &ctx->layer_q, ***tail = q ? &ctx->done_tail : &ctx->layer_tail;
+    xf_msg_t *m = *head, *keep = NULL, **keep_tail = &keep;
+    *head = NULL;
+    *tail = head;
+    while (m) {
+      xf_msg_t *nx = m->next;
+      int wait = 0;
+      if (!ctx->recv) {
+        if (q) ctx->stats.done_rejected_unknown++;
+      } else {
+        wait = q ? xf_recv_on_done(ctx->recv, m->data, m->len) : xf_recv_on_layer(ctx->recv, m->data, m->len);
+      }
+      if (wait) {
+        m->next = NULL;
+        *keep_tail = m;
+        keep_tail = &m->next;
+      } else {
+        free(m);
+      }
+      m = nx;
+    }
+    if (keep) { /* waiting ones first, then anything that arrived meanwhile */
+      *keep_tail = *head;
+      if (!*head) *tail = keep_tail;
+      *head = keep;
+    }
   }
 }
 
@@ -218,6 +242,10 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
   ap.cb = am_layer_cb;
   st = ucp_worker_set_am_recv_handler(ctx->worker, &ap);
   if (st != UCS_OK) goto ucx_err_addr;
+  ap.id = XF_AM_DATA;
+  ap.cb = am_data_cb;
+  st = ucp_worker_set_am_recv_handler(ctx->worker, &ap);
+  if (st != UCS_OK) goto ucx_err_addr;
   int efd = -1;
   st = ucp_worker_get_efd(ctx->worker, &efd);
   if (st != UCS_OK) goto ucx_err_addr;
@@ -307,6 +335,7 @@ void k3_xfer_ctx_close(k3_xfer_ctx_t *ctx) {
   uv_poll_stop(&ctx->poll);
   ucp_worker_release_address(ctx->worker, ctx->addr);
   ucp_worker_destroy(ctx->worker);
+  xf_recv_rx_free_all(ctx);
   ucp_cleanup(ctx->ucp);
   uv_close((uv_handle_t *)&ctx->poll, close_cb);
   uv_close((uv_handle_t *)&ctx->idle, close_cb);

@@ -41,7 +41,19 @@ typedef struct resv {
   uint8_t *verified;  /* per region: verified by a LAYER of the current epoch */
   uint64_t *vdigest;  /* per region: the digest it was verified against */
   int verdict;        /* first LAYER failure of the current epoch (K3_EDIGEST/K3_EPROTO) or 0 */
+  uint64_t serial;    /* unique per receiver: rendezvous records find the reservation by it */
+  uint64_t *landed;   /* per region: bytes of the current epoch landed through DATA */
+  uint32_t rx_pending; /* rendezvous receives into this memory still in flight (any epoch) */
 } resv_t;
+
+/* A rendezvous receive in flight (DATA path). Holds no pointer to the reservation, which may
+ * be gone when it completes; linked in the ctx so ctx close frees what UCX never completed. */
+typedef struct xf_rx {
+  struct xf_rx *next, **pprev;
+  k3_xfer_ctx_t *ctx;
+  uint64_t serial, epoch, len;
+  uint32_t region;
+} xf_rx_t;
 
 struct k3_xfer_recv {
   k3_xfer_ctx_t *ctx;
@@ -49,7 +61,7 @@ struct k3_xfer_recv {
   k3_xfer_stage_t stage;
   bool staged;
   resv_t *list;
-  uint64_t next_epoch;
+  uint64_t next_epoch, next_serial;
 };
 
 int k3_xfer_recv_init(k3_xfer_ctx_t *ctx, const k3_xfer_recv_opts_t *opts, k3_xfer_recv_t **out) {
@@ -87,6 +99,7 @@ static void resv_release(k3_xfer_recv_t *r, resv_t *v) {
   k3_xfer_desc_free(v->desc);
   free(v->verified);
   free(v->vdigest);
+  free(v->landed);
   free(v);
   if (r->opts.on_release) r->opts.on_release(r->opts.ud, id, owner);
 }
@@ -107,6 +120,7 @@ static resv_t *find(k3_xfer_recv_t *r, uint64_t request_id) {
 static int make_desc(k3_xfer_recv_t *r, resv_t *v, uint32_t lease_ms, k3_xfer_desc_t **out) {
   /* A new epoch forgets what earlier attempts announced. */
   memset(v->verified, 0, v->desc->n_regions);
+  memset(v->landed, 0, (size_t)v->desc->n_regions * sizeof(uint64_t));
   v->verdict = 0;
   v->desc->epoch = r->next_epoch++;
   v->desc->lease_expiry_ms = k3_wall_ms() + lease_ms;
@@ -170,7 +184,9 @@ int k3_xfer_recv_reserve(k3_xfer_recv_t *r, const k3_xfer_layout_t *layout, uint
   }
   v->verified = calloc(d->n_regions ? d->n_regions : 1, 1);
   v->vdigest = calloc(d->n_regions ? d->n_regions : 1, sizeof(uint64_t));
-  if (!v->verified || !v->vdigest) goto oom;
+  v->landed = calloc(d->n_regions ? d->n_regions : 1, sizeof(uint64_t));
+  if (!v->verified || !v->vdigest || !v->landed) goto oom;
+  v->serial = ++r->next_serial;
   int rc = make_desc(r, v, lease_ms, out_desc);
   if (rc) goto oom;
   v->state = RS_LIVE;
@@ -180,12 +196,12 @@ int k3_xfer_recv_reserve(k3_xfer_recv_t *r, const k3_xfer_layout_t *layout, uint
   return 0;
 inval:
   k3_xfer_desc_free(d);
-  if (v) free(v->verified), free(v->vdigest);
+  if (v) free(v->verified), free(v->vdigest), free(v->landed);
   free(v);
   return K3_EINVAL;
 oom:
   k3_xfer_desc_free(d);
-  if (v) free(v->verified), free(v->vdigest);
+  if (v) free(v->verified), free(v->vdigest), free(v->landed);
   free(v);
   return K3_ENOMEM;
 }
@@ -281,19 +297,30 @@ static void log_mismatch(resv_t *v, uint32_t i, uint64_t want, uint64_t got) {
           (unsigned long long)want, (unsigned long long)got);
 }
 
-void xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
+/* Rendezvous path: true while any byte of the regions selected by (layer or all) has not landed
+ * yet, or a receive into this memory (of any epoch) is still in flight. */
+static bool still_landing(const resv_t *v, bool all, uint32_t layer) {
+  if (v->rx_pending) return true;
+  for (uint32_t i = 0; i < v->desc->n_regions; i++)
+    if ((all || v->desc->regions[i].layer == layer) && v->landed[i] < v->desc->regions[i].len_bytes)
+      return true;
+  return false;
+}
+
+int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   xf_layer_t m;
   if (xf_layer_decode(msg, len, &m)) {
     K3_WARN("xfer: malformed LAYER (%zu bytes) dropped", len);
-    return;
+    return 0;
   }
   resv_t *v = find(r, m.request_id);
   if (!v || v->state != RS_LIVE || v->desc->epoch != m.epoch ||
       v->desc->fingerprint != m.fingerprint || v->verdict) {
     K3_DEBUG("xfer: LAYER %u for request %llu epoch %llu ignored", m.layer,
              (unsigned long long)m.request_id, (unsigned long long)m.epoch);
-    return;
+    return 0;
   }
+  if ((m.flags & XF_MSG_FLAG_AM_DATA) && still_landing(v, false, m.layer)) return 1;
   const k3_xfer_desc_t *d = v->desc;
   uint32_t n = 0;
   for (uint32_t i = 0; i < d->n_regions; i++) n += d->regions[i].layer == m.layer;
@@ -301,11 +328,11 @@ void xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
     K3_WARN("xfer: request %llu: LAYER %u carries %u digests, the layer has %u regions",
             (unsigned long long)m.request_id, m.layer, m.n_digests, n);
     v->verdict = K3_EPROTO;
-    return;
+    return 0;
   }
   if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, m.request_id);
   xf_hash_t *h = XXH3_createState();
-  if (!h) return; /* not verified now: DONE hashes it */
+  if (!h) return 0; /* not verified now: DONE hashes it */
   uint32_t k = 0;
   for (uint32_t i = 0; i < d->n_regions; i++) {
     if (d->regions[i].layer != m.layer) continue;
@@ -322,6 +349,7 @@ void xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   }
   if (h) XXH3_freeState(h);
   if (!v->verdict) r->ctx->stats.layers_verified++;
+  return 0;
 }
 
 typedef struct {
@@ -411,12 +439,16 @@ static int judge(k3_xfer_recv_t *r, const xf_done_t *dm, resv_t **out) {
   return 0;
 }
 
-void xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
+int xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   xf_done_t dm;
   if (xf_done_decode(msg, len, &dm)) {
     r->ctx->stats.done_rejected_malformed++;
     K3_WARN("xfer: malformed DONE (%zu bytes) dropped", len);
-    return;
+    return 0;
+  }
+  if (dm.flags & XF_MSG_FLAG_AM_DATA) { /* judged once every byte has landed */
+    resv_t *w = find(r, dm.request_id);
+    if (w && w->state == RS_LIVE && w->desc->epoch == dm.epoch && still_landing(w, true, 0)) return 1;
   }
   resv_t *v = NULL;
   int rc = judge(r, &dm, &v);
@@ -424,7 +456,7 @@ void xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   if (rc) {
     K3_WARN("xfer: DONE for request %llu epoch %llu rejected: %s",
             (unsigned long long)dm.request_id, (unsigned long long)dm.epoch, k3_errname(rc));
-    return;
+    return 0;
   }
   v->state = RS_READY;
   K3_DEBUG("xfer: request %llu epoch %llu ready", (unsigned long long)dm.request_id,
@@ -433,6 +465,7 @@ void xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
                         .first_token = dm.first_token, .first_logprob = dm.first_logprob,
                         .owner = v->owner};
   if (r->opts.on_ready) r->opts.on_ready(r->opts.ud, &rd);
+  return 0;
 }
 
 static int poison_extent(void *arg, uint64_t off, const uint8_t *p, uint64_t n) {
@@ -452,7 +485,8 @@ uint64_t xf_recv_pump(k3_xfer_recv_t *r, uint64_t now, uint64_t *next_deadline) 
       quarantine(r, v);
       work++;
     }
-    if (v->state == RS_QUAR && now >= v->expiry_ns) {
+    /* Never hand memory back while a receive we started into it may still write. */
+    if (v->state == RS_QUAR && now >= v->expiry_ns && v->rx_pending == 0) {
       if (r->opts.poison) {
         for (uint32_t i = 0; i < v->desc->n_regions; i++) for_extents(v, i, poison_extent, NULL);
         r->ctx->stats.slots_poisoned++;
@@ -465,4 +499,99 @@ uint64_t xf_recv_pump(k3_xfer_recv_t *r, uint64_t now, uint64_t *next_deadline) 
     if (v->state == RS_LIVE && now + XF_TICK_NS < *next_deadline) *next_deadline = now + XF_TICK_NS;
   }
   return work;
+}
+
+/* ---- DATA: the rendezvous path --------------------------------------------------------------- */
+
+static resv_t *find_serial(k3_xfer_recv_t *r, uint64_t serial) {
+  for (resv_t *v = r->list; v; v = v->next)
+    if (v->serial == serial) return v;
+  return NULL;
+}
+
+static void rx_unlink_free(xf_rx_t *x) {
+  *x->pprev = x->next;
+  if (x->next) x->next->pprev = x->pprev;
+  free(x);
+}
+
+static void rx_done_cb(void *req, ucs_status_t st, size_t length, void *ud) {
+  xf_rx_t *x = ud;
+  k3_xfer_ctx_t *ctx = x->ctx;
+  resv_t *v = ctx->recv ? find_serial(ctx->recv, x->serial) : NULL;
+  if (v) {
+    v->rx_pending--;
+    if (st == UCS_OK && v->state == RS_LIVE && v->desc->epoch == x->epoch) v->landed[x->region] += x->len;
+    else if (st != UCS_OK)
+      K3_WARN("xfer: request %llu: receiving %llu bytes of region %u failed: %s",
+              (unsigned long long)v->desc->request_id, (unsigned long long)x->len, x->region,
+              xf_ucs_str(st));
+  }
+  rx_unlink_free(x);
+  ctx->drive_again = true;
+  if (req) ucp_request_free(req);
+}
+
+void xf_recv_on_data(k3_xfer_ctx_t *ctx, const void *hdr, size_t hdr_len, void *data, size_t len,
+                     const ucp_am_recv_param_t *param) {
+  k3_xfer_recv_t *r = ctx->recv;
+  xf_data_t h;
+  resv_t *v = NULL;
+  if (!r || xf_data_decode(hdr, hdr_len, &h) || !(v = find(r, h.request_id)) || v->state != RS_LIVE ||
+      v->desc->epoch != h.epoch) {
+    /* Unknown, stale or not ours: never written. (UCX answers a dropped rendezvous.) */
+    ctx->stats.data_dropped++;
+    return;
+  }
+  const k3_xfer_desc_t *d = v->desc;
+  uint64_t pool_off = 0, contig = 0;
+  bool ok = h.region < d->n_regions && h.offset < d->regions[h.region].len_bytes &&
+            len <= d->regions[h.region].len_bytes - h.offset;
+  if (ok) {
+    k3_xfer_region_locate(d, h.region, h.offset, &pool_off, &contig);
+    ok = contig >= len;
+  }
+  if (!ok) {
+    K3_WARN("xfer: request %llu: DATA for region %u at %llu (+%zu) is outside the reservation",
+            (unsigned long long)h.request_id, h.region, (unsigned long long)h.offset, len);
+    ctx->stats.data_dropped++;
+    v->verdict = K3_EPROTO;
+    return;
+  }
+  uint8_t *dst = (uint8_t *)v->pools[d->regions[h.region].pool]->base + pool_off;
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    memcpy(dst, data, len); /* eager: the bytes are here now */
+    v->landed[h.region] += len;
+    ctx->stats.data_eager++;
+    return;
+  }
+  xf_rx_t *x = calloc(1, sizeof *x);
+  if (!x) {
+    ctx->stats.data_dropped++; /* the bytes never land: DONE waits, the lease ends it */
+    return;
+  }
+  *x = (xf_rx_t){.ctx = ctx, .serial = v->serial, .epoch = h.epoch, .len = len, .region = h.region};
+  x->next = ctx->rx;
+  if (ctx->rx) ctx->rx->pprev = &x->next;
+  x->pprev = &ctx->rx;
+  ctx->rx = x;
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                           .cb.recv_am = rx_done_cb,
+                           .user_data = x};
+  v->rx_pending++;
+  ctx->stats.data_rndv++;
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(ctx->worker, data, dst, len, &p);
+  if (UCS_PTR_IS_ERR(req)) {
+    K3_WARN("xfer: request %llu: ucp_am_recv_data_nbx: %s", (unsigned long long)h.request_id,
+            xf_ucs_str(UCS_PTR_STATUS(req)));
+    v->rx_pending--;
+    rx_unlink_free(x);
+    ctx->stats.data_dropped++;
+  } else if (req == NULL) {
+    rx_done_cb(NULL, UCS_OK, len, x); /* completed in place */
+  }
+}
+
+void xf_recv_rx_free_all(k3_xfer_ctx_t *ctx) {
+  while (ctx->rx) rx_unlink_free(ctx->rx);
 }

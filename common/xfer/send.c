@@ -35,6 +35,7 @@ typedef struct {
   uint32_t kind, layer;
   bool busy;
   uint8_t *stage; /* staging buffer (staged path only) */
+  uint8_t hdr[XF_DATA_HDR]; /* DATA header (rendezvous path): must live until completion */
 } xf_slot_t;
 
 /* Per-layer progress: once every region of the layer has been handed to UCX and all its puts
@@ -64,6 +65,7 @@ struct k3_xfer_send {
   xf_ep_t *ep;
   xf_rkey_t *rkeys[K3_XFER_MAX_POOLS];
   bool direct;                      /* writes through dbase (see k3_xfer_send_direct) */
+  bool am_data;                     /* DATA active messages (rendezvous) instead of puts */
   uint8_t *dbase[K3_XFER_MAX_POOLS]; /* local mapping of each receiver pool's base_addr */
   xf_layer_st_t *layers;
   uint32_t layer_flushes_out, layers_announced;
@@ -213,6 +215,10 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
     else
       s->dbase[p] = p0;
   }
+  /* No mapping (tcp, another host): Debian's UCX emulates puts on tcp (~1.4 GB/s, needs
+   * target progress, C-STACK.md P9) while AM rendezvous moves 5-9 GB/s, so send DATA messages
+   * the receiver places itself. puts_only keeps one-sided puts (e.g. on an RDMA fabric). */
+  s->am_data = !s->direct && !o.puts_only;
   s->send_id = ctx->next_send_id++;
   s->res.request_id = desc->request_id;
   s->res.epoch = desc->epoch;
@@ -232,6 +238,9 @@ k3_xfer_path_t k3_xfer_send_path(const k3_xfer_send_t *s) {
   return s->staged ? K3_XFER_PATH_STAGED : K3_XFER_PATH_HOST;
 }
 bool k3_xfer_send_direct(const k3_xfer_send_t *s) { return s->direct; }
+const char *k3_xfer_send_mode(const k3_xfer_send_t *s) {
+  return s->direct ? "direct" : s->am_data ? "am" : "put";
+}
 
 int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
   if (s->phase == PH_FIRED) return s->status ? s->status : K3_EINVAL;
@@ -456,8 +465,14 @@ static uint32_t issue(k3_xfer_send_t *s) {
                              .cb.send = put_cb,
                              .user_data = sl};
     sl->layer = rg->layer;
-    ucs_status_ptr_t req = ucp_put_nbx(s->ep->ep, ptr, n, d->pools[rg->pool].base_addr + pool_off,
-                                       s->rkeys[rg->pool]->h, &p);
+    ucs_status_ptr_t req;
+    if (s->am_data) {
+      xf_data_t h = {.request_id = d->request_id, .epoch = d->epoch, .region = r, .offset = s->cur_off};
+      xf_data_encode(&h, sl->hdr);
+      req = ucp_am_send_nbx(s->ep->ep, XF_AM_DATA, sl->hdr, XF_DATA_HDR, ptr, n, &p);
+    } else {
+      req = ucp_put_nbx(s->ep->ep, ptr, n, d->pools[rg->pool].base_addr + pool_off, s->rkeys[rg->pool]->h, &p);
+    }
     if (UCS_PTR_IS_ERR(req)) {
       K3_WARN("xfer: request %llu: put failed: %s", (unsigned long long)d->request_id,
               xf_ucs_str(UCS_PTR_STATUS(req)));
@@ -494,6 +509,7 @@ static int send_done_msg(k3_xfer_send_t *s) {
                   .send_id = s->send_id,
                   .first_token = s->first_token,
                   .first_logprob = s->first_logprob,
+                  .flags = s->am_data ? XF_MSG_FLAG_AM_DATA : 0,
                   .n_digests = s->desc->n_regions,
                   .addr_len = (uint32_t)addr_len,
                   .addr = addr};
@@ -513,7 +529,8 @@ static int send_layer_msg(k3_xfer_send_t *s, uint32_t layer) {
   for (uint32_t r = 0; r < d->n_regions; r++)
     if (d->regions[r].layer == layer) dg[n++] = s->digest[r];
   xf_layer_t m = {.request_id = d->request_id, .epoch = d->epoch, .fingerprint = d->fingerprint,
-                  .send_id = s->send_id, .layer = layer, .n_digests = n};
+                  .send_id = s->send_id, .layer = layer, .n_digests = n,
+                  .flags = s->am_data ? XF_MSG_FLAG_AM_DATA : 0};
   size_t len;
   uint8_t *msg = xf_layer_encode(&m, dg, &len);
   free(dg);

@@ -20,6 +20,7 @@
 #define XF_AM_DONE 17
 #define XF_AM_ACK 18
 #define XF_AM_LAYER 19
+#define XF_AM_DATA 20 /* rendezvous data path (no mapped pointer, e.g. tcp): header + chunk */
 #define XF_WIRE_MAGIC 0x4e58334bu /* "K3XN" */
 #define XF_WIRE_VERSION 2 /* 2: digests are XXH3-64 (seed 0); LAYER message added */
 #define XF_RKEY_CACHE 16  /* unreferenced unpacked rkeys kept per endpoint */
@@ -88,6 +89,7 @@ struct k3_xfer_ctx {
   xf_msg_t *done_q, **done_tail; /* DONE messages for recv */
   xf_msg_t *ack_q, **ack_tail;   /* ACK messages for sends */
   xf_msg_t *layer_q, **layer_tail; /* LAYER messages for recv (per-layer digests) */
+  struct xf_rx *rx;             /* rendezvous receives in flight (recv.c), freed at close */
   uint64_t next_send_id;
 };
 
@@ -126,15 +128,24 @@ void xf_send_shutdown_all(k3_xfer_ctx_t *ctx);
 
 /* recv.c, called by ctx.c */
 uint64_t xf_recv_pump(k3_xfer_recv_t *r, uint64_t now_ns, uint64_t *next_deadline_ns);
-void xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len);
-void xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len);
+int xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len);
+/* LAYER/DONE return 1 when the message must wait (its data is still landing), else 0. */
+int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len);
+/* DATA, called from inside the UCX AM callback (it must start the rendezvous receive there):
+ * writes the chunk into the live reservation's own memory or drops it. No user callback. */
+void xf_recv_on_data(k3_xfer_ctx_t *ctx, const void *hdr, size_t hdr_len, void *data, size_t len,
+                     const ucp_am_recv_param_t *param);
+void xf_recv_rx_free_all(k3_xfer_ctx_t *ctx); /* ctx close: records of cancelled receives */
 
 /* ---- wire messages --------------------------------------------------------------------- */
+
+#define XF_MSG_FLAG_AM_DATA 1u /* the data came as DATA messages: wait until it all landed */
 
 typedef struct {
   uint64_t request_id, epoch, fingerprint, send_id;
   uint32_t first_token;
   float first_logprob;
+  uint32_t flags; /* XF_MSG_FLAG_* */
   uint32_t n_digests;
   uint32_t addr_len;
   const uint8_t *addr;     /* points into the message */
@@ -151,12 +162,24 @@ uint8_t *xf_done_encode(const xf_done_t *d, const uint64_t *digests, size_t *len
 int xf_done_decode(const uint8_t *buf, size_t len, xf_done_t *out); /* 0 or K3_EPROTO */
 /* LAYER (sender → receiver, after that layer's puts were flushed): the digests of the layer's
  * regions in ascending region order, so the receiver verifies the layer while later layers
- * stream and DONE only has what is left. Header 48 bytes + 8 * n_digests. */
+ * stream and DONE only has what is left. Header 56 bytes + 8 * n_digests. */
 typedef struct {
   uint64_t request_id, epoch, fingerprint, send_id;
   uint32_t layer, n_digests;
+  uint32_t flags; /* XF_MSG_FLAG_* */
   const uint8_t *digests; /* points into the message */
 } xf_layer_t;
+
+/* DATA header (the AM's user header; the chunk is the AM's data): the receiver places the
+ * chunk by (region, offset) in its own descriptor, never by an address from the message. */
+typedef struct {
+  uint64_t request_id, epoch;
+  uint32_t region;
+  uint64_t offset;
+} xf_data_t;
+#define XF_DATA_HDR 40
+void xf_data_encode(const xf_data_t *d, uint8_t out[XF_DATA_HDR]);
+int xf_data_decode(const void *buf, size_t len, xf_data_t *out); /* 0 or K3_EPROTO */
 uint8_t *xf_layer_encode(const xf_layer_t *m, const uint64_t *digests, size_t *len);
 int xf_layer_decode(const uint8_t *buf, size_t len, xf_layer_t *out); /* 0 or K3_EPROTO */
 uint8_t *xf_ack_encode(const xf_ack_t *a, size_t *len); /* malloc'd or NULL */

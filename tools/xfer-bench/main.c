@@ -154,6 +154,7 @@ typedef struct {
   bool done;
   k3_xfer_send_result_t res;
   uint64_t last_signal_ns;
+  const char *mode;
 } sstate_t;
 
 static void sent(void *ud, const k3_xfer_send_result_t *r) {
@@ -174,14 +175,16 @@ static void layer_tick(uv_timer_t *t) {
 }
 
 static uint64_t g_chunk_bytes; /* 0 = library default */
+static bool g_puts_only;
 
 static int one_send(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *d, const k3_xfer_src_t *src,
                     uint32_t delay_us, sstate_t *st) {
   memset(st, 0, sizeof *st);
   st->n_layers = d->n_layers;
-  k3_xfer_send_opts_t so = {.deadline_ms = 120000, .chunk_bytes = g_chunk_bytes};
+  k3_xfer_send_opts_t so = {.deadline_ms = 120000, .chunk_bytes = g_chunk_bytes, .puts_only = g_puts_only};
   int rc = k3_xfer_send_start(ctx, d, src, &so, sent, st, &st->s);
   if (rc) return rc;
+  st->mode = k3_xfer_send_mode(st->s);
   uv_timer_t t;
   uv_timer_init(uv_default_loop(), &t);
   t.data = st;
@@ -262,8 +265,8 @@ static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *f
     uint64_t first = st.res.t_start_ns;
     double secs = (double)(st.res.t_done_ns - first) / 1e9;
     fig->gbps = (double)total / secs / 1e9;
-    printf("tls=%-8s bytes=%llu time_ms=%.2f gbps=%.2f memcpy_gbps=%.2f ratio=%.2f\n",
-           tls ? tls : "default", (unsigned long long)total, secs * 1e3, fig->gbps, fig->memcpy_gbps,
+    printf("tls=%-8s mode=%s bytes=%llu time_ms=%.2f gbps=%.2f memcpy_gbps=%.2f ratio=%.2f\n",
+           tls ? tls : "default", st.mode, (unsigned long long)total, secs * 1e3, fig->gbps, fig->memcpy_gbps,
            fig->gbps / fig->memcpy_gbps);
     for (int k = 1; k < K3_XFER_KIND_COUNT; k++)
       if (st.res.kind_bytes[k])
@@ -295,12 +298,14 @@ static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *f
 int main(int argc, char **argv) {
   const char *manifest = "tiny", *tls = "shm,tcp,default";
   int tokens = 1024, delay_us = 0, chunk_kib = 0;
+  bool puts_only = false;
   k3_flag_t flags[] = {
       {"manifest", K3_FLAG_STR, &manifest, "tiny|k3", "state manifest sizes to move", false},
       {"tokens", K3_FLAG_INT, &tokens, "N", "prompt tokens (MLA pages)", false},
       {"tls", K3_FLAG_STR, &tls, "LIST", "comma-separated UCX_TLS runs; 'default' = UCX's choice", false},
       {"layer-delay-us", K3_FLAG_INT, &delay_us, "N", "simulated compute per layer (0 = all at once)", false},
       {"chunk-kib", K3_FLAG_INT, &chunk_kib, "N", "bytes per put in KiB (0 = library default)", false},
+      {"puts-only", K3_FLAG_BOOL, &puts_only, NULL, "always ucp_put_nbx (no mapped pointer, no DATA messages)", false},
   };
   k3_flags_info_t info = {"k3pd-xfer-bench", "Two-process UCX state-transfer benchmark vs memcpy.", NULL};
   char err[256];
@@ -323,6 +328,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   g_chunk_bytes = (uint64_t)chunk_kib << 10;
+  g_puts_only = puts_only;
   k3_log_set_level(K3_LOG_WARN);
   plan_t p;
   plan_build(&p, m, (uint32_t)tokens);

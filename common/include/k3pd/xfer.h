@@ -81,6 +81,8 @@ typedef struct {
   uint64_t slots_quarantined, slots_poisoned;
   uint64_t ep_errors;
   uint64_t layers_verified; /* layers verified as they landed (LAYER), before DONE */
+  uint64_t data_dropped;    /* DATA chunks (rendezvous path) for no live reservation/epoch */
+  uint64_t data_eager, data_rndv; /* DATA chunks placed from the message / by a rendezvous */
 } k3_xfer_stats_t;
 void k3_xfer_ctx_stats(const k3_xfer_ctx_t *ctx, k3_xfer_stats_t *out);
 
@@ -135,7 +137,8 @@ typedef struct {
   uint64_t chunk_bytes;   /* max bytes per put; 0 = 4 MiB */
   uint32_t max_inflight;  /* puts in flight; 0 = 16 */
   const k3_xfer_stage_t *stage; /* non-NULL with d2h: staged path (copied) */
-  /* Never write through a mapped remote pointer; always ucp_put_nbx (tests, comparisons). */
+  /* Always ucp_put_nbx: never a mapped pointer nor DATA messages (one-sided puts on an RDMA
+   * fabric; tests and comparisons). */
   bool puts_only;
 } k3_xfer_send_opts_t;
 
@@ -174,6 +177,10 @@ k3_xfer_path_t k3_xfer_send_path(const k3_xfer_send_t *s);
  * (ucp_rkey_ptr: same host, shm pools), hashing and copying each block in one pass with
  * streaming stores; false when it uses ucp_put_nbx (tcp, other hosts, puts_only). */
 bool k3_xfer_send_direct(const k3_xfer_send_t *s);
+/* How the bytes move: "direct" (mapped pointer), "am" (DATA active messages: eager or
+ * rendezvous, placed by the receiver; chosen when there is no mapping, e.g. tcp) or "put"
+ * (ucp_put_nbx; only with puts_only). */
+const char *k3_xfer_send_mode(const k3_xfer_send_t *s);
 
 /* ---- receiver: registered pools + reservation table with leases ------------------------ */
 
