@@ -150,7 +150,10 @@ void xf_drive(k3_xfer_ctx_t *ctx) {
   ctx->in_drive = true;
   uint64_t next_deadline = UINT64_MAX;
   bool pending = true;
-  for (int round = 0; round < DRIVE_ROUNDS; round++) {
+  /* An API call (e.g. layer_ready) does one round: it starts that layer's bytes moving (a
+   * direct copy is bounded per round) and returns to the caller; the loop does the rest. */
+  int rounds = ctx->api_drive ? 1 : DRIVE_ROUNDS;
+  for (int round = 0; round < rounds; round++) {
     ctx->drive_again = false;
     while (ucp_worker_progress(ctx->worker)) {
     }

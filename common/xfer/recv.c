@@ -12,6 +12,12 @@
  * a lost race). A LAYER for anything but a live reservation of the same epoch and fingerprint is
  * ignored (DONE gives the verdict); a mismatch is remembered and becomes DONE's verdict.
  *
+ * DATA (the path for unmapped receivers, e.g. tcp): chunks are placed at the reservation's own
+ * address for (region, offset), only for a live reservation of the message's epoch; rendezvous
+ * receives are started from inside the UCX callback. LAYER/DONE of such a send wait (re-queued)
+ * until their bytes landed, and a quarantined reservation is not released while a receive into
+ * it is in flight.
+ *
  * Fencing rule (docs/transfer.md): memory of a reservation that did not complete (lease expired,
  * cancelled) is quarantined for quarantine_ms before on_release hands it back to the owner, and
  * optionally poisoned (0xFF) first. Senders stop writing at the lease expiry (their deadline is

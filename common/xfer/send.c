@@ -1,89 +1,27 @@
 /* Sender: pushes a request's regions into the receiver's reserved memory, layer by layer.
  *
  * What it is for: k3_xfer_send_start → k3_xfer_send_layer_ready (per layer, as compute
- * finishes it) → k3_xfer_send_finish. Regions of a signalled layer are queued; the pump issues
- * chunked ucp_put_nbx calls (a chunk never crosses a slot/page boundary on either side) with
- * up to max_inflight in flight, hashing exactly the bytes it hands to UCX. After every put of
- * every layer completed it flushes the endpoint, and only after the flush completed does it send
- * DONE: DONE can never overtake data (flush-first by construction). It then waits for the
- * receiver's ACK, whose status is the send's result.
+ * finishes it) → k3_xfer_send_finish. Regions of a signalled layer are queued and handed on in
+ * chunks by send_push.c (direct copy into the mapped pool, DATA messages, or puts), hashing
+ * exactly those bytes. When all of a layer's chunks completed, the endpoint is flushed and LAYER
+ * (that layer's digests) is sent so the receiver verifies it while later layers stream. After
+ * every layer was announced it flushes again, and only after that flush completed does it send
+ * DONE: neither LAYER nor DONE can overtake data (flush-first by construction). It then waits
+ * for the receiver's ACK, whose status is the send's result.
  *
  * What it is not: a retry engine. Any failure (deadline, endpoint error, receiver rejection)
- * completes the send with an error; a failed send with puts in flight tears its endpoint down so
- * no queued put lands later (other sends to that peer fail too: the peer is suspect anyway).
+ * completes the send with an error; a failed send with operations in flight tears its endpoint
+ * down so nothing queued lands later (other sends to that peer fail too: the peer is suspect).
  *
- * Lifetime: the callback fires once (from the pump, on the loop); the struct lives on until
- * every UCX request that points at it has completed, then it is freed. */
+ * Lifetime: the callback fires once (from the pump, on the loop, never inside an API call); the
+ * struct lives on until every UCX request that points at it has completed, then it is freed. */
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
-#include <stdatomic.h>
 
 #include "k3pd/err.h"
 #include "k3pd/log.h"
 #include "k3pd/util.h"
-#include "xfer_int.h"
-
-enum { PH_PUSH, PH_FLUSH, PH_WAIT_ACK, PH_FIRED };
-
-typedef struct {
-  k3_xfer_send_t *s;
-  uint32_t kind, layer;
-  bool busy;
-  uint8_t *stage; /* staging buffer (staged path only) */
-  uint8_t hdr[XF_DATA_HDR]; /* DATA header (rendezvous path): must live until completion */
-} xf_slot_t;
-
-/* Per-layer progress: once every region of the layer has been handed to UCX and all its puts
- * completed, the endpoint is flushed and LAYER (the layer's digests) is sent, so the receiver
- * verifies it while later layers stream. */
-enum { LY_WAIT, LY_PUSHING, LY_FLUSHING, LY_ANNOUNCED };
-typedef struct {
-  k3_xfer_send_t *s;
-  uint32_t layer;
-  uint32_t regions_left; /* regions of the layer not yet fully issued */
-  uint32_t puts_out;     /* its puts still in flight */
-  uint8_t state;
-  bool flush_out;        /* a flush request for it is outstanding */
-} xf_layer_st_t;
-
-struct k3_xfer_send {
-  k3_xfer_send_t *next;
-  k3_xfer_ctx_t *ctx;
-  const k3_xfer_desc_t *desc;
-  const k3_xfer_src_t *srcs;
-  k3_xfer_send_opts_t opts;
-  k3_xfer_stage_t stage;
-  bool staged;
-  k3_xfer_send_cb cb;
-  void *ud;
-  uint64_t send_id, deadline_ns;
-  xf_ep_t *ep;
-  xf_rkey_t *rkeys[K3_XFER_MAX_POOLS];
-  bool direct;                      /* writes through dbase (see k3_xfer_send_direct) */
-  bool am_data;                     /* DATA active messages (rendezvous) instead of puts */
-  uint8_t *dbase[K3_XFER_MAX_POOLS]; /* local mapping of each receiver pool's base_addr */
-  xf_layer_st_t *layers;
-  uint32_t layer_flushes_out, layers_announced;
-  uint8_t *layer_ready;
-  uint32_t layers_signalled, n_layers;
-  uint32_t *queue, q_len, q_pos; /* regions in push order */
-  uint64_t cur_off;              /* next byte of region queue[q_pos] */
-  xf_hash_t **hash;
-  uint64_t *digest;
-  xf_slot_t *slots;
-  uint32_t inflight;
-  int phase, status;
-  bool finish_called, flush_pending, ep_failed;
-  uint32_t first_token;
-  float first_logprob;
-  k3_xfer_send_result_t res;
-  uint64_t kind_first[K3_XFER_KIND_COUNT], kind_last[K3_XFER_KIND_COUNT];
-};
+#include "send_int.h"
 
 static void send_free(k3_xfer_send_t *s) {
   for (uint32_t p = 0; p < K3_XFER_MAX_POOLS; p++)
@@ -106,9 +44,6 @@ static void send_free(k3_xfer_send_t *s) {
   free(s);
 }
 
-static uint32_t kind_of(const k3_xfer_region_t *rg) {
-  return rg->kind < K3_XFER_KIND_COUNT ? rg->kind : K3_XFER_KIND_OTHER;
-}
 
 int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_xfer_src_t *srcs,
                        const k3_xfer_send_opts_t *opts, k3_xfer_send_cb cb, void *ud,
@@ -274,18 +209,6 @@ void k3_xfer_send_cancel(k3_xfer_send_t *s) {
 
 /* ---- UCX completions (record only) ------------------------------------------------------ */
 
-static void put_cb(void *req, ucs_status_t st, void *ud) {
-  xf_slot_t *sl = ud;
-  k3_xfer_send_t *s = sl->s;
-  sl->busy = false;
-  s->inflight--;
-  s->layers[sl->layer].puts_out--;
-  s->kind_last[sl->kind] = k3_now_ns();
-  if (st != UCS_OK && !s->status) s->status = st == UCS_ERR_CANCELED ? K3_ECANCELED : K3_ETRANSPORT;
-  s->ctx->drive_again = true;
-  ucp_request_free(req);
-}
-
 static void layer_flush_cb(void *req, ucs_status_t st, void *ud) {
   xf_layer_st_t *ly = ud;
   k3_xfer_send_t *s = ly->s;
@@ -322,182 +245,6 @@ static void fire(k3_xfer_send_t *s, int status) {
   s->cb(s->ud, &s->res);
 }
 
-static const void *src_ptr(const k3_xfer_src_t *sr, uint64_t off, uint64_t *contig) {
-  const uint8_t *b = sr->base;
-  if (!sr->idx) {
-    *contig = UINT64_MAX;
-    return b + sr->offset_bytes + off;
-  }
-  uint64_t i = off / sr->unit_bytes, in = off % sr->unit_bytes;
-  *contig = sr->unit_bytes - in;
-  return b + (uint64_t)sr->idx[i] * sr->stride_bytes + sr->offset_bytes + in;
-}
-
-/* ---- direct path: hash and copy in one pass ---------------------------------------------- */
-
-/* Copies with streaming (non-temporal) stores: the destination is another process's memory
- * that this core will not read, so a normal store's read-for-ownership would double the DRAM
- * traffic; measured 7.0 → 8.4 GB/s for hash+copy on this VM (docs/transfer.md). Ends with a
- * store fence, so the bytes are globally visible before any later message announces them. */
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) static void copy_stream_avx2(uint8_t *dst, const uint8_t *src, size_t n) {
-  size_t head = (32 - ((uintptr_t)dst & 31)) & 31;
-  if (head > n) head = n;
-  memcpy(dst, src, head);
-  dst += head, src += head, n -= head;
-  for (; n >= 128; n -= 128, dst += 128, src += 128) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)src), b = _mm256_loadu_si256((const __m256i *)(src + 32));
-    __m256i c = _mm256_loadu_si256((const __m256i *)(src + 64)), e = _mm256_loadu_si256((const __m256i *)(src + 96));
-    _mm256_stream_si256((__m256i *)dst, a);
-    _mm256_stream_si256((__m256i *)(dst + 32), b);
-    _mm256_stream_si256((__m256i *)(dst + 64), c);
-    _mm256_stream_si256((__m256i *)(dst + 96), e);
-  }
-  memcpy(dst, src, n);
-  _mm_sfence();
-}
-#endif
-
-/* Hashes then copies in 64 KiB blocks, so the copy reads the block from L1/L2, not DRAM. */
-static void hash_copy(xf_hash_t *h, uint8_t *dst, const uint8_t *src, uint64_t n) {
-#if defined(__x86_64__)
-  static int avx2 = -1;
-  if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-#endif
-  for (uint64_t off = 0; off < n;) {
-    size_t b = n - off < (64u << 10) ? (size_t)(n - off) : (64u << 10);
-    XXH3_64bits_update(h, src + off, b);
-#if defined(__x86_64__)
-    if (avx2) copy_stream_avx2(dst + off, src + off, b);
-    else
-#endif
-      memcpy(dst + off, src + off, b);
-    off += b;
-  }
-  atomic_thread_fence(memory_order_seq_cst); /* visible before LAYER/DONE is sent */
-}
-
-/* Writes up to DIRECT_BUDGET bytes per call (then lets the loop breathe). Returns blocks done. */
-#define DIRECT_BUDGET (16u << 20)
-static uint32_t issue_direct(k3_xfer_send_t *s) {
-  const k3_xfer_desc_t *d = s->desc;
-  uint32_t done = 0;
-  uint64_t budget = DIRECT_BUDGET;
-  while (!s->status && s->q_pos < s->q_len && budget > 0) {
-    if (s->ep->closed || k3_now_ns() >= s->deadline_ns) break; /* pump_one fails the send */
-    uint32_t r = s->queue[s->q_pos];
-    const k3_xfer_region_t *rg = &d->regions[r];
-    uint64_t pool_off, rcontig, lcontig = UINT64_MAX;
-    k3_xfer_region_locate(d, r, s->cur_off, &pool_off, &rcontig);
-    uint64_t n = s->opts.chunk_bytes < rcontig ? s->opts.chunk_bytes : rcontig;
-    const uint8_t *ptr;
-    if (s->staged) {
-      int rc = s->stage.d2h(s->stage.ud, r, s->cur_off, s->slots[0].stage, n);
-      if (rc) {
-        K3_ERROR("xfer: request %llu: staging copy of region %u failed: %s",
-                 (unsigned long long)d->request_id, r, k3_strerror(rc));
-        s->status = K3_EDEVICE;
-        break;
-      }
-      ptr = s->slots[0].stage;
-    } else {
-      ptr = src_ptr(&s->srcs[r], s->cur_off, &lcontig);
-      if (lcontig < n) n = lcontig;
-    }
-    uint32_t kind = kind_of(rg);
-    uint64_t t0 = k3_now_ns();
-    if (!s->kind_first[kind]) s->kind_first[kind] = t0;
-    hash_copy(s->hash[r], s->dbase[rg->pool] + pool_off, ptr, n);
-    s->kind_last[kind] = k3_now_ns();
-    s->res.kind_bytes[kind] += n;
-    s->res.bytes += n;
-    budget = n < budget ? budget - n : 0;
-    done++;
-    s->cur_off += n;
-    if (s->cur_off == rg->len_bytes) {
-      s->digest[r] = XXH3_64bits_digest(s->hash[r]);
-      s->layers[rg->layer].regions_left--;
-      s->q_pos++;
-      s->cur_off = 0;
-    }
-  }
-  return done;
-}
-
-/* Issues puts while slots are free. Returns the number issued; sets s->status on error. */
-static uint32_t issue(k3_xfer_send_t *s) {
-  if (s->direct) return issue_direct(s);
-  const k3_xfer_desc_t *d = s->desc;
-  uint32_t issued = 0;
-  while (!s->status && s->q_pos < s->q_len) {
-    xf_slot_t *sl = NULL;
-    for (uint32_t i = 0; i < s->opts.max_inflight; i++)
-      if (!s->slots[i].busy) {
-        sl = &s->slots[i];
-        break;
-      }
-    if (!sl) break;
-    uint32_t r = s->queue[s->q_pos];
-    const k3_xfer_region_t *rg = &d->regions[r];
-    uint64_t pool_off, rcontig, lcontig = UINT64_MAX;
-    k3_xfer_region_locate(d, r, s->cur_off, &pool_off, &rcontig);
-    uint64_t n = s->opts.chunk_bytes < rcontig ? s->opts.chunk_bytes : rcontig;
-    const void *ptr;
-    if (s->staged) {
-      int rc = s->stage.d2h(s->stage.ud, r, s->cur_off, sl->stage, n);
-      if (rc) {
-        K3_ERROR("xfer: request %llu: staging copy of region %u failed: %s",
-                 (unsigned long long)d->request_id, r, k3_strerror(rc));
-        s->status = K3_EDEVICE;
-        break;
-      }
-      ptr = sl->stage;
-    } else {
-      ptr = src_ptr(&s->srcs[r], s->cur_off, &lcontig);
-      if (lcontig < n) n = lcontig;
-    }
-    XXH3_64bits_update(s->hash[r], ptr, n);
-    uint32_t kind = kind_of(rg);
-    if (!s->kind_first[kind]) s->kind_first[kind] = k3_now_ns();
-    s->res.kind_bytes[kind] += n;
-    sl->kind = kind;
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-                             .cb.send = put_cb,
-                             .user_data = sl};
-    sl->layer = rg->layer;
-    ucs_status_ptr_t req;
-    if (s->am_data) {
-      xf_data_t h = {.request_id = d->request_id, .epoch = d->epoch, .region = r, .offset = s->cur_off};
-      xf_data_encode(&h, sl->hdr);
-      req = ucp_am_send_nbx(s->ep->ep, XF_AM_DATA, sl->hdr, XF_DATA_HDR, ptr, n, &p);
-    } else {
-      req = ucp_put_nbx(s->ep->ep, ptr, n, d->pools[rg->pool].base_addr + pool_off, s->rkeys[rg->pool]->h, &p);
-    }
-    if (UCS_PTR_IS_ERR(req)) {
-      K3_WARN("xfer: request %llu: put failed: %s", (unsigned long long)d->request_id,
-              xf_ucs_str(UCS_PTR_STATUS(req)));
-      s->status = K3_ETRANSPORT;
-      break;
-    }
-    if (req) {
-      sl->busy = true;
-      s->inflight++;
-      s->layers[rg->layer].puts_out++;
-    } else {
-      s->kind_last[kind] = k3_now_ns();
-    }
-    s->res.bytes += n;
-    issued++;
-    s->cur_off += n;
-    if (s->cur_off == rg->len_bytes) {
-      s->digest[r] = XXH3_64bits_digest(s->hash[r]);
-      s->layers[rg->layer].regions_left--;
-      s->q_pos++;
-      s->cur_off = 0;
-    }
-  }
-  return issued;
-}
 
 static int send_done_msg(k3_xfer_send_t *s) {
   const uint8_t *addr;
@@ -588,7 +335,7 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
     return 1;
   }
   if (s->phase == PH_PUSH) {
-    work += issue(s);
+    work += xf_send_issue(s);
     if (s->status) return work + 1;
     work += advance_layers(s);
     if (s->status) return work + 1;

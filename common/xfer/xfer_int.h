@@ -5,7 +5,9 @@
  * All decisions — issuing more puts, flushing, verifying a DONE, calling user callbacks —
  * happen in xf_drive(), which runs on the loop outside any UCX callback: from the worker's
  * event-fd poll, from an idle handle while work is pending, and after API calls. This keeps
- * UCX callbacks re-entrancy free and lets user callbacks call back into the API. */
+ * UCX callbacks re-entrancy free and lets user callbacks call back into the API. The one
+ * exception is DATA (recv.c): a rendezvous receive must be started inside the AM callback; it
+ * writes only into a live reservation's own memory and calls no user callback. */
 #ifndef K3PD_XFER_INT_H
 #define K3PD_XFER_INT_H
 
