@@ -47,25 +47,37 @@ static void msg_push(xf_msg_t ***tail, const void *data, size_t len) {
 
 /* AM callbacks: copy the eager payload out (valid only during the callback) and return. */
 static ucs_status_t am_cb(void *arg, const void *header, size_t header_len, void *data,
-                          size_t len, const ucp_am_recv_param_t *param, bool done) {
+                          size_t len, const ucp_am_recv_param_t *param, xf_msg_t ***tail) {
   k3_xfer_ctx_t *ctx = arg;
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    /* Both messages are sent with UCP_AM_SEND_FLAG_EAGER; a rendezvous one is not ours. */
+    /* Control messages are sent with UCP_AM_SEND_FLAG_EAGER; a rendezvous one is not ours. */
     ctx->stats.done_rejected_malformed++;
     return UCS_OK;
   }
-  if (done) msg_push(&ctx->done_tail, data, len);
-  else msg_push(&ctx->ack_tail, data, len);
+  msg_push(tail, data, len);
   ctx->drive_again = true;
   return UCS_OK;
 }
 static ucs_status_t am_done_cb(void *arg, const void *h, size_t hl, void *d, size_t l,
                                const ucp_am_recv_param_t *p) {
-  return am_cb(arg, h, hl, d, l, p, true);
+  return am_cb(arg, h, hl, d, l, p, &((k3_xfer_ctx_t *)arg)->done_tail);
 }
 static ucs_status_t am_ack_cb(void *arg, const void *h, size_t hl, void *d, size_t l,
                               const ucp_am_recv_param_t *p) {
-  return am_cb(arg, h, hl, d, l, p, false);
+  return am_cb(arg, h, hl, d, l, p, &((k3_xfer_ctx_t *)arg)->ack_tail);
+}
+static ucs_status_t am_layer_cb(void *arg, const void *h, size_t hl, void *d, size_t l,
+                                const ucp_am_recv_param_t *p) {
+  return am_cb(arg, h, hl, d, l, p, &((k3_xfer_ctx_t *)arg)->layer_tail);
+}
+/* DATA is the exception to "record only": a rendezvous receive has to be started (or the data
+ * copied) inside the callback. recv.c does that and nothing else (no user callback). */
+static ucs_status_t am_data_cb(void *arg, const void *h, size_t hl, void *d, size_t l,
+                               const ucp_am_recv_param_t *p) {
+  k3_xfer_ctx_t *ctx = arg;
+  xf_recv_on_data(ctx, h, hl, d, l, p);
+  ctx->drive_again = true;
+  return UCS_OK;
 }
 
 static void drain_queues(k3_xfer_ctx_t *ctx) {
@@ -76,22 +88,45 @@ static void drain_queues(k3_xfer_ctx_t *ctx) {
     xf_send_on_ack(ctx, m->data, m->len);
     free(m);
   }
-  while (ctx->done_q) {
-    xf_msg_t *m = ctx->done_q;
-    ctx->done_q = m->next;
-    if (!ctx->done_q) ctx->done_tail = &ctx->done_q;
-    if (ctx->recv) xf_recv_on_done(ctx->recv, m->data, m->len);
-    else ctx->stats.done_rejected_unknown++;
-    free(m);
+  /* LAYER before DONE: a DONE then finds its earlier layers verified already. A message whose
+   * data is still landing (rendezvous path) goes back to the queue for a later drive; the
+   * lease bounds how long (an expired reservation answers it). */
+  for (int q = 0; q < 2; q++) {
+    xf_msg_t **head = q ? &ctx->done_q : &ctx->layer_q, ***tail = q ? &ctx->done_tail : &ctx->layer_tail;
+    xf_msg_t *m = *head, *keep = NULL, **keep_tail = &keep;
+    *head = NULL;
+    *tail = head;
+    while (m) {
+      xf_msg_t *nx = m->next;
+      int wait = 0;
+      if (!ctx->recv) {
+        if (q) ctx->stats.done_rejected_unknown++;
+      } else {
+        wait = q ? xf_recv_on_done(ctx->recv, m->data, m->len) : xf_recv_on_layer(ctx->recv, m->data, m->len);
+      }
+      if (wait) {
+        m->next = NULL;
+        *keep_tail = m;
+        keep_tail = &m->next;
+      } else {
+        free(m);
+      }
+      m = nx;
+    }
+    if (keep) { /* waiting ones first, then anything that arrived meanwhile */
+      *keep_tail = *head;
+      if (!*head) *tail = keep_tail;
+      *head = keep;
+    }
   }
 }
 
 static uint64_t pump_all(k3_xfer_ctx_t *ctx, uint64_t *next_deadline) {
   uint64_t now = k3_now_ns(), work = 0;
   *next_deadline = UINT64_MAX;
-  drain_queues(ctx);
+  if (!ctx->api_drive) drain_queues(ctx);
   work += xf_send_pump(ctx, now, next_deadline);
-  if (ctx->recv) work += xf_recv_pump(ctx->recv, now, next_deadline);
+  if (ctx->recv && !ctx->api_drive) work += xf_recv_pump(ctx->recv, now, next_deadline);
   return work;
 }
 
@@ -115,7 +150,10 @@ void xf_drive(k3_xfer_ctx_t *ctx) {
   ctx->in_drive = true;
   uint64_t next_deadline = UINT64_MAX;
   bool pending = true;
-  for (int round = 0; round < DRIVE_ROUNDS; round++) {
+  /* An API call (e.g. layer_ready) does one round: it starts that layer's bytes moving (a
+   * direct copy is bounded per round) and returns to the caller; the loop does the rest. */
+  int rounds = ctx->api_drive ? 1 : DRIVE_ROUNDS;
+  for (int round = 0; round < rounds; round++) {
     ctx->drive_again = false;
     while (ucp_worker_progress(ctx->worker)) {
     }
@@ -134,7 +172,21 @@ void xf_drive(k3_xfer_ctx_t *ctx) {
   arm_timer(ctx, next_deadline);
 }
 
-void xf_rearm_timer(k3_xfer_ctx_t *ctx) { xf_drive(ctx); }
+/* From API calls: start puts/flushes at once (so layer_ready overlaps compute), but run no
+ * user callback inside the caller's call: incoming messages, verdicts and lease expiries wait
+ * for the loop's drive, which the idle handle schedules for the next loop iteration. */
+void xf_drive_api(k3_xfer_ctx_t *ctx) {
+  if (ctx->in_drive || ctx->closing) {
+    ctx->drive_again = true;
+    return;
+  }
+  ctx->api_drive = true;
+  xf_drive(ctx);
+  ctx->api_drive = false;
+  if (!ctx->closing) uv_idle_start(&ctx->idle, idle_cb);
+}
+
+void xf_rearm_timer(k3_xfer_ctx_t *ctx) { xf_drive_api(ctx); }
 
 static void poll_cb(uv_poll_t *h, int status, int events) {
   k3_xfer_ctx_t *ctx = h->data;
@@ -150,6 +202,7 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
   ctx->loop = loop;
   ctx->done_tail = &ctx->done_q;
   ctx->ack_tail = &ctx->ack_q;
+  ctx->layer_tail = &ctx->layer_q;
   ctx->next_send_id = ((uint64_t)k3_wall_ms() << 20) ^ (uint64_t)getpid();
   ucp_config_t *cfg = NULL;
   ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
@@ -186,6 +239,14 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
   if (st != UCS_OK) goto ucx_err_addr;
   ap.id = XF_AM_ACK;
   ap.cb = am_ack_cb;
+  st = ucp_worker_set_am_recv_handler(ctx->worker, &ap);
+  if (st != UCS_OK) goto ucx_err_addr;
+  ap.id = XF_AM_LAYER;
+  ap.cb = am_layer_cb;
+  st = ucp_worker_set_am_recv_handler(ctx->worker, &ap);
+  if (st != UCS_OK) goto ucx_err_addr;
+  ap.id = XF_AM_DATA;
+  ap.cb = am_data_cb;
   st = ucp_worker_set_am_recv_handler(ctx->worker, &ap);
   if (st != UCS_OK) goto ucx_err_addr;
   int efd = -1;
@@ -233,6 +294,11 @@ static void close_cb(uv_handle_t *h) {
 static void ep_close_ucp(xf_ep_t *e) {
   if (e->closed) return;
   e->closed = true;
+  for (xf_rkey_t *k = e->rkeys; k; k = k->next)
+    if (k->h) {
+      ucp_rkey_destroy(k->h);
+      k->h = NULL;
+    }
   ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
   ucs_status_ptr_t req = ucp_ep_close_nbx(e->ep, &p);
   if (UCS_PTR_IS_PTR(req)) {
@@ -245,6 +311,12 @@ static void ep_close_ucp(xf_ep_t *e) {
 
 static void ep_destroy(xf_ep_t *e) {
   ep_close_ucp(e);
+  while (e->rkeys) {
+    xf_rkey_t *k = e->rkeys;
+    e->rkeys = k->next;
+    free(k->packed);
+    free(k);
+  }
   free(e->addr);
   free(e);
 }
@@ -255,8 +327,8 @@ void k3_xfer_ctx_close(k3_xfer_ctx_t *ctx) {
   xf_send_shutdown_all(ctx);
   ctx->closing = true;
   K3_ASSERT(ctx->eps == NULL); /* xf_send_shutdown_all failed and released every endpoint */
-  for (int i = 0; i < 2; i++) {
-    xf_msg_t **q = i ? &ctx->done_q : &ctx->ack_q;
+  for (int i = 0; i < 3; i++) {
+    xf_msg_t **q = i == 0 ? &ctx->ack_q : i == 1 ? &ctx->done_q : &ctx->layer_q;
     while (*q) {
       xf_msg_t *m = *q;
       *q = m->next;
@@ -266,6 +338,7 @@ void k3_xfer_ctx_close(k3_xfer_ctx_t *ctx) {
   uv_poll_stop(&ctx->poll);
   ucp_worker_release_address(ctx->worker, ctx->addr);
   ucp_worker_destroy(ctx->worker);
+  xf_recv_rx_free_all(ctx);
   ucp_cleanup(ctx->ucp);
   uv_close((uv_handle_t *)&ctx->poll, close_cb);
   uv_close((uv_handle_t *)&ctx->idle, close_cb);
@@ -387,4 +460,55 @@ int xf_am_send(xf_ep_t *e, unsigned id, void *data, size_t len) {
   }
   if (req == NULL) free(data); /* completed inline: UCX no longer needs the buffer */
   return 0;
+}
+
+/* ---- rkey cache --------------------------------------------------------------------------- */
+
+xf_rkey_t *xf_rkey_get(xf_ep_t *e, const uint8_t *packed, size_t len, ucs_status_t *st) {
+  *st = UCS_OK;
+  if (e->closed) {
+    *st = UCS_ERR_CANCELED;
+    return NULL;
+  }
+  for (xf_rkey_t *k = e->rkeys; k; k = k->next)
+    if (k->h && k->len == len && memcmp(k->packed, packed, len) == 0) {
+      k->refs++;
+      return k;
+    }
+  xf_rkey_t *k = calloc(1, sizeof *k);
+  if (!k || !(k->packed = malloc(len))) {
+    free(k);
+    *st = UCS_ERR_NO_MEMORY;
+    return NULL;
+  }
+  memcpy(k->packed, packed, len);
+  k->len = len;
+  *st = ucp_ep_rkey_unpack(e->ep, packed, &k->h);
+  if (*st != UCS_OK) {
+    free(k->packed);
+    free(k);
+    return NULL;
+  }
+  k->refs = 1;
+  k->next = e->rkeys;
+  e->rkeys = k;
+  return k;
+}
+
+void xf_rkey_put(xf_ep_t *e, xf_rkey_t *k) {
+  K3_ASSERT(k->refs > 0);
+  k->refs--;
+  /* Keep at most XF_RKEY_CACHE entries; drop unreferenced ones beyond that (oldest last). */
+  uint32_t n = 0;
+  for (xf_rkey_t **pp = &e->rkeys; *pp;) {
+    xf_rkey_t *x = *pp;
+    if (++n > XF_RKEY_CACHE && x->refs == 0) {
+      *pp = x->next;
+      if (x->h) ucp_rkey_destroy(x->h);
+      free(x->packed);
+      free(x);
+      continue;
+    }
+    pp = &x->next;
+  }
 }

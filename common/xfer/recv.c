@@ -2,9 +2,21 @@
  *
  * What it is for: the decode side. k3_xfer_recv_reserve turns a layout over registered pools
  * into a live reservation (fresh epoch, lease) and a descriptor. A DONE is accepted only for a
- * live reservation of the same epoch and fingerprint, and only after every region's xxhash64,
+ * live reservation of the same epoch and fingerprint, and only after every region's XXH3-64,
  * recomputed over our own memory at the reservation's own addresses (never addresses taken
  * from the message), matches the sender's. Every outcome is ACKed to the sender and counted.
+ *
+ * Incremental verification: the sender announces each layer (LAYER: that layer's digests)
+ * after flushing its puts, and we verify the layer at once, while later layers stream; DONE then
+ * only re-checks the recorded digests and hashes what was not announced (normally nothing but
+ * a lost race). A LAYER for anything but a live reservation of the same epoch and fingerprint is
+ * ignored (DONE gives the verdict); a mismatch is remembered and becomes DONE's verdict.
+ *
+ * DATA (the path for unmapped receivers, e.g. tcp): chunks are placed at the reservation's own
+ * address for (region, offset), only for a live reservation of the message's epoch; rendezvous
+ * receives are started from inside the UCX callback. LAYER/DONE of such a send wait (re-queued)
+ * until their bytes landed, and a quarantined reservation is not released while a receive into
+ * it is in flight.
  *
  * Fencing rule (docs/transfer.md): memory of a reservation that did not complete (lease expired,
  * cancelled) is quarantined for quarantine_ms before on_release hands it back to the owner, and
@@ -17,8 +29,6 @@
  * list: a decode worker holds at most a few hundred reservations. */
 #include <stdlib.h>
 #include <string.h>
-
-#include <xxhash.h>
 
 #include "k3pd/err.h"
 #include "k3pd/log.h"
@@ -34,7 +44,22 @@ typedef struct resv {
   void *owner;
   k3_xfer_desc_t *desc; /* our copy: the only addresses we ever hash or release */
   k3_xfer_pool_t *pools[K3_XFER_MAX_POOLS];
+  uint8_t *verified;  /* per region: verified by a LAYER of the current epoch */
+  uint64_t *vdigest;  /* per region: the digest it was verified against */
+  int verdict;        /* first LAYER failure of the current epoch (K3_EDIGEST/K3_EPROTO) or 0 */
+  uint64_t serial;    /* unique per receiver: rendezvous records find the reservation by it */
+  uint64_t *landed;   /* per region: bytes of the current epoch landed through DATA */
+  uint32_t rx_pending; /* rendezvous receives into this memory still in flight (any epoch) */
 } resv_t;
+
+/* A rendezvous receive in flight (DATA path). Holds no pointer to the reservation, which may
+ * be gone when it completes; linked in the ctx so ctx close frees what UCX never completed. */
+typedef struct xf_rx {
+  struct xf_rx *next, **pprev;
+  k3_xfer_ctx_t *ctx;
+  uint64_t serial, epoch, len;
+  uint32_t region;
+} xf_rx_t;
 
 struct k3_xfer_recv {
   k3_xfer_ctx_t *ctx;
@@ -42,7 +67,7 @@ struct k3_xfer_recv {
   k3_xfer_stage_t stage;
   bool staged;
   resv_t *list;
-  uint64_t next_epoch;
+  uint64_t next_epoch, next_serial;
 };
 
 int k3_xfer_recv_init(k3_xfer_ctx_t *ctx, const k3_xfer_recv_opts_t *opts, k3_xfer_recv_t **out) {
@@ -78,6 +103,9 @@ static void resv_release(k3_xfer_recv_t *r, resv_t *v) {
   uint64_t id = v->desc->request_id;
   void *owner = v->owner;
   k3_xfer_desc_free(v->desc);
+  free(v->verified);
+  free(v->vdigest);
+  free(v->landed);
   free(v);
   if (r->opts.on_release) r->opts.on_release(r->opts.ud, id, owner);
 }
@@ -96,6 +124,10 @@ static resv_t *find(k3_xfer_recv_t *r, uint64_t request_id) {
 }
 
 static int make_desc(k3_xfer_recv_t *r, resv_t *v, uint32_t lease_ms, k3_xfer_desc_t **out) {
+  /* A new epoch forgets what earlier attempts announced. */
+  memset(v->verified, 0, v->desc->n_regions);
+  memset(v->landed, 0, (size_t)v->desc->n_regions * sizeof(uint64_t));
+  v->verdict = 0;
   v->desc->epoch = r->next_epoch++;
   v->desc->lease_expiry_ms = k3_wall_ms() + lease_ms;
   v->expiry_ns = k3_now_ns() + (uint64_t)lease_ms * 1000000ull;
@@ -156,19 +188,26 @@ int k3_xfer_recv_reserve(k3_xfer_recv_t *r, const k3_xfer_layout_t *layout, uint
     K3_ERROR("xfer: reservation for request %llu: %s", (unsigned long long)request_id, err);
     goto inval;
   }
+  v->verified = calloc(d->n_regions ? d->n_regions : 1, 1);
+  v->vdigest = calloc(d->n_regions ? d->n_regions : 1, sizeof(uint64_t));
+  v->landed = calloc(d->n_regions ? d->n_regions : 1, sizeof(uint64_t));
+  if (!v->verified || !v->vdigest || !v->landed) goto oom;
+  v->serial = ++r->next_serial;
   int rc = make_desc(r, v, lease_ms, out_desc);
   if (rc) goto oom;
   v->state = RS_LIVE;
   v->next = r->list;
   r->list = v;
-  xf_drive(r->ctx); /* re-arm the timer for this lease */
+  xf_drive_api(r->ctx); /* re-arm the timer for this lease */
   return 0;
 inval:
   k3_xfer_desc_free(d);
+  if (v) free(v->verified), free(v->vdigest), free(v->landed);
   free(v);
   return K3_EINVAL;
 oom:
   k3_xfer_desc_free(d);
+  if (v) free(v->verified), free(v->vdigest), free(v->landed);
   free(v);
   return K3_ENOMEM;
 }
@@ -181,13 +220,14 @@ int k3_xfer_recv_reissue(k3_xfer_recv_t *r, uint64_t request_id, uint32_t lease_
   uint64_t old_epoch = v->desc->epoch, old_exp = v->expiry_ns;
   int64_t old_wall = v->desc->lease_expiry_ms;
   int rc = make_desc(r, v, lease_ms, out_desc);
-  if (rc) { /* on error nothing changed */
+  if (rc) { /* on error nothing changed that matters: the old epoch's announcements are
+             * dropped, so its DONE re-hashes every region */
     v->desc->epoch = old_epoch;
     v->desc->lease_expiry_ms = old_wall;
     v->expiry_ns = old_exp;
     return rc;
   }
-  xf_drive(r->ctx);
+  xf_drive_api(r->ctx);
   return 0;
 }
 
@@ -206,7 +246,7 @@ int k3_xfer_recv_cancel(k3_xfer_recv_t *r, uint64_t request_id) {
     return 0;
   }
   quarantine(r, v);
-  xf_drive(r->ctx);
+  xf_drive_api(r->ctx);
   return 0;
 }
 
@@ -245,7 +285,76 @@ static int for_extents(resv_t *v, uint32_t reg, int (*fn)(void *, uint64_t, cons
 }
 
 static int hash_extent(void *arg, uint64_t off, const uint8_t *p, uint64_t n) {
-  XXH64_update(arg, p, n);
+  XXH3_64bits_update(arg, p, n);
+  return 0;
+}
+
+static uint64_t region_digest(resv_t *v, uint32_t reg, xf_hash_t *h) {
+  XXH3_64bits_reset(h);
+  for_extents(v, reg, hash_extent, h);
+  return XXH3_64bits_digest(h);
+}
+
+static void log_mismatch(resv_t *v, uint32_t i, uint64_t want, uint64_t got) {
+  K3_WARN("xfer: request %llu epoch %llu: digest mismatch in region %u (%s, layer %u): "
+          "sender %016llx, memory %016llx",
+          (unsigned long long)v->desc->request_id, (unsigned long long)v->desc->epoch, i,
+          k3_xfer_kind_name(v->desc->regions[i].kind), v->desc->regions[i].layer,
+          (unsigned long long)want, (unsigned long long)got);
+}
+
+/* Rendezvous path: true while any byte of the regions selected by (layer or all) has not landed
+ * yet, or a receive into this memory (of any epoch) is still in flight. */
+static bool still_landing(const resv_t *v, bool all, uint32_t layer) {
+  if (v->rx_pending) return true;
+  for (uint32_t i = 0; i < v->desc->n_regions; i++)
+    if ((all || v->desc->regions[i].layer == layer) && v->landed[i] < v->desc->regions[i].len_bytes)
+      return true;
+  return false;
+}
+
+int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
+  xf_layer_t m;
+  if (xf_layer_decode(msg, len, &m)) {
+    K3_WARN("xfer: malformed LAYER (%zu bytes) dropped", len);
+    return 0;
+  }
+  resv_t *v = find(r, m.request_id);
+  if (!v || v->state != RS_LIVE || v->desc->epoch != m.epoch ||
+      v->desc->fingerprint != m.fingerprint || v->verdict) {
+    K3_DEBUG("xfer: LAYER %u for request %llu epoch %llu ignored", m.layer,
+             (unsigned long long)m.request_id, (unsigned long long)m.epoch);
+    return 0;
+  }
+  if ((m.flags & XF_MSG_FLAG_AM_DATA) && still_landing(v, false, m.layer)) return 1;
+  const k3_xfer_desc_t *d = v->desc;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < d->n_regions; i++) n += d->regions[i].layer == m.layer;
+  if (n != m.n_digests) {
+    K3_WARN("xfer: request %llu: LAYER %u carries %u digests, the layer has %u regions",
+            (unsigned long long)m.request_id, m.layer, m.n_digests, n);
+    v->verdict = K3_EPROTO;
+    return 0;
+  }
+  if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, m.request_id);
+  xf_hash_t *h = XXH3_createState();
+  if (!h) return 0; /* not verified now: DONE hashes it */
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < d->n_regions; i++) {
+    if (d->regions[i].layer != m.layer) continue;
+    uint64_t want;
+    memcpy(&want, m.digests + 8 * (size_t)k++, 8);
+    uint64_t got = region_digest(v, i, h);
+    if (got != want) {
+      log_mismatch(v, i, want, got);
+      v->verdict = K3_EDIGEST;
+      break;
+    }
+    v->verified[i] = 1;
+    v->vdigest[i] = got;
+  }
+  if (h) XXH3_freeState(h);
+  if (!v->verdict) r->ctx->stats.layers_verified++;
   return 0;
 }
 
@@ -294,27 +403,32 @@ static int judge(k3_xfer_recv_t *r, const xf_done_t *dm, resv_t **out) {
     st->done_rejected_malformed++;
     return K3_EPROTO;
   }
-  if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, dm->request_id);
-  XXH64_state_t *h = XXH64_createState();
-  if (!h) return K3_ENOMEM;
+  if (v->verdict) { /* a LAYER of this epoch already failed */
+    if (v->verdict == K3_EDIGEST) st->done_rejected_digest++;
+    else st->done_rejected_malformed++;
+    return v->verdict;
+  }
+  bool hooked = false;
+  xf_hash_t *h = NULL;
   for (uint32_t i = 0; i < v->desc->n_regions; i++) {
-    uint64_t want;
+    uint64_t want, got;
     memcpy(&want, dm->digests + 8 * (size_t)i, 8);
-    XXH64_reset(h, 0);
-    for_extents(v, i, hash_extent, h);
-    uint64_t got = XXH64_digest(h);
+    if (v->verified[i]) {
+      got = v->vdigest[i]; /* checked against our memory when its LAYER came */
+    } else {
+      if (!hooked && r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, dm->request_id);
+      hooked = true;
+      if (!h && !(h = XXH3_createState())) return K3_ENOMEM;
+      got = region_digest(v, i, h);
+    }
     if (got != want) {
-      XXH64_freeState(h);
-      K3_WARN("xfer: request %llu epoch %llu: digest mismatch in region %u (%s, layer %u): "
-              "sender %016llx, memory %016llx",
-              (unsigned long long)dm->request_id, (unsigned long long)dm->epoch, i,
-              k3_xfer_kind_name(v->desc->regions[i].kind), v->desc->regions[i].layer,
-              (unsigned long long)want, (unsigned long long)got);
+      if (h) XXH3_freeState(h);
+      log_mismatch(v, i, want, got);
       st->done_rejected_digest++;
       return K3_EDIGEST;
     }
   }
-  XXH64_freeState(h);
+  if (h) XXH3_freeState(h);
   if (r->staged) {
     for (uint32_t i = 0; i < v->desc->n_regions; i++) {
       h2d_arg_t a = {r, dm->request_id, i};
@@ -331,12 +445,16 @@ static int judge(k3_xfer_recv_t *r, const xf_done_t *dm, resv_t **out) {
   return 0;
 }
 
-void xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
+int xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   xf_done_t dm;
   if (xf_done_decode(msg, len, &dm)) {
     r->ctx->stats.done_rejected_malformed++;
     K3_WARN("xfer: malformed DONE (%zu bytes) dropped", len);
-    return;
+    return 0;
+  }
+  if (dm.flags & XF_MSG_FLAG_AM_DATA) { /* judged once every byte has landed */
+    resv_t *w = find(r, dm.request_id);
+    if (w && w->state == RS_LIVE && w->desc->epoch == dm.epoch && still_landing(w, true, 0)) return 1;
   }
   resv_t *v = NULL;
   int rc = judge(r, &dm, &v);
@@ -344,7 +462,7 @@ void xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   if (rc) {
     K3_WARN("xfer: DONE for request %llu epoch %llu rejected: %s",
             (unsigned long long)dm.request_id, (unsigned long long)dm.epoch, k3_errname(rc));
-    return;
+    return 0;
   }
   v->state = RS_READY;
   K3_DEBUG("xfer: request %llu epoch %llu ready", (unsigned long long)dm.request_id,
@@ -353,6 +471,7 @@ void xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
                         .first_token = dm.first_token, .first_logprob = dm.first_logprob,
                         .owner = v->owner};
   if (r->opts.on_ready) r->opts.on_ready(r->opts.ud, &rd);
+  return 0;
 }
 
 static int poison_extent(void *arg, uint64_t off, const uint8_t *p, uint64_t n) {
@@ -372,7 +491,8 @@ uint64_t xf_recv_pump(k3_xfer_recv_t *r, uint64_t now, uint64_t *next_deadline) 
       quarantine(r, v);
       work++;
     }
-    if (v->state == RS_QUAR && now >= v->expiry_ns) {
+    /* Never hand memory back while a receive we started into it may still write. */
+    if (v->state == RS_QUAR && now >= v->expiry_ns && v->rx_pending == 0) {
       if (r->opts.poison) {
         for (uint32_t i = 0; i < v->desc->n_regions; i++) for_extents(v, i, poison_extent, NULL);
         r->ctx->stats.slots_poisoned++;
@@ -382,6 +502,102 @@ uint64_t xf_recv_pump(k3_xfer_recv_t *r, uint64_t now, uint64_t *next_deadline) 
       continue;
     }
     if (v->state != RS_READY && v->expiry_ns < *next_deadline) *next_deadline = v->expiry_ns;
+    if (v->state == RS_LIVE && now + XF_TICK_NS < *next_deadline) *next_deadline = now + XF_TICK_NS;
   }
   return work;
+}
+
+/* ---- DATA: the rendezvous path --------------------------------------------------------------- */
+
+static resv_t *find_serial(k3_xfer_recv_t *r, uint64_t serial) {
+  for (resv_t *v = r->list; v; v = v->next)
+    if (v->serial == serial) return v;
+  return NULL;
+}
+
+static void rx_unlink_free(xf_rx_t *x) {
+  *x->pprev = x->next;
+  if (x->next) x->next->pprev = x->pprev;
+  free(x);
+}
+
+static void rx_done_cb(void *req, ucs_status_t st, size_t length, void *ud) {
+  xf_rx_t *x = ud;
+  k3_xfer_ctx_t *ctx = x->ctx;
+  resv_t *v = ctx->recv ? find_serial(ctx->recv, x->serial) : NULL;
+  if (v) {
+    v->rx_pending--;
+    if (st == UCS_OK && v->state == RS_LIVE && v->desc->epoch == x->epoch) v->landed[x->region] += x->len;
+    else if (st != UCS_OK)
+      K3_WARN("xfer: request %llu: receiving %llu bytes of region %u failed: %s",
+              (unsigned long long)v->desc->request_id, (unsigned long long)x->len, x->region,
+              xf_ucs_str(st));
+  }
+  rx_unlink_free(x);
+  ctx->drive_again = true;
+  if (req) ucp_request_free(req);
+}
+
+void xf_recv_on_data(k3_xfer_ctx_t *ctx, const void *hdr, size_t hdr_len, void *data, size_t len,
+                     const ucp_am_recv_param_t *param) {
+  k3_xfer_recv_t *r = ctx->recv;
+  xf_data_t h;
+  resv_t *v = NULL;
+  if (!r || xf_data_decode(hdr, hdr_len, &h) || !(v = find(r, h.request_id)) || v->state != RS_LIVE ||
+      v->desc->epoch != h.epoch) {
+    /* Unknown, stale or not ours: never written. (UCX answers a dropped rendezvous.) */
+    ctx->stats.data_dropped++;
+    return;
+  }
+  const k3_xfer_desc_t *d = v->desc;
+  uint64_t pool_off = 0, contig = 0;
+  bool ok = h.region < d->n_regions && h.offset < d->regions[h.region].len_bytes &&
+            len <= d->regions[h.region].len_bytes - h.offset;
+  if (ok) {
+    k3_xfer_region_locate(d, h.region, h.offset, &pool_off, &contig);
+    ok = contig >= len;
+  }
+  if (!ok) {
+    K3_WARN("xfer: request %llu: DATA for region %u at %llu (+%zu) is outside the reservation",
+            (unsigned long long)h.request_id, h.region, (unsigned long long)h.offset, len);
+    ctx->stats.data_dropped++;
+    v->verdict = K3_EPROTO;
+    return;
+  }
+  uint8_t *dst = (uint8_t *)v->pools[d->regions[h.region].pool]->base + pool_off;
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    memcpy(dst, data, len); /* eager: the bytes are here now */
+    v->landed[h.region] += len;
+    ctx->stats.data_eager++;
+    return;
+  }
+  xf_rx_t *x = calloc(1, sizeof *x);
+  if (!x) {
+    ctx->stats.data_dropped++; /* the bytes never land: DONE waits, the lease ends it */
+    return;
+  }
+  *x = (xf_rx_t){.ctx = ctx, .serial = v->serial, .epoch = h.epoch, .len = len, .region = h.region};
+  x->next = ctx->rx;
+  if (ctx->rx) ctx->rx->pprev = &x->next;
+  x->pprev = &ctx->rx;
+  ctx->rx = x;
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                           .cb.recv_am = rx_done_cb,
+                           .user_data = x};
+  v->rx_pending++;
+  ctx->stats.data_rndv++;
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(ctx->worker, data, dst, len, &p);
+  if (UCS_PTR_IS_ERR(req)) {
+    K3_WARN("xfer: request %llu: ucp_am_recv_data_nbx: %s", (unsigned long long)h.request_id,
+            xf_ucs_str(UCS_PTR_STATUS(req)));
+    v->rx_pending--;
+    rx_unlink_free(x);
+    ctx->stats.data_dropped++;
+  } else if (req == NULL) {
+    rx_done_cb(NULL, UCS_OK, len, x); /* completed in place */
+  }
+}
+
+void xf_recv_rx_free_all(k3_xfer_ctx_t *ctx) {
+  while (ctx->rx) rx_unlink_free(ctx->rx);
 }

@@ -1,73 +1,35 @@
 /* Sender: pushes a request's regions into the receiver's reserved memory, layer by layer.
  *
  * What it is for: k3_xfer_send_start → k3_xfer_send_layer_ready (per layer, as compute
- * finishes it) → k3_xfer_send_finish. Regions of a signalled layer are queued; the pump issues
- * chunked ucp_put_nbx calls (a chunk never crosses a slot/page boundary on either side) with
- * up to max_inflight in flight, hashing exactly the bytes it hands to UCX. After every put of
- * every layer completed it flushes the endpoint, and only after the flush completed does it send
- * DONE: DONE can never overtake data (flush-first by construction). It then waits for the
- * receiver's ACK, whose status is the send's result.
+ * finishes it) → k3_xfer_send_finish. Regions of a signalled layer are queued and handed on in
+ * chunks by send_push.c (direct copy into the mapped pool, DATA messages, or puts), hashing
+ * exactly those bytes. When all of a layer's chunks completed, the endpoint is flushed and LAYER
+ * (that layer's digests) is sent so the receiver verifies it while later layers stream. After
+ * every layer was announced it flushes again, and only after that flush completed does it send
+ * DONE: neither LAYER nor DONE can overtake data (flush-first by construction). It then waits
+ * for the receiver's ACK, whose status is the send's result.
  *
  * What it is not: a retry engine. Any failure (deadline, endpoint error, receiver rejection)
- * completes the send with an error; a failed send with puts in flight tears its endpoint down so
- * no queued put lands later (other sends to that peer fail too: the peer is suspect anyway).
+ * completes the send with an error; a failed send with operations in flight tears its endpoint
+ * down so nothing queued lands later (other sends to that peer fail too: the peer is suspect).
  *
- * Lifetime: the callback fires once (from the pump, on the loop); the struct lives on until
- * every UCX request that points at it has completed, then it is freed. */
+ * Lifetime: the callback fires once (from the pump, on the loop, never inside an API call); the
+ * struct lives on until every UCX request that points at it has completed, then it is freed. */
 #include <stdlib.h>
 #include <string.h>
-
-#include <xxhash.h>
 
 #include "k3pd/err.h"
 #include "k3pd/log.h"
 #include "k3pd/util.h"
-#include "xfer_int.h"
-
-enum { PH_PUSH, PH_FLUSH, PH_WAIT_ACK, PH_FIRED };
-
-typedef struct {
-  k3_xfer_send_t *s;
-  uint32_t kind;
-  bool busy;
-  uint8_t *stage; /* staging buffer (staged path only) */
-} xf_slot_t;
-
-struct k3_xfer_send {
-  k3_xfer_send_t *next;
-  k3_xfer_ctx_t *ctx;
-  const k3_xfer_desc_t *desc;
-  const k3_xfer_src_t *srcs;
-  k3_xfer_send_opts_t opts;
-  k3_xfer_stage_t stage;
-  bool staged;
-  k3_xfer_send_cb cb;
-  void *ud;
-  uint64_t send_id, deadline_ns;
-  xf_ep_t *ep;
-  ucp_rkey_h rkeys[K3_XFER_MAX_POOLS];
-  uint8_t *layer_ready;
-  uint32_t layers_signalled, n_layers;
-  uint32_t *queue, q_len, q_pos; /* regions in push order */
-  uint64_t cur_off;              /* next byte of region queue[q_pos] */
-  XXH64_state_t **hash;
-  uint64_t *digest;
-  xf_slot_t *slots;
-  uint32_t inflight;
-  int phase, status;
-  bool finish_called, flush_pending, ep_failed;
-  uint32_t first_token;
-  float first_logprob;
-  k3_xfer_send_result_t res;
-  uint64_t kind_first[K3_XFER_KIND_COUNT], kind_last[K3_XFER_KIND_COUNT];
-};
+#include "send_int.h"
 
 static void send_free(k3_xfer_send_t *s) {
   for (uint32_t p = 0; p < K3_XFER_MAX_POOLS; p++)
-    if (s->rkeys[p]) ucp_rkey_destroy(s->rkeys[p]);
+    if (s->rkeys[p]) xf_rkey_put(s->ep, s->rkeys[p]);
   if (s->ep) xf_ep_put(s->ep);
   if (s->hash)
-    for (uint32_t r = 0; r < s->desc->n_regions; r++) XXH64_freeState(s->hash[r]);
+    for (uint32_t r = 0; r < s->desc->n_regions; r++) XXH3_freeState(s->hash[r]);
+  free(s->layers);
   if (s->slots)
     for (uint32_t i = 0; i < s->opts.max_inflight; i++) {
       if (!s->slots[i].stage) continue;
@@ -82,9 +44,6 @@ static void send_free(k3_xfer_send_t *s) {
   free(s);
 }
 
-static uint32_t kind_of(const k3_xfer_region_t *rg) {
-  return rg->kind < K3_XFER_KIND_COUNT ? rg->kind : K3_XFER_KIND_OTHER;
-}
 
 int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_xfer_src_t *srcs,
                        const k3_xfer_send_opts_t *opts, k3_xfer_send_cb cb, void *ud,
@@ -98,8 +57,10 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   }
   k3_xfer_send_opts_t o = opts ? *opts : (k3_xfer_send_opts_t){0};
   if (!o.deadline_ms) o.deadline_ms = 30000;
-  if (!o.chunk_bytes) o.chunk_bytes = 4u << 20;
-  if (!o.max_inflight) o.max_inflight = 16;
+  /* 1 MiB: each chunk is hashed right before it is put, so the put's read hits the cache
+   * (docs/transfer.md, figures); larger chunks made the put re-read DRAM. */
+  if (!o.chunk_bytes) o.chunk_bytes = 1u << 20;
+  if (!o.max_inflight) o.max_inflight = 32;
   bool staged = o.stage && o.stage->d2h;
   /* Sources must be able to supply every region byte. */
   for (uint32_t r = 0; r < desc->n_regions; r++) {
@@ -138,15 +99,21 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   s->n_layers = chk.n_layers;
   s->layer_ready = calloc(chk.n_layers, 1);
   s->queue = calloc(desc->n_regions, sizeof(uint32_t));
-  s->hash = calloc(desc->n_regions, sizeof(XXH64_state_t *));
+  s->hash = calloc(desc->n_regions, sizeof(xf_hash_t *));
+  s->layers = calloc(chk.n_layers, sizeof(xf_layer_st_t));
   s->digest = calloc(desc->n_regions, sizeof(uint64_t));
   s->slots = calloc(o.max_inflight, sizeof(xf_slot_t));
   int rc = K3_ENOMEM;
-  if (!s->layer_ready || !s->queue || !s->hash || !s->digest || !s->slots) goto fail;
+  if (!s->layer_ready || !s->queue || !s->hash || !s->digest || !s->slots || !s->layers) goto fail;
   for (uint32_t r = 0; r < desc->n_regions; r++) {
-    s->hash[r] = XXH64_createState();
+    s->hash[r] = XXH3_createState();
     if (!s->hash[r]) goto fail;
-    XXH64_reset(s->hash[r], 0);
+    XXH3_64bits_reset(s->hash[r]);
+    s->layers[desc->regions[r].layer].regions_left++;
+  }
+  for (uint32_t l = 0; l < chk.n_layers; l++) {
+    s->layers[l].s = s;
+    s->layers[l].layer = l;
   }
   for (uint32_t i = 0; i < o.max_inflight; i++) {
     s->slots[i].s = s;
@@ -161,14 +128,32 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
     goto fail;
   }
   for (uint32_t p = 0; p < desc->n_pools; p++) {
-    ucs_status_t st = ucp_ep_rkey_unpack(s->ep->ep, desc->pools[p].rkey, &s->rkeys[p]);
-    if (st != UCS_OK) {
+    ucs_status_t st;
+    s->rkeys[p] = xf_rkey_get(s->ep, desc->pools[p].rkey, desc->pools[p].rkey_len, &st);
+    if (!s->rkeys[p]) {
       K3_ERROR("xfer: send of request %llu: rkey of pool %u rejected: %s",
                (unsigned long long)desc->request_id, p, xf_ucs_str(st));
       rc = K3_EPROTO;
       goto fail;
     }
   }
+  s->direct = !o.puts_only;
+  for (uint32_t p = 0; p < desc->n_pools && s->direct; p++) {
+    /* Same host and a shm pool: UCX maps the receiver's segment; the whole pool must be one
+     * contiguous mapping (it is: one ucp_mem_map allocation). */
+    uint64_t last = desc->pools[p].n_slots * desc->pools[p].stride_bytes - 1;
+    void *p0 = NULL, *p1 = NULL;
+    if (ucp_rkey_ptr(s->rkeys[p]->h, desc->pools[p].base_addr, &p0) != UCS_OK ||
+        ucp_rkey_ptr(s->rkeys[p]->h, desc->pools[p].base_addr + last, &p1) != UCS_OK ||
+        (uint8_t *)p1 != (uint8_t *)p0 + last)
+      s->direct = false;
+    else
+      s->dbase[p] = p0;
+  }
+  /* No mapping (tcp, another host): Debian's UCX emulates puts on tcp (~1.4 GB/s, needs
+   * target progress, C-STACK.md P9) while AM rendezvous moves 5-9 GB/s, so send DATA messages
+   * the receiver places itself. puts_only keeps one-sided puts (e.g. on an RDMA fabric). */
+  s->am_data = !s->direct && !o.puts_only;
   s->send_id = ctx->next_send_id++;
   s->res.request_id = desc->request_id;
   s->res.epoch = desc->epoch;
@@ -176,7 +161,7 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   s->deadline_ns = s->res.t_start_ns + (uint64_t)o.deadline_ms * 1000000ull;
   s->next = ctx->sends;
   ctx->sends = s;
-  xf_drive(ctx); /* arms the deadline timer */
+  xf_drive_api(ctx); /* arms the deadline timer */
   *out = s;
   return 0;
 fail:
@@ -187,6 +172,10 @@ fail:
 k3_xfer_path_t k3_xfer_send_path(const k3_xfer_send_t *s) {
   return s->staged ? K3_XFER_PATH_STAGED : K3_XFER_PATH_HOST;
 }
+bool k3_xfer_send_direct(const k3_xfer_send_t *s) { return s->direct; }
+const char *k3_xfer_send_mode(const k3_xfer_send_t *s) {
+  return s->direct ? "direct" : s->am_data ? "am" : "put";
+}
 
 int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
   if (s->phase == PH_FIRED) return s->status ? s->status : K3_EINVAL;
@@ -194,10 +183,11 @@ int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
   if (layer >= n_layers || s->layer_ready[layer]) return K3_EINVAL;
   s->layer_ready[layer] = 1;
   s->layers_signalled++;
+  s->layers[layer].state = LY_PUSHING;
   for (uint32_t r = 0; r < s->desc->n_regions; r++)
     if (s->desc->regions[r].layer == layer) s->queue[s->q_len++] = r;
   if (s->layers_signalled == n_layers) s->res.t_last_layer_ns = k3_now_ns();
-  xf_drive(s->ctx);
+  xf_drive_api(s->ctx);
   return 0;
 }
 
@@ -207,24 +197,23 @@ int k3_xfer_send_finish(k3_xfer_send_t *s, uint32_t first_token, float first_log
   s->finish_called = true;
   s->first_token = first_token;
   s->first_logprob = first_logprob;
-  xf_drive(s->ctx);
+  xf_drive_api(s->ctx);
   return 0;
 }
 
 void k3_xfer_send_cancel(k3_xfer_send_t *s) {
   if (s->phase == PH_FIRED) return;
   if (!s->status) s->status = K3_ECANCELED;
-  xf_drive(s->ctx);
+  xf_drive_api(s->ctx);
 }
 
 /* ---- UCX completions (record only) ------------------------------------------------------ */
 
-static void put_cb(void *req, ucs_status_t st, void *ud) {
-  xf_slot_t *sl = ud;
-  k3_xfer_send_t *s = sl->s;
-  sl->busy = false;
-  s->inflight--;
-  s->kind_last[sl->kind] = k3_now_ns();
+static void layer_flush_cb(void *req, ucs_status_t st, void *ud) {
+  xf_layer_st_t *ly = ud;
+  k3_xfer_send_t *s = ly->s;
+  ly->flush_out = false;
+  s->layer_flushes_out--;
   if (st != UCS_OK && !s->status) s->status = st == UCS_ERR_CANCELED ? K3_ECANCELED : K3_ETRANSPORT;
   s->ctx->drive_again = true;
   ucp_request_free(req);
@@ -252,85 +241,10 @@ static void fire(k3_xfer_send_t *s, int status) {
   else if (status == K3_ETIMEDOUT) ctx->stats.sends_timed_out++;
   else ctx->stats.sends_failed++;
   ctx->stats.bytes_put += s->res.bytes;
-  if (status && (s->inflight || s->flush_pending)) xf_ep_fail(s->ep); /* cancel what is queued */
+  if (status && (s->inflight || s->flush_pending || s->layer_flushes_out)) xf_ep_fail(s->ep); /* cancel what is queued */
   s->cb(s->ud, &s->res);
 }
 
-static const void *src_ptr(const k3_xfer_src_t *sr, uint64_t off, uint64_t *contig) {
-  const uint8_t *b = sr->base;
-  if (!sr->idx) {
-    *contig = UINT64_MAX;
-    return b + sr->offset_bytes + off;
-  }
-  uint64_t i = off / sr->unit_bytes, in = off % sr->unit_bytes;
-  *contig = sr->unit_bytes - in;
-  return b + (uint64_t)sr->idx[i] * sr->stride_bytes + sr->offset_bytes + in;
-}
-
-/* Issues puts while slots are free. Returns the number issued; sets s->status on error. */
-static uint32_t issue(k3_xfer_send_t *s) {
-  const k3_xfer_desc_t *d = s->desc;
-  uint32_t issued = 0;
-  while (!s->status && s->q_pos < s->q_len) {
-    xf_slot_t *sl = NULL;
-    for (uint32_t i = 0; i < s->opts.max_inflight; i++)
-      if (!s->slots[i].busy) {
-        sl = &s->slots[i];
-        break;
-      }
-    if (!sl) break;
-    uint32_t r = s->queue[s->q_pos];
-    const k3_xfer_region_t *rg = &d->regions[r];
-    uint64_t pool_off, rcontig, lcontig = UINT64_MAX;
-    k3_xfer_region_locate(d, r, s->cur_off, &pool_off, &rcontig);
-    uint64_t n = s->opts.chunk_bytes < rcontig ? s->opts.chunk_bytes : rcontig;
-    const void *ptr;
-    if (s->staged) {
-      int rc = s->stage.d2h(s->stage.ud, r, s->cur_off, sl->stage, n);
-      if (rc) {
-        K3_ERROR("xfer: request %llu: staging copy of region %u failed: %s",
-                 (unsigned long long)d->request_id, r, k3_strerror(rc));
-        s->status = K3_EDEVICE;
-        break;
-      }
-      ptr = sl->stage;
-    } else {
-      ptr = src_ptr(&s->srcs[r], s->cur_off, &lcontig);
-      if (lcontig < n) n = lcontig;
-    }
-    XXH64_update(s->hash[r], ptr, n);
-    uint32_t kind = kind_of(rg);
-    if (!s->kind_first[kind]) s->kind_first[kind] = k3_now_ns();
-    s->res.kind_bytes[kind] += n;
-    sl->kind = kind;
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-                             .cb.send = put_cb,
-                             .user_data = sl};
-    ucs_status_ptr_t req = ucp_put_nbx(s->ep->ep, ptr, n, d->pools[rg->pool].base_addr + pool_off,
-                                       s->rkeys[rg->pool], &p);
-    if (UCS_PTR_IS_ERR(req)) {
-      K3_WARN("xfer: request %llu: put failed: %s", (unsigned long long)d->request_id,
-              xf_ucs_str(UCS_PTR_STATUS(req)));
-      s->status = K3_ETRANSPORT;
-      break;
-    }
-    if (req) {
-      sl->busy = true;
-      s->inflight++;
-    } else {
-      s->kind_last[kind] = k3_now_ns();
-    }
-    s->res.bytes += n;
-    issued++;
-    s->cur_off += n;
-    if (s->cur_off == rg->len_bytes) {
-      s->digest[r] = XXH64_digest(s->hash[r]);
-      s->q_pos++;
-      s->cur_off = 0;
-    }
-  }
-  return issued;
-}
 
 static int send_done_msg(k3_xfer_send_t *s) {
   const uint8_t *addr;
@@ -342,6 +256,7 @@ static int send_done_msg(k3_xfer_send_t *s) {
                   .send_id = s->send_id,
                   .first_token = s->first_token,
                   .first_logprob = s->first_logprob,
+                  .flags = s->am_data ? XF_MSG_FLAG_AM_DATA : 0,
                   .n_digests = s->desc->n_regions,
                   .addr_len = (uint32_t)addr_len,
                   .addr = addr};
@@ -349,6 +264,60 @@ static int send_done_msg(k3_xfer_send_t *s) {
   uint8_t *msg = xf_done_encode(&dm, s->digest, &len);
   if (!msg) return K3_ENOMEM;
   return xf_am_send(s->ep, XF_AM_DONE, msg, len);
+}
+
+static int send_layer_msg(k3_xfer_send_t *s, uint32_t layer) {
+  const k3_xfer_desc_t *d = s->desc;
+  uint32_t n = 0;
+  for (uint32_t r = 0; r < d->n_regions; r++) n += d->regions[r].layer == layer;
+  uint64_t *dg = malloc((size_t)n * sizeof(uint64_t));
+  if (!dg) return K3_ENOMEM;
+  n = 0;
+  for (uint32_t r = 0; r < d->n_regions; r++)
+    if (d->regions[r].layer == layer) dg[n++] = s->digest[r];
+  xf_layer_t m = {.request_id = d->request_id, .epoch = d->epoch, .fingerprint = d->fingerprint,
+                  .send_id = s->send_id, .layer = layer, .n_digests = n,
+                  .flags = s->am_data ? XF_MSG_FLAG_AM_DATA : 0};
+  size_t len;
+  uint8_t *msg = xf_layer_encode(&m, dg, &len);
+  free(dg);
+  if (!msg) return K3_ENOMEM;
+  return xf_am_send(s->ep, XF_AM_LAYER, msg, len);
+}
+
+/* Flushes every layer whose puts all completed, and announces every flushed layer. */
+static uint64_t advance_layers(k3_xfer_send_t *s) {
+  uint64_t work = 0;
+  for (uint32_t l = 0; l < s->n_layers && !s->status; l++) {
+    xf_layer_st_t *ly = &s->layers[l];
+    if (ly->state == LY_PUSHING && ly->regions_left == 0 && ly->puts_out == 0) {
+      ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                               .cb.send = layer_flush_cb,
+                               .user_data = ly};
+      ucs_status_ptr_t req = ucp_ep_flush_nbx(s->ep->ep, &p);
+      if (UCS_PTR_IS_ERR(req)) {
+        s->status = K3_ETRANSPORT;
+        break;
+      }
+      if (req) {
+        ly->flush_out = true;
+        s->layer_flushes_out++;
+      }
+      ly->state = LY_FLUSHING;
+      work++;
+    }
+    if (ly->state == LY_FLUSHING && !ly->flush_out) {
+      int rc = send_layer_msg(s, l);
+      if (rc) {
+        s->status = rc;
+        break;
+      }
+      ly->state = LY_ANNOUNCED;
+      s->layers_announced++;
+      work++;
+    }
+  }
+  return work;
 }
 
 static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
@@ -361,13 +330,17 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
     s->status = K3_ETIMEDOUT;
   }
   if (s->status) {
+    if (s->ctx->api_drive) return 0; /* the loop's next drive fires it */
     fire(s, s->status);
     return 1;
   }
   if (s->phase == PH_PUSH) {
-    work += issue(s);
+    work += xf_send_issue(s);
     if (s->status) return work + 1;
-    if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0) {
+    work += advance_layers(s);
+    if (s->status) return work + 1;
+    if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0 &&
+        s->layers_announced == s->n_layers) {
       ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                .cb.send = flush_cb,
                                .user_data = s};
@@ -404,12 +377,15 @@ uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now, uint64_t *next_deadline)
   for (k3_xfer_send_t **pp = &ctx->sends; *pp;) {
     k3_xfer_send_t *s = *pp;
     if (s->phase != PH_FIRED) work += pump_one(s, now);
-    if (s->phase == PH_FIRED && s->inflight == 0 && !s->flush_pending) {
+    if (s->phase == PH_FIRED && s->inflight == 0 && !s->flush_pending && !s->layer_flushes_out) {
       *pp = s->next;
       send_free(s);
       continue;
     }
-    if (s->phase != PH_FIRED && s->deadline_ns < *next_deadline) *next_deadline = s->deadline_ns;
+    if (s->phase != PH_FIRED) {
+      uint64_t due = s->deadline_ns < now + XF_TICK_NS ? s->deadline_ns : now + XF_TICK_NS;
+      if (due < *next_deadline) *next_deadline = due;
+    }
     pp = &s->next;
   }
   return work;
@@ -449,7 +425,7 @@ void xf_send_shutdown_all(k3_xfer_ctx_t *ctx) {
   while (ctx->sends) {
     k3_xfer_send_t *s = ctx->sends;
     ctx->sends = s->next;
-    if (s->inflight || s->flush_pending)
+    if (s->inflight || s->flush_pending || s->layer_flushes_out)
       K3_WARN("xfer: shutdown with %u requests outstanding on request %llu", s->inflight,
               (unsigned long long)s->desc->request_id);
     send_free(s);

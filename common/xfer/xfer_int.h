@@ -5,7 +5,9 @@
  * All decisions — issuing more puts, flushing, verifying a DONE, calling user callbacks —
  * happen in xf_drive(), which runs on the loop outside any UCX callback: from the worker's
  * event-fd poll, from an idle handle while work is pending, and after API calls. This keeps
- * UCX callbacks re-entrancy free and lets user callbacks call back into the API. */
+ * UCX callbacks re-entrancy free and lets user callbacks call back into the API. The one
+ * exception is DATA (recv.c): a rendezvous receive must be started inside the AM callback; it
+ * writes only into a live reservation's own memory and calls no user callback. */
 #ifndef K3PD_XFER_INT_H
 #define K3PD_XFER_INT_H
 
@@ -19,8 +21,32 @@
 
 #define XF_AM_DONE 17
 #define XF_AM_ACK 18
+#define XF_AM_LAYER 19
+#define XF_AM_DATA 20 /* rendezvous data path (no mapped pointer, e.g. tcp): header + chunk */
 #define XF_WIRE_MAGIC 0x4e58334bu /* "K3XN" */
-#define XF_WIRE_VERSION 1
+#define XF_WIRE_VERSION 2 /* 2: digests are XXH3-64 (seed 0); LAYER message added */
+#define XF_RKEY_CACHE 16  /* unreferenced unpacked rkeys kept per endpoint */
+/* While a send or a live reservation is waiting for the peer, the loop also progresses the
+ * worker at least this often: under load a shm wake-up was seen lost once in a few dozen
+ * bench runs (UCX 1.13 mm transports), which stalled a transfer until its deadline. */
+#define XF_TICK_NS (10ull * 1000000ull)
+
+/* The region digest: XXH3-64, seed 0, over the region's bytes in region order. Streaming
+ * state per region on the sender; one state reused per region on the receiver. */
+#include <xxhash.h>
+typedef XXH3_state_t xf_hash_t;
+
+/* An unpacked remote key, cached per endpoint: unpacking a shm rkey attaches (maps) the
+ * receiver's segment, and destroying it detaches it again, so a fresh unpack per send paid a
+ * page fault per 4 KiB of the receiver's pool on every transfer (measured: most of the shm
+ * time). Owned by the endpoint; a send holds a reference while it uses it. */
+typedef struct xf_rkey {
+  struct xf_rkey *next;
+  uint8_t *packed;
+  size_t len;
+  ucp_rkey_h h; /* NULL once the endpoint is closed */
+  uint32_t refs;
+} xf_rkey_t;
 
 /* Cached endpoint to one peer worker address. Referenced by sends (and ACK replies); a failed
  * endpoint leaves the cache at once and is closed when its last reference goes. */
@@ -34,6 +60,7 @@ typedef struct xf_ep {
   bool failed;   /* error handler ran, or torn down on purpose */
   bool in_cache;
   bool closed;   /* ucp endpoint closed; the struct lives until refs == 0 */
+  xf_rkey_t *rkeys; /* unpacked rkeys of this peer's pools */
 } xf_ep_t;
 
 /* A queued incoming active message (copied out of the UCX callback). */
@@ -54,6 +81,7 @@ struct k3_xfer_ctx {
   size_t addr_len;
   bool cuda_capable;
   bool in_drive, drive_again, closing;
+  bool api_drive; /* inside xf_drive_api: no user callback may run */
   bool no_peer_mode; /* peer error mode left no AM transport (shm): endpoints use NONE */
   uint32_t handles_open; /* uv handles still to close before the ctx memory goes */
   k3_xfer_stats_t stats;
@@ -62,6 +90,8 @@ struct k3_xfer_ctx {
   k3_xfer_recv_t *recv;         /* at most one */
   xf_msg_t *done_q, **done_tail; /* DONE messages for recv */
   xf_msg_t *ack_q, **ack_tail;   /* ACK messages for sends */
+  xf_msg_t *layer_q, **layer_tail; /* LAYER messages for recv (per-layer digests) */
+  struct xf_rx *rx;             /* rendezvous receives in flight (recv.c), freed at close */
   uint64_t next_send_id;
 };
 
@@ -76,6 +106,7 @@ struct k3_xfer_pool {
 
 /* ctx.c */
 void xf_drive(k3_xfer_ctx_t *ctx);        /* run now unless already inside a drive */
+void xf_drive_api(k3_xfer_ctx_t *ctx);    /* from API calls: moves data, fires nothing */
 void xf_rearm_timer(k3_xfer_ctx_t *ctx);  /* after any deadline changed */
 /* Returns a referenced endpoint for addr (cached or new) or NULL (error logged). */
 xf_ep_t *xf_ep_get(k3_xfer_ctx_t *ctx, const uint8_t *addr, size_t len);
@@ -83,6 +114,9 @@ void xf_ep_put(xf_ep_t *e);          /* drop a reference; closes a failed ep at 
 /* Tear down: leaves the cache, sends on it fail, the UCP ep is force-closed now; the struct is
  * freed at once if unreferenced, else by the last xf_ep_put. Never call from a UCX callback. */
 void xf_ep_fail(xf_ep_t *e);
+/* A referenced unpacked rkey for `packed` on e (cached), or NULL with *st set. */
+xf_rkey_t *xf_rkey_get(xf_ep_t *e, const uint8_t *packed, size_t len, ucs_status_t *st);
+void xf_rkey_put(xf_ep_t *e, xf_rkey_t *k);
 /* Fire-and-forget eager AM on e. Takes ownership of the malloc'd `data` (freed when UCX is done
  * with it, also on error). Returns 0 or K3_ETRANSPORT. */
 int xf_am_send(xf_ep_t *e, unsigned id, void *data, size_t len);
@@ -96,14 +130,24 @@ void xf_send_shutdown_all(k3_xfer_ctx_t *ctx);
 
 /* recv.c, called by ctx.c */
 uint64_t xf_recv_pump(k3_xfer_recv_t *r, uint64_t now_ns, uint64_t *next_deadline_ns);
-void xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len);
+int xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len);
+/* LAYER/DONE return 1 when the message must wait (its data is still landing), else 0. */
+int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len);
+/* DATA, called from inside the UCX AM callback (it must start the rendezvous receive there):
+ * writes the chunk into the live reservation's own memory or drops it. No user callback. */
+void xf_recv_on_data(k3_xfer_ctx_t *ctx, const void *hdr, size_t hdr_len, void *data, size_t len,
+                     const ucp_am_recv_param_t *param);
+void xf_recv_rx_free_all(k3_xfer_ctx_t *ctx); /* ctx close: records of cancelled receives */
 
 /* ---- wire messages --------------------------------------------------------------------- */
+
+#define XF_MSG_FLAG_AM_DATA 1u /* the data came as DATA messages: wait until it all landed */
 
 typedef struct {
   uint64_t request_id, epoch, fingerprint, send_id;
   uint32_t first_token;
   float first_logprob;
+  uint32_t flags; /* XF_MSG_FLAG_* */
   uint32_t n_digests;
   uint32_t addr_len;
   const uint8_t *addr;     /* points into the message */
@@ -115,9 +159,31 @@ typedef struct {
   int32_t status;
 } xf_ack_t;
 
-/* DONE: header 56 bytes + addr + 8 * n_digests. Returns a malloc'd buffer or NULL. */
+/* DONE: header 64 bytes + addr + 8 * n_digests. Returns a malloc'd buffer or NULL. */
 uint8_t *xf_done_encode(const xf_done_t *d, const uint64_t *digests, size_t *len);
 int xf_done_decode(const uint8_t *buf, size_t len, xf_done_t *out); /* 0 or K3_EPROTO */
+/* LAYER (sender → receiver, after that layer's puts were flushed): the digests of the layer's
+ * regions in ascending region order, so the receiver verifies the layer while later layers
+ * stream and DONE only has what is left. Header 56 bytes + 8 * n_digests. */
+typedef struct {
+  uint64_t request_id, epoch, fingerprint, send_id;
+  uint32_t layer, n_digests;
+  uint32_t flags; /* XF_MSG_FLAG_* */
+  const uint8_t *digests; /* points into the message */
+} xf_layer_t;
+
+/* DATA header (the AM's user header; the chunk is the AM's data): the receiver places the
+ * chunk by (region, offset) in its own descriptor, never by an address from the message. */
+typedef struct {
+  uint64_t request_id, epoch;
+  uint32_t region;
+  uint64_t offset;
+} xf_data_t;
+#define XF_DATA_HDR 40
+void xf_data_encode(const xf_data_t *d, uint8_t out[XF_DATA_HDR]);
+int xf_data_decode(const void *buf, size_t len, xf_data_t *out); /* 0 or K3_EPROTO */
+uint8_t *xf_layer_encode(const xf_layer_t *m, const uint64_t *digests, size_t *len);
+int xf_layer_decode(const uint8_t *buf, size_t len, xf_layer_t *out); /* 0 or K3_EPROTO */
 uint8_t *xf_ack_encode(const xf_ack_t *a, size_t *len); /* malloc'd or NULL */
 int xf_ack_decode(const uint8_t *buf, size_t len, xf_ack_t *out); /* 0 or K3_EPROTO */
 

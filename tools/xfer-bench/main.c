@@ -2,11 +2,14 @@
  * compare the bandwidth with a single-threaded memcpy of the same bytes.
  *
  * The receiver (forked child, its own UCX context) registers a KV page pool and a KDA slot pool
- * shaped like the manifest, reserves two requests (a warm-up and the measured one) and sends
- * the descriptors over a pipe. The sender (parent) pushes layer by layer; with
+ * shaped like the manifest, reserves 1 + --repeat requests (a warm-up and the measured ones)
+ * and sends the descriptors over a pipe. The sender (parent) pushes layer by layer; with
  * --layer-delay-us each layer is signalled that long after the previous one (simulated
  * compute), and the bench reports how long after the last layer's signal the transfer finished.
- * The measured time runs from the first layer signal to the receiver's ACK (digests verified).
+ * The measured time runs from k3_xfer_send_start to the receiver's ACK (digests verified).
+ * Every measured transfer is preceded by its own memcpy baseline (best of 3); with --repeat > 1
+ * a summary line gives min/median/max and RESULT carries the medians. The library picks the
+ * data path (direct mapping on shm, DATA messages on tcp); --puts-only forces ucp_put_nbx.
  * Manifests: tiny (2 KDA layers of 64 KiB + 1 KiB, 2 MLA layers of 64 B/token) and k3 (spec
  * §10.2: 69 KDA layers of S 6,291,456 B + conv 221,184 B, 24 MLA layers of 1,152 B/token).
  * Last line: RESULT gbps=<x> memcpy_gbps=<y> ratio=<x/y> for the first --tls entry. */
@@ -14,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "k3pd/err.h"
@@ -84,10 +89,10 @@ static int rd(int fd, void *b, size_t n) {
 }
 
 /* ---- receiver process ---- */
-static int g_ready;
+static int g_ready, g_repeat = 1; /* transfers: 1 warm-up + g_repeat measured */
 static void on_ready(void *ud, const k3_xfer_ready_t *r) { g_ready++; }
 static void rstop(uv_timer_t *t) {
-  if (g_ready >= 2 || t->data) uv_stop(t->loop);
+  if (g_ready >= 1 + g_repeat || t->data) uv_stop(t->loop);
 }
 static void rdeadline(uv_timer_t *t) { uv_stop(t->loop); }
 
@@ -105,7 +110,7 @@ static int receiver(const plan_t *p, const char *tls, int wfd) {
   k3_xfer_recv_init(ctx, &ro, &r);
   uint32_t *pages = malloc(p->n_pages * sizeof(uint32_t)), slot = 0;
   for (uint32_t i = 0; i < p->n_pages; i++) pages[i] = i;
-  for (uint64_t id = 0; id < 2; id++) {
+  for (uint64_t id = 0; id < (uint64_t)(1 + g_repeat); id++) {
     k3_xfer_layout_t lay = {.n_pools = 2, .pools = {kv, kda}, .n_lists = 2,
                             .lists = {{p->n_pages, pages}, {1, &slot}},
                             .n_regions = p->n_regions, .regions = p->rg};
@@ -126,9 +131,20 @@ static int receiver(const plan_t *p, const char *tls, int wfd) {
   t.data = NULL;
   uv_timer_start(&t, rstop, 1, 1);
   uv_timer_start(&dl, rdeadline, 120000, 0);
+  struct timespec c0, c1;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0); /* after the pools were faulted in */
   uv_run(&loop, UV_RUN_DEFAULT);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
   /* Give the last ACK a moment to leave before tearing down. */
   for (int i = 0; i < 50; i++) uv_run(&loop, UV_RUN_NOWAIT), usleep(1000);
+  k3_xfer_stats_t st;
+  k3_xfer_ctx_stats(ctx, &st);
+  double rcpu = ((double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec)) / 1e6;
+  printf("  receiver: %llu of %u layers verified as they landed (%d transfers), %llu accepted, "
+         "cpu %.2f ms per transfer\n",
+         (unsigned long long)st.layers_verified, (1 + g_repeat) * p->n_layers, 1 + g_repeat,
+         (unsigned long long)st.done_accepted, rcpu / (1 + g_repeat));
+  fflush(stdout);
   k3_xfer_recv_free(r);
   k3_xfer_pool_free(kv);
   k3_xfer_pool_free(kda);
@@ -137,7 +153,7 @@ static int receiver(const plan_t *p, const char *tls, int wfd) {
   uv_close((uv_handle_t *)&dl, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   free(pages);
-  return g_ready == 2 ? 0 : 4;
+  return g_ready == 1 + g_repeat ? 0 : 4;
 }
 
 /* ---- sender process ---- */
@@ -147,6 +163,7 @@ typedef struct {
   bool done;
   k3_xfer_send_result_t res;
   uint64_t last_signal_ns;
+  const char *mode;
 } sstate_t;
 
 static void sent(void *ud, const k3_xfer_send_result_t *r) {
@@ -166,13 +183,17 @@ static void layer_tick(uv_timer_t *t) {
   }
 }
 
+static uint64_t g_chunk_bytes; /* 0 = library default */
+static bool g_puts_only;
+
 static int one_send(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *d, const k3_xfer_src_t *src,
                     uint32_t delay_us, sstate_t *st) {
   memset(st, 0, sizeof *st);
   st->n_layers = d->n_layers;
-  k3_xfer_send_opts_t so = {.deadline_ms = 120000, .chunk_bytes = 4u << 20, .max_inflight = 16};
+  k3_xfer_send_opts_t so = {.deadline_ms = 120000, .chunk_bytes = g_chunk_bytes, .puts_only = g_puts_only};
   int rc = k3_xfer_send_start(ctx, d, src, &so, sent, st, &st->s);
   if (rc) return rc;
+  st->mode = k3_xfer_send_mode(st->s);
   uv_timer_t t;
   uv_timer_init(uv_default_loop(), &t);
   t.data = st;
@@ -194,6 +215,58 @@ typedef struct {
   double gbps, memcpy_gbps;
 } fig_t;
 
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_dbl);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static double cpu_ms_now(void) {
+  struct timespec c;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c);
+  return (double)c.tv_sec * 1e3 + (double)c.tv_nsec / 1e6;
+}
+
+/* Single-threaded memcpy of the same bytes, destination already faulted in, best of 3 (wall);
+ * *cpu_ms gets the CPU time of the fastest. */
+static double memcpy_gbps(uint8_t *dst, const uint8_t *src, uint64_t total, double *cpu_ms) {
+  double best = 1e30;
+  for (int i = 0; i < 3; i++) {
+    double c0 = cpu_ms_now();
+    uint64_t t0 = k3_now_ns();
+    memcpy(dst, src, total);
+    double s = (double)(k3_now_ns() - t0) / 1e9;
+    if (s < best) best = s, *cpu_ms = cpu_ms_now() - c0;
+  }
+  return (double)total / best / 1e9;
+}
+
+static void report(const plan_t *p, const char *tls, uint64_t total, const sstate_t *st, double mc,
+                   double mc_cpu_ms, double cpu_ms, long faults, uint32_t delay_us, double *gbps) {
+  double secs = (double)(st->res.t_done_ns - st->res.t_start_ns) / 1e9;
+  *gbps = (double)total / secs / 1e9;
+  printf("tls=%-8s mode=%s bytes=%llu time_ms=%.2f gbps=%.2f memcpy_gbps=%.2f ratio=%.2f\n",
+         tls ? tls : "default", st->mode, (unsigned long long)total, secs * 1e3, *gbps, mc, *gbps / mc);
+  for (int k = 1; k < K3_XFER_KIND_COUNT; k++)
+    if (st->res.kind_bytes[k])
+      printf("  %-9s bytes=%llu push_ms=%.2f gbps=%.2f\n", k3_xfer_kind_name((uint32_t)k),
+             (unsigned long long)st->res.kind_bytes[k], st->res.kind_ns[k] / 1e6,
+             st->res.kind_ns[k] ? (double)st->res.kind_bytes[k] / (double)st->res.kind_ns[k] : 0.0);
+  printf("  flush+DONE+verify+ACK after the last byte: %.2f ms\n",
+         (double)(st->res.t_done_ns - st->res.t_flushed_ns) / 1e6);
+  printf("  sender: cpu %.2f ms for %.2f ms wall, %ld minor faults; memcpy cpu %.2f ms "
+         "(cpu ratio memcpy/sender %.2f)\n",
+         cpu_ms, secs * 1e3, faults, mc_cpu_ms, cpu_ms > 0 ? mc_cpu_ms / cpu_ms : 0.0);
+  if (delay_us)
+    printf("  overlap: layer delay %u us x %u layers; finished %.2f ms after the last layer's "
+           "signal (one layer = %.2f ms)\n",
+           delay_us, p->n_layers, (double)(st->res.t_done_ns - st->last_signal_ns) / 1e6,
+           ((delay_us + 999) / 1000) * 1.0);
+}
+
 static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *fig) {
   int pp[2];
   if (pipe(pp)) return K3_EIO;
@@ -203,8 +276,9 @@ static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *f
     _exit(receiver(p, tls, pp[1]));
   }
   close(pp[1]);
-  k3_xfer_desc_t *d[2];
-  for (int i = 0; i < 2; i++) {
+  int n_d = 1 + g_repeat;
+  k3_xfer_desc_t **d = calloc((size_t)n_d, sizeof *d);
+  for (int i = 0; i < n_d; i++) {
     uint32_t len;
     uint8_t *buf;
     if (rd(pp[0], &len, 4) || !(buf = malloc(len)) || rd(pp[0], buf, len) ||
@@ -212,6 +286,8 @@ static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *f
       fprintf(stderr, "receiver failed to start (tls=%s)\n", tls ? tls : "default");
       kill(pid, SIGKILL);
       waitpid(pid, NULL, 0);
+      for (int j = 0; j < i; j++) k3_xfer_desc_free(d[j]);
+      free(d);
       return K3_EUNAVAIL;
     }
     free(buf);
@@ -228,46 +304,54 @@ static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *f
     src[r] = (k3_xfer_src_t){.base = mem + off};
     off += p->rg[r].len_bytes;
   }
-  /* memcpy baseline on the same bytes, destination faulted in first, best of 3. */
   memset(dst, 0, total);
-  double best = 1e30;
-  for (int i = 0; i < 3; i++) {
-    uint64_t t0 = k3_now_ns();
-    memcpy(dst, mem, total);
-    double s = (double)(k3_now_ns() - t0) / 1e9;
-    if (s < best) best = s;
-  }
-  fig->memcpy_gbps = (double)total / best / 1e9;
   sstate_t st;
   int rc = one_send(ctx, d[0], src, 0, &st); /* warm-up: endpoint, rkeys, transport caches */
-  if (!rc) rc = one_send(ctx, d[1], src, delay_us, &st);
-  if (rc) {
-    fprintf(stderr, "transfer failed (tls=%s): %s\n", tls ? tls : "default", k3_errname(rc));
-  } else {
-    uint64_t first = st.res.t_start_ns;
-    double secs = (double)(st.res.t_done_ns - first) / 1e9;
-    fig->gbps = (double)total / secs / 1e9;
-    printf("tls=%-8s bytes=%llu time_ms=%.2f gbps=%.2f memcpy_gbps=%.2f ratio=%.2f\n",
-           tls ? tls : "default", (unsigned long long)total, secs * 1e3, fig->gbps, fig->memcpy_gbps,
-           fig->gbps / fig->memcpy_gbps);
-    for (int k = 1; k < K3_XFER_KIND_COUNT; k++)
-      if (st.res.kind_bytes[k])
-        printf("  %-9s bytes=%llu put_ms=%.2f gbps=%.2f\n", k3_xfer_kind_name((uint32_t)k),
-               (unsigned long long)st.res.kind_bytes[k], st.res.kind_ns[k] / 1e6,
-               st.res.kind_ns[k] ? (double)st.res.kind_bytes[k] / (double)st.res.kind_ns[k] : 0.0);
-    printf("  flush+DONE+verify+ACK after the last put: %.2f ms\n",
-           (double)(st.res.t_done_ns - st.res.t_flushed_ns) / 1e6);
-    if (delay_us)
-      printf("  overlap: layer delay %u us x %u layers; finished %.2f ms after the last layer's "
-             "signal (one layer = %.2f ms)\n",
-             delay_us, p->n_layers, (double)(st.res.t_done_ns - st.last_signal_ns) / 1e6,
-             ((delay_us + 999) / 1000) * 1.0);
+  /* Each measured transfer is paired with a memcpy baseline taken just before it, so drift in
+   * the machine's load hits both; the figures are the medians over --repeat runs. */
+  double *g = calloc((size_t)g_repeat, sizeof(double)), *m = calloc((size_t)g_repeat, sizeof(double));
+  double *ratio = calloc((size_t)g_repeat, sizeof(double));
+  int done = 0;
+  for (int i = 0; i < g_repeat && !rc; i++) {
+    double mc_cpu = 0;
+    m[i] = memcpy_gbps(dst, mem, total, &mc_cpu);
+    struct rusage ru0, ru1;
+    struct timespec c0, c1;
+    getrusage(RUSAGE_SELF, &ru0);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    rc = one_send(ctx, d[1 + i], src, delay_us, &st);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    getrusage(RUSAGE_SELF, &ru1);
+    if (rc) break;
+    double cpu_ms = ((double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec)) / 1e6;
+    report(p, tls, total, &st, m[i], mc_cpu, cpu_ms, ru1.ru_minflt - ru0.ru_minflt, delay_us, &g[i]);
+    ratio[i] = g[i] / m[i];
+    done++;
   }
+  if (rc) fprintf(stderr, "transfer failed (tls=%s): %s\n", tls ? tls : "default", k3_errname(rc));
+  if (done) {
+    double gmax = 0, gmin = 1e30, rmax = 0, rmin = 1e30;
+    for (int i = 0; i < done; i++) {
+      gmax = g[i] > gmax ? g[i] : gmax, gmin = g[i] < gmin ? g[i] : gmin;
+      rmax = ratio[i] > rmax ? ratio[i] : rmax, rmin = ratio[i] < rmin ? ratio[i] : rmin;
+    }
+    fig->gbps = median(g, done);
+    fig->memcpy_gbps = median(m, done);
+    if (done > 1)
+      printf("summary tls=%s runs=%d gbps min/median/max=%.2f/%.2f/%.2f memcpy median=%.2f "
+             "ratio min/median/max=%.2f/%.2f/%.2f\n",
+             tls ? tls : "default", done, gmin, fig->gbps, gmax, fig->memcpy_gbps, rmin,
+             median(ratio, done), rmax);
+  }
+  free(g);
+  free(m);
+  free(ratio);
   k3_xfer_ctx_close(ctx);
   uv_run(uv_default_loop(), UV_RUN_DEFAULT);
   int ws;
   waitpid(pid, &ws, 0);
-  for (int i = 0; i < 2; i++) k3_xfer_desc_free(d[i]);
+  for (int i = 0; i < n_d; i++) k3_xfer_desc_free(d[i]);
+  free(d);
   free(src);
   free(mem);
   free(dst);
@@ -276,12 +360,16 @@ static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *f
 
 int main(int argc, char **argv) {
   const char *manifest = "tiny", *tls = "shm,tcp,default";
-  int tokens = 1024, delay_us = 0;
+  int tokens = 1024, delay_us = 0, chunk_kib = 0, repeat = 1;
+  bool puts_only = false;
   k3_flag_t flags[] = {
       {"manifest", K3_FLAG_STR, &manifest, "tiny|k3", "state manifest sizes to move", false},
       {"tokens", K3_FLAG_INT, &tokens, "N", "prompt tokens (MLA pages)", false},
       {"tls", K3_FLAG_STR, &tls, "LIST", "comma-separated UCX_TLS runs; 'default' = UCX's choice", false},
       {"layer-delay-us", K3_FLAG_INT, &delay_us, "N", "simulated compute per layer (0 = all at once)", false},
+      {"chunk-kib", K3_FLAG_INT, &chunk_kib, "N", "bytes per put in KiB (0 = library default)", false},
+      {"repeat", K3_FLAG_INT, &repeat, "N", "measured transfers per transport (figures are medians)", false},
+      {"puts-only", K3_FLAG_BOOL, &puts_only, NULL, "always ucp_put_nbx (no mapped pointer, no DATA messages)", false},
   };
   k3_flags_info_t info = {"k3pd-xfer-bench", "Two-process UCX state-transfer benchmark vs memcpy.", NULL};
   char err[256];
@@ -298,10 +386,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-xfer-bench: --manifest must be tiny or k3, got '%s'\n", manifest);
     return 2;
   }
-  if (tokens < 1 || tokens > (1 << 20) || delay_us < 0) {
-    fprintf(stderr, "k3pd-xfer-bench: --tokens must be 1..1048576 and --layer-delay-us >= 0\n");
+  if (tokens < 1 || tokens > (1 << 20) || delay_us < 0 || chunk_kib < 0 || chunk_kib > (1 << 20)) {
+    fprintf(stderr, "k3pd-xfer-bench: --tokens must be 1..1048576, --layer-delay-us >= 0 and "
+                    "--chunk-kib 0..1048576\n");
     return 2;
   }
+  if (repeat < 1 || repeat > 100) {
+    fprintf(stderr, "k3pd-xfer-bench: --repeat must be 1..100, got %d\n", repeat);
+    return 2;
+  }
+  g_repeat = repeat;
+  g_chunk_bytes = (uint64_t)chunk_kib << 10;
+  g_puts_only = puts_only;
   k3_log_set_level(K3_LOG_WARN);
   plan_t p;
   plan_build(&p, m, (uint32_t)tokens);

@@ -80,6 +80,9 @@ typedef struct {
   uint64_t leases_expired, reservations_cancelled, reservations_released;
   uint64_t slots_quarantined, slots_poisoned;
   uint64_t ep_errors;
+  uint64_t layers_verified; /* layers verified as they landed (LAYER), before DONE */
+  uint64_t data_dropped;    /* DATA chunks (rendezvous path) for no live reservation/epoch */
+  uint64_t data_eager, data_rndv; /* DATA chunks placed from the message / by a rendezvous */
 } k3_xfer_stats_t;
 void k3_xfer_ctx_stats(const k3_xfer_ctx_t *ctx, k3_xfer_stats_t *out);
 
@@ -134,6 +137,9 @@ typedef struct {
   uint64_t chunk_bytes;   /* max bytes per put; 0 = 4 MiB */
   uint32_t max_inflight;  /* puts in flight; 0 = 16 */
   const k3_xfer_stage_t *stage; /* non-NULL with d2h: staged path (copied) */
+  /* Always ucp_put_nbx: never a mapped pointer nor DATA messages (one-sided puts on an RDMA
+   * fabric; tests and comparisons). */
+  bool puts_only;
 } k3_xfer_send_opts_t;
 
 /* Outcome of a send, passed to the completion callback. */
@@ -167,6 +173,14 @@ int k3_xfer_send_finish(k3_xfer_send_t *s, uint32_t first_token, float first_log
  * queued put lands later. */
 void k3_xfer_send_cancel(k3_xfer_send_t *s);
 k3_xfer_path_t k3_xfer_send_path(const k3_xfer_send_t *s);
+/* True when this send writes the receiver's pools directly through a UCX-mapped pointer
+ * (ucp_rkey_ptr: same host, shm pools), hashing and copying each block in one pass with
+ * streaming stores; false when it uses ucp_put_nbx (tcp, other hosts, puts_only). */
+bool k3_xfer_send_direct(const k3_xfer_send_t *s);
+/* How the bytes move: "direct" (mapped pointer), "am" (DATA active messages: eager or
+ * rendezvous, placed by the receiver; chosen when there is no mapping, e.g. tcp) or "put"
+ * (ucp_put_nbx; only with puts_only). */
+const char *k3_xfer_send_mode(const k3_xfer_send_t *s);
 
 /* ---- receiver: registered pools + reservation table with leases ------------------------ */
 
@@ -186,8 +200,9 @@ typedef struct {
   uint32_t quarantine_ms; /* after expiry/cancel of an unfinished reservation; 0 = 2000 */
   bool poison;            /* fill quarantined memory with 0xFF before release (default off) */
   const k3_xfer_stage_t *stage; /* non-NULL with h2d: staged path (copied) */
-  /* Test hook: called after DONE is accepted for epoch/fingerprint, before digests are
-   * checked; may modify memory (to prove corruption is detected). NULL in production. */
+  /* Test hook: called before each verification step of a live reservation whose epoch and
+   * fingerprint matched (each LAYER announcement, then DONE if anything is left to hash); may
+   * modify memory (to prove corruption is detected). NULL in production. */
   void (*test_before_verify)(void *ud, uint64_t request_id);
 } k3_xfer_recv_opts_t;
 

@@ -27,7 +27,7 @@
 #define N_REG 6
 #define FP 0x5eedf00dull
 
-enum { M_OK, M_STALE, M_UNKNOWN, M_FPRINT, M_DIGEST, M_SLOW, M_SENDER_DIES, M_RECV_DIES, M_STAGED };
+enum { M_OK, M_STALE, M_UNKNOWN, M_FPRINT, M_DIGEST, M_SLOW, M_SENDER_DIES, M_RECV_DIES, M_STAGED, M_PUTS, M_RNDV };
 
 typedef struct {
   const char *tls;
@@ -89,11 +89,15 @@ static void on_ready(void *ud, const k3_xfer_ready_t *r) {
   if (r->first_token != 1000 + r->request_id) x->res.bit_identical = -1000;
 }
 static void on_release(void *ud, uint64_t id, void *owner) { ((rctx_t *)ud)->res.released++; }
+/* Corrupts byte 100 of region 0 (KDA S, layer 0). The hook runs before every verification
+ * step (each LAYER, then DONE), so the write is idempotent: whatever step verifies region 0
+ * sees the bad byte even if the region's data landed after an earlier step's call. */
 static void flip(void *ud, uint64_t id) {
   rctx_t *x = ud;
-  if (x->c.mode != M_DIGEST || x->flipped++) return;
+  if (x->c.mode != M_DIGEST) return;
+  x->flipped++;
   uint8_t *p = (uint8_t *)k3_xfer_pool_base(x->kda) + (id % N_SLOTS) * KDA_STRIDE + 100;
-  *p ^= 1;
+  *p = (uint8_t)~expect_byte(id, 0, 100);
 }
 static int h2d(void *ud, uint64_t id, uint32_t reg, uint64_t off, const void *src, uint64_t len) {
   rctx_t *x = ud;
@@ -106,7 +110,7 @@ static void check_cb(uv_timer_t *t) {
   rctx_t *x = t->data;
   int want = x->c.mode == M_SENDER_DIES ? 0 : x->c.n_req;
   bool done = x->c.mode == M_SENDER_DIES ? x->res.released == 1
-              : x->c.mode == M_OK || x->c.mode == M_SLOW || x->c.mode == M_STAGED
+              : x->c.mode == M_OK || x->c.mode == M_SLOW || x->c.mode == M_STAGED || x->c.mode == M_PUTS || x->c.mode == M_RNDV
                   ? x->res.ready == want
                   : false;
   k3_xfer_stats_t st;
@@ -155,7 +159,8 @@ static int receiver(cfg_t c, int wfd, int resfd) {
   uv_timer_init(&loop, &stop);
   uv_timer_init(&loop, &chk);
   chk.data = &x;
-  uv_timer_start(&stop, stop_cb, c.mode == M_OK || c.mode == M_SLOW || c.mode == M_STAGED ? 15000 : 2500, 0);
+  bool want_ok = c.mode == M_OK || c.mode == M_SLOW || c.mode == M_STAGED || c.mode == M_PUTS || c.mode == M_RNDV;
+  uv_timer_start(&stop, stop_cb, want_ok ? 15000 : 2500, 0);
   uv_timer_start(&chk, check_cb, 5, 5);
   uv_run(&loop, UV_RUN_DEFAULT);
   /* Bit identity of every ready request, read back from our pools. */
@@ -197,6 +202,7 @@ static int receiver(cfg_t c, int wfd, int resfd) {
 
 typedef struct {
   int fired, status[64], done[64];
+  int direct, am; /* sends that wrote through a mapped pointer / sent DATA messages */
   uint64_t t_done[64];
 } sres_t;
 
@@ -260,10 +266,12 @@ static int sender(cfg_t c, int rfd, pid_t victim, sres_t *out, uint64_t *t_start
   for (int i = 0; i < n; i++) {
     ud[i] = (sud_t){out, i};
     k3_xfer_stage_t st = {.d2h = d2h, .ud = (void *)(intptr_t)i};
-    k3_xfer_send_opts_t so = {.deadline_ms = 2000, .chunk_bytes = 1000, .max_inflight = 4,
-                              .stage = c.mode == M_STAGED ? &st : NULL};
+    k3_xfer_send_opts_t so = {.deadline_ms = 2000, .chunk_bytes = c.mode == M_RNDV ? 4096 : 1000, .max_inflight = 4,
+                              .stage = c.mode == M_STAGED ? &st : NULL, .puts_only = c.mode == M_PUTS};
     int rc = k3_xfer_send_start(ctx, d[i], src[i], &so, sent, &ud[i], &s[i]);
     if (rc) return 24;
+    out->direct += k3_xfer_send_direct(s[i]);
+    out->am += strcmp(k3_xfer_send_mode(s[i]), "am") == 0;
     if (c.mode == M_STAGED && k3_xfer_send_path(s[i]) != K3_XFER_PATH_STAGED) return 25;
   }
   for (uint32_t l = 0; l < 4; l++) {
@@ -334,29 +342,48 @@ static void run(cfg_t c, rres_t *rr, sres_t *sr) {
   close(p2[1]);
 }
 
-static void expect_ok(const char *tls, int mode, int n) {
+/* direct: 1 = every send must write through the mapped pointer, 0 = none may; no mapping
+ * means DATA messages unless the mode asks for puts. */
+static void expect_ok(const char *tls, int mode, int n, int direct) {
   cfg_t c = {tls, mode, n};
   rres_t rr = {0};
   sres_t sr;
   run(c, &rr, &sr);
+  ck_assert_int_eq(sr.direct, direct ? n : 0);
+  ck_assert_int_eq(sr.am, direct || mode == M_PUTS ? 0 : n);
   for (int i = 0; i < n; i++) ck_assert_int_eq(sr.status[i], 0);
   ck_assert_int_eq(rr.ready, n);
   ck_assert_int_eq(rr.bit_identical, 1);
   ck_assert_uint_eq(rr.st.done_accepted, (uint64_t)n);
   ck_assert_int_eq(rr.released, n); /* recv_free released them all */
+  if (mode == M_RNDV) ck_assert_uint_gt(rr.st.data_rndv, 0);
+  if (mode == M_OK && !direct) ck_assert_uint_gt(rr.st.data_eager, 0);
+  /* Every layer was verified from its LAYER announcement, before DONE. */
+  ck_assert_uint_eq(rr.st.layers_verified, 4u * (uint64_t)n);
 }
 
-START_TEST(test_shm_ok) { expect_ok("shm", M_OK, 1); }
+START_TEST(test_shm_ok) { expect_ok("shm", M_OK, 1, 1); }
 END_TEST
-START_TEST(test_tcp_ok) { expect_ok("tcp", M_OK, 1); }
+START_TEST(test_shm_puts) { expect_ok("shm", M_PUTS, 1, 0); }
 END_TEST
-START_TEST(test_many_concurrent) { expect_ok("shm", M_OK, 32); }
+START_TEST(test_tcp_ok) { expect_ok("tcp", M_OK, 1, 0); }
 END_TEST
-START_TEST(test_tcp_many) { expect_ok("tcp", M_OK, 8); }
+START_TEST(test_tcp_puts) { expect_ok("tcp", M_PUTS, 2, 0); }
 END_TEST
-START_TEST(test_slow_receiver) { expect_ok("tcp", M_SLOW, 2); }
+START_TEST(test_tcp_rndv) {
+  /* DATA chunks of up to 4 KiB above a 512 B threshold: every chunk goes by rendezvous, so the
+   * receiver's LAYER/DONE must wait for receives it started itself. (Check forks per test.) */
+  setenv("UCX_RNDV_THRESH", "512", 1);
+  expect_ok("tcp", M_RNDV, 4, 0);
+}
 END_TEST
-START_TEST(test_staged) { expect_ok("shm", M_STAGED, 1); }
+START_TEST(test_many_concurrent) { expect_ok("shm", M_OK, 32, 1); }
+END_TEST
+START_TEST(test_tcp_many) { expect_ok("tcp", M_OK, 8, 0); }
+END_TEST
+START_TEST(test_slow_receiver) { expect_ok("tcp", M_SLOW, 2, 0); }
+END_TEST
+START_TEST(test_staged) { expect_ok("shm", M_STAGED, 1, 1); }
 END_TEST
 
 static void expect_reject(int mode, int code, size_t counter_off) {
@@ -435,7 +462,10 @@ int main(void) {
   TCase *tc = tcase_create("loopback");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_shm_ok);
+  tcase_add_test(tc, test_shm_puts);
   tcase_add_test(tc, test_tcp_ok);
+  tcase_add_test(tc, test_tcp_puts);
+  tcase_add_test(tc, test_tcp_rndv);
   tcase_add_test(tc, test_many_concurrent);
   tcase_add_test(tc, test_tcp_many);
   tcase_add_test(tc, test_slow_receiver);
