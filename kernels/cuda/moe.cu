@@ -215,6 +215,29 @@ int k3k_cu_moe_combine_raw(cudaStream_t st, const k3k_tensor_t *rows, const k3k_
 
 int k3k_cuda_moe_combine(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   if (t[1]->shape[0] == 0 || t[0]->shape[1] == 0) return 0;
+  /* "A failing op writes nothing" (k3k.h): validate every row index (−1 = skip) before the
+   * combine kernel touches y. One view over the whole [T,k] table when it is contiguous, else
+   * one per token row. */
+  const k3k_tensor_t *ri = t[1];
+  int64_t T = ri->shape[0], K = ri->shape[1], Rx = t[0]->shape[0];
+  int crc = 0;
+  if (ri->stride[1] == 1 && ri->stride[0] == K) {
+    k3k_tensor_t flat = *ri;
+    flat.ndim = 1;
+    flat.shape[0] = T * K;
+    flat.stride[0] = 1;
+    crc = k3k_cuda_check_ids(cx, &flat, T * K, Rx, 0, 1);
+  } else {
+    for (int64_t r = 0; r < T && !crc; r++) {
+      k3k_tensor_t row = *ri;
+      row.ndim = 1;
+      row.data = (char *)ri->data + (size_t)(r * ri->stride[0]) * sizeof(int32_t);
+      row.shape[0] = K;
+      row.stride[0] = ri->stride[1];
+      crc = k3k_cuda_check_ids(cx, &row, K, Rx, 0, 1);
+    }
+  }
+  if (crc) return crc;
   void *flag;
   int rc = k3k_cuda_scratch(cx, sizeof(int), &flag);
   if (rc) return rc;
