@@ -19,8 +19,9 @@
 static char g_dir[256];
 
 static void run_mkckpt(const char *args) {
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s/mk.err", MKCKPT_PATH, args, g_dir);
+  char cmd[4096];
+  int n = snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s/mk.err", MKCKPT_PATH, args, g_dir);
+  ck_assert_msg(n > 0 && (size_t)n < sizeof cmd, "command too long: %s", args);
   ck_assert_msg(system(cmd) == 0, "failed: %s", cmd);
 }
 
