@@ -32,7 +32,7 @@ router=$(cat "$ready")
 echo "== cluster ready: router at $router (1 prefill + 1 decode worker; logs: $out/cluster.log)"
 echo "== request: user says \"Hello! Tell me about Kimi.\" (greedy, 32 new tokens)"
 echo "-- streamed reply:"
-./build/tools/cli/k3pd-cli generate --router "$router" --user "Hello! Tell me about Kimi." --max-new-tokens 32 \
+./build/tools/cli/k3pd-cli generate --router "$router" --user "Hello! Tell me about Kimi." --max-new-tokens 32 2>&1 \
   | tee "$out/reply.txt"
 ids=$(grep '^ids:' "$out/reply.txt" | tail -1)
 prompt=$(./build/tools/cli/k3pd-cli render --model "$model" --chat <(echo '[{"role":"user","content":"Hello! Tell me about Kimi."}]') | tr ' ' ',')
