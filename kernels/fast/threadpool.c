@@ -124,3 +124,11 @@ void k3k_pool_run(k3k_pool_t *p, int64_t n_tasks, k3k_task_fn fn, void *ctx) {
   while (p->finished < p->threads - 1) pthread_cond_wait(&p->done, &p->mu);
   pthread_mutex_unlock(&p->mu);
 }
+
+void k3k_pool_run_work(k3k_pool_t *p, int64_t n_tasks, int64_t work, k3k_task_fn fn, void *ctx) {
+  if (work >= K3K_POOL_MIN_WORK) {
+    k3k_pool_run(p, n_tasks, fn, ctx);
+    return;
+  }
+  for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+}
