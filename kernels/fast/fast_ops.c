@@ -108,7 +108,7 @@ static int run_sliced(k3k_pool_t *pool, k3k_op_t op, const void *params,
   int64_t work = 0;
   for (int i = 0; i < nt; i++)
     if (sl->dim[i] >= 0 && t[i] && k3k_tensor_numel(t[i]) > work) work = k3k_tensor_numel(t[i]);
-  if (work < K3K_POOL_MIN_WORK) return c.fn(params, t);
+  if (work < k3k_pool_min_work(pool)) return c.fn(params, t);
   int64_t want = (int64_t)k3k_pool_threads(pool) * 4;
   c.per_task = (c.rows + want - 1) / (want ? want : 1);
   if (c.per_task < 1) c.per_task = 1;
