@@ -32,15 +32,26 @@ static k3_weights_t *g_w[2];
  * O(1) differences. */
 #define BF16_TOL 3e-2
 
-static k3_weights_t *weights(int p) {
-  if (!g_w[p]) {
+/* Both presets' weights are synthesised once in main(), before Check forks a child per test,
+ * so every test shares them instead of re-synthesising (seconds each under ASan). */
+static int load_weights(void) {
+  for (int p = 0; p < 2; p++) {
     const char *json = k3_model_config_preset(PRESETS[p]);
     k3_model_config_t cfg;
-    char err[512];
-    ck_assert_ptr_nonnull(json);
-    ck_assert_int_eq(k3_model_config_parse(json, strlen(json), &cfg, err, sizeof err), 0);
-    ck_assert_msg(k3_weights_synth(&cfg, 1, &g_w[p], err, sizeof err) == 0, "%s", err);
+    char err[512] = "";
+    int rc = json ? k3_model_config_parse(json, strlen(json), &cfg, err, sizeof err) : K3_ENOENT;
+    if (!rc) rc = k3_weights_synth(&cfg, 1, &g_w[p], err, sizeof err);
+    if (rc) {
+      fprintf(stderr, "test_model: cannot synthesise %s weights: %s (%s)\n", PRESETS[p], err,
+              k3_strerror(rc));
+      return rc;
+    }
   }
+  return 0;
+}
+
+static k3_weights_t *weights(int p) {
+  ck_assert_ptr_nonnull(g_w[p]);
   return g_w[p];
 }
 
@@ -288,9 +299,13 @@ START_TEST(test_chunked_prefill) {
 }
 END_TEST
 
-/* Reference backend == fast backend (both precisions), small T to stay quick under ASan. */
+/* Reference backend == fast backend (both precisions), small T to stay quick under ASan.
+ * K3PD_FAST_MIN_WORK=0 makes cpu-fast use its worker threads even for these small shapes (by
+ * default they run on the caller), so the threaded path is the one compared here; the other
+ * tests run the default. Check forks each test, so the setting stays in this one. */
 START_TEST(test_reference_vs_fast) {
   int p = _i;
+  setenv("K3PD_FAST_MIN_WORK", "0", 1);
   for (int prec = 0; prec < 2; prec++) {
     k3_runner_t *rr = mk(p, (k3_runner_precision_t)prec, "cpu", 16, 64);
     k3_runner_t *rf = mk(p, (k3_runner_precision_t)prec, "cpu-fast", 16, 64);
@@ -494,6 +509,7 @@ END_TEST
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive a failing forked test */
+  if (load_weights()) return 1;
   Suite *su = suite_create("model");
   struct {
     const char *name;
