@@ -5,6 +5,7 @@
 #define K3K_INTERNAL_H
 
 #include <math.h>
+#include <string.h>
 
 #include "k3k.h"
 #include "k3pd/err.h"
@@ -68,8 +69,15 @@ K3K_CPU_DECL(sample);
 /* Pieces the fast backend reuses so both paths share one definition of the math. */
 /* E2M1 code → value. */
 extern const float k3k_e2m1_table[16];
-/* 2^(e-127) for an E8M0 byte (e != 255). */
-static inline float k3k_e8m0(uint8_t e) { return ldexpf(1.0f, (int)e - 127); }
+/* 2^(e-127) for an E8M0 byte (e != 255), built from its bits (the same value ldexpf(1, e-127)
+ * gives, without a libm call per weight): exponent field e for e >= 1, the subnormal 2^-127
+ * (mantissa bit 22) for e == 0. */
+static inline float k3k_e8m0(uint8_t e) {
+  uint32_t u = e ? (uint32_t)e << 23 : 0x00400000u;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
 /* Reference KDA over one sequence and head range [h0,h1) (the fast backend parallelises over
  * (sequence, head) with it). */
 int k3k_cpu_kda_chunk_seq(const k3k_kda_params_t *p, const k3k_tensor_t *const *t, int32_t seq,

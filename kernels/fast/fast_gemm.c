@@ -14,28 +14,26 @@
 #define NR 8
 #define MR 6
 
-/* GCC vector extension: lane-wise fp32 arithmetic, the same IEEE operations as scalar code. */
+/* GCC vector extension: lane-wise fp32 arithmetic, the same IEEE operations as scalar code.
+ * The helpers are always_inline and load through under-aligned vector types (not memcpy) so
+ * that Debug/ASan builds (-O0, where memcpy is an intercepted call) stay usable; at -O2 the
+ * generated code is the same. */
+#define VINL static inline __attribute__((always_inline))
 typedef float v4f __attribute__((vector_size(16)));
-static inline v4f ld4(const float *p) {
-  v4f v;
-  memcpy(&v, p, sizeof v);
-  return v;
-}
-static inline v4f splat(float x) { return (v4f){x, x, x, x}; }
+typedef float v4f_u __attribute__((vector_size(16), aligned(4), may_alias));
+VINL v4f ld4(const float *p) { return *(const v4f_u *)p; }
+VINL v4f splat(float x) { return (v4f){x, x, x, x}; }
 typedef uint16_t v4h __attribute__((vector_size(8)));
+typedef uint16_t v4h_u __attribute__((vector_size(8), aligned(2), may_alias));
 typedef uint32_t v4u __attribute__((vector_size(16)));
 typedef int32_t v4i __attribute__((vector_size(16)));
 /* 4 consecutive bf16 → fp32 (exact: the bits move to the high half). */
-static inline v4f ld4_bf16(const uint16_t *p) {
-  v4h h;
-  memcpy(&h, p, sizeof h);
-  v4u u = __builtin_convertvector(h, v4u) << 16;
-  v4f f;
-  memcpy(&f, &u, sizeof f);
-  return f;
+VINL v4f ld4_bf16(const uint16_t *p) {
+  v4u u = __builtin_convertvector(*(const v4h_u *)p, v4u) << 16;
+  return (v4f)u;
 }
 /* In-register 4×4 transpose: rows r[j] = W[j][k..k+3] → c[i] = W[0..3][k+i]. */
-static inline void tr4(const v4f r[4], v4f c[4]) {
+VINL void tr4(const v4f r[4], v4f c[4]) {
   v4f t0 = __builtin_shuffle(r[0], r[1], (v4i){0, 4, 1, 5});
   v4f t1 = __builtin_shuffle(r[0], r[1], (v4i){2, 6, 3, 7});
   v4f t2 = __builtin_shuffle(r[2], r[3], (v4i){0, 4, 1, 5});
@@ -67,10 +65,12 @@ static void pack_panel(const gemm_ctx_t *c, int64_t n0, int64_t nn, float *wp) {
     if (c->mx) {
       const uint8_t *pk = (const uint8_t *)c->W->data + n * c->W->stride[0];
       const uint8_t *sc = (const uint8_t *)c->S->data + n * c->S->stride[0];
+      float s = 0.0f;
       for (int64_t k = 0; k < K; k++) {
+        if ((k & 31) == 0) s = k3k_e8m0(sc[(k >> 5) * c->S->stride[1]]);
         uint8_t b = pk[(k >> 1) * c->W->stride[1]];
         uint8_t code = (k & 1) ? (uint8_t)(b >> 4) : (uint8_t)(b & 0x0F);
-        wp[k * NR + j] = k3k_e2m1_table[code] * k3k_e8m0(sc[(k >> 5) * c->S->stride[1]]);
+        wp[k * NR + j] = k3k_e2m1_table[code] * s;
       }
     } else if (c->W->dtype == K3K_BF16) {
       const uint16_t *w = (const uint16_t *)c->W->data + n * c->W->stride[0];

@@ -13,49 +13,6 @@
 #include "k3pd/err.h"
 #include "runner_internal.h"
 
-/* ---- per-pass buffers ------------------------------------------------------------------- */
-
-void rn_ws_init(rn_ws_t *ws, k3_runner_t *r) { memset(ws, 0, sizeof *ws), ws->r = r; }
-
-void rn_ws_free(rn_ws_t *ws) {
-  for (int i = 0; i < ws->n; i++) ws->r->be->free(ws->r->be, ws->ptrs[i]);
-  free(ws->ptrs);
-  memset(ws, 0, sizeof *ws);
-}
-
-static void *ws_alloc(rn_ws_t *ws, size_t bytes) {
-  if (ws->rc) return NULL;
-  if (ws->n == ws->cap) {
-    int cap = ws->cap ? 2 * ws->cap : 64;
-    void **p = realloc(ws->ptrs, (size_t)cap * sizeof *p);
-    if (!p) {
-      ws->rc = K3_ENOMEM;
-      return NULL;
-    }
-    ws->ptrs = p;
-    ws->cap = cap;
-  }
-  void *d = NULL;
-  if (ws->r->be->alloc(ws->r->be, bytes ? bytes : 64, &d)) {
-    ws->rc = K3_ENOMEM;
-    return NULL;
-  }
-  ws->ptrs[ws->n++] = d;
-  return d;
-}
-
-k3k_tensor_t rn_buf(rn_ws_t *ws, k3k_dtype_t dt, int64_t rows, int64_t cols) {
-  void *d = ws_alloc(ws, (size_t)(rows * cols) * k3k_dtype_size(dt));
-  return k3k_tensor_2d(ws->r->be, dt, d, rows, cols);
-}
-
-k3k_tensor_t rn_i32(rn_ws_t *ws, const int32_t *host, int64_t n) {
-  void *d = ws_alloc(ws, (size_t)n * 4);
-  if (d && n > 0 && ws->r->be->copy_from_host(ws->r->be, d, host, (size_t)n * 4))
-    ws->rc = K3_EDEVICE;
-  return k3k_tensor_1d(ws->r->be, K3K_I32, d, n);
-}
-
 /* ---- forward ---------------------------------------------------------------------------- */
 
 #define TRY(x)       \
@@ -73,20 +30,22 @@ int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_do
   const bool ares = c->attn_res_block_size > 0;
   const size_t es = k3k_dtype_size(A);
   int rc = 0;
-  rn_ws_t ws;
-  rn_ws_init(&ws, r);
+  rn_ws_t *ws = rn_ws_begin(r);
   int32_t *slots = malloc((size_t)ps->n_seq * 4);
-  if (!slots) return K3_ENOMEM;
+  if (!slots) {
+    rn_ws_end(ws);
+    return K3_ENOMEM;
+  }
   for (int s = 0; s < ps->n_seq; s++) slots[s] = ps->seq[s]->slot < 0 ? 0 : ps->seq[s]->slot;
-  ps->cu = rn_i32(&ws, ps->off, ps->n_seq + 1);
-  ps->slots = rn_i32(&ws, slots, ps->n_seq);
+  ps->cu = rn_i32(ws, ps->off, ps->n_seq + 1);
+  ps->slots = rn_i32(ws, slots, ps->n_seq);
   free(slots);
-  k3k_tensor_t ids = rn_i32(&ws, ps->tok, T);
-  k3k_tensor_t P = rn_buf(&ws, A, T, H), h = rn_buf(&ws, A, T, H), xn = rn_buf(&ws, A, T, H);
-  k3k_tensor_t a = rn_buf(&ws, A, T, H);
+  k3k_tensor_t ids = rn_i32(ws, ps->tok, T);
+  k3k_tensor_t P = rn_buf(ws, A, T, H), h = rn_buf(ws, A, T, H), xn = rn_buf(ws, A, T, H);
+  k3k_tensor_t a = rn_buf(ws, A, T, H);
   int nb_max = ares ? c->num_attn_res_boundaries : 0, nb = 0;
-  void *snap_mem = ws_alloc(&ws, (size_t)(nb_max > 0 ? nb_max : 1) * (size_t)(T * H) * es);
-  if ((rc = ws.rc)) goto out;
+  void *snap_mem = rn_ws_alloc(ws, (size_t)(nb_max > 0 ? nb_max : 1) * (size_t)(T * H) * es);
+  if ((rc = ws->rc)) goto out;
   int64_t sshape[3] = {nb_max, T, H};
   k3k_tensor_t snaps = k3k_tensor_make(be, A, snap_mem, 3, sshape);
   k3k_rmsnorm_params_t np = {.eps = (float)c->eps_norm, .bf16_inner = r->bf16};
@@ -114,9 +73,9 @@ int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_do
     }
     TRY(k3k_rmsnorm(be, &np, hin, &L->in_ln, &xn));
     if (L->kind == K3_LAYER_KDA)
-      TRY(rn_kda_forward(r, &ws, L, ki, ps, &xn, &a));
+      TRY(rn_kda_forward(r, ws, L, ki, ps, &xn, &a));
     else
-      TRY(rn_mla_forward(r, &ws, L, ki, ps, &xn, &a));
+      TRY(rn_mla_forward(r, ws, L, ki, ps, &xn, &a));
     if (reset)
       TRY(k3k_copy(be, &a, &P));
     else
@@ -128,7 +87,7 @@ int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_do
       hin = &h;
     }
     TRY(k3k_rmsnorm(be, &np, hin, &L->post_ln, &xn));
-    TRY(rn_ffn_forward(r, &ws, L, &xn, &a));
+    TRY(rn_ffn_forward(r, ws, L, &xn, &a));
     TRY(k3k_add(be, &P, &a, &P));
     if (fire_cb && cb) {
       if (be->synchronize) TRY(be->synchronize(be));
@@ -156,10 +115,10 @@ int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_do
         rc = k3k_attn_res_mix(be, &mp, &sv, &P, &r->out_res_norm, &r->out_res_proj, &h);
         hf = &h;
       }
-      k3k_tensor_t rt = rn_i32(&ws, rows, nw);
-      k3k_tensor_t hw = rn_buf(&ws, A, nw, H), hn = rn_buf(&ws, A, nw, H);
-      k3k_tensor_t lg = rn_buf(&ws, K3K_F32, nw, V);
-      if (!rc) rc = ws.rc;
+      k3k_tensor_t rt = rn_i32(ws, rows, nw);
+      k3k_tensor_t hw = rn_buf(ws, A, nw, H), hn = rn_buf(ws, A, nw, H);
+      k3k_tensor_t lg = rn_buf(ws, K3K_F32, nw, V);
+      if (!rc) rc = ws->rc;
       if (!rc) rc = k3k_get_rows(be, hf, &rt, &hw);
       if (!rc) rc = k3k_rmsnorm(be, &np, &hw, &r->final_norm, &hn);
       if (!rc) rc = k3k_gemm(be, &hn, &r->lm_head, &lg);
@@ -173,7 +132,7 @@ int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_do
   if (be->synchronize) rc = be->synchronize(be);
 out:
   if (rc && err && !err[0]) rn_seterr(err, errlen, "runner: forward failed: %s", k3_strerror(rc));
-  rn_ws_free(&ws);
+  rn_ws_end(ws);
   return rc;
 }
 

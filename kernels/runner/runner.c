@@ -315,6 +315,7 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
 
 void k3_runner_free(k3_runner_t *r) {
   if (!r) return;
+  rn_ws_destroy(r);
   rn_state_free(r);
   if (r->be) free_weights(r);
   free(r);

@@ -2,7 +2,7 @@
  *
  * Weights are k3k tensor views straight onto the k3_weights_t memory (zero copy on host
  * backends; uploaded once on a device backend). Activations live in per-pass buffers from the
- * backend allocator. Precision is expressed the k3k way: the activation dtype `act` is F32 in
+ * runner's workspace arena (workspace.c). Precision is expressed the k3k way: the activation dtype `act` is F32 in
  * fp32 mode and BF16 in bf16 mode, so every op output of dtype `act` is a spec §8 "stored bf16"
  * point in bf16 mode; fp32 islands (router logits, KDA gate/beta/l2norm, logits) use F32.
  *
@@ -46,12 +46,17 @@ typedef struct {
   rn_expw_t *w1, *w3, *w2;                       /* [E] */
 } rn_layer_t;
 
-/* Per-pass buffer list (freed at the end of the pass). */
+/* Activation workspace (workspace.c): a per-runner arena of backend memory, bump-allocated
+ * during a pass and released as a whole at its end; overflow of a pass comes from separate
+ * allocations and grows the arena for the next pass. */
 typedef struct {
   k3_runner_t *r;
-  void **ptrs;
-  int n, cap;
-  int rc;                  /* first allocation error */
+  void *base;              /* arena (backend memory), cap bytes */
+  size_t cap, used;        /* used: bytes handed out from the arena in this pass */
+  size_t need;             /* bytes this pass asked for in all (the arena's next size) */
+  void **extra;            /* overflow allocations of this pass */
+  int n_extra, cap_extra;
+  int rc;                  /* first allocation error of the pass */
 } rn_ws_t;
 
 /* Geometry of one pass: n_seq sequences packed back to back. */
@@ -89,6 +94,8 @@ struct k3_runner {
   k3k_tensor_t (*kda_conv)[3];
   k3k_tensor_t *mla_cache; /* [n_mla] */
 
+  rn_ws_t ws;              /* activation arena (workspace.c) */
+
   k3_manifest_t man;       /* adjusted to the precision (state.c) */
   struct { void *base; size_t stride, count; } *regmem; /* [man.n] */
 };
@@ -100,10 +107,14 @@ void rn_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((fo
 int rn_state_init(k3_runner_t *r, char *err, size_t errlen);
 void rn_state_free(k3_runner_t *r);
 
-/* ws: per-pass device buffers. rn_buf returns a contiguous 2-D tensor (rows may be 0); on
- * allocation failure ws->rc is set and a tensor with NULL data is returned. */
-void rn_ws_init(rn_ws_t *ws, k3_runner_t *r);
-void rn_ws_free(rn_ws_t *ws);
+/* ws: per-pass device buffers from the runner's arena. rn_ws_begin starts a pass, rn_ws_end
+ * releases every buffer of it (and resizes the arena); rn_ws_destroy frees the arena (runner
+ * teardown). rn_buf returns a contiguous 2-D tensor (rows may be 0); on allocation failure
+ * ws->rc is set and a tensor with NULL data is returned. */
+rn_ws_t *rn_ws_begin(k3_runner_t *r);
+void rn_ws_end(rn_ws_t *ws);
+void rn_ws_destroy(k3_runner_t *r);
+void *rn_ws_alloc(rn_ws_t *ws, size_t bytes);
 k3k_tensor_t rn_buf(rn_ws_t *ws, k3k_dtype_t dt, int64_t rows, int64_t cols);
 /* A device I32 tensor holding a copy of host values. */
 k3k_tensor_t rn_i32(rn_ws_t *ws, const int32_t *host, int64_t n);

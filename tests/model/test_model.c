@@ -32,15 +32,26 @@ static k3_weights_t *g_w[2];
  * O(1) differences. */
 #define BF16_TOL 3e-2
 
-static k3_weights_t *weights(int p) {
-  if (!g_w[p]) {
+/* Both presets' weights are synthesised once in main(), before Check forks a child per test,
+ * so every test shares them instead of re-synthesising (seconds each under ASan). */
+static int load_weights(void) {
+  for (int p = 0; p < 2; p++) {
     const char *json = k3_model_config_preset(PRESETS[p]);
     k3_model_config_t cfg;
-    char err[512];
-    ck_assert_ptr_nonnull(json);
-    ck_assert_int_eq(k3_model_config_parse(json, strlen(json), &cfg, err, sizeof err), 0);
-    ck_assert_msg(k3_weights_synth(&cfg, 1, &g_w[p], err, sizeof err) == 0, "%s", err);
+    char err[512] = "";
+    int rc = json ? k3_model_config_parse(json, strlen(json), &cfg, err, sizeof err) : K3_ENOENT;
+    if (!rc) rc = k3_weights_synth(&cfg, 1, &g_w[p], err, sizeof err);
+    if (rc) {
+      fprintf(stderr, "test_model: cannot synthesise %s weights: %s (%s)\n", PRESETS[p], err,
+              k3_strerror(rc));
+      return rc;
+    }
   }
+  return 0;
+}
+
+static k3_weights_t *weights(int p) {
+  ck_assert_ptr_nonnull(g_w[p]);
   return g_w[p];
 }
 
@@ -494,6 +505,7 @@ END_TEST
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive a failing forked test */
+  if (load_weights()) return 1;
   Suite *su = suite_create("model");
   struct {
     const char *name;

@@ -6,11 +6,14 @@
  * k3_model_config_stop_ids — the config's eos_token_id plus the tokenizer's [EOS] and
  * <|end_of_msg|>/<|im_end|> specials mapped into the vocabulary (the router uses the same
  * rule); --ignore-eos disables stopping.
- * Greedy unless --temperature > 0. Text prompts (--prompt) wait for the tokenizer. */
+ * Greedy unless --temperature > 0. The prompt is token ids, text or a chat file (prompt.c: the
+ * same tokenizer path as the router). The timing summary gives wall time and the process CPU
+ * time of each phase (the CPU figure stays meaningful on a loaded machine). */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "k3_runner.h"
 #include "k3k.h"
@@ -19,9 +22,11 @@
 #include "k3pd/util.h"
 #include "k3pd/weights.h"
 #include "logits_file.h"
+#include "prompt.h"
 
 typedef struct {
-  const char *model, *prompt_ids, *prompt, *precision, *backend, *logits_out, *synthetic;
+  const char *model, *prompt_ids, *prompt, *chat, *tokenizer, *precision, *backend, *logits_out;
+  const char *synthetic;
   int max_new, top_k, threads, page_tokens, seed_weights;
   double temperature, top_p;
   int64_t seed;
@@ -35,6 +40,13 @@ static bool is_stop(const k3_model_config_t *c, int32_t id) {
   for (int i = 0; i < n; i++)
     if (ids[i] == id) return true;
   return false;
+}
+
+/* CPU time of the whole process (all threads), ns. */
+static uint64_t cpu_ns(void) {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts)) return 0;
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static int run(const gen_args_t *a) {
@@ -60,8 +72,9 @@ static int run(const gen_args_t *a) {
   }
   int32_t *prompt = NULL;
   size_t n_prompt = 0;
-  if ((rc = k3_parse_int_list(a->prompt_ids, &prompt, &n_prompt, err, sizeof err)) || n_prompt == 0) {
-    fprintf(stderr, "k3pd-generate: --prompt-ids: %s\n", rc ? err : "empty list");
+  gen_prompt_src_t ps = {a->prompt_ids, a->prompt, a->chat, a->tokenizer ? a->tokenizer : a->model};
+  if ((rc = gen_prompt_build(&ps, &cfg, &prompt, &n_prompt, err, sizeof err))) {
+    fprintf(stderr, "k3pd-generate: %s\n", err);
     k3_weights_free(w);
     return 2;
   }
@@ -95,7 +108,7 @@ static int run(const gen_args_t *a) {
   k3_seq_t seq = {.slot = -1, .pages = pages, .cap_pages = o.num_pages};
   lf_t lf = {0};
   int n_out = 0;
-  uint64_t t0 = 0, t1 = 0, t2 = 0;
+  uint64_t t0 = 0, t1 = 0, t2 = 0, c0 = 0, c1 = 0, c2 = 0;
   if (!pages || !out_ids || !logits) {
     rc = 1;
     goto done_r;
@@ -113,6 +126,7 @@ static int run(const gen_args_t *a) {
   k3k_sample_cfg_t sc = {.temperature = (float)a->temperature, .top_k = a->top_k,
                          .top_p = (float)a->top_p, .seed = (uint64_t)a->seed};
   t0 = k3_now_ns();
+  c0 = cpu_ns();
   k3_prefill_item_t it = {&seq, prompt, (int64_t)n_prompt, logits, a->all_logits};
   if ((rc = k3_runner_prefill(r, &it, 1, NULL, NULL, err, sizeof err))) {
     fprintf(stderr, "k3pd-generate: prefill: %s\n", err);
@@ -120,6 +134,7 @@ static int run(const gen_args_t *a) {
     goto done_r;
   }
   t1 = k3_now_ns();
+  c1 = cpu_ns();
   const float *last = logits + (lrows - 1) * V;
   if (lf.fp && lf_write_rows(&lf, logits, (uint64_t)lrows)) rc = 1;
   for (int step = 0; step < a->max_new && !rc; step++) {
@@ -144,6 +159,7 @@ static int run(const gen_args_t *a) {
     if (lf.fp && lf_write_rows(&lf, logits, 1)) rc = 1;
   }
   t2 = k3_now_ns();
+  c2 = cpu_ns();
   if (lf.fp && lf_close(&lf)) {
     fprintf(stderr, "k3pd-generate: cannot write %s\n", a->logits_out);
     rc = 1;
@@ -153,9 +169,10 @@ static int run(const gen_args_t *a) {
     int steps = n_out > 0 ? n_out - 1 : 0;
     fprintf(stderr,
             "k3pd-generate: %s %s %s: prefill %zu tokens in %.3f s (%.1f tokens/s); decode %d "
-            "steps in %.3f s (%.1f tokens/s)\n",
+            "steps in %.3f s (%.1f tokens/s); cpu time prefill %.3f s, decode %.3f s\n",
             k3_model_type_name(cfg.type), a->precision, o.backend ? o.backend : "cpu", n_prompt, pf,
-            pf > 0 ? (double)n_prompt / pf : 0.0, steps, dc, dc > 0 ? steps / dc : 0.0);
+            pf > 0 ? (double)n_prompt / pf : 0.0, steps, dc, dc > 0 ? steps / dc : 0.0,
+            (double)(c1 - c0) / 1e9, (double)(c2 - c1) / 1e9);
     printf("ids:");
     for (int i = 0; i < n_out; i++) printf(" %d", out_ids[i]);
     printf("\n");
@@ -182,7 +199,9 @@ int main(int argc, char **argv) {
       {"synthetic", K3_FLAG_STR, &a.synthetic, "PRESET", "use in-memory synthetic weights of a preset (tiny, tiny-48b, ...) instead of --model", false},
       {"seed-weights", K3_FLAG_INT, &a.seed_weights, "N", "seed of the synthetic weights (default 1)", false},
       {"prompt-ids", K3_FLAG_STR, &a.prompt_ids, "IDS", "prompt as comma-separated token ids", false},
-      {"prompt", K3_FLAG_STR, &a.prompt, "TEXT", "prompt text (needs the tokenizer: not available yet)", false},
+      {"prompt", K3_FLAG_STR, &a.prompt, "TEXT", "raw prompt text, encoded by the tokenizer (specials disallowed)", false},
+      {"chat", K3_FLAG_STR, &a.chat, "FILE", "JSON conversation (messages array or {\"messages\":[...],...}), rendered with the chat template as the router does", false},
+      {"tokenizer", K3_FLAG_STR, &a.tokenizer, "DIR", "directory with tiktoken.model + tokenizer_config.json (default: --model DIR)", false},
       {"max-new-tokens", K3_FLAG_INT, &a.max_new, "N", "tokens to generate (default 16)", false},
       {"temperature", K3_FLAG_DOUBLE, &a.temperature, "T", "sampling temperature; 0 or unset = greedy", false},
       {"top-p", K3_FLAG_DOUBLE, &a.top_p, "P", "nucleus sampling mass (default 1 = off)", false},
@@ -207,13 +226,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-generate: %s\n", err);
     return 2;
   }
-  if (a.prompt) {
-    fprintf(stderr, "k3pd-generate: --prompt TEXT needs the tokenizer, which is not built yet; "
-                    "pass token ids with --prompt-ids\n");
+  if (!!a.prompt_ids + !!a.prompt + !!a.chat != 1) {
+    fprintf(stderr, "k3pd-generate: give exactly one of --prompt-ids, --prompt or --chat\n");
     return 2;
   }
-  if (!a.prompt_ids) {
-    fprintf(stderr, "k3pd-generate: --prompt-ids is required\n");
+  if ((a.prompt || a.chat) && !gen_prompt_have_tokenizer()) {
+    fprintf(stderr, "k3pd-generate: %s needs the tokenizer, which this build does not include "
+                    "(K3PD_KERNELS_ONLY); pass token ids with --prompt-ids\n",
+            a.prompt ? "--prompt" : "--chat");
     return 2;
   }
   if ((a.model != NULL) == (a.synthetic != NULL)) {
