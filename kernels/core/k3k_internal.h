@@ -5,16 +5,24 @@
 #define K3K_INTERNAL_H
 
 #include <math.h>
-#include <string.h>
 
 #include "k3k.h"
 #include "k3pd/err.h"
 #include "k3pd/util.h"
 
+/* bf16 bits → fp32 (exact), as k3_bf16_to_f32 but through a union and always inlined: in
+ * Debug/ASan builds (-O0) memcpy is an intercepted library call, paid once per element. */
+static inline __attribute__((always_inline)) float k3k_bf16f(uint16_t h) {
+  union {
+    uint32_t u;
+    float f;
+  } c = {.u = (uint32_t)h << 16};
+  return c.f;
+}
 /* Element `off` (in elements from t->data) as fp32. F32/BF16 only. */
 static inline float k3k_ld(const k3k_tensor_t *t, int64_t off) {
   if (t->dtype == K3K_F32) return ((const float *)t->data)[off];
-  return k3_bf16_to_f32(((const uint16_t *)t->data)[off]);
+  return k3k_bf16f(((const uint16_t *)t->data)[off]);
 }
 /* Stores fp32 `v` at `off` in t's dtype (the bf16 rounding point when t is BF16). */
 static inline void k3k_st(const k3k_tensor_t *t, int64_t off, float v) {
@@ -72,11 +80,12 @@ extern const float k3k_e2m1_table[16];
 /* 2^(e-127) for an E8M0 byte (e != 255), built from its bits (the same value ldexpf(1, e-127)
  * gives, without a libm call per weight): exponent field e for e >= 1, the subnormal 2^-127
  * (mantissa bit 22) for e == 0. */
-static inline float k3k_e8m0(uint8_t e) {
-  uint32_t u = e ? (uint32_t)e << 23 : 0x00400000u;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
+static inline __attribute__((always_inline)) float k3k_e8m0(uint8_t e) {
+  union {
+    uint32_t u;
+    float f;
+  } c = {.u = e ? (uint32_t)e << 23 : 0x00400000u};
+  return c.f;
 }
 /* Reference KDA over one sequence and head range [h0,h1) (the fast backend parallelises over
  * (sequence, head) with it). */

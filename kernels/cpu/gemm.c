@@ -29,10 +29,10 @@ static void rows4_bf16(const float *x, const uint16_t *const w[4], int64_t K, fl
   float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
   for (int64_t k = 0; k < K; k++) {
     float xv = x[k];
-    a0 += xv * k3_bf16_to_f32(w[0][k]);
-    a1 += xv * k3_bf16_to_f32(w[1][k]);
-    a2 += xv * k3_bf16_to_f32(w[2][k]);
-    a3 += xv * k3_bf16_to_f32(w[3][k]);
+    a0 += xv * k3k_bf16f(w[0][k]);
+    a1 += xv * k3k_bf16f(w[1][k]);
+    a2 += xv * k3k_bf16f(w[2][k]);
+    a3 += xv * k3k_bf16f(w[3][k]);
   }
   a[0] = a0, a[1] = a1, a[2] = a2, a[3] = a3;
 }

@@ -74,7 +74,7 @@ static void pack_panel(const gemm_ctx_t *c, int64_t n0, int64_t nn, float *wp) {
       }
     } else if (c->W->dtype == K3K_BF16) {
       const uint16_t *w = (const uint16_t *)c->W->data + n * c->W->stride[0];
-      for (int64_t k = 0; k < K; k++) wp[k * NR + j] = k3_bf16_to_f32(w[k * c->W->stride[1]]);
+      for (int64_t k = 0; k < K; k++) wp[k * NR + j] = k3k_bf16f(w[k * c->W->stride[1]]);
     } else {
       const float *w = (const float *)c->W->data + n * c->W->stride[0];
       for (int64_t k = 0; k < K; k++) wp[k * NR + j] = w[k * c->W->stride[1]];
@@ -115,7 +115,7 @@ static void direct_panel(const gemm_ctx_t *c, int64_t n0) {
     for (int64_t k = K4; k < K; k++)
       for (int j = 0; j < NR; j++) {
         const char *row = wb + (size_t)(n0 + j) * rs;
-        float w = bf ? k3_bf16_to_f32(((const uint16_t *)row)[k]) : ((const float *)row)[k];
+        float w = bf ? k3k_bf16f(((const uint16_t *)row)[k]) : ((const float *)row)[k];
         a[j] += c->xf[m * K + k] * w;
       }
     for (int j = 0; j < NR; j++) k3k_st(c->Y, k3k_off2(c->Y, m, n0 + j), a[j]);
@@ -193,7 +193,9 @@ int k3k_fast_gemm(k3k_pool_t *pool, const k3k_tensor_t *const *t, bool mx) {
   c.xf = xf;
   c.packs = packs;
   int64_t panels = (c.N + NR - 1) / NR;
-  k3k_pool_run(pool, (panels + PANELS_PER_TASK - 1) / PANELS_PER_TASK, gemm_task, &c);
+  /* work: the multiply-adds, plus the panel packing (once per weight, MXFP4 or M >= MR) */
+  int64_t work = c.M * c.N * c.K + (c.direct ? 0 : c.N * c.K);
+  k3k_pool_run_work(pool, (panels + PANELS_PER_TASK - 1) / PANELS_PER_TASK, work, gemm_task, &c);
   free(xf);
   free(packs);
   return 0;

@@ -103,6 +103,12 @@ static int run_sliced(k3k_pool_t *pool, k3k_op_t op, const void *params,
   slice_ctx_t c = {.fn = k3k_cpu_ref_fn(op), .params = params, .t = t, .nt = nt, .sl = *sl};
   c.rows = t[sl->count_slot]->ndim > sl->count_dim ? t[sl->count_slot]->shape[sl->count_dim] : 1;
   if (op == K3K_OP_COPY && t[0]->ndim == 0) return c.fn(params, t);
+  /* A small op runs whole on the caller: the reference computes each element the same way
+   * whether it sees a slice or the whole tensor. work = the largest sliced tensor. */
+  int64_t work = 0;
+  for (int i = 0; i < nt; i++)
+    if (sl->dim[i] >= 0 && t[i] && k3k_tensor_numel(t[i]) > work) work = k3k_tensor_numel(t[i]);
+  if (work < k3k_pool_min_work(pool)) return c.fn(params, t);
   int64_t want = (int64_t)k3k_pool_threads(pool) * 4;
   c.per_task = (c.rows + want - 1) / (want ? want : 1);
   if (c.per_task < 1) c.per_task = 1;
@@ -139,6 +145,7 @@ static int run_seq_head(k3k_pool_t *pool, k3k_op_t op, const void *params,
   sh_ctx_t c = {.op = op, .params = params, .t = t};
   int32_t n = 0;
   int rc = 0;
+  int64_t work = INT64_MAX; /* prefill-shaped ops: always worth the pool */
   switch (op) {
     case K3K_OP_KDA_CHUNK: {
       const k3k_kda_params_t *p = params;
@@ -153,6 +160,7 @@ static int run_seq_head(k3k_pool_t *pool, k3k_op_t op, const void *params,
       const k3k_kda_params_t *p = params;
       if ((rc = k3k_cpu_check_slots(t[5], p->n_seqs, t[6]->shape[0]))) return rc;
       n = p->n_seqs, c.heads = p->n_heads, c.scratch_floats = 1;
+      work = k3k_tensor_numel(t[6]) / (t[6]->shape[0] > 0 ? t[6]->shape[0] : 1) * n * 4; /* S of n slots */
       break;
     }
     case K3K_OP_MLA_PREFILL: {
@@ -172,13 +180,14 @@ static int run_seq_head(k3k_pool_t *pool, k3k_op_t op, const void *params,
       }
       n = p->n_seqs, c.heads = p->n_heads;
       c.scratch_floats = (size_t)(2 * p->kv_lora + maxlen + 1);
+      work = (int64_t)n * p->n_heads * maxlen * (p->kv_lora + p->d_rope);
       break;
     }
     default: return K3_ENOTSUP;
   }
   c.scratch = malloc((size_t)k3k_pool_threads(pool) * c.scratch_floats * sizeof(float));
   if (!c.scratch) return K3_ENOMEM;
-  k3k_pool_run(pool, (int64_t)n * c.heads, sh_task, &c);
+  k3k_pool_run_work(pool, (int64_t)n * c.heads, work, sh_task, &c);
   free(c.scratch);
   return 0;
 }

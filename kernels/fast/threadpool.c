@@ -11,6 +11,7 @@
 
 struct k3k_pool {
   int threads;
+  int64_t min_work; /* k3k_pool_run_work's threshold */
   pthread_t *tid;
   pthread_mutex_t mu;
   pthread_cond_t wake, done;
@@ -60,6 +61,13 @@ k3k_pool_t *k3k_pool_create(int threads) {
   k3k_pool_t *p = calloc(1, sizeof *p);
   if (!p) return NULL;
   p->threads = threads;
+  p->min_work = K3K_POOL_MIN_WORK;
+  const char *mw = getenv("K3PD_FAST_MIN_WORK");
+  if (mw && *mw) {
+    char *end;
+    long long v = strtoll(mw, &end, 10);
+    if (*end == 0 && v >= 0) p->min_work = v;
+  }
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->wake, NULL);
   pthread_cond_init(&p->done, NULL);
@@ -123,4 +131,14 @@ void k3k_pool_run(k3k_pool_t *p, int64_t n_tasks, k3k_task_fn fn, void *ctx) {
   pthread_mutex_lock(&p->mu);
   while (p->finished < p->threads - 1) pthread_cond_wait(&p->done, &p->mu);
   pthread_mutex_unlock(&p->mu);
+}
+
+int64_t k3k_pool_min_work(const k3k_pool_t *p) { return p->min_work; }
+
+void k3k_pool_run_work(k3k_pool_t *p, int64_t n_tasks, int64_t work, k3k_task_fn fn, void *ctx) {
+  if (work >= p->min_work) {
+    k3k_pool_run(p, n_tasks, fn, ctx);
+    return;
+  }
+  for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
 }

@@ -16,4 +16,15 @@ void k3k_pool_destroy(k3k_pool_t *pool);
 int k3k_pool_threads(const k3k_pool_t *pool);
 void k3k_pool_run(k3k_pool_t *pool, int64_t n_tasks, k3k_task_fn fn, void *ctx);
 
+/* Default work (about multiply-adds or elements touched) below which waking and joining the
+ * workers costs more than the op itself (decode-sized ops of small models; measured on the
+ * tiny presets). Each pool reads K3PD_FAST_MIN_WORK from the environment at creation instead
+ * when set (0 = always use the workers: tests use it to exercise the threaded path on small
+ * shapes). */
+#define K3K_POOL_MIN_WORK ((int64_t)1 << 18)
+int64_t k3k_pool_min_work(const k3k_pool_t *pool);
+/* k3k_pool_run, except that a run whose estimated `work` is below the pool's minimum executes
+ * every task on the caller (worker 0). Tasks are independent, so results do not change. */
+void k3k_pool_run_work(k3k_pool_t *pool, int64_t n_tasks, int64_t work, k3k_task_fn fn, void *ctx);
+
 #endif

@@ -79,9 +79,9 @@ static void same_run(const char *a, const char *b) {
   char fa[512], fb[512], args[8192];
   snprintf(fa, sizeof fa, "%s/a.bin", g_tmp);
   snprintf(fb, sizeof fb, "%s/b.bin", g_tmp);
-  snprintf(args, sizeof args, "%s --max-new-tokens 3 --ignore-eos --logits-out %s --all-logits", a, fa);
+  snprintf(args, sizeof args, "%s --max-new-tokens 2 --ignore-eos --logits-out %s --all-logits", a, fa);
   res_t ra = gen(args);
-  snprintf(args, sizeof args, "%s --max-new-tokens 3 --ignore-eos --logits-out %s --all-logits", b, fb);
+  snprintf(args, sizeof args, "%s --max-new-tokens 2 --ignore-eos --logits-out %s --all-logits", b, fb);
   res_t rb = gen(args);
   ck_assert_msg(ra.status == 0, "run A failed: %s", ra.out);
   ck_assert_msg(rb.status == 0, "run B failed: %s", rb.out);

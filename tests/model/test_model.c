@@ -299,9 +299,13 @@ START_TEST(test_chunked_prefill) {
 }
 END_TEST
 
-/* Reference backend == fast backend (both precisions), small T to stay quick under ASan. */
+/* Reference backend == fast backend (both precisions), small T to stay quick under ASan.
+ * K3PD_FAST_MIN_WORK=0 makes cpu-fast use its worker threads even for these small shapes (by
+ * default they run on the caller), so the threaded path is the one compared here; the other
+ * tests run the default. Check forks each test, so the setting stays in this one. */
 START_TEST(test_reference_vs_fast) {
   int p = _i;
+  setenv("K3PD_FAST_MIN_WORK", "0", 1);
   for (int prec = 0; prec < 2; prec++) {
     k3_runner_t *rr = mk(p, (k3_runner_precision_t)prec, "cpu", 16, 64);
     k3_runner_t *rf = mk(p, (k3_runner_precision_t)prec, "cpu-fast", 16, 64);

@@ -66,7 +66,6 @@ static int run(const gen_args_t *a) {
       return 2;
     }
     rc = k3_model_config_parse(json, strlen(json), &cfg, err, sizeof err);
-    if (!rc) rc = k3_weights_synth(&cfg, (uint64_t)a->seed_weights, &w, err, sizeof err);
   } else {
     rc = k3_weights_open_dir(a->model, &cfg, &w, err, sizeof err);
   }
@@ -74,6 +73,7 @@ static int run(const gen_args_t *a) {
     fprintf(stderr, "k3pd-generate: cannot load the model: %s (%s)\n", err, k3_strerror(rc));
     return 1;
   }
+  /* the prompt before synthesising weights: a bad prompt fails fast */
   int32_t *prompt = NULL;
   size_t n_prompt = 0;
   gen_prompt_src_t ps = {a->prompt_ids, a->prompt, a->chat, a->tokenizer ? a->tokenizer : a->model};
@@ -81,6 +81,11 @@ static int run(const gen_args_t *a) {
     fprintf(stderr, "k3pd-generate: %s\n", err);
     k3_weights_free(w);
     return 2;
+  }
+  if (a->synthetic && (rc = k3_weights_synth(&cfg, (uint64_t)a->seed_weights, &w, err, sizeof err))) {
+    fprintf(stderr, "k3pd-generate: cannot synthesise weights: %s (%s)\n", err, k3_strerror(rc));
+    free(prompt);
+    return 1;
   }
   k3_runner_opts_t o;
   k3_runner_opts_default(&o);
