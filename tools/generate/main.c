@@ -57,7 +57,6 @@ static int run(const gen_args_t *a) {
   if (a->synthetic_config) {
     /* a config.json of real per-layer shapes with fewer layers/experts (tests/gpu/data/) */
     rc = k3_model_config_load(a->synthetic_config, &cfg, err, sizeof err);
-    if (!rc) rc = k3_weights_synth(&cfg, (uint64_t)a->seed_weights, &w, err, sizeof err);
   } else if (a->synthetic) {
     const char *json = k3_model_config_preset(a->synthetic);
     if (!json) {
@@ -82,7 +81,7 @@ static int run(const gen_args_t *a) {
     k3_weights_free(w);
     return 2;
   }
-  if (a->synthetic && (rc = k3_weights_synth(&cfg, (uint64_t)a->seed_weights, &w, err, sizeof err))) {
+  if ((a->synthetic || a->synthetic_config) && (rc = k3_weights_synth(&cfg, (uint64_t)a->seed_weights, &w, err, sizeof err))) {
     fprintf(stderr, "k3pd-generate: cannot synthesise weights: %s (%s)\n", err, k3_strerror(rc));
     free(prompt);
     return 1;
