@@ -1,6 +1,7 @@
 /* The FFN half of a layer as k3k ops: the dense MLP (layers < first_k_dense_replace) and the
  * MoE block: sigmoid noaux_tc router (fp32), routed experts (MXFP4 for K3, bf16 for the 48B)
- * run per expert on the rows grouped by k3k_moe_plan, fp32 combine with one rounding, K3's
+ * run per expert on the rows grouped by k3k_moe_plan (or, on a cuda backend, all at once by
+ * ffn_device.c), fp32 combine with one rounding, K3's
  * LatentMoE down/norm/up around the experts, plus the shared expert (spec §5; 48B §5).
  * Every expert GEMM computes each output row independently of the other rows, so a token's
  * result never depends on which other tokens share the batch. */
@@ -39,31 +40,20 @@ static int expert_gemm(k3_runner_t *r, const rn_expw_t *w, const k3k_tensor_t *x
   return k3k_gemm(r->be, x, &w->w, y);
 }
 
-static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tensor_t *x,
-               const k3k_tensor_t *out) {
+/* The routed experts op by op: the (token, choice) pairs are grouped by expert on the host
+ * (one copy of the router's idx per layer), then each expert with rows runs its GEMMs on its
+ * slice of the grouped rows; fp32 weighted combine with one rounding (§5.4). */
+static int experts_ops(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tensor_t *z,
+                       const k3k_tensor_t *idx, const k3k_tensor_t *wt, const k3k_tensor_t *comb) {
   const k3_model_config_t *c = &r->cfg;
   k3k_backend_t *be = r->be;
-  const int64_t T = x->shape[0], H = c->hidden_size, E = c->num_experts, K = c->top_k;
+  const int64_t T = z->shape[0], E = c->num_experts, K = c->top_k;
   const int64_t F = c->moe_intermediate_size, D = c->expert_in_dim, TK = T * K;
   const k3k_dtype_t A = r->act;
-  const bool latent = c->routed_expert_hidden_size > 0;
-  /* router (fp32 logits, §5.3) */
-  k3k_tensor_t lg = rn_buf(ws, K3K_F32, T, E), idx = rn_buf(ws, K3K_I32, T, K);
-  k3k_tensor_t wt = rn_buf(ws, K3K_F32, T, K);
-  if (ws->rc) return ws->rc;
-  TRY(k3k_gemm(be, x, &L->router, &lg));
-  k3k_router_params_t rp = {.top_k = (int32_t)K,
-                            .n_groups = c->use_grouped_topk ? c->num_expert_group : 1,
-                            .topk_group = c->use_grouped_topk ? c->topk_group : 1,
-                            .renormalize = c->moe_renormalize,
-                            .use_biased_weights = c->router_bias_in_weights,
-                            .scaling = (float)c->routed_scaling_factor};
-  TRY(k3k_router(be, &rp, &lg, &L->router_bias, &idx, &wt));
-  /* group (token, choice) pairs by expert on the host */
   int32_t *hidx = malloc((size_t)TK * 4), *off = malloc((size_t)(E + 1) * 4);
   int32_t *gtok = malloc((size_t)TK * 4), *ridx = malloc((size_t)TK * 4);
   int rc = (!hidx || !off || !gtok || !ridx) ? K3_ENOMEM : 0;
-  if (!rc) rc = be->copy_to_host(be, hidx, idx.data, (size_t)TK * 4);
+  if (!rc) rc = be->copy_to_host(be, hidx, idx->data, (size_t)TK * 4);
   if (!rc) rc = k3k_moe_plan(hidx, (int32_t)T, (int32_t)K, (int32_t)E, off, gtok, ridx);
   k3k_tensor_t gt = {0}, rt = {0};
   if (!rc) {
@@ -75,13 +65,10 @@ static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tenso
   free(hidx);
   free(gtok);
   free(ridx);
-  /* expert inputs: the latent z (K3) or the normed x (48B), gathered by expert */
-  k3k_tensor_t z = latent ? rn_buf(ws, A, T, D) : *x;
   k3k_tensor_t xin = rn_buf(ws, A, TK, D), h1 = rn_buf(ws, A, TK, F), h3 = rn_buf(ws, A, TK, F);
-  k3k_tensor_t ha = rn_buf(ws, A, TK, F), yr = rn_buf(ws, A, TK, D), comb = rn_buf(ws, A, T, D);
+  k3k_tensor_t ha = rn_buf(ws, A, TK, F), yr = rn_buf(ws, A, TK, D);
   if (!rc) rc = ws->rc;
-  if (!rc && latent) rc = k3k_gemm(be, x, &L->lat_down, &z);
-  if (!rc) rc = k3k_get_rows(be, &z, &gt, &xin);
+  if (!rc) rc = k3k_get_rows(be, z, &gt, &xin);
   for (int64_t e = 0; e < E && !rc; e++) {
     int64_t b = off[e], n = off[e + 1] - off[e];
     if (n == 0) continue;
@@ -102,8 +89,37 @@ static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tenso
   }
   free(off);
   if (rc) return rc;
-  /* fp32 weighted combine, one rounding (§5.4) */
-  TRY(k3k_moe_combine(be, &yr, &rt, &wt, &comb));
+  return k3k_moe_combine(be, &yr, &rt, wt, comb);
+}
+
+static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tensor_t *x,
+               const k3k_tensor_t *out) {
+  const k3_model_config_t *c = &r->cfg;
+  k3k_backend_t *be = r->be;
+  const int64_t T = x->shape[0], H = c->hidden_size, E = c->num_experts, K = c->top_k;
+  const int64_t D = c->expert_in_dim;
+  const k3k_dtype_t A = r->act;
+  const bool latent = c->routed_expert_hidden_size > 0;
+  /* router (fp32 logits, §5.3) */
+  k3k_tensor_t lg = rn_buf(ws, K3K_F32, T, E), idx = rn_buf(ws, K3K_I32, T, K);
+  k3k_tensor_t wt = rn_buf(ws, K3K_F32, T, K);
+  if (ws->rc) return ws->rc;
+  TRY(k3k_gemm(be, x, &L->router, &lg));
+  k3k_router_params_t rp = {.top_k = (int32_t)K,
+                            .n_groups = c->use_grouped_topk ? c->num_expert_group : 1,
+                            .topk_group = c->use_grouped_topk ? c->topk_group : 1,
+                            .renormalize = c->moe_renormalize,
+                            .use_biased_weights = c->router_bias_in_weights,
+                            .scaling = (float)c->routed_scaling_factor};
+  TRY(k3k_router(be, &rp, &lg, &L->router_bias, &idx, &wt));
+  /* expert inputs: the latent z (K3) or the normed x (48B) */
+  k3k_tensor_t z = latent ? rn_buf(ws, A, T, D) : *x, comb = rn_buf(ws, A, T, D);
+  if (ws->rc) return ws->rc;
+  if (latent) TRY(k3k_gemm(be, x, &L->lat_down, &z));
+  if (r->dev)
+    TRY(rn_dev_moe_experts(r, ws, (int)(L - r->layers), &z, &idx, &wt, &comb));
+  else
+    TRY(experts_ops(r, ws, L, &z, &idx, &wt, &comb));
   k3k_tensor_t routed = comb;
   if (latent) {
     k3k_tensor_t lat = comb;

@@ -279,6 +279,12 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
               o.num_pages, o.num_slots);
     return K3_EINVAL;
   }
+  if (!strcmp(be, "cuda") && o.precision != K3_RUNNER_BF16) {
+    /* The CUDA GEMMs take activations of the weights' dtype (bf16): fp32 mode would need an
+     * fp32 x bf16 GEMM the backend does not have. */
+    rn_seterr(err, errlen, "runner: backend cuda runs precision bf16 only (fp32 asked)");
+    return K3_ENOTSUP;
+  }
   if (o.threads <= 0) o.threads = 1;
   if (o.prefill_chunk_tokens <= 0) o.prefill_chunk_tokens = 256;
   o.prefill_chunk_tokens = (o.prefill_chunk_tokens + 63) / 64 * 64;
@@ -304,6 +310,7 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
   }
   if (!rc) rc = bind_all(r, err, errlen);
   if (!rc) rc = rn_state_init(r, err, errlen);
+  if (!rc) rc = rn_dev_init(r, err, errlen);
   if (rc) {
     if (rc == K3_ENOMEM && err && !err[0]) rn_seterr(err, errlen, "runner: out of memory");
     k3_runner_free(r);
@@ -317,6 +324,7 @@ void k3_runner_free(k3_runner_t *r) {
   if (!r) return;
   rn_ws_destroy(r);
   rn_state_free(r);
+  if (r->be) rn_dev_free(r);
   if (r->be) free_weights(r);
   free(r);
 }

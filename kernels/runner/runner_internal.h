@@ -19,6 +19,7 @@
 
 #include "k3_runner.h"
 #include "k3k.h"
+#include "k3pd/err.h"
 
 typedef struct {
   bool mx;                 /* MXFP4 (packed + scale) or a plain bf16 weight */
@@ -96,6 +97,8 @@ struct k3_runner {
 
   rn_ws_t ws;              /* activation arena (workspace.c) */
 
+  struct rn_dev *dev;      /* device MoE path (ffn_device.c), NULL = k3k ops only */
+
   k3_manifest_t man;       /* adjusted to the precision (state.c) */
   struct { void *base; size_t stride, count; } *regmem; /* [man.n] */
 };
@@ -126,6 +129,25 @@ int rn_mla_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int mi, con
                    const k3k_tensor_t *x, const k3k_tensor_t *out);
 int rn_ffn_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tensor_t *x,
                    const k3k_tensor_t *out);
+
+/* ffn_device.c (built only with the CUDA backend, K3_RUNNER_CUDA): rn_dev_init sets r->dev
+ * when the backend is "cuda", the precision bf16 and the experts MXFP4 (else leaves it NULL and
+ * returns 0); rn_dev_moe_experts computes comb [T,D] (bf16) = the routed experts' weighted sum
+ * from the latent/normed input z [T,D] and the router's device idx [T,K] / weights wt [T,K]. */
+#ifdef K3_RUNNER_CUDA
+int rn_dev_init(k3_runner_t *r, char *err, size_t errlen);
+void rn_dev_free(k3_runner_t *r);
+int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
+                       const k3k_tensor_t *idx, const k3k_tensor_t *wt, const k3k_tensor_t *comb);
+#else
+static inline int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
+static inline void rn_dev_free(k3_runner_t *r) {}
+static inline int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
+                                     const k3k_tensor_t *idx, const k3k_tensor_t *wt,
+                                     const k3k_tensor_t *comb) {
+  return K3_ENOTSUP; /* never called: r->dev stays NULL without the CUDA backend */
+}
+#endif
 
 /* forward.c: the whole stack over one pass (ps->cu/slots are filled by it). row_dst[t] (host,
  * may be NULL entirely) is where row t's fp32 logits go (vocab floats), NULL = not wanted. The

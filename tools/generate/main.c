@@ -26,7 +26,7 @@
 
 typedef struct {
   const char *model, *prompt_ids, *prompt, *chat, *tokenizer, *precision, *backend, *logits_out;
-  const char *synthetic;
+  const char *synthetic, *synthetic_config;
   int max_new, top_k, threads, page_tokens, seed_weights;
   double temperature, top_p;
   int64_t seed;
@@ -54,7 +54,10 @@ static int run(const gen_args_t *a) {
   k3_model_config_t cfg;
   k3_weights_t *w = NULL;
   int rc;
-  if (a->synthetic) {
+  if (a->synthetic_config) {
+    /* a config.json of real per-layer shapes with fewer layers/experts (tests/gpu/data/) */
+    rc = k3_model_config_load(a->synthetic_config, &cfg, err, sizeof err);
+  } else if (a->synthetic) {
     const char *json = k3_model_config_preset(a->synthetic);
     if (!json) {
       fprintf(stderr, "k3pd-generate: unknown --synthetic preset '%s' (known: %s)\n", a->synthetic,
@@ -78,7 +81,7 @@ static int run(const gen_args_t *a) {
     k3_weights_free(w);
     return 2;
   }
-  if (a->synthetic && (rc = k3_weights_synth(&cfg, (uint64_t)a->seed_weights, &w, err, sizeof err))) {
+  if ((a->synthetic || a->synthetic_config) && (rc = k3_weights_synth(&cfg, (uint64_t)a->seed_weights, &w, err, sizeof err))) {
     fprintf(stderr, "k3pd-generate: cannot synthesise weights: %s (%s)\n", err, k3_strerror(rc));
     free(prompt);
     return 1;
@@ -202,6 +205,7 @@ int main(int argc, char **argv) {
   k3_flag_t flags[] = {
       {"model", K3_FLAG_STR, &a.model, "DIR", "checkpoint directory (config.json + safetensors)", false},
       {"synthetic", K3_FLAG_STR, &a.synthetic, "PRESET", "use in-memory synthetic weights of a preset (tiny, tiny-48b, ...) instead of --model", false},
+      {"synthetic-config", K3_FLAG_STR, &a.synthetic_config, "FILE", "use in-memory synthetic weights of the config.json in FILE instead of --model", false},
       {"seed-weights", K3_FLAG_INT, &a.seed_weights, "N", "seed of the synthetic weights (default 1)", false},
       {"prompt-ids", K3_FLAG_STR, &a.prompt_ids, "IDS", "prompt as comma-separated token ids", false},
       {"prompt", K3_FLAG_STR, &a.prompt, "TEXT", "raw prompt text, encoded by the tokenizer (specials disallowed)", false},
@@ -213,7 +217,7 @@ int main(int argc, char **argv) {
       {"top-k", K3_FLAG_INT, &a.top_k, "K", "keep the K most likely tokens (default 0 = off)", false},
       {"seed", K3_FLAG_I64, &a.seed, "S", "sampling seed (default 0)", false},
       {"precision", K3_FLAG_STR, &a.precision, "fp32|bf16", "numeric mode (default fp32)", false},
-      {"backend", K3_FLAG_STR, &a.backend, "NAME", "cpu (reference) or cpu-fast (default cpu)", false},
+      {"backend", K3_FLAG_STR, &a.backend, "NAME", "cpu (reference), cpu-fast or cuda (bf16 only) (default cpu)", false},
       {"threads", K3_FLAG_INT, &a.threads, "N", "threads of the cpu-fast backend (default 1)", false},
       {"page-tokens", K3_FLAG_INT, &a.page_tokens, "N", "tokens per MLA cache page (default 64)", false},
       {"ignore-eos", K3_FLAG_BOOL, &a.ignore_eos, NULL, "do not stop on the model's stop ids", false},
@@ -241,8 +245,9 @@ int main(int argc, char **argv) {
             a.prompt ? "--prompt" : "--chat");
     return 2;
   }
-  if ((a.model != NULL) == (a.synthetic != NULL)) {
-    fprintf(stderr, "k3pd-generate: give exactly one of --model DIR or --synthetic PRESET\n");
+  if ((a.model != NULL) + (a.synthetic != NULL) + (a.synthetic_config != NULL) != 1) {
+    fprintf(stderr, "k3pd-generate: give exactly one of --model DIR, --synthetic PRESET or "
+                    "--synthetic-config FILE\n");
     return 2;
   }
   if (a.max_new < 0 || a.page_tokens <= 0 || a.threads <= 0) {

@@ -1,0 +1,186 @@
+/* The routed-expert part of the MoE block on a "cuda" backend, without a host round trip:
+ * device MoE plan (k3k_cu_moe_plan) from the router's device idx, grouped W4A16 MXFP4 GEMM of
+ * every active expert in one launch for gate+up with the activation fused, a second grouped
+ * launch for down, and the unchecked fp32 combine (moe_ops.h).
+ *
+ * What it is for: rn_ffn_forward (ffn.c) calls rn_dev_moe_experts instead of its per-expert loop
+ * when rn_dev_init enabled it (cuda backend, bf16 precision, MXFP4 experts). The CPU path and
+ * this one mean the same thing: the same router op (same expert choice), the same grouping
+ * order (by expert, then token, then choice), bf16 rounding of the gate/up GEMM outputs before
+ * the activation (round_inner), bf16 expert outputs, and one fp32 combine with one rounding.
+ * They differ only in accumulation order inside the GEMMs (results within tolerance, not bit
+ * for bit).
+ * What it is not: a general device layer. Everything else of the block (router GEMM, latent
+ * projections and norm, shared expert) stays on the k3k op API in ffn.c.
+ *
+ * Invariants: the expert pointer tables are built once at init from the uploaded weights (the
+ * runner owns both); every expert scale is checked for 0xFF (E8M0 NaN) once at init, because
+ * the grouped GEMM does not check them per call. Nothing here synchronises per layer. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3k_cuda_ops.h"
+#include "k3pd/err.h"
+#include "k3pd/log.h"
+#include "moe_ops.h"
+#include "runner_internal.h"
+
+/* Per MoE layer: one device array of 6*E pointers: w1 packed, w1 scale, w3 packed, w3 scale,
+ * w2 packed, w2 scale (E entries each). */
+struct rn_dev {
+  void **tabs;     /* [num_layers], NULL for dense layers */
+  int n_layers;
+};
+
+static int build_tab(k3_runner_t *r, const rn_layer_t *L, void **out) {
+  const int64_t E = r->cfg.num_experts;
+  const uint8_t **h = malloc((size_t)(6 * E) * sizeof *h);
+  if (!h) return K3_ENOMEM;
+  const rn_expw_t *sets[3] = {L->w1, L->w3, L->w2};
+  for (int j = 0; j < 3; j++)
+    for (int64_t e = 0; e < E; e++) {
+      h[(2 * j) * E + e] = sets[j][e].packed.data;
+      h[(2 * j + 1) * E + e] = sets[j][e].scale.data;
+    }
+  void *d = NULL;
+  int rc = r->be->alloc(r->be, (size_t)(6 * E) * sizeof *h, &d);
+  if (!rc && r->be->copy_from_host(r->be, d, h, (size_t)(6 * E) * sizeof *h)) rc = K3_EDEVICE;
+  free(h);
+  if (rc) {
+    if (d) r->be->free(r->be, d);
+    return rc;
+  }
+  *out = d;
+  return 0;
+}
+
+/* Checks every expert scale of the model for 0xFF on the device; one synchronisation. */
+static int check_scales(k3_runner_t *r, char *err, size_t errlen) {
+  k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
+  void *bad = NULL;
+  int hbad = 0;
+  int rc = r->be->alloc(r->be, sizeof(int), &bad);
+  if (rc) return rc;
+  rc = r->be->memset(r->be, bad, 0, sizeof(int));
+  for (int l = 0; l < r->cfg.num_layers && !rc; l++) {
+    const rn_layer_t *L = &r->layers[l];
+    if (!L->moe) continue;
+    const rn_expw_t *sets[3] = {L->w1, L->w3, L->w2};
+    for (int j = 0; j < 3 && !rc; j++)
+      for (int64_t e = 0; e < r->cfg.num_experts && !rc; e++) {
+        const k3k_tensor_t *s = &sets[j][e].scale;
+        rc = k3k_cu_mx_check(cx->stream, s->data, s->shape[0], s->shape[1], s->stride[0], bad);
+      }
+  }
+  if (!rc) rc = r->be->copy_to_host(r->be, &hbad, bad, sizeof(int));
+  r->be->free(r->be, bad);
+  if (!rc && hbad) {
+    rn_seterr(err, errlen, "runner: an MXFP4 expert scale is 0xFF (E8M0 NaN) in the checkpoint");
+    rc = K3_EFORMAT;
+  }
+  return rc;
+}
+
+void rn_dev_free(k3_runner_t *r) {
+  struct rn_dev *d = r->dev;
+  if (!d) return;
+  for (int l = 0; l < d->n_layers; l++)
+    if (d->tabs[l]) r->be->free(r->be, d->tabs[l]);
+  free(d->tabs);
+  free(d);
+  r->dev = NULL;
+}
+
+int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) {
+  const k3_model_config_t *c = &r->cfg;
+  if (!k3k_cuda_ctx_of(r->be) || !r->bf16 || !c->experts_mxfp4 || c->num_experts <= 0) return 0;
+  /* The grouped GEMM's shape rules (moe_ops.h); a config outside them keeps the op path. */
+  const int64_t F = c->moe_intermediate_size, D = c->expert_in_dim;
+  if (F % 128 || D % 128 || c->num_experts > 8192) {
+    K3_INFO("runner: MoE shapes F=%lld D=%lld outside the grouped CUDA GEMM; per-expert ops",
+            (long long)F, (long long)D);
+    return 0;
+  }
+  struct rn_dev *d = calloc(1, sizeof *d);
+  if (!d) return K3_ENOMEM;
+  d->n_layers = c->num_layers;
+  d->tabs = calloc((size_t)c->num_layers, sizeof *d->tabs);
+  r->dev = d;
+  if (!d->tabs) return K3_ENOMEM; /* the caller frees r (and d with it) */
+  for (int l = 0; l < c->num_layers; l++) {
+    if (!r->layers[l].moe) continue;
+    int rc = build_tab(r, &r->layers[l], &d->tabs[l]);
+    if (rc) {
+      rn_seterr(err, errlen, "runner: cannot build the expert tables of layer %d: %s", l,
+                k3_strerror(rc));
+      return rc;
+    }
+  }
+  return check_scales(r, err, errlen);
+}
+
+static k3k_cu_mx_set mx_set(void *tab, int j, int64_t E, int64_t cols) {
+  k3k_cu_mx_set s;
+  memset(&s, 0, sizeof s);
+  const uint8_t *const *t = (const uint8_t *const *)tab;
+  s.packed_tab = t + (2 * j) * E;
+  s.scale_tab = t + (2 * j + 1) * E;
+  s.ld_packed = cols / 2;
+  s.ld_scale = cols / K3_MXFP4_GROUP;
+  return s;
+}
+
+int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
+                       const k3k_tensor_t *idx, const k3k_tensor_t *wt, const k3k_tensor_t *comb) {
+  const k3_model_config_t *c = &r->cfg;
+  k3k_backend_t *be = r->be;
+  cudaStream_t st = k3k_cuda_ctx_of(be)->stream;
+  void *tab = r->dev->tabs[layer];
+  const int32_t T = (int32_t)z->shape[0], K = c->top_k, E = c->num_experts;
+  const int32_t F = (int32_t)c->moe_intermediate_size, D = (int32_t)c->expert_in_dim;
+  const int64_t TK = (int64_t)T * K;
+  if (T == 0) return 0;
+  k3k_tensor_t off = rn_buf(ws, K3K_I32, 1, E + 1), act = rn_buf(ws, K3K_I32, 1, E + 1);
+  k3k_tensor_t gt = rn_buf(ws, K3K_I32, 1, TK), ri = rn_buf(ws, K3K_I32, T, K);
+  k3k_tensor_t scr = rn_buf(ws, K3K_U8, 1, (int64_t)k3k_cu_moe_plan_scratch(T, E));
+  k3k_tensor_t ha = rn_buf(ws, K3K_BF16, TK, F), yr = rn_buf(ws, K3K_BF16, TK, D);
+  if (ws->rc) return ws->rc;
+  int rc = k3k_cu_moe_plan(st, idx->data, T, K, E, off.data, gt.data, ri.data, act.data, NULL,
+                           scr.data);
+  if (rc) return rc;
+  const int32_t maxa = TK < E ? (int32_t)TK : E;
+  k3k_cu_moe_gemm_args a;
+  memset(&a, 0, sizeof a);
+  a.w = mx_set(tab, 0, E, D);
+  a.up = mx_set(tab, 1, E, D);
+  a.act = c->act == K3_ACT_SITU ? K3K_CU_ACT_SITU : K3K_CU_ACT_SILU_MUL;
+  a.round_inner = 1; /* bf16 mode: the reference stores the gate/up GEMM outputs bf16 */
+  a.beta = (float)c->situ_beta;
+  a.beta_lin = (float)c->situ_linear_beta;
+  a.N = F;
+  a.K = D;
+  a.x = z->data;
+  a.ldx = z->stride[0];
+  a.x_gather = gt.data;
+  a.y = ha.data;
+  a.ldy = F;
+  a.expert_off = off.data;
+  a.active = act.data;
+  a.max_active = maxa;
+  a.rows_hint = (int32_t)(TK / maxa);
+  if ((rc = k3k_cu_moe_gemm(st, &a))) return rc;
+  memset(&a.up, 0, sizeof a.up);
+  a.w = mx_set(tab, 2, E, F);
+  a.act = K3K_CU_ACT_NONE;
+  a.round_inner = 0;
+  a.N = D;
+  a.K = F;
+  a.x = ha.data;
+  a.ldx = F;
+  a.x_gather = NULL;
+  a.y = yr.data;
+  a.ldy = D;
+  if ((rc = k3k_cu_moe_gemm(st, &a))) return rc;
+  return k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
+}

@@ -1,0 +1,416 @@
+/* k3k-gpu-model: model parity of the runner on the "cuda" backend against the CPU reference
+ * ("cpu-fast", bit-identical to "cpu"), both in bf16 precision over the SAME weights, plus
+ * (--perf) decode step time at batch 1 against its weight-read floor and prefill tokens/s.
+ *
+ * Checks (each prints PASS/FAIL with its figures; the last line is "N passed, N failed"):
+ *   1. prefill of two sequences in one call (9 and 70 tokens: crosses the KDA chunk of 64 and
+ *      an MLA page): relative L2 error of the last-position logits, and per layer the state
+ *      the prefill left (every manifest region: KDA S, conv q/k/v, MLA latent pages);
+ *   2. teacher-forced decode: both runners fed the reference's greedy tokens for --steps
+ *      steps: logit error per step, and top-1 agreement wherever the reference's top-1 margin
+ *      exceeds twice the observed max abs error (there agreement is implied by the error
+ *      bound, so a disagreement is a bug in the argmax path, not noise);
+ *   3. on the GPU alone: prefill(T) vs prefill(T-k) + k decode steps (last logits), against
+ *      the same figure of the CPU reference (the model's own sensitivity to rounding order).
+ * Tolerances: bf16 rounding points make both backends round at the same places, but the GEMM
+ * accumulation orders differ, so stored bf16 values differ by an ulp here and there; through
+ * random synthetic weights that noise reaches a few 1e-2 relative at the logits. Worse, where
+ * the router's k-th and (k+1)-th expert scores nearly tie, that noise flips the expert choice
+ * of a token (the choice is identical on identical inputs: k3k-gpu-moe), which changes that
+ * token's output by a whole expert. So the logit checks are on the median over positions/steps
+ * (a systematic error moves every position) plus a bound on the outliers (a wrong layer gives
+ * errors of order 1 everywhere).
+ * What it is not: an op test (k3k-gpu-check) or a MoE kernel test (k3k-gpu-moe).
+ * Weights: --model DIR (a k3pd-mkckpt checkpoint, fast: mmap) or --config FILE (synthetic in
+ * memory with k3_weights_synth; slow for real shapes: single-threaded generation).
+ * Exit: 0 all passed, 1 a check failed, 2 usage/setup error, 77 no CUDA device. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "k3_runner.h"
+#include "k3k.h"
+#include "k3pd/err.h"
+#include "k3pd/flags.h"
+#include "k3pd/tmap.h"
+#include "k3pd/util.h"
+
+static int g_pass, g_fail;
+
+static void check(bool ok, const char *name, const char *fmt, double a, double b) {
+  printf("%s %s: ", ok ? "PASS" : "FAIL", name);
+  printf(fmt, a, b);
+  printf("\n");
+  fflush(stdout);
+  ok ? g_pass++ : g_fail++;
+}
+
+/* Relative L2 error of a against the reference b, and max abs difference. */
+static double rel_err(const float *a, const float *b, int64_t n, double *maxabs) {
+  double num = 0, den = 0, mx = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = (double)a[i] - b[i];
+    num += d * d;
+    den += (double)b[i] * b[i];
+    if (fabs(d) > mx || d != d) mx = d != d ? INFINITY : fabs(d);
+  }
+  if (maxabs) *maxabs = mx;
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Median and maximum of n values (sorts v). */
+static double median_max(double *v, int n, double *mx) {
+  qsort(v, (size_t)n, sizeof *v, cmp_dbl);
+  *mx = v[n - 1];
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int argmax(const float *x, int64_t n, double *margin) {
+  int64_t b = 0, s = -1;
+  for (int64_t i = 1; i < n; i++)
+    if (x[i] > x[b]) b = i;
+  for (int64_t i = 0; i < n; i++)
+    if (i != b && (s < 0 || x[i] > x[s])) s = i;
+  if (margin) *margin = s < 0 ? INFINITY : (double)x[b] - x[s];
+  return (int)b;
+}
+
+typedef struct {
+  k3_seq_t s;
+  int32_t pages[64];
+} seq_t;
+
+static void seq_init(seq_t *q) {
+  memset(q, 0, sizeof *q);
+  q->s.slot = -1;
+  q->s.pages = q->pages;
+  q->s.cap_pages = 64;
+}
+
+static int new_runner(const k3_weights_t *w, const char *be, int threads, k3_runner_t **r) {
+  k3_runner_opts_t o;
+  k3_runner_opts_default(&o);
+  o.precision = K3_RUNNER_BF16;
+  o.backend = be;
+  o.threads = threads;
+  o.page_tokens = 64;
+  o.num_pages = 160;
+  o.num_slots = 4;
+  o.max_batch_seqs = 4;
+  o.prefill_chunk_tokens = 512;
+  char err[512] = "";
+  int rc = k3_runner_init(w, &o, r, err, sizeof err);
+  if (rc) fprintf(stderr, "k3k-gpu-model: %s runner: %s (%s)\n", be, err, k3_strerror(rc));
+  return rc;
+}
+
+static int prefill(k3_runner_t *r, seq_t *q, const int32_t *tok, int64_t n, float *logits) {
+  char err[512] = "";
+  int rc = k3_runner_seq_reserve(r, &q->s, q->s.len + n + 16);
+  k3_prefill_item_t it = {&q->s, tok, n, logits, false};
+  if (!rc) rc = k3_runner_prefill(r, &it, 1, NULL, NULL, err, sizeof err);
+  if (rc) fprintf(stderr, "prefill: %s (%s)\n", err, k3_strerror(rc));
+  return rc;
+}
+
+static int decode(k3_runner_t *r, seq_t *q, int32_t tok, float *logits) {
+  char err[512] = "";
+  k3_decode_item_t d = {&q->s, tok, logits};
+  int rc = k3_runner_decode_step(r, &d, 1, err, sizeof err);
+  if (rc) fprintf(stderr, "decode: %s (%s)\n", err, k3_strerror(rc));
+  return rc;
+}
+
+/* Region i of a sequence as floats (F32 or BF16 state). */
+static float *region_f32(const k3_runner_t *r, const k3_seq_t *s, int i, int64_t *n) {
+  const k3_region_t *g = &k3_runner_manifest(r)->regions[i];
+  uint64_t bytes = k3_runner_region_bytes(r, i, s->len);
+  void *raw = malloc(bytes);
+  size_t es = g->dtype == K3_DT_F32 ? 4 : 2;
+  float *f = malloc(bytes / es * sizeof(float));
+  if (!raw || !f || k3_runner_export_region(r, s, i, raw, bytes)) {
+    free(raw);
+    free(f);
+    return NULL;
+  }
+  *n = (int64_t)(bytes / es);
+  for (int64_t j = 0; j < *n; j++)
+    f[j] = es == 4 ? ((float *)raw)[j] : k3_bf16_to_f32(((uint16_t *)raw)[j]);
+  free(raw);
+  return f;
+}
+
+/* 1 + 2: CUDA vs CPU reference. */
+static void parity(k3_runner_t *ref, k3_runner_t *gpu, int steps, double tol) {
+  const int64_t V = k3_runner_vocab(ref);
+  const int64_t len[2] = {9, 70};
+  int32_t tok[2][70];
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int s = 0; s < 2; s++)
+    for (int64_t t = 0; t < len[s]; t++) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      tok[s][t] = (int32_t)((x >> 33) % (uint64_t)(V - 1024));
+    }
+  /* every position's logits: a per-position distribution separates a systematic error (all
+   * positions off) from the isolated tokens whose expert choice flips (below) */
+  const int64_t NP = len[0] + len[1];
+  float *lr = malloc((size_t)(NP * V) * 4), *lg = malloc((size_t)(NP * V) * 4);
+  double *pe = malloc((size_t)NP * sizeof *pe);
+  seq_t qr[2], qg[2];
+  k3_runner_t *rs[2] = {ref, gpu};
+  seq_t *qs[2] = {qr, qg};
+  float *ls[2] = {lr, lg};
+  char err[512];
+  int rc = lr && lg && pe ? 0 : K3_ENOMEM;
+  for (int b = 0; b < 2 && !rc; b++) {
+    k3_prefill_item_t it[2];
+    for (int s = 0; s < 2 && !rc; s++) {
+      seq_init(&qs[b][s]);
+      rc = k3_runner_seq_reserve(rs[b], &qs[b][s].s, len[s] + steps + 8);
+      it[s] = (k3_prefill_item_t){&qs[b][s].s, tok[s], len[s], ls[b] + (s ? len[0] : 0) * V, true};
+    }
+    uint64_t t0 = k3_now_ns();
+    if (!rc) rc = k3_runner_prefill(rs[b], it, 2, NULL, NULL, err, sizeof err);
+    if (rc) fprintf(stderr, "prefill (%s): %s (%s)\n", b ? "cuda" : "ref", err, k3_strerror(rc));
+    else printf("prefill 2 sequences (%s): %.3f s\n", b ? "cuda" : "ref", (double)(k3_now_ns() - t0) / 1e9);
+  }
+  if (rc) {
+    check(false, "prefill ran on both backends", "rc %g %g", (double)rc, 0.0);
+    goto out;
+  }
+  for (int s = 0; s < 2; s++) {
+    int64_t last = (s ? NP : len[0]) - 1;
+    double mx, e = rel_err(lg + last * V, lr + last * V, V, &mx);
+    printf("  last position of seq %d (%lld tokens): rel err %.3e max abs %.3e\n", s,
+           (long long)len[s], e, mx);
+  }
+  int big = 0;
+  for (int64_t t = 0; t < NP; t++) {
+    pe[t] = rel_err(lg + t * V, lr + t * V, V, NULL);
+    big += !(pe[t] <= 4 * tol);
+  }
+  double pmax, pmed = median_max(pe, (int)NP, &pmax);
+  printf("  prefill positions: %d of %lld above 4x tol; p90 %.3e\n", big, (long long)NP,
+         pe[(int)(0.9 * (double)(NP - 1))]);
+  check(pmed <= tol, "prefill logits, median over 79 positions", "rel err %.3e (max %.3e)", pmed, pmax);
+  check(big * 10 <= NP && pmax < 0.5, "prefill logits, outliers (<= 10% above 4x tol, all < 0.5)",
+        "%g positions, max %.3e", (double)big, pmax);
+  /* per layer: the state the prefill left (seq 1: 70 tokens, two pages, chunk + tail) */
+  const k3_manifest_t *man = k3_runner_manifest(ref);
+  double worst = 0;
+  for (size_t i = 0; i < man->n; i++) {
+    int64_t na = 0, nb = 0;
+    float *a = region_f32(gpu, &qg[1].s, (int)i, &na), *b = region_f32(ref, &qr[1].s, (int)i, &nb);
+    if (!a || !b || na != nb) {
+      check(false, man->regions[i].name, "export failed (%g vs %g elements)", (double)na, (double)nb);
+    } else {
+      double mx, e = rel_err(a, b, na, &mx);
+      printf("  state %-16s rel err %.3e max abs %.3e\n", man->regions[i].name, e, mx);
+      if (e > worst || e != e) worst = e != e ? INFINITY : e;
+    }
+    free(a);
+    free(b);
+  }
+  check(worst < 2 * tol, "per-layer state after prefill (worst region)", "rel err %.3e (tol %.1e)",
+        worst, 2 * tol);
+  /* 2: teacher-forced decode of seq 0 (its last prefill row is the first reference) */
+  memcpy(lr, lr + (len[0] - 1) * V, (size_t)V * 4);
+  int agree = 0, checked = 0, done = 0;
+  for (int st = 0; st < steps; st++) {
+    int32_t next = argmax(lr, V, NULL);
+    if ((rc = decode(ref, &qr[0], next, lr)) || (rc = decode(gpu, &qg[0], next, lg))) break;
+    double mx, margin, e = rel_err(lg, lr, V, &mx);
+    int tr = argmax(lr, V, &margin), tg = argmax(lg, V, NULL);
+    bool decisive = margin > 2 * mx;
+    printf("  decode step %2d: token %6d rel err %.3e max abs %.3e top1 ref %6d gpu %6d "
+           "margin %.3e%s\n", st, next, e, mx, tr, tg, margin, decisive ? "" : " (not decisive)");
+    pe[done++] = e;
+    if (decisive) {
+      checked++;
+      agree += tr == tg;
+    }
+  }
+  double smax = INFINITY, smed = done ? median_max(pe, done, &smax) : INFINITY;
+  check(!rc && smed <= tol, "teacher-forced decode logits, median over steps", "rel err %.3e (max %.3e)",
+        smed, smax);
+  check(!rc && smax < 0.5, "teacher-forced decode logits, every step < 0.5", "max %.3e (%g steps)", smax,
+        (double)done);
+  check(!rc && agree == checked, "top-1 agreement on decisive steps", "%g of %g", (double)agree, (double)checked);
+out:
+  for (int s = 0; s < 2; s++) {
+    k3_runner_seq_release(ref, &qr[s].s);
+    k3_runner_seq_release(gpu, &qg[s].s);
+  }
+  free(lr);
+  free(lg);
+  free(pe);
+}
+
+/* 3: prefill(T) vs prefill(T-k) + k decode steps, on the GPU. */
+static double split_err(k3_runner_t *gpu, int64_t T, int k) {
+  const int64_t V = k3_runner_vocab(gpu);
+  int32_t *tok = malloc((size_t)T * 4);
+  float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
+  seq_t a, b;
+  seq_init(&a);
+  seq_init(&b);
+  for (int64_t t = 0; t < T; t++) tok[t] = (int32_t)((t * 7919 + 13) % (V - 1024));
+  int rc = prefill(gpu, &a, tok, T, la);
+  if (!rc) rc = prefill(gpu, &b, tok, T - k, lb);
+  for (int i = 0; i < k && !rc; i++) rc = decode(gpu, &b, tok[T - k + i], lb);
+  double mx = 0, e = rc ? INFINITY : rel_err(lb, la, V, &mx);
+  printf("  %s prefill(%lld) vs prefill(%lld)+%d decode: rel err %.3e max abs %.3e\n",
+         k3_runner_opts(gpu)->backend, (long long)T, (long long)(T - k), k, e, mx);
+  k3_runner_seq_release(gpu, &a.s);
+  k3_runner_seq_release(gpu, &b.s);
+  free(tok);
+  free(la);
+  free(lb);
+  return e;
+}
+
+/* Bytes one decode token reads from the weights: everything except the embedding table (one
+ * row) and the routed experts, of which top_k of num_experts per MoE layer (uniform routing). */
+static double active_weight_bytes(const k3_weights_t *w) {
+  const k3_model_config_t *c = k3_weights_config(w);
+  const k3_tmap_t *m = k3_weights_tmap(w);
+  double b = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    const k3_tmap_entry_t *e = &m->entries[i];
+    if (strstr(e->short_name, "embed_tokens"))
+      b += (double)e->nbytes / (double)c->vocab_size;
+    else if (e->expert >= 0)
+      b += (double)e->nbytes * c->top_k / c->num_experts;
+    else
+      b += (double)e->nbytes;
+  }
+  return b;
+}
+
+/* Device copy bandwidth (read + write bytes per second) on a 2 GiB buffer. */
+static double copy_bandwidth(void) {
+  size_t n = (size_t)2 << 30;
+  void *a = NULL, *b = NULL;
+  if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) {
+    cudaFree(a);
+    return 0;
+  }
+  cudaMemset(a, 1, n);
+  cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+  cudaDeviceSynchronize();
+  uint64_t t0 = k3_now_ns();
+  for (int i = 0; i < 5; i++) cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+  cudaDeviceSynchronize();
+  double s = (double)(k3_now_ns() - t0) / 1e9;
+  cudaFree(a);
+  cudaFree(b);
+  return 5.0 * 2.0 * (double)n / s;
+}
+
+static void perf(k3_runner_t *gpu, const k3_weights_t *w, int decode_steps) {
+  const int64_t V = k3_runner_vocab(gpu);
+  float *lg = malloc((size_t)V * 4);
+  int32_t *tok = malloc(1024 * 4);
+  for (int t = 0; t < 1024; t++) tok[t] = (t * 104729 + 7) % (int32_t)(V - 1024);
+  const int64_t lens[3] = {128, 256, 512};
+  for (int i = 0; i < 3; i++) {
+    seq_t q;
+    seq_init(&q);
+    if (prefill(gpu, &q, tok, 8, lg)) break; /* warm-up (cuBLASLt plans, pool) */
+    k3_runner_seq_release(gpu, &q.s);
+    uint64_t t0 = k3_now_ns();
+    int rc = prefill(gpu, &q, tok, lens[i], lg);
+    double s = (double)(k3_now_ns() - t0) / 1e9;
+    k3_runner_seq_release(gpu, &q.s);
+    if (rc) break;
+    printf("PERF prefill %lld tokens: %.3f s = %.0f tokens/s\n", (long long)lens[i], s, lens[i] / s);
+  }
+  seq_t q;
+  seq_init(&q);
+  int rc = prefill(gpu, &q, tok, 64, lg);
+  for (int i = 0; i < 3 && !rc; i++) rc = decode(gpu, &q, tok[64 + i], lg);
+  uint64_t t0 = k3_now_ns();
+  for (int i = 0; i < decode_steps && !rc; i++) rc = decode(gpu, &q, argmax(lg, V, NULL), lg);
+  double step = (double)(k3_now_ns() - t0) / 1e9 / decode_steps;
+  k3_runner_seq_release(gpu, &q.s);
+  if (!rc) {
+    double bytes = active_weight_bytes(w), bw = copy_bandwidth();
+    double floor = bw > 0 ? bytes / bw : 0;
+    printf("PERF decode batch 1: %.3f ms/step (%d steps, context ~70); weight bytes/token %.3f GB, "
+           "copy bandwidth %.0f GB/s, floor %.3f ms, ratio %.2fx\n", step * 1e3, decode_steps,
+           bytes / 1e9, bw / 1e9, floor * 1e3, floor > 0 ? step / floor : 0);
+  }
+  free(lg);
+  free(tok);
+}
+
+int main(int argc, char **argv) {
+  const char *model = NULL, *config = NULL;
+  int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), steps = 16, decode_steps = 20;
+  bool do_perf = false;
+  double tol = 3e-2;
+  k3_flag_t flags[] = {
+      {"model", K3_FLAG_STR, &model, "DIR", "checkpoint directory (k3pd-mkckpt --config ...)", false},
+      {"config", K3_FLAG_STR, &config, "FILE", "config.json: synthetic weights in memory (slow)", false},
+      {"threads", K3_FLAG_INT, &threads, "N", "threads of the cpu-fast reference (default: CPUs)", false},
+      {"steps", K3_FLAG_INT, &steps, "N", "teacher-forced decode steps (default 16)", false},
+      {"tol", K3_FLAG_DOUBLE, &tol, "X", "relative L2 error bound (default 3e-2)", false},
+      {"perf", K3_FLAG_BOOL, &do_perf, NULL, "also time prefill and batch-1 decode", false},
+      {"perf-steps", K3_FLAG_INT, &decode_steps, "N", "timed decode steps (default 20)", false},
+  };
+  k3_flags_info_t info = {"k3k-gpu-model", "Model parity of the CUDA runner vs cpu-fast (bf16).", NULL};
+  char err[512] = "";
+  int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
+  if (rc == K3_FLAGS_EXIT) return 0;
+  if (rc || (model != NULL) == (config != NULL) || steps < 1 || decode_steps < 1) {
+    fprintf(stderr, "k3k-gpu-model: %s\n", rc ? err : "give exactly one of --model DIR or --config FILE");
+    return 2;
+  }
+  if (!k3k_backend_get("cuda")) {
+    printf("SKIP: no usable CUDA device\n");
+    return 77;
+  }
+  k3_model_config_t cfg;
+  k3_weights_t *w = NULL;
+  uint64_t t0 = k3_now_ns();
+  if (model) {
+    rc = k3_weights_open_dir(model, &cfg, &w, err, sizeof err);
+  } else {
+    rc = k3_model_config_load(config, &cfg, err, sizeof err);
+    if (!rc) rc = k3_weights_synth(&cfg, 1, &w, err, sizeof err);
+  }
+  if (rc) {
+    fprintf(stderr, "k3k-gpu-model: weights: %s (%s)\n", err, k3_strerror(rc));
+    return 2;
+  }
+  printf("weights: %d layers, %d experts top-%d, vocab %lld (%.1f s)\n", cfg.num_layers,
+         cfg.num_experts, cfg.top_k, (long long)cfg.vocab_size, (double)(k3_now_ns() - t0) / 1e9);
+  k3_runner_t *ref = NULL, *gpu = NULL;
+  t0 = k3_now_ns();
+  if (new_runner(w, "cuda", 1, &gpu) || new_runner(w, "cpu-fast", threads, &ref)) {
+    k3_runner_free(gpu);
+    k3_weights_free(w);
+    return 2;
+  }
+  printf("runners ready (%.1f s: weight upload)\n", (double)(k3_now_ns() - t0) / 1e9);
+  parity(ref, gpu, steps, tol);
+  double ecpu = split_err(ref, 100, 4);
+  k3_runner_free(ref);
+  double egpu = split_err(gpu, 100, 4);
+  check(egpu <= (ecpu > tol ? 2 * ecpu : 2 * tol), "gpu prefill(100) vs prefill(96)+4 decode",
+        "rel err %.3e (cpu reference: %.3e)", egpu, ecpu);
+  if (do_perf) perf(gpu, w, decode_steps);
+  k3_runner_free(gpu);
+  k3_weights_free(w);
+  k3k_backends_shutdown();
+  printf("%d passed, %d failed\n", g_pass, g_fail);
+  return g_fail ? 1 : 0;
+}
