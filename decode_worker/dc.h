@@ -111,9 +111,7 @@ struct dc_worker {
   uint32_t lease_ms;
   bool draining;
   /* engine thread */
-  pthread_t engine_thread;
-  k3_msgq_t engine_q;
-  bool engine_running;
+  k3_engine_t engine;         /* engine thread + its inbound queue */
   k3_inbox_t outbox;
   /* receive area (xfer pools): region i of page/slot id lives at base + id*stride + region_off[i] */
   uint64_t *region_off;     /* owned, manifest->n entries */

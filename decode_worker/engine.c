@@ -133,7 +133,7 @@ static void *engine_main(void *arg) {
   uint8_t *ibuf = NULL;
   size_t icap = 0;
   while (!stop) {
-    k3_msg_t *m = k3_msgq_take_all(&w->engine_q);
+    k3_msg_t *m = k3_msgq_take_all(&w->engine.q);
     while (m) {
       k3_msg_t *next = m->next;
       dc_msg_t *dm = (dc_msg_t *)m;
@@ -191,7 +191,7 @@ static void *engine_main(void *arg) {
     }
     if (stop) break;
     if (!run) {
-      k3_msgq_wait(&w->engine_q, 100);
+      k3_msgq_wait(&w->engine.q, 100);
       continue;
     }
     /* Build the batch: the first maxb sequences, then rotate them to the back so a long list
@@ -293,36 +293,14 @@ static void *engine_main(void *arg) {
   return NULL;
 }
 
-int dc_engine_start(dc_worker_t *w) {
-  int rc = k3_msgq_init(&w->engine_q);
-  if (rc) return rc;
-  if (pthread_create(&w->engine_thread, NULL, engine_main, w)) {
-    k3_msgq_destroy(&w->engine_q);
-    return K3_EINTERNAL;
-  }
-  w->engine_running = true;
-  return 0;
-}
+static void free_msg(k3_msg_t *m) { free_admit((dc_msg_t *)m); }
 
-void dc_engine_post(dc_worker_t *w, dc_msg_t *m) { k3_msgq_push(&w->engine_q, &m->link); }
+int dc_engine_start(dc_worker_t *w) { return k3_engine_start(&w->engine, engine_main, w); }
+
+void dc_engine_post(dc_worker_t *w, dc_msg_t *m) { k3_engine_post(&w->engine, &m->link); }
 
 void dc_engine_stop(dc_worker_t *w) {
-  if (!w->engine_running) return;
   dc_msg_t *m = calloc(1, sizeof *m);
-  if (m) {
-    m->link.type = DC_MSG_STOP;
-    dc_engine_post(w, m);
-  } else {
-    k3_msgq_close(&w->engine_q);
-  }
-  pthread_join(w->engine_thread, NULL);
-  w->engine_running = false;
-  /* anything posted after the stop message was never looked at */
-  k3_msg_t *rest = k3_msgq_take_all(&w->engine_q);
-  while (rest) {
-    k3_msg_t *next = rest->next;
-    free_admit((dc_msg_t *)rest);
-    rest = next;
-  }
-  k3_msgq_destroy(&w->engine_q);
+  if (m) m->link.type = DC_MSG_STOP;
+  k3_engine_stop(&w->engine, m ? &m->link : NULL, free_msg);
 }

@@ -57,13 +57,7 @@ void dc_metrics_refresh(dc_worker_t *w) {
   k3_metric_add(w->m.rejected_dones_total, &r, (double)(xs.done_rejected_unknown - w->last_xs.done_rejected_unknown));
   w->last_xs = xs;
   /* Readiness (gRPC health "" and /readyz): weights loaded, registered, not draining. */
-  int ready = !w->draining && k3_registrar_registered(w->reg);
-  if (ready != w->health) {
-    w->health = ready;
-    k3_rpc_server_set_health(w->srv, "", ready ? K3_RPC_HEALTH_SERVING : K3_RPC_HEALTH_NOT_SERVING);
-    k3_rpc_server_set_health(w->srv, "k3pd.v1.Decode", ready ? K3_RPC_HEALTH_SERVING : K3_RPC_HEALTH_NOT_SERVING);
-  }
-  if (w->mhttp) k3_metrics_http_set_ready(w->mhttp, ready);
+  k3_app_set_ready(w->srv, "k3pd.v1.Decode", w->mhttp, &w->health, !w->draining && k3_registrar_registered(w->reg));
 }
 
 static void on_metrics_tick(uv_timer_t *t) { dc_metrics_refresh(t->data); }
@@ -78,8 +72,7 @@ static uint32_t live_requests(void *ud) {
 static void on_drain(void *ud) {
   app_t *a = ud;
   a->w.draining = true;
-  k3_rpc_server_set_health(a->w.srv, "", K3_RPC_HEALTH_NOT_SERVING);
-  k3_rpc_server_set_health(a->w.srv, "k3pd.v1.Decode", K3_RPC_HEALTH_NOT_SERVING);
+  k3_app_set_ready(a->w.srv, "k3pd.v1.Decode", a->w.mhttp, &a->w.health, false);
   k3_registrar_set_draining(a->w.reg, true);
 }
 

@@ -170,7 +170,7 @@ static void *engine_main(void *arg) {
     stop = true;
   }
   while (!stop) {
-    k3_msg_t *m = k3_msgq_take_all(&w->engine_q);
+    k3_msg_t *m = k3_msgq_take_all(&w->engine.q);
     while (m) {
       k3_msg_t *next = m->next;
       pf_msg_t *pm = (pf_msg_t *)m;
@@ -208,7 +208,7 @@ static void *engine_main(void *arg) {
     }
     if (stop) break;
     if (n_pending == 0 || blocked) {
-      k3_msgq_wait(&w->engine_q, 100);
+      k3_msgq_wait(&w->engine.q, 100);
       continue;
     }
     /* FIFO batch within the sequence and token budgets (a prompt larger than the token budget
@@ -259,35 +259,14 @@ static void *engine_main(void *arg) {
   return NULL;
 }
 
-int pf_engine_start(pf_worker_t *w) {
-  int rc = k3_msgq_init(&w->engine_q);
-  if (rc) return rc;
-  if (pthread_create(&w->engine_thread, NULL, engine_main, w)) {
-    k3_msgq_destroy(&w->engine_q);
-    return K3_EINTERNAL;
-  }
-  w->engine_running = true;
-  return 0;
-}
+static void free_msg(k3_msg_t *m) { free(m); }
 
-void pf_engine_post(pf_worker_t *w, pf_msg_t *m) { k3_msgq_push(&w->engine_q, &m->link); }
+int pf_engine_start(pf_worker_t *w) { return k3_engine_start(&w->engine, engine_main, w); }
+
+void pf_engine_post(pf_worker_t *w, pf_msg_t *m) { k3_engine_post(&w->engine, &m->link); }
 
 void pf_engine_stop(pf_worker_t *w) {
-  if (!w->engine_running) return;
   pf_msg_t *m = calloc(1, sizeof *m);
-  if (m) {
-    m->link.type = PF_MSG_STOP;
-    pf_engine_post(w, m);
-  } else {
-    k3_msgq_close(&w->engine_q);
-  }
-  pthread_join(w->engine_thread, NULL);
-  w->engine_running = false;
-  k3_msg_t *rest = k3_msgq_take_all(&w->engine_q);
-  while (rest) {
-    k3_msg_t *next = rest->next;
-    free(rest);
-    rest = next;
-  }
-  k3_msgq_destroy(&w->engine_q);
+  if (m) m->link.type = PF_MSG_STOP;
+  k3_engine_stop(&w->engine, m ? &m->link : NULL, free_msg);
 }

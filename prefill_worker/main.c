@@ -34,13 +34,7 @@ void pf_metrics_refresh(pf_worker_t *w) {
   k3_gauge_set(k3_metric_default(w->m.queued_prompt_tokens), (double)load.queued_prompt_tokens);
   k3_gauge_set(k3_metric_default(w->m.queued_requests), (double)load.queued_requests);
   k3_gauge_set(k3_metric_default(w->m.running_requests), (double)load.running_seqs);
-  int ready = !w->draining && k3_registrar_registered(w->reg);
-  if (ready != w->health) {
-    w->health = ready;
-    k3_rpc_server_set_health(w->srv, "", ready ? K3_RPC_HEALTH_SERVING : K3_RPC_HEALTH_NOT_SERVING);
-    k3_rpc_server_set_health(w->srv, "k3pd.v1.Prefill", ready ? K3_RPC_HEALTH_SERVING : K3_RPC_HEALTH_NOT_SERVING);
-  }
-  if (w->mhttp) k3_metrics_http_set_ready(w->mhttp, ready);
+  k3_app_set_ready(w->srv, "k3pd.v1.Prefill", w->mhttp, &w->health, !w->draining && k3_registrar_registered(w->reg));
 }
 
 static void on_metrics_tick(uv_timer_t *t) { pf_metrics_refresh(t->data); }
@@ -55,8 +49,7 @@ static uint32_t live_jobs(void *ud) {
 static void on_drain(void *ud) {
   app_t *a = ud;
   a->w.draining = true;
-  k3_rpc_server_set_health(a->w.srv, "", K3_RPC_HEALTH_NOT_SERVING);
-  k3_rpc_server_set_health(a->w.srv, "k3pd.v1.Prefill", K3_RPC_HEALTH_NOT_SERVING);
+  k3_app_set_ready(a->w.srv, "k3pd.v1.Prefill", a->w.mhttp, &a->w.health, false);
   k3_registrar_set_draining(a->w.reg, true);
 }
 

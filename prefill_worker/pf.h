@@ -81,9 +81,7 @@ typedef struct pf_worker {
   uint32_t send_deadline_ms;
   pf_job_t *jobs;
   bool draining;
-  pthread_t engine_thread;
-  k3_msgq_t engine_q;
-  bool engine_running;
+  k3_engine_t engine;         /* engine thread + its inbound queue */
   k3_inbox_t outbox;
   uint64_t queued_tokens;    /* tokens of jobs not yet started */
   uint32_t running;

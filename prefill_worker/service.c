@@ -48,7 +48,7 @@ static void maybe_drop(pf_worker_t *w, pf_job_t *j) {
 static void post_free(pf_worker_t *w, pf_job_t *j) {
   if (j->free_posted) return;
   j->free_posted = true;
-  if (!w->engine_running) { /* shutting down: the engine already released everything */
+  if (!w->engine.running) { /* shutting down: the engine already released everything */
     j->engine_has = false;
     return;
   }

@@ -107,3 +107,13 @@ int k3_app_metrics_http(k3_metrics_t *reg, const char *prog, const char *host, i
   K3_INFO("metrics on port %d (/metrics, /healthz, /readyz)", k3_metrics_http_port(*out));
   return 0;
 }
+
+void k3_app_set_ready(k3_rpc_server_t *srv, const char *service, k3_metrics_http_t *h, int *last, bool ready) {
+  if ((int)ready != *last) {
+    *last = ready;
+    k3_rpc_health_t st = ready ? K3_RPC_HEALTH_SERVING : K3_RPC_HEALTH_NOT_SERVING;
+    k3_rpc_server_set_health(srv, "", st);
+    k3_rpc_server_set_health(srv, service, st);
+  }
+  if (h) k3_metrics_http_set_ready(h, ready);
+}

@@ -127,3 +127,34 @@ void k3_inbox_close(k3_inbox_t *in, void (*closed_cb)(void *ud)) {
   in->closed_cb = closed_cb;
   uv_close((uv_handle_t *)&in->async, inbox_closed);
 }
+
+int k3_engine_start(k3_engine_t *e, void *(*fn)(void *), void *arg) {
+  int rc = k3_msgq_init(&e->q);
+  if (rc) return rc;
+  if (pthread_create(&e->th, NULL, fn, arg)) {
+    k3_msgq_destroy(&e->q);
+    return K3_EINTERNAL;
+  }
+  e->running = true;
+  return 0;
+}
+
+void k3_engine_post(k3_engine_t *e, k3_msg_t *m) { k3_msgq_push(&e->q, m); }
+
+void k3_engine_stop(k3_engine_t *e, k3_msg_t *stop, void (*free_msg)(k3_msg_t *m)) {
+  if (!e->running) return;
+  if (stop)
+    k3_msgq_push(&e->q, stop);
+  else
+    k3_msgq_close(&e->q);
+  pthread_join(e->th, NULL);
+  e->running = false;
+  /* anything posted after the stop message was never looked at */
+  k3_msg_t *rest = k3_msgq_take_all(&e->q);
+  while (rest) {
+    k3_msg_t *next = rest->next;
+    free_msg(rest);
+    rest = next;
+  }
+  k3_msgq_destroy(&e->q);
+}

@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include "k3pd/metrics.h"
+#include "k3pd/rpc.h"
 
 typedef struct {
   const char *prog;                  /* for log lines */
@@ -44,5 +45,9 @@ int k3_app_log_setup(const char *prog, const char *level);
  * Returns 0 or the k3_metrics_http_start error (message on stderr naming the flag). */
 int k3_app_metrics_http(k3_metrics_t *reg, const char *prog, const char *host, int port,
                         k3_metrics_http_t **out);
+
+/* Readiness of a worker: gRPC health "" and `service` (e.g. "k3pd.v1.Decode") plus /readyz (h
+ * may be NULL). Only a change is published; *last holds the state last published (-1 = none). */
+void k3_app_set_ready(k3_rpc_server_t *srv, const char *service, k3_metrics_http_t *h, int *last, bool ready);
 
 #endif

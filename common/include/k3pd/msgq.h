@@ -68,4 +68,20 @@ void k3_inbox_post(k3_inbox_t *in, k3_msg_t *m);
  * NULL) runs from the close callback, after which the inbox memory may be freed. */
 void k3_inbox_close(k3_inbox_t *in, void (*closed_cb)(void *ud));
 
+/* An engine thread fed by a k3_msgq_t (loop → engine direction). The engine's function takes
+ * messages with k3_msgq_take_all(&e->q) and waits with k3_msgq_wait(&e->q, ms). */
+typedef struct {
+  pthread_t th;
+  k3_msgq_t q;
+  bool running;
+} k3_engine_t;
+
+/* Initialises the queue and starts fn(arg) on a new thread. Returns 0, K3_ENOMEM, K3_EINTERNAL. */
+int k3_engine_start(k3_engine_t *e, void *(*fn)(void *), void *arg);
+void k3_engine_post(k3_engine_t *e, k3_msg_t *m);
+/* Posts `stop` (a message the engine recognises as "stop"; NULL closes the queue instead, for
+ * out-of-memory paths), joins the thread, then hands every message posted after it to
+ * free_msg and destroys the queue. No-op when not running. */
+void k3_engine_stop(k3_engine_t *e, k3_msg_t *stop, void (*free_msg)(k3_msg_t *m));
+
 #endif
