@@ -16,9 +16,13 @@
  * continues from reference values after them; "fix all but X" leaves only X (and the device
  * MoE experts, which are not k3k ops) to differ, so its end-to-end error is X's contribution.
  * What it is not: a pass/fail suite (k3k-gpu-model is): it prints figures and exits 0 unless a
- * step failed to run. With --backend cpu it runs without a device (every figure must be 0: the
- * test of the shadow itself).
- * Exit: 0 done, 1 a run or the shadow failed, 2 usage/setup, 77 backend unavailable. */
+ * step failed to run. With --backend cpu it runs without a device and every figure against the
+ * reference must be exactly 0: `--preset tiny --backend cpu --expect-zero` is the ctest of the
+ * shadow itself (copies, pool rows, fix write-back).
+ * Weights: --model DIR (a k3pd-mkckpt checkpoint) or --preset NAME (synthesised in memory; for
+ * the small presets).
+ * Exit: 0 done, 1 a run or the shadow failed (or --expect-zero saw a nonzero figure), 2
+ * usage/setup, 77 backend unavailable. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +33,7 @@
 #include "k3k.h"
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
+#include "k3pd/model_config.h"
 #include "k3pd/util.h"
 #include "opdiff_shadow.h"
 
@@ -120,6 +125,13 @@ typedef struct {
   float *full, *split; /* last logits of prefill(100) and prefill(96)+4 */
 } res_t;
 
+/* Largest figure against the reference seen so far (for --expect-zero). */
+static double g_worst;
+
+static void worst(double e) {
+  if (e > g_worst || e != e) g_worst = e != e ? INFINITY : e;
+}
+
 static const int64_t k_len[2] = {9, 70};
 #define NP 79
 #define SPLIT_T 100
@@ -208,7 +220,10 @@ static void res_free(res_t *o, size_t nreg) {
 static void report(const char *name, const res_t *g, const res_t *c, int64_t V,
                    const k3_manifest_t *man) {
   double pe[NP];
-  for (int t = 0; t < NP; t++) pe[t] = rel_err(g->pos + t * V, c->pos + t * V, V);
+  for (int t = 0; t < NP; t++) {
+    pe[t] = rel_err(g->pos + t * V, c->pos + t * V, V);
+    worst(pe[t]);
+  }
   double last70 = pe[NP - 1], last9 = pe[k_len[0] - 1];
   qsort(pe, NP, sizeof *pe, cmp_dbl);
   printf("RESULT %-16s prefill logits median %.3e p90 %.3e max %.3e (last 9: %.3e, last 70: %.3e)\n",
@@ -216,20 +231,28 @@ static void report(const char *name, const res_t *g, const res_t *c, int64_t V,
   printf("RESULT %-16s state", name);
   for (size_t i = 0; i < man->n; i++) {
     if (!g->state[i] || !c->state[i] || g->state_n[i] != c->state_n[i]) continue;
-    printf(" %s %.2e", man->regions[i].name, rel_err(g->state[i], c->state[i], g->state_n[i]));
+    double e = rel_err(g->state[i], c->state[i], g->state_n[i]);
+    worst(e);
+    printf(" %s %.2e", man->regions[i].name, e);
   }
   printf("\n");
+  double ef = rel_err(g->full, c->full, V), es = rel_err(g->split, c->split, V);
+  worst(ef);
+  worst(es);
   printf("RESULT %-16s split: own %.3e; prefill(100) vs ref %.3e; prefill(96)+4 vs ref %.3e\n", name,
-         rel_err(g->split, g->full, V), rel_err(g->full, c->full, V), rel_err(g->split, c->split, V));
+         rel_err(g->split, g->full, V), ef, es);
   fflush(stdout);
 }
 
 int main(int argc, char **argv) {
-  const char *model = NULL, *backend = "cuda", *exps = NULL;
+  const char *model = NULL, *preset = NULL, *backend = "cuda", *exps = NULL;
+  bool expect_zero = false;
   int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
   double budget = 0;
   k3_flag_t flags[] = {
-      {"model", K3_FLAG_STR, &model, "DIR", "checkpoint directory (k3pd-mkckpt)", true},
+      {"model", K3_FLAG_STR, &model, "DIR", "checkpoint directory (k3pd-mkckpt)", false},
+      {"preset", K3_FLAG_STR, &preset, "NAME", "synthetic weights of a built-in config (small ones)", false},
+      {"expect-zero", K3_FLAG_BOOL, &expect_zero, NULL, "fail unless every figure vs the reference is 0", false},
       {"backend", K3_FLAG_STR, &backend, "NAME", "studied backend (default cuda; cpu = self-test)", false},
       {"threads", K3_FLAG_INT, &threads, "N", "threads of the cpu-fast reference (default: CPUs)", false},
       {"exps", K3_FLAG_STR, &exps, "LIST", "comma-separated experiments (default: all, in order)", false},
@@ -239,8 +262,8 @@ int main(int argc, char **argv) {
   char err[512] = "";
   int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
-  if (rc) {
-    fprintf(stderr, "k3k-gpu-opdiff: %s\n", err);
+  if (rc || (model != NULL) == (preset != NULL)) {
+    fprintf(stderr, "k3k-gpu-opdiff: %s\n", rc ? err : "give exactly one of --model DIR or --preset NAME");
     return 2;
   }
   k3k_backend_t *be = k3k_backend_get(backend), *ref = k3k_backend_get("cpu-fast");
@@ -251,7 +274,16 @@ int main(int argc, char **argv) {
   k3_model_config_t cfg;
   k3_weights_t *w = NULL;
   uint64_t t0 = k3_now_ns();
-  if ((rc = k3_weights_open_dir(model, &cfg, &w, err, sizeof err))) {
+  if (model) {
+    rc = k3_weights_open_dir(model, &cfg, &w, err, sizeof err);
+  } else {
+    const char *json = k3_model_config_preset(preset);
+    rc = json ? k3_model_config_parse(json, strlen(json), &cfg, err, sizeof err) : K3_EINVAL;
+    if (!json) snprintf(err, sizeof err, "unknown preset '%s' (known: %s)", preset,
+                        k3_model_config_preset_names());
+    if (!rc) rc = k3_weights_synth(&cfg, 1, &w, err, sizeof err);
+  }
+  if (rc) {
     fprintf(stderr, "k3k-gpu-opdiff: weights: %s (%s)\n", err, k3_strerror(rc));
     return 2;
   }
@@ -302,6 +334,7 @@ int main(int argc, char **argv) {
     rc = run_workload(gr, &g, obs);
     if (!rc && (rc = od_shadow_error())) fprintf(stderr, "shadow error: %s\n", k3_strerror(rc));
     if (!rc) report(e->name, &g, &c, V, man);
+    for (int op = 0; op < K3K_OP_COUNT && !rc; op++) worst(od_shadow_stats()[op].max_rel);
     printf("   (%.1f s)\n", (double)(k3_now_ns() - t1) / 1e9);
   }
   od_shadow_remove();
@@ -311,5 +344,9 @@ int main(int argc, char **argv) {
   k3_runner_free(cr);
   k3_weights_free(w);
   k3k_backends_shutdown();
+  if (!rc && expect_zero) {
+    printf("%s: largest figure against the reference %.3e\n", g_worst == 0 ? "PASS" : "FAIL", g_worst);
+    if (g_worst != 0) rc = 1;
+  }
   return rc ? 1 : 0;
 }
