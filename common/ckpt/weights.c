@@ -1,6 +1,7 @@
 /* Weights: a validated set of named views over either an opened checkpoint directory (mmap)
  * or synthetic tensors generated in memory. One view per tmap entry, looked up through a hash
- * index by full name. Validation reports every problem at once (weights.h). */
+ * index by full name. Validation reports every problem at once (weights.h). Synthetic tensors
+ * are filled by k3_synth_fill_many (N threads, same bytes for any N). */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,32 +125,49 @@ int k3_weights_open_dir(const char *dir, k3_model_config_t *cfg_out, k3_weights_
   return 0;
 }
 
-int k3_weights_synth(const k3_model_config_t *cfg, uint64_t seed, k3_weights_t **out, char *err,
-                     size_t errlen) {
+int k3_weights_synth_opts(const k3_model_config_t *cfg, uint64_t seed, const k3_weights_synth_opts_t *opts,
+                          k3_weights_t **out, char *err, size_t errlen) {
+  k3_weights_synth_opts_t o = opts ? *opts : (k3_weights_synth_opts_t){0};
+  if (o.threads < 0) {
+    ck_seterr(err, errlen, "weights: synth threads must be >= 0 (0 = online CPUs), got %d", o.threads);
+    return K3_EINVAL;
+  }
   k3_weights_t *w = NULL;
   int rc = weights_new(cfg, &w, err, errlen);
   if (rc) return rc;
   /* One allocation; every tensor starts on a 64-byte boundary. */
   uint64_t total = 0;
   for (size_t i = 0; i < w->map.n; i++) total += (w->map.entries[i].nbytes + 63) & ~(uint64_t)63;
-  if (total > SIZE_MAX || !(w->mem = aligned_alloc(64, total ? (size_t)total : 64))) {
+  uint8_t **dst = calloc(w->map.n ? w->map.n : 1, sizeof *dst);
+  if (!dst || total > SIZE_MAX || !(w->mem = aligned_alloc(64, total ? (size_t)total : 64))) {
     ck_seterr(err, errlen, "weights: cannot allocate %llu bytes for synthetic weights", (unsigned long long)total);
+    free(dst);
     k3_weights_free(w);
     return K3_ENOMEM;
   }
   uint64_t off = 0;
   for (size_t i = 0; i < w->map.n; i++) {
-    const k3_tmap_entry_t *ent = &w->map.entries[i];
-    if ((rc = k3_synth_fill(&w->cfg, ent, seed, 0, (size_t)ent->nbytes, w->mem + off))) {
-      ck_seterr(err, errlen, "weights: cannot synthesise '%s'", ent->name);
-      k3_weights_free(w);
-      return rc;
-    }
-    w->views[i].data = w->mem + off;
-    off += (ent->nbytes + 63) & ~(uint64_t)63;
+    dst[i] = w->mem + off;
+    w->views[i].data = dst[i];
+    off += (w->map.entries[i].nbytes + 63) & ~(uint64_t)63;
+  }
+  size_t bad = 0;
+  rc = k3_synth_fill_many(&w->cfg, w->map.entries, w->map.n, seed, dst, o.threads, o.progress, &bad);
+  free(dst);
+  if (rc) {
+    if (rc == K3_ENOMEM) ck_seterr(err, errlen, "weights: out of memory planning the synthetic fill");
+    else ck_seterr(err, errlen, "weights: cannot synthesise '%s': %s", w->map.entries[bad].name, k3_strerror(rc));
+    k3_weights_free(w);
+    return rc;
   }
   *out = w;
   return 0;
+}
+
+int k3_weights_synth(const k3_model_config_t *cfg, uint64_t seed, k3_weights_t **out, char *err,
+                     size_t errlen) {
+  k3_weights_synth_opts_t o = {.threads = 1};
+  return k3_weights_synth_opts(cfg, seed, &o, out, err, errlen);
 }
 
 const k3_tensor_view_t *k3_weights_get_full(const k3_weights_t *w, const char *full_name) {

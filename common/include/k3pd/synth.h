@@ -18,6 +18,7 @@
 #ifndef K3PD_SYNTH_H
 #define K3PD_SYNTH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +30,19 @@
  * 32-group is regenerated). Returns 0 or K3_EINVAL (range, alignment or unsupported dtype). */
 int k3_synth_fill(const k3_model_config_t *cfg, const k3_tmap_entry_t *e, uint64_t seed,
                   uint64_t byte_begin, size_t nbytes, void *dst);
+
+/* Fills entries[i] completely into dst[i] (entries[i].nbytes bytes each; any alignment) with
+ * `threads` workers: 0 = online CPUs, capped at K3_SYNTH_MAX_THREADS (weights.h's
+ * K3_WEIGHTS_SYNTH_MAX_THREADS), 1 = the calling thread only. Tensors are cut into 4 MiB slices
+ * handed out from a shared counter, so a few huge tensors spread over all workers too; each slice
+ * is one k3_synth_fill, so the bytes are identical for any thread count (and to k3pd-mkckpt).
+ * The caller works too; every thread is joined before return. progress: a stderr line roughly
+ * every GiB when the total is at least 1 GiB. Returns 0, K3_EINVAL (threads < 0), K3_ENOMEM or
+ * the first k3_synth_fill error, then with *failed (if not NULL) = the failing entry's index and
+ * dst's contents unspecified. */
+#define K3_SYNTH_MAX_THREADS 64
+int k3_synth_fill_many(const k3_model_config_t *cfg, const k3_tmap_entry_t *entries, size_t n,
+                       uint64_t seed, uint8_t *const *dst, int threads, bool progress, size_t *failed);
 
 /* The value of element idx of entry e before rounding to its dtype. For MXFP4 entries: the
  * bf16-rounded master of the logical [N, K] weight (idx < logical_rows*logical_cols), i.e. the

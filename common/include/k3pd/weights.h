@@ -14,6 +14,7 @@
 #ifndef K3PD_WEIGHTS_H
 #define K3PD_WEIGHTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,9 +32,29 @@ int k3_weights_open_dir(const char *dir, k3_model_config_t *cfg, k3_weights_t **
                         size_t errlen);
 
 /* Generates every planned tensor in memory with synth.h (deterministic in (cfg, seed)).
- * Memory: the full checkpoint size (use for tiny presets). Returns 0, K3_ENOMEM, K3_ECONFIG. */
+ * Memory: the full checkpoint size (use for tiny presets). Single-threaded: the calling thread
+ * only (k3_weights_synth_opts for N threads, same bytes). Returns 0, K3_ENOMEM, K3_ECONFIG. */
 int k3_weights_synth(const k3_model_config_t *cfg, uint64_t seed, k3_weights_t **out, char *err,
                      size_t errlen);
+
+/* Options of k3_weights_synth_opts. Zero-initialise, then set what you need. */
+#define K3_WEIGHTS_SYNTH_MAX_THREADS 64 /* == K3_SYNTH_MAX_THREADS (synth.h) */
+typedef struct {
+  int threads;    /* workers; 0 = online CPUs, capped at K3_WEIGHTS_SYNTH_MAX_THREADS; 1 = the
+                     calling thread only. Larger values are capped. Negative: K3_EINVAL. */
+  bool progress;  /* print "k3_weights_synth: X / Y GiB (Z%)" lines to stderr roughly every GiB
+                     (only for checkpoints of at least 1 GiB) */
+} k3_weights_synth_opts_t;
+
+/* k3_weights_synth with `opts->threads` workers (opts NULL = all defaults). The tensors are
+ * split into slices (large tensors into several, so even a few huge tensors parallelise) that
+ * the workers take from a shared counter; every slice is filled by k3_synth_fill, so the bytes
+ * are identical to k3_weights_synth and to k3pd-mkckpt's files for ANY thread count. The
+ * calling thread works too and joins every worker before returning (no thread outlives the
+ * call). If a thread cannot be started the remaining workers (at least the caller) do its
+ * share. Returns 0, K3_EINVAL, K3_ENOMEM, K3_ECONFIG; on error *out is untouched. */
+int k3_weights_synth_opts(const k3_model_config_t *cfg, uint64_t seed, const k3_weights_synth_opts_t *opts,
+                          k3_weights_t **out, char *err, size_t errlen);
 
 void k3_weights_free(k3_weights_t *w);
 
