@@ -76,7 +76,7 @@ int k3_wmodel_load(const k3_wmodel_opts_t *o, k3_weights_t **wout, k3_runner_t *
       return K3_EINVAL;
     }
     rc = k3_model_config_parse(json, strlen(json), &cfg, err, errlen);
-    if (!rc) rc = k3_weights_synth(&cfg, (uint64_t)o->seed_weights, &w, err, errlen);
+    if (!rc) rc = k3_weights_synth_opts(&cfg, (uint64_t)o->seed_weights, NULL, &w, err, errlen); /* all CPUs */
   }
   if (rc) return rc;
   k3_runner_t *r = NULL;

@@ -22,7 +22,7 @@
  * errors of order 1 everywhere).
  * What it is not: an op test (k3k-gpu-check) or a MoE kernel test (k3k-gpu-moe).
  * Weights: --model DIR (a k3pd-mkckpt checkpoint, fast: mmap) or --config FILE (synthetic in
- * memory with k3_weights_synth; slow for real shapes: single-threaded generation).
+ * memory with k3_weights_synth_opts, on every CPU).
  * Exit: 0 all passed, 1 a check failed, 2 usage/setup error, 77 no CUDA device. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -385,7 +385,7 @@ int main(int argc, char **argv) {
     rc = k3_weights_open_dir(model, &cfg, &w, err, sizeof err);
   } else {
     rc = k3_model_config_load(config, &cfg, err, sizeof err);
-    if (!rc) rc = k3_weights_synth(&cfg, 1, &w, err, sizeof err);
+    if (!rc) rc = k3_weights_synth_opts(&cfg, 1, NULL, &w, err, sizeof err);
   }
   if (rc) {
     fprintf(stderr, "k3k-gpu-model: weights: %s (%s)\n", err, k3_strerror(rc));

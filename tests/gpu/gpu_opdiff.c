@@ -281,7 +281,7 @@ int main(int argc, char **argv) {
     rc = json ? k3_model_config_parse(json, strlen(json), &cfg, err, sizeof err) : K3_EINVAL;
     if (!json) snprintf(err, sizeof err, "unknown preset '%s' (known: %s)", preset,
                         k3_model_config_preset_names());
-    if (!rc) rc = k3_weights_synth(&cfg, 1, &w, err, sizeof err);
+    if (!rc) rc = k3_weights_synth_opts(&cfg, 1, NULL, &w, err, sizeof err);
   }
   if (rc) {
     fprintf(stderr, "k3k-gpu-opdiff: weights: %s (%s)\n", err, k3_strerror(rc));

@@ -81,7 +81,7 @@ static int run(const gen_args_t *a) {
     k3_weights_free(w);
     return 2;
   }
-  if ((a->synthetic || a->synthetic_config) && (rc = k3_weights_synth(&cfg, (uint64_t)a->seed_weights, &w, err, sizeof err))) {
+  if ((a->synthetic || a->synthetic_config) && (rc = k3_weights_synth_opts(&cfg, (uint64_t)a->seed_weights, NULL, &w, err, sizeof err))) {
     fprintf(stderr, "k3pd-generate: cannot synthesise weights: %s (%s)\n", err, k3_strerror(rc));
     free(prompt);
     return 1;
