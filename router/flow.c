@@ -196,6 +196,13 @@ void rt_req_on_reserve_done(void *arg, const k3_rpc_status_t *st, const Protobuf
     rt_req_maybe_free(q);
     return;
   }
+  if (st->code == K3_RPC_ALREADY_EXISTS && q->epoch != 0) {
+    /* A re-issue found the request already admitted: the failed prefill attempt's DONE was
+     * accepted just before its deadline fired. The state is on the decode worker and the
+     * Attach stream delivers the tokens; nothing to redo. */
+    K3_INFO("request %s: re-issue not needed, decode worker %s already admitted it", q->id, q->decode_id);
+    return;
+  }
   if (st->code != K3_RPC_OK) {
     rt_req_fail(q, st->code, "decode worker %s: %s", q->decode_id, st->details);
     return;
