@@ -29,19 +29,8 @@ int main(int argc, char **argv) {
     }
   }
   gctx g;
-  memset(&g, 0, sizeof g);
-  g.rng = seed ? seed : 1;
-  g.cuda = k3k_backend_get("cuda");
-  if (!g.cuda) {
-    printf("SKIP: no usable CUDA device\n");
-    return 77;
-  }
-  g.ref = k3k_backend_get(ref);
-  if (!g.ref) {
-    fprintf(stderr, "unknown reference backend %s\n", ref);
-    return 2;
-  }
-  printf("k3k-gpu-check: reference=%s seed=0x%llx\n", ref, (unsigned long long)seed);
+  int orc = gctx_open(&g, ref, seed, "k3k-gpu-check");
+  if (orc) return orc;
   if (parity) gpu_parity(&g, quick);
   if (perf) gpu_perf(&g);
   printf("%d passed, %d failed\n", g.passed, g.failed);

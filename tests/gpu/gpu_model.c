@@ -31,6 +31,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpu_runner_util.h"
 #include "k3_runner.h"
 #include "k3k.h"
 #include "k3pd/err.h"
@@ -83,36 +84,11 @@ static int argmax(const float *x, int64_t n, double *margin) {
   return (int)b;
 }
 
-typedef struct {
-  k3_seq_t s;
-  int32_t pages[64];
-} seq_t;
-
-static void seq_init(seq_t *q) {
-  memset(q, 0, sizeof *q);
-  q->s.slot = -1;
-  q->s.pages = q->pages;
-  q->s.cap_pages = 64;
-}
-
 static int new_runner(const k3_weights_t *w, const char *be, int threads, k3_runner_t **r) {
-  k3_runner_opts_t o;
-  k3_runner_opts_default(&o);
-  o.precision = K3_RUNNER_BF16;
-  o.backend = be;
-  o.threads = threads;
-  o.page_tokens = 64;
-  o.num_pages = 160;
-  o.num_slots = 4;
-  o.max_batch_seqs = 4;
-  o.prefill_chunk_tokens = 512;
-  char err[512] = "";
-  int rc = k3_runner_init(w, &o, r, err, sizeof err);
-  if (rc) fprintf(stderr, "k3k-gpu-model: %s runner: %s (%s)\n", be, err, k3_strerror(rc));
-  return rc;
+  return grunner_new(w, be, threads, 160, "k3k-gpu-model", r);
 }
 
-static int prefill(k3_runner_t *r, seq_t *q, const int32_t *tok, int64_t n, float *logits) {
+static int prefill(k3_runner_t *r, gseq_t *q, const int32_t *tok, int64_t n, float *logits) {
   char err[512] = "";
   int rc = k3_runner_seq_reserve(r, &q->s, q->s.len + n + 16);
   k3_prefill_item_t it = {&q->s, tok, n, logits, false};
@@ -121,7 +97,7 @@ static int prefill(k3_runner_t *r, seq_t *q, const int32_t *tok, int64_t n, floa
   return rc;
 }
 
-static int decode(k3_runner_t *r, seq_t *q, int32_t tok, float *logits) {
+static int decode(k3_runner_t *r, gseq_t *q, int32_t tok, float *logits) {
   char err[512] = "";
   k3_decode_item_t d = {&q->s, tok, logits};
   int rc = k3_runner_decode_step(r, &d, 1, err, sizeof err);
@@ -164,16 +140,16 @@ static void parity(k3_runner_t *ref, k3_runner_t *gpu, int steps, double tol) {
   const int64_t NP = len[0] + len[1];
   float *lr = malloc((size_t)(NP * V) * 4), *lg = malloc((size_t)(NP * V) * 4);
   double *pe = malloc((size_t)NP * sizeof *pe);
-  seq_t qr[2], qg[2];
+  gseq_t qr[2], qg[2];
   k3_runner_t *rs[2] = {ref, gpu};
-  seq_t *qs[2] = {qr, qg};
+  gseq_t *qs[2] = {qr, qg};
   float *ls[2] = {lr, lg};
   char err[512];
   int rc = lr && lg && pe ? 0 : K3_ENOMEM;
   for (int b = 0; b < 2 && !rc; b++) {
     k3_prefill_item_t it[2];
     for (int s = 0; s < 2 && !rc; s++) {
-      seq_init(&qs[b][s]);
+      gseq_init(&qs[b][s]);
       rc = k3_runner_seq_reserve(rs[b], &qs[b][s].s, len[s] + steps + 8);
       it[s] = (k3_prefill_item_t){&qs[b][s].s, tok[s], len[s], ls[b] + (s ? len[0] : 0) * V, true};
     }
@@ -259,9 +235,9 @@ static double split_err(k3_runner_t *gpu, int64_t T, int k) {
   const int64_t V = k3_runner_vocab(gpu);
   int32_t *tok = malloc((size_t)T * 4);
   float *la = malloc((size_t)V * 4), *lb = malloc((size_t)V * 4);
-  seq_t a, b;
-  seq_init(&a);
-  seq_init(&b);
+  gseq_t a, b;
+  gseq_init(&a);
+  gseq_init(&b);
   for (int64_t t = 0; t < T; t++) tok[t] = (int32_t)((t * 7919 + 13) % (V - 1024));
   int rc = prefill(gpu, &a, tok, T, la);
   if (!rc) rc = prefill(gpu, &b, tok, T - k, lb);
@@ -322,8 +298,8 @@ static void perf(k3_runner_t *gpu, const k3_weights_t *w, int decode_steps) {
   for (int t = 0; t < 1024; t++) tok[t] = (t * 104729 + 7) % (int32_t)(V - 1024);
   const int64_t lens[3] = {128, 256, 512};
   for (int i = 0; i < 3; i++) {
-    seq_t q;
-    seq_init(&q);
+    gseq_t q;
+    gseq_init(&q);
     if (prefill(gpu, &q, tok, 8, lg)) break; /* warm-up (cuBLASLt plans, pool) */
     k3_runner_seq_release(gpu, &q.s);
     uint64_t t0 = k3_now_ns();
@@ -333,8 +309,8 @@ static void perf(k3_runner_t *gpu, const k3_weights_t *w, int decode_steps) {
     if (rc) break;
     printf("PERF prefill %lld tokens: %.3f s = %.0f tokens/s\n", (long long)lens[i], s, lens[i] / s);
   }
-  seq_t q;
-  seq_init(&q);
+  gseq_t q;
+  gseq_init(&q);
   int rc = prefill(gpu, &q, tok, 64, lg);
   for (int i = 0; i < 3 && !rc; i++) rc = decode(gpu, &q, tok[64 + i], lg);
   uint64_t t0 = k3_now_ns();

@@ -475,19 +475,8 @@ int main(int argc, char **argv) {
     }
   }
   gctx g;
-  memset(&g, 0, sizeof g);
-  g.rng = seed ? seed : 1;
-  g.cuda = k3k_backend_get("cuda");
-  if (!g.cuda) {
-    printf("SKIP: no usable CUDA device\n");
-    return 77;
-  }
-  g.ref = k3k_backend_get(ref);
-  if (!g.ref) {
-    fprintf(stderr, "unknown reference backend %s\n", ref);
-    return 2;
-  }
-  printf("k3k-gpu-moe: reference=%s seed=0x%llx\n", ref, (unsigned long long)seed);
+  int orc = gctx_open(&g, ref, seed, "k3k-gpu-moe");
+  if (orc) return orc;
   if (parity) gpu_moe_parity(&g);
   if (perf) gpu_moe_perf(&g);
   printf("%d passed, %d failed\n", g.passed, g.failed);

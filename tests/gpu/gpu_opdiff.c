@@ -29,6 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpu_runner_util.h"
 #include "k3_runner.h"
 #include "k3k.h"
 #include "k3pd/err.h"
@@ -78,33 +79,8 @@ static int cmp_dbl(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-typedef struct {
-  k3_seq_t s;
-  int32_t pages[64];
-} seq_t;
-
-static void seq_init(seq_t *q) {
-  memset(q, 0, sizeof *q);
-  q->s.slot = -1;
-  q->s.pages = q->pages;
-  q->s.cap_pages = 64;
-}
-
 static int new_runner(const k3_weights_t *w, const char *be, int threads, k3_runner_t **r) {
-  k3_runner_opts_t o;
-  k3_runner_opts_default(&o);
-  o.precision = K3_RUNNER_BF16;
-  o.backend = be;
-  o.threads = threads;
-  o.page_tokens = 64;
-  o.num_pages = 64;
-  o.num_slots = 4;
-  o.max_batch_seqs = 4;
-  o.prefill_chunk_tokens = 512;
-  char err[512] = "";
-  int rc = k3_runner_init(w, &o, r, err, sizeof err);
-  if (rc) fprintf(stderr, "k3k-gpu-opdiff: %s runner: %s (%s)\n", be, err, k3_strerror(rc));
-  return rc;
+  return grunner_new(w, be, threads, 64, "k3k-gpu-opdiff", r);
 }
 
 /* Layer tags for the shadow's call lines: ops before layer l's callback belong to layer l. */
@@ -148,8 +124,8 @@ static int run_workload(k3_runner_t *r, res_t *o, bool observe) {
       tok[s][t] = (int32_t)((x >> 33) % (uint64_t)(V - 16));
     }
   for (int t = 0; t < SPLIT_T; t++) stok[t] = (int32_t)((t * 7919 + 13) % (V - 16));
-  seq_t q[4];
-  for (int i = 0; i < 4; i++) seq_init(&q[i]);
+  gseq_t q[4];
+  for (int i = 0; i < 4; i++) gseq_init(&q[i]);
   char err[512] = "";
   int rc = 0;
   k3_prefill_item_t it[2];

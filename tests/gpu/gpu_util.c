@@ -158,3 +158,20 @@ int g_run2(gctx *g, k3k_op_t op, const void *params, gpair **ps, int n, const ch
   }
   return 0;
 }
+
+int gctx_open(gctx *g, const char *ref, uint64_t seed, const char *prog) {
+  memset(g, 0, sizeof *g);
+  g->rng = seed ? seed : 1;
+  g->cuda = k3k_backend_get("cuda");
+  if (!g->cuda) {
+    printf("SKIP: no usable CUDA device\n");
+    return 77;
+  }
+  g->ref = k3k_backend_get(ref);
+  if (!g->ref) {
+    fprintf(stderr, "unknown reference backend %s\n", ref);
+    return 2;
+  }
+  printf("%s: reference=%s seed=0x%llx\n", prog, ref, (unsigned long long)seed);
+  return 0;
+}

@@ -25,6 +25,11 @@ typedef struct {
   bool verbose;
 } gctx;
 
+/* Sets up g: the "cuda" backend and the reference backend `ref`, RNG seeded with seed (0 = 1),
+ * and prints "<prog>: reference=... seed=...". Returns 0, 77 when there is no usable CUDA
+ * device (the ctest skip code), or 2 for an unknown reference backend. */
+int gctx_open(gctx *g, const char *ref, uint64_t seed, const char *prog);
+
 int gpair_new(gctx *g, gpair *p, k3k_dtype_t dt, int ndim, const int64_t *shape);
 void gpair_free(gctx *g, gpair *p);
 /* Uniform in [lo, hi) (F32/BF16 rounded; I32 truncated), then uploaded. */

@@ -1,0 +1,32 @@
+/* Runner helpers of the GPU programs; see gpu_runner_util.h. */
+#include "gpu_runner_util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "k3pd/err.h"
+
+void gseq_init(gseq_t *q) {
+  memset(q, 0, sizeof *q);
+  q->s.slot = -1;
+  q->s.pages = q->pages;
+  q->s.cap_pages = GSEQ_MAX_PAGES;
+}
+
+int grunner_new(const k3_weights_t *w, const char *be, int threads, int num_pages, const char *prog,
+                k3_runner_t **r) {
+  k3_runner_opts_t o;
+  k3_runner_opts_default(&o);
+  o.precision = K3_RUNNER_BF16;
+  o.backend = be;
+  o.threads = threads;
+  o.page_tokens = 64;
+  o.num_pages = num_pages;
+  o.num_slots = 4;
+  o.max_batch_seqs = 4;
+  o.prefill_chunk_tokens = 512;
+  char err[512] = "";
+  int rc = k3_runner_init(w, &o, r, err, sizeof err);
+  if (rc) fprintf(stderr, "%s: %s runner: %s (%s)\n", prog, be, err, k3_strerror(rc));
+  return rc;
+}

@@ -1,0 +1,27 @@
+/* Helpers shared by the GPU programs that drive the model runner (k3k-gpu-model,
+ * k3k-gpu-opdiff): a sequence with its own page table, and a bf16 runner with the test
+ * programs' pool sizes. Not a public API. */
+#ifndef K3K_GPU_RUNNER_UTIL_H
+#define K3K_GPU_RUNNER_UTIL_H
+
+#include <stdint.h>
+
+#include "k3_runner.h"
+#include "k3pd/weights.h"
+
+#define GSEQ_MAX_PAGES 64
+
+typedef struct {
+  k3_seq_t s;
+  int32_t pages[GSEQ_MAX_PAGES];
+} gseq_t;
+
+/* Empty sequence (no slot, no pages) whose page table is the struct's own array. */
+void gseq_init(gseq_t *q);
+
+/* bf16 runner on backend `be`: 64-token pages, `num_pages` pages, 4 slots, batch 4, 512-token
+ * prefill chunks. Errors are printed prefixed with `prog`; returns 0 or the k3_runner_init code. */
+int grunner_new(const k3_weights_t *w, const char *be, int threads, int num_pages, const char *prog,
+                k3_runner_t **r);
+
+#endif
