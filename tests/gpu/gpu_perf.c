@@ -54,6 +54,21 @@ static double time_it(pctx *P, bench_fn fn, void *arg, int iters) {
   return ts[iters / 2];
 }
 
+/* True when perf group `tag` was asked for (--only a,b,c; every group when --only is absent). */
+static bool want(const pctx *P, const char *tag) {
+  const char *o = P->g->perf_only;
+  if (!o || !*o) return true;
+  size_t n = strlen(tag);
+  for (const char *s = o; *s;) {
+    const char *e = strchr(s, ',');
+    size_t len = e ? (size_t)(e - s) : strlen(s);
+    if (len == n && !strncmp(s, tag, n)) return true;
+    if (!e) break;
+    s = e + 1;
+  }
+  return false;
+}
+
 static void report(pctx *P, const char *name, double t, double bytes, double flop) {
   if (t <= 0) {
     g_record(P->g, false, "perf %s: run failed", name);
@@ -160,7 +175,7 @@ int gpu_perf(gctx *g) {
   const int64_t NH = 96, Pd = NH * 128, H = 7168, TP = 8192, B = 64;
 
   /* Fused KDA decode step, batch 64: the fp32 state read + write dominates. */
-  {
+  if (want(&P, "kda_decode")) {
     fusedb f;
     memset(&f, 0, sizeof f);
     f.P = &P;
@@ -206,7 +221,7 @@ int gpu_perf(gctx *g) {
            2.0 * B * NH * 128 * 128 * 4 + B * Pd * (4 * 3 + 2 + 2), 0);
   }
   /* MLA absorbed decode, batch 64 x 8K context, page size 64. */
-  {
+  if (want(&P, "mla_decode")) {
     const int64_t ctx = 8192, ps = 64, pages = B * ctx / ps;
     void *q = dbuf(&P, B * NH * 192, K3K_BF16, -1, 1);
     void *w = dbuf(&P, NH * 256 * 512, K3K_BF16, -.1f, .1f);
@@ -267,7 +282,7 @@ int gpu_perf(gctx *g) {
   /* MLA prefill attention (non-absorbed, causal), 96 heads: 8K tokens in one sequence, then a
    * 4K chunk over an 8K context (4K prefix). FLOPs: 2·(192 + 128) per visible (query, key)
    * pair and head; bytes: q, kv, k_rot read once, o written once (bf16). */
-  for (int pre = 0; pre <= 1; pre++) {
+  for (int pre = 0; pre <= 1 && want(&P, "mla_prefill"); pre++) {
     const int64_t Tk = 8192, Tq = pre ? 4096 : 8192;
     void *q = dbuf(&P, Tq * NH * 192, K3K_BF16, -1, 1), *kv = dbuf(&P, Tk * NH * 256, K3K_BF16, -1, 1),
          *kr = dbuf(&P, Tk * 64, K3K_BF16, -1, 1), *o = dbuf(&P, Tq * NH * 128, K3K_BF16, 0, 0);
@@ -292,7 +307,7 @@ int gpu_perf(gctx *g) {
    * Bytes: q,k,v,o bf16 + g fp32 + beta + state in/out. FLOPs per token and head (chunk C=64,
    * triangles counted half): Akk+Aqk 2·C·Dk, W+U C·(Dk+Dv), W·S and q·S 4·Dk·Dv, Aqk·Vn C·Dv,
    * state update 2·Dk·Dv. */
-  for (int nseq = 1; nseq <= 8; nseq *= 8) {
+  for (int nseq = 1; nseq <= 8 && want(&P, "kda_chunk"); nseq *= 8) {
     void *q = dbuf(&P, TP * Pd, K3K_BF16, -.09f, .09f), *k = dbuf(&P, TP * Pd, K3K_BF16, -.09f, .09f),
          *v = dbuf(&P, TP * Pd, K3K_BF16, -1, 1), *gg = dbuf(&P, TP * Pd, K3K_F32, -5, 0),
          *bt = dbuf(&P, TP * NH, K3K_F32, 0, 1), *o = dbuf(&P, TP * Pd, K3K_BF16, 0, 0),
@@ -320,13 +335,15 @@ int gpu_perf(gctx *g) {
     void *bufs[] = {q, k, v, gg, bt, o, st, dcu, dsl};
     for (int i = 0; i < 9; i++) be->free(be, bufs[i]);
   }
+  if (want(&P, "gemm")) {
   bench_gemm(&P, B, Pd, H, "gemm decode q_proj M=64 N=12288 K=7168");
   bench_gemm(&P, B, H, Pd, "gemm decode o_proj M=64 N=7168 K=12288");
   bench_gemm(&P, TP, Pd, H, "gemm prefill q_proj M=8192 N=12288 K=7168");
   bench_gemm(&P, TP, 576, H, "gemm prefill kv_a M=8192 N=576 K=7168");
   bench_gemm(&P, B, 163840, H, "lm_head rows M=64 N=163840 K=7168");
+  }
   /* Row ops at prefill shape. */
-  {
+  if (want(&P, "rows")) {
     void *x = dbuf(&P, TP * Pd, K3K_BF16, -2, 2), *z = dbuf(&P, TP * Pd, K3K_BF16, -2, 2),
          *y = dbuf(&P, TP * Pd, K3K_BF16, 0, 0), *yf = dbuf(&P, TP * Pd, K3K_F32, 0, 0),
          *wf = dbuf(&P, Pd * 4, K3K_F32, -.7f, .7f), *wb = dbuf(&P, H, K3K_BF16, .5f, 1.5f),

@@ -23,6 +23,7 @@ typedef struct {
   uint64_t rng;
   int passed, failed;
   bool verbose;
+  const char *perf_only; /* --only: comma-separated perf groups to run (NULL = all) */
 } gctx;
 
 /* Sets up g: the "cuda" backend and the reference backend `ref`, RNG seeded with seed (0 = 1),
