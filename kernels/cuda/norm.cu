@@ -5,7 +5,13 @@
  * fp32 statistics; inner stride 1 (k3k.h addresses channels as `row*stride0 + d`).
  * What it is not: bit-identical to the CPU reference: sums are tree-ordered here and sequential
  * there, so results differ by fp32 rounding (~1e-7 relative) before the output rounding.
- * RMSNORM with BF16 x/y/w and 16-byte aligned rows takes a vectorised path (8 bf16 per load). */
+ * Fast paths (same fp32 math, only the reduction tree differs): RMSNORM with BF16 x/y/w and
+ * 16-byte aligned rows keeps its row in registers (one read of x, 8 bf16 per load, D <= 8192);
+ * GATED_RMSNORM (BF16 x/z/y, F32 w) and L2NORM (BF16 x, F32/BF16 y) at Dh = 128 give each head
+ * to a half-warp (8 channels per lane, 16-byte loads) and two heads to each half-warp;
+ * ATTN_RES_MIX with BF16 operands keeps 2 values x 4 vectors per thread in flight, on a
+ * persistent grid of 2 blocks per SM so that a token's values (<= 16 x D x 2 bytes) are still in
+ * L2 when the second pass reads them. Everything else takes the generic strided kernels. */
 #include "cuda_common.cuh"
 
 /* ---- RMSNORM ---- */
@@ -60,6 +66,51 @@ __global__ void __launch_bounds__(THREADS)
   }
 }
 
+/* Row held in registers: VPT 16-byte vectors per thread (d8 <= 128 * VPT), x read once. */
+template <int VPT>
+__global__ void __launch_bounds__(128)
+    rmsnorm_reg_kernel(const uint16_t *x, int64_t ld_x, const uint16_t *w, uint16_t *y,
+                       int64_t ld_y, int d, float eps, int bf16_inner) {
+  __shared__ float red[32];
+  const bf16x8 *xr = (const bf16x8 *)(x + blockIdx.x * ld_x);
+  const bf16x8 *wr = (const bf16x8 *)w;
+  bf16x8 *yr = (bf16x8 *)(y + blockIdx.x * ld_y);
+  int d8 = d / 8;
+  bf16x8 v[VPT];
+#pragma unroll
+  for (int k = 0; k < VPT; k++) {
+    int i = threadIdx.x + k * 128;
+    if (i < d8) v[k] = xr[i];
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VPT; k++)
+    if (threadIdx.x + k * 128 < d8) {
+      float f[8];
+      unpack8(v[k], f);
+#pragma unroll
+      for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+    }
+  ss = block_sum(ss, red);
+  float rstd = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma unroll
+  for (int k = 0; k < VPT; k++) {
+    int i = threadIdx.x + k * 128;
+    if (i < d8) {
+      float f[8], g[8];
+      unpack8(v[k], f);
+      unpack8(wr[i], g);
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        float xn = f[j] * rstd;
+        if (bf16_inner) xn = round_bf(xn);
+        f[j] = xn * g[j];
+      }
+      yr[i] = pack8(f);
+    }
+  }
+}
+
 static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 int k3k_cuda_rmsnorm(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
@@ -70,17 +121,29 @@ int k3k_cuda_rmsnorm(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *c
   bool vec = x->dtype == K3K_BF16 && y->dtype == K3K_BF16 && w->dtype == K3K_BF16 &&
              w->stride[0] == 1 && d % 8 == 0 && x->stride[0] % 8 == 0 && y->stride[0] % 8 == 0 &&
              al16(x->data) && al16(y->data) && al16(w->data);
-  if (vec && d >= 2048)
-    rmsnorm_vec_kernel<256><<<(unsigned)rows, 256, 0, cx->stream>>>(
-        (const uint16_t *)x->data, x->stride[0], (const uint16_t *)w->data, (uint16_t *)y->data,
-        y->stride[0], (int)d, p->eps, p->bf16_inner);
-  else if (vec)
-    rmsnorm_vec_kernel<64><<<(unsigned)rows, 64, 0, cx->stream>>>(
-        (const uint16_t *)x->data, x->stride[0], (const uint16_t *)w->data, (uint16_t *)y->data,
-        y->stride[0], (int)d, p->eps, p->bf16_inner);
-  else
-    rmsnorm_kernel<256><<<(unsigned)rows, 256, 0, cx->stream>>>(mkdv(x), mkdv(w), mkdv(y), d,
-                                                                p->eps, p->bf16_inner);
+  const uint16_t *px = (const uint16_t *)x->data, *pw = (const uint16_t *)w->data;
+  uint16_t *py = (uint16_t *)y->data;
+  int64_t d8 = d / 8;
+  unsigned g = (unsigned)rows;
+  if (vec && d8 <= 128) {
+    rmsnorm_reg_kernel<1><<<g, 128, 0, cx->stream>>>(px, x->stride[0], pw, py, y->stride[0],
+                                                     (int)d, p->eps, p->bf16_inner);
+  } else if (vec && d8 <= 256) {
+    rmsnorm_reg_kernel<2><<<g, 128, 0, cx->stream>>>(px, x->stride[0], pw, py, y->stride[0],
+                                                     (int)d, p->eps, p->bf16_inner);
+  } else if (vec && d8 <= 512) {
+    rmsnorm_reg_kernel<4><<<g, 128, 0, cx->stream>>>(px, x->stride[0], pw, py, y->stride[0],
+                                                     (int)d, p->eps, p->bf16_inner);
+  } else if (vec && d8 <= 1024) {
+    rmsnorm_reg_kernel<8><<<g, 128, 0, cx->stream>>>(px, x->stride[0], pw, py, y->stride[0],
+                                                     (int)d, p->eps, p->bf16_inner);
+  } else if (vec) {
+    rmsnorm_vec_kernel<256><<<g, 256, 0, cx->stream>>>(px, x->stride[0], pw, py, y->stride[0],
+                                                       (int)d, p->eps, p->bf16_inner);
+  } else {
+    rmsnorm_kernel<256><<<g, 256, 0, cx->stream>>>(mkdv(x), mkdv(w), mkdv(y), d, p->eps,
+                                                   p->bf16_inner);
+  }
   K3K_LAUNCHED("rmsnorm");
   return 0;
 }
@@ -105,31 +168,63 @@ __global__ void gated_rmsnorm_kernel(dv x, dv z, dv w, dv y, int64_t rows, int64
   }
 }
 
-/* Dh = 128, BF16 x/z/y, F32 w, 8-byte aligned rows: each lane loads 4 channels at once. */
-__global__ void gated_rmsnorm_vec_kernel(const uint16_t *x, int64_t ldx, const uint16_t *z,
-                                         int64_t ldz, const float *w, uint16_t *y, int64_t ldy,
-                                         int64_t rows, int nh, float eps) {
-  int64_t gw = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
-  int lane = threadIdx.x & 31;
-  if (gw >= rows * nh) return;
-  int64_t r = gw / nh;
-  int64_t c0 = (gw - r * nh) * 128 + lane * 4;
-  uint2 xv = *(const uint2 *)(x + r * ldx + c0), zv = *(const uint2 *)(z + r * ldz + c0);
-  float4 wv = *(const float4 *)(w + lane * 4);
-  float xf[4] = {__uint_as_float(xv.x << 16), __uint_as_float(xv.x & 0xffff0000u),
-                 __uint_as_float(xv.y << 16), __uint_as_float(xv.y & 0xffff0000u)};
-  float zf[4] = {__uint_as_float(zv.x << 16), __uint_as_float(zv.x & 0xffff0000u),
-                 __uint_as_float(zv.y << 16), __uint_as_float(zv.y & 0xffff0000u)};
-  float wf[4] = {wv.x, wv.y, wv.z, wv.w};
-  float ss = warp_sum(xf[0] * xf[0] + xf[1] * xf[1] + xf[2] * xf[2] + xf[3] * xf[3]);
-  float rstd = 1.0f / sqrtf(ss / 128.0f + eps);
-  uint32_t o[4];
+/* Half-warp of 16 lanes per (row, head) at Dh = 128, 8 channels per lane; each half-warp
+ * does two consecutive (row, head) items and loads both before the math. */
+__device__ __forceinline__ float hw_sum(float v) {
 #pragma unroll
-  for (int j = 0; j < 4; j++) o[j] = f2bf(xf[j] * rstd * wf[j] * sigmoidf_acc(zf[j]));
-  *(uint2 *)(y + r * ldy + c0) = make_uint2(o[0] | (o[1] << 16), o[2] | (o[3] << 16));
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
-static bool al8(const void *p) { return ((uintptr_t)p & 7) == 0; }
+/* Item i -> offset of its 128 channels in a [rows][nh*128] matrix with row stride ld. */
+__device__ __forceinline__ int64_t head_off(int64_t i, int nh, int64_t ld) {
+  int64_t r = i / nh;
+  return r * ld + (i - r * nh) * 128;
+}
+
+/* Items are (row, head) pairs; blocks of 256 threads = 16 half-warps x 2 items. A half-warp
+ * past the last item does not return: it reduces zeros, so the full-mask shuffles always see
+ * all 32 lanes of the warp. */
+__global__ void __launch_bounds__(256)
+    gated_rmsnorm_vec_kernel(const uint16_t *x, int64_t ldx, const uint16_t *z, int64_t ldz,
+                             const float *w, uint16_t *y, int64_t ldy, int64_t items, int nh,
+                             float eps) {
+  int64_t hw = blockIdx.x * (int64_t)(blockDim.x >> 4) + (threadIdx.x >> 4);
+  int l = threadIdx.x & 15;
+  int64_t i0 = hw * 2;
+  bool live = i0 < items;
+  int n = !live ? 0 : i0 + 1 < items ? 2 : 1;
+  bf16x8 xv[2], zv[2];
+#pragma unroll
+  for (int k = 0; k < 2; k++)
+    if (k < n) {
+      xv[k] = *(const bf16x8 *)(x + head_off(i0 + k, nh, ldx) + l * 8);
+      zv[k] = *(const bf16x8 *)(z + head_off(i0 + k, nh, ldz) + l * 8);
+    }
+  float4 w0 = *(const float4 *)(w + l * 8), w1 = *(const float4 *)(w + l * 8 + 4);
+  float wf[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    float xf[8], zf[8];
+    if (k < n) {
+      unpack8(xv[k], xf);
+      unpack8(zv[k], zf);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; j++) xf[j] = zf[j] = 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) ss += xf[j] * xf[j];
+    ss = hw_sum(ss); /* every lane of the warp takes part (dead items reduce zeros) */
+    float rstd = 1.0f / sqrtf(ss / 128.0f + eps);
+    if (k < n) {
+#pragma unroll
+      for (int j = 0; j < 8; j++) xf[j] = xf[j] * rstd * wf[j] * sigmoidf_acc(zf[j]);
+      *(bf16x8 *)(y + head_off(i0 + k, nh, ldy) + l * 8) = pack8(xf);
+    }
+  }
+}
 
 int k3k_cuda_gated_rmsnorm(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const k3k_gated_rmsnorm_params_t *p = (const k3k_gated_rmsnorm_params_t *)params;
@@ -138,12 +233,14 @@ int k3k_cuda_gated_rmsnorm(k3k_cuda_ctx *cx, const void *params, const k3k_tenso
   if (warps == 0) return 0;
   const k3k_tensor_t *x = t[0], *z = t[1], *w = t[2], *y = t[3];
   if (dh == 128 && x->dtype == K3K_BF16 && z->dtype == K3K_BF16 && y->dtype == K3K_BF16 &&
-      w->dtype == K3K_F32 && w->stride[0] == 1 && x->stride[0] % 4 == 0 &&
-      z->stride[0] % 4 == 0 && y->stride[0] % 4 == 0 && al8(x->data) && al8(z->data) &&
-      al8(y->data) && al16(w->data)) {
-    gated_rmsnorm_vec_kernel<<<k3k_ceil_div(warps, 8), 256, 0, cx->stream>>>(
+      w->dtype == K3K_F32 && w->stride[0] == 1 && x->stride[1] == 1 && z->stride[1] == 1 &&
+      y->stride[1] == 1 && x->stride[0] % 8 == 0 && z->stride[0] % 8 == 0 &&
+      y->stride[0] % 8 == 0 && al16(x->data) && al16(z->data) && al16(y->data) &&
+      al16(w->data)) {
+    /* 16 half-warps per block, two items each */
+    gated_rmsnorm_vec_kernel<<<k3k_ceil_div(warps, 32), 256, 0, cx->stream>>>(
         (const uint16_t *)x->data, x->stride[0], (const uint16_t *)z->data, z->stride[0],
-        (const float *)w->data, (uint16_t *)y->data, y->stride[0], rows, (int)nh, p->eps);
+        (const float *)w->data, (uint16_t *)y->data, y->stride[0], warps, (int)nh, p->eps);
     K3K_LAUNCHED("gated_rmsnorm");
     return 0;
   }
@@ -170,11 +267,67 @@ __global__ void l2norm_kernel(dv x, dv y, int64_t rows, int64_t nh, int64_t dh, 
     dv_st(y, r * y.s[0] + c0 + d, dv_ld(x, r * x.s[0] + c0 + d) * rn * scale);
 }
 
+/* L2NORM at Dh = 128, BF16 x: the half-warp layout of the gated norm; F32 or BF16 y. */
+template <bool YF32>
+__global__ void __launch_bounds__(256)
+    l2norm_vec_kernel(const uint16_t *x, int64_t ldx, void *y, int64_t ldy, int64_t items,
+                      int nh, float eps, float scale) {
+  int64_t hw = blockIdx.x * (int64_t)(blockDim.x >> 4) + (threadIdx.x >> 4);
+  int l = threadIdx.x & 15;
+  int64_t i0 = hw * 2;
+  int n = i0 >= items ? 0 : i0 + 1 < items ? 2 : 1;
+  bf16x8 xv[2];
+#pragma unroll
+  for (int k = 0; k < 2; k++)
+    if (k < n) xv[k] = *(const bf16x8 *)(x + head_off(i0 + k, nh, ldx) + l * 8);
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    float f[8];
+    if (k < n)
+      unpack8(xv[k], f);
+    else
+#pragma unroll
+      for (int j = 0; j < 8; j++) f[j] = 0.0f;
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+    ss = hw_sum(ss);
+    float rn = 1.0f / sqrtf(ss + eps);
+    if (k < n) {
+#pragma unroll
+      for (int j = 0; j < 8; j++) f[j] = f[j] * rn * scale;
+      int64_t o = head_off(i0 + k, nh, ldy) + l * 8;
+      if (YF32) {
+        float4 *yr = (float4 *)((float *)y + o);
+        yr[0] = make_float4(f[0], f[1], f[2], f[3]);
+        yr[1] = make_float4(f[4], f[5], f[6], f[7]);
+      } else {
+        *(bf16x8 *)((uint16_t *)y + o) = pack8(f);
+      }
+    }
+  }
+}
+
 int k3k_cuda_l2norm(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const k3k_l2norm_params_t *p = (const k3k_l2norm_params_t *)params;
   int64_t rows = t[0]->shape[0], dh = p->head_dim, nh = t[0]->shape[1] / dh;
   int64_t warps = rows * nh;
   if (warps == 0) return 0;
+  const k3k_tensor_t *x = t[0], *y = t[1];
+  if (dh == 128 && x->dtype == K3K_BF16 && x->stride[1] == 1 && y->stride[1] == 1 &&
+      x->stride[0] % 8 == 0 && (y->stride[0] * (int64_t)k3k_dtype_size(y->dtype)) % 16 == 0 &&
+      al16(x->data) && al16(y->data)) {
+    if (y->dtype == K3K_F32)
+      l2norm_vec_kernel<true><<<k3k_ceil_div(warps, 32), 256, 0, cx->stream>>>(
+          (const uint16_t *)x->data, x->stride[0], y->data, y->stride[0], warps, (int)nh, p->eps,
+          p->scale);
+    else
+      l2norm_vec_kernel<false><<<k3k_ceil_div(warps, 32), 256, 0, cx->stream>>>(
+          (const uint16_t *)x->data, x->stride[0], y->data, y->stride[0], warps, (int)nh, p->eps,
+          p->scale);
+    K3K_LAUNCHED("l2norm");
+    return 0;
+  }
   l2norm_kernel<<<k3k_ceil_div(warps, 8), 256, 0, cx->stream>>>(mkdv(t[0]), mkdv(t[1]), rows, nh,
                                                                 dh, p->eps, p->scale);
   K3K_LAUNCHED("l2norm");
@@ -226,13 +379,148 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+/* BF16 fast path: THREADS = 256, up to ARM_VPT 16-byte vectors per thread per value
+ * (D <= 8 * 256 * ARM_VPT). Pass 1 takes two values at a time (2 x ARM_VPT loads in flight),
+ * keeps wn ⊙ wp in registers and reduces each value's (ss, dot) with warp shuffles into shared
+ * memory (one barrier per token); pass 2 re-reads the values (from L2) and mixes. The grid is
+ * persistent (blocks stride over tokens) and sized to 2 blocks per SM, so the values in flight
+ * between the two passes stay within L2. */
+#define ARM_VPT 4
+__global__ void __launch_bounds__(256)
+    attn_res_vec_kernel(const uint16_t *snaps, int64_t s_b, int64_t s_t, const uint16_t *pc,
+                        int64_t ld_p, const uint16_t *wn, const uint16_t *wp, uint16_t *y,
+                        int64_t ld_y, int64_t T, int nb, int d, float eps) {
+  __shared__ float red[8][2 * ARM_MAXV];
+  __shared__ float alpha[ARM_MAXV];
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, d8 = d / 8, nv = nb + 1;
+  float wnp[ARM_VPT][8];
+#pragma unroll
+  for (int k = 0; k < ARM_VPT; k++) {
+    int i = threadIdx.x + k * 256;
+    if (i < d8) {
+      float a[8], b[8];
+      unpack8(((const bf16x8 *)wn)[i], a);
+      unpack8(((const bf16x8 *)wp)[i], b);
+#pragma unroll
+      for (int j = 0; j < 8; j++) wnp[k][j] = a[j] * b[j];
+    }
+  }
+  for (int64_t tk = blockIdx.x; tk < T; tk += gridDim.x) {
+    for (int j0 = 0; j0 < nv; j0 += 2) {
+      bf16x8 v[2][ARM_VPT];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        int j = j0 + h;
+        if (j >= nv) break;
+        const bf16x8 *V =
+            (const bf16x8 *)(j < nb ? snaps + j * s_b + tk * s_t : pc + tk * ld_p);
+#pragma unroll
+        for (int k = 0; k < ARM_VPT; k++) {
+          int i = threadIdx.x + k * 256;
+          if (i < d8) v[h][k] = V[i];
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        int j = j0 + h;
+        if (j >= nv) break;
+        float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < ARM_VPT; k++)
+          if (threadIdx.x + k * 256 < d8) {
+            float f[8];
+            unpack8(v[h][k], f);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+              ss += f[e] * f[e];
+              dot += f[e] * wnp[k][e];
+            }
+          }
+        ss = warp_sum(ss);
+        dot = warp_sum(dot);
+        if (lane == 0) {
+          red[wid][2 * j] = ss;
+          red[wid][2 * j + 1] = dot;
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { /* lane j: value j's alpha, then the softmax over the nv lanes */
+      float a = -INFINITY;
+      if (lane < nv) {
+        float ss = 0.0f, dot = 0.0f;
+        for (int w = 0; w < 8; w++) {
+          ss += red[w][2 * lane];
+          dot += red[w][2 * lane + 1];
+        }
+        a = dot / sqrtf(ss / (float)d + eps);
+      }
+      float m = warp_max(a);
+      float e = lane < nv ? expf(a - m) : 0.0f;
+      float z = warp_sum(e);
+      if (lane < nv) alpha[lane] = e / z;
+    }
+    __syncthreads();
+    float acc[ARM_VPT][8];
+#pragma unroll
+    for (int k = 0; k < ARM_VPT; k++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[k][e] = 0.0f;
+    for (int j = 0; j < nv; j++) {
+      const bf16x8 *V = (const bf16x8 *)(j < nb ? snaps + j * s_b + tk * s_t : pc + tk * ld_p);
+      float aj = alpha[j];
+      bf16x8 v[ARM_VPT];
+#pragma unroll
+      for (int k = 0; k < ARM_VPT; k++) {
+        int i = threadIdx.x + k * 256;
+        if (i < d8) v[k] = V[i];
+      }
+#pragma unroll
+      for (int k = 0; k < ARM_VPT; k++)
+        if (threadIdx.x + k * 256 < d8) {
+          float f[8];
+          unpack8(v[k], f);
+#pragma unroll
+          for (int e = 0; e < 8; e++) acc[k][e] += aj * f[e];
+        }
+    }
+    bf16x8 *yr = (bf16x8 *)(y + tk * ld_y);
+#pragma unroll
+    for (int k = 0; k < ARM_VPT; k++) {
+      int i = threadIdx.x + k * 256;
+      if (i < d8) yr[i] = pack8(acc[k]);
+    }
+    __syncthreads(); /* alpha and red are rewritten by the next token */
+  }
+}
+
+static bool arm_vec_ok(const k3k_tensor_t *const *t, int64_t d) {
+  for (int i = 0; i < 5; i++)
+    if (t[i]->dtype != K3K_BF16 || (!al16(t[i]->data) && !(i == 0 && t[0]->shape[0] == 0)))
+      return false;
+  const k3k_tensor_t *sn = t[0], *pc = t[1], *wn = t[2], *wp = t[3], *y = t[4];
+  return d % 8 == 0 && d / 8 <= 256 * ARM_VPT && sn->stride[2] == 1 && pc->stride[1] == 1 &&
+         y->stride[1] == 1 && wn->stride[0] == 1 && wp->stride[0] == 1 &&
+         (sn->shape[0] <= 1 || sn->stride[0] % 8 == 0) && sn->stride[1] % 8 == 0 &&
+         pc->stride[0] % 8 == 0 && y->stride[0] % 8 == 0;
+}
+
 int k3k_cuda_attn_res_mix(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const k3k_attn_res_params_t *p = (const k3k_attn_res_params_t *)params;
   int64_t nb = t[0]->shape[0], T = t[1]->shape[0], d = t[1]->shape[1];
   if (T == 0) return 0;
   if (nb + 1 > ARM_MAXV) return K3_ENOTSUP; /* cuda_supports() rejects this first */
-  attn_res_kernel<<<(unsigned)T, 256, 0, cx->stream>>>(mkdv(t[0]), nb, mkdv(t[1]), mkdv(t[2]),
-                                                       mkdv(t[3]), mkdv(t[4]), d, p->eps);
+  if (arm_vec_ok(t, d)) {
+    int64_t g = 2 * (int64_t)cx->num_sms;
+    attn_res_vec_kernel<<<(unsigned)(T < g ? T : g), 256, 0, cx->stream>>>(
+        (const uint16_t *)t[0]->data, t[0]->stride[0], t[0]->stride[1],
+        (const uint16_t *)t[1]->data, t[1]->stride[0], (const uint16_t *)t[2]->data,
+        (const uint16_t *)t[3]->data, (uint16_t *)t[4]->data, t[4]->stride[0], T, (int)nb, (int)d,
+        p->eps);
+  } else {
+    attn_res_kernel<<<(unsigned)T, 256, 0, cx->stream>>>(mkdv(t[0]), nb, mkdv(t[1]), mkdv(t[2]),
+                                                         mkdv(t[3]), mkdv(t[4]), d, p->eps);
+  }
   K3K_LAUNCHED("attn_res_mix");
   return 0;
 }

@@ -101,6 +101,48 @@ out:
   gpair_free(g, &x), gpair_free(g, &w), gpair_free(g, &y);
 }
 
+/* GEMM on views cuBLASLt cannot take as they are (gemm.cu's scratch fallback) and on a sliced
+ * W it can (row stride as leading dimension): F32 x times a BF16 W (rows 7.. and columns 3.. of
+ * a bigger matrix) -> F32/BF16, and a transposed W view (inner stride != 1). */
+static void t_gemm_views(gctx *g, int64_t M) {
+  const int64_t N = 1000, K = 512;
+  gpair x = {0}, big = {0}, bigt = {0}, y = {0}, yb = {0};
+  char what[128];
+  NEW(x, K3K_F32, 2, M, K);
+  NEW(big, K3K_BF16, 2, N + 20, K + 9);
+  NEW(bigt, K3K_BF16, 2, K, N + 5);
+  NEW(y, K3K_F32, 2, M, N);
+  NEW(yb, K3K_BF16, 2, M, N);
+  gpair_rand(g, &x, -1, 1), gpair_rand(g, &big, -0.05f, 0.05f), gpair_rand(g, &bigt, -0.05f, 0.05f);
+  gpair ws = big; /* W = big[7:7+N, 3:3+K] */
+  ws.h = k3k_tensor_slice(&big.h, 0, 7, N), ws.h = k3k_tensor_slice(&ws.h, 1, 3, K);
+  ws.d = k3k_tensor_slice(&big.d, 0, 7, N), ws.d = k3k_tensor_slice(&ws.d, 1, 3, K);
+  gpair wt = bigt; /* W[n][k] = bigt[k][n]: strides (1, N + 5) */
+  wt.h.shape[0] = wt.d.shape[0] = N, wt.h.shape[1] = wt.d.shape[1] = K;
+  wt.h.stride[0] = wt.d.stride[0] = 1, wt.h.stride[1] = wt.d.stride[1] = N + 5;
+  for (int c = 0; c < 5; c++) {
+    gpair *out = c == 1 ? &yb : &y, *w = c == 2 || c == 3 ? &wt : &ws, *xx = &x;
+    gpair xb = {0};
+    if (c >= 3) { /* BF16 x: transposed W (BF16 path on a copy); the sliced W as it is (2-byte
+                   * aligned leading dimension and pointer: cuBLASLt or, failing that, copies) */
+      NEW(xb, K3K_BF16, 2, M, K);
+      gpair_rand(g, &xb, -1, 1);
+      xx = &xb;
+    }
+    snprintf(what, sizeof what, "gemm views M=%lld N=%lld K=%lld %s x %s W %s -> %s",
+             (long long)M, (long long)N, (long long)K, k3k_dtype_name(xx->h.dtype),
+             w == &wt ? "transposed" : "sliced", k3k_dtype_name(w->h.dtype),
+             k3k_dtype_name(out->h.dtype));
+    gpair_poison(g, out);
+    gpair *a[] = {xx, w, out};
+    if (!g_run2(g, K3K_OP_GEMM, NULL, a, 3, what)) gpair_check(g, out, tol_of(out), what);
+    gpair_free(g, &xb);
+  }
+out:
+  gpair_free(g, &x), gpair_free(g, &big), gpair_free(g, &bigt), gpair_free(g, &y);
+  gpair_free(g, &yb);
+}
+
 static void t_get_rows(gctx *g, int64_t T, int64_t V, int64_t D) {
   gpair tab = {0}, ids = {0}, y = {0};
   char what[128];
@@ -164,20 +206,20 @@ static int split_lens(int64_t T, int32_t *cu, int maxn) {
   return n;
 }
 
-static void t_conv(gctx *g, int64_t T, int64_t C, int read_state) {
+static void t_conv(gctx *g, int64_t T, int64_t C, int read_state, k3k_dtype_t ydt) {
   int32_t cu[8];
   int n = split_lens(T, cu, 8);
   int64_t S = n + 2;
   gpair x = {0}, w = {0}, cup = {0}, sl = {0}, st = {0}, y = {0};
   char what[128];
-  snprintf(what, sizeof what, "conv_prefill T=%lld C=%lld seqs=%d read_state=%d", (long long)T,
-           (long long)C, n, read_state);
+  snprintf(what, sizeof what, "conv_prefill T=%lld C=%lld seqs=%d read_state=%d ->%s",
+           (long long)T, (long long)C, n, read_state, k3k_dtype_name(ydt));
   NEW(x, K3K_BF16, 2, T, C);
   NEW(w, K3K_F32, 2, C, 4);
   NEW(cup, K3K_I32, 1, n + 1);
   NEW(sl, K3K_I32, 1, n);
   NEW(st, K3K_BF16, 3, S, C, 3);
-  NEW(y, K3K_BF16, 2, T, C);
+  NEW(y, ydt, 2, T, C);
   gpair_rand(g, &x, -2, 2), gpair_rand(g, &w, -0.7f, 0.7f), gpair_rand(g, &st, -2, 2);
   for (int i = 0; i <= n; i++) gpair_host_set(&cup, i, (float)cu[i]);
   for (int i = 0; i < n; i++) gpair_host_set(&sl, i, (float)(S - 1 - i)); /* reversed slots */
@@ -186,7 +228,7 @@ static void t_conv(gctx *g, int64_t T, int64_t C, int read_state) {
   k3k_conv_params_t p = {n, read_state, 1};
   gpair *a[] = {&x, &w, &cup, &sl, &st, &y};
   if (!g_run2(g, K3K_OP_CONV_PREFILL, &p, a, 6, what)) {
-    gpair_check(g, &y, TOL_BF16, what);
+    gpair_check(g, &y, tol_of(&y), what);
     strncat(what, " state", sizeof what - strlen(what) - 1);
     gpair_check(g, &st, 0.0, what); /* raw inputs copied: exact */
   }
@@ -456,12 +498,54 @@ out:
   gpair_free(g, &lg), gpair_free(g, &ids);
 }
 
+/* All-greedy batches take the device-only argmax (split rows, no host round trip): ties (the
+ * lowest index wins), NaN (never wins), -0 == +0, an all -inf row (id 0), and BF16 logits
+ * (many exact ties at the maximum). Ids must match exactly. */
+static void t_sample_greedy(gctx *g, int64_t N, int64_t V, k3k_dtype_t dt) {
+  gpair lg = {0}, ids = {0};
+  char what[96];
+  snprintf(what, sizeof what, "sample all-greedy rows=%lld V=%lld %s", (long long)N,
+           (long long)V, k3k_dtype_name(dt));
+  NEW(lg, dt, 2, N, V);
+  NEW(ids, K3K_I32, 1, N);
+  gpair_rand(g, &lg, -8, 8);
+  if (N >= 5) {
+    gpair_host_set(&lg, 1 * V + 90000, 50.0f); /* tie: index 100 must win */
+    gpair_host_set(&lg, 1 * V + 100, 50.0f);
+    gpair_host_set(&lg, 2 * V + 5, NAN);
+    gpair_host_set(&lg, 2 * V + 7, NAN);
+    gpair_host_set(&lg, 2 * V + V - 1, 60.0f);
+    for (int64_t i = 0; i < V; i++) {
+      gpair_host_set(&lg, 3 * V + i, -INFINITY);
+      gpair_host_set(&lg, 4 * V + i, -1.0f);
+    }
+    gpair_host_set(&lg, 4 * V + 70000, 0.0f);
+    gpair_host_set(&lg, 4 * V + 60000, -0.0f); /* equals +0: the lower index wins */
+    gpair_upload(g, &lg);
+  }
+  gpair_poison(g, &ids);
+  k3k_sample_cfg_t cfg[64];
+  memset(cfg, 0, sizeof cfg);
+  for (int i = 0; i < 64; i++) cfg[i].top_k = i % 3 == 1 ? 1 : 0; /* both greedy forms */
+  k3k_sample_params_t p = {(int32_t)N, cfg};
+  gpair *a[] = {&lg, &ids};
+  if (!g_run2(g, K3K_OP_SAMPLE, &p, a, 2, what)) gpair_check(g, &ids, 0.0, what);
+out:
+  gpair_free(g, &lg), gpair_free(g, &ids);
+}
+
 /* Fused decode step vs CONV_STEP x3 → L2NORM q,k → KDA_GATE → SIGMOID → KDA_STEP →
  * GATED_RMSNORM on the reference backend. */
 void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH);
 void gpu_mla_prefill_cases(gctx *g, bool quick);
 
 int gpu_parity(gctx *g, bool quick) {
+  t_gemm_views(g, 1);
+  t_gemm_views(g, 65);
+  t_sample_greedy(g, 64, 163840, K3K_F32);
+  t_sample_greedy(g, 5, 163840, K3K_BF16);
+  t_sample_greedy(g, 3, 1001, K3K_F32); /* one part per row, generic loads */
+  t_sample_greedy(g, 3, 4100, K3K_F32); /* three float4 parts per row */
   for (int i = 0; i < NT; i++) {
     int64_t T = kT[i];
     t_rmsnorm(g, T, 7168, K3K_BF16, 1, 1e-5f);
@@ -475,8 +559,8 @@ int gpu_parity(gctx *g, bool quick) {
     t_gemm(g, T, T <= 65 ? 12288 : 1024, 7168, K3K_BF16, K3K_BF16);
     t_gemm(g, T, 576, 7168, K3K_BF16, K3K_F32);
     t_gemm(g, T, 96, 256, K3K_F32, K3K_F32);
-    t_conv(g, T, 12288, 1);
-    t_conv(g, T, 256, 0);
+    t_conv(g, T, 12288, 1, K3K_BF16);
+    t_conv(g, T, 256, 0, K3K_F32);
     t_gate(g, T, 96, K3K_GATE_LOWER_BOUND);
     t_gate(g, T, 4, K3K_GATE_SOFTPLUS);
     t_attn_res(g, T == 1000 ? 8 : i % 3, T, 7168);
