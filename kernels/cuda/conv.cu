@@ -119,11 +119,16 @@ __global__ void __launch_bounds__(128)
   int64_t start = cu[s], next = s + 1 < nseq ? cu[s + 1] : INT64_MAX;
   float win[W - 1][8];
   conv_window<W>(win, x, ldx, c, t0, start, st, slots[s], read_state);
+  /* Software pipeline: the next CONV_UNROLL rows are loaded before this group's math, so a
+   * thread always has loads in flight (the math alone is about as long as the load latency). */
+  bf16x8 cur[CONV_UNROLL], nxt[CONV_UNROLL];
+#pragma unroll
+  for (int u = 0; u < CONV_UNROLL; u++)
+    if (t0 + u < t_end) cur[u] = ((const bf16x8 *)(x + (t0 + u) * ldx))[c];
   for (int64_t tb = t0; tb < t_end; tb += CONV_UNROLL) {
-    bf16x8 xv[CONV_UNROLL];
 #pragma unroll
     for (int u = 0; u < CONV_UNROLL; u++)
-      if (tb + u < t_end) xv[u] = ((const bf16x8 *)(x + (tb + u) * ldx))[c];
+      if (tb + CONV_UNROLL + u < t_end) nxt[u] = ((const bf16x8 *)(x + (tb + CONV_UNROLL + u) * ldx))[c];
 #pragma unroll
     for (int u = 0; u < CONV_UNROLL; u++) {
       int64_t t = tb + u;
@@ -135,7 +140,7 @@ __global__ void __launch_bounds__(128)
         conv_window<W>(win, x, ldx, c, t, start, st, slots[s], read_state);
       }
       float xt[8], o[8];
-      unpack8(xv[u], xt);
+      unpack8(cur[u], xt);
 #pragma unroll
       for (int k = 0; k < 8; k++) {
         float acc = 0.0f;
@@ -158,6 +163,8 @@ __global__ void __launch_bounds__(128)
         ((bf16x8 *)((uint16_t *)y + t * ldy))[c] = pack8(o);
       }
     }
+#pragma unroll
+    for (int u = 0; u < CONV_UNROLL; u++) cur[u] = nxt[u];
   }
 }
 

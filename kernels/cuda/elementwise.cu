@@ -235,15 +235,32 @@ __global__ void get_rows_kernel(dv table, dv ids, dv y, int64_t v, int64_t d) {
     dv_st(y, r * y.s[0] + j * y.s[1], dv_ld(table, id * table.s[0] + j * table.s[1]));
 }
 
-/* Same-dtype contiguous BF16 rows: 16-byte copies (the embedding at H = 7168). */
-__global__ void get_rows_vec_kernel(const bf16x8 *table, int64_t ld_t8, const int32_t *ids,
-                                    bf16x8 *y, int64_t ld_y8, int64_t v, int64_t d8) {
-  int64_t r = blockIdx.y;
-  int32_t id = ids[r];
-  if (id < 0 || id >= v) return;
-  for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < d8;
-       j += (int64_t)gridDim.x * blockDim.x)
-    y[r * ld_y8 + j] = table[id * ld_t8 + j];
+/* Same-dtype contiguous BF16 rows: 16-byte copies (the embedding at H = 7168). The n x d8
+ * chunks are one flat range (n * d8 < 2^31, 32-bit index math); each thread copies GR_UNROLL
+ * chunks a block-stride apart, all loads issued before the stores. */
+#define GR_UNROLL 4
+__global__ void __launch_bounds__(256)
+    get_rows_vec_kernel(const bf16x8 *table, int64_t ld_t8, const int32_t *ids, bf16x8 *y,
+                        int64_t ld_y8, int64_t v, uint32_t d8, uint32_t total) {
+  uint32_t base = blockIdx.x * (256u * GR_UNROLL) + threadIdx.x;
+  bf16x8 buf[GR_UNROLL];
+  int64_t dst[GR_UNROLL];
+#pragma unroll
+  for (int u = 0; u < GR_UNROLL; u++) {
+    uint32_t i = base + u * 256u;
+    dst[u] = -1;
+    if (i < total) {
+      uint32_t r = i / d8, j = i - r * d8;
+      int32_t id = ids[r];
+      if (id >= 0 && id < v) { /* checked before the launch; never read outside the table */
+        buf[u] = table[id * ld_t8 + j];
+        dst[u] = (int64_t)r * ld_y8 + j;
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < GR_UNROLL; u++)
+    if (dst[u] >= 0) y[dst[u]] = buf[u];
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -258,14 +275,16 @@ int k3k_cuda_get_rows(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *
   bool vec = tab->dtype == K3K_BF16 && y->dtype == K3K_BF16 && tab->stride[1] == 1 &&
              y->stride[1] == 1 && ids->stride[0] == 1 && d % 8 == 0 && tab->stride[0] % 8 == 0 &&
              y->stride[0] % 8 == 0 && aligned16(tab->data) && aligned16(y->data);
-  unsigned gx = (unsigned)((vec ? d / 8 : d) + 255) / 256;
-  dim3 grid(gx > 64 ? 64 : gx, (unsigned)n);
-  if (vec)
-    get_rows_vec_kernel<<<grid, 256, 0, cx->stream>>>(
+  if (vec && n * (d / 8) < ((int64_t)1 << 31)) {
+    uint32_t total = (uint32_t)(n * (d / 8));
+    get_rows_vec_kernel<<<k3k_ceil_div(total, 256 * GR_UNROLL), 256, 0, cx->stream>>>(
         (const bf16x8 *)tab->data, tab->stride[0] / 8, (const int32_t *)ids->data,
-        (bf16x8 *)y->data, y->stride[0] / 8, v, d / 8);
-  else
+        (bf16x8 *)y->data, y->stride[0] / 8, v, (uint32_t)(d / 8), total);
+  } else {
+    unsigned gx = (unsigned)(d + 255) / 256;
+    dim3 grid(gx > 64 ? 64 : gx, (unsigned)n);
     get_rows_kernel<<<grid, 256, 0, cx->stream>>>(mkdv(tab), mkdv(ids), mkdv(y), v, d);
+  }
   K3K_LAUNCHED("get_rows");
   return 0;
 }

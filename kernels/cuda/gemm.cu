@@ -14,7 +14,7 @@
  * scratch and one rounding copy, so every path keeps the reference's single output rounding.
  * cuBLASLt is told the real alignment of every pointer (its default assumes 256 bytes).
  * Algorithm choice (once per problem key, then cached, so steady-state calls skip it): the
- * heuristic's top candidates plus split-K variants of its first pick are timed on the real
+ * heuristic's top 8 candidates plus split-K variants of its first two are timed on the real
  * operands (CUDA events, 1 warm-up + mean of 3 runs) when the product is large (>= 2^24 MACs),
  * the stream is not being captured into a graph and the output does not overlap an input;
  * the heuristic's first pick is kept unless another is >= 3 % faster. K3PD_CUDA_GEMM_TUNE=0
@@ -87,7 +87,7 @@ static bool tune_wanted(k3k_cuda_ctx *cx, int64_t m, int64_t n, int64_t k, int b
   return cs == cudaStreamCaptureStatusNone;
 }
 
-#define TUNE_MAX 12
+#define TUNE_MAX 16
 
 /* Times each candidate (1 warm-up + 3 runs, mean) and returns the index of the fastest; the
  * heuristic's first pick (index 0) wins unless another is >= 3 % faster. A candidate that
@@ -213,15 +213,17 @@ int k3k_cuda_lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int6
       goto out;
     }
     for (int i = 0; i < found; i++) cand[nc++] = res[i].algo;
-    /* Split-K variants of the first pick (fp32 reduction in the workspace): what decode-shaped
-     * products (small m or n, long k) lack most. Kept only when cuBLASLt accepts the config. */
+    /* Split-K variants (2, 4, 8, 16; fp32 reduction in the workspace) of the first two picks:
+     * what decode-shaped products (small m or n, long k) lack most. Kept only when cuBLASLt
+     * accepts the config. */
     static const int32_t splits[] = {2, 4, 8, 16};
-    for (int s = 0; tune && s < 4 && nc < TUNE_MAX; s++) {
-      cublasLtMatmulAlgo_t v = res[0].algo;
+    for (int s = 0; tune && s < 8 && s / 4 < found && nc < TUNE_MAX; s++) {
+      cublasLtMatmulAlgo_t v = res[s / 4].algo;
+      int32_t sk = splits[s % 4];
       uint32_t red = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
       cublasLtMatmulHeuristicResult_t chk;
-      if (cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits[s],
-                                               sizeof splits[s]) != CUBLAS_STATUS_SUCCESS ||
+      if (cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk,
+                                               sizeof sk) != CUBLAS_STATUS_SUCCESS ||
           cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red,
                                                sizeof red) != CUBLAS_STATUS_SUCCESS ||
           cublasLtMatmulAlgoCheck(lt, op, la, lb, lc, lc, &v, &chk) != CUBLAS_STATUS_SUCCESS ||

@@ -8,10 +8,12 @@
  * Fast paths (same fp32 math, only the reduction tree differs): RMSNORM with BF16 x/y/w and
  * 16-byte aligned rows keeps its row in registers (one read of x, 8 bf16 per load, D <= 8192);
  * GATED_RMSNORM (BF16 x/z/y, F32 w) and L2NORM (BF16 x, F32/BF16 y) at Dh = 128 give each head
- * to a half-warp (8 channels per lane, 16-byte loads) and two heads to each half-warp;
- * ATTN_RES_MIX with BF16 operands keeps 2 values x 4 vectors per thread in flight, on a
- * persistent grid of 2 blocks per SM so that a token's values (<= 16 x D x 2 bytes) are still in
- * L2 when the second pass reads them. Everything else takes the generic strided kernels. */
+ * to a half-warp (8 channels per lane, 16-byte loads) and 4 (gated) or 2 (L2) heads to each
+ * half-warp, all loads first; the gated fast path's sigmoid uses __expf/__fdividef (~2 ulp in
+ * fp32, far below its BF16 output rounding); ATTN_RES_MIX with BF16 operands keeps 3 values x 4
+ * vectors per thread in flight, on a persistent grid of 2 blocks per SM so that a token's values
+ * (<= 16 x D x 2 bytes) are still in L2 when the second pass reads them. Everything else takes
+ * the generic strided kernels. */
 #include "cuda_common.cuh"
 
 /* ---- RMSNORM ---- */
@@ -176,27 +178,32 @@ __device__ __forceinline__ float hw_sum(float v) {
   return v;
 }
 
-/* Item i -> offset of its 128 channels in a [rows][nh*128] matrix with row stride ld. */
+/* Item i -> offset of its 128 channels in a [rows][nh*128] matrix with row stride ld. The
+ * fast paths run only when items < 2^31, so the division is 32-bit. */
 __device__ __forceinline__ int64_t head_off(int64_t i, int nh, int64_t ld) {
-  int64_t r = i / nh;
-  return r * ld + (i - r * nh) * 128;
+  uint32_t r = (uint32_t)i / (uint32_t)nh;
+  return (int64_t)r * ld + (int64_t)((uint32_t)i - r * (uint32_t)nh) * 128;
 }
 
-/* Items are (row, head) pairs; blocks of 256 threads = 16 half-warps x 2 items. A half-warp
- * past the last item does not return: it reduces zeros, so the full-mask shuffles always see
- * all 32 lanes of the warp. */
+/* sigmoid with __expf/__fdividef (~2 ulp in fp32): the gated norm's output is BF16, whose
+ * rounding (2^-9) dwarfs it; 1/(1+inf) -> 0 and 1/(1+0) -> 1 at the ends. */
+__device__ __forceinline__ float sigmoid_fast(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
+
+/* Items are (row, head) pairs; blocks of 256 threads = 16 half-warps x GR_ITEMS items, all of a
+ * half-warp's loads issued before its math. A half-warp past the last item does not return: it
+ * reduces zeros, so the full-mask shuffles always see all 32 lanes of the warp. */
+#define GR_ITEMS 4
 __global__ void __launch_bounds__(256)
     gated_rmsnorm_vec_kernel(const uint16_t *x, int64_t ldx, const uint16_t *z, int64_t ldz,
                              const float *w, uint16_t *y, int64_t ldy, int64_t items, int nh,
                              float eps) {
   int64_t hw = blockIdx.x * (int64_t)(blockDim.x >> 4) + (threadIdx.x >> 4);
   int l = threadIdx.x & 15;
-  int64_t i0 = hw * 2;
-  bool live = i0 < items;
-  int n = !live ? 0 : i0 + 1 < items ? 2 : 1;
-  bf16x8 xv[2], zv[2];
+  int64_t i0 = hw * GR_ITEMS;
+  int n = i0 >= items ? 0 : (items - i0 < GR_ITEMS ? (int)(items - i0) : GR_ITEMS);
+  bf16x8 xv[GR_ITEMS], zv[GR_ITEMS];
 #pragma unroll
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < GR_ITEMS; k++)
     if (k < n) {
       xv[k] = *(const bf16x8 *)(x + head_off(i0 + k, nh, ldx) + l * 8);
       zv[k] = *(const bf16x8 *)(z + head_off(i0 + k, nh, ldz) + l * 8);
@@ -204,7 +211,7 @@ __global__ void __launch_bounds__(256)
   float4 w0 = *(const float4 *)(w + l * 8), w1 = *(const float4 *)(w + l * 8 + 4);
   float wf[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < GR_ITEMS; k++) {
     float xf[8], zf[8];
     if (k < n) {
       unpack8(xv[k], xf);
@@ -220,7 +227,7 @@ __global__ void __launch_bounds__(256)
     float rstd = 1.0f / sqrtf(ss / 128.0f + eps);
     if (k < n) {
 #pragma unroll
-      for (int j = 0; j < 8; j++) xf[j] = xf[j] * rstd * wf[j] * sigmoidf_acc(zf[j]);
+      for (int j = 0; j < 8; j++) xf[j] = xf[j] * rstd * wf[j] * sigmoid_fast(zf[j]);
       *(bf16x8 *)(y + head_off(i0 + k, nh, ldy) + l * 8) = pack8(xf);
     }
   }
@@ -236,9 +243,9 @@ int k3k_cuda_gated_rmsnorm(k3k_cuda_ctx *cx, const void *params, const k3k_tenso
       w->dtype == K3K_F32 && w->stride[0] == 1 && x->stride[1] == 1 && z->stride[1] == 1 &&
       y->stride[1] == 1 && x->stride[0] % 8 == 0 && z->stride[0] % 8 == 0 &&
       y->stride[0] % 8 == 0 && al16(x->data) && al16(z->data) && al16(y->data) &&
-      al16(w->data)) {
-    /* 16 half-warps per block, two items each */
-    gated_rmsnorm_vec_kernel<<<k3k_ceil_div(warps, 32), 256, 0, cx->stream>>>(
+      al16(w->data) && warps < ((int64_t)1 << 31)) {
+    /* 16 half-warps per block, GR_ITEMS items each */
+    gated_rmsnorm_vec_kernel<<<k3k_ceil_div(warps, 16 * GR_ITEMS), 256, 0, cx->stream>>>(
         (const uint16_t *)x->data, x->stride[0], (const uint16_t *)z->data, z->stride[0],
         (const float *)w->data, (uint16_t *)y->data, y->stride[0], warps, (int)nh, p->eps);
     K3K_LAUNCHED("gated_rmsnorm");
@@ -316,7 +323,7 @@ int k3k_cuda_l2norm(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *co
   const k3k_tensor_t *x = t[0], *y = t[1];
   if (dh == 128 && x->dtype == K3K_BF16 && x->stride[1] == 1 && y->stride[1] == 1 &&
       x->stride[0] % 8 == 0 && (y->stride[0] * (int64_t)k3k_dtype_size(y->dtype)) % 16 == 0 &&
-      al16(x->data) && al16(y->data)) {
+      al16(x->data) && al16(y->data) && warps < ((int64_t)1 << 31)) {
     if (y->dtype == K3K_F32)
       l2norm_vec_kernel<true><<<k3k_ceil_div(warps, 32), 256, 0, cx->stream>>>(
           (const uint16_t *)x->data, x->stride[0], y->data, y->stride[0], warps, (int)nh, p->eps,
@@ -379,37 +386,28 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-/* BF16 fast path: THREADS = 256, up to ARM_VPT 16-byte vectors per thread per value
- * (D <= 8 * 256 * ARM_VPT). Pass 1 takes two values at a time (2 x ARM_VPT loads in flight),
- * keeps wn ⊙ wp in registers and reduces each value's (ss, dot) with warp shuffles into shared
- * memory (one barrier per token); pass 2 re-reads the values (from L2) and mixes. The grid is
- * persistent (blocks stride over tokens) and sized to 2 blocks per SM, so the values in flight
- * between the two passes stay within L2. */
+/* BF16 fast path: 256 threads, up to ARM_VPT 16-byte vectors per thread per value
+ * (D <= 8 * 256 * ARM_VPT). Pass 1 loads ARM_P1 values at a time (ARM_P1 x ARM_VPT loads in
+ * flight per thread) and reduces each value's (ss, dot) with warp shuffles into shared memory
+ * (one barrier per token); pass 2 re-reads the values (from L2), ARM_P2 at a time, and mixes.
+ * The grid is persistent (blocks stride over tokens) and sized to 2 blocks per SM: between a
+ * token's two passes the whole GPU streams ~264 tokens' values (~34 MB at K3's 9 x 7168), which
+ * stays within the 50 MB L2; more blocks per SM would evict them first. */
 #define ARM_VPT 4
-__global__ void __launch_bounds__(256)
+#define ARM_P1 3
+#define ARM_P2 2
+__global__ void __launch_bounds__(256, 2)
     attn_res_vec_kernel(const uint16_t *snaps, int64_t s_b, int64_t s_t, const uint16_t *pc,
                         int64_t ld_p, const uint16_t *wn, const uint16_t *wp, uint16_t *y,
                         int64_t ld_y, int64_t T, int nb, int d, float eps) {
   __shared__ float red[8][2 * ARM_MAXV];
   __shared__ float alpha[ARM_MAXV];
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, d8 = d / 8, nv = nb + 1;
-  float wnp[ARM_VPT][8];
-#pragma unroll
-  for (int k = 0; k < ARM_VPT; k++) {
-    int i = threadIdx.x + k * 256;
-    if (i < d8) {
-      float a[8], b[8];
-      unpack8(((const bf16x8 *)wn)[i], a);
-      unpack8(((const bf16x8 *)wp)[i], b);
-#pragma unroll
-      for (int j = 0; j < 8; j++) wnp[k][j] = a[j] * b[j];
-    }
-  }
   for (int64_t tk = blockIdx.x; tk < T; tk += gridDim.x) {
-    for (int j0 = 0; j0 < nv; j0 += 2) {
-      bf16x8 v[2][ARM_VPT];
+    for (int j0 = 0; j0 < nv; j0 += ARM_P1) {
+      bf16x8 v[ARM_P1][ARM_VPT];
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
+      for (int h = 0; h < ARM_P1; h++) {
         int j = j0 + h;
         if (j >= nv) break;
         const bf16x8 *V =
@@ -420,27 +418,38 @@ __global__ void __launch_bounds__(256)
           if (i < d8) v[h][k] = V[i];
         }
       }
+      float ss[ARM_P1], dot[ARM_P1];
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        int j = j0 + h;
-        if (j >= nv) break;
-        float ss = 0.0f, dot = 0.0f;
+      for (int h = 0; h < ARM_P1; h++) ss[h] = dot[h] = 0.0f;
 #pragma unroll
-        for (int k = 0; k < ARM_VPT; k++)
-          if (threadIdx.x + k * 256 < d8) {
+      for (int k = 0; k < ARM_VPT; k++) {
+        int i = threadIdx.x + k * 256;
+        if (i >= d8) break;
+        float a[8], b[8];
+        unpack8(((const bf16x8 *)wn)[i], a); /* L1 hits after the first token */
+        unpack8(((const bf16x8 *)wp)[i], b);
+#pragma unroll
+        for (int e = 0; e < 8; e++) a[e] *= b[e];
+#pragma unroll
+        for (int h = 0; h < ARM_P1; h++)
+          if (j0 + h < nv) {
             float f[8];
             unpack8(v[h][k], f);
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-              ss += f[e] * f[e];
-              dot += f[e] * wnp[k][e];
+              ss[h] += f[e] * f[e];
+              dot[h] += f[e] * a[e];
             }
           }
-        ss = warp_sum(ss);
-        dot = warp_sum(dot);
+      }
+#pragma unroll
+      for (int h = 0; h < ARM_P1; h++) {
+        int j = j0 + h;
+        if (j >= nv) break;
+        float s1 = warp_sum(ss[h]), d1 = warp_sum(dot[h]);
         if (lane == 0) {
-          red[wid][2 * j] = ss;
-          red[wid][2 * j + 1] = dot;
+          red[wid][2 * j] = s1;
+          red[wid][2 * j + 1] = d1;
         }
       }
     }
@@ -448,12 +457,12 @@ __global__ void __launch_bounds__(256)
     if (threadIdx.x < 32) { /* lane j: value j's alpha, then the softmax over the nv lanes */
       float a = -INFINITY;
       if (lane < nv) {
-        float ss = 0.0f, dot = 0.0f;
+        float s1 = 0.0f, d1 = 0.0f;
         for (int w = 0; w < 8; w++) {
-          ss += red[w][2 * lane];
-          dot += red[w][2 * lane + 1];
+          s1 += red[w][2 * lane];
+          d1 += red[w][2 * lane + 1];
         }
-        a = dot / sqrtf(ss / (float)d + eps);
+        a = d1 / sqrtf(s1 / (float)d + eps);
       }
       float m = warp_max(a);
       float e = lane < nv ? expf(a - m) : 0.0f;
@@ -466,23 +475,34 @@ __global__ void __launch_bounds__(256)
     for (int k = 0; k < ARM_VPT; k++)
 #pragma unroll
       for (int e = 0; e < 8; e++) acc[k][e] = 0.0f;
-    for (int j = 0; j < nv; j++) {
-      const bf16x8 *V = (const bf16x8 *)(j < nb ? snaps + j * s_b + tk * s_t : pc + tk * ld_p);
-      float aj = alpha[j];
-      bf16x8 v[ARM_VPT];
+    for (int j0 = 0; j0 < nv; j0 += ARM_P2) {
+      bf16x8 v[ARM_P2][ARM_VPT];
 #pragma unroll
-      for (int k = 0; k < ARM_VPT; k++) {
-        int i = threadIdx.x + k * 256;
-        if (i < d8) v[k] = V[i];
+      for (int h = 0; h < ARM_P2; h++) {
+        int j = j0 + h;
+        if (j >= nv) break;
+        const bf16x8 *V =
+            (const bf16x8 *)(j < nb ? snaps + j * s_b + tk * s_t : pc + tk * ld_p);
+#pragma unroll
+        for (int k = 0; k < ARM_VPT; k++) {
+          int i = threadIdx.x + k * 256;
+          if (i < d8) v[h][k] = V[i];
+        }
       }
 #pragma unroll
-      for (int k = 0; k < ARM_VPT; k++)
-        if (threadIdx.x + k * 256 < d8) {
-          float f[8];
-          unpack8(v[k], f);
+      for (int h = 0; h < ARM_P2; h++) {
+        int j = j0 + h;
+        if (j >= nv) break;
+        float aj = alpha[j];
 #pragma unroll
-          for (int e = 0; e < 8; e++) acc[k][e] += aj * f[e];
-        }
+        for (int k = 0; k < ARM_VPT; k++)
+          if (threadIdx.x + k * 256 < d8) {
+            float f[8];
+            unpack8(v[h][k], f);
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[k][e] += aj * f[e];
+          }
+      }
     }
     bf16x8 *yr = (bf16x8 *)(y + tk * ld_y);
 #pragma unroll

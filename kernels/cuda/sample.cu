@@ -3,7 +3,7 @@
  * What it is for: k3k.h defines the sampled token as a pure function of (logits row, config,
  * seed, step), identical on every backend. Greedy rows are an argmax on the device (NaN counts
  * as -inf, -0 equals +0, lowest index on ties: exactly the reference rule), split over several
- * blocks per row (about 4 blocks per SM in all) whose (value, index) keys a second small kernel
+ * blocks per row (about 8 blocks per SM in all) whose (value, index) keys a second small kernel
  * reduces; a batch of greedy rows writes the ids on the device and does not synchronise. Rows
  * that draw copy
  * their logits (fp32, 640 KiB per row at V = 163,840) to pinned host memory and run the
@@ -37,7 +37,7 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t k) {
 }
 
 /* Pass 1: block (part, r) reduces columns [part*chunk, (part+1)*chunk) of row r to one key.
- * VEC: contiguous F32 row, 16-byte aligned, chunk % 4 == 0 (float4 loads, 4 in flight). */
+ * VEC: contiguous F32 row, 16-byte aligned, chunk % 4 == 0 (float4 loads, 8 in flight). */
 template <bool VEC>
 __global__ void __launch_bounds__(256)
     argmax_part_kernel(dv logits, int64_t v, int64_t chunk, uint64_t *part_keys) {
@@ -49,12 +49,12 @@ __global__ void __launch_bounds__(256)
     int64_t n4 = (c1 - c0) / 4;
     const float4 *p4 = (const float4 *)(row + c0);
     int64_t i = threadIdx.x;
-    for (; i + 3 * 256 < n4; i += 4 * 256) {
-      float4 q[4];
+    for (; i + 7 * 256 < n4; i += 8 * 256) {
+      float4 q[8];
 #pragma unroll
-      for (int u = 0; u < 4; u++) q[u] = p4[i + u * 256];
+      for (int u = 0; u < 8; u++) q[u] = p4[i + u * 256];
 #pragma unroll
-      for (int u = 0; u < 4; u++) {
+      for (int u = 0; u < 8; u++) {
         int64_t b = c0 + 4 * (i + u * 256);
         uint64_t k = am_key(q[u].x, b);
         uint64_t k1 = am_key(q[u].y, b + 1), k2 = am_key(q[u].z, b + 2), k3 = am_key(q[u].w, b + 3);
@@ -142,8 +142,8 @@ int k3k_cuda_sample(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *co
   if (N == 0) return 0;
   int n_draw = 0;
   for (int64_t r = 0; r < N; r++) n_draw += !is_greedy(&p->rows[r]);
-  /* Parts per row: about 4 blocks per SM over the batch, each part >= 2048 columns. */
-  int64_t nparts = (4 * (int64_t)cx->num_sms + N - 1) / N;
+  /* Parts per row: about 8 blocks per SM over the batch, each part >= 2048 columns. */
+  int64_t nparts = (8 * (int64_t)cx->num_sms + N - 1) / N;
   int64_t maxp = (V + 2047) / 2048;
   if (nparts > maxp) nparts = maxp;
   if (nparts < 1) nparts = 1;
