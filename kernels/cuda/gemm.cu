@@ -20,6 +20,8 @@
  * the heuristic's first pick is kept unless another is >= 3 % faster. K3PD_CUDA_GEMM_TUNE=0
  * turns the timing off (heuristic pick only). Different algorithms differ only in fp32
  * summation order (split-K), within the documented GEMM tolerances.
+ * k3k_cuda_lt_gemm returns K3_ENOTSUP (a logged warning) when cuBLASLt offers no algorithm for
+ * the layouts/alignments; the GEMM op then retries on contiguous copies.
  * Row-major y[M,N] = x[M,K]·W[N,K]ᵀ is the column-major product yᵀ = op_T(W) · xᵀ. */
 #include <cublasLt.h>
 #include <stdlib.h>
