@@ -21,7 +21,8 @@
  * at once with cp.async (16-byte copies into its own shared-memory slots: up to 8 KB in flight
  * per warp, 128 KB per SM), then dequantises each register right at its mma; the 8 partial
  * tiles are summed through shared memory and one warp runs the epilogue. Short chains per warp
- * and deep prefetch keep the copy engine busy to the last block (no long per-warp tails).
+ * keep the last blocks short; a block's copies come in one burst, so what bounds it is the
+ * average bytes in flight per SM (docs/perf-gpu-moe.md: measured ~2× the copy-bandwidth floor).
  * The mma's k order is free (it sums), so x is fed with the weights' (k, k+4) pairing by byte
  * permutes instead of reordering the weights.
  *
