@@ -10,7 +10,7 @@
  * weights 1e-5 (expf ulps); BF16 outputs 1e-2 (one bf16 rounding, ~2e-3 expected); F32 GEMM
  * outputs 1e-5 (fp32 summation order only); dequant exact.
  * Exit: 0 all passed, 1 some failed, 77 no device (ctest SKIP).
- * Usage: k3k-gpu-moe [--perf] [--no-parity] [--ref cpu|cpu-fast] [--seed N] */
+ * Usage: k3k-gpu-moe [--perf] [--perf-t T,T,..] [--no-parity] [--ref cpu|cpu-fast] [--seed N] */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +20,7 @@
 #include "gpu_moe.h"
 #include "k3k.h"
 #include "k3pd/err.h"
+#include "k3pd/flags.h"
 
 static cudaStream_t stream_of(gctx *g) { return k3k_cuda_ctx_of(g->cuda)->stream; }
 
@@ -439,6 +440,7 @@ int gpu_moe_parity(gctx *g) {
   mx_gemm_case(g, 100, H1, DL, K3K_BF16, K3K_BF16, 118, 123); /* prefill tiling */
   mx_gemm_case(g, 16, DL, H1, K3K_BF16, K3K_BF16, 118, 123);  /* w2 */
   mx_gemm_case(g, 37, DL, H1, K3K_BF16, K3K_F32, 118, 123);   /* fp32 out: order only */
+  mx_gemm_case(g, 300, DL, H1, K3K_BF16, K3K_F32, 118, 123);  /* 3 token tiles of 100 */
   mx_gemm_case(g, 5, 256, 512, K3K_BF16, K3K_F32, 100, 160);  /* scales > 128 (two multiplies) */
   mx_gemm_case(g, 3, 512, 1024, K3K_BF16, K3K_F32, 0, 20);    /* tiny scales: bf16 subnormals */
   mx_gemm_case(g, 3, 300, 640, K3K_F32, K3K_F32, 110, 140);   /* fp32 x: generic kernel */
@@ -457,28 +459,54 @@ int gpu_moe_parity(gctx *g) {
   pipeline_case(g, 1, 32, 16);
   pipeline_case(g, 16, 32, 8);
   pipeline_case(g, 96, 4, 2); /* ~48 rows per expert: prefill tiling */
+  pipeline_case(g, 200, 3, 2); /* ~133 rows per expert: two token tiles, ragged column tiles */
   return g->failed;
 }
 
 int main(int argc, char **argv) {
   bool perf = false, parity = true;
+  int32_t *Ts = NULL;
+  size_t nT = 0;
   const char *ref = "cpu-fast";
   uint64_t seed = 0xC0FFEE11ull;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--perf")) perf = true;
     else if (!strcmp(argv[i], "--no-parity")) parity = false;
+    else if (!strcmp(argv[i], "--perf-t") && i + 1 < argc) {
+      char err[128];
+      free(Ts);
+      Ts = NULL;
+      if (k3_parse_int_list(argv[++i], &Ts, &nT, err, sizeof err) || nT == 0) {
+        fprintf(stderr, "--perf-t: %s\n", nT == 0 ? "empty list" : err);
+        free(Ts);
+        return 2;
+      }
+      for (size_t j = 0; j < nT; j++)
+        if (Ts[j] < 1 || Ts[j] > 65536) {
+          fprintf(stderr, "--perf-t: token count %d outside 1..65536\n", Ts[j]);
+          free(Ts);
+          return 2;
+        }
+      perf = true;
+    }
     else if (!strcmp(argv[i], "--ref") && i + 1 < argc) ref = argv[++i];
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
     else {
-      fprintf(stderr, "usage: %s [--perf] [--no-parity] [--ref cpu|cpu-fast] [--seed N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--perf] [--perf-t T,T,..] [--no-parity] [--ref cpu|cpu-fast] [--seed N]\n",
+              argv[0]);
+      free(Ts);
       return 2;
     }
   }
   gctx g;
   int orc = gctx_open(&g, ref, seed, "k3k-gpu-moe");
-  if (orc) return orc;
+  if (orc) {
+    free(Ts);
+    return orc;
+  }
   if (parity) gpu_moe_parity(&g);
-  if (perf) gpu_moe_perf(&g);
+  if (perf) gpu_moe_perf(&g, Ts, nT);
+  free(Ts);
   printf("%d passed, %d failed\n", g.passed, g.failed);
   k3k_backends_shutdown();
   return g.failed ? 1 : 0;

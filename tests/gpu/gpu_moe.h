@@ -28,6 +28,7 @@ int moe_gpu(gctx *g, const moe_run *m);
 int moe_n_active(gctx *g, const moe_run *m);
 
 int gpu_moe_parity(gctx *g);
-int gpu_moe_perf(gctx *g);
+/* Ts: the token counts to time (NULL: 1, 16 and 8192). */
+int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT);
 
 #endif

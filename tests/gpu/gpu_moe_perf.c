@@ -85,7 +85,7 @@ static void *dalloc(gctx *g, size_t bytes) {
   return g->cuda->alloc(g->cuda, bytes, &p) ? NULL : p;
 }
 
-int gpu_moe_perf(gctx *g) {
+int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT) {
   cudaStream_t st = k3k_cuda_ctx_of(g->cuda)->stream;
   const int32_t E = 896, K = 16;
   /* ceilings */
@@ -136,8 +136,12 @@ int gpu_moe_perf(gctx *g) {
   k3k_cu_fill_random(st, bias, E, K3K_F32, 14, -0.01f, 0.01f);
   k3k_tensor_t tb = k3k_tensor_1d(g->cuda, K3K_F32, bias, E);
 
-  const int32_t Ts[3] = {1, 16, 8192};
-  for (int i = 0; i < 3; i++) {
+  static const int32_t Tdef[3] = {1, 16, 8192};
+  if (!Ts) {
+    Ts = Tdef;
+    nT = 3;
+  }
+  for (int i = 0; i < (int)nT; i++) {
     int32_t T = Ts[i];
     float *lg = dalloc(g, (size_t)T * E * 4);
     uint16_t *z = dalloc(g, (size_t)T * DL * 2), *y = dalloc(g, (size_t)T * DL * 2);
