@@ -8,17 +8,20 @@
  *  - warpgroup 0, the producer: cp.async 16-byte copies of the Q tile once and of
  *    K = [k_nope_h | k_rot] (128 x 192) and V = v_h (128 x 128) per key tile into a two-stage
  *    ring, written in the 128-byte swizzled layout wgmma reads (mla_prefill_sm90.cuh); keys past
- *    the block's last visible key are zero-filled, never read. After its copies land it fences
- *    them for the async proxy and arrives on the stage's "full" mbarrier.
+ *    the block's last visible key are zero-filled, never read. K and V of a stage have their
+ *    own "full"/"empty" mbarriers: K of tile t+2 is copied as soon as both consumers finished
+ *    tile t's Q·Kᵀ (before their softmax), V once they finished its P·V — the K copy gets ~1.5
+ *    tiles of lead instead of 1 (measured: ~6 % faster than one barrier pair per stage). After
+ *    its copies land the producer fences them for the async proxy and arrives on "full".
  *  - warpgroups 1 and 2, the consumers, 64 query rows each: S = Q·Kᵀ by 12 wgmma m64n128k16
- *    with both operands in shared memory, the causal mask only on tiles that cross a row's
- *    diagonal, online softmax in registers with exp2 and the scale·log2(e) folded in, P rounded
- *    to bf16 straight from the S accumulators into wgmma A registers, O += P·V by 8 register-A
- *    wgmma (V read MN-major, no transpose pass), then the stage is released ("empty"
- *    mbarrier). The two consumer warpgroups run unsynchronised, so one's softmax overlaps the
- *    other's tensor-core work. A warpgroup skips the math of tiles above its diagonal (and all
- *    math when its rows are past Lq) but still waits for and releases every stage, so the
- *    ring's phases stay in step.
+ *    with both operands in shared memory (then K is released), the causal mask only on tiles
+ *    that cross a row's diagonal, online softmax in registers with exp2 and the scale·log2(e)
+ *    folded in, P rounded to bf16 straight from the S accumulators into wgmma A registers,
+ *    O += P·V by 8 register-A wgmma (V read MN-major, no transpose pass; then V is released).
+ *    The two consumer warpgroups run unsynchronised, so one's softmax overlaps the other's
+ *    tensor-core work (forcing FA3's ping-pong turns with named barriers measured no better).
+ *    A warpgroup skips the math of tiles above its diagonal (and all math when its rows are
+ *    past Lq) but still waits for and releases every stage, so the ring's phases stay in step.
  *  - Not done: overlapping a warpgroup's own P·V with its next Q·Kᵀ (FA3's intra-warpgroup
  *    pipelining) keeps ~190 registers live; the register file is split per SM sub-partition,
  *    so 3 warps there cap every thread at 168, ptxas (CUDA 13.0) did not allocate past that
@@ -54,8 +57,15 @@
 #define MP_KSTAGE (3 * MP_BLK)
 #define MP_OFF_V (MP_OFF_K + 2 * MP_KSTAGE)
 #define MP_VSTAGE (2 * MP_BLK)
-#define MP_OFF_BAR (MP_OFF_V + 2 * MP_VSTAGE) /* full[2], empty[2]: 8 bytes each */
-#define MP_SMEM (MP_OFF_BAR + 32 + 1024)      /* + alignment slack */
+#define MP_OFF_BAR (MP_OFF_V + 2 * MP_VSTAGE) /* 4 x 2 mbarriers of 8 bytes, see MP_BAR */
+#define MP_SMEM (MP_OFF_BAR + 64 + 1024)      /* + alignment slack */
+/* mbarrier of kind k for stage s: K full, V full (count: producer threads), K empty, V empty
+ * (count: consumer threads). */
+#define MP_FULLK 0
+#define MP_FULLV 1
+#define MP_EMPTYK 2
+#define MP_EMPTYV 3
+#define MP_BAR(sb, k, s) ((sb) + MP_OFF_BAR + 16 * (k) + 8 * (s))
 
 typedef struct {
   const uint16_t *q, *kv, *kr;  /* bf16 */
@@ -85,29 +95,39 @@ __device__ __forceinline__ void mp_produce(const mp_args &a, unsigned char *smem
     cp_async16(smem + MP_OFF_Q + (c >> 3) * MP_BLK + sw_off(r, c & 7), valid ? src : a.q, valid);
   }
   for (int t = 0; t < ntiles; t++) {
-    const int s = t & 1, kt0 = t * MP_BN;
-    if (t >= 2) mbar_wait(sb + MP_OFF_BAR + 16 + 8 * s, ((t >> 1) & 1) ^ 1);
+    const int s = t & 1, kt0 = t * MP_BN, ph = ((t >> 1) & 1) ^ 1;
     unsigned char *kb = smem + MP_OFF_K + s * MP_KSTAGE, *vb = smem + MP_OFF_V + s * MP_VSTAGE;
-    /* kv row of a key: [k_nope_h (16 chunks) | v_h (16 chunks)], 512 contiguous bytes: one
-     * warp copies one row per step. */
-    for (int it = 0; it < 32; it++) {
-      int idx = it * 128 + pt, r = idx >> 5, c = idx & 31, key = kt0 + r;
+    /* K = [k_nope_h | k_rot] as soon as the stage's K is free (its Q·Kᵀ of tile t-2 is done):
+     * k_nope_h is the first 256 bytes of a kv row (a half-warp per row), k_rot 128 bytes. */
+    if (t >= 2) mbar_wait(MP_BAR(sb, MP_EMPTYK, s), ph);
+    for (int it = 0; it < 16; it++) {
+      int idx = it * 128 + pt, r = idx >> 4, c = idx & 15, key = kt0 + r;
       bool valid = key < kend;
       const uint16_t *src = a.kv + (int64_t)(k0 + key) * a.ldkv + (int64_t)h * 256 + c * 8;
-      int cc = c & 15;
-      unsigned char *dst = (c < 16 ? kb : vb) + (cc >> 3) * MP_BLK + sw_off(r, cc & 7);
-      cp_async16(dst, valid ? src : a.kv, valid);
+      cp_async16(kb + (c >> 3) * MP_BLK + sw_off(r, c & 7), valid ? src : a.kv, valid);
     }
-    /* k_rot (shared by all heads): 8 chunks per key, into the third K block. */
     for (int it = 0; it < 8; it++) {
       int idx = it * 128 + pt, r = idx >> 3, c = idx & 7, key = kt0 + r;
       bool valid = key < kend;
       const uint16_t *src = a.kr + (int64_t)(k0 + key) * a.ldkr + c * 8;
       cp_async16(kb + 2 * MP_BLK + sw_off(r, c), valid ? src : a.kr, valid);
     }
-    cp_async_wait_all();
+    cp_async_commit(); /* (tile 0: the Q copies are in this group too) */
+    /* V = v_h (the second 256 bytes of the kv row) once the stage's P·V of tile t-2 is done. */
+    if (t >= 2) mbar_wait(MP_BAR(sb, MP_EMPTYV, s), ph);
+    for (int it = 0; it < 16; it++) {
+      int idx = it * 128 + pt, r = idx >> 4, c = idx & 15, key = kt0 + r;
+      bool valid = key < kend;
+      const uint16_t *src = a.kv + (int64_t)(k0 + key) * a.ldkv + (int64_t)h * 256 + 128 + c * 8;
+      cp_async16(vb + (c >> 3) * MP_BLK + sw_off(r, c & 7), valid ? src : a.kv, valid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>(); /* K landed */
     fence_proxy_async(); /* the copies are read next by wgmma (async proxy) */
-    mbar_arrive(sb + MP_OFF_BAR + 8 * s);
+    mbar_arrive(MP_BAR(sb, MP_FULLK, s));
+    cp_async_wait<0>(); /* V landed */
+    fence_proxy_async();
+    mbar_arrive(MP_BAR(sb, MP_FULLV, s));
   }
 }
 
@@ -132,9 +152,12 @@ __device__ __forceinline__ void mp_consume(const mp_args &a, uint32_t sb, int c,
 
   for (int t = 0; t < ntiles; t++) {
     const int s = t & 1, kt0 = t * MP_BN;
-    mbar_wait(sb + MP_OFF_BAR + 8 * s, (t >> 1) & 1);
+    const uint32_t ph = (t >> 1) & 1;
+    mbar_wait(MP_BAR(sb, MP_FULLK, s), ph);
     if (!live || kt0 > last_key) { /* nothing visible here: release the stage only */
-      mbar_arrive(sb + MP_OFF_BAR + 16 + 8 * s);
+      mbar_wait(MP_BAR(sb, MP_FULLV, s), ph);
+      mbar_arrive(MP_BAR(sb, MP_EMPTYK, s));
+      mbar_arrive(MP_BAR(sb, MP_EMPTYV, s));
       continue;
     }
     float sacc[64];
@@ -149,6 +172,7 @@ __device__ __forceinline__ void mp_consume(const mp_args &a, uint32_t sb, int c,
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence64(sacc);
+    mbar_arrive(MP_BAR(sb, MP_EMPTYK, s)); /* K of this stage may be refilled */
 
     /* Scale to log2 units; mask keys past a row's causal limit (only on diagonal tiles). */
     const bool need_mask = kt0 + MP_BN - 1 > off + wrow0;
@@ -208,6 +232,7 @@ __device__ __forceinline__ void mp_consume(const mp_args &a, uint32_t sb, int c,
       pf[kk][3] = pack_bf2(sacc[8 * kk + 6], sacc[8 * kk + 7]);
     }
     const uint32_t vb = sb + MP_OFF_V + s * MP_VSTAGE;
+    mbar_wait(MP_BAR(sb, MP_FULLV, s), ph);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; kk++)
@@ -215,7 +240,7 @@ __device__ __forceinline__ void mp_consume(const mp_args &a, uint32_t sb, int c,
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence64(o);
-    mbar_arrive(sb + MP_OFF_BAR + 16 + 8 * s); /* this warpgroup is done with the stage */
+    mbar_arrive(MP_BAR(sb, MP_EMPTYV, s)); /* V of this stage may be refilled */
   }
   if (!live) return;
 
@@ -256,8 +281,10 @@ __global__ void __launch_bounds__(MP_THREADS, 1) mla_prefill_kernel(mp_args a) {
    * paths must not look divergent, or ptxas serialises them). */
   const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0);
   if (threadIdx.x == 0) {
-    mbar_init(sb + MP_OFF_BAR, 128), mbar_init(sb + MP_OFF_BAR + 8, 128);       /* full */
-    mbar_init(sb + MP_OFF_BAR + 16, 256), mbar_init(sb + MP_OFF_BAR + 24, 256); /* empty */
+    for (int s = 0; s < 2; s++) {
+      mbar_init(MP_BAR(sb, MP_FULLK, s), 128), mbar_init(MP_BAR(sb, MP_FULLV, s), 128);
+      mbar_init(MP_BAR(sb, MP_EMPTYK, s), 256), mbar_init(MP_BAR(sb, MP_EMPTYV, s), 256);
+    }
     mbar_init_fence();
   }
   __syncthreads();

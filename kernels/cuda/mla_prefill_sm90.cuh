@@ -57,12 +57,9 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 
 /* ---- ordering between this thread's generic-proxy writes (cp.async included, once they
- * completed) and later async-proxy reads (wgmma operands). */
+ * completed: cp_async_wait) and later async-proxy reads (wgmma operands). */
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 /* ---- wgmma */
