@@ -2,15 +2,37 @@
  *
  * What it is for: the prefill attention of every MLA layer. Per sequence i and head h, query j
  * (0-based in the sequence) sees keys 0 .. Lk − Lq + j; score = [q_nope | q_rot]·[k_nope_h |
- * k_rot]·scale (192 dims), fp32 online softmax, o = Σ p·v_h (128 dims). Flash-style: a block
- * holds 128 queries of one head (8 warps x 16 rows, Q fragments in registers), streams 64-key
- * tiles of K (k_nope | k_rot, 192 dims) and V (128 dims) through shared memory (two-stage
- * cp.async) and never materialises a T x T matrix. Tensor cores: mma.sync m16n8k16 bf16, fp32
- * accumulate; P goes from the score accumulators straight into A fragments (no shared memory).
+ * k_rot]·scale (192 dims), fp32 online softmax, o = Σ p·v_h (128 dims).
+ * How (Hopper, sm_90a; FlashAttention-3's schedule): a block owns 128 queries of one head and
+ * streams 128-key tiles; nothing T x T is materialised. Three warpgroups:
+ *  - warpgroup 0, the producer: cp.async 16-byte copies of the Q tile once and of
+ *    K = [k_nope_h | k_rot] (128 x 192) and V = v_h (128 x 128) per key tile into a two-stage
+ *    ring, written in the 128-byte swizzled layout wgmma reads (mla_prefill_sm90.cuh); keys past
+ *    the block's last visible key are zero-filled, never read. K and V of a stage have their
+ *    own "full"/"empty" mbarriers: K of tile t+2 is copied as soon as both consumers finished
+ *    tile t's Q·Kᵀ (before their softmax), V once they finished its P·V — the K copy gets ~1.5
+ *    tiles of lead instead of 1 (measured: ~6 % faster than one barrier pair per stage). After
+ *    its copies land the producer fences them for the async proxy and arrives on "full".
+ *  - warpgroups 1 and 2, the consumers, 64 query rows each: S = Q·Kᵀ by 12 wgmma m64n128k16
+ *    with both operands in shared memory (then K is released), the causal mask only on tiles
+ *    that cross a row's diagonal, online softmax in registers with exp2 and the scale·log2(e)
+ *    folded in, P rounded to bf16 straight from the S accumulators into wgmma A registers,
+ *    O += P·V by 8 register-A wgmma (V read MN-major, no transpose pass; then V is released).
+ *    The two consumer warpgroups run unsynchronised, so one's softmax overlaps the other's
+ *    tensor-core work (forcing FA3's ping-pong turns with named barriers measured no better).
+ *    A warpgroup skips the math of tiles above its diagonal (and all math when its rows are
+ *    past Lq) but still waits for and releases every stage, so the ring's phases stay in step.
+ *  - Not done: overlapping a warpgroup's own P·V with its next Q·Kᵀ (FA3's intra-warpgroup
+ *    pipelining) keeps ~190 registers live; the register file is split per SM sub-partition,
+ *    so 3 warps there cap every thread at 168, ptxas (CUDA 13.0) did not allocate past that
+ *    after setmaxnreg, and it serialised the wgmma instead. The kernel as it is fits in 168
+ *    with no spills, so it uses no setmaxnreg.
+ * The grid walks the latest (longest) query tiles of each head first for load balance, heads
+ * next to each other so a head's K/V stays in L2 while its tiles run.
  * What it is not: the absorbed decode (mla.cu); the kv_b_proj GEMM or cache gather that build
  * its inputs (chunked prefill: MLA_CACHE_GATHER + GEMM, then this op over prefix + chunk).
  * Numerics vs the reference (fp32): q, k, v are bf16 tensors already; p is rounded to bf16 for
- * the P·V product (2^-9 relative); accumulation and softmax are fp32.
+ * the P·V product (2^-9 relative); accumulation and softmax are fp32 (ex2.approx, 2 ulp).
  * Invariants (k3k_cuda_mla_prefill_ok): Dn = 128, Dr = 64, Dv = 128; q, kv, k_rot BF16 with
  * inner stride 1, row strides multiples of 8 elements and 16-byte aligned data; o BF16 or F32
  * with inner stride 1. cu_q/cu_k are validated on the host after one copy (one stream
@@ -18,18 +40,32 @@
  * (the reference's codes); nothing is written on error. */
 #include <string.h>
 
-#include "mma_sm80.cuh"
+#include "mla_prefill_sm90.cuh"
 
-#define MP_QROWS 128 /* queries per block */
-#define MP_KT 64     /* keys per tile */
-#define MP_THREADS 256
+#define MP_BM 128 /* queries per block (2 consumer warpgroups x 64) */
+#define MP_BN 128 /* keys per tile */
+#define MP_THREADS 384
 #define MP_DQK 192
 #define MP_DV 128
-#define MP_KP 200 /* K/Q smem pitch (bf16): 400 B = 25 x 16 B, ldmatrix conflict-free */
-#define MP_VP 136 /* V smem pitch: 272 B = 17 x 16 B */
-#define MP_OFF_K (MP_QROWS * MP_KP * 2)
-#define MP_OFF_V (MP_OFF_K + 2 * MP_KT * MP_KP * 2)
-#define MP_SMEM (MP_OFF_V + 2 * MP_KT * MP_VP * 2)
+/* Shared memory, from a 1024-byte aligned base (swizzle atoms). Every operand is a stack of
+ * 16 KB blocks, each 128 rows x 64 bf16 (one 128-byte swizzled row per query/key):
+ * Q: 3 blocks (dims 0-63, 64-127, 128-191); K stage: 3 blocks (k_nope 0-63, 64-127, k_rot);
+ * V stage: 2 blocks (dv 0-63, 64-127). */
+#define MP_BLK 16384
+#define MP_OFF_Q 0
+#define MP_OFF_K (3 * MP_BLK)
+#define MP_KSTAGE (3 * MP_BLK)
+#define MP_OFF_V (MP_OFF_K + 2 * MP_KSTAGE)
+#define MP_VSTAGE (2 * MP_BLK)
+#define MP_OFF_BAR (MP_OFF_V + 2 * MP_VSTAGE) /* 4 x 2 mbarriers of 8 bytes, see MP_BAR */
+#define MP_SMEM (MP_OFF_BAR + 64 + 1024)      /* + alignment slack */
+/* mbarrier of kind k for stage s: K full, V full (count: producer threads), K empty, V empty
+ * (count: consumer threads). */
+#define MP_FULLK 0
+#define MP_FULLV 1
+#define MP_EMPTYK 2
+#define MP_EMPTYV 3
+#define MP_BAR(sb, k, s) ((sb) + MP_OFF_BAR + 16 * (k) + 8 * (s))
 
 typedef struct {
   const uint16_t *q, *kv, *kr;  /* bf16 */
@@ -41,165 +77,172 @@ typedef struct {
   float scale;
 } mp_args;
 
-/* Grid (q tiles, NH, N), q tiles walked last-first so the longest (latest) tiles start first. */
-__global__ void __launch_bounds__(MP_THREADS, 1) mla_prefill_kernel(mp_args a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  uint16_t *Qs = (uint16_t *)smem, *Ks = (uint16_t *)(smem + MP_OFF_K),
-           *Vs = (uint16_t *)(smem + MP_OFF_V);
-  const int h = blockIdx.y, n = blockIdx.z, nh = gridDim.y;
-  const int q0 = a.cu_q[(int64_t)n * a.sq], lq = a.cu_q[(int64_t)(n + 1) * a.sq] - q0;
-  const int k0 = a.cu_k[(int64_t)n * a.sk], lk = a.cu_k[(int64_t)(n + 1) * a.sk] - k0;
-  const int qt = (int)gridDim.x - 1 - (int)blockIdx.x, r0 = qt * MP_QROWS;
-  if (r0 >= lq) return;
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
-  const int off = lk - lq; /* query j sees keys <= off + j */
-  const int kend = min(lk, off + min(lq, r0 + MP_QROWS)); /* keys this block needs */
-  (void)nh;
+/* Byte offset of 16-byte chunk c (0..7) of row r inside a swizzled 128-row block. */
+__device__ __forceinline__ uint32_t sw_off(int r, int c) {
+  return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
+}
 
-  /* Q tile: 128 rows x 24 chunks; rows past lq are zero. */
-  for (int i = tid; i < MP_QROWS * 24; i += MP_THREADS) {
-    int r = i / 24, c = i % 24;
+/* Producer warpgroup: Q once, then K/V tiles 0..ntiles-1 through the two stages. */
+__device__ __forceinline__ void mp_produce(const mp_args &a, unsigned char *smem, uint32_t sb,
+                                           int h, int q0, int lq, int k0, int r0, int kend,
+                                           int ntiles) {
+  const int pt = threadIdx.x; /* 0..127 */
+  /* Q: 128 rows x 24 chunks; rows past Lq are zero. */
+  for (int it = 0; it < 24; it++) {
+    int idx = it * 128 + pt, r = idx / 24, c = idx - r * 24;
     bool valid = r0 + r < lq;
     const uint16_t *src = a.q + (int64_t)(q0 + r0 + r) * a.ldq + (int64_t)h * MP_DQK + c * 8;
-    cp_async16(Qs + r * MP_KP + c * 8, valid ? src : a.q, valid);
+    cp_async16(smem + MP_OFF_Q + (c >> 3) * MP_BLK + sw_off(r, c & 7), valid ? src : a.q, valid);
   }
-  /* K tile = [k_nope_h (16 chunks) | k_rot (8 chunks)], V tile = v_h (16 chunks). */
-  auto load_tile = [&](int kt0, int buf) {
-    uint16_t *kd = Ks + buf * MP_KT * MP_KP, *vd = Vs + buf * MP_KT * MP_VP;
-    for (int i = tid; i < MP_KT * 40; i += MP_THREADS) {
-      int r = i / 40, c = i % 40, key = kt0 + r;
+  for (int t = 0; t < ntiles; t++) {
+    const int s = t & 1, kt0 = t * MP_BN, ph = ((t >> 1) & 1) ^ 1;
+    unsigned char *kb = smem + MP_OFF_K + s * MP_KSTAGE, *vb = smem + MP_OFF_V + s * MP_VSTAGE;
+    /* K = [k_nope_h | k_rot] as soon as the stage's K is free (its Q·Kᵀ of tile t-2 is done):
+     * k_nope_h is the first 256 bytes of a kv row (a half-warp per row), k_rot 128 bytes. */
+    if (t >= 2) mbar_wait(MP_BAR(sb, MP_EMPTYK, s), ph);
+    for (int it = 0; it < 16; it++) {
+      int idx = it * 128 + pt, r = idx >> 4, c = idx & 15, key = kt0 + r;
       bool valid = key < kend;
-      int64_t row = (int64_t)(k0 + key);
-      const uint16_t *src;
-      uint16_t *dst;
-      if (c < 16) {
-        src = a.kv + row * a.ldkv + (int64_t)h * 256 + c * 8;
-        dst = kd + r * MP_KP + c * 8;
-      } else if (c < 24) {
-        src = a.kr + row * a.ldkr + (c - 16) * 8;
-        dst = kd + r * MP_KP + c * 8;
-      } else {
-        src = a.kv + row * a.ldkv + (int64_t)h * 256 + 128 + (c - 24) * 8;
-        dst = vd + r * MP_VP + (c - 24) * 8;
-      }
-      cp_async16(dst, valid ? src : a.kv, valid);
+      const uint16_t *src = a.kv + (int64_t)(k0 + key) * a.ldkv + (int64_t)h * 256 + c * 8;
+      cp_async16(kb + (c >> 3) * MP_BLK + sw_off(r, c & 7), valid ? src : a.kv, valid);
     }
-  };
-  load_tile(0, 0);
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-
-  /* This warp's 16 query rows as A fragments, 12 k-steps (48 registers). */
-  uint32_t qf[12][4];
-  {
-    const uint16_t *qa = Qs + (w * 16 + (lane & 15)) * MP_KP + (lane >> 4) * 8;
-#pragma unroll
-    for (int ks = 0; ks < 12; ks++) ldsm_x4(qf[ks], qa + ks * 16);
+    for (int it = 0; it < 8; it++) {
+      int idx = it * 128 + pt, r = idx >> 3, c = idx & 7, key = kt0 + r;
+      bool valid = key < kend;
+      const uint16_t *src = a.kr + (int64_t)(k0 + key) * a.ldkr + c * 8;
+      cp_async16(kb + 2 * MP_BLK + sw_off(r, c), valid ? src : a.kr, valid);
+    }
+    cp_async_commit(); /* (tile 0: the Q copies are in this group too) */
+    /* V = v_h (the second 256 bytes of the kv row) once the stage's P·V of tile t-2 is done. */
+    if (t >= 2) mbar_wait(MP_BAR(sb, MP_EMPTYV, s), ph);
+    for (int it = 0; it < 16; it++) {
+      int idx = it * 128 + pt, r = idx >> 4, c = idx & 15, key = kt0 + r;
+      bool valid = key < kend;
+      const uint16_t *src = a.kv + (int64_t)(k0 + key) * a.ldkv + (int64_t)h * 256 + 128 + c * 8;
+      cp_async16(vb + (c >> 3) * MP_BLK + sw_off(r, c & 7), valid ? src : a.kv, valid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>(); /* K landed */
+    fence_proxy_async(); /* the copies are read next by wgmma (async proxy) */
+    mbar_arrive(MP_BAR(sb, MP_FULLK, s));
+    cp_async_wait<0>(); /* V landed */
+    fence_proxy_async();
+    mbar_arrive(MP_BAR(sb, MP_FULLV, s));
   }
-  const int wr0 = r0 + w * 16;                  /* first query row of this warp */
-  const int lim_lo = off + wr0 + g, lim_hi = lim_lo + 8; /* last visible key of rows g, g+8 */
-  const int warp_last = min(off + wr0 + 15, lk - 1);   /* last key any row of the warp sees */
+}
+
+/* Consumer warpgroup c (0/1): query rows r0 + 64c .. +63 of the block. */
+__device__ __forceinline__ void mp_consume(const mp_args &a, uint32_t sb, int c, int h, int q0,
+                                           int lq, int lk, int r0, int ntiles) {
+  const int ct = threadIdx.x - 128 * (c + 1), lane = ct & 31, wq = ct >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int off = lk - lq;                 /* query j sees keys <= off + j */
+  const int wrow0 = r0 + 64 * c;           /* first query row of this warpgroup */
+  const bool live = wrow0 < lq;            /* any row of the warpgroup is a real query */
+  const int last_key = off + wrow0 + 63;   /* last key any row of the warpgroup sees */
+  const int rlo = wrow0 + 16 * wq + g;     /* this thread's rows: rlo, rlo + 8 */
+  const int lim_lo = off + rlo, lim_hi = lim_lo + 8;
   const float sl2 = a.scale * 1.4426950408889634f;
-  float oacc[16][4];
+  const uint32_t qa = sb + MP_OFF_Q + c * 64 * 128;
+
+  float o[64];
 #pragma unroll
-  for (int i = 0; i < 16; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+  for (int i = 0; i < 64; i++) o[i] = 0.f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
 
-  int buf = 0;
-  for (int kt0 = 0; kt0 < kend; kt0 += MP_KT, buf ^= 1) {
-    if (kt0 > 0) {
-      cp_async_wait<0>();
-      __syncthreads(); /* tile landed; the other buffer is no longer read */
+  for (int t = 0; t < ntiles; t++) {
+    const int s = t & 1, kt0 = t * MP_BN;
+    const uint32_t ph = (t >> 1) & 1;
+    mbar_wait(MP_BAR(sb, MP_FULLK, s), ph);
+    if (!live || kt0 > last_key) { /* nothing visible here: release the stage only */
+      mbar_wait(MP_BAR(sb, MP_FULLV, s), ph);
+      mbar_arrive(MP_BAR(sb, MP_EMPTYK, s));
+      mbar_arrive(MP_BAR(sb, MP_EMPTYV, s));
+      continue;
     }
-    if (kt0 + MP_KT < kend) load_tile(kt0 + MP_KT, buf ^ 1);
-    cp_async_commit();
-    /* Warps whose rows see none of this tile (causal upper triangle, rows past lq) skip it. */
-    if (kt0 > warp_last || wr0 >= lq) continue;
-    const uint16_t *kb = Ks + buf * MP_KT * MP_KP, *vb = Vs + buf * MP_KT * MP_VP;
-    float sacc[8][4];
+    float sacc[64];
+    const uint32_t kb = sb + MP_OFF_K + s * MP_KSTAGE;
+    wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < 8; i++) sacc[i][0] = sacc[i][1] = sacc[i][2] = sacc[i][3] = 0.f;
-    {
-      const uint16_t *kp = kb + (((lane >> 4) << 3) + (lane & 7)) * MP_KP + ((lane >> 3) & 1) * 8;
-#pragma unroll
-      for (int ks = 0; ks < 12; ks++) {
-#pragma unroll
-        for (int np = 0; np < 4; np++) {
-          uint32_t bf[4];
-          ldsm_x4(bf, kp + np * 16 * MP_KP + ks * 16);
-          mma_bf16(sacc[2 * np], qf[ks], bf[0], bf[1]);
-          mma_bf16(sacc[2 * np + 1], qf[ks], bf[2], bf[3]);
-        }
-      }
+    for (int kk = 0; kk < 12; kk++) {
+      uint64_t da = gmma_desc(qa + (kk >> 2) * MP_BLK + (kk & 3) * 32, 16, 1024);
+      uint64_t db = gmma_desc(kb + (kk >> 2) * MP_BLK + (kk & 3) * 32, 16, 1024);
+      wgmma_ss_n128(sacc, da, db, kk > 0);
     }
-    /* Scale to log2 units; mask keys past a row's causal limit (and past lk). */
-    bool need_mask = kt0 + MP_KT - 1 > off + wr0 || kt0 + MP_KT > lk;
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence64(sacc);
+    mbar_arrive(MP_BAR(sb, MP_EMPTYK, s)); /* K of this stage may be refilled */
+
+    /* Scale to log2 units; mask keys past a row's causal limit (only on diagonal tiles). */
+    const bool need_mask = kt0 + MP_BN - 1 > off + wrow0;
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-      int key = kt0 + nt * 8 + 2 * t4;
+    for (int j = 0; j < 16; j++) {
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        float s = sacc[nt][j] * sl2;
+      for (int e = 0; e < 4; e++) {
+        float v = sacc[4 * j + e] * sl2;
         if (need_mask) {
-          int kk = key + (j & 1), lim = (j < 2) ? lim_lo : lim_hi;
-          if (kk > lim || kk >= lk) s = -INFINITY;
+          int key = kt0 + 8 * j + 2 * t4 + (e & 1);
+          if (key > (e < 2 ? lim_lo : lim_hi)) v = -INFINITY;
         }
-        sacc[nt][j] = s;
+        sacc[4 * j + e] = v;
       }
     }
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-      mx_lo = fmaxf(mx_lo, fmaxf(sacc[nt][0], sacc[nt][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(sacc[nt][2], sacc[nt][3]));
+    for (int j = 0; j < 16; j++) {
+      mx_lo = fmaxf(mx_lo, fmaxf(sacc[4 * j], sacc[4 * j + 1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(sacc[4 * j + 2], sacc[4 * j + 3]));
     }
 #pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o));
+    for (int x = 1; x <= 2; x <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, x));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, x));
     }
-    /* Key 0 is in the first tile and visible to every row, so the running max is finite from
-     * the first tile on; a row with no visible key in a later tile keeps its max. */
-    float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
-    float al_lo = exp2f(m_lo - mn_lo), al_hi = exp2f(m_hi - mn_hi);
+    /* Key 0 is in tile 0, which every live warpgroup processes and every row sees, so the
+     * running max is finite from the first processed tile on; a row whose keys in a later
+     * tile are all masked keeps its max (exp2(-inf) = 0). */
+    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+    const float al_lo = ex2_approx(m_lo - mn_lo), al_hi = ex2_approx(m_hi - mn_hi);
     m_lo = mn_lo, m_hi = mn_hi;
     float sum_lo = 0.f, sum_hi = 0.f;
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-      sacc[nt][0] = exp2f(sacc[nt][0] - mn_lo);
-      sacc[nt][1] = exp2f(sacc[nt][1] - mn_lo);
-      sacc[nt][2] = exp2f(sacc[nt][2] - mn_hi);
-      sacc[nt][3] = exp2f(sacc[nt][3] - mn_hi);
-      sum_lo += sacc[nt][0] + sacc[nt][1];
-      sum_hi += sacc[nt][2] + sacc[nt][3];
+    for (int j = 0; j < 16; j++) {
+      sacc[4 * j] = ex2_approx(sacc[4 * j] - mn_lo);
+      sacc[4 * j + 1] = ex2_approx(sacc[4 * j + 1] - mn_lo);
+      sacc[4 * j + 2] = ex2_approx(sacc[4 * j + 2] - mn_hi);
+      sacc[4 * j + 3] = ex2_approx(sacc[4 * j + 3] - mn_hi);
+      sum_lo += sacc[4 * j] + sacc[4 * j + 1];
+      sum_hi += sacc[4 * j + 2] + sacc[4 * j + 3];
     }
     l_lo = l_lo * al_lo + sum_lo;
     l_hi = l_hi * al_hi + sum_hi;
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-      oacc[i][0] *= al_lo, oacc[i][1] *= al_lo;
-      oacc[i][2] *= al_hi, oacc[i][3] *= al_hi;
+    for (int j = 0; j < 16; j++) {
+      o[4 * j] *= al_lo, o[4 * j + 1] *= al_lo;
+      o[4 * j + 2] *= al_hi, o[4 * j + 3] *= al_hi;
     }
-    /* O += P V: key step ks covers keys 16ks..+16 = score n-tiles 2ks, 2ks+1. */
-    const uint16_t *vp = vb + (((lane >> 3) & 1) * 8 + (lane & 7)) * MP_VP + (lane >> 4) * 8;
+    /* Key step kk (keys 16kk..16kk+15) = accumulator column blocks 2kk, 2kk+1. */
+    uint32_t pf[8][4];
 #pragma unroll
-    for (int ks = 0; ks < 4; ks++) {
-      uint32_t pa[4];
-      pa[0] = pack_bf2(sacc[2 * ks][0], sacc[2 * ks][1]);
-      pa[1] = pack_bf2(sacc[2 * ks][2], sacc[2 * ks][3]);
-      pa[2] = pack_bf2(sacc[2 * ks + 1][0], sacc[2 * ks + 1][1]);
-      pa[3] = pack_bf2(sacc[2 * ks + 1][2], sacc[2 * ks + 1][3]);
-#pragma unroll
-      for (int np = 0; np < 8; np++) {
-        uint32_t bf[4];
-        ldsm_x4_trans(bf, vp + ks * 16 * MP_VP + np * 16);
-        mma_bf16(oacc[2 * np], pa, bf[0], bf[1]);
-        mma_bf16(oacc[2 * np + 1], pa, bf[2], bf[3]);
-      }
+    for (int kk = 0; kk < 8; kk++) {
+      pf[kk][0] = pack_bf2(sacc[8 * kk], sacc[8 * kk + 1]);
+      pf[kk][1] = pack_bf2(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+      pf[kk][2] = pack_bf2(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+      pf[kk][3] = pack_bf2(sacc[8 * kk + 6], sacc[8 * kk + 7]);
     }
+    const uint32_t vb = sb + MP_OFF_V + s * MP_VSTAGE;
+    mbar_wait(MP_BAR(sb, MP_FULLV, s), ph);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+      wgmma_rs_n128_tb(o, pf[kk], gmma_desc(vb + kk * 2048, MP_BLK, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence64(o);
+    mbar_arrive(MP_BAR(sb, MP_EMPTYV, s)); /* V of this stage may be refilled */
   }
-  cp_async_wait<0>();
+  if (!live) return;
 
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
@@ -207,18 +250,48 @@ __global__ void __launch_bounds__(MP_THREADS, 1) mla_prefill_kernel(mp_args a) {
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
 #pragma unroll
   for (int hh = 0; hh < 2; hh++) {
-    int row = wr0 + g + 8 * hh;
+    int row = rlo + 8 * hh;
     if (row >= lq) continue;
     float il = 1.0f / (hh ? l_hi : l_lo);
     int64_t base = (int64_t)(q0 + row) * a.ldo + (int64_t)h * MP_DV + 2 * t4;
 #pragma unroll
-    for (int nt = 0; nt < 16; nt++) {
-      float x0 = oacc[nt][2 * hh] * il, x1 = oacc[nt][2 * hh + 1] * il;
+    for (int j = 0; j < 16; j++) {
+      float x0 = o[4 * j + 2 * hh] * il, x1 = o[4 * j + 2 * hh + 1] * il;
       if (a.o_f32)
-        *(float2 *)((float *)a.o + base + nt * 8) = make_float2(x0, x1);
+        *(float2 *)((float *)a.o + base + 8 * j) = make_float2(x0, x1);
       else
-        *(uint32_t *)((uint16_t *)a.o + base + nt * 8) = pack_bf2(x0, x1);
+        *(uint32_t *)((uint16_t *)a.o + base + 8 * j) = pack_bf2(x0, x1);
     }
+  }
+}
+
+/* Grid (q tiles, NH, N), q tiles walked last-first so the longest (latest) tiles start first. */
+__global__ void __launch_bounds__(MP_THREADS, 1) mla_prefill_kernel(mp_args a) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t sraw = smem_u32(smem_raw), sb = (sraw + 1023u) & ~1023u;
+  unsigned char *smem = smem_raw + (sb - sraw);
+  const int h = blockIdx.y, n = blockIdx.z;
+  const int q0 = a.cu_q[(int64_t)n * a.sq], lq = a.cu_q[(int64_t)(n + 1) * a.sq] - q0;
+  const int k0 = a.cu_k[(int64_t)n * a.sk], lk = a.cu_k[(int64_t)(n + 1) * a.sk] - k0;
+  const int r0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * MP_BM;
+  if (r0 >= lq) return; /* the whole block leaves before any barrier exists */
+  const int kend = min(lk, lk - lq + min(lq, r0 + MP_BM)); /* keys this block needs */
+  const int ntiles = (kend + MP_BN - 1) / MP_BN;
+  /* Warpgroup index broadcast from lane 0 so the compiler knows it is warp-uniform (the wgmma
+   * paths must not look divergent, or ptxas serialises them). */
+  const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; s++) {
+      mbar_init(MP_BAR(sb, MP_FULLK, s), 128), mbar_init(MP_BAR(sb, MP_FULLV, s), 128);
+      mbar_init(MP_BAR(sb, MP_EMPTYK, s), 256), mbar_init(MP_BAR(sb, MP_EMPTYV, s), 256);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (wg == 0) {
+    mp_produce(a, smem, sb, h, q0, lq, k0, r0, kend, ntiles);
+  } else {
+    mp_consume(a, sb, wg - 1, h, q0, lq, lk, r0, ntiles);
   }
 }
 
@@ -236,7 +309,7 @@ bool k3k_cuda_mla_prefill_ok(const void *params, const k3k_tensor_t *const *t) {
     return false;
   if (o->dtype != K3K_BF16 && o->dtype != K3K_F32) return false;
   /* grid.x = q tiles, grid.y = heads, grid.z = sequences */
-  return p->n_seqs <= 65535 && p->n_heads <= 65535 && t[0]->shape[0] / MP_QROWS < INT32_MAX;
+  return p->n_seqs <= 65535 && p->n_heads <= 65535 && t[0]->shape[0] / MP_BM < INT32_MAX;
 }
 
 int k3k_cuda_mla_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
@@ -283,7 +356,7 @@ int k3k_cuda_mla_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_
   a.scale = p->scale != 0.0f ? p->scale : 1.0f / sqrtf(192.0f);
   K3K_CU(cudaFuncSetAttribute(mla_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               MP_SMEM));
-  dim3 grid((unsigned)((max_lq + MP_QROWS - 1) / MP_QROWS), (unsigned)p->n_heads, (unsigned)N);
+  dim3 grid((unsigned)((max_lq + MP_BM - 1) / MP_BM), (unsigned)p->n_heads, (unsigned)N);
   mla_prefill_kernel<<<grid, MP_THREADS, MP_SMEM, cx->stream>>>(a);
   K3K_LAUNCHED("mla_prefill");
   return 0;
