@@ -2,8 +2,10 @@
  *
  * What it is for: spec §4.3. Per sequence, per head: scores = q(576) . kv(576) * scale over the
  * cached tokens, fp32 softmax, o_lat = sum p * kv[:512]. All 96 heads read the SAME cache rows,
- * so a block takes 48 heads and streams 64-token latent tiles once through shared memory
- * (two-stage cp.async); tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate) do both
+ * so a block takes 48 heads and streams 64-token latent tiles once through shared memory.
+ * Page sizes that are multiples of 8 go to the Hopper kernel (mla_decode_wg.cu: TMA + wgmma,
+ * ~3x faster); this file keeps the kernel for any page size (two-stage cp.async, one page
+ * lookup per token row), where tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate) do both
  * products with warp tiles chosen for few shared-memory bytes per mma (see the block shape
  * below), and an online softmax keeps nothing of size T. Long contexts and small batches are
  * split over blocks (split-KV); a second kernel merges the splits by their log-sum-exp.
