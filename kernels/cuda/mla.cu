@@ -2,8 +2,10 @@
  *
  * What it is for: spec §4.3. Per sequence, per head: scores = q(576) . kv(576) * scale over the
  * cached tokens, fp32 softmax, o_lat = sum p * kv[:512]. All 96 heads read the SAME cache rows,
- * so a block takes 48 heads and streams 64-token latent tiles once through shared memory
- * (two-stage cp.async); tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate) do both
+ * so a block takes 48 heads and streams 64-token latent tiles once through shared memory.
+ * Page sizes that are multiples of 8 go to the Hopper kernel (mla_decode_wg.cu: TMA + wgmma,
+ * ~3x faster); this file keeps the kernel for any page size (two-stage cp.async, one page
+ * lookup per token row), where tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate) do both
  * products with warp tiles chosen for few shared-memory bytes per mma (see the block shape
  * below), and an online softmax keeps nothing of size T. Long contexts and small batches are
  * split over blocks (split-KV); a second kernel merges the splits by their log-sum-exp.
@@ -19,24 +21,9 @@
  * grid); otherwise the page-table capacity is used. */
 #include <string.h>
 
+#include "mla_decode.cuh"
 #include "mma_sm80.cuh"
 
-typedef struct {
-  int batch, heads;            /* heads % 48 == 0 */
-  const uint16_t *q;           /* [B][NH][576] bf16: absorbed q_lat (512) | q_rot (64) */
-  const uint16_t *kv;          /* page pool [pages][page_size][576] bf16, contiguous */
-  int page_size;               /* tokens per page */
-  const int32_t *block_table;  /* [B][pt_stride] page ids */
-  int64_t pt_stride;
-  const int32_t *seq_lens;     /* [B * sl_stride] tokens cached */
-  int64_t sl_stride;
-  int max_len;                 /* upper bound of seq_lens (host side, picks the split count) */
-  float scale;                 /* softmax scale, 192^-0.5 for K3 */
-  uint16_t *out;               /* [B][NH][512] bf16 o_lat */
-  float *work;                 /* split-KV scratch */
-  int num_sms;
-  int probe;                   /* benchmark variants (k3k_cuda_mla_probe); 0 in service */
-} k3k_cu_mla_decode_args;
 
 /* Block shape. 48 heads share every 64-token latent tile the block streams through shared
  * memory (two stages, cp.async). Shared memory per block (226.9 KB of the 227 KB an SM offers):
@@ -120,10 +107,8 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_d
   for (int ts = tok0; ts < tok1; ts += MLA_TILE, buf ^= 1) {
     cp_async_wait<0>();
     __syncthreads(); /* tile `buf` landed for all threads; the previous tile is fully used */
-    if (a.probe == 2) buf = 0;
-    else if (ts + MLA_TILE < tok1) load_tile(ts + MLA_TILE, buf ^ 1);
+    if (ts + MLA_TILE < tok1) load_tile(ts + MLA_TILE, buf ^ 1);
     cp_async_commit();
-    if (a.probe == 1) continue;
     const uint16_t *kvb = KVs + buf * MLA_TILE * MLA_LDS;
 
     /* Scores: 48 heads x tokens 16tg..+16 over dims kh*288..+288. */
@@ -132,7 +117,7 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_d
     for (int i = 0; i < 3; i++)
 #pragma unroll
       for (int j = 0; j < 2; j++) sacc[i][j][0] = sacc[i][j][1] = sacc[i][j][2] = sacc[i][j][3] = 0.f;
-    if (a.probe != 4) {
+    {
       const uint16_t *qa = Qs + (lane & 15) * MLA_LDS + kh * 288 + (lane >> 4) * 8;
       const uint16_t *kb =
           kvb + (16 * tg + ((lane >> 4) << 3) + (lane & 7)) * MLA_LDS + kh * 288 + ((lane >> 3) & 1) * 8;
@@ -197,7 +182,7 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_d
     }
     __syncthreads();
     /* O[48 x dims 64w..+64] = alpha * O + P V. */
-    if (a.probe != 3) {
+    {
 #pragma unroll
       for (int mt = 0; mt < 3; mt++) {
         float al0 = alpha_s[16 * mt + g], al1 = alpha_s[16 * mt + g + 8];
@@ -297,18 +282,22 @@ __global__ void mla_merge_kernel(const float *work, int splits, size_t nrow, uin
       make_uint2(pack_bf2(acc.x * inv, acc.y * inv), pack_bf2(acc.z * inv, acc.w * inv));
 }
 
-/* Splits: one block per SM at a time, so pick the split count that minimises
- * waves x tiles-per-split (+1 tile per extra split for the merge), fewest splits on ties. */
+/* Split count: minimises the estimated attention + merge time. One block per SM at a time; a
+ * block costs (its tiles + 2) x ~1.2 us (the 2: Q load, pipeline fill and epilogue, which
+ * nothing overlaps); splitting costs writing and re-reading B*NH*512 fp32 partials per split
+ * (~4 TB/s) plus ~5 us for the merge launch. (Counting waves x tiles alone chose 43 splits at
+ * B = 64 x 8K: 0.5 GB of partials, most of the old kernel's time.) */
 static int mla_splits(const k3k_cu_mla_decode_args *a) {
   long units = (long)a->batch * (a->heads / MLA_HB);
   long tiles = (a->max_len + MLA_TILE - 1) / MLA_TILE;
   if (tiles < 1) return 1;
   int best = 1;
-  long best_cost = -1;
+  double best_cost = -1;
   for (int s = 1; s <= 64 && s <= tiles; s++) {
     long per = (tiles + s - 1) / s;
     long waves = (units * s + a->num_sms - 1) / a->num_sms;
-    long cost = waves * per + (s > 1 ? 1 : 0);
+    double cost = (double)waves * (per + 2) * 1.2;
+    if (s > 1) cost += 5.0 + 2.0 * s * a->batch * a->heads * MLA_DV * 4.0 / 4.0e6;
     if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
   }
   return best;
@@ -320,8 +309,10 @@ static size_t mla_work_bytes(const k3k_cu_mla_decode_args *a) {
   return (size_t)s * a->batch * a->heads * (MLA_DV + 1) * sizeof(float);
 }
 
-/* Benchmark hook: 1 = tile loads and barriers only, 2 = no loads after the first tile, 3 = no
- * P·V, 4 = no score mma; 0 = the real kernel. Results are wrong for modes != 0. */
+/* Benchmark hook: 1 = the mma.sync kernel even where the Hopper kernel applies; 512 = the
+ * Hopper kernel with O^T split over both warpgroups (both correct). Flags that leave a stage of
+ * the Hopper kernel out (wrong results, timing only): 2 = no wgmma, 8 = only the first head
+ * group runs, 32 = no loads after the first two tiles. 0 = normal. */
 static int g_mla_probe;
 void k3k_cuda_mla_probe(int mode) { g_mla_probe = mode; }
 
@@ -332,12 +323,17 @@ static int mla_attend(cudaStream_t st, k3k_cu_mla_decode_args *a) {
   int chunk = (a->max_len + splits - 1) / splits;
   chunk = (chunk + MLA_TILE - 1) / MLA_TILE * MLA_TILE;
   if (chunk < MLA_TILE) chunk = MLA_TILE;
-  /* Cheap and idempotent; set on every call so no global state is needed (per device). */
-  K3K_CU(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              MLA_SMEM));
-  mla_decode_kernel<<<dim3(a->heads / MLA_HB, splits, a->batch), MLA_THREADS, MLA_SMEM, st>>>(
-      *a, chunk);
-  K3K_LAUNCHED("mla_decode");
+  if (a->probe != 1 && mla_wg_ok(a)) {
+    int rc = mla_wg_launch(st, a, splits, chunk);
+    if (rc) return rc;
+  } else {
+    /* Cheap and idempotent; set on every call so no global state is needed (per device). */
+    K3K_CU(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                MLA_SMEM));
+    mla_decode_kernel<<<dim3(a->heads / MLA_HB, splits, a->batch), MLA_THREADS, MLA_SMEM, st>>>(
+        *a, chunk);
+    K3K_LAUNCHED("mla_decode");
+  }
   if (splits > 1) {
     size_t nrow = (size_t)a->batch * a->heads;
     mla_merge_kernel<<<(unsigned)nrow, MLA_DV / 4, 0, st>>>(a->work, splits, nrow, a->out);
@@ -405,6 +401,7 @@ int k3k_cuda_mla_decode(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t
   a.heads = (int)NH;
   a.kv = (const uint16_t *)cache->data;
   a.page_size = (int)cache->shape[1];
+  a.pages = cache->shape[0];
   a.block_table = (const int32_t *)pt->data;
   a.pt_stride = pt->stride[0];
   a.seq_lens = (const int32_t *)sl->data;

@@ -393,8 +393,7 @@ out:
 }
 
 /* ---- MLA decode ---- */
-static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH) {
-  const int64_t ps = 64;
+static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_t ps) {
   int64_t maxp = 0, pages = 0;
   for (int i = 0; i < n; i++) {
     int64_t pg = (lens[i] + ps - 1) / ps;
@@ -405,7 +404,8 @@ static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH) {
   pages += 3;
   gpair q = {0}, w = {0}, cache = {0}, pt = {0}, sl = {0}, o = {0};
   char what[160];
-  int off = snprintf(what, sizeof what, "mla_decode NH=%lld lens=", (long long)NH);
+  int off = snprintf(what, sizeof what, "mla_decode NH=%lld ps=%lld lens=", (long long)NH,
+                     (long long)ps);
   for (int i = 0; i < n && off < 120; i++) off += snprintf(what + off, sizeof what - off, "%s%d", i ? "," : "", lens[i]);
   NEW(q, K3K_BF16, 2, n, NH * 192);
   NEW(w, K3K_BF16, 2, NH * 256, 512);
@@ -579,13 +579,18 @@ int gpu_parity(gctx *g, bool quick) {
   t_kda_chunk(g, 65, 96, 1, K3K_BF16, -5.0f, 0);  /* real head count, ragged */
   t_kda_chunk(g, 200, 2, 1, K3K_BF16, -40.0f, 0); /* wide gate spans: per-element diagonal */
   static const int32_t l1[] = {1}, l2[] = {63, 64, 65, 1000, 1}, l3[] = {1000, 0, 130};
-  t_mla_decode(g, 1, l1, 48);
-  t_mla_decode(g, 5, l2, 96);
-  t_mla_decode(g, 3, l3, 96);
+  t_mla_decode(g, 1, l1, 48, 64);
+  t_mla_decode(g, 5, l2, 96, 64);
+  t_mla_decode(g, 3, l3, 96, 64);
+  /* Page sizes: 16 and 8 (TMA runs inside a page), 7 (the mma.sync kernel), 128 (2 tiles). */
+  t_mla_decode(g, 5, l2, 96, 16);
+  t_mla_decode(g, 3, l3, 48, 8);
+  t_mla_decode(g, 5, l2, 96, 7);
+  t_mla_decode(g, 3, l3, 96, 128);
   if (!quick) {
     int32_t l4[64];
     for (int i = 0; i < 64; i++) l4[i] = 1 + (i * 997) % 2048;
-    t_mla_decode(g, 64, l4, 96);
+    t_mla_decode(g, 64, l4, 96, 64);
   }
   gpu_mla_prefill_cases(g, quick);
   t_sample(g, 163840);

@@ -263,18 +263,22 @@ int gpu_perf(gctx *g) {
       report(&P, "mla_decode attention kernel alone", ms * 1e-3, (double)B * ctx * 1152,
              2.0 * B * NH * ctx * (576 + 512));
     }
-    /* Variants that leave a stage out (wrong results, timing only): what bounds the kernel. */
-    static const char *pn[5] = {"", "loads+barriers only", "no loads (tile 0 reused)",
-                                "no P.V", "no scores"};
-    for (int m = 1; m <= 4; m++) {
-      k3k_cuda_mla_probe(m);
+    /* Kernel variants (attention only): the mma.sync kernel and the Hopper kernel with O^T split
+     * over both warpgroups (both correct), then Hopper-kernel variants that leave a stage out
+     * (wrong results, timing only; see k3k_cuda_mla_probe in mla.cu). */
+    static const struct { int m; const char *n; } pv[] = {
+        {1, "mma.sync kernel"},         {512, "O split over both wgs"},
+        {2, "no wgmma"},                {32, "no loads (math only)"},
+        {2 | 32, "softmax+barriers only"}, {8, "1 head group"}};
+    for (size_t m = 0; m < sizeof pv / sizeof pv[0]; m++) {
+      k3k_cuda_mla_probe(pv[m].m);
       k3k_cuda_mla_phase_events(ev);
       double tp = time_it(&P, run_op, &ob, 5);
       k3k_cuda_mla_phase_events(NULL);
       k3k_cuda_mla_probe(0);
       float pm = 0;
       if (tp > 0 && cudaEventSynchronize(ev[4]) == cudaSuccess) cudaEventElapsedTime(&pm, ev[2], ev[3]);
-      printf("PROBE mla_decode attention %-26s %9.1f us\n", pn[m], pm * 1e3);
+      printf("PROBE mla_decode attention %-26s %9.1f us\n", pv[m].n, pm * 1e3);
     }
     for (int i = 0; i < 5; i++) cudaEventDestroy(ev[i]);
     be->free(be, cache);
