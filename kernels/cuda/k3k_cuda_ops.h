@@ -36,6 +36,13 @@ typedef struct {
   size_t host_bytes;
   k3k_cuda_pool *pool;
   void *algo_cache;    /* cuBLASLt algorithm cache (gemm.cu), k3k_cuda_algo_cache_bytes() */
+  /* > 0: the caller built every id/length tensor itself and validated it on the host, so the
+   * check.cu functions return 0 without launching or synchronising (k3k_cuda_set_trusted_ids).
+   * 0 (the default) for every other caller: ops validate as k3k.h says. */
+  int trusted_ids;
+  /* Bumped whenever memory the ops use implicitly (scratch, pinned host staging) is
+   * reallocated: a CUDA graph captured under an older value holds dangling pointers. */
+  uint64_t mem_gen;
 } k3k_cuda_ctx;
 size_t k3k_cuda_algo_cache_bytes(void);
 
@@ -76,6 +83,13 @@ K3K_CUDA_DECL(sample);
 bool k3k_cuda_gemm_ok(const k3k_tensor_t *const *t);
 bool k3k_cuda_kda_step_ok(const void *params, const k3k_tensor_t *const *t);
 bool k3k_cuda_kda_chunk_ok(const void *params, const k3k_tensor_t *const *t);
+
+/* Trusted ids (check.cu): while on, the three checks below return 0 at once (no launch, no
+ * synchronisation), which makes the ops that call them capture-safe. Only for a caller that
+ * builds the metadata itself and validated it on the host (the model runner: slots allocated and
+ * distinct, cu_seqlens monotone by construction, page ids from its pool, seq_lens within the
+ * page table); it turns the flag off again when its pass ends. Returns the previous value. */
+int k3k_cuda_set_trusted_ids(k3k_cuda_ctx *cx, int on);
 
 /* Device-side validation of metadata before an op writes (check.cu); one synchronisation each.
  * ids [n] I32: each in [0,limit) (negative allowed when allow_neg), pairwise distinct when
@@ -132,6 +146,18 @@ int k3k_cu_kda_decode(cudaStream_t st, const k3k_cu_kda_decode_args *a);
 void k3k_cuda_mla_phase_events(cudaEvent_t *ev);
 /* Benchmarks only: MLA decode attention variants that leave a stage out (mla.cu); 0 = normal. */
 void k3k_cuda_mla_probe(int mode);
+
+/* Unchecked decode helpers for the model runner (runner_raw.cu), capture-safe (no
+ * synchronisation, no allocation): the ids come from the runner's host-validated metadata.
+ * Row gather: y[t][0..d) = table[ids[t]][0..d) for t < n, 2-byte elements (bf16 rows), row
+ * strides in elements. Cache write: cache row slot_mapping[t] (page * page_size + offset of a
+ * [pages, page_size, c + dr] bf16 cache with row stride c + dr) gets [c_n[t] | k_rot[t]]; a
+ * negative slot skips the token. Same bytes as GET_ROWS / MLA_CACHE_WRITE on bf16 tensors. */
+int k3k_cu_gather_rows_u16(cudaStream_t st, const uint16_t *table, int64_t ld_table,
+                           const int32_t *ids, int64_t n, int64_t d, uint16_t *y, int64_t ld_y);
+int k3k_cu_cache_write_u16(cudaStream_t st, const uint16_t *c_n, int64_t ld_cn, const uint16_t *k_rot,
+                           int64_t ld_kr, const int32_t *slot_mapping, int64_t n, int64_t c,
+                           int64_t dr, uint16_t *cache);
 
 /* Benchmarks/tests: fills n F32/BF16 elements with hash-based uniform values in [lo, hi). */
 int k3k_cu_fill_random(cudaStream_t st, void *p, int64_t n, k3k_dtype_t dt, uint64_t seed,

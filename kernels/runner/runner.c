@@ -1,6 +1,7 @@
 /* Model runner lifecycle: options, weight binding (every tensor is a k3k view onto the
  * k3_weights_t memory, uploaded once on device backends), accessors.
  * Not here: the forward pass (forward.c and the layer files) and state export (state.c). */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,6 +312,7 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
   if (!rc) rc = bind_all(r, err, errlen);
   if (!rc) rc = rn_state_init(r, err, errlen);
   if (!rc) rc = rn_dev_init(r, err, errlen);
+  if (!rc) rc = rn_gd_init(r, err, errlen);
   if (rc) {
     if (rc == K3_ENOMEM && err && !err[0]) rn_seterr(err, errlen, "runner: out of memory");
     k3_runner_free(r);
@@ -322,6 +324,7 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
 
 void k3_runner_free(k3_runner_t *r) {
   if (!r) return;
+  if (r->be) rn_gd_free(r);
   rn_ws_destroy(r);
   rn_state_free(r);
   if (r->be) rn_dev_free(r);
@@ -332,3 +335,52 @@ void k3_runner_free(k3_runner_t *r) {
 const k3_model_config_t *k3_runner_config(const k3_runner_t *r) { return &r->cfg; }
 const k3_runner_opts_t *k3_runner_opts(const k3_runner_t *r) { return &r->opts; }
 int64_t k3_runner_vocab(const k3_runner_t *r) { return r->cfg.vocab_size; }
+
+void k3_runner_get_stats(const k3_runner_t *r, k3_runner_stats_t *out) { *out = r->stats; }
+
+void k3_runner_set_graphs(k3_runner_t *r, bool on) {
+  r->graphs_off = !on;
+  if (!on) rn_gd_drop(r); /* re-enabling captures afresh */
+}
+
+/* ---- roofline figures ---------------------------------------------------------------------- */
+
+double k3_runner_decode_bytes(const k3_runner_t *r, int batch) {
+  const k3_model_config_t *c = &r->cfg;
+  const k3_tmap_t *m = k3_weights_tmap(r->w);
+  const double E = c->num_experts, k = c->top_k;
+  const double used = E > 0 ? E * (1.0 - pow(1.0 - k / E, batch)) : 0;
+  double b = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    const k3_tmap_entry_t *e = &m->entries[i];
+    if (e->role == K3_ROLE_EMBED)
+      b += (double)e->nbytes / (double)c->vocab_size * batch;
+    else if (e->expert >= 0)
+      b += (double)e->nbytes * used / E;
+    else
+      b += (double)e->nbytes;
+  }
+  return b + 2.0 * batch * (double)r->man.kda_bytes_per_slot;
+}
+
+double k3_runner_prefill_flops(const k3_runner_t *r, int64_t T) {
+  const k3_model_config_t *c = &r->cfg;
+  const k3_tmap_t *m = k3_weights_tmap(r->w);
+  double tok = 0, head = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    const k3_tmap_entry_t *e = &m->entries[i];
+    if (e->role == K3_ROLE_EMBED) continue;
+    if (e->role == K3_ROLE_LM_HEAD)
+      head += (double)e->params;
+    else if (e->expert >= 0)
+      tok += (double)e->params * c->top_k / c->num_experts;
+    else
+      tok += (double)e->params;
+  }
+  const double t = (double)T;
+  double f = 2.0 * t * tok + 2.0 * head;
+  f += (double)c->num_mla * t * (t + 1.0) * c->num_heads *
+       (double)(c->mla_qk_head_dim + c->v_head_dim);
+  f += (double)c->num_kda * t * c->kda_num_heads * 12.0 * c->kda_head_dim * c->kda_head_dim;
+  return f;
+}

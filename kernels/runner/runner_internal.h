@@ -58,6 +58,7 @@ typedef struct {
   void **extra;            /* overflow allocations of this pass */
   int n_extra, cap_extra;
   int rc;                  /* first allocation error of the pass */
+  uint64_t gen;            /* bumped whenever `base` changes (graphs captured before are stale) */
 } rn_ws_t;
 
 /* Geometry of one pass: n_seq sequences packed back to back. */
@@ -70,6 +71,12 @@ typedef struct {
   const int32_t *tok;      /* host [n_tok] token ids */
   bool decode;             /* one token per sequence: KDA step, absorbed MLA decode */
   k3k_tensor_t cu, slots;  /* device I32 [n_seq+1], [n_seq] */
+  /* Device decode (graph.c, ps->dev): every id tensor below was built and validated on the host
+   * and uploaded in one copy before the pass; the pass then contains no host round trip (raw
+   * gather and cache write, no lm_head row gather: logits of every row). */
+  bool dev;
+  k3k_tensor_t ids, smap, pt, lens; /* I32 [n], [n], [n, maxp], [n] */
+  int32_t max_k;                    /* MLA_DECODE max_seqlen_k: the context bucket */
 } rn_pass_t;
 
 struct k3_runner {
@@ -98,6 +105,9 @@ struct k3_runner {
   rn_ws_t ws;              /* activation arena (workspace.c) */
 
   struct rn_dev *dev;      /* device MoE path (ffn_device.c), NULL = k3k ops only */
+  struct rn_gd *gd;        /* device decode + CUDA graphs (graph.c), NULL = rn_forward only */
+  bool graphs_off;         /* k3_runner_set_graphs(r, false) */
+  k3_runner_stats_t stats;
 
   k3_manifest_t man;       /* adjusted to the precision (state.c) */
   struct { void *base; size_t stride, count; } *regmem; /* [man.n] */
@@ -148,6 +158,52 @@ static inline int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, con
   return K3_ENOTSUP; /* never called: r->dev stays NULL without the CUDA backend */
 }
 #endif
+
+/* graph.c (built only with the CUDA backend): rn_gd_init sets r->gd on a "cuda" backend in bf16
+ * when every op of a decode step is capture-safe (MoE layers on the device path); rn_gd_decode
+ * runs one decode pass from prebuilt metadata, replaying a CUDA graph per (batch size, context
+ * bucket) when one is captured, eagerly otherwise; rn_trust turns the backend's trusted-ids mode
+ * on/off around a runner pass; rn_dev_gather / rn_dev_cache_write are the unchecked device
+ * copies of a ps->dev pass. */
+#ifdef K3_RUNNER_CUDA
+int rn_gd_init(k3_runner_t *r, char *err, size_t errlen);
+void rn_gd_free(k3_runner_t *r);
+void rn_gd_drop(k3_runner_t *r); /* destroys every captured graph */
+int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, char *err, size_t errlen);
+void rn_trust(k3_runner_t *r, bool on);
+int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t *ids,
+                  const k3k_tensor_t *y);
+int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, const k3k_tensor_t *krot,
+                       const k3k_tensor_t *smap, const k3k_tensor_t *cache);
+#else
+static inline int rn_gd_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
+static inline void rn_gd_free(k3_runner_t *r) {}
+static inline void rn_gd_drop(k3_runner_t *r) {}
+static inline int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, char *err,
+                               size_t errlen) {
+  return K3_ENOTSUP; /* never called: r->gd stays NULL without the CUDA backend */
+}
+static inline void rn_trust(k3_runner_t *r, bool on) {}
+static inline int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t *ids,
+                                const k3k_tensor_t *y) {
+  return K3_ENOTSUP;
+}
+static inline int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, const k3k_tensor_t *krot,
+                                     const k3k_tensor_t *smap, const k3k_tensor_t *cache) {
+  return K3_ENOTSUP;
+}
+#endif
+
+/* forward.c: the pass up to the logits, queued on the backend: embedding, every layer, and
+ * (nw > 0) the final mix, norm and lm_head of the rows `rows` (host [nw]; a ps->dev pass takes
+ * every row in order and gathers nothing) into *lg (F32 [nw, V] workspace buffer). Nothing is
+ * synchronised unless the layer callback fires. ps->cu/slots (and the ps->dev tensors) must be
+ * set. */
+int rn_forward_enqueue(k3_runner_t *r, rn_ws_t *ws, rn_pass_t *ps, const int32_t *rows, int64_t nw,
+                       k3_layer_done_fn cb, void *cb_ctx, bool fire_cb, k3k_tensor_t *lg,
+                       char *err, size_t errlen);
+/* The mixers' cache row of absolute position pos of sequence s. */
+int32_t rn_cache_slot(const k3_runner_t *r, const k3_seq_t *s, int64_t pos);
 
 /* forward.c: the whole stack over one pass (ps->cu/slots are filled by it). row_dst[t] (host,
  * may be NULL entirely) is where row t's fp32 logits go (vocab floats), NULL = not wanted. The

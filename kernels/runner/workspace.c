@@ -11,6 +11,7 @@
  *   - the arena is only reallocated in rn_ws_end, never while buffers are live: a pass that
  *     outgrows it takes the excess from separate backend allocations (freed at the end), and
  *     the arena then grows to that pass's high-water mark, so steady state allocates nothing;
+ *   - every change of the arena's base bumps ws->gen (graph.c drops graphs captured before);
  *   - offsets are multiples of 64 bytes (the backend's alignment guarantee is kept);
  *   - under AddressSanitizer on a host backend every buffer is followed by a poisoned red zone
  *     and the arena outside live buffers is poisoned, so overruns between buffers and uses
@@ -57,6 +58,7 @@ void rn_ws_end(rn_ws_t *ws) {
     }
     ws->base = NULL;
     ws->cap = 0;
+    ws->gen++; /* captured decode graphs point into the old arena */
     size_t cap = (ws->need + WS_GRAIN - 1) / WS_GRAIN * WS_GRAIN;
     void *p = NULL;
     if (be->alloc(be, cap, &p) == 0) {
@@ -78,7 +80,9 @@ void rn_ws_destroy(k3_runner_t *r) {
     }
   }
   free(ws->extra);
+  uint64_t gen = ws->gen + 1;
   memset(ws, 0, sizeof *ws);
+  ws->gen = gen;
 }
 
 void *rn_ws_alloc(rn_ws_t *ws, size_t bytes) {
