@@ -69,10 +69,13 @@ int rn_forward_enqueue(k3_runner_t *r, rn_ws_t *ws, rn_pass_t *ps, const int32_t
       }
     }
     TRY(k3k_rmsnorm(be, &np, hin, &L->in_ln, &xn));
+    /* the mixer's and the FFN's temporaries die when they return (their output is `a`) */
+    rn_ws_mark_t mk = rn_ws_mark(ws);
     if (L->kind == K3_LAYER_KDA)
       TRY(rn_kda_forward(r, ws, L, ki, ps, &xn, &a));
     else
       TRY(rn_mla_forward(r, ws, L, ki, ps, &xn, &a));
+    rn_ws_release(ws, mk);
     if (reset)
       TRY(k3k_copy(be, &a, &P));
     else
@@ -85,6 +88,7 @@ int rn_forward_enqueue(k3_runner_t *r, rn_ws_t *ws, rn_pass_t *ps, const int32_t
     }
     TRY(k3k_rmsnorm(be, &np, hin, &L->post_ln, &xn));
     TRY(rn_ffn_forward(r, ws, L, &xn, &a));
+    rn_ws_release(ws, mk);
     TRY(k3k_add(be, &P, &a, &P));
     if (fire_cb && cb) {
       if (be->synchronize) TRY(be->synchronize(be));

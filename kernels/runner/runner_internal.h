@@ -53,8 +53,9 @@ typedef struct {
 typedef struct {
   k3_runner_t *r;
   void *base;              /* arena (backend memory), cap bytes */
-  size_t cap, used;        /* used: bytes handed out from the arena in this pass */
-  size_t need;             /* bytes this pass asked for in all (the arena's next size) */
+  size_t cap, used;        /* used: arena bytes live now (bump offset) */
+  size_t cur;              /* bytes live now, arena + overflow */
+  size_t need;             /* high-water mark of cur in this pass (the arena's next size) */
   void **extra;            /* overflow allocations of this pass */
   int n_extra, cap_extra;
   int rc;                  /* first allocation error of the pass */
@@ -128,6 +129,13 @@ rn_ws_t *rn_ws_begin(k3_runner_t *r);
 void rn_ws_end(rn_ws_t *ws);
 void rn_ws_destroy(k3_runner_t *r);
 void *rn_ws_alloc(rn_ws_t *ws, size_t bytes);
+/* Everything allocated after a mark is released (and its arena space reused) by
+ * rn_ws_release(mark); buffers allocated before stay live. */
+typedef struct {
+  size_t used, cur;
+} rn_ws_mark_t;
+rn_ws_mark_t rn_ws_mark(const rn_ws_t *ws);
+void rn_ws_release(rn_ws_t *ws, rn_ws_mark_t m);
 k3k_tensor_t rn_buf(rn_ws_t *ws, k3k_dtype_t dt, int64_t rows, int64_t cols);
 /* A device I32 tensor holding a copy of host values. */
 k3k_tensor_t rn_i32(rn_ws_t *ws, const int32_t *host, int64_t n);

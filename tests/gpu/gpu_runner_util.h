@@ -23,5 +23,9 @@ void gseq_init(gseq_t *q);
  * prefill chunks. Errors are printed prefixed with `prog`; returns 0 or the k3_runner_init code. */
 int grunner_new(const k3_weights_t *w, const char *be, int threads, int num_pages, const char *prog,
                 k3_runner_t **r);
+/* Same with the pool/batch sizes given: num_slots KDA slots, batches of up to max_batch
+ * sequences, prefill_chunk tokens per sequence per pass. */
+int grunner_new_ex(const k3_weights_t *w, const char *be, int threads, int num_pages, int num_slots,
+                   int max_batch, int prefill_chunk, const char *prog, k3_runner_t **r);
 
 #endif
