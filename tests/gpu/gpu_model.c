@@ -265,7 +265,7 @@ int main(int argc, char **argv) {
   int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), steps = 16, decode_steps = 20, batch = 64;
   int seed = 1, graph_steps = 12;
   int64_t ptok = 8192;
-  bool do_perf = false, no_parity = false;
+  bool do_perf = false, no_parity = false, no_ref_split = false;
   double tol = 3e-2;
   k3_flag_t flags[] = {
       {"model", K3_FLAG_STR, &model, "DIR", "checkpoint directory (k3pd-mkckpt --config ...)", false},
@@ -277,6 +277,7 @@ int main(int argc, char **argv) {
       {"steps", K3_FLAG_INT, &steps, "N", "teacher-forced decode steps (default 16)", false},
       {"tol", K3_FLAG_DOUBLE, &tol, "X", "relative L2 error bound (default 3e-2)", false},
       {"no-parity", K3_FLAG_BOOL, &no_parity, NULL, "skip the CPU reference (graph check and perf only)", false},
+      {"no-ref-split", K3_FLAG_BOOL, &no_ref_split, NULL, "skip the CPU reference's own prefill-vs-decode figure (the GPU's is then bounded by 2x --tol)", false},
       {"graph-steps", K3_FLAG_INT, &graph_steps, "N", "decode steps of the graph-vs-eager check (default 12)", false},
       {"perf", K3_FLAG_BOOL, &do_perf, NULL, "also print the perf figures with their ceilings", false},
       {"perf-steps", K3_FLAG_INT, &decode_steps, "N", "timed decode steps (default 20, at most 50)", false},
@@ -285,6 +286,7 @@ int main(int argc, char **argv) {
   };
   k3_flags_info_t info = {"k3k-gpu-model", "Model parity of the CUDA runner vs cpu-fast (bf16), CUDA-graph decode check, perf.", NULL};
   char err[512] = "";
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a run cut by a timeout keeps every finished line */
   int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
   if (config && !sconfig) sconfig = config;
@@ -337,6 +339,10 @@ int main(int argc, char **argv) {
   }
   printf("cuda runner ready (%.1f s: weight upload)\n", (double)(k3_now_ns() - t0) / 1e9);
   fflush(stdout);
+  /* GPU-only parts first (cheap), the CPU reference last (slow on the medium preset) */
+  gm_graph_check(gpu, 1, graph_steps);
+  gm_graph_check(gpu, 3, graph_steps);
+  if (do_perf) gm_perf(gpu, decode_steps, batch, ptok);
   if (!no_parity) {
     t0 = k3_now_ns();
     if (new_runner(w, "cpu-fast", threads, &ref)) {
@@ -345,16 +351,14 @@ int main(int argc, char **argv) {
       return 2;
     }
     parity(ref, gpu, steps, tol);
-    double ecpu = split_err(ref, 100, 4);
+    printf("parity vs the reference done (%.1f s)\n", (double)(k3_now_ns() - t0) / 1e9);
+    double ecpu = no_ref_split ? 0 : split_err(ref, 100, 4);
     k3_runner_free(ref);
     double egpu = split_err(gpu, 100, 4);
     gm_check(egpu <= (ecpu > tol ? 2 * ecpu : 2 * tol), "gpu prefill(100) vs prefill(96)+4 decode",
-             "rel err %.3e (cpu reference: %.3e)", egpu, ecpu);
-    printf("parity done (%.1f s)\n", (double)(k3_now_ns() - t0) / 1e9);
+             no_ref_split ? "rel err %.3e (bound 2x tol; cpu reference figure skipped: %g)"
+                          : "rel err %.3e (cpu reference: %.3e)", egpu, ecpu);
   }
-  gm_graph_check(gpu, 1, graph_steps);
-  gm_graph_check(gpu, 3, graph_steps);
-  if (do_perf) gm_perf(gpu, decode_steps, batch, ptok);
   k3_runner_free(gpu);
   k3_weights_free(w);
   k3k_backends_shutdown();
