@@ -159,6 +159,27 @@ int k3k_cu_cache_write_u16(cudaStream_t st, const uint16_t *c_n, int64_t ld_cn, 
                            int64_t ld_kr, const int32_t *slot_mapping, int64_t n, int64_t c,
                            int64_t dr, uint16_t *cache);
 
+/* Synthetic weights on the device (synth_gpu.cu), the values of common/ckpt/synth.c: the caller
+ * maps a tmap entry's role to a plain kind (K3K_SYN_NORMAL: v = [b +] a*N(0,1);
+ * K3K_SYN_AFFINE_UNIFORM: v = b + a*U; K3K_SYN_LOG_UNIFORM: log(1 + 15U) for the first n_valid
+ * elements, 0 after) or generates an MXFP4 entry (packed codes or scales of the logical [N, K]
+ * master keyed mkey). Element/group indices whose value could round differently from the
+ * host's libm are appended to flags (device, cap entries; *n_flags counts all of them, device
+ * unsigned, caller-zeroed): recompute those with k3_synth_fill on the host and overwrite (one
+ * element of a plain entry, one 32-group = 16 packed bytes or 1 scale byte of an MXFP4 entry).
+ * With that the bytes equal k3_synth_fill's. Queued on st, not synchronised. */
+enum { K3K_SYN_NORMAL = 0, K3K_SYN_AFFINE_UNIFORM = 1, K3K_SYN_LOG_UNIFORM = 2 };
+typedef struct {
+  int kind, has_b, f32; /* f32: F32 output, else BF16 (RNE) */
+  uint64_t key;         /* k3_synth_key(full name, seed) */
+  double a, b;
+  int64_t n_valid;
+} k3k_cu_synth_plain;
+int k3k_cu_synth_plain_fill(cudaStream_t st, const k3k_cu_synth_plain *p, void *dst, int64_t n,
+                            uint64_t *flags, unsigned *n_flags, unsigned cap);
+int k3k_cu_synth_mx_fill(cudaStream_t st, uint64_t mkey, int64_t N, int64_t K, int want_scale,
+                         uint8_t *dst, uint64_t *flags, unsigned *n_flags, unsigned cap);
+
 /* Benchmarks/tests: fills n F32/BF16 elements with hash-based uniform values in [lo, hi). */
 int k3k_cu_fill_random(cudaStream_t st, void *p, int64_t n, k3k_dtype_t dt, uint64_t seed,
                        float lo, float hi);

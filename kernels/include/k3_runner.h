@@ -66,6 +66,15 @@ typedef struct k3_runner k3_runner_t;
  * K3_ENOMEM. On error *out is untouched. */
 int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
                    char *err, size_t errlen);
+/* Same over weights generated directly in device memory: every tensor of cfg's plan with the
+ * bytes k3_synth_fill(cfg, entry, seed) gives (the generator and seed k3pd-mkckpt and
+ * k3_weights_synth use), computed on the GPU (values the device's libm might round differently
+ * are recomputed on the host), so no host copy of the model exists (the medium preset: 91.6
+ * GB). Backend "cuda" only (else K3_ENOTSUP). verify_kib > 0 compares two slices of that many
+ * KiB of every tensor with the host generator, < 0 every byte (slow), 0 none; a mismatch is
+ * K3_EINTERNAL naming the tensor. Progress lines on stderr every 8 GiB and a summary. */
+int k3_runner_init_synth(const k3_model_config_t *cfg, uint64_t seed, int verify_kib,
+                         const k3_runner_opts_t *opts, k3_runner_t **out, char *err, size_t errlen);
 void k3_runner_free(k3_runner_t *r);
 
 const k3_model_config_t *k3_runner_config(const k3_runner_t *r);

@@ -171,7 +171,7 @@ static int capture(k3_runner_t *r, rn_gent_t *e, rn_ws_t *ws, rn_pass_t *ps, k3k
   struct rn_gd *g = r->gd;
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
   const uint64_t mg = cx->mem_gen;
-  cudaError_t ce = cudaStreamBeginCapture(cx->stream, cudaStreamCaptureModeThreadLocal);
+  cudaError_t ce = cudaStreamBeginCapture(cx->stream, cudaStreamCaptureModeRelaxed);
   int rc = ce == cudaSuccess ? 0 : K3_EDEVICE;
   if (!rc) rc = rn_forward_enqueue(r, ws, ps, NULL, ps->n_tok, NULL, NULL, false, lg, err, errlen);
   cudaGraph_t graph = NULL;

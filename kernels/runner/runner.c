@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "k3pd/err.h"
+#include "k3pd/util.h"
 #include "runner_internal.h"
 
 void k3_runner_opts_default(k3_runner_opts_t *o) {
@@ -54,6 +55,34 @@ static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t co
   k3k_tensor_t t;
   memset(&t, 0, sizeof t);
   if (b->rc) return t;
+  if (b->r->syn) { /* generated on the device: nothing to upload */
+    const k3_tmap_entry_t *e = NULL;
+    void *dev = NULL;
+    k3_runner_t *r = b->r;
+    if (r->n_uploads == r->cap_uploads) {
+      int cap = r->cap_uploads ? 2 * r->cap_uploads : 256;
+      void **p = realloc(r->uploads, (size_t)cap * sizeof *p);
+      if (!p) {
+        b->rc = K3_ENOMEM;
+        return t;
+      }
+      r->uploads = p;
+      r->cap_uploads = cap;
+    }
+    if ((b->rc = rn_syn_tensor(r, name, &e, &dev, b->err, b->errlen))) return t;
+    r->uploads[r->n_uploads++] = dev;
+    int64_t want = cols ? rows * cols : rows, n = 1;
+    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
+    k3k_dtype_t dt = map_dtype(e->dtype);
+    if ((int)dt < 0 || (want && n != want)) {
+      rn_seterr(b->err, b->errlen, "runner: tensor %s has %lld elements of %s, expected %lld", name,
+                (long long)n, k3_dtype_name(e->dtype), (long long)want);
+      b->rc = K3_EFORMAT;
+      return t;
+    }
+    if (!want) rows = n;
+    return cols ? k3k_tensor_2d(r->be, dt, dev, rows, cols) : k3k_tensor_1d(r->be, dt, dev, rows);
+  }
   const k3_tensor_view_t *v = k3_weights_get(b->r->w, name);
   if (!v) {
     rn_seterr(b->err, b->errlen, "runner: tensor %s is missing", name);
@@ -241,11 +270,17 @@ static int bind_all(k3_runner_t *r, char *err, size_t errlen) {
     for (int l = 0; l < c->num_layers; l++) {
       const rn_layer_t *L = &r->layers[l];
       if (L->kind == K3_LAYER_KDA && c->kda_gate == K3_KDA_GATE_LOWER_BOUND) {
-        const k3_tensor_view_t *v = NULL;
         char n[128];
         snprintf(n, sizeof n, "model.layers.%d.self_attn.A_log", l);
-        v = k3_weights_get(r->w, n);
-        if (!v || k3_tensor_numel(v) < c->kda_num_heads) {
+        int64_t len = -1;
+        if (r->syn) {
+          const k3_tmap_entry_t *e = rn_syn_find(r, n);
+          if (e) len = e->shape[0];
+        } else {
+          const k3_tensor_view_t *v = k3_weights_get(r->w, n);
+          if (v) len = k3_tensor_numel(v);
+        }
+        if (len < c->kda_num_heads) {
           rn_seterr(err, errlen, "runner: %s shorter than num_heads (%d)", n, c->kda_num_heads);
           return K3_EFORMAT;
         }
@@ -257,9 +292,11 @@ static int bind_all(k3_runner_t *r, char *err, size_t errlen) {
 
 /* ---- lifecycle -------------------------------------------------------------------------- */
 
-int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
-                   char *err, size_t errlen) {
-  if (!w || !out) return K3_EINVAL;
+/* w != NULL: bind/upload w's tensors; w == NULL: generate cfg's weights on the device. */
+static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint64_t seed,
+                       int verify_kib, const k3_runner_opts_t *opts, k3_runner_t **out, char *err,
+                       size_t errlen) {
+  if (!out) return K3_EINVAL;
   k3_runner_opts_t o;
   if (opts)
     o = *opts;
@@ -292,8 +329,9 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
 
   k3_runner_t *r = calloc(1, sizeof *r);
   if (!r) return K3_ENOMEM;
-  r->cfg = *k3_weights_config(w);
+  r->cfg = w ? *k3_weights_config(w) : *cfg;
   r->w = w;
+  r->tmap = w ? k3_weights_tmap(w) : NULL;
   snprintf(r->backend_name, sizeof r->backend_name, "%s", be);
   o.backend = r->backend_name;
   r->opts = o;
@@ -309,7 +347,24 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
     rn_seterr(err, errlen, "runner: backend '%s' is not available", be);
     rc = K3_ENOTSUP;
   }
+  uint64_t t0 = k3_now_ns();
+  if (!rc && !w) {
+    if (strcmp(be, "cuda")) {
+      rn_seterr(err, errlen, "runner: device-generated weights need backend cuda (not %s)", be);
+      rc = K3_ENOTSUP;
+    } else {
+      rc = rn_syn_begin(r, seed, verify_kib, err, errlen);
+    }
+  }
   if (!rc) rc = bind_all(r, err, errlen);
+  if (!rc && !w) {
+    uint64_t patched, verified;
+    rn_syn_summary(r, &patched, &verified);
+    fprintf(stderr, "runner: %.1f GiB of synthetic weights generated on the device in %.1f s "
+            "(%llu values recomputed on the host, %.1f MiB compared with k3_synth_fill)\n",
+            (double)r->tmap->total_bytes / (1 << 30), (double)(k3_now_ns() - t0) / 1e9,
+            (unsigned long long)patched, (double)verified / (1 << 20));
+  }
   if (!rc) rc = rn_state_init(r, err, errlen);
   if (!rc) rc = rn_dev_init(r, err, errlen);
   if (!rc) rc = rn_gd_init(r, err, errlen);
@@ -322,6 +377,18 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
   return 0;
 }
 
+int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
+                   char *err, size_t errlen) {
+  if (!w) return K3_EINVAL;
+  return init_common(w, NULL, 0, 0, opts, out, err, errlen);
+}
+
+int k3_runner_init_synth(const k3_model_config_t *cfg, uint64_t seed, int verify_kib,
+                         const k3_runner_opts_t *opts, k3_runner_t **out, char *err, size_t errlen) {
+  if (!cfg) return K3_EINVAL;
+  return init_common(NULL, cfg, seed, verify_kib, opts, out, err, errlen);
+}
+
 void k3_runner_free(k3_runner_t *r) {
   if (!r) return;
   if (r->be) rn_gd_free(r);
@@ -329,6 +396,7 @@ void k3_runner_free(k3_runner_t *r) {
   rn_state_free(r);
   if (r->be) rn_dev_free(r);
   if (r->be) free_weights(r);
+  if (r->be) rn_syn_end(r);
   free(r);
 }
 
@@ -347,7 +415,7 @@ void k3_runner_set_graphs(k3_runner_t *r, bool on) {
 
 double k3_runner_decode_bytes(const k3_runner_t *r, int batch) {
   const k3_model_config_t *c = &r->cfg;
-  const k3_tmap_t *m = k3_weights_tmap(r->w);
+  const k3_tmap_t *m = r->tmap;
   const double E = c->num_experts, k = c->top_k;
   const double used = E > 0 ? E * (1.0 - pow(1.0 - k / E, batch)) : 0;
   double b = 0;
@@ -365,7 +433,7 @@ double k3_runner_decode_bytes(const k3_runner_t *r, int batch) {
 
 double k3_runner_prefill_flops(const k3_runner_t *r, int64_t T) {
   const k3_model_config_t *c = &r->cfg;
-  const k3_tmap_t *m = k3_weights_tmap(r->w);
+  const k3_tmap_t *m = r->tmap;
   double tok = 0, head = 0;
   for (size_t i = 0; i < m->n; i++) {
     const k3_tmap_entry_t *e = &m->entries[i];

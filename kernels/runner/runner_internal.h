@@ -84,7 +84,9 @@ struct k3_runner {
   k3_model_config_t cfg;
   k3_runner_opts_t opts;
   char backend_name[16];
-  const k3_weights_t *w;
+  const k3_weights_t *w;   /* NULL when the weights are generated on the device (syn) */
+  const k3_tmap_t *tmap;   /* plan of the weights: w's, or syn's own */
+  struct rn_syn *syn;      /* device generation (synth_dev.c), owns the plan; NULL with w */
   k3k_backend_t *be;
   k3k_dtype_t act;         /* activation dtype: F32 (fp32 mode) or BF16 */
   k3k_dtype_t sdt;         /* MLA latent / conv state dtype (same rule) */
@@ -200,6 +202,37 @@ static inline int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, con
                                      const k3k_tensor_t *smap, const k3k_tensor_t *cache) {
   return K3_ENOTSUP;
 }
+#endif
+
+/* synth_dev.c (CUDA builds): device-generated weights for k3_runner_init_synth. rn_syn_begin
+ * plans the tensors (sets r->tmap), rn_syn_tensor generates one by short name into a new device
+ * allocation (exactly k3_synth_fill's bytes; verify_kib > 0 compares two slices of that many
+ * KiB per tensor with the host generator, < 0 whole tensors), rn_syn_find looks an entry up,
+ * rn_syn_end frees the generator state and the plan (runner teardown: r->tmap points into it). */
+#ifdef K3_RUNNER_CUDA
+int rn_syn_begin(k3_runner_t *r, uint64_t seed, int verify_kib, char *err, size_t errlen);
+int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t **e,
+                  void **dev, char *err, size_t errlen);
+const k3_tmap_entry_t *rn_syn_find(const k3_runner_t *r, const char *short_name);
+void rn_syn_summary(const k3_runner_t *r, uint64_t *patched, uint64_t *verified);
+void rn_syn_end(k3_runner_t *r);
+#else
+static inline int rn_syn_begin(k3_runner_t *r, uint64_t seed, int verify_kib, char *err,
+                               size_t errlen) {
+  rn_seterr(err, errlen, "runner: device-generated weights need the CUDA backend");
+  return K3_ENOTSUP;
+}
+static inline int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t **e,
+                                void **dev, char *err, size_t errlen) {
+  return K3_ENOTSUP;
+}
+static inline const k3_tmap_entry_t *rn_syn_find(const k3_runner_t *r, const char *short_name) {
+  return NULL;
+}
+static inline void rn_syn_summary(const k3_runner_t *r, uint64_t *patched, uint64_t *verified) {
+  *patched = *verified = 0;
+}
+static inline void rn_syn_end(k3_runner_t *r) {}
 #endif
 
 /* forward.c: the pass up to the logits, queued on the backend: embedding, every layer, and

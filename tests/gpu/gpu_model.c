@@ -265,7 +265,8 @@ int main(int argc, char **argv) {
   int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), steps = 16, decode_steps = 20, batch = 64;
   int seed = 1, graph_steps = 12;
   int64_t ptok = 8192;
-  bool do_perf = false, no_parity = false, no_ref_split = false;
+  bool do_perf = false, no_parity = false, no_ref_split = false, dev_synth = false;
+  int verify_kib = 0;
   double tol = 3e-2;
   k3_flag_t flags[] = {
       {"model", K3_FLAG_STR, &model, "DIR", "checkpoint directory (k3pd-mkckpt --config ...)", false},
@@ -273,6 +274,8 @@ int main(int argc, char **argv) {
       {"synthetic-config", K3_FLAG_STR, &sconfig, "FILE", "synthetic weights of a config.json, in memory", false},
       {"config", K3_FLAG_STR, &config, "FILE", "alias of --synthetic-config", false},
       {"seed-weights", K3_FLAG_INT, &seed, "N", "seed of the synthetic weights (default 1, as k3pd-mkckpt)", false},
+      {"device-synth", K3_FLAG_BOOL, &dev_synth, NULL, "generate the synthetic weights on the GPU (k3_runner_init_synth: seconds, no host copy, so no CPU reference: implies --no-parity)", false},
+      {"verify-synth", K3_FLAG_INT, &verify_kib, "KIB", "with --device-synth: compare two KIB-KiB slices of every tensor with the host generator (-1: every byte)", false},
       {"threads", K3_FLAG_INT, &threads, "N", "threads of the cpu-fast reference and the generator (default: CPUs)", false},
       {"steps", K3_FLAG_INT, &steps, "N", "teacher-forced decode steps (default 16)", false},
       {"tol", K3_FLAG_DOUBLE, &tol, "X", "relative L2 error bound (default 3e-2)", false},
@@ -290,7 +293,8 @@ int main(int argc, char **argv) {
   int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
   if (config && !sconfig) sconfig = config;
-  if (rc || (model != NULL) + (preset != NULL) + (sconfig != NULL) != 1 || steps < 1 ||
+  if (dev_synth) no_parity = true;
+  if (rc || (model != NULL) + (preset != NULL) + (sconfig != NULL) != 1 || (dev_synth && model) || steps < 1 ||
       decode_steps < 1 || batch < 1 || ptok < 64 || graph_steps < 3 || threads < 1) {
     fprintf(stderr, "k3k-gpu-model: %s\n", rc ? err : "give exactly one of --model DIR, --synthetic "
             "PRESET or --synthetic-config FILE (and counts >= 1, --graph-steps >= 3, --perf-prefill >= 64)");
@@ -316,28 +320,46 @@ int main(int argc, char **argv) {
     /* the same generator and seed as k3pd-mkckpt: every tensor in host memory once; the cuda
      * runner uploads from it, the cpu-fast reference reads it in place */
     k3_weights_synth_opts_t so = {.threads = threads, .progress = true};
-    if (!rc) rc = k3_weights_synth_opts(&cfg, (uint64_t)seed, &so, &w, err, sizeof err);
+    if (!rc && !dev_synth) rc = k3_weights_synth_opts(&cfg, (uint64_t)seed, &so, &w, err, sizeof err);
   }
   if (rc) {
     fprintf(stderr, "k3k-gpu-model: weights: %s (%s)\n", err, k3_strerror(rc));
     return 2;
   }
-  printf("weights: %d layers, %d experts top-%d, vocab %lld, %.1f GB (%.1f s)\n", cfg.num_layers,
-         cfg.num_experts, cfg.top_k, (long long)cfg.vocab_size,
-         (double)k3_weights_tmap(w)->total_bytes / 1e9, (double)(k3_now_ns() - t0) / 1e9);
-  fflush(stdout);
+  if (w)
+    printf("weights: %d layers, %d experts top-%d, vocab %lld, %.1f GB (%.1f s)\n", cfg.num_layers,
+           cfg.num_experts, cfg.top_k, (long long)cfg.vocab_size,
+           (double)k3_weights_tmap(w)->total_bytes / 1e9, (double)(k3_now_ns() - t0) / 1e9);
   k3_runner_t *ref = NULL, *gpu = NULL;
   t0 = k3_now_ns();
   /* cuda: slots for the perf batch + 1 (and the graph check's 2x3), pages for an 8K prompt and
    * the batch, one prefill pass for the whole prompt */
   int pages = 160;
   if (do_perf) pages += (int)((ptok + 63) / 64) + batch * 6 + 8;
-  if (grunner_new_ex(w, "cuda", 1, pages, batch + 8, batch > 8 ? batch : 8,
-                     do_perf && ptok > 512 ? (int)ptok : 512, "k3k-gpu-model", &gpu)) {
+  const int chunk = do_perf && ptok > 512 ? (int)ptok : 512, mb = batch > 8 ? batch : 8;
+  if (dev_synth) {
+    k3_runner_opts_t o;
+    k3_runner_opts_default(&o);
+    o.precision = K3_RUNNER_BF16;
+    o.backend = "cuda";
+    o.num_pages = pages;
+    o.num_slots = batch + 8;
+    o.max_batch_seqs = mb;
+    o.prefill_chunk_tokens = chunk;
+    rc = k3_runner_init_synth(&cfg, (uint64_t)seed, verify_kib, &o, &gpu, err, sizeof err);
+    gm_check(rc == 0, "weights generated on the device (sampled slices == k3_synth_fill)",
+             "rc %g, %g KiB per slice", rc, verify_kib);
+    if (rc) {
+      fprintf(stderr, "k3k-gpu-model: %s (%s)\n", err, k3_strerror(rc));
+      printf("%d passed, %d failed\n", g_pass, g_fail);
+      return 1;
+    }
+  } else if (grunner_new_ex(w, "cuda", 1, pages, batch + 8, mb, chunk, "k3k-gpu-model", &gpu)) {
     k3_weights_free(w);
     return 2;
   }
-  printf("cuda runner ready (%.1f s: weight upload)\n", (double)(k3_now_ns() - t0) / 1e9);
+  printf("cuda runner ready (%.1f s: weight %s)\n", (double)(k3_now_ns() - t0) / 1e9,
+         dev_synth ? "generation on the device" : "upload");
   fflush(stdout);
   /* GPU-only parts first (cheap), the CPU reference last (slow on the medium preset) */
   gm_graph_check(gpu, 1, graph_steps);

@@ -32,10 +32,10 @@ typedef struct {
   const char *model, *prompt_ids, *prompt, *chat, *tokenizer, *precision, *backend, *logits_out;
   const char *device;
   const char *synthetic, *synthetic_config;
-  int max_new, top_k, threads, page_tokens, seed_weights;
+  int max_new, top_k, threads, page_tokens, seed_weights, verify_synth;
   double temperature, top_p;
   int64_t seed;
-  bool ignore_eos, all_logits, perf;
+  bool ignore_eos, all_logits, perf, host_synth;
 } gen_args_t;
 
 /* The model's default stop ids (k3_model_config_stop_ids: the same rule the router uses). */
@@ -107,14 +107,18 @@ static int run(const gen_args_t *a) {
     k3_weights_free(w);
     return 2;
   }
+  /* synthetic weights: on the GPU for cuda (k3_runner_init_synth: the same bytes in seconds, no
+   * host copy), else on every CPU (k3_weights_synth_opts) */
+  const bool synth = a->synthetic || a->synthetic_config;
+  const bool dev_synth = synth && !strcmp(a->backend, "cuda") && !a->host_synth;
   k3_weights_synth_opts_t so = {.threads = 0, .progress = true}; /* every CPU; GiB lines */
   uint64_t ts = k3_now_ns();
-  if ((a->synthetic || a->synthetic_config) && (rc = k3_weights_synth_opts(&cfg, (uint64_t)a->seed_weights, &so, &w, err, sizeof err))) {
+  if (synth && !dev_synth && (rc = k3_weights_synth_opts(&cfg, (uint64_t)a->seed_weights, &so, &w, err, sizeof err))) {
     fprintf(stderr, "k3pd-generate: cannot synthesise weights: %s (%s)\n", err, k3_strerror(rc));
     free(prompt);
     return 1;
   }
-  if (a->synthetic || a->synthetic_config)
+  if (synth && !dev_synth)
     fprintf(stderr, "k3pd-generate: synthetic weights ready (%.1f s)\n", (double)(k3_now_ns() - ts) / 1e9);
   k3_runner_opts_t o;
   k3_runner_opts_default(&o);
@@ -134,7 +138,10 @@ static int run(const gen_args_t *a) {
   o.num_pages = (int)((total + a->page_tokens - 1) / (a->page_tokens > 0 ? a->page_tokens : 1)) + 1;
   k3_runner_t *r = NULL;
   ts = k3_now_ns();
-  if ((rc = k3_runner_init(w, &o, &r, err, sizeof err))) {
+  rc = dev_synth ? k3_runner_init_synth(&cfg, (uint64_t)a->seed_weights, a->verify_synth, &o, &r,
+                                        err, sizeof err)
+                 : k3_runner_init(w, &o, &r, err, sizeof err);
+  if (rc) {
     fprintf(stderr, "k3pd-generate: %s (%s)\n", err, k3_strerror(rc));
     rc = 1;
     goto done_w;
@@ -252,6 +259,8 @@ int main(int argc, char **argv) {
       {"synthetic", K3_FLAG_STR, &a.synthetic, "PRESET", "use in-memory synthetic weights of a preset (tiny, tiny-48b, ...) instead of --model", false},
       {"synthetic-config", K3_FLAG_STR, &a.synthetic_config, "FILE", "use in-memory synthetic weights of the config.json in FILE instead of --model", false},
       {"seed-weights", K3_FLAG_INT, &a.seed_weights, "N", "seed of the synthetic weights (default 1)", false},
+      {"host-synth", K3_FLAG_BOOL, &a.host_synth, NULL, "with --device cuda: generate synthetic weights on the CPUs and upload them (default: on the GPU, same bytes)", false},
+      {"verify-synth", K3_FLAG_INT, &a.verify_synth, "KIB", "GPU-generated weights: compare two KIB-KiB slices of every tensor with the host generator (-1: all)", false},
       {"prompt-ids", K3_FLAG_STR, &a.prompt_ids, "IDS", "prompt as comma-separated token ids", false},
       {"prompt", K3_FLAG_STR, &a.prompt, "TEXT", "raw prompt text, encoded by the tokenizer (specials disallowed)", false},
       {"chat", K3_FLAG_STR, &a.chat, "FILE", "JSON conversation (messages array or {\"messages\":[...],...}), rendered with the chat template as the router does", false},
