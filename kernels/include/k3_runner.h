@@ -75,6 +75,13 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
  * K3_EINTERNAL naming the tensor. Progress lines on stderr every 8 GiB and a summary. */
 int k3_runner_init_synth(const k3_model_config_t *cfg, uint64_t seed, int verify_kib,
                          const k3_runner_opts_t *opts, k3_runner_t **out, char *err, size_t errlen);
+/* A runner on a host backend ("cpu", "cpu-fast") over a host copy of the weights of `src` (made
+ * by k3_runner_init_synth; copied tensor by tensor, D2H): the CPU reference for device-generated
+ * weights without a second generation (medium: 85.3 GiB of host memory, seconds instead of
+ * ~20 min on 16 cores). src must outlive the copy (the plan is shared). K3_EINVAL for another
+ * src, K3_ENOTSUP for a device backend. */
+int k3_runner_init_copy(const k3_runner_t *src, const k3_runner_opts_t *opts, k3_runner_t **out,
+                        char *err, size_t errlen);
 void k3_runner_free(k3_runner_t *r);
 
 const k3_model_config_t *k3_runner_config(const k3_runner_t *r);

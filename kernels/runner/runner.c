@@ -55,7 +55,7 @@ static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t co
   k3k_tensor_t t;
   memset(&t, 0, sizeof t);
   if (b->rc) return t;
-  if (b->r->syn) { /* generated on the device: nothing to upload */
+  if (b->r->syn || b->r->src) { /* generated on the device, or copied from such a runner */
     const k3_tmap_entry_t *e = NULL;
     void *dev = NULL;
     k3_runner_t *r = b->r;
@@ -69,7 +69,25 @@ static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t co
       r->uploads = p;
       r->cap_uploads = cap;
     }
-    if ((b->rc = rn_syn_tensor(r, name, &e, &dev, b->err, b->errlen))) return t;
+    if (r->src) {
+      /* bind order is the same for the same config: this is the source's upload number n */
+      const k3_runner_t *src = r->src;
+      e = rn_syn_find(src, name);
+      if (!e || r->n_uploads >= src->n_uploads) {
+        rn_seterr(b->err, b->errlen, "runner: tensor %s not found in the source runner", name);
+        b->rc = K3_ENOENT;
+        return t;
+      }
+      if ((b->rc = r->be->alloc(r->be, e->nbytes ? e->nbytes : 64, &dev))) return t;
+      b->rc = src->be->copy_to_host(src->be, dev, src->uploads[r->n_uploads], e->nbytes);
+      if (b->rc) {
+        r->be->free(r->be, dev);
+        rn_seterr(b->err, b->errlen, "runner: cannot copy tensor %s from the source runner", name);
+        return t;
+      }
+    } else if ((b->rc = rn_syn_tensor(r, name, &e, &dev, b->err, b->errlen))) {
+      return t;
+    }
     r->uploads[r->n_uploads++] = dev;
     int64_t want = cols ? rows * cols : rows, n = 1;
     for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
@@ -273,8 +291,8 @@ static int bind_all(k3_runner_t *r, char *err, size_t errlen) {
         char n[128];
         snprintf(n, sizeof n, "model.layers.%d.self_attn.A_log", l);
         int64_t len = -1;
-        if (r->syn) {
-          const k3_tmap_entry_t *e = rn_syn_find(r, n);
+        if (r->syn || r->src) {
+          const k3_tmap_entry_t *e = rn_syn_find(r->src ? r->src : r, n);
           if (e) len = e->shape[0];
         } else {
           const k3_tensor_view_t *v = k3_weights_get(r->w, n);
@@ -294,8 +312,8 @@ static int bind_all(k3_runner_t *r, char *err, size_t errlen) {
 
 /* w != NULL: bind/upload w's tensors; w == NULL: generate cfg's weights on the device. */
 static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint64_t seed,
-                       int verify_kib, const k3_runner_opts_t *opts, k3_runner_t **out, char *err,
-                       size_t errlen) {
+                       int verify_kib, const k3_runner_t *src, const k3_runner_opts_t *opts,
+                       k3_runner_t **out, char *err, size_t errlen) {
   if (!out) return K3_EINVAL;
   k3_runner_opts_t o;
   if (opts)
@@ -329,9 +347,10 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
 
   k3_runner_t *r = calloc(1, sizeof *r);
   if (!r) return K3_ENOMEM;
-  r->cfg = w ? *k3_weights_config(w) : *cfg;
+  r->cfg = w ? *k3_weights_config(w) : src ? src->cfg : *cfg;
   r->w = w;
-  r->tmap = w ? k3_weights_tmap(w) : NULL;
+  r->src = src;
+  r->tmap = w ? k3_weights_tmap(w) : src ? src->tmap : NULL;
   snprintf(r->backend_name, sizeof r->backend_name, "%s", be);
   o.backend = r->backend_name;
   r->opts = o;
@@ -348,7 +367,11 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
     rc = K3_ENOTSUP;
   }
   uint64_t t0 = k3_now_ns();
-  if (!rc && !w) {
+  if (!rc && src && !r->be->host_memory) {
+    rn_seterr(err, errlen, "runner: a copy of a device-generated runner needs a host backend");
+    rc = K3_ENOTSUP;
+  }
+  if (!rc && !w && !src) {
     if (strcmp(be, "cuda")) {
       rn_seterr(err, errlen, "runner: device-generated weights need backend cuda (not %s)", be);
       rc = K3_ENOTSUP;
@@ -357,7 +380,7 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
     }
   }
   if (!rc) rc = bind_all(r, err, errlen);
-  if (!rc && !w) {
+  if (!rc && !w && !src) {
     uint64_t patched, verified;
     rn_syn_summary(r, &patched, &verified);
     fprintf(stderr, "runner: %.1f GiB of synthetic weights generated on the device in %.1f s "
@@ -380,13 +403,22 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
 int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
                    char *err, size_t errlen) {
   if (!w) return K3_EINVAL;
-  return init_common(w, NULL, 0, 0, opts, out, err, errlen);
+  return init_common(w, NULL, 0, 0, NULL, opts, out, err, errlen);
 }
 
 int k3_runner_init_synth(const k3_model_config_t *cfg, uint64_t seed, int verify_kib,
                          const k3_runner_opts_t *opts, k3_runner_t **out, char *err, size_t errlen) {
   if (!cfg) return K3_EINVAL;
-  return init_common(NULL, cfg, seed, verify_kib, opts, out, err, errlen);
+  return init_common(NULL, cfg, seed, verify_kib, NULL, opts, out, err, errlen);
+}
+
+int k3_runner_init_copy(const k3_runner_t *src, const k3_runner_opts_t *opts, k3_runner_t **out,
+                        char *err, size_t errlen) {
+  if (!src || !src->syn) {
+    rn_seterr(err, errlen, "runner: k3_runner_init_copy needs a runner made by k3_runner_init_synth");
+    return K3_EINVAL;
+  }
+  return init_common(NULL, NULL, 0, 0, src, opts, out, err, errlen);
 }
 
 void k3_runner_free(k3_runner_t *r) {

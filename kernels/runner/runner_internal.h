@@ -87,6 +87,7 @@ struct k3_runner {
   const k3_weights_t *w;   /* NULL when the weights are generated on the device (syn) */
   const k3_tmap_t *tmap;   /* plan of the weights: w's, or syn's own */
   struct rn_syn *syn;      /* device generation (synth_dev.c), owns the plan; NULL with w */
+  const k3_runner_t *src;  /* k3_runner_init_copy: the device-generated runner copied from */
   k3k_backend_t *be;
   k3k_dtype_t act;         /* activation dtype: F32 (fp32 mode) or BF16 */
   k3k_dtype_t sdt;         /* MLA latent / conv state dtype (same rule) */

@@ -28,7 +28,10 @@
  * k3_weights_synth_opts on every CPU (the generator and seed k3pd-mkckpt uses): --synthetic
  * PRESET (e.g. medium: 91.6 GB, more than the GPU host's disk) or --synthetic-config FILE
  * (--config is its older alias). The weights are held once in host memory: the cuda runner
- * uploads them, the cpu-fast reference reads them in place.
+ * uploads them, the cpu-fast reference reads them in place. --device-synth generates them on
+ * the GPU instead (k3_runner_init_synth, the same bytes: --verify-synth KIB compares slices with
+ * the host generator) and gives the cpu-fast reference a host copy (k3_runner_init_copy): the
+ * only way to run the medium preset within one device call (host generation: ~20 min).
  * Exit: 0 all passed, 1 a check failed, 2 usage/setup error, 77 no CUDA device. */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -274,7 +277,7 @@ int main(int argc, char **argv) {
       {"synthetic-config", K3_FLAG_STR, &sconfig, "FILE", "synthetic weights of a config.json, in memory", false},
       {"config", K3_FLAG_STR, &config, "FILE", "alias of --synthetic-config", false},
       {"seed-weights", K3_FLAG_INT, &seed, "N", "seed of the synthetic weights (default 1, as k3pd-mkckpt)", false},
-      {"device-synth", K3_FLAG_BOOL, &dev_synth, NULL, "generate the synthetic weights on the GPU (k3_runner_init_synth: seconds, no host copy, so no CPU reference: implies --no-parity)", false},
+      {"device-synth", K3_FLAG_BOOL, &dev_synth, NULL, "generate the synthetic weights on the GPU (k3_runner_init_synth: seconds); the CPU reference then gets a host copy of them (k3_runner_init_copy)", false},
       {"verify-synth", K3_FLAG_INT, &verify_kib, "KIB", "with --device-synth: compare two KIB-KiB slices of every tensor with the host generator (-1: every byte)", false},
       {"threads", K3_FLAG_INT, &threads, "N", "threads of the cpu-fast reference and the generator (default: CPUs)", false},
       {"steps", K3_FLAG_INT, &steps, "N", "teacher-forced decode steps (default 16)", false},
@@ -293,7 +296,6 @@ int main(int argc, char **argv) {
   int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
   if (config && !sconfig) sconfig = config;
-  if (dev_synth) no_parity = true;
   if (rc || (model != NULL) + (preset != NULL) + (sconfig != NULL) != 1 || (dev_synth && model) || steps < 1 ||
       decode_steps < 1 || batch < 1 || ptok < 64 || graph_steps < 3 || threads < 1) {
     fprintf(stderr, "k3k-gpu-model: %s\n", rc ? err : "give exactly one of --model DIR, --synthetic "
@@ -367,7 +369,20 @@ int main(int argc, char **argv) {
   if (do_perf) gm_perf(gpu, decode_steps, batch, ptok);
   if (!no_parity) {
     t0 = k3_now_ns();
-    if (new_runner(w, "cpu-fast", threads, &ref)) {
+    if (dev_synth) {
+      k3_runner_opts_t o;
+      k3_runner_opts_default(&o);
+      o.precision = K3_RUNNER_BF16;
+      o.backend = "cpu-fast";
+      o.threads = threads;
+      o.num_pages = 160;
+      o.prefill_chunk_tokens = 512;
+      rc = k3_runner_init_copy(gpu, &o, &ref, err, sizeof err);
+      if (rc) fprintf(stderr, "k3k-gpu-model: cpu-fast copy: %s (%s)\n", err, k3_strerror(rc));
+      else printf("cpu-fast reference over a host copy of the device weights (%.1f s)\n",
+                  (double)(k3_now_ns() - t0) / 1e9);
+    }
+    if (dev_synth ? rc != 0 : new_runner(w, "cpu-fast", threads, &ref) != 0) {
       k3_runner_free(gpu);
       k3_weights_free(w);
       return 2;
