@@ -15,7 +15,11 @@ void gseq_init(gseq_t *q) {
 
 int grunner_new(const k3_weights_t *w, const char *be, int threads, int num_pages, const char *prog,
                 k3_runner_t **r) {
-  return grunner_new_ex(w, be, threads, num_pages, 4, 4, 512, prog, r);
+  int rc = grunner_new_ex(w, be, threads, num_pages, 4, 4, 512, prog, r);
+  /* k3k-gpu-opdiff's shadow copies every op's arguments to the host (a synchronisation), which
+   * a graph capture cannot contain: keep these runners' decode steps eager */
+  if (!rc) k3_runner_set_graphs(*r, false);
+  return rc;
 }
 
 int grunner_new_ex(const k3_weights_t *w, const char *be, int threads, int num_pages, int num_slots,
