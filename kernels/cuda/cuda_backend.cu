@@ -8,7 +8,9 @@
  * What it is not: thread-safe (k3k.h: one thread per backend instance) or multi-GPU.
  * Invariants: every CUDA call is checked (K3K_CU) and every launch (K3K_LAUNCHED); with
  * K3PD_CUDA_SYNC=1 each op is followed by a stream synchronisation so an asynchronous fault is
- * reported by the op that caused it (the GPU tests set it). `supports` answers false for any
+ * reported by the op that caused it (the GPU tests set it), except while the stream is being
+ * captured into a CUDA graph (a synchronisation would invalidate the capture). ctx->mem_gen
+ * counts reallocations of the implicit scratch memory (graphs captured before are stale). `supports` answers false for any
  * tensor not owned by this backend. */
 #include <cublasLt.h>
 #include <stdlib.h>
@@ -165,6 +167,7 @@ int k3k_cuda_scratch(k3k_cuda_ctx *cx, size_t bytes, void **out) {
     if (cx->scratch) K3K_CU(cudaFree(cx->scratch));
     cx->scratch = NULL;
     cx->scratch_bytes = 0;
+    cx->mem_gen++; /* graphs captured with the old scratch are stale */
     if (cudaMalloc(&p, nb) != cudaSuccess) {
       (void)cudaGetLastError();
       K3_ERROR("cuda: scratch of %zu bytes unavailable", nb);
@@ -185,6 +188,7 @@ int k3k_cuda_host_scratch(k3k_cuda_ctx *cx, size_t bytes, void **out) {
     if (cx->host_buf) K3K_CU(cudaFreeHost(cx->host_buf));
     cx->host_buf = NULL;
     cx->host_bytes = 0;
+    cx->mem_gen++;
     if (cudaMallocHost(&p, nb) != cudaSuccess) {
       (void)cudaGetLastError();
       K3_ERROR("cuda: pinned host scratch of %zu bytes unavailable", nb);
@@ -301,7 +305,9 @@ static int cuda_run(k3k_backend_t *be, k3k_op_t op, const void *params,
   k3k_cuda_ctx *cx = CX(be);
   K3K_CU(cudaSetDevice(cx->device));
   int rc = op_fn(op)(cx, params, t);
-  if (rc == 0 && getenv("K3PD_CUDA_SYNC")) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (rc == 0 && getenv("K3PD_CUDA_SYNC") &&
+      cudaStreamIsCapturing(cx->stream, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone) {
     cudaError_t e = cudaStreamSynchronize(cx->stream);
     if (e != cudaSuccess) {
       K3_ERROR("cuda: op %s faulted: %s", k3k_op_name(op), cudaGetErrorString(e));

@@ -36,6 +36,13 @@ typedef struct {
   size_t host_bytes;
   k3k_cuda_pool *pool;
   void *algo_cache;    /* cuBLASLt algorithm cache (gemm.cu), k3k_cuda_algo_cache_bytes() */
+  /* > 0: the caller built every id/length tensor itself and validated it on the host, so the
+   * check.cu functions return 0 without launching or synchronising (k3k_cuda_set_trusted_ids).
+   * 0 (the default) for every other caller: ops validate as k3k.h says. */
+  int trusted_ids;
+  /* Bumped whenever memory the ops use implicitly (scratch, pinned host staging) is
+   * reallocated: a CUDA graph captured under an older value holds dangling pointers. */
+  uint64_t mem_gen;
 } k3k_cuda_ctx;
 size_t k3k_cuda_algo_cache_bytes(void);
 
@@ -76,6 +83,13 @@ K3K_CUDA_DECL(sample);
 bool k3k_cuda_gemm_ok(const k3k_tensor_t *const *t);
 bool k3k_cuda_kda_step_ok(const void *params, const k3k_tensor_t *const *t);
 bool k3k_cuda_kda_chunk_ok(const void *params, const k3k_tensor_t *const *t);
+
+/* Trusted ids (check.cu): while on, the three checks below return 0 at once (no launch, no
+ * synchronisation), which makes the ops that call them capture-safe. Only for a caller that
+ * builds the metadata itself and validated it on the host (the model runner: slots allocated and
+ * distinct, cu_seqlens monotone by construction, page ids from its pool, seq_lens within the
+ * page table); it turns the flag off again when its pass ends. Returns the previous value. */
+int k3k_cuda_set_trusted_ids(k3k_cuda_ctx *cx, int on);
 
 /* Device-side validation of metadata before an op writes (check.cu); one synchronisation each.
  * ids [n] I32: each in [0,limit) (negative allowed when allow_neg), pairwise distinct when
@@ -132,6 +146,39 @@ int k3k_cu_kda_decode(cudaStream_t st, const k3k_cu_kda_decode_args *a);
 void k3k_cuda_mla_phase_events(cudaEvent_t *ev);
 /* Benchmarks only: MLA decode attention variants that leave a stage out (mla.cu); 0 = normal. */
 void k3k_cuda_mla_probe(int mode);
+
+/* Unchecked decode helpers for the model runner (runner_raw.cu), capture-safe (no
+ * synchronisation, no allocation): the ids come from the runner's host-validated metadata.
+ * Row gather: y[t][0..d) = table[ids[t]][0..d) for t < n, 2-byte elements (bf16 rows), row
+ * strides in elements. Cache write: cache row slot_mapping[t] (page * page_size + offset of a
+ * [pages, page_size, c + dr] bf16 cache with row stride c + dr) gets [c_n[t] | k_rot[t]]; a
+ * negative slot skips the token. Same bytes as GET_ROWS / MLA_CACHE_WRITE on bf16 tensors. */
+int k3k_cu_gather_rows_u16(cudaStream_t st, const uint16_t *table, int64_t ld_table,
+                           const int32_t *ids, int64_t n, int64_t d, uint16_t *y, int64_t ld_y);
+int k3k_cu_cache_write_u16(cudaStream_t st, const uint16_t *c_n, int64_t ld_cn, const uint16_t *k_rot,
+                           int64_t ld_kr, const int32_t *slot_mapping, int64_t n, int64_t c,
+                           int64_t dr, uint16_t *cache);
+
+/* Synthetic weights on the device (synth_gpu.cu), the values of common/ckpt/synth.c: the caller
+ * maps a tmap entry's role to a plain kind (K3K_SYN_NORMAL: v = [b +] a*N(0,1);
+ * K3K_SYN_AFFINE_UNIFORM: v = b + a*U; K3K_SYN_LOG_UNIFORM: log(1 + 15U) for the first n_valid
+ * elements, 0 after) or generates an MXFP4 entry (packed codes or scales of the logical [N, K]
+ * master keyed mkey). Element/group indices whose value could round differently from the
+ * host's libm are appended to flags (device, cap entries; *n_flags counts all of them, device
+ * unsigned, caller-zeroed): recompute those with k3_synth_fill on the host and overwrite (one
+ * element of a plain entry, one 32-group = 16 packed bytes or 1 scale byte of an MXFP4 entry).
+ * With that the bytes equal k3_synth_fill's. Queued on st, not synchronised. */
+enum { K3K_SYN_NORMAL = 0, K3K_SYN_AFFINE_UNIFORM = 1, K3K_SYN_LOG_UNIFORM = 2 };
+typedef struct {
+  int kind, has_b, f32; /* f32: F32 output, else BF16 (RNE) */
+  uint64_t key;         /* k3_synth_key(full name, seed) */
+  double a, b;
+  int64_t n_valid;
+} k3k_cu_synth_plain;
+int k3k_cu_synth_plain_fill(cudaStream_t st, const k3k_cu_synth_plain *p, void *dst, int64_t n,
+                            uint64_t *flags, unsigned *n_flags, unsigned cap);
+int k3k_cu_synth_mx_fill(cudaStream_t st, uint64_t mkey, int64_t N, int64_t K, int want_scale,
+                         uint8_t *dst, uint64_t *flags, unsigned *n_flags, unsigned cap);
 
 /* Benchmarks/tests: fills n F32/BF16 elements with hash-based uniform values in [lo, hi). */
 int k3k_cu_fill_random(cudaStream_t st, void *p, int64_t n, k3k_dtype_t dt, uint64_t seed,

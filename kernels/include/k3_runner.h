@@ -45,7 +45,7 @@ typedef enum { K3_RUNNER_FP32 = 0, K3_RUNNER_BF16 = 1 } k3_runner_precision_t;
 
 typedef struct {
   k3_runner_precision_t precision;
-  const char *backend;      /* "cpu" (reference) or "cpu-fast"; NULL = "cpu" */
+  const char *backend;      /* "cpu" (reference), "cpu-fast" or "cuda" (bf16 only); NULL = "cpu" */
   int threads;              /* worker threads of the backend (cpu-fast); <= 0 = 1 */
   int page_tokens;          /* tokens per MLA latent page (e.g. 16 or 64); > 0 */
   int num_pages;            /* page pool size (shared by all MLA layers: page p exists in each) */
@@ -66,6 +66,22 @@ typedef struct k3_runner k3_runner_t;
  * K3_ENOMEM. On error *out is untouched. */
 int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
                    char *err, size_t errlen);
+/* Same over weights generated directly in device memory: every tensor of cfg's plan with the
+ * bytes k3_synth_fill(cfg, entry, seed) gives (the generator and seed k3pd-mkckpt and
+ * k3_weights_synth use), computed on the GPU (values the device's libm might round differently
+ * are recomputed on the host), so no host copy of the model exists (the medium preset: 91.6
+ * GB). Backend "cuda" only (else K3_ENOTSUP). verify_kib > 0 compares two slices of that many
+ * KiB of every tensor with the host generator, < 0 every byte (slow), 0 none; a mismatch is
+ * K3_EINTERNAL naming the tensor. Progress lines on stderr every 8 GiB and a summary. */
+int k3_runner_init_synth(const k3_model_config_t *cfg, uint64_t seed, int verify_kib,
+                         const k3_runner_opts_t *opts, k3_runner_t **out, char *err, size_t errlen);
+/* A runner on a host backend ("cpu", "cpu-fast") over a host copy of the weights of `src` (made
+ * by k3_runner_init_synth; copied tensor by tensor, D2H): the CPU reference for device-generated
+ * weights without a second generation (medium: 85.3 GiB of host memory, seconds instead of
+ * ~20 min on 16 cores). src must outlive the copy (the plan is shared). K3_EINVAL for another
+ * src, K3_ENOTSUP for a device backend. */
+int k3_runner_init_copy(const k3_runner_t *src, const k3_runner_opts_t *opts, k3_runner_t **out,
+                        char *err, size_t errlen);
 void k3_runner_free(k3_runner_t *r);
 
 const k3_model_config_t *k3_runner_config(const k3_runner_t *r);
@@ -144,6 +160,45 @@ typedef struct {
  * Same error contract as prefill (no callback). */
 int k3_runner_decode_step(k3_runner_t *r, k3_decode_item_t *items, int n, char *err,
                           size_t errlen);
+
+/* ---- CUDA decode: trusted ids and graphs ---------------------------------------------------
+ * On the "cuda" backend (bf16, MoE experts on the grouped device path) a decode step builds all
+ * of its metadata (token ids, slots, cache rows, page tables, lengths) on the host, validates it
+ * there, uploads it in ONE copy into a fixed device buffer, and runs with the backend's id checks
+ * off (they would synchronise per op). The step is captured into a CUDA graph per (batch size,
+ * context bucket) and replayed on later steps of the same key: the context bucket is the
+ * smallest power of two >= the longest sequence (at least page_tokens), which is also the
+ * MLA_DECODE max_seqlen_k hint of eager steps, so replay and eager execution launch identical
+ * kernels and give bit-identical logits. Steps run eagerly until a key has been seen once with
+ * the workspace already large enough (first step of a key: eager, second: capture + launch,
+ * then replay); graphs are recaptured when the workspace arena or the backend's scratch memory
+ * was reallocated since (e.g. after a longer prefill). At most 16 graphs are kept (LRU). Every
+ * row's logits are computed on this path (a NULL logits pointer only skips the copy). */
+typedef struct {
+  uint64_t eager_steps;      /* device decode steps run op by op */
+  uint64_t graph_captures;   /* graphs captured (each also ran its step once) */
+  uint64_t graph_replays;    /* steps run by replaying a captured graph */
+  uint64_t capture_failures; /* captures abandoned (the step then ran eagerly; logged once) */
+} k3_runner_stats_t;
+void k3_runner_get_stats(const k3_runner_t *r, k3_runner_stats_t *out);
+/* Graphs on (default) or off (every step eager; captured graphs are dropped). No effect on
+ * backends without the device decode path. */
+void k3_runner_set_graphs(k3_runner_t *r, bool on);
+
+/* ---- roofline figures (for benchmarks) ------------------------------------------------------
+ * Bytes one decode step of `batch` sequences must move at least: every stored weight except the
+ * embedding table (one row per sequence) and the routed experts, of which the expected number
+ * of DISTINCT experts per MoE layer under uniform routing, E·(1 − (1 − k/E)^batch) (= k at batch
+ * 1), as stored (MXFP4 packed + scales); plus each sequence's KDA state read and written
+ * (manifest kda_bytes_per_slot, twice). MLA cache reads are not counted (small at short
+ * contexts). */
+double k3_runner_decode_bytes(const k3_runner_t *r, int batch);
+/* FLOPs a prefill of one T-token sequence must do at least: 2·T·(active parameters per token:
+ * every weight except embedding and lm_head, routed experts k/E of theirs) + 2·(lm_head) for the
+ * last row + MLA causal attention 2·T(T+1)/2·heads·(d_qk + d_v) per MLA layer + KDA chunked
+ * core ~12·Dk·Dv per token and head per KDA layer (state/intra-chunk products: ~155 GFLOP for
+ * 8K tokens x 96 heads, issue 8's figure). */
+double k3_runner_prefill_flops(const k3_runner_t *r, int64_t T);
 
 /* ---- state manifest and export/import ------------------------------------------------------
  * The regions of one sequence are those of the runner's manifest (k3pd/manifest.h, built by

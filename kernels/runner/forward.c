@@ -6,7 +6,10 @@
  * Chunking: a prefill call is split in rounds; round k feeds tokens [k*C, (k+1)*C) of every
  * sequence that still has some (C = prefill_chunk_tokens, a multiple of the KDA chunk 64), each
  * round continuing from the state the previous one left. The layer callback fires only in the
- * last round, when every sequence's state of that layer is final. */
+ * last round, when every sequence's state of that layer is final.
+ * Decode on a "cuda" runner goes through graph.c (prebuilt metadata, CUDA graphs); prefill and
+ * the other backends through rn_forward. Every pass runs with the backend's id checks off
+ * (rn_trust): the entry points below validate tokens, slots and pages on the host first. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,8 +24,9 @@
     if (rc) goto out; \
   } while (0)
 
-int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_done_fn cb,
-               void *cb_ctx, bool fire_cb, char *err, size_t errlen) {
+int rn_forward_enqueue(k3_runner_t *r, rn_ws_t *ws, rn_pass_t *ps, const int32_t *rows, int64_t nw,
+                       k3_layer_done_fn cb, void *cb_ctx, bool fire_cb, k3k_tensor_t *lg,
+                       char *err, size_t errlen) {
   const k3_model_config_t *c = &r->cfg;
   k3k_backend_t *be = r->be;
   const int64_t T = ps->n_tok, H = c->hidden_size, V = c->vocab_size;
@@ -30,17 +34,7 @@ int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_do
   const bool ares = c->attn_res_block_size > 0;
   const size_t es = k3k_dtype_size(A);
   int rc = 0;
-  rn_ws_t *ws = rn_ws_begin(r);
-  int32_t *slots = malloc((size_t)ps->n_seq * 4);
-  if (!slots) {
-    rn_ws_end(ws);
-    return K3_ENOMEM;
-  }
-  for (int s = 0; s < ps->n_seq; s++) slots[s] = ps->seq[s]->slot < 0 ? 0 : ps->seq[s]->slot;
-  ps->cu = rn_i32(ws, ps->off, ps->n_seq + 1);
-  ps->slots = rn_i32(ws, slots, ps->n_seq);
-  free(slots);
-  k3k_tensor_t ids = rn_i32(ws, ps->tok, T);
+  k3k_tensor_t ids = ps->dev ? ps->ids : rn_i32(ws, ps->tok, T);
   k3k_tensor_t P = rn_buf(ws, A, T, H), h = rn_buf(ws, A, T, H), xn = rn_buf(ws, A, T, H);
   k3k_tensor_t a = rn_buf(ws, A, T, H);
   int nb_max = ares ? c->num_attn_res_boundaries : 0, nb = 0;
@@ -51,7 +45,10 @@ int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_do
   k3k_rmsnorm_params_t np = {.eps = (float)c->eps_norm, .bf16_inner = r->bf16};
   k3k_attn_res_params_t mp = {.eps = (float)c->eps_norm};
 
-  TRY(k3k_get_rows(be, &r->embed, &ids, &P));
+  if (ps->dev)
+    TRY(rn_dev_gather(r, &r->embed, &ids, &P));
+  else
+    TRY(k3k_get_rows(be, &r->embed, &ids, &P));
   for (int l = 0; l < c->num_layers; l++) {
     const rn_layer_t *L = &r->layers[l];
     const int ki = c->kind_index[l];
@@ -72,10 +69,13 @@ int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_do
       }
     }
     TRY(k3k_rmsnorm(be, &np, hin, &L->in_ln, &xn));
+    /* the mixer's and the FFN's temporaries die when they return (their output is `a`) */
+    rn_ws_mark_t mk = rn_ws_mark(ws);
     if (L->kind == K3_LAYER_KDA)
       TRY(rn_kda_forward(r, ws, L, ki, ps, &xn, &a));
     else
       TRY(rn_mla_forward(r, ws, L, ki, ps, &xn, &a));
+    rn_ws_release(ws, mk);
     if (reset)
       TRY(k3k_copy(be, &a, &P));
     else
@@ -88,6 +88,7 @@ int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_do
     }
     TRY(k3k_rmsnorm(be, &np, hin, &L->post_ln, &xn));
     TRY(rn_ffn_forward(r, ws, L, &xn, &a));
+    rn_ws_release(ws, mk);
     TRY(k3k_add(be, &P, &a, &P));
     if (fire_cb && cb) {
       if (be->synchronize) TRY(be->synchronize(be));
@@ -99,39 +100,59 @@ int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_do
     }
   }
   /* head: final depth mix (K3), final norm, lm_head on the wanted rows only */
-  if (row_dst) {
-    int32_t *rows = malloc((size_t)T * 4);
-    if (!rows) {
-      rc = K3_ENOMEM;
-      goto out;
+  if (nw > 0) {
+    const k3k_tensor_t *hf = &P;
+    if (ares) {
+      k3k_tensor_t sv = k3k_tensor_slice(&snaps, 0, 0, nb);
+      TRY(k3k_attn_res_mix(be, &mp, &sv, &P, &r->out_res_norm, &r->out_res_proj, &h));
+      hf = &h;
     }
-    int64_t nw = 0;
-    for (int64_t t = 0; t < T; t++)
-      if (row_dst[t]) rows[nw++] = (int32_t)t;
-    if (nw > 0) {
-      const k3k_tensor_t *hf = &P;
-      if (ares) {
-        k3k_tensor_t sv = k3k_tensor_slice(&snaps, 0, 0, nb);
-        rc = k3k_attn_res_mix(be, &mp, &sv, &P, &r->out_res_norm, &r->out_res_proj, &h);
-        hf = &h;
-      }
+    k3k_tensor_t hw = *hf, hn = rn_buf(ws, A, nw, H);
+    *lg = rn_buf(ws, K3K_F32, nw, V);
+    if (!ps->dev) {
       k3k_tensor_t rt = rn_i32(ws, rows, nw);
-      k3k_tensor_t hw = rn_buf(ws, A, nw, H), hn = rn_buf(ws, A, nw, H);
-      k3k_tensor_t lg = rn_buf(ws, K3K_F32, nw, V);
-      if (!rc) rc = ws->rc;
-      if (!rc) rc = k3k_get_rows(be, hf, &rt, &hw);
-      if (!rc) rc = k3k_rmsnorm(be, &np, &hw, &r->final_norm, &hn);
-      if (!rc) rc = k3k_gemm(be, &hn, &r->lm_head, &lg);
-      for (int64_t i = 0; i < nw && !rc; i++)
-        rc = be->copy_to_host(be, row_dst[rows[i]], (char *)lg.data + (size_t)(i * V) * 4,
-                              (size_t)V * 4);
+      hw = rn_buf(ws, A, nw, H);
+      if ((rc = ws->rc)) goto out;
+      TRY(k3k_get_rows(be, hf, &rt, &hw));
     }
-    free(rows);
-    if (rc) goto out;
+    if ((rc = ws->rc)) goto out;
+    TRY(k3k_rmsnorm(be, &np, &hw, &r->final_norm, &hn));
+    TRY(k3k_gemm(be, &hn, &r->lm_head, lg));
   }
-  if (be->synchronize) rc = be->synchronize(be);
 out:
   if (rc && err && !err[0]) rn_seterr(err, errlen, "runner: forward failed: %s", k3_strerror(rc));
+  return rc;
+}
+
+int rn_forward(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, k3_layer_done_fn cb,
+               void *cb_ctx, bool fire_cb, char *err, size_t errlen) {
+  k3k_backend_t *be = r->be;
+  const int64_t T = ps->n_tok, V = r->cfg.vocab_size;
+  rn_ws_t *ws = rn_ws_begin(r);
+  int32_t *slots = malloc((size_t)ps->n_seq * 4), *rows = malloc((size_t)(T > 0 ? T : 1) * 4);
+  int rc = slots && rows ? 0 : K3_ENOMEM;
+  int64_t nw = 0;
+  for (int s = 0; s < ps->n_seq && !rc; s++) slots[s] = ps->seq[s]->slot < 0 ? 0 : ps->seq[s]->slot;
+  for (int64_t t = 0; t < T && row_dst && !rc; t++)
+    if (row_dst[t]) rows[nw++] = (int32_t)t;
+  ps->dev = false;
+  if (!rc) {
+    ps->cu = rn_i32(ws, ps->off, ps->n_seq + 1);
+    ps->slots = rn_i32(ws, slots, ps->n_seq);
+    rc = ws->rc;
+  }
+  /* the runner built and validated every id of the pass (k3_runner_prefill/decode_step) */
+  rn_trust(r, true);
+  k3k_tensor_t lg = {0};
+  if (!rc) rc = rn_forward_enqueue(r, ws, ps, rows, nw, cb, cb_ctx, fire_cb, &lg, err, errlen);
+  for (int64_t i = 0; i < nw && !rc; i++)
+    rc = be->copy_to_host(be, row_dst[rows[i]], (char *)lg.data + (size_t)(i * V) * 4,
+                          (size_t)V * 4);
+  if (!rc && be->synchronize) rc = be->synchronize(be);
+  rn_trust(r, false);
+  if (rc && err && !err[0]) rn_seterr(err, errlen, "runner: forward failed: %s", k3_strerror(rc));
+  free(slots);
+  free(rows);
   rn_ws_end(ws);
   return rc;
 }
@@ -302,7 +323,8 @@ int k3_runner_decode_step(k3_runner_t *r, k3_decode_item_t *items, int n, char *
     ps.n_tok = n;
     ps.tok = tok;
     ps.decode = true;
-    rc = rn_forward(r, &ps, dst, NULL, NULL, false, err, errlen);
+    rc = r->gd ? rn_gd_decode(r, &ps, dst, err, errlen)
+               : rn_forward(r, &ps, dst, NULL, NULL, false, err, errlen);
     for (int i = 0; i < n && !rc; i++) items[i].seq->len += 1;
   }
   free(ps.seq);

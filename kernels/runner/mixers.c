@@ -80,7 +80,7 @@ int rn_kda_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int ki, con
 }
 
 /* Flattened cache row index (page * page_tokens + offset) of absolute position pos. */
-static int32_t cache_slot(const k3_runner_t *r, const k3_seq_t *s, int64_t pos) {
+int32_t rn_cache_slot(const k3_runner_t *r, const k3_seq_t *s, int64_t pos) {
   int pt = r->opts.page_tokens;
   return s->pages[pos / pt] * pt + (int32_t)(pos % pt);
 }
@@ -114,19 +114,28 @@ int rn_mla_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int mi, con
   TRY(k3k_copy(be, &cv, &craw));
   TRY(k3k_copy(be, &rv, &krot));
   TRY(k3k_rmsnorm(be, &lora_np, &craw, &L->kva_ln, &cn));
-  int32_t *smap = malloc((size_t)T * sizeof *smap);
-  if (!smap) return K3_ENOMEM;
-  for (int s = 0; s < ps->n_seq; s++)
-    for (int64_t t = ps->off[s]; t < ps->off[s + 1]; t++)
-      smap[t] = cache_slot(r, ps->seq[s], ps->pos0[s] + (t - ps->off[s]));
-  k3k_tensor_t smap_t = rn_i32(ws, smap, T);
-  free(smap);
-  if (ws->rc) return ws->rc;
-  TRY(k3k_mla_cache_write(be, &cn, &krot, &smap_t, &r->mla_cache[mi]));
+  if (ps->dev) {
+    /* device decode: cache rows, page tables and lengths were built on the host (graph.c) */
+    TRY(rn_dev_cache_write(r, &cn, &krot, &ps->smap, &r->mla_cache[mi]));
+  } else {
+    int32_t *smap = malloc((size_t)T * sizeof *smap);
+    if (!smap) return K3_ENOMEM;
+    for (int s = 0; s < ps->n_seq; s++)
+      for (int64_t t = ps->off[s]; t < ps->off[s + 1]; t++)
+        smap[t] = rn_cache_slot(r, ps->seq[s], ps->pos0[s] + (t - ps->off[s]));
+    k3k_tensor_t smap_t = rn_i32(ws, smap, T);
+    free(smap);
+    if (ws->rc) return ws->rc;
+    TRY(k3k_mla_cache_write(be, &cn, &krot, &smap_t, &r->mla_cache[mi]));
+  }
 
   k3k_mla_params_t mp = {.n_seqs = ps->n_seq, .n_heads = (int32_t)NH, .d_nope = (int32_t)DN,
                          .d_rope = (int32_t)DR, .d_v = (int32_t)DV, .kv_lora = (int32_t)CL};
-  if (ps->decode) {
+  if (ps->dev) {
+    mp.max_seqlen_q = 1;
+    mp.max_seqlen_k = ps->max_k;
+    TRY(k3k_mla_decode(be, &mp, &q, &L->kvb, &r->mla_cache[mi], &ps->pt, &ps->lens, &o));
+  } else if (ps->decode) {
     /* absorbed decode over the pages (§4.3); the current token is already in the cache */
     int maxp = 1;
     for (int s = 0; s < ps->n_seq; s++) {
@@ -169,7 +178,7 @@ int rn_mla_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int mi, con
     cuk[0] = 0;
     for (int s = 0; s < ps->n_seq; s++) {
       int64_t lq = ps->off[s + 1] - ps->off[s], lk = ps->pos0[s] + lq;
-      for (int64_t p = 0; p < lk; p++) gmap[k++] = cache_slot(r, ps->seq[s], p);
+      for (int64_t p = 0; p < lk; p++) gmap[k++] = rn_cache_slot(r, ps->seq[s], p);
       cuk[s + 1] = (int32_t)k;
       if (lq > mp.max_seqlen_q) mp.max_seqlen_q = (int32_t)lq;
       if (lk > mp.max_seqlen_k) mp.max_seqlen_k = (int32_t)lk;

@@ -1,12 +1,14 @@
 /* Model runner lifecycle: options, weight binding (every tensor is a k3k view onto the
  * k3_weights_t memory, uploaded once on device backends), accessors.
  * Not here: the forward pass (forward.c and the layer files) and state export (state.c). */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "k3pd/err.h"
+#include "k3pd/util.h"
 #include "runner_internal.h"
 
 void k3_runner_opts_default(k3_runner_opts_t *o) {
@@ -53,6 +55,52 @@ static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t co
   k3k_tensor_t t;
   memset(&t, 0, sizeof t);
   if (b->rc) return t;
+  if (b->r->syn || b->r->src) { /* generated on the device, or copied from such a runner */
+    const k3_tmap_entry_t *e = NULL;
+    void *dev = NULL;
+    k3_runner_t *r = b->r;
+    if (r->n_uploads == r->cap_uploads) {
+      int cap = r->cap_uploads ? 2 * r->cap_uploads : 256;
+      void **p = realloc(r->uploads, (size_t)cap * sizeof *p);
+      if (!p) {
+        b->rc = K3_ENOMEM;
+        return t;
+      }
+      r->uploads = p;
+      r->cap_uploads = cap;
+    }
+    if (r->src) {
+      /* bind order is the same for the same config: this is the source's upload number n */
+      const k3_runner_t *src = r->src;
+      e = rn_syn_find(src, name);
+      if (!e || r->n_uploads >= src->n_uploads) {
+        rn_seterr(b->err, b->errlen, "runner: tensor %s not found in the source runner", name);
+        b->rc = K3_ENOENT;
+        return t;
+      }
+      if ((b->rc = r->be->alloc(r->be, e->nbytes ? e->nbytes : 64, &dev))) return t;
+      b->rc = src->be->copy_to_host(src->be, dev, src->uploads[r->n_uploads], e->nbytes);
+      if (b->rc) {
+        r->be->free(r->be, dev);
+        rn_seterr(b->err, b->errlen, "runner: cannot copy tensor %s from the source runner", name);
+        return t;
+      }
+    } else if ((b->rc = rn_syn_tensor(r, name, &e, &dev, b->err, b->errlen))) {
+      return t;
+    }
+    r->uploads[r->n_uploads++] = dev;
+    int64_t want = cols ? rows * cols : rows, n = 1;
+    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
+    k3k_dtype_t dt = map_dtype(e->dtype);
+    if ((int)dt < 0 || (want && n != want)) {
+      rn_seterr(b->err, b->errlen, "runner: tensor %s has %lld elements of %s, expected %lld", name,
+                (long long)n, k3_dtype_name(e->dtype), (long long)want);
+      b->rc = K3_EFORMAT;
+      return t;
+    }
+    if (!want) rows = n;
+    return cols ? k3k_tensor_2d(r->be, dt, dev, rows, cols) : k3k_tensor_1d(r->be, dt, dev, rows);
+  }
   const k3_tensor_view_t *v = k3_weights_get(b->r->w, name);
   if (!v) {
     rn_seterr(b->err, b->errlen, "runner: tensor %s is missing", name);
@@ -240,11 +288,17 @@ static int bind_all(k3_runner_t *r, char *err, size_t errlen) {
     for (int l = 0; l < c->num_layers; l++) {
       const rn_layer_t *L = &r->layers[l];
       if (L->kind == K3_LAYER_KDA && c->kda_gate == K3_KDA_GATE_LOWER_BOUND) {
-        const k3_tensor_view_t *v = NULL;
         char n[128];
         snprintf(n, sizeof n, "model.layers.%d.self_attn.A_log", l);
-        v = k3_weights_get(r->w, n);
-        if (!v || k3_tensor_numel(v) < c->kda_num_heads) {
+        int64_t len = -1;
+        if (r->syn || r->src) {
+          const k3_tmap_entry_t *e = rn_syn_find(r->src ? r->src : r, n);
+          if (e) len = e->shape[0];
+        } else {
+          const k3_tensor_view_t *v = k3_weights_get(r->w, n);
+          if (v) len = k3_tensor_numel(v);
+        }
+        if (len < c->kda_num_heads) {
           rn_seterr(err, errlen, "runner: %s shorter than num_heads (%d)", n, c->kda_num_heads);
           return K3_EFORMAT;
         }
@@ -256,9 +310,11 @@ static int bind_all(k3_runner_t *r, char *err, size_t errlen) {
 
 /* ---- lifecycle -------------------------------------------------------------------------- */
 
-int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
-                   char *err, size_t errlen) {
-  if (!w || !out) return K3_EINVAL;
+/* w != NULL: bind/upload w's tensors; w == NULL: generate cfg's weights on the device. */
+static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint64_t seed,
+                       int verify_kib, const k3_runner_t *src, const k3_runner_opts_t *opts,
+                       k3_runner_t **out, char *err, size_t errlen) {
+  if (!out) return K3_EINVAL;
   k3_runner_opts_t o;
   if (opts)
     o = *opts;
@@ -291,8 +347,10 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
 
   k3_runner_t *r = calloc(1, sizeof *r);
   if (!r) return K3_ENOMEM;
-  r->cfg = *k3_weights_config(w);
+  r->cfg = w ? *k3_weights_config(w) : src ? src->cfg : *cfg;
   r->w = w;
+  r->src = src;
+  r->tmap = w ? k3_weights_tmap(w) : src ? src->tmap : NULL;
   snprintf(r->backend_name, sizeof r->backend_name, "%s", be);
   o.backend = r->backend_name;
   r->opts = o;
@@ -308,9 +366,31 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
     rn_seterr(err, errlen, "runner: backend '%s' is not available", be);
     rc = K3_ENOTSUP;
   }
+  uint64_t t0 = k3_now_ns();
+  if (!rc && src && !r->be->host_memory) {
+    rn_seterr(err, errlen, "runner: a copy of a device-generated runner needs a host backend");
+    rc = K3_ENOTSUP;
+  }
+  if (!rc && !w && !src) {
+    if (strcmp(be, "cuda")) {
+      rn_seterr(err, errlen, "runner: device-generated weights need backend cuda (not %s)", be);
+      rc = K3_ENOTSUP;
+    } else {
+      rc = rn_syn_begin(r, seed, verify_kib, err, errlen);
+    }
+  }
   if (!rc) rc = bind_all(r, err, errlen);
+  if (!rc && !w && !src) {
+    uint64_t patched, verified;
+    rn_syn_summary(r, &patched, &verified);
+    fprintf(stderr, "runner: %.1f GiB of synthetic weights generated on the device in %.1f s "
+            "(%llu values recomputed on the host, %.1f MiB compared with k3_synth_fill)\n",
+            (double)r->tmap->total_bytes / (1 << 30), (double)(k3_now_ns() - t0) / 1e9,
+            (unsigned long long)patched, (double)verified / (1 << 20));
+  }
   if (!rc) rc = rn_state_init(r, err, errlen);
   if (!rc) rc = rn_dev_init(r, err, errlen);
+  if (!rc) rc = rn_gd_init(r, err, errlen);
   if (rc) {
     if (rc == K3_ENOMEM && err && !err[0]) rn_seterr(err, errlen, "runner: out of memory");
     k3_runner_free(r);
@@ -320,15 +400,87 @@ int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runne
   return 0;
 }
 
+int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
+                   char *err, size_t errlen) {
+  if (!w) return K3_EINVAL;
+  return init_common(w, NULL, 0, 0, NULL, opts, out, err, errlen);
+}
+
+int k3_runner_init_synth(const k3_model_config_t *cfg, uint64_t seed, int verify_kib,
+                         const k3_runner_opts_t *opts, k3_runner_t **out, char *err, size_t errlen) {
+  if (!cfg) return K3_EINVAL;
+  return init_common(NULL, cfg, seed, verify_kib, NULL, opts, out, err, errlen);
+}
+
+int k3_runner_init_copy(const k3_runner_t *src, const k3_runner_opts_t *opts, k3_runner_t **out,
+                        char *err, size_t errlen) {
+  if (!src || !src->syn) {
+    rn_seterr(err, errlen, "runner: k3_runner_init_copy needs a runner made by k3_runner_init_synth");
+    return K3_EINVAL;
+  }
+  return init_common(NULL, NULL, 0, 0, src, opts, out, err, errlen);
+}
+
 void k3_runner_free(k3_runner_t *r) {
   if (!r) return;
+  if (r->be) rn_gd_free(r);
   rn_ws_destroy(r);
   rn_state_free(r);
   if (r->be) rn_dev_free(r);
   if (r->be) free_weights(r);
+  if (r->be) rn_syn_end(r);
   free(r);
 }
 
 const k3_model_config_t *k3_runner_config(const k3_runner_t *r) { return &r->cfg; }
 const k3_runner_opts_t *k3_runner_opts(const k3_runner_t *r) { return &r->opts; }
 int64_t k3_runner_vocab(const k3_runner_t *r) { return r->cfg.vocab_size; }
+
+void k3_runner_get_stats(const k3_runner_t *r, k3_runner_stats_t *out) { *out = r->stats; }
+
+void k3_runner_set_graphs(k3_runner_t *r, bool on) {
+  r->graphs_off = !on;
+  if (!on) rn_gd_drop(r); /* re-enabling captures afresh */
+}
+
+/* ---- roofline figures ---------------------------------------------------------------------- */
+
+double k3_runner_decode_bytes(const k3_runner_t *r, int batch) {
+  const k3_model_config_t *c = &r->cfg;
+  const k3_tmap_t *m = r->tmap;
+  const double E = c->num_experts, k = c->top_k;
+  const double used = E > 0 ? E * (1.0 - pow(1.0 - k / E, batch)) : 0;
+  double b = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    const k3_tmap_entry_t *e = &m->entries[i];
+    if (e->role == K3_ROLE_EMBED)
+      b += (double)e->nbytes / (double)c->vocab_size * batch;
+    else if (e->expert >= 0)
+      b += (double)e->nbytes * used / E;
+    else
+      b += (double)e->nbytes;
+  }
+  return b + 2.0 * batch * (double)r->man.kda_bytes_per_slot;
+}
+
+double k3_runner_prefill_flops(const k3_runner_t *r, int64_t T) {
+  const k3_model_config_t *c = &r->cfg;
+  const k3_tmap_t *m = r->tmap;
+  double tok = 0, head = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    const k3_tmap_entry_t *e = &m->entries[i];
+    if (e->role == K3_ROLE_EMBED) continue;
+    if (e->role == K3_ROLE_LM_HEAD)
+      head += (double)e->params;
+    else if (e->expert >= 0)
+      tok += (double)e->params * c->top_k / c->num_experts;
+    else
+      tok += (double)e->params;
+  }
+  const double t = (double)T;
+  double f = 2.0 * t * tok + 2.0 * head;
+  f += (double)c->num_mla * t * (t + 1.0) * c->num_heads *
+       (double)(c->mla_qk_head_dim + c->v_head_dim);
+  f += (double)c->num_kda * t * c->kda_num_heads * 12.0 * c->kda_head_dim * c->kda_head_dim;
+  return f;
+}

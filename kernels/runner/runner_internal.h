@@ -53,11 +53,13 @@ typedef struct {
 typedef struct {
   k3_runner_t *r;
   void *base;              /* arena (backend memory), cap bytes */
-  size_t cap, used;        /* used: bytes handed out from the arena in this pass */
-  size_t need;             /* bytes this pass asked for in all (the arena's next size) */
+  size_t cap, used;        /* used: arena bytes live now (bump offset) */
+  size_t cur;              /* bytes live now, arena + overflow */
+  size_t need;             /* high-water mark of cur in this pass (the arena's next size) */
   void **extra;            /* overflow allocations of this pass */
   int n_extra, cap_extra;
   int rc;                  /* first allocation error of the pass */
+  uint64_t gen;            /* bumped whenever `base` changes (graphs captured before are stale) */
 } rn_ws_t;
 
 /* Geometry of one pass: n_seq sequences packed back to back. */
@@ -70,13 +72,22 @@ typedef struct {
   const int32_t *tok;      /* host [n_tok] token ids */
   bool decode;             /* one token per sequence: KDA step, absorbed MLA decode */
   k3k_tensor_t cu, slots;  /* device I32 [n_seq+1], [n_seq] */
+  /* Device decode (graph.c, ps->dev): every id tensor below was built and validated on the host
+   * and uploaded in one copy before the pass; the pass then contains no host round trip (raw
+   * gather and cache write, no lm_head row gather: logits of every row). */
+  bool dev;
+  k3k_tensor_t ids, smap, pt, lens; /* I32 [n], [n], [n, maxp], [n] */
+  int32_t max_k;                    /* MLA_DECODE max_seqlen_k: the context bucket */
 } rn_pass_t;
 
 struct k3_runner {
   k3_model_config_t cfg;
   k3_runner_opts_t opts;
   char backend_name[16];
-  const k3_weights_t *w;
+  const k3_weights_t *w;   /* NULL when the weights are generated on the device (syn) */
+  const k3_tmap_t *tmap;   /* plan of the weights: w's, or syn's own */
+  struct rn_syn *syn;      /* device generation (synth_dev.c), owns the plan; NULL with w */
+  const k3_runner_t *src;  /* k3_runner_init_copy: the device-generated runner copied from */
   k3k_backend_t *be;
   k3k_dtype_t act;         /* activation dtype: F32 (fp32 mode) or BF16 */
   k3k_dtype_t sdt;         /* MLA latent / conv state dtype (same rule) */
@@ -98,6 +109,9 @@ struct k3_runner {
   rn_ws_t ws;              /* activation arena (workspace.c) */
 
   struct rn_dev *dev;      /* device MoE path (ffn_device.c), NULL = k3k ops only */
+  struct rn_gd *gd;        /* device decode + CUDA graphs (graph.c), NULL = rn_forward only */
+  bool graphs_off;         /* k3_runner_set_graphs(r, false) */
+  k3_runner_stats_t stats;
 
   k3_manifest_t man;       /* adjusted to the precision (state.c) */
   struct { void *base; size_t stride, count; } *regmem; /* [man.n] */
@@ -118,6 +132,13 @@ rn_ws_t *rn_ws_begin(k3_runner_t *r);
 void rn_ws_end(rn_ws_t *ws);
 void rn_ws_destroy(k3_runner_t *r);
 void *rn_ws_alloc(rn_ws_t *ws, size_t bytes);
+/* Everything allocated after a mark is released (and its arena space reused) by
+ * rn_ws_release(mark); buffers allocated before stay live. */
+typedef struct {
+  size_t used, cur;
+} rn_ws_mark_t;
+rn_ws_mark_t rn_ws_mark(const rn_ws_t *ws);
+void rn_ws_release(rn_ws_t *ws, rn_ws_mark_t m);
 k3k_tensor_t rn_buf(rn_ws_t *ws, k3k_dtype_t dt, int64_t rows, int64_t cols);
 /* A device I32 tensor holding a copy of host values. */
 k3k_tensor_t rn_i32(rn_ws_t *ws, const int32_t *host, int64_t n);
@@ -148,6 +169,83 @@ static inline int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, con
   return K3_ENOTSUP; /* never called: r->dev stays NULL without the CUDA backend */
 }
 #endif
+
+/* graph.c (built only with the CUDA backend): rn_gd_init sets r->gd on a "cuda" backend in bf16
+ * when every op of a decode step is capture-safe (MoE layers on the device path); rn_gd_decode
+ * runs one decode pass from prebuilt metadata, replaying a CUDA graph per (batch size, context
+ * bucket) when one is captured, eagerly otherwise; rn_trust turns the backend's trusted-ids mode
+ * on/off around a runner pass; rn_dev_gather / rn_dev_cache_write are the unchecked device
+ * copies of a ps->dev pass. */
+#ifdef K3_RUNNER_CUDA
+int rn_gd_init(k3_runner_t *r, char *err, size_t errlen);
+void rn_gd_free(k3_runner_t *r);
+void rn_gd_drop(k3_runner_t *r); /* destroys every captured graph */
+int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, char *err, size_t errlen);
+void rn_trust(k3_runner_t *r, bool on);
+int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t *ids,
+                  const k3k_tensor_t *y);
+int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, const k3k_tensor_t *krot,
+                       const k3k_tensor_t *smap, const k3k_tensor_t *cache);
+#else
+static inline int rn_gd_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
+static inline void rn_gd_free(k3_runner_t *r) {}
+static inline void rn_gd_drop(k3_runner_t *r) {}
+static inline int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, char *err,
+                               size_t errlen) {
+  return K3_ENOTSUP; /* never called: r->gd stays NULL without the CUDA backend */
+}
+static inline void rn_trust(k3_runner_t *r, bool on) {}
+static inline int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t *ids,
+                                const k3k_tensor_t *y) {
+  return K3_ENOTSUP;
+}
+static inline int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, const k3k_tensor_t *krot,
+                                     const k3k_tensor_t *smap, const k3k_tensor_t *cache) {
+  return K3_ENOTSUP;
+}
+#endif
+
+/* synth_dev.c (CUDA builds): device-generated weights for k3_runner_init_synth. rn_syn_begin
+ * plans the tensors (sets r->tmap), rn_syn_tensor generates one by short name into a new device
+ * allocation (exactly k3_synth_fill's bytes; verify_kib > 0 compares two slices of that many
+ * KiB per tensor with the host generator, < 0 whole tensors), rn_syn_find looks an entry up,
+ * rn_syn_end frees the generator state and the plan (runner teardown: r->tmap points into it). */
+#ifdef K3_RUNNER_CUDA
+int rn_syn_begin(k3_runner_t *r, uint64_t seed, int verify_kib, char *err, size_t errlen);
+int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t **e,
+                  void **dev, char *err, size_t errlen);
+const k3_tmap_entry_t *rn_syn_find(const k3_runner_t *r, const char *short_name);
+void rn_syn_summary(const k3_runner_t *r, uint64_t *patched, uint64_t *verified);
+void rn_syn_end(k3_runner_t *r);
+#else
+static inline int rn_syn_begin(k3_runner_t *r, uint64_t seed, int verify_kib, char *err,
+                               size_t errlen) {
+  rn_seterr(err, errlen, "runner: device-generated weights need the CUDA backend");
+  return K3_ENOTSUP;
+}
+static inline int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t **e,
+                                void **dev, char *err, size_t errlen) {
+  return K3_ENOTSUP;
+}
+static inline const k3_tmap_entry_t *rn_syn_find(const k3_runner_t *r, const char *short_name) {
+  return NULL;
+}
+static inline void rn_syn_summary(const k3_runner_t *r, uint64_t *patched, uint64_t *verified) {
+  *patched = *verified = 0;
+}
+static inline void rn_syn_end(k3_runner_t *r) {}
+#endif
+
+/* forward.c: the pass up to the logits, queued on the backend: embedding, every layer, and
+ * (nw > 0) the final mix, norm and lm_head of the rows `rows` (host [nw]; a ps->dev pass takes
+ * every row in order and gathers nothing) into *lg (F32 [nw, V] workspace buffer). Nothing is
+ * synchronised unless the layer callback fires. ps->cu/slots (and the ps->dev tensors) must be
+ * set. */
+int rn_forward_enqueue(k3_runner_t *r, rn_ws_t *ws, rn_pass_t *ps, const int32_t *rows, int64_t nw,
+                       k3_layer_done_fn cb, void *cb_ctx, bool fire_cb, k3k_tensor_t *lg,
+                       char *err, size_t errlen);
+/* The mixers' cache row of absolute position pos of sequence s. */
+int32_t rn_cache_slot(const k3_runner_t *r, const k3_seq_t *s, int64_t pos);
 
 /* forward.c: the whole stack over one pass (ps->cu/slots are filled by it). row_dst[t] (host,
  * may be NULL entirely) is where row t's fp32 logits go (vocab floats), NULL = not wanted. The

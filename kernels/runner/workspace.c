@@ -2,15 +2,22 @@
  * forward pass instead of one backend allocation per activation buffer per pass (on the CPU
  * that was dozens of malloc/free pairs per layer, and fresh pages for every large buffer).
  *
- * What it is not: a general allocator. Buffers are handed out by bumping an offset and are all
- * released together at the end of the pass (rn_ws_end); nothing is freed individually.
+ * What it is not: a general allocator. Buffers are handed out by bumping an offset and are
+ * released together: at the end of the pass (rn_ws_end), or back to a mark (rn_ws_mark /
+ * rn_ws_release: the forward pass releases each mixer's and FFN's temporaries when the layer
+ * part returns, so a pass needs one layer's temporaries, not the sum over all layers: an 8K
+ * prefill of the medium preset would otherwise need ~80 GB). Nothing is freed individually.
  *
  * Invariants:
  *   - a buffer stays valid until rn_ws_end of its pass; contents are unspecified (like the
  *     backend's alloc), every op writes its whole output before anything reads it;
  *   - the arena is only reallocated in rn_ws_end, never while buffers are live: a pass that
- *     outgrows it takes the excess from separate backend allocations (freed at the end), and
- *     the arena then grows to that pass's high-water mark, so steady state allocates nothing;
+ *     outgrows it takes the excess from separate backend allocations (freed at the end, even
+ *     when released to a mark earlier), and the arena then grows to that pass's high-water mark
+ *     of live bytes (`need`), so steady state allocates nothing;
+ *   - reuse after a release is safe on device backends because every op of the pass is queued
+ *     on one stream in order (a later kernel cannot overtake the earlier reader);
+ *   - every change of the arena's base bumps ws->gen (graph.c drops graphs captured before);
  *   - offsets are multiples of 64 bytes (the backend's alignment guarantee is kept);
  *   - under AddressSanitizer on a host backend every buffer is followed by a poisoned red zone
  *     and the arena outside live buffers is poisoned, so overruns between buffers and uses
@@ -39,7 +46,7 @@ static bool ws_host(const rn_ws_t *ws) { return ws->r->be->host_memory; }
 rn_ws_t *rn_ws_begin(k3_runner_t *r) {
   rn_ws_t *ws = &r->ws;
   ws->r = r;
-  ws->used = ws->need = 0;
+  ws->used = ws->need = ws->cur = 0;
   ws->n_extra = 0;
   ws->rc = 0;
   return ws;
@@ -57,6 +64,7 @@ void rn_ws_end(rn_ws_t *ws) {
     }
     ws->base = NULL;
     ws->cap = 0;
+    ws->gen++; /* captured decode graphs point into the old arena */
     size_t cap = (ws->need + WS_GRAIN - 1) / WS_GRAIN * WS_GRAIN;
     void *p = NULL;
     if (be->alloc(be, cap, &p) == 0) {
@@ -65,7 +73,16 @@ void rn_ws_end(rn_ws_t *ws) {
     }
   }
   if (ws->base && ws_host(ws)) ASAN_POISON_MEMORY_REGION(ws->base, ws->cap);
-  ws->used = ws->need = 0;
+  ws->used = ws->need = ws->cur = 0;
+}
+
+rn_ws_mark_t rn_ws_mark(const rn_ws_t *ws) { return (rn_ws_mark_t){ws->used, ws->cur}; }
+
+void rn_ws_release(rn_ws_t *ws, rn_ws_mark_t m) {
+  if (m.used > ws->used || m.cur > ws->cur) return; /* not a mark of this pass */
+  if (ws->base && ws_host(ws)) ASAN_POISON_MEMORY_REGION((char *)ws->base + m.used, ws->used - m.used);
+  ws->used = m.used;
+  ws->cur = m.cur;
 }
 
 void rn_ws_destroy(k3_runner_t *r) {
@@ -78,14 +95,17 @@ void rn_ws_destroy(k3_runner_t *r) {
     }
   }
   free(ws->extra);
+  uint64_t gen = ws->gen + 1;
   memset(ws, 0, sizeof *ws);
+  ws->gen = gen;
 }
 
 void *rn_ws_alloc(rn_ws_t *ws, size_t bytes) {
   if (ws->rc) return NULL;
   size_t sz = (bytes + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN + WS_REDZONE;
   if (sz == 0) sz = WS_ALIGN;
-  ws->need += sz;
+  ws->cur += sz;
+  if (ws->cur > ws->need) ws->need = ws->cur;
   if (ws->base && ws->used + sz <= ws->cap) {
     char *p = (char *)ws->base + ws->used;
     ws->used += sz;

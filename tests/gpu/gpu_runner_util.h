@@ -20,8 +20,12 @@ typedef struct {
 void gseq_init(gseq_t *q);
 
 /* bf16 runner on backend `be`: 64-token pages, `num_pages` pages, 4 slots, batch 4, 512-token
- * prefill chunks. Errors are printed prefixed with `prog`; returns 0 or the k3_runner_init code. */
+ * prefill chunks, CUDA graphs off (every decode step eager, k3k-gpu-opdiff's shadow needs it). Errors are printed prefixed with `prog`; returns 0 or the k3_runner_init code. */
 int grunner_new(const k3_weights_t *w, const char *be, int threads, int num_pages, const char *prog,
                 k3_runner_t **r);
+/* Same with the pool/batch sizes given: num_slots KDA slots, batches of up to max_batch
+ * sequences, prefill_chunk tokens per sequence per pass. */
+int grunner_new_ex(const k3_weights_t *w, const char *be, int threads, int num_pages, int num_slots,
+                   int max_batch, int prefill_chunk, const char *prog, k3_runner_t **r);
 
 #endif

@@ -3,6 +3,9 @@
  *     the float32 logits file, byte for byte), for the K3 and the 48B tokenizer tables;
  *   - --chat FILE gives exactly what --prompt-ids <k3_chat_render_json(FILE)> gives (default
  *     options: the router's), both model types;
+ *   - --device NAME is the documented name of the backend flag: --device cpu gives exactly what
+ *     --backend cpu gives (ids and logits, byte for byte), --help lists both, disagreeing values
+ *     and unknown devices are refused with a clear error;
  *   - clear errors: text without a tokenizer, two prompt sources, a bad chat file (the message
  *     names the field), a missing chat file, a tokenizer larger than the model's vocabulary.
  * The tokenizer is the deterministic tiny vocabulary of k3_tok_write_model_files (4096 ids, the
@@ -179,6 +182,20 @@ START_TEST(test_errors) {
 }
 END_TEST
 
+START_TEST(test_device) {
+  same_run("--synthetic tiny --prompt-ids 5,6,7,8 --backend cpu",
+           "--synthetic tiny --prompt-ids 5,6,7,8 --device cpu");
+  same_run("--synthetic tiny-48b --prompt-ids 9,10 --backend cpu-fast --threads 2",
+           "--synthetic tiny-48b --prompt-ids 9,10 --device cpu-fast --backend cpu-fast --threads 2");
+  res_t h = gen("--help");
+  ck_assert_int_eq(h.status, 0);
+  ck_assert_msg(strstr(h.out, "--device NAME") && strstr(h.out, "alias of --device"), "%s", h.out);
+  free(h.out);
+  expect_fail("--synthetic tiny --prompt-ids 1 --device cpu --backend cpu-fast", "disagree");
+  expect_fail("--synthetic tiny --prompt-ids 1 --device tpu", "unknown --device 'tpu'");
+}
+END_TEST
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *bd = getenv("K3PD_BUILD_DIR");
@@ -195,6 +212,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_prompt_text, 0, 2);
   tcase_add_loop_test(tc, test_chat, 0, 2);
   tcase_add_test(tc, test_errors);
+  tcase_add_test(tc, test_device);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);

@@ -8,7 +8,11 @@
  * rule); --ignore-eos disables stopping.
  * Greedy unless --temperature > 0. The prompt is token ids, text or a chat file (prompt.c: the
  * same tokenizer path as the router). The timing summary gives wall time and the process CPU
- * time of each phase (the CPU figure stays meaningful on a loaded machine). */
+ * time of each phase (the CPU figure stays meaningful on a loaded machine).
+ * Device: --device NAME (cpu, cpu-fast, cuda; --backend is the older alias). cuda runs bf16
+ * only, so --precision defaults to bf16 there (fp32 elsewhere). --perf adds the decode step
+ * time against its weight-read floor (k3_runner_decode_bytes / the backend's measured device
+ * copy bandwidth) to the summary. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,11 +30,12 @@
 
 typedef struct {
   const char *model, *prompt_ids, *prompt, *chat, *tokenizer, *precision, *backend, *logits_out;
+  const char *device;
   const char *synthetic, *synthetic_config;
-  int max_new, top_k, threads, page_tokens, seed_weights;
+  int max_new, top_k, threads, page_tokens, seed_weights, verify_synth;
   double temperature, top_p;
   int64_t seed;
-  bool ignore_eos, all_logits;
+  bool ignore_eos, all_logits, perf, host_synth;
 } gen_args_t;
 
 /* The model's default stop ids (k3_model_config_stop_ids: the same rule the router uses). */
@@ -47,6 +52,27 @@ static uint64_t cpu_ns(void) {
   struct timespec ts;
   if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts)) return 0;
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Read + write bytes per second of a 1 GiB device-to-device copy on the runner's backend (the
+ * decode floor's bandwidth; host backends measure memcpy). 0 when it cannot be measured. */
+static double copy_bandwidth(const char *backend) {
+  k3k_backend_t *be = k3k_backend_get(backend);
+  const size_t n = (size_t)1 << 30;
+  void *x = NULL, *y = NULL;
+  double bw = 0;
+  if (!be || be->alloc(be, n, &x) || be->alloc(be, n, &y)) goto out;
+  if (be->memset(be, x, 1, n) || be->copy(be, y, x, n) || (be->synchronize && be->synchronize(be)))
+    goto out;
+  uint64_t t0 = k3_now_ns();
+  for (int i = 0; i < 5; i++)
+    if (be->copy(be, y, x, n)) goto out;
+  if (be->synchronize && be->synchronize(be)) goto out;
+  bw = 5.0 * 2.0 * (double)n / ((double)(k3_now_ns() - t0) / 1e9);
+out:
+  if (x) be->free(be, x);
+  if (y) be->free(be, y);
+  return bw;
 }
 
 static int run(const gen_args_t *a) {
@@ -81,11 +107,19 @@ static int run(const gen_args_t *a) {
     k3_weights_free(w);
     return 2;
   }
-  if ((a->synthetic || a->synthetic_config) && (rc = k3_weights_synth_opts(&cfg, (uint64_t)a->seed_weights, NULL, &w, err, sizeof err))) {
+  /* synthetic weights: on the GPU for cuda (k3_runner_init_synth: the same bytes in seconds, no
+   * host copy), else on every CPU (k3_weights_synth_opts) */
+  const bool synth = a->synthetic || a->synthetic_config;
+  const bool dev_synth = synth && !strcmp(a->backend, "cuda") && !a->host_synth;
+  k3_weights_synth_opts_t so = {.threads = 0, .progress = true}; /* every CPU; GiB lines */
+  uint64_t ts = k3_now_ns();
+  if (synth && !dev_synth && (rc = k3_weights_synth_opts(&cfg, (uint64_t)a->seed_weights, &so, &w, err, sizeof err))) {
     fprintf(stderr, "k3pd-generate: cannot synthesise weights: %s (%s)\n", err, k3_strerror(rc));
     free(prompt);
     return 1;
   }
+  if (synth && !dev_synth)
+    fprintf(stderr, "k3pd-generate: synthetic weights ready (%.1f s)\n", (double)(k3_now_ns() - ts) / 1e9);
   k3_runner_opts_t o;
   k3_runner_opts_default(&o);
   if (!strcmp(a->precision, "bf16"))
@@ -103,11 +137,16 @@ static int run(const gen_args_t *a) {
   int64_t total = (int64_t)n_prompt + a->max_new;
   o.num_pages = (int)((total + a->page_tokens - 1) / (a->page_tokens > 0 ? a->page_tokens : 1)) + 1;
   k3_runner_t *r = NULL;
-  if ((rc = k3_runner_init(w, &o, &r, err, sizeof err))) {
+  ts = k3_now_ns();
+  rc = dev_synth ? k3_runner_init_synth(&cfg, (uint64_t)a->seed_weights, a->verify_synth, &o, &r,
+                                        err, sizeof err)
+                 : k3_runner_init(w, &o, &r, err, sizeof err);
+  if (rc) {
     fprintf(stderr, "k3pd-generate: %s (%s)\n", err, k3_strerror(rc));
     rc = 1;
     goto done_w;
   }
+  fprintf(stderr, "k3pd-generate: runner ready on %s (%.1f s)\n", o.backend, (double)(k3_now_ns() - ts) / 1e9);
   const int64_t V = k3_runner_vocab(r);
   int32_t *pages = calloc((size_t)o.num_pages, sizeof *pages);
   int32_t *out_ids = calloc((size_t)(a->max_new > 0 ? a->max_new : 1), sizeof *out_ids);
@@ -181,6 +220,19 @@ static int run(const gen_args_t *a) {
             k3_model_type_name(cfg.type), a->precision, o.backend ? o.backend : "cpu", n_prompt, pf,
             pf > 0 ? (double)n_prompt / pf : 0.0, steps, dc, dc > 0 ? steps / dc : 0.0,
             (double)(c1 - c0) / 1e9, (double)(c2 - c1) / 1e9);
+    if (a->perf && steps > 0) {
+      double bytes = k3_runner_decode_bytes(r, 1), bw = copy_bandwidth(o.backend);
+      double step = dc / steps, fl = bw > 0 ? bytes / bw : 0;
+      k3_runner_stats_t st;
+      k3_runner_get_stats(r, &st);
+      fprintf(stderr,
+              "k3pd-generate: perf: decode batch 1 %.3f ms/step vs weight-read floor %.3f ms "
+              "(%.3f GB/token / %.0f GB/s copy) = %.2fx; graphs: %llu replays, %llu captures, "
+              "%llu eager steps\n",
+              step * 1e3, fl * 1e3, bytes / 1e9, bw / 1e9, fl > 0 ? step / fl : 0.0,
+              (unsigned long long)st.graph_replays, (unsigned long long)st.graph_captures,
+              (unsigned long long)st.eager_steps);
+    }
     printf("ids:");
     for (int i = 0; i < n_out; i++) printf(" %d", out_ids[i]);
     printf("\n");
@@ -199,7 +251,7 @@ done_w:
 }
 
 int main(int argc, char **argv) {
-  gen_args_t a = {.precision = "fp32", .backend = "cpu", .max_new = 16, .threads = 1,
+  gen_args_t a = {.max_new = 16, .threads = 1,
                   .page_tokens = 64, .seed_weights = 1, .temperature = 0.0, .top_p = 1.0,
                   .seed = 0};
   k3_flag_t flags[] = {
@@ -207,6 +259,8 @@ int main(int argc, char **argv) {
       {"synthetic", K3_FLAG_STR, &a.synthetic, "PRESET", "use in-memory synthetic weights of a preset (tiny, tiny-48b, ...) instead of --model", false},
       {"synthetic-config", K3_FLAG_STR, &a.synthetic_config, "FILE", "use in-memory synthetic weights of the config.json in FILE instead of --model", false},
       {"seed-weights", K3_FLAG_INT, &a.seed_weights, "N", "seed of the synthetic weights (default 1)", false},
+      {"host-synth", K3_FLAG_BOOL, &a.host_synth, NULL, "with --device cuda: generate synthetic weights on the CPUs and upload them (default: on the GPU, same bytes)", false},
+      {"verify-synth", K3_FLAG_INT, &a.verify_synth, "KIB", "GPU-generated weights: compare two KIB-KiB slices of every tensor with the host generator (-1: all)", false},
       {"prompt-ids", K3_FLAG_STR, &a.prompt_ids, "IDS", "prompt as comma-separated token ids", false},
       {"prompt", K3_FLAG_STR, &a.prompt, "TEXT", "raw prompt text, encoded by the tokenizer (specials disallowed)", false},
       {"chat", K3_FLAG_STR, &a.chat, "FILE", "JSON conversation (messages array or {\"messages\":[...],...}), rendered with the chat template as the router does", false},
@@ -216,13 +270,15 @@ int main(int argc, char **argv) {
       {"top-p", K3_FLAG_DOUBLE, &a.top_p, "P", "nucleus sampling mass (default 1 = off)", false},
       {"top-k", K3_FLAG_INT, &a.top_k, "K", "keep the K most likely tokens (default 0 = off)", false},
       {"seed", K3_FLAG_I64, &a.seed, "S", "sampling seed (default 0)", false},
-      {"precision", K3_FLAG_STR, &a.precision, "fp32|bf16", "numeric mode (default fp32)", false},
-      {"backend", K3_FLAG_STR, &a.backend, "NAME", "cpu (reference), cpu-fast or cuda (bf16 only) (default cpu)", false},
+      {"precision", K3_FLAG_STR, &a.precision, "fp32|bf16", "numeric mode (default bf16 on cuda, else fp32)", false},
+      {"device", K3_FLAG_STR, &a.device, "NAME", "where the model runs: cpu (reference), cpu-fast or cuda (bf16 only) (default cpu)", false},
+      {"backend", K3_FLAG_STR, &a.backend, "NAME", "alias of --device", false},
       {"threads", K3_FLAG_INT, &a.threads, "N", "threads of the cpu-fast backend (default 1)", false},
       {"page-tokens", K3_FLAG_INT, &a.page_tokens, "N", "tokens per MLA cache page (default 64)", false},
       {"ignore-eos", K3_FLAG_BOOL, &a.ignore_eos, NULL, "do not stop on the model's stop ids", false},
       {"logits-out", K3_FLAG_STR, &a.logits_out, "FILE", "write float32 logits of every computed position (format: docs/model-runner.md)", false},
       {"all-logits", K3_FLAG_BOOL, &a.all_logits, NULL, "with --logits-out: also every prompt position", false},
+      {"perf", K3_FLAG_BOOL, &a.perf, NULL, "also print the decode step time against its weight-read floor", false},
   };
   k3_flags_info_t info = {"k3pd-generate",
                           "Monolithic generation through the model runner; final stdout line: "
@@ -235,6 +291,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-generate: %s\n", err);
     return 2;
   }
+  if (a.device && a.backend && strcmp(a.device, a.backend)) {
+    fprintf(stderr, "k3pd-generate: --device %s and --backend %s disagree (--backend is an alias of "
+                    "--device: give one)\n", a.device, a.backend);
+    return 2;
+  }
+  if (!a.device) a.device = a.backend ? a.backend : "cpu";
+  a.backend = a.device;
+  if (strcmp(a.device, "cpu") && strcmp(a.device, "cpu-fast") && strcmp(a.device, "cuda")) {
+    fprintf(stderr, "k3pd-generate: unknown --device '%s' (expected cpu, cpu-fast or cuda)\n",
+            a.device);
+    return 2;
+  }
+  if (!a.precision) a.precision = strcmp(a.device, "cuda") ? "fp32" : "bf16";
   if (!!a.prompt_ids + !!a.prompt + !!a.chat != 1) {
     fprintf(stderr, "k3pd-generate: give exactly one of --prompt-ids, --prompt or --chat\n");
     return 2;
