@@ -22,17 +22,19 @@
  * state. Scratch: ((T+63)/64 + N) * NH records of 74 KB (kda_chunk.cuh) + the chunk table. */
 #include "kda_chunk.cuh"
 
-#define KB_THREADS 128
-#define KB_VS 32                     /* value columns per block */
-#define KB_W 0                       /* W  bf16 [64][128] swizzled */
-#define KB_Q 16384                   /* q e^G */
-#define KB_K 32768                   /* k e^{Gl-G} */
-#define KB_A 49152                   /* Aqk bf16 [64][64] swizzled */
-#define KB_S 57344                   /* S slice bf16 [32][128] swizzled */
-#define KB_V 65536                   /* Vn bf16 [64][KB_VP] */
-#define KB_VP 40                     /* 80-byte rows: conflict-free ldmatrix.trans */
-#define KB_E (KB_V + 64 * KB_VP * 2) /* e^{G_last} fp32 [128] */
-#define KB_SMEM (KB_E + 512)
+/* State-pass shared memory (bytes), for VS value columns per block. */
+#define KB_W 0     /* W  bf16 [64][128] swizzled */
+#define KB_Q 16384 /* q e^G */
+#define KB_K 32768 /* k e^{Gl-G} */
+#define KB_A 49152 /* Aqk bf16 [64][64] swizzled */
+#define KB_S 57344 /* S slice bf16 [VS][128] swizzled */
+template <int VS>
+struct kb_lay {
+  static constexpr int VP = VS + 8;                  /* Vn pitch: conflict-free ldmatrix.trans */
+  static constexpr int V = KB_S + VS * 256;          /* Vn bf16 [64][VP] */
+  static constexpr int E = V + 64 * VP * 2;          /* e^{G_last} fp32 [128] */
+  static constexpr int SMEM = E + 512;
+};
 
 /* cfirst[i] = sum_{j<i} ceil(len_j / 64); one block. */
 __global__ void kc_table_kernel(const int32_t *cu, int64_t cu_s, int n, int32_t *cf) {
@@ -57,39 +59,48 @@ __global__ void kc_table_kernel(const int32_t *cu, int64_t cu_s, int n, int32_t 
 }
 
 __device__ __forceinline__ void kb_load_early(unsigned char *sm, const unsigned char *rec) {
-  for (int i = threadIdx.x; i < 1024; i += KB_THREADS) {
+  for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
     const unsigned off = kc_swz(i >> 4, (i & 15) * 8, 16);
     cp_async16(sm + KB_W + off, rec + KC_REC_W + i * 16, true);
     cp_async16(sm + KB_Q + off, rec + KC_REC_Q + i * 16, true);
   }
 }
-__device__ __forceinline__ void kb_load_late(unsigned char *sm, const unsigned char *rec) {
-  for (int i = threadIdx.x; i < 1024; i += KB_THREADS)
+__device__ __forceinline__ void kb_load_late(unsigned char *sm, const unsigned char *rec, int e_off) {
+  for (int i = threadIdx.x; i < 1024; i += blockDim.x)
     cp_async16(sm + KB_K + kc_swz(i >> 4, (i & 15) * 8, 16), rec + KC_REC_K + i * 16, true);
-  for (int i = threadIdx.x; i < 512; i += KB_THREADS)
+  for (int i = threadIdx.x; i < 512; i += blockDim.x)
     cp_async16(sm + KB_A + kc_swz(i >> 3, (i & 7) * 8, 8), rec + KC_REC_A + i * 16, true);
-  if (threadIdx.x < 32) cp_async16(sm + KB_E + threadIdx.x * 16, rec + KC_REC_E + threadIdx.x * 16, true);
+  if (threadIdx.x < 32) cp_async16(sm + e_off + threadIdx.x * 16, rec + KC_REC_E + threadIdx.x * 16, true);
 }
 
-__global__ void __launch_bounds__(KB_THREADS, 3) kc_state_kernel(kc_args a) {
+/* VS value columns per block, NW warps. Output tiles (Vn, O: 64 x VS): warp w owns rows
+ * 16*(w%4) and NT 8-wide value tiles starting at v = (w/4)*VS/(NW/4). State tiles (VS x 128):
+ * warp w owns value rows 16*(w%(VS/16)) and SNT 8-wide key tiles starting at
+ * k = (w/(VS/16))*128/KG. */
+template <int VS, int NW, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) kc_state_kernel(kc_args a) {
+  typedef kb_lay<VS> L;
+  constexpr int NG = NW / 4, NT = VS / 8 / NG, SMT = VS / 16, KG = NW / SMT, SNT = 16 / KG;
+  static_assert(NW % 4 == 0 && NT % 2 == 0 && NW % SMT == 0 && SNT % 2 == 0, "tiling");
   extern __shared__ __align__(16) unsigned char sm[];
-  const kc_bf *sV = (const kc_bf *)(sm + KB_V);
-  const float *sE = (const float *)(sm + KB_E);
+  const kc_bf *sV = (const kc_bf *)(sm + L::V);
+  const float *sE = (const float *)(sm + L::E);
   const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int mi = lane >> 3;
-  const int v0 = blockIdx.x * KB_VS, h = a.h0 + blockIdx.y, seq = blockIdx.z;
+  const int v0 = blockIdx.x * VS, h = a.h0 + blockIdx.y, seq = blockIdx.z;
   const int start = a.cu[seq * a.cu_s], end = a.cu[(seq + 1) * a.cu_s];
   if (end <= start) return; /* length 0 keeps its state */
   const int c0 = a.cfirst[seq], c1 = a.cfirst[seq + 1];
   float *Sg = a.state + a.slots[seq * a.sl_s] * a.st_slot + ((int64_t)h * KC_D + v0) * KC_D;
   const int64_t ocol = (int64_t)h * KC_D + v0;
+  const int mt = w & 3, nb = (w >> 2) * (VS / NG); /* output tile */
 
-  /* State slice in registers as mma accumulators: warp w owns value rows 16*(w&1).. and key
-   * columns kb..kb+63; S[j][q] is (v = 16mv + g + 8(q>>1), k = kb + 8j + 2t4 + (q&1)). */
-  const int mv = (w & 1) * 16, kb = (w >> 1) * 64;
-  float S[8][4];
+  /* State slice in registers as mma accumulators: S[j][q] is (v = mv + g + 8(q>>1),
+   * k = kb + 8j + 2t4 + (q&1)). */
+  const int mv = (w % SMT) * 16, kb = (w / SMT) * (128 / KG);
+  float S[SNT][4];
 #pragma unroll
-  for (int j = 0; j < 8; j++)
+  for (int j = 0; j < SNT; j++)
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       const int v = mv + g + hh * 8, k = kb + j * 8 + 2 * t4;
@@ -101,14 +112,14 @@ __global__ void __launch_bounds__(KB_THREADS, 3) kc_state_kernel(kc_args a) {
   const unsigned char *rec = a.rec + ((size_t)c0 * a.hg + blockIdx.y) * KC_REC;
   kb_load_early(sm, rec);
   cp_async_commit();
-  kb_load_late(sm, rec);
+  kb_load_late(sm, rec, L::E);
   cp_async_commit();
-  uint32_t Ur[4][2]; /* U (bf16 pairs) at this lane's Vn fragment positions */
+  uint32_t Ur[NT][2]; /* U (bf16 pairs) at this lane's Vn fragment positions */
 #pragma unroll
-  for (int j = 0; j < 4; j++)
+  for (int j = 0; j < NT; j++)
 #pragma unroll
     for (int hh = 0; hh < 2; hh++)
-      Ur[j][hh] = *(const uint32_t *)(rec + KC_REC_U + ((16 * w + g + 8 * hh) * KC_D + v0 + 8 * j + 2 * t4) * 2);
+      Ur[j][hh] = *(const uint32_t *)(rec + KC_REC_U + ((16 * mt + g + 8 * hh) * KC_D + v0 + nb + 8 * j + 2 * t4) * 2);
 
   for (int c = c0; c < c1; c++) {
     const int cs = start + (c - c0) * KC_C, n = min(KC_C, end - cs);
@@ -116,36 +127,35 @@ __global__ void __launch_bounds__(KB_THREADS, 3) kc_state_kernel(kc_args a) {
     cp_async_wait<1>();
     __syncthreads(); /* W, q e^G of chunk c landed; S (bf16) of the previous chunk written */
 
-    /* Vn = U - W S and Qs = (q e^G) S: rows 16w.., value columns 0..31, K = 128. */
-    float P[4][4], Qs[4][4];
+    /* Vn = U - W S and Qs = (q e^G) S: rows 16mt.., NT value tiles from nb, K = 128. */
+    float P[NT][4], Qs[NT][4];
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < NT; j++)
 #pragma unroll
       for (int q2 = 0; q2 < 4; q2++) P[j][q2] = Qs[j][q2] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < 8; ks++) {
-      uint32_t aw[4], aq[4], b0[4], b1[4];
-      const unsigned ao = kc_swz(16 * w + (lane & 15), ks * 16 + (lane >> 4) * 8, 16);
+      uint32_t aw[4], aq[4];
+      const unsigned ao = kc_swz(16 * mt + (lane & 15), ks * 16 + (lane >> 4) * 8, 16);
       ldsm_x4(aw, sm + KB_W + ao);
       ldsm_x4(aq, sm + KB_Q + ao);
-      ldsm_x4(b0, sm + KB_S + kc_swz((lane & 7) + (mi >> 1) * 8, ks * 16 + (mi & 1) * 8, 16));
-      ldsm_x4(b1, sm + KB_S + kc_swz(16 + (lane & 7) + (mi >> 1) * 8, ks * 16 + (mi & 1) * 8, 16));
-      mma_bf16(P[0], aw, b0[0], b0[1]);
-      mma_bf16(P[1], aw, b0[2], b0[3]);
-      mma_bf16(P[2], aw, b1[0], b1[1]);
-      mma_bf16(P[3], aw, b1[2], b1[3]);
-      mma_bf16(Qs[0], aq, b0[0], b0[1]);
-      mma_bf16(Qs[1], aq, b0[2], b0[3]);
-      mma_bf16(Qs[2], aq, b1[0], b1[1]);
-      mma_bf16(Qs[3], aq, b1[2], b1[3]);
+#pragma unroll
+      for (int jj = 0; jj < NT / 2; jj++) {
+        uint32_t b[4];
+        ldsm_x4(b, sm + KB_S + kc_swz(nb + jj * 16 + (lane & 7) + (mi >> 1) * 8, ks * 16 + (mi & 1) * 8, 16));
+        mma_bf16(P[2 * jj], aw, b[0], b[1]);
+        mma_bf16(P[2 * jj + 1], aw, b[2], b[3]);
+        mma_bf16(Qs[2 * jj], aq, b[0], b[1]);
+        mma_bf16(Qs[2 * jj + 1], aq, b[2], b[3]);
+      }
     }
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < NT; j++)
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) {
         const uint32_t u = Ur[j][hh];
         const float u0 = __uint_as_float(u << 16), u1 = __uint_as_float(u & 0xffff0000u);
-        *(uint32_t *)(sm + KB_V + ((16 * w + g + 8 * hh) * KB_VP + 8 * j + 2 * t4) * 2) =
+        *(uint32_t *)(sm + L::V + ((16 * mt + g + 8 * hh) * L::VP + nb + 8 * j + 2 * t4) * 2) =
             pack_bf2(u0 - P[j][2 * hh], u1 - P[j][2 * hh + 1]);
       }
     cp_async_wait<0>();
@@ -153,33 +163,34 @@ __global__ void __launch_bounds__(KB_THREADS, 3) kc_state_kernel(kc_args a) {
     if (c + 1 < c1) {
       kb_load_early(sm, nrec);
 #pragma unroll
-      for (int j = 0; j < 4; j++)
+      for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++)
-          Ur[j][hh] = *(const uint32_t *)(nrec + KC_REC_U + ((16 * w + g + 8 * hh) * KC_D + v0 + 8 * j + 2 * t4) * 2);
+          Ur[j][hh] = *(const uint32_t *)(nrec + KC_REC_U + ((16 * mt + g + 8 * hh) * KC_D + v0 + nb + 8 * j + 2 * t4) * 2);
     }
     cp_async_commit();
 
-    /* O = Qs + Aqk Vn (Aqk lower-triangular: k-steps <= w). */
-    for (int ks = 0; ks <= w; ks++) {
-      uint32_t aa[4], b0[4], b1[4];
-      ldsm_x4(aa, sm + KB_A + kc_swz(16 * w + (lane & 15), ks * 16 + (lane >> 4) * 8, 8));
-      const kc_bf *vb = sV + (ks * 16 + (lane & 7) + (mi & 1) * 8) * KB_VP + (mi >> 1) * 8;
-      ldsm_x4_trans(b0, vb);
-      ldsm_x4_trans(b1, vb + 16);
-      mma_bf16(Qs[0], aa, b0[0], b0[1]);
-      mma_bf16(Qs[1], aa, b0[2], b0[3]);
-      mma_bf16(Qs[2], aa, b1[0], b1[1]);
-      mma_bf16(Qs[3], aa, b1[2], b1[3]);
+    /* O = Qs + Aqk Vn (Aqk lower-triangular: k-steps <= mt). */
+    for (int ks = 0; ks <= mt; ks++) {
+      uint32_t aa[4];
+      ldsm_x4(aa, sm + KB_A + kc_swz(16 * mt + (lane & 15), ks * 16 + (lane >> 4) * 8, 8));
+      const kc_bf *vb = sV + (ks * 16 + (lane & 7) + (mi & 1) * 8) * L::VP + nb + (mi >> 1) * 8;
+#pragma unroll
+      for (int jj = 0; jj < NT / 2; jj++) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, vb + jj * 16);
+        mma_bf16(Qs[2 * jj], aa, b[0], b[1]);
+        mma_bf16(Qs[2 * jj + 1], aa, b[2], b[3]);
+      }
     }
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
-      const int r = 16 * w + g + 8 * hh;
+      const int r = 16 * mt + g + 8 * hh;
       if (r >= n) continue;
       const int64_t row = (int64_t)(cs + r);
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const int64_t col = ocol + 8 * j + 2 * t4;
+      for (int j = 0; j < NT; j++) {
+        const int64_t col = ocol + nb + 8 * j + 2 * t4;
         if (a.vo)
           *(uint32_t *)((uint16_t *)a.o.p + row * a.o.s[0] + col) = pack_bf2(Qs[j][2 * hh], Qs[j][2 * hh + 1]);
         else {
@@ -191,16 +202,16 @@ __global__ void __launch_bounds__(KB_THREADS, 3) kc_state_kernel(kc_args a) {
 
     /* S = e^{Gl} S + Vn^T (k e^{Gl-G}): M = value rows, N = key columns, K = 64 chunk rows. */
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < SNT; j++) {
       const float2 e = *(const float2 *)(sE + kb + 8 * j + 2 * t4);
       S[j][0] *= e.x, S[j][1] *= e.y, S[j][2] *= e.x, S[j][3] *= e.y;
     }
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
       uint32_t av[4];
-      ldsm_x4_trans(av, sV + (ks * 16 + (lane & 7) + (mi >> 1) * 8) * KB_VP + mv + (mi & 1) * 8);
+      ldsm_x4_trans(av, sV + (ks * 16 + (lane & 7) + (mi >> 1) * 8) * L::VP + mv + (mi & 1) * 8);
 #pragma unroll
-      for (int jj = 0; jj < 4; jj++) {
+      for (int jj = 0; jj < SNT / 2; jj++) {
         uint32_t b[4];
         ldsm_x4_trans(b, sm + KB_K + kc_swz(ks * 16 + (lane & 7) + (mi & 1) * 8, kb + jj * 16 + (mi >> 1) * 8, 16));
         mma_bf16(S[2 * jj], av, b[0], b[1]);
@@ -208,22 +219,36 @@ __global__ void __launch_bounds__(KB_THREADS, 3) kc_state_kernel(kc_args a) {
       }
     }
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < SNT; j++)
 #pragma unroll
       for (int hh = 0; hh < 2; hh++)
         *(uint32_t *)(sm + KB_S + kc_swz(mv + g + 8 * hh, kb + 8 * j + 2 * t4, 16)) =
             pack_bf2(S[j][2 * hh], S[j][2 * hh + 1]);
     __syncthreads(); /* Aqk, k e^{Gl-G}, e^{Gl}, Vn free */
-    if (c + 1 < c1) kb_load_late(sm, nrec);
+    if (c + 1 < c1) kb_load_late(sm, nrec, L::E);
     cp_async_commit();
   }
   cp_async_wait<0>();
 #pragma unroll
-  for (int j = 0; j < 8; j++)
+  for (int j = 0; j < SNT; j++)
 #pragma unroll
     for (int hh = 0; hh < 2; hh++)
       *(float2 *)(Sg + (int64_t)(mv + g + 8 * hh) * KC_D + kb + 8 * j + 2 * t4) =
           make_float2(S[j][2 * hh], S[j][2 * hh + 1]);
+}
+
+/* Launches the state pass with VS value columns per block (128 / VS blocks per head). */
+template <int VS, int NW, int MINB>
+static int kc_state_launch(const kc_args &a, cudaStream_t st) {
+  static bool attr_set = false; /* per process: the attribute belongs to the kernel */
+  if (!attr_set) {
+    K3K_CU(cudaFuncSetAttribute(kc_state_kernel<VS, NW, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                kb_lay<VS>::SMEM));
+    attr_set = true;
+  }
+  kc_state_kernel<VS, NW, MINB><<<dim3(128 / VS, a.hg, a.n_seqs), NW * 32, kb_lay<VS>::SMEM, st>>>(a);
+  K3K_LAUNCHED("kda_chunk state");
+  return 0;
 }
 
 bool k3k_cuda_kda_chunk_ok(const void *params, const k3k_tensor_t *const *t) {
@@ -250,11 +275,6 @@ int k3k_cuda_kda_chunk(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t 
   if ((rc = k3k_cuda_check_seqs(cx, t[5], p->n_seqs, t[0]->shape[0])) ||
       (rc = k3k_cuda_check_ids(cx, t[6], p->n_seqs, t[7]->shape[0], 1, 0)))
     return rc;
-  static bool attr_set = false; /* per process: the attribute belongs to the kernel */
-  if (!attr_set) {
-    K3K_CU(cudaFuncSetAttribute(kc_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KB_SMEM));
-    attr_set = true;
-  }
   /* Chunk slots: sum_i ceil(len_i / 64) <= ceil(T / 64) + N. Heads in groups of hg so the
    * records stay within ~1 GiB (one group for 8K tokens x 96 heads: 0.92 GB). */
   const int64_t slots = (t[0]->shape[0] + KC_C - 1) / KC_C + p->n_seqs;
@@ -281,8 +301,9 @@ int k3k_cuda_kda_chunk(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t 
   for (int h0 = 0; h0 < p->n_heads; h0 += hg) {
     a.h0 = h0, a.hg = min(hg, p->n_heads - h0);
     if ((rc = kc_intra_launch(a, (int)slots, cx->stream))) return rc;
-    kc_state_kernel<<<dim3(128 / KB_VS, a.hg, p->n_seqs), KB_THREADS, KB_SMEM, cx->stream>>>(a);
-    K3K_LAUNCHED("kda_chunk state");
+    /* 32 value columns x 4 warps, three blocks per SM: measured best of (VS, warps) in
+     * {(32,4), (64,8), (128,8), (128,16)} (docs/perf-gpu.md). */
+    if ((rc = kc_state_launch<32, 4, 3>(a, cx->stream))) return rc;
   }
   return 0;
 }

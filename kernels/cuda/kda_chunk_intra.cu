@@ -15,14 +15,14 @@
  *       KC_SPAN (never with K3's g > -5; possible with the 48B softplus gate) gets its diagonal
  *       recomputed per element with exp(sum of g) from global memory, as the reference does.
  *   P4  X = (I + L)^-1 in fp32: the four diagonal 16x16 blocks by forward substitution with the
- *       column in registers, then block rows 1..3 (X_ij = -X_ii sum_m L_im X_mj);
+ *       column in registers, then the off-diagonal blocks by distance (X_ij = -X_ii sum_m L_im X_mj);
  *       T = X diag(beta) -> bf16; Aqk -> record.
  *   P5  W = T (e^G k), U = T v on tensor cores -> record (staged in shared memory so the global
  *       stores are 16-byte and coalesced).
  * What it is not: the state recurrence (kda_chunk.cu). Dk = Dv = 128, chunk 64 only.
  * Shared memory 101 KB so two blocks share an SM (one block's loads overlap the other's math).
  * Numerics: bf16 operands into the tensor cores (relative 2^-9), fp32 accumulation, fp32 G,
- * L, X; k and q are rounded to bf16 once on load (exact for bf16 inputs). */
+ * L, X; k and q are rounded to bf16 once (after their exponential factors). */
 #include "kda_chunk.cuh"
 
 #define KA_THREADS 256
@@ -59,8 +59,28 @@ __device__ __forceinline__ void kc_ld8(const dv &t, int vec, int64_t row, int64_
   }
 }
 
+/* k and q of one row as floats: from the registers (bf16 inputs, exact) or, for other inputs,
+ * re-read in fp32 so they are rounded to bf16 only once, after the exponential factors. */
+__device__ __forceinline__ void kc_kq(const kc_args &a, bool fast, const bf16x8 &kp,
+                                      const bf16x8 &qp, int64_t row, int64_t col, bool in,
+                                      float kf[8], float qf[8]) {
+  if (fast) {
+    unpack8(kp, kf);
+    unpack8(qp, qf);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; j++) kf[j] = qf[j] = 0.0f;
+    if (in) {
+      kc_ld8(a.k, a.vk, row, col, kf);
+      kc_ld8(a.q, a.vq, row, col, qf);
+    }
+  }
+}
+
 __device__ __forceinline__ void st8(void *p, const float f[8]) { *(bf16x8 *)p = pack8(f); }
 
+/* FAST: bf16 q/k and fp32 g, rows contiguous and 16-byte aligned (the model's case). */
+template <bool FAST>
 __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
   extern __shared__ __align__(16) unsigned char sm[];
   kc_bf *Kr = (kc_bf *)(sm + KA_RA), *Qr = (kc_bf *)(sm + KA_RB), *Bc = (kc_bf *)(sm + KA_RC);
@@ -83,19 +103,42 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
   /* ---- P1: loads (k, q, g for 4 rows x 8 channels), G by a two-level scan ---- */
   const int cg = tid & 15, rg = tid >> 4, d0 = cg * 8, r0 = rg * 4, blk = rg >> 2;
   float G[4][8];
-  bf16x8 kp[4], qp[4]; /* k, q rounded to bf16 once (exact for bf16 inputs): fewer registers */
+  bf16x8 kp[4], qp[4]; /* k, q as loaded (bf16 inputs only; others re-read in fp32 in P2) */
+  const bool fast = FAST;
+  if (fast) {
+    /* Fast path: all 16 vector loads in flight before the first use (rows past n re-read row
+     * n-1 and are zeroed afterwards, so no load sits behind a branch). */
+    float4 g4[4][2];
 #pragma unroll
-  for (int u = 0; u < 4; u++) {
-    float f[8] = {0, 0, 0, 0, 0, 0, 0, 0}, e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-    for (int j = 0; j < 8; j++) G[u][j] = 0.0f;
-    if (r0 + u < n) {
-      kc_ld8(a.g, a.vg, cs + r0 + u, ch + d0, G[u]);
-      kc_ld8(a.k, a.vk, cs + r0 + u, ch + d0, f);
-      kc_ld8(a.q, a.vq, cs + r0 + u, ch + d0, e);
+    for (int u = 0; u < 4; u++) {
+      const int64_t row = cs + min(r0 + u, n - 1);
+      const float4 *pg = (const float4 *)((const float *)a.g.p + row * a.g.s[0] + ch + d0);
+      g4[u][0] = pg[0], g4[u][1] = pg[1];
+      kp[u] = *(const bf16x8 *)((const uint16_t *)a.k.p + row * a.k.s[0] + ch + d0);
+      qp[u] = *(const bf16x8 *)((const uint16_t *)a.q.p + row * a.q.s[0] + ch + d0);
     }
-    kp[u] = pack8(f);
-    qp[u] = pack8(e);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const bool in = r0 + u < n;
+      G[u][0] = g4[u][0].x, G[u][1] = g4[u][0].y, G[u][2] = g4[u][0].z, G[u][3] = g4[u][0].w;
+      G[u][4] = g4[u][1].x, G[u][5] = g4[u][1].y, G[u][6] = g4[u][1].z, G[u][7] = g4[u][1].w;
+      if (!in) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) G[u][j] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) kp[u].w[j] = qp[u].w[j] = 0u;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      float f[8] = {0, 0, 0, 0, 0, 0, 0, 0}, e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < 8; j++) G[u][j] = 0.0f;
+      if (r0 + u < n) kc_ld8(a.g, a.vg, cs + r0 + u, ch + d0, G[u]);
+      kp[u] = pack8(f); /* unused on this path (kc_kq re-reads) */
+      qp[u] = pack8(e);
+    }
   }
   if (tid < KC_C) beta_s[tid] = tid < n ? dv_ld(a.beta, (int64_t)(cs + tid) * a.beta.s[0] + h * a.beta.s[1]) : 0.0f;
   if (tid == 0) *flag = 0;
@@ -133,9 +176,7 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
 
   /* ---- P2: operands ---- */
   {
-    float gl[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) gl[j] = Gb[4 * 128 + d0 + j];
+    const float *gl = Gb + 4 * 128 + d0; /* G of the last row */
     if (rg == 15) { /* e^{G_last} for the state decay */
       float e8[8];
 #pragma unroll
@@ -144,40 +185,59 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
       pe[0] = make_float4(e8[0], e8[1], e8[2], e8[3]);
       pe[1] = make_float4(e8[4], e8[5], e8[6], e8[7]);
     }
+    /* Exponentials factorised through the block's first row (gb = G_{n_i}) so most are shared
+     * by the thread's 4 rows: e^G = e^gb e^{G-gb}, e^{Gl-G} = e^{Gl-gb} e^{gb-G},
+     * e^{G_b2-G} = e^{G_b2-gb} e^{gb-G}; each factor is <= 1 except e^{gb-G} <= e^KC_SPAN. A
+     * thread with a row past the span (wide gates only) takes the direct form instead. */
+    float gb[8], eb[8], elb[8];
+    bool wide_t = false;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      gb[j] = Gb[blk * 128 + d0 + j];
+      eb[j] = __expf(gb[j]);
+      elb[j] = __expf(gl[j] - gb[j]);
+#pragma unroll
+      for (int u = 0; u < 4; u++) wide_t |= gb[j] - G[u][j] > KC_SPAN;
+    }
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       const int r = r0 + u;
-      float kf[8], qf[8], t0[8], t1[8];
-      unpack8(kp[u], kf);
-      unpack8(qp[u], qf);
+      float kf[8], qf[8], t0[8], t1[8], t2[8];
+      kc_kq(a, fast, kp[u], qp[u], cs + min(r, n - 1), ch + d0, r < n, kf, qf);
 #pragma unroll
       for (int j = 0; j < 8; j++) {
         qf[j] *= a.scale;
-        const float eg = __expf(G[u][j]);
-        t0[j] = kf[j] * eg;
-        t1[j] = qf[j] * eg;
-      }
-      st8(Kg + r * KP + d0, t0);
-      st8(rec + KC_REC_Q + (r * KC_D + d0) * 2, t1);
-#pragma unroll
-      for (int j = 0; j < 8; j++) t0[j] = kf[j] * __expf(gl[j] - G[u][j]);
-      st8(rec + KC_REC_K + (r * KC_D + d0) * 2, t0);
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-        const float e = __expf(G[u][j] - Gb[blk * 128 + d0 + j]);
-        t0[j] = kf[j] * e;
-        t1[j] = qf[j] * e;
+        const float dn = __expf(G[u][j] - gb[j]), up = __expf(fminf(gb[j] - G[u][j], KC_SPAN));
+        t0[j] = kf[j] * dn; /* Kr */
+        t1[j] = qf[j] * dn; /* Qr */
+        t2[j] = kf[j] * up; /* diagonal copy of Bc (clamped; wide blocks are redone per element) */
+        G[u][j] = wide_t ? G[u][j] : up;
       }
       st8(Kr + r * KP + d0, t0);
       st8(Qr + r * KP + d0, t1);
+      st8(Bc + (8 * blk * (blk + 1) + r) * KP + d0, t2);
 #pragma unroll
-      for (int j = 0; j < 8; j++)
-        t0[j] = kf[j] * __expf(fminf(Gb[blk * 128 + d0 + j] - G[u][j], KC_SPAN));
-      st8(Bc + (8 * blk * (blk + 1) + r) * KP + d0, t0);
-      for (int b2 = blk + 1; b2 < 4; b2++) {
+      for (int j = 0; j < 8; j++) {
+        t0[j] *= eb[j]; /* k e^G = (k e^{G-gb}) e^gb */
+        t1[j] *= eb[j];
+        t2[j] = wide_t ? kf[j] * __expf(gl[j] - G[u][j]) : t2[j] * elb[j];
+      }
+      st8(Kg + r * KP + d0, t0);
+      st8(rec + KC_REC_Q + (r * KC_D + d0) * 2, t1);
+      st8(rec + KC_REC_K + (r * KC_D + d0) * 2, t2);
+    }
+    for (int b2 = blk + 1; b2 < 4; b2++) { /* off-diagonal copies of Bc */
+      float f[8];
 #pragma unroll
-        for (int j = 0; j < 8; j++) t0[j] = kf[j] * __expf(Gb[b2 * 128 + d0 + j] - G[u][j]);
-        st8(Bc + (8 * b2 * (b2 + 1) + r) * KP + d0, t0);
+      for (int j = 0; j < 8; j++) f[j] = __expf(Gb[b2 * 128 + d0 + j] - gb[j]);
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        float kf[8], qf[8], t0[8];
+        kc_kq(a, fast, kp[u], qp[u], cs + min(r0 + u, n - 1), ch + d0, r0 + u < n, kf, qf);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+          t0[j] = wide_t ? kf[j] * __expf(Gb[b2 * 128 + d0 + j] - G[u][j]) : kf[j] * f[j] * G[u][j];
+        st8(Bc + (8 * b2 * (b2 + 1) + r0 + u) * KP + d0, t0);
       }
     }
   }
@@ -279,21 +339,36 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
     for (int rr = 0; rr < 16; rr++) X[(b0 + rr) * KPF + b0 + cl] = x[rr];
   }
   __syncthreads();
-  for (int i = 1; i < 4; i++) { /* block row i: X_ij = -X_ii sum_{m in [16j,16i)} L_im X_mj */
-    for (int e = tid; e < i * 256; e += KA_THREADS) {
-      const int j = e >> 8, r = (e >> 4) & 15, cc = e & 15, col = (j << 4) + cc;
-      const float *Lr = Lf + ((i << 4) + r) * KPF;
-      float s = 0.0f;
-      for (int m = j << 4; m < (i << 4); m++) s += Lr[m] * X[m * KPF + col];
-      Y[(j * 16 + r) * 17 + cc] = s;
+  /* Off-diagonal blocks by distance (3, 2, 1 blocks per round, balanced over the threads):
+   * X_ij = -X_ii Y with Y = sum_{m in [16j, 16i)} L_im X_mj, i = j + dist. The 16-long dot
+   * products are unrolled with two accumulators so the shared loads pipeline. */
+#pragma unroll
+  for (int dist = 1; dist < 4; dist++) {
+    const int nbk = 4 - dist;
+    for (int e = tid; e < nbk * 256; e += KA_THREADS) {
+      const int j = e >> 8, i = j + dist, r = (e >> 4) & 15, cc = e & 15;
+      const float *Lr = Lf + ((i << 4) + r) * KPF + (j << 4);
+      const float *Xc = X + (j << 4) * KPF + (j << 4) + cc;
+      float s0 = 0.0f, s1 = 0.0f;
+      for (int mb = 0; mb < dist; mb++)
+#pragma unroll
+        for (int mm = 0; mm < 16; mm += 2) {
+          s0 += Lr[16 * mb + mm] * Xc[(16 * mb + mm) * KPF];
+          s1 += Lr[16 * mb + mm + 1] * Xc[(16 * mb + mm + 1) * KPF];
+        }
+      Y[(j * 16 + r) * 17 + cc] = s0 + s1;
     }
     __syncthreads();
-    for (int e = tid; e < i * 256; e += KA_THREADS) {
-      const int j = e >> 8, r = (e >> 4) & 15, cc = e & 15;
-      const float *Xr = X + ((i << 4) + r) * KPF + (i << 4);
-      float s = 0.0f;
-      for (int m = 0; m <= r; m++) s += Xr[m] * Y[(j * 16 + m) * 17 + cc];
-      X[((i << 4) + r) * KPF + (j << 4) + cc] = -s;
+    for (int e = tid; e < nbk * 256; e += KA_THREADS) {
+      const int j = e >> 8, i = j + dist, r = (e >> 4) & 15, cc = e & 15;
+      const float *Xr = X + ((i << 4) + r) * KPF + (i << 4); /* X_ii: zeros above the diagonal */
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int mm = 0; mm < 16; mm += 2) {
+        s0 += Xr[mm] * Y[(j * 16 + mm) * 17 + cc];
+        s1 += Xr[mm + 1] * Y[(j * 16 + mm + 1) * 17 + cc];
+      }
+      X[((i << 4) + r) * KPF + (j << 4) + cc] = -(s0 + s1);
     }
     __syncthreads();
   }
@@ -354,10 +429,15 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
 int kc_intra_launch(const kc_args &a, int n_chunk_slots, cudaStream_t st) {
   static bool attr_set = false; /* per process: the attribute belongs to the kernel */
   if (!attr_set) {
-    K3K_CU(cudaFuncSetAttribute(kc_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KA_SMEM));
+    K3K_CU(cudaFuncSetAttribute(kc_intra_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, KA_SMEM));
+    K3K_CU(cudaFuncSetAttribute(kc_intra_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, KA_SMEM));
     attr_set = true;
   }
-  kc_intra_kernel<<<dim3((unsigned)n_chunk_slots, (unsigned)a.hg), KA_THREADS, KA_SMEM, st>>>(a);
+  const dim3 grid((unsigned)n_chunk_slots, (unsigned)a.hg);
+  if (a.vg && a.vk && a.vq && a.g.dt == 0 && a.k.dt == 1 && a.q.dt == 1)
+    kc_intra_kernel<true><<<grid, KA_THREADS, KA_SMEM, st>>>(a);
+  else
+    kc_intra_kernel<false><<<grid, KA_THREADS, KA_SMEM, st>>>(a);
   K3K_LAUNCHED("kda_chunk intra");
   return 0;
 }
