@@ -329,8 +329,8 @@ out:
 
 /* ---- KDA chunked prefill ----
  * Tolerance TOL_KDA_CHUNK 1e-2 for the output AND the fp32 state: the CUDA kernel feeds the
- * tensor cores bf16 operands (q, k, v times exp factors, T, W, Vn, Aqk and the state itself;
- * relative 2^-9 each, fp32 accumulate; kernels/cuda/kda_chunk.cu), so unlike KDA_STEP (fp32 CUDA
+ * tensor cores bf16 operands (q, k, v times exp factors, T, W, U, Vn, Aqk and the state itself;
+ * relative 2^-9 each, fp32 accumulate; kernels/cuda/kda_chunk*.cu), so unlike KDA_STEP (fp32 CUDA
  * cores, 1e-4) the state carries bf16-operand error (~1e-3 observed). An indexing or math error
  * gives O(1). `gmin` < -5 makes 16-row gate spans exceed the kernel's factorisation bound, so the
  * per-element diagonal path runs. */

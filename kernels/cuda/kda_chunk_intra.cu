@@ -1,0 +1,443 @@
+/* CUDA: the state-independent half of KDA_CHUNK (spec §3.8), one block per (chunk, head).
+ *
+ * What it is for: everything of a 64-row chunk that does not need the incoming state, computed
+ * for all chunks and heads at once (the grid is (chunk slots, heads), no sequential
+ * dependency), written as one record per (chunk, head) for the state pass (kda_chunk.cuh):
+ *   P1  G = cumsum(g) per key channel (fp32, in registers: thread = 4 rows x 8 channels; padded
+ *       rows have g = 0 so they repeat G_{n-1}); beta.
+ *   P2  bf16 operands from registers with 16-byte stores: k_r e^{G_r-G_ni}, q_r e^{G_r-G_ni}
+ *       (n_i = first row of the row's 16-row block i), k_s e^{G_ni-G_s} for every block i >= the
+ *       block of s (one copy per i: the sub-chunk factorisation; every exponent <= 0 except
+ *       inside the diagonal block, bounded by its gate span), e^G k; and straight to the record
+ *       q e^G and k e^{Gl-G}.
+ *   P3  L = beta_r (k k^T)_gated (strict lower) and Aqk (lower incl. diagonal) on tensor cores
+ *       (mma.sync m16n8k16 bf16, fp32 accumulate). A 16-row block whose gate span exceeds
+ *       KC_SPAN (never with K3's g > -5; possible with the 48B softplus gate) gets its diagonal
+ *       recomputed per element with exp(sum of g) from global memory, as the reference does.
+ *   P4  X = (I + L)^-1 in fp32: the four diagonal 16x16 blocks by forward substitution with the
+ *       column in registers, then the off-diagonal blocks by distance (X_ij = -X_ii sum_m L_im X_mj);
+ *       T = X diag(beta) -> bf16; Aqk -> record.
+ *   P5  W = T (e^G k), U = T v on tensor cores -> record (staged in shared memory so the global
+ *       stores are 16-byte and coalesced).
+ * What it is not: the state recurrence (kda_chunk.cu). Dk = Dv = 128, chunk 64 only.
+ * Shared memory 101 KB so two blocks share an SM (one block's loads overlap the other's math).
+ * Numerics: bf16 operands into the tensor cores (relative 2^-9), fp32 accumulation, fp32 G,
+ * L, X; k and q are rounded to bf16 once (after their exponential factors). */
+#include "kda_chunk.cuh"
+
+#define KA_THREADS 256
+#define KP 136 /* bf16 pitch of 128-wide rows (272 B: conflict-free ldmatrix) */
+#define KPC 72 /* bf16 pitch of 64-wide rows */
+#define KPF 65 /* fp32 pitch of 64x64 matrices */
+
+/* Shared memory map (bytes); the regions are reused phase by phase. */
+#define KA_RA 0                      /* Kr bf16 [64][KP] | L fp32 [64][KPF] | W stage */
+#define KA_RB (KA_RA + 64 * KP * 2)  /* Qr bf16 [64][KP] | Aqk fp32 [64][KPF] | U stage */
+#define KA_RC (KA_RB + 64 * KP * 2)  /* Bc bf16 [160][KP] | V [64][KP], X fp32, T [64][KPC] */
+#define KA_RD (KA_RC + 160 * KP * 2) /* Kg = e^G k bf16 [64][KP] */
+#define KA_MISC (KA_RD + 64 * KP * 2)
+#define KA_GB KA_MISC                   /* G at rows 0,16,32,48 and 63: fp32 [5][128] */
+#define KA_BETA (KA_GB + 5 * 128 * 4)   /* fp32 [64] */
+#define KA_Y (KA_BETA + 64 * 4)         /* fp32 [3][16][17] inversion temporaries */
+#define KA_FLAG (KA_Y + 3 * 16 * 17 * 4)
+#define KA_SMEM (KA_FLAG + 16)
+#define KA_RC_X (64 * KP * 2)            /* inside RC */
+#define KA_RC_T (KA_RC_X + 64 * KPF * 4) /* inside RC */
+
+/* Eight consecutive elements (row, col..col+7) of a [T, C] tensor as floats. */
+__device__ __forceinline__ void kc_ld8(const dv &t, int vec, int64_t row, int64_t col, float f[8]) {
+  if (vec && t.dt == 1) {
+    bf16x8 p = *(const bf16x8 *)((const uint16_t *)t.p + row * t.s[0] + col);
+    unpack8(p, f);
+  } else if (vec) {
+    const float4 *p = (const float4 *)((const float *)t.p + row * t.s[0] + col);
+    float4 x = p[0], y = p[1];
+    f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
+  } else {
+#pragma unroll
+    for (int u = 0; u < 8; u++) f[u] = dv_ld(t, row * t.s[0] + (col + u) * t.s[1]);
+  }
+}
+
+/* k and q of one row as floats: from the registers (bf16 inputs, exact) or, for other inputs,
+ * re-read in fp32 so they are rounded to bf16 only once, after the exponential factors. */
+__device__ __forceinline__ void kc_kq(const kc_args &a, bool fast, const bf16x8 &kp,
+                                      const bf16x8 &qp, int64_t row, int64_t col, bool in,
+                                      float kf[8], float qf[8]) {
+  if (fast) {
+    unpack8(kp, kf);
+    unpack8(qp, qf);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; j++) kf[j] = qf[j] = 0.0f;
+    if (in) {
+      kc_ld8(a.k, a.vk, row, col, kf);
+      kc_ld8(a.q, a.vq, row, col, qf);
+    }
+  }
+}
+
+__device__ __forceinline__ void st8(void *p, const float f[8]) { *(bf16x8 *)p = pack8(f); }
+
+/* FAST: bf16 q/k and fp32 g, rows contiguous and 16-byte aligned (the model's case). */
+template <bool FAST>
+__global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
+  extern __shared__ __align__(16) unsigned char sm[];
+  kc_bf *Kr = (kc_bf *)(sm + KA_RA), *Qr = (kc_bf *)(sm + KA_RB), *Bc = (kc_bf *)(sm + KA_RC);
+  kc_bf *Kg = (kc_bf *)(sm + KA_RD), *Vs = (kc_bf *)(sm + KA_RC);
+  float *Lf = (float *)(sm + KA_RA), *Af = (float *)(sm + KA_RB);
+  float *X = (float *)(sm + KA_RC + KA_RC_X);
+  kc_bf *Tb = (kc_bf *)(sm + KA_RC + KA_RC_T);
+  float *Gb = (float *)(sm + KA_GB), *beta_s = (float *)(sm + KA_BETA), *Y = (float *)(sm + KA_Y);
+  int *flag = (int *)(sm + KA_FLAG);
+
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int c = blockIdx.x, h = a.h0 + blockIdx.y;
+  const int seq = kc_find_seq(a.cfirst, a.n_seqs, c);
+  if (seq >= a.n_seqs) return; /* slot past the last chunk (the grid is an upper bound) */
+  const int end = a.cu[(seq + 1) * a.cu_s];
+  const int cs = a.cu[seq * a.cu_s] + (c - a.cfirst[seq]) * KC_C, n = min(KC_C, end - cs);
+  const int64_t ch = (int64_t)h * KC_D;
+  unsigned char *rec = a.rec + ((size_t)c * a.hg + blockIdx.y) * KC_REC;
+
+  /* ---- P1: loads (k, q, g for 4 rows x 8 channels), G by a two-level scan ---- */
+  const int cg = tid & 15, rg = tid >> 4, d0 = cg * 8, r0 = rg * 4, blk = rg >> 2;
+  float G[4][8];
+  bf16x8 kp[4], qp[4]; /* k, q as loaded (bf16 inputs only; others re-read in fp32 in P2) */
+  const bool fast = FAST;
+  if (fast) {
+    /* Fast path: all 16 vector loads in flight before the first use (rows past n re-read row
+     * n-1 and are zeroed afterwards, so no load sits behind a branch). */
+    float4 g4[4][2];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int64_t row = cs + min(r0 + u, n - 1);
+      const float4 *pg = (const float4 *)((const float *)a.g.p + row * a.g.s[0] + ch + d0);
+      g4[u][0] = pg[0], g4[u][1] = pg[1];
+      kp[u] = *(const bf16x8 *)((const uint16_t *)a.k.p + row * a.k.s[0] + ch + d0);
+      qp[u] = *(const bf16x8 *)((const uint16_t *)a.q.p + row * a.q.s[0] + ch + d0);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const bool in = r0 + u < n;
+      G[u][0] = g4[u][0].x, G[u][1] = g4[u][0].y, G[u][2] = g4[u][0].z, G[u][3] = g4[u][0].w;
+      G[u][4] = g4[u][1].x, G[u][5] = g4[u][1].y, G[u][6] = g4[u][1].z, G[u][7] = g4[u][1].w;
+      if (!in) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) G[u][j] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) kp[u].w[j] = qp[u].w[j] = 0u;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      float f[8] = {0, 0, 0, 0, 0, 0, 0, 0}, e[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < 8; j++) G[u][j] = 0.0f;
+      if (r0 + u < n) kc_ld8(a.g, a.vg, cs + r0 + u, ch + d0, G[u]);
+      kp[u] = pack8(f); /* unused on this path (kc_kq re-reads) */
+      qp[u] = pack8(e);
+    }
+  }
+  if (tid < KC_C) beta_s[tid] = tid < n ? dv_ld(a.beta, (int64_t)(cs + tid) * a.beta.s[0] + h * a.beta.s[1]) : 0.0f;
+  if (tid == 0) *flag = 0;
+#pragma unroll
+  for (int u = 1; u < 4; u++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) G[u][j] += G[u - 1][j];
+  float *tot = (float *)(sm + KA_RC); /* [16][128] row-group totals, before Bc is built */
+#pragma unroll
+  for (int j = 0; j < 8; j++) tot[rg * 128 + d0 + j] = G[3][j];
+  __syncthreads();
+  {
+    float off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int q2 = 0; q2 < rg; q2++)
+#pragma unroll
+      for (int j = 0; j < 8; j++) off[j] += tot[q2 * 128 + d0 + j];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int j = 0; j < 8; j++) G[u][j] += off[j];
+  }
+  if ((rg & 3) == 0)
+#pragma unroll
+    for (int j = 0; j < 8; j++) Gb[blk * 128 + d0 + j] = G[0][j];
+  if (rg == 15)
+#pragma unroll
+    for (int j = 0; j < 8; j++) Gb[4 * 128 + d0 + j] = G[3][j];
+  __syncthreads(); /* Gb complete; tot dead */
+  if ((rg & 3) == 3) { /* block span check on the block's last row */
+    bool wide = false;
+#pragma unroll
+    for (int j = 0; j < 8; j++) wide |= Gb[blk * 128 + d0 + j] - G[3][j] > KC_SPAN;
+    if (wide) atomicOr(flag, 1 << blk);
+  }
+
+  /* ---- P2: operands ---- */
+  {
+    const float *gl = Gb + 4 * 128 + d0; /* G of the last row */
+    if (rg == 15) { /* e^{G_last} for the state decay */
+      float e8[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) e8[j] = __expf(gl[j]);
+      float4 *pe = (float4 *)(rec + KC_REC_E) + cg * 2;
+      pe[0] = make_float4(e8[0], e8[1], e8[2], e8[3]);
+      pe[1] = make_float4(e8[4], e8[5], e8[6], e8[7]);
+    }
+    /* Exponentials factorised through the block's first row (gb = G_{n_i}) so most are shared
+     * by the thread's 4 rows: e^G = e^gb e^{G-gb}, e^{Gl-G} = e^{Gl-gb} e^{gb-G},
+     * e^{G_b2-G} = e^{G_b2-gb} e^{gb-G}; each factor is <= 1 except e^{gb-G} <= e^KC_SPAN. A
+     * thread with a row past the span (wide gates only) takes the direct form instead. */
+    float gb[8], eb[8], elb[8];
+    bool wide_t = false;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      gb[j] = Gb[blk * 128 + d0 + j];
+      eb[j] = __expf(gb[j]);
+      elb[j] = __expf(gl[j] - gb[j]);
+#pragma unroll
+      for (int u = 0; u < 4; u++) wide_t |= gb[j] - G[u][j] > KC_SPAN;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int r = r0 + u;
+      float kf[8], qf[8], t0[8], t1[8], t2[8];
+      kc_kq(a, fast, kp[u], qp[u], cs + min(r, n - 1), ch + d0, r < n, kf, qf);
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        qf[j] *= a.scale;
+        const float dn = __expf(G[u][j] - gb[j]), up = __expf(fminf(gb[j] - G[u][j], KC_SPAN));
+        t0[j] = kf[j] * dn; /* Kr */
+        t1[j] = qf[j] * dn; /* Qr */
+        t2[j] = kf[j] * up; /* diagonal copy of Bc (clamped; wide blocks are redone per element) */
+        G[u][j] = wide_t ? G[u][j] : up;
+      }
+      st8(Kr + r * KP + d0, t0);
+      st8(Qr + r * KP + d0, t1);
+      st8(Bc + (8 * blk * (blk + 1) + r) * KP + d0, t2);
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        t0[j] *= eb[j]; /* k e^G = (k e^{G-gb}) e^gb */
+        t1[j] *= eb[j];
+        t2[j] = wide_t ? kf[j] * __expf(gl[j] - G[u][j]) : t2[j] * elb[j];
+      }
+      st8(Kg + r * KP + d0, t0);
+      st8(rec + KC_REC_Q + (r * KC_D + d0) * 2, t1);
+      st8(rec + KC_REC_K + (r * KC_D + d0) * 2, t2);
+    }
+    for (int b2 = blk + 1; b2 < 4; b2++) { /* off-diagonal copies of Bc */
+      float f[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) f[j] = __expf(Gb[b2 * 128 + d0 + j] - gb[j]);
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        float kf[8], qf[8], t0[8];
+        kc_kq(a, fast, kp[u], qp[u], cs + min(r0 + u, n - 1), ch + d0, r0 + u < n, kf, qf);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+          t0[j] = wide_t ? kf[j] * __expf(Gb[b2 * 128 + d0 + j] - G[u][j]) : kf[j] * f[j] * G[u][j];
+        st8(Bc + (8 * b2 * (b2 + 1) + r0 + u) * KP + d0, t0);
+      }
+    }
+  }
+  __syncthreads();
+
+  /* ---- P3: L and Aqk. Jobs (block row i, product p, 8-wide n-tile j < 2(i+1)): 40 ---- */
+  {
+    float acc[5][4];
+    int jb[5];
+#pragma unroll
+    for (int u = 0; u < 5; u++) {
+      const int job = w + 8 * u, i = job < 4 ? 0 : job < 12 ? 1 : job < 24 ? 2 : 3;
+      const int rem = job - (i == 0 ? 0 : i == 1 ? 4 : i == 2 ? 12 : 24), p = rem & 1, j = rem >> 1;
+      jb[u] = (i << 8) | (p << 7) | j;
+      acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+      const kc_bf *A = (p ? Qr : Kr) + ((i << 4) + (lane & 15)) * KP + (lane >> 4) * 8;
+      const kc_bf *B = Bc + (8 * i * (i + 1) + j * 8 + (lane & 7)) * KP + (lane >> 3) * 8;
+#pragma unroll
+      for (int k0 = 0; k0 < KC_D; k0 += 32) {
+        uint32_t a0[4], a1[4], b[4];
+        ldsm_x4(a0, A + k0);
+        ldsm_x4(a1, A + k0 + 16);
+        ldsm_x4(b, B + k0);
+        mma_bf16(acc[u], a0, b[0], b[1]);
+        mma_bf16(acc[u], a1, b[2], b[3]);
+      }
+    }
+    __syncthreads(); /* Lf/Af overlay Kr/Qr */
+#pragma unroll
+    for (int u = 0; u < 5; u++) {
+      const int i = jb[u] >> 8, p = (jb[u] >> 7) & 1, j = jb[u] & 127;
+#pragma unroll
+      for (int q2 = 0; q2 < 4; q2++) {
+        const int r = (i << 4) + g + (q2 >> 1) * 8, s = j * 8 + 2 * t4 + (q2 & 1);
+        if (p)
+          Af[r * KPF + s] = s <= r ? acc[u][q2] : 0.0f;
+        else
+          Lf[r * KPF + s] = s < r ? beta_s[r] * acc[u][q2] : 0.0f;
+      }
+    }
+  }
+  /* v -> Vs (RC; Bc is dead): asynchronous, waited for before P5. */
+  if (a.vv && a.v.dt == 1) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int r = r0 + u;
+      cp_async16(Vs + r * KP + d0, (const uint16_t *)a.v.p + (int64_t)(cs + min(r, n - 1)) * a.v.s[0] + ch + d0,
+                 r < n);
+    }
+    cp_async_commit();
+  } else {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (r0 + u < n) kc_ld8(a.v, a.vv, cs + r0 + u, ch + d0, f);
+      st8(Vs + (r0 + u) * KP + d0, f);
+    }
+  }
+  __syncthreads();
+  const int fl = *flag;
+  if (fl) { /* diagonal blocks whose gate span is too wide to factorise: per element */
+    for (int pi = tid; pi < 4 * 136; pi += KA_THREADS) {
+      const int bl = pi / 136, m = pi % 136;
+      int rr = 0;
+      while ((rr + 1) * (rr + 2) / 2 <= m) rr++;
+      const int ss = m - rr * (rr + 1) / 2, r = (bl << 4) + rr, s = (bl << 4) + ss;
+      if (!((fl >> bl) & 1) || r >= n) continue;
+      float lk = 0.0f, aq = 0.0f;
+      for (int d = 0; d < KC_D; d++) {
+        float gs = 0.0f; /* G_r - G_s = g_{s+1} + ... + g_r */
+        for (int m2 = s + 1; m2 <= r; m2++) gs += dv_ld(a.g, (int64_t)(cs + m2) * a.g.s[0] + (ch + d) * a.g.s[1]);
+        const float e = expf(gs);
+        const float ks = dv_ld(a.k, (int64_t)(cs + s) * a.k.s[0] + (ch + d) * a.k.s[1]);
+        const float kr = dv_ld(a.k, (int64_t)(cs + r) * a.k.s[0] + (ch + d) * a.k.s[1]);
+        const float qr = dv_ld(a.q, (int64_t)(cs + r) * a.q.s[0] + (ch + d) * a.q.s[1]) * a.scale;
+        lk += kr * ks * e;
+        aq += qr * ks * e;
+      }
+      Lf[r * KPF + s] = s < r ? beta_s[r] * lk : 0.0f;
+      Af[r * KPF + s] = aq;
+    }
+    __syncthreads();
+  }
+
+  /* ---- P4: X = (I + L)^-1. Diagonal blocks: one thread per column, the column in registers ---- */
+  if (tid < KC_C) {
+    const int b0 = tid & ~15, cl = tid & 15;
+    float x[16];
+    x[0] = cl == 0 ? 1.0f : 0.0f;
+#pragma unroll
+    for (int rr = 1; rr < 16; rr++) {
+      const float *Lr = Lf + (b0 + rr) * KPF + b0;
+      float s = 0.0f;
+#pragma unroll
+      for (int m = 0; m < rr; m++) s += Lr[m] * x[m];
+      x[rr] = rr == cl ? 1.0f : -s; /* rows above cl: all x[m] are 0, so -s = 0 */
+    }
+#pragma unroll
+    for (int rr = 0; rr < 16; rr++) X[(b0 + rr) * KPF + b0 + cl] = x[rr];
+  }
+  __syncthreads();
+  /* Off-diagonal blocks by distance (3, 2, 1 blocks per round, balanced over the threads):
+   * X_ij = -X_ii Y with Y = sum_{m in [16j, 16i)} L_im X_mj, i = j + dist. The 16-long dot
+   * products are unrolled with two accumulators so the shared loads pipeline. */
+#pragma unroll
+  for (int dist = 1; dist < 4; dist++) {
+    const int nbk = 4 - dist;
+    for (int e = tid; e < nbk * 256; e += KA_THREADS) {
+      const int j = e >> 8, i = j + dist, r = (e >> 4) & 15, cc = e & 15;
+      const float *Lr = Lf + ((i << 4) + r) * KPF + (j << 4);
+      const float *Xc = X + (j << 4) * KPF + (j << 4) + cc;
+      float s0 = 0.0f, s1 = 0.0f;
+      for (int mb = 0; mb < dist; mb++)
+#pragma unroll
+        for (int mm = 0; mm < 16; mm += 2) {
+          s0 += Lr[16 * mb + mm] * Xc[(16 * mb + mm) * KPF];
+          s1 += Lr[16 * mb + mm + 1] * Xc[(16 * mb + mm + 1) * KPF];
+        }
+      Y[(j * 16 + r) * 17 + cc] = s0 + s1;
+    }
+    __syncthreads();
+    for (int e = tid; e < nbk * 256; e += KA_THREADS) {
+      const int j = e >> 8, i = j + dist, r = (e >> 4) & 15, cc = e & 15;
+      const float *Xr = X + ((i << 4) + r) * KPF + (i << 4); /* X_ii: zeros above the diagonal */
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int mm = 0; mm < 16; mm += 2) {
+        s0 += Xr[mm] * Y[(j * 16 + mm) * 17 + cc];
+        s1 += Xr[mm + 1] * Y[(j * 16 + mm + 1) * 17 + cc];
+      }
+      X[((i << 4) + r) * KPF + (j << 4) + cc] = -(s0 + s1);
+    }
+    __syncthreads();
+  }
+  /* T = X diag(beta) -> bf16 (RC); Aqk -> record. 64 rows x 8 groups of 8 columns each. */
+  for (int e = tid; e < 2 * 64 * 8; e += KA_THREADS) {
+    const int which = e >> 9, r = (e >> 3) & 63, s0 = (e & 7) * 8;
+    float f[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const int s = s0 + u;
+      f[u] = s > r ? 0.0f : which ? Af[r * KPF + s] : X[r * KPF + s] * beta_s[s];
+    }
+    if (which)
+      st8(rec + KC_REC_A + (r * KC_C + s0) * 2, f);
+    else
+      st8(Tb + r * KPC + s0, f);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  /* ---- P5: W = T Kg, U = T V (M 64, N 128, K 64; T lower-triangular: k-steps <= m-tile) ---- */
+  {
+    const int mt = w & 3, nb = (w >> 2) * 64, mi = lane >> 3;
+#pragma unroll
+    for (int which = 0; which < 2; which++) {
+      const kc_bf *Bm = which ? Vs : Kg;
+      kc_bf *stage = which ? (kc_bf *)(sm + KA_RB) : (kc_bf *)(sm + KA_RA);
+      float acc[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+      for (int ks = 0; ks <= mt; ks++) {
+        uint32_t af[4];
+        ldsm_x4(af, Tb + (mt * 16 + (lane & 15)) * KPC + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, Bm + (ks * 16 + (lane & 7) + (mi & 1) * 8) * KP + nb + jj * 16 + (mi >> 1) * 8);
+          mma_bf16(acc[2 * jj], af, b[0], b[1]);
+          mma_bf16(acc[2 * jj + 1], af, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        const int r = mt * 16 + g, d = nb + j * 8 + 2 * t4;
+        *(uint32_t *)(stage + r * KP + d) = pack_bf2(acc[j][0], acc[j][1]);
+        *(uint32_t *)(stage + (r + 8) * KP + d) = pack_bf2(acc[j][2], acc[j][3]);
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < 2 * 64 * 16; e += KA_THREADS) {
+    const int which = e >> 10, r = (e >> 4) & 63, cc = (e & 15) * 8;
+    const kc_bf *src = (which ? (kc_bf *)(sm + KA_RB) : (kc_bf *)(sm + KA_RA)) + r * KP + cc;
+    *(bf16x8 *)(rec + (which ? KC_REC_U : KC_REC_W) + (r * KC_D + cc) * 2) = *(const bf16x8 *)src;
+  }
+}
+
+int kc_intra_launch(const kc_args &a, int n_chunk_slots, cudaStream_t st) {
+  static bool attr_set = false; /* per process: the attribute belongs to the kernel */
+  if (!attr_set) {
+    K3K_CU(cudaFuncSetAttribute(kc_intra_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, KA_SMEM));
+    K3K_CU(cudaFuncSetAttribute(kc_intra_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, KA_SMEM));
+    attr_set = true;
+  }
+  const dim3 grid((unsigned)n_chunk_slots, (unsigned)a.hg);
+  if (a.vg && a.vk && a.vq && a.g.dt == 0 && a.k.dt == 1 && a.q.dt == 1)
+    kc_intra_kernel<true><<<grid, KA_THREADS, KA_SMEM, st>>>(a);
+  else
+    kc_intra_kernel<false><<<grid, KA_THREADS, KA_SMEM, st>>>(a);
+  K3K_LAUNCHED("kda_chunk intra");
+  return 0;
+}
