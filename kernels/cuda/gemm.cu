@@ -17,8 +17,10 @@
  * heuristic's top 8 candidates plus split-K variants of its first two are timed on the real
  * operands (CUDA events, 1 warm-up + mean of 3 runs) when the product is large (>= 2^24 MACs),
  * the stream is not being captured into a graph and the output does not overlap an input;
- * the heuristic's first pick is kept unless another is >= 3 % faster. K3PD_CUDA_GEMM_TUNE=0
- * turns the timing off (heuristic pick only). Different algorithms differ only in fp32
+ * the heuristic's first pick is kept unless another is >= 3 % faster. The timing is opt-in
+ * (K3PD_CUDA_GEMM_TUNE=1): a choice made by timing can differ between processes, and with it the
+ * fp32 summation order, so two workers (prefill and decode, or a worker and k3pd-generate) would
+ * no longer produce bit-identical results; the default keeps the deterministic heuristic pick. Different algorithms differ only in fp32
  * summation order (split-K), within the documented GEMM tolerances.
  * k3k_cuda_lt_gemm returns K3_ENOTSUP (a logged warning) when cuBLASLt offers no algorithm for
  * the layouts/alignments; the GEMM op then retries on contiguous copies.
@@ -75,13 +77,13 @@ static void extent(const void *p, int64_t rows, int64_t cols, int64_t ld, int64_
   *hi = *lo + ((size_t)(ld * (cols - 1) + rows) + (size_t)(batch - 1) * (size_t)stride) * es;
 }
 
-/* Whether to time candidates: large products only, off under K3PD_CUDA_GEMM_TUNE=0 and while
+/* Whether to time candidates: large products only, only under K3PD_CUDA_GEMM_TUNE=1, never while
  * the stream is captured (event synchronisation is illegal there). */
 static bool tune_wanted(k3k_cuda_ctx *cx, int64_t m, int64_t n, int64_t k, int batch) {
   static int env = -1;
   if (env < 0) {
     const char *e = getenv("K3PD_CUDA_GEMM_TUNE");
-    env = !(e && !strcmp(e, "0"));
+    env = e && !strcmp(e, "1");
   }
   if (!env || (double)m * (double)n * (double)k * batch < (double)(1 << 24)) return false;
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
