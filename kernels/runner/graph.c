@@ -177,7 +177,7 @@ static int capture(k3_runner_t *r, rn_gent_t *e, rn_ws_t *ws, rn_pass_t *ps, k3k
   cudaGraph_t graph = NULL;
   cudaError_t ce2 = ce == cudaSuccess ? cudaStreamEndCapture(cx->stream, &graph) : ce;
   cudaGraphExec_t exec = NULL;
-  bool ok = !rc && ce2 == cudaSuccess && graph && ws->n_extra == 0 && cx->mem_gen == mg;
+  bool ok = !rc && ce2 == cudaSuccess && graph && ws->extras_taken == 0 && cx->mem_gen == mg;
   if (ok && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) ok = false;
   if (graph) cudaGraphDestroy(graph);
   if (!ok) {
@@ -300,7 +300,7 @@ int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, char *err
   if (!ran && !rc) {
     rc = rn_forward_enqueue(r, ws, ps, NULL, n, NULL, NULL, false, &lg, err, errlen);
     r->stats.eager_steps++;
-    if (!rc && !r->graphs_off && ws->n_extra == 0 && ws->need <= ws->cap) {
+    if (!rc && !r->graphs_off && ws->extras_taken == 0 && ws->need <= ws->cap) {
       if (!e) e = find(g, n, ctxb);
       if (!e) e = take(g, n, ctxb);
       if (e->state == G_EMPTY) e->state = G_WARM;

@@ -56,8 +56,10 @@ typedef struct {
   size_t cap, used;        /* used: arena bytes live now (bump offset) */
   size_t cur;              /* bytes live now, arena + overflow */
   size_t need;             /* high-water mark of cur in this pass (the arena's next size) */
-  void **extra;            /* overflow allocations of this pass */
+  void **extra;            /* overflow allocations live now (released ones are freed at once) */
   int n_extra, cap_extra;
+  int extras_taken;        /* overflow allocations made in this pass, released or not (graph.c:
+                            * a captured pass must have made none) */
   int rc;                  /* first allocation error of the pass */
   uint64_t gen;            /* bumped whenever `base` changes (graphs captured before are stale) */
 } rn_ws_t;
@@ -136,6 +138,7 @@ void *rn_ws_alloc(rn_ws_t *ws, size_t bytes);
  * rn_ws_release(mark); buffers allocated before stay live. */
 typedef struct {
   size_t used, cur;
+  int n_extra;
 } rn_ws_mark_t;
 rn_ws_mark_t rn_ws_mark(const rn_ws_t *ws);
 void rn_ws_release(rn_ws_t *ws, rn_ws_mark_t m);

@@ -12,9 +12,14 @@
  *   - a buffer stays valid until rn_ws_end of its pass; contents are unspecified (like the
  *     backend's alloc), every op writes its whole output before anything reads it;
  *   - the arena is only reallocated in rn_ws_end, never while buffers are live: a pass that
- *     outgrows it takes the excess from separate backend allocations (freed at the end, even
- *     when released to a mark earlier), and the arena then grows to that pass's high-water mark
- *     of live bytes (`need`), so steady state allocates nothing;
+ *     outgrows it takes the excess from separate backend allocations, and the arena then grows
+ *     to that pass's high-water mark of live bytes (`need`), so steady state allocates nothing;
+ *   - an overflow allocation made after a mark is freed by rn_ws_release(mark), like the arena
+ *     space after it: the first 8K prefill of the medium preset runs before the arena has grown,
+ *     and keeping every layer's overflow until the end of the pass needed the sum over all
+ *     layers (~80 GB: out of memory on the H200) instead of one layer's temporaries. Freeing
+ *     mid-pass is safe for the same reason arena reuse is (one stream, in order; the CUDA pool
+ *     caches the block and hands it out again in stream order);
  *   - reuse after a release is safe on device backends because every op of the pass is queued
  *     on one stream in order (a later kernel cannot overtake the earlier reader);
  *   - every change of the arena's base bumps ws->gen (graph.c drops graphs captured before);
@@ -48,6 +53,7 @@ rn_ws_t *rn_ws_begin(k3_runner_t *r) {
   ws->r = r;
   ws->used = ws->need = ws->cur = 0;
   ws->n_extra = 0;
+  ws->extras_taken = 0;
   ws->rc = 0;
   return ws;
 }
@@ -56,6 +62,7 @@ void rn_ws_end(rn_ws_t *ws) {
   k3k_backend_t *be = ws->r->be;
   for (int i = 0; i < ws->n_extra; i++) be->free(be, ws->extra[i]);
   ws->n_extra = 0;
+  ws->extras_taken = 0;
   if (ws->need > ws->cap) {
     /* Grow to this pass's high-water mark; on failure keep working from extra allocations. */
     if (ws->base) {
@@ -76,10 +83,13 @@ void rn_ws_end(rn_ws_t *ws) {
   ws->used = ws->need = ws->cur = 0;
 }
 
-rn_ws_mark_t rn_ws_mark(const rn_ws_t *ws) { return (rn_ws_mark_t){ws->used, ws->cur}; }
+rn_ws_mark_t rn_ws_mark(const rn_ws_t *ws) { return (rn_ws_mark_t){ws->used, ws->cur, ws->n_extra}; }
 
 void rn_ws_release(rn_ws_t *ws, rn_ws_mark_t m) {
-  if (m.used > ws->used || m.cur > ws->cur) return; /* not a mark of this pass */
+  if (m.used > ws->used || m.cur > ws->cur || m.n_extra > ws->n_extra) return; /* not a mark of this pass */
+  k3k_backend_t *be = ws->r->be;
+  for (int i = m.n_extra; i < ws->n_extra; i++) be->free(be, ws->extra[i]);
+  ws->n_extra = m.n_extra;
   if (ws->base && ws_host(ws)) ASAN_POISON_MEMORY_REGION((char *)ws->base + m.used, ws->used - m.used);
   ws->used = m.used;
   ws->cur = m.cur;
@@ -128,6 +138,7 @@ void *rn_ws_alloc(rn_ws_t *ws, size_t bytes) {
     return NULL;
   }
   ws->extra[ws->n_extra++] = d;
+  ws->extras_taken++;
   return d;
 }
 
