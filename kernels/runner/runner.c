@@ -51,6 +51,17 @@ static k3k_dtype_t map_dtype(k3_dtype_t d) {
 
 /* Tensor `name` (without prefix) as a contiguous [rows, cols] view (cols 0: 1-D of rows
  * elements; rows*cols must equal the stored element count). Uploads it on device backends. */
+/* Room for one more entry in r->uploads (the device copies the runner owns). */
+static int uploads_reserve(k3_runner_t *r) {
+  if (r->n_uploads < r->cap_uploads) return 0;
+  int cap = r->cap_uploads ? 2 * r->cap_uploads : 256;
+  void **p = realloc(r->uploads, (size_t)cap * sizeof *p);
+  if (!p) return K3_ENOMEM;
+  r->uploads = p;
+  r->cap_uploads = cap;
+  return 0;
+}
+
 static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t cols) {
   k3k_tensor_t t;
   memset(&t, 0, sizeof t);
@@ -59,15 +70,9 @@ static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t co
     const k3_tmap_entry_t *e = NULL;
     void *dev = NULL;
     k3_runner_t *r = b->r;
-    if (r->n_uploads == r->cap_uploads) {
-      int cap = r->cap_uploads ? 2 * r->cap_uploads : 256;
-      void **p = realloc(r->uploads, (size_t)cap * sizeof *p);
-      if (!p) {
-        b->rc = K3_ENOMEM;
-        return t;
-      }
-      r->uploads = p;
-      r->cap_uploads = cap;
+    if (uploads_reserve(r)) {
+      b->rc = K3_ENOMEM;
+      return t;
     }
     if (r->src) {
       /* bind order is the same for the same config: this is the source's upload number n */
@@ -120,15 +125,9 @@ static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t co
   k3k_backend_t *be = b->r->be;
   if (!be->host_memory) {
     k3_runner_t *r = b->r;
-    if (r->n_uploads == r->cap_uploads) {
-      int cap = r->cap_uploads ? 2 * r->cap_uploads : 256;
-      void **p = realloc(r->uploads, (size_t)cap * sizeof *p);
-      if (!p) {
-        b->rc = K3_ENOMEM;
-        return t;
-      }
-      r->uploads = p;
-      r->cap_uploads = cap;
+    if (uploads_reserve(r)) {
+      b->rc = K3_ENOMEM;
+      return t;
     }
     void *dev = NULL;
     if (be->alloc(be, v->nbytes, &dev) || be->copy_from_host(be, dev, v->data, v->nbytes)) {
