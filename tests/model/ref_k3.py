@@ -10,18 +10,22 @@ prompt in one causal pass. Every value is float64; weights are read exactly (bf1
 bits of an fp32, MXFP4 dequantised per §6) and there are no bf16 rounding points, so it is the
 counterpart of the runner's `--precision fp32` mode.
 
-What it is not: fast, a serving engine, a bf16-faithful model, or a tokenizer. KDA uses the
-plain recurrence of §3.6 (no chunking), MLA the non-absorbed form of §4.1 (no cache).
+What it is not: fast, a serving engine, a bit-exact bf16 model (--emulate-bf16 is a
+diagnostic), or a tokenizer. KDA uses the plain recurrence of §3.6 (no chunking), MLA the
+non-absorbed form of §4.1 (no cache) and NoPE: both specs say no rotary is applied anywhere
+(K3 §4, 48B §4), so a config with mla_use_nope=false is refused rather than guessed.
 
-As a test (`--bindir BUILD`): writes tiny and tiny-48b checkpoints with k3pd-mkckpt into a temp
-dir, runs `k3pd-generate --precision fp32 --all-logits --logits-out` on prompts of length
-1, 5 and 70, teacher-forces the generated tokens through this model and checks the relative L2
-error of every logits row (prefill rows and decode-step rows) against --tol. Exit 1 on any
-disagreement.
+As a test (`--bindir BUILD`): writes tiny and tiny-48b checkpoints (seeds 1 and 7) with
+k3pd-mkckpt into a temp dir, runs `k3pd-generate --precision fp32 --all-logits --logits-out`
+on prompts of length 1, 5 and 70 (+3 decode steps), teacher-forces the generated tokens
+through this model and checks the relative L2 error of every logits row against --tol (1e-3;
+measured <= 6e-6). Variants: an eps-probe copy of each checkpoint (inputs of every eps-bearing
+norm scaled near the eps) and a K3 grouped-router config. With --mutants, each of MUTANTS (a
+plausible misreading of the spec) must also be caught by at least one checkpoint, which shows
+the comparison can see that kind of error. Exit 1 on any disagreement or uncaught mutant.
 """
 import argparse
 import json
-import math
 import os
 import struct
 import subprocess
@@ -33,9 +37,6 @@ try:
     import numpy as np
 except ImportError:
     sys.exit("ref_k3.py: numpy missing (apt-get install python3-numpy)")
-
-# ------------------------------------------------------------------------------------------
-# Checkpoint reading (safetensors: u64 LE header length, JSON header, raw little-endian data)
 
 # Deliberate misreadings of the spec ("mutants"), switched on by --mutants: each one must make
 # the comparison with the C reference fail, which shows the check can see that kind of error.
@@ -71,6 +72,9 @@ MUTANTS = {
     "res_no_reset": "§2.3: P not reset at a block boundary",
     "res_norm_then_mix": "§2.4: final norm before the final depth mix",
 }
+
+# ------------------------------------------------------------------------------------------
+# Checkpoint reading (safetensors: u64 LE header length, JSON header, raw little-endian data)
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float64)
 
@@ -203,11 +207,29 @@ def softplus(x):  # torch F.softplus(beta=1, threshold=20), 48B §3.3
     return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
 
 
-def rmsnorm(x, w, eps):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+# --emulate-bf16 (diagnostic only): round to bf16 (RNE) at the "stored bf16" points of §8, to
+# tell the C runner's bf16 mode's deviation from float64 apart from a bf16-mode bug. Off in the
+# test, where the model is exact float64.
+BF16 = False
 
 
-def lin(x, w):  # y = W x for each row of x
+def bf(x):
+    if not BF16:
+        return x
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return u.view(np.float32).astype(np.float64)
+
+
+def rmsnorm(x, w, eps):  # §8: w * bf16(x * rstd), stored bf16
+    return bf(bf(x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * w)
+
+
+def lin(x, w):  # y = W x for each row of x; a GEMM output is stored bf16 (§8)
+    return bf(x @ w.T)
+
+
+def lin32(x, w):  # fp32 islands: router logits, b_raw, lm_head logits
     return x @ w.T
 
 
@@ -237,6 +259,8 @@ class Model:
         self.block = c.get("attn_res_block_size")        # None -> plain pre-norm residual (48B)
         if not c.get("mla_use_nope", False):
             raise ValueError("mla_use_nope=false: RoPE is not specified by the spec")
+        if c.get("moe_layer_freq", 1) != 1:
+            raise ValueError("moe_layer_freq != 1 is not specified by the spec")
         self.act = c["hidden_act"]
         if self.act not in ("situ", "silu"):
             raise ValueError(f"hidden_act {self.act!r} not in the spec")
@@ -249,11 +273,11 @@ class Model:
     # --- §5.1 / 48B §5.1 gated activation ----------------------------------------------
     def act_mul(self, gate, up):
         if self.act == "silu":
-            return silu(gate) * up
+            return bf(silu(gate) * up)
         b, bl = self.c["activation_situ_beta"], self.c["activation_situ_linear_beta"]
         if "situ_docstring" in MUT:
             return gate * sigmoid(b * gate) * up
-        return (b * np.tanh(gate / b) * sigmoid(gate)) * (bl * np.tanh(up / bl))
+        return bf((b * np.tanh(gate / b) * sigmoid(gate)) * (bl * np.tanh(up / bl)))
 
     def mlp(self, x, p):
         return lin(self.act_mul(lin(x, self.ck.linear(p + "gate_proj")),
@@ -265,10 +289,11 @@ class Model:
         if not B:
             return P
         v = np.stack(B + [P])                            # [n, T, H]
-        r = 1.0 / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + (1e-6 if "mix_eps_1e6" in MUT else 1e-5))
+        eps = 1e-6 if "mix_eps_1e6" in MUT else 1e-5
+        r = 1.0 / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps)
         s = np.sum(v * r * (self.ck[norm + ".weight"] * self.ck[proj + ".weight"][0]), axis=-1)
         a = softmax(s, axis=0)                           # [n, T]
-        return np.sum(a[..., None] * v, axis=0)
+        return bf(np.sum(a[..., None] * v, axis=0))
 
     # --- §3 KDA ---------------------------------------------------------------------------
     def kda(self, x, p, l):
@@ -281,13 +306,13 @@ class Model:
             if "conv_taps_reversed" in MUT:
                 w = w[:, ::-1]
             y = sum(w[:, j] * xp[j:j + T] for j in range(W))
-            return silu(y)
+            return bf(silu(y))
 
         q = conv("q_conv1d", lin(x, ck[p + "q_proj.weight"])).reshape(T, NH, DK)
         k = conv("k_conv1d", lin(x, ck[p + "k_proj.weight"])).reshape(T, NH, DK)
         v = conv("v_conv1d", lin(x, ck[p + "v_proj.weight"])).reshape(T, NH, DK)
         g_raw = lin(lin(x, ck[p + "f_a_proj.weight"]), ck[p + "f_b_proj.weight"])
-        b_raw = lin(x, ck[p + "b_proj.weight"])
+        b_raw = lin32(x, ck[p + "b_proj.weight"])
         if self.full_rank_gate:
             z = lin(x, ck[p + "g_proj.weight"])
         else:  # 48B §3.1 low-rank output gate
@@ -326,9 +351,11 @@ class Model:
         self._rec(f"L{l}.kda.o", o)
         # §3.7 gated RMSNorm over each head, o_proj
         zz = z.reshape(T, NH, DK)
-        on = rmsnorm(o, ck[p + "o_norm.weight"], self.onorm_eps) * (
+        o = bf(o)
+        on = (o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + self.onorm_eps)
+              * ck[p + "o_norm.weight"]) * (
             silu(zz) if "kda_onorm_silu" in MUT else sigmoid(zz))
-        return lin(on.reshape(T, NH * DK), ck[p + "o_proj.weight"])
+        return lin(bf(on).reshape(T, NH * DK), ck[p + "o_proj.weight"])
 
     # --- §4.1 MLA (non-absorbed), NoPE ----------------------------------------------------
     def mla(self, x, p, l):
@@ -352,18 +379,19 @@ class Model:
         kv = lin(cn, ck[p + "kv_b_proj.weight"]).reshape(T, NHm, dn + dv)
         K = np.concatenate([kv[:, :, :dn], np.broadcast_to(krot[:, None, :], (T, NHm, dr))], -1)
         V = kv[:, :, dn:]
-        sc = np.einsum("thd,shd->hts", q, K) * (dn if "mla_scale_nope_only" in MUT else dn + dr) ** -0.5
+        dqk = dn if "mla_scale_nope_only" in MUT else dn + dr
+        sc = np.einsum("thd,shd->hts", q, K) * dqk ** -0.5
         sc = np.where(np.tril(np.ones((T, T), bool))[None], sc, -np.inf)
         o = np.einsum("hts,shd->thd", softmax(sc, -1), V).reshape(T, NHm * dv)
         self._rec(f"L{l}.mla.o", o)
         if c.get("mla_use_output_gate", False) and "mla_no_output_gate" not in MUT:
-            o = o * sigmoid(lin(x, ck[p + "g_proj.weight"]))
-        return lin(o, ck[p + "o_proj.weight"])
+            o = bf(bf(o) * bf(sigmoid(lin(x, ck[p + "g_proj.weight"]))))
+        return lin(bf(o), ck[p + "o_proj.weight"])
 
     # --- §5.3 router ----------------------------------------------------------------------
     def route(self, x, p):
         ck, c = self.ck, self.c
-        s = sigmoid(lin(x, ck[p + "gate.weight"]))       # [T, E]
+        s = sigmoid(lin32(x, ck[p + "gate.weight"]))     # [T, E]
         sc = s + ck[p + "gate.e_score_correction_bias"]
         E, topk = s.shape[1], c["num_experts_per_token"]
         ng, tg = c.get("num_expert_group", 1) or 1, c.get("topk_group", 1) or 1
@@ -392,8 +420,9 @@ class Model:
         for t in range(x.shape[0]):
             for e, we in zip(idx[t], w[t]):
                 ep = p + f"experts.{e}."
-                h = self.act_mul(ck.linear(ep + "w1") @ z[t], ck.linear(ep + "w3") @ z[t])
-                comb[t] += we * (ck.linear(ep + "w2") @ h)
+                h = self.act_mul(bf(ck.linear(ep + "w1") @ z[t]), bf(ck.linear(ep + "w3") @ z[t]))
+                comb[t] += we * bf(ck.linear(ep + "w2") @ h)
+        comb = bf(comb)
         if latent:
             if self.c.get("latent_moe_use_norm", False) and "latent_no_norm" not in MUT:
                 comb = rmsnorm(comb, ck[p + "routed_expert_norm.weight"], self.eps)
@@ -401,7 +430,7 @@ class Model:
         shared = self.mlp(x, p + "shared_experts.")
         if "router_scale_shared_too" in MUT:
             shared = shared * self.c.get("routed_scaling_factor", 1.0)
-        return comb + shared
+        return bf(comb + shared)
 
     # --- §2.3 / §2.4 whole model -----------------------------------------------------------
     def forward(self, ids):
@@ -417,24 +446,26 @@ class Model:
                 start = l % self.block == 0
                 if start:
                     B.append(h if "res_snapshot_mixed" in MUT else P)
-                a = mixer(rmsnorm(h, ck[p + "input_layernorm.weight"], self.eps), p + "self_attn.", l)
-                P = a if start and "res_no_reset" not in MUT else P + a
+                a = mixer(rmsnorm(h, ck[p + "input_layernorm.weight"], self.eps),
+                          p + "self_attn.", l)
+                P = a if start and "res_no_reset" not in MUT else bf(P + a)
                 h2 = self.mix(B, P, p + "mlp_res_proj", p + "mlp_res_norm")
             else:  # 48B §2 plain pre-norm residual
-                P = P + mixer(rmsnorm(P, ck[p + "input_layernorm.weight"], self.eps), p + "self_attn.", l)
+                P = bf(P + mixer(rmsnorm(P, ck[p + "input_layernorm.weight"], self.eps),
+                                 p + "self_attn.", l))
                 h2 = P
             xn = rmsnorm(h2, ck[p + "post_attention_layernorm.weight"], self.eps)
             f = self.mlp(xn, p + "mlp.") if l < dense else self.moe(xn, p + "block_sparse_moe.", l)
-            P = P + f
+            P = bf(P + f)
             self._rec(f"L{l}.out", P)
         if "res_norm_then_mix" in MUT and self.block:
             P = rmsnorm(P, ck["model.norm.weight"], self.eps)
-            return lin(self.mix(B, P, "model.output_attn_res_proj", "model.output_attn_res_norm"),
-                       ck["lm_head.weight"])
+            return lin32(self.mix(B, P, "model.output_attn_res_proj",
+                                  "model.output_attn_res_norm"), ck["lm_head.weight"])
         if self.block:
             P = self.mix(B, P, "model.output_attn_res_proj", "model.output_attn_res_norm")
         h = rmsnorm(P, ck["model.norm.weight"], self.eps)
-        return lin(h, ck["lm_head.weight"])
+        return lin32(h, ck["lm_head.weight"])
 
 
 # ------------------------------------------------------------------------------------------
@@ -558,6 +589,8 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=4, help="generated tokens (decode rows)")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
                     help="k3pd-generate precision (bf16 needs a looser --tol; figures only)")
+    ap.add_argument("--emulate-bf16", action="store_true",
+                    help="round at the §8 bf16 points (diagnostic, with --precision bf16)")
     ap.add_argument("--tol", type=float, default=1e-3, help="max relative L2 error per row")
     ap.add_argument("--no-variants", dest="variants", action="store_false",
                     help="skip the eps-probe and grouped-router checkpoints")
@@ -573,8 +606,11 @@ def main():
         return 0
     if not a.bindir:
         ap.error("give --bindir (test mode) or --model")
-    global C_PRECISION
-    C_PRECISION = a.precision
+    for tool in ("tools/mkckpt/k3pd-mkckpt", "tools/generate/k3pd-generate"):
+        if not os.access(os.path.join(a.bindir, tool), os.X_OK):
+            sys.exit(f"ref_k3.py: --bindir {a.bindir}: no executable {tool} (build it first)")
+    global C_PRECISION, BF16
+    C_PRECISION, BF16 = a.precision, a.emulate_bf16
     a.presets = a.presets.split(",")
     a.seeds = [int(x) for x in a.seeds.split(",")]
     a.lengths = [int(x) for x in a.lengths.split(",")]
