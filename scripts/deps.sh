@@ -5,7 +5,8 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config git ca-certificates
       libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
       libucx-dev ucx-utils libuv1-dev check libjansson-dev libpcre2-dev libmicrohttpd-dev
-      libxxhash-dev python3 python3-grpcio python3-protobuf yamllint clang libclang-rt-14-dev
+      libxxhash-dev python3 python3-grpcio python3-protobuf python3-numpy python3-regex yamllint
+      clang libclang-rt-14-dev
       curl procps)
 # kubectl renders the Kubernetes manifests offline; some images ship it already (from another
 # package), and installing Debian's kubernetes-client over it would conflict.
