@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -44,6 +45,7 @@ except ImportError as e:  # the `regex` module: Debian python3-regex
     sys.exit(2)
 
 CLI_TIMEOUT_S = 60
+MAX_SHOWN = 30  # differences printed in full; the rest are counted
 
 
 class Checker:
@@ -111,33 +113,19 @@ def make_detector_vocab(base_dir, out_dir, texts, seed=99):
             for L in range(1, 5):
                 if i + L <= len(t):
                     add(t[i:i + L].encode("utf-8"))
-    # A token must be reachable by pairwise merges: keep only those with a split into two
-    # present tokens (all byte prefixes and shorter substrings are present, so nearly all are).
+    # Merges only reach a token through two present halves; with shuffled ranks some tokens
+    # are unreachable by merging and are found only as a whole piece (tiktoken's whole-piece
+    # lookup), which is kept on purpose. Ranks: a length bias plus noise, so longer strings
+    # mostly follow shorter ones but both merge orders occur between neighbours.
     rnd = random.Random(seed)
     rnd.shuffle(extra)
-    # Longer strings after shorter ones on average, but interleaved: rank = shuffled position
-    # plus a length bias, so both merge orders occur between neighbours.
     extra.sort(key=lambda b: len(b) + rnd.random() * 6)
     toks += extra
     n = len(toks)
     with open(os.path.join(out_dir, "tiktoken.model"), "wb") as f:
         for r, b in enumerate(toks):
             f.write(base64.b64encode(b) + b" " + str(r).encode() + b"\n")
-    with open(os.path.join(base_dir, "tokenizer_config.json"), encoding="utf-8") as f:
-        cfg = json.load(f)
-    old = cfg["added_tokens_decoder"]
-    old_base = min(int(k) for k in old)
-    new = {}
-    for k in range(256):
-        e = dict(old[str(old_base + k)])
-        if e["content"].startswith("<|reserved_token_"):
-            e["content"] = f"<|reserved_token_{n + k}|>"
-        new[str(n + k)] = e
-    cfg["added_tokens_decoder"] = new
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg, f, ensure_ascii=False, indent=1)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump({"model_type": "kimi_k3"}, f)
+    _write_specials(base_dir, out_dir, n)
     return n
 
 
@@ -211,6 +199,71 @@ class Cli:
             args += ([] if th else ["--no-thinking"]) + ([] if g else ["--no-generation-prompt"])
             return self.ck.cli_ids(args)
         return self.ck.pmap(one, list(enumerate(items)))
+
+
+def make_pairs_vocab(base_dir, out_dir):
+    """The 256 bytes plus every byte pair (rank 256 + 256*a + b): BPE then pairs bytes up
+    inside each piece in an order fixed by the ranks, so a piece boundary in a different place
+    almost always changes the ids. Used for the code-point sweep."""
+    toks = [bytes([b]) for b in range(256)] + [bytes([a, b]) for a in range(256)
+                                                for b in range(256)]
+    n = len(toks)
+    with open(os.path.join(out_dir, "tiktoken.model"), "wb") as f:
+        for r, b in enumerate(toks):
+            f.write(base64.b64encode(b) + b" " + str(r).encode() + b"\n")
+    _write_specials(base_dir, out_dir, n)
+    return n
+
+
+def _write_specials(base_dir, out_dir, n):
+    """tokenizer_config.json of base_dir with its 256 specials moved to n..n+255."""
+    with open(os.path.join(base_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    old = cfg["added_tokens_decoder"]
+    old_base = min(int(k) for k in old)
+    new = {}
+    for k in range(256):
+        e = dict(old[str(old_base + k)])
+        if e["content"].startswith("<|reserved_token_"):
+            e["content"] = f"<|reserved_token_{n + k}|>"
+        new[str(n + k)] = e
+    cfg["added_tokens_decoder"] = new
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg, f, ensure_ascii=False, indent=1)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump({"model_type": "kimi_k3"}, f)
+
+
+# Contexts around a code point c that reach every regex branch: letter runs with case, Han
+# neighbours, digits, the optional leading non-letter, contractions, punctuation with
+# trailing newlines, whitespace runs before a non-space.
+SWEEP_CTX = "a{c}b {c}{c}x 1{c}2 中{c}中 A{c}'s {c}!\n{c}  {c} \t{c}\r\n{c}Ab{c}"
+
+
+def newer_than_python_tables(cp):
+    """True for code points unassigned in Python's unicodedata (Unicode 14.0 in 3.11, the
+    version of PCRE2 10.42's tables) but assigned in the `regex` module's newer tables
+    (Unicode 15: Kawi, CJK Ext H, ...). The C classifies them as unassigned, the reference
+    (and the Rust regex crate under the real tiktoken) as letters/digits/marks."""
+    c = chr(cp)
+    return unicodedata.category(c) == "Cn" and not ref_tok.regex.match(r"\p{Cn}", c)
+
+
+def check_sweep(ck, ref, be, stride, label, newer_only=False):
+    """newer_only=False: every stride-th code point except the newer ones; True: exactly the
+    code points newer_than_python_tables() (the known Unicode-version residual)."""
+    cps = [cp for cp in range(0, 0x110000, 1 if newer_only else stride)
+           if not 0xD800 <= cp <= 0xDFFF and newer_than_python_tables(cp) == newer_only]
+    if newer_only and not cps:  # a Python whose tables caught up: the selection is void
+        ck.expect(False, f"[{label}] no code point is newer than this Python's unicodedata "
+                  f"{unicodedata.unidata_version}: the Unicode-version sweep selects nothing",
+                  "", "", "")
+    texts = [SWEEP_CTX.replace("{c}", chr(cp)) for cp in cps]
+    got = be.encode([(t.encode("utf-8"), False) for t in texts])
+    for cp, t, (ids, err) in zip(cps, texts, got):
+        want = ref.encode(t)
+        ck.expect(ids == want, f"[{label}] code point U+{cp:04X} in context", t,
+                  ids if err is None else err, want)
 
 
 def check_text(ck, ref, be, texts, label):
@@ -306,6 +359,11 @@ def main():
     ap.add_argument("--workdir")
     ap.add_argument("--batch", required=True, help="path of the tokref_batch executable")
     ap.add_argument("--jobs", type=int, default=3)
+    ap.add_argument("--sweep-stride", type=int, default=61,
+                    help="code-point sweep step (1 = all 1.1 M code points, ~minutes)")
+    ap.add_argument("--unicode-newer", action="store_true",
+                    help="only sweep the code points assigned after Python's unicodedata "
+                         "version (the known PCRE2 Unicode-14 residual; ctest tokref_unicode)")
     a = ap.parse_args()
     cli = os.path.join(a.bindir, "tools", "cli", "k3pd-cli")
     mkckpt = os.path.join(a.bindir, "tools", "mkckpt", "k3pd-mkckpt")
@@ -324,13 +382,17 @@ def main():
     os.mkdir(det)
     n_det = make_detector_vocab(tiny, det, texts)
 
+    pairs = os.path.join(work, "pairs")
+    os.mkdir(pairs)
+    make_pairs_vocab(tiny, pairs)
+
     ck = Checker(cli, a.jobs)
     rnd = random.Random(7)
-    for label, model in (("tiny", tiny), ("detector", det)):
+    for label, model in () if a.unicode_newer else (("tiny", tiny), ("detector", det)):
         ref = ref_tok.RefTok(model)
         batch = Batch(a.batch, model, work)
         check_bpe_self(ck, ref, texts, label)
-        check_text(ck, ref, batch, texts, label)
+        check_text(ck, ref, batch, texts + corpus.HUGE, label)
         check_chat(ck, ref, batch, chat_cases(), label)
         check_decode(ck, ref, batch, decode_cases(ref, texts, rnd, 300), label)
         check_invalid(ck, ref, batch, label)
@@ -340,12 +402,23 @@ def main():
             check_chat(ck, ref, cli_be, chat_cases()[::2], label + "/cli")
             check_decode(ck, ref, cli_be, decode_cases(ref, texts[::40], rnd, 12), label + "/cli")
             check_invalid(ck, ref, cli_be, label + "/cli")
+    pref = ref_tok.RefTok(pairs)
+    check_sweep(ck, pref, Batch(a.batch, pairs, work), a.sweep_stride, "pairs",
+                newer_only=a.unicode_newer)
     dt = time.time() - t0
-    print(f"check_tokref: {len(texts)} texts, {len(corpus.CHATS)} chats x 4 options, "
-          f"vocabularies tiny (3840 ranks) and detector ({n_det} ranks): {ck.checks} checks, "
-          f"{len(ck.failures)} differences, {dt:.1f} s")
-    for f in ck.failures:
+    if a.unicode_newer:
+        what = (f"code points assigned after Unicode {unicodedata.unidata_version} (tables of "
+                f"Python's unicodedata and PCRE2 10.42), in context, byte-pair vocabulary")
+    else:
+        what = (f"{len(texts) + len(corpus.HUGE)} texts, {len(corpus.CHATS)} chats x 4 options, "
+                f"vocabularies tiny (3840 ranks) and detector ({n_det} ranks), code-point sweep "
+                f"(stride {a.sweep_stride}, byte-pair vocabulary)")
+    print(f"check_tokref: {what}: {ck.checks} checks, {len(ck.failures)} differences, "
+          f"{dt:.1f} s")
+    for f in ck.failures[:MAX_SHOWN]:
         print(f)
+    if len(ck.failures) > MAX_SHOWN:
+        print(f"... and {len(ck.failures) - MAX_SHOWN} more")
     return 1 if ck.failures else 0
 
 

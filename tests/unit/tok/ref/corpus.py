@@ -57,7 +57,8 @@ ACCENTS = ["café", "cafe\u0301", "Ångström", "A\u030angstro\u0308m", "e\u0301
 EMOJI = ["😀", "👍🏽", "👨\u200d👩\u200d👧\u200d👦", "🏳\ufe0f\u200d🌈", "1\ufe0f\u20e3", "🇯🇵🇫🇷",
          "a😀b", "❤\ufe0f", "😀😀😀", " 😀", "✨ sparkle ✨", "\U0001f9d1\U0001f3fd\u200d\U0001f4bb"]
 
-RARE = ["\ufffd", "\uffff", "\U0010ffff", "\ue000\ue001", "\u0378", "\ufeffBOM", "\u200bzero",
+RARE = ["\x1c\x1c\x1c\x1c\x1d\x1d\x1d",
+        "\ufffd", "\uffff", "\U0010ffff", "\ue000\ue001", "\u0378", "\ufeffBOM", "\u200bzero",
         "\x01\x02ctl", "\x7f", "\U000e0041\U000e0042", "\U000f0000", "\u00ad", "\u034f",
         "a\u200cb\u200db", "\u2060", "\U0001d7d8\U0001d7d9", "\u0660\u06f1"]
 
@@ -67,7 +68,11 @@ SPECIALS_AS_TEXT = ["<|end_of_msg|>", "[BOS]hi[EOS]", "<|open|>message<|sep|>",
 
 LONG = ["a" * 30000, "ab" * 13000, "x" + " " * 25010 + "y", "supercalifragilistic" * 50,
         "1" * 1000, "!" * 300, "中" * 25500, "Word " * 2000, "\n" * 500, " " * 1000 + "x",
-        "z" * 25000 + " " + "z" * 25001]
+        "z" * 25000 + " " + "z" * 25001, "a" * 20001 + "\x1c" * 10000 + "b"]
+
+# Batch only (over the 128 KiB argv limit of one k3pd-cli argument): the 400,000-char chunk
+# cut falls inside a word (400,000 % 6 == 4).
+HUGE = ["words " * 66670]
 
 FIXED = ([""] + PROSE + NUMBERS + CONTRACTIONS + CASE + WHITESPACE + PUNCT + SCRIPTS + ACCENTS
          + EMOJI + RARE + SPECIALS_AS_TEXT)
@@ -116,6 +121,17 @@ CHATS = [
     [{"role": "user", "content": ""}],
     [{"role": "user", "content": "你好！😀 Привет   \n\n  tabs\there"}],
     [{"role": "system", "content": "only a system message"}],
+    [{"role": "user", "content": "Weather in Paris?"},
+     {"role": "assistant", "content": "", "reasoning_content": "Use the tool.",
+      "tool_calls": [{"id": "call_1", "type": "function", "function": {
+          "name": "get_weather",
+          "arguments": "{\"city\": \"Paris & \\\"Lyon\\\"\", \"days\": 3, \"metric\": true}"}},
+                     {"id": "call_2", "type": "function", "function": {
+                         "name": "get_time", "arguments": "{\"tz\": \"CET\", \"offset\": -1.5}"}}]},
+     {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+     {"role": "tool", "tool_call_id": "call_2", "content": "12:00"},
+     {"role": "assistant", "content": "Sunny, 21 C, at noon."},
+     {"role": "user", "content": "thanks"}],
     [{"role": "user", "content": "  leading and trailing  "},
      {"role": "assistant", "content": ""},
      {"role": "user", "content": "numbers 1234567 and 'quotes' don't"}],

@@ -8,9 +8,10 @@ specials at n_ranks + k in a vocabulary with fewer ranks than the real 163,584).
 
 What it is not: fast, or a full OpenAI-request renderer. It renders the message kinds §9.3
 defines unambiguously (system/user/assistant turns with optional name and reasoning, the
-generation prompt, thinking on/off); tool calls and internal system messages are left out
-because §9.3 does not define how OpenAI JSON maps onto their attributes (see the report /
-docs/tokenizer.md "Independent check").
+generation prompt, thinking on/off) and the skeleton of tool calls / tool results (scalar
+arguments; the index base, type names and value text are not in §9.3 and follow the C).
+Internal system messages (tool-declare, thinking-effort, ...) are left out: §9.3 names them
+but does not give their text (see docs/tokenizer.md "Independent check").
 
 Needs the `regex` module (Debian python3-regex): Python's `re` has no \\p{..} classes and no
 class intersection (`&&`). With VERSION1 the §9.1 pattern compiles verbatim; `regex` reads
@@ -258,9 +259,42 @@ class RefTok:
         out.extend(self.encode(tag))
         out.append(self.sid("<|sep|>"))
 
+    def _tool_calls(self, out, tool_calls, calls):
+        """§9.3 skeleton: open(tools) {open(call, tool=NAME, index=i) {open(argument, key=K,
+        type=T) V close(argument)} close(call)} close(tools). The spec does not say where i
+        starts, how T is named or how a non-string V is written: here i counts from 1, T is
+        string|number|boolean and V is the string itself or its JSON text (scalars only) --
+        the C's choices, so only the skeleton is independent."""
+        if not tool_calls:
+            return
+        self._open(out, "tools")
+        for i, tc in enumerate(tool_calls, 1):
+            fn = tc["function"]
+            args = fn["arguments"]
+            args = json.loads(args) if isinstance(args, str) else args
+            calls[tc["id"]] = (fn["name"], i)
+            self._open(out, "call", [("tool", fn["name"]), ("index", str(i))])
+            for key, v in args.items():
+                if isinstance(v, str):
+                    typ, text = "string", v
+                elif isinstance(v, bool):
+                    typ, text = "boolean", json.dumps(v)
+                elif isinstance(v, (int, float)):
+                    typ, text = "number", json.dumps(v)
+                else:
+                    raise RefTokError(f"argument {key!r}: only scalar arguments are covered")
+                self._open(out, "argument", [("key", key), ("type", typ)])
+                out.extend(self.encode(text))
+                self._close(out, "argument")
+            self._close(out, "call")
+        self._close(out, "tools")
+
     def render_chat(self, messages, thinking=True, add_generation_prompt=True):
-        """messages: [{"role", "content", optional "name", optional "reasoning_content"}]."""
+        """messages: OpenAI-style [{"role": system|user|assistant|tool, "content", optional
+        "name", "reasoning_content", "tool_calls" (scalar arguments), "tool_call_id"}]; tool
+        results must follow their calls in call order (no reordering here)."""
         out = []
+        calls = {}  # tool_call_id -> (tool name, index) for the tool results
         for m in messages:
             role = m["role"]
             content = m.get("content") or ""
@@ -280,6 +314,13 @@ class RefTok:
                 self._open(out, "response")
                 out.extend(self.encode(content))
                 self._close(out, "response")
+                self._tool_calls(out, m.get("tool_calls") or [], calls)
+                self._close(out, "message")
+            elif role == "tool":
+                name, index = calls[m["tool_call_id"]]
+                self._open(out, "message", [("role", "tool"), ("tool", name),
+                                            ("index", str(index))])
+                out.extend(self.encode(content))
                 self._close(out, "message")
             else:
                 raise RefTokError(f"role {role!r} not covered by the reference")
