@@ -14,6 +14,7 @@ void k3_chat_opts_default(k3_chat_opts_t *opts) {
   memset(opts, 0, sizeof *opts);
   opts->thinking = true;
   opts->add_generation_prompt = true;
+  opts->thinking_effort = "max"; /* spec §9.3: the HF default is thinking=True, effort "max" */
 }
 
 int k3_chat_text(k3_chat_seg_t *sg, const char *text, size_t len) {
@@ -259,6 +260,7 @@ int k3_chat_render_json(const k3_tok_t *tok, const char *text, size_t len,
     if ((v = json_object_get(root, "tool_choice")) && json_is_string(v)) o.tool_choice = json_string_value(v);
     if ((v = json_object_get(root, "response_format")) && !json_is_null(v)) o.response_format = v;
     if ((v = json_object_get(root, "thinking_effort")) && json_is_string(v)) o.thinking_effort = json_string_value(v);
+    else if (v && json_is_null(v)) o.thinking_effort = NULL; /* explicit null: no effort message */
     if ((v = json_object_get(root, "thinking")) && json_is_boolean(v)) o.thinking = json_is_true(v);
     if (!messages) {
       if (err) snprintf(err, errlen, "chat JSON: object without \"messages\"");

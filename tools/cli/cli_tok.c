@@ -107,7 +107,7 @@ static int cmd_render(int argc, char **argv) {
       {"model-type", K3_FLAG_STR, &type, "TYPE", "kimi_k3 | kimi_linear (default: from DIR/config.json)", false},
       {"no-thinking", K3_FLAG_BOOL, &no_thinking, NULL, "K3: thinking off (response generation prompt)", false},
       {"no-generation-prompt", K3_FLAG_BOOL, &no_gen, NULL, "do not append the assistant generation prompt", false},
-      {"thinking-effort", K3_FLAG_STR, &effort, "E", "K3: low | high | max", false},
+      {"thinking-effort", K3_FLAG_STR, &effort, "E", "K3: low | high | max (default, as HF) | none", false},
   };
   int st = parse("k3pd-cli render", "Prints the ids of a rendered conversation (K3 XTML or 48B format).", f, 6, argc, argv);
   if (st >= 0) return st;
@@ -127,7 +127,7 @@ static int cmd_render(int argc, char **argv) {
   k3_chat_opts_default(&o);
   o.thinking = !no_thinking;
   o.add_generation_prompt = !no_gen;
-  o.thinking_effort = effort;
+  if (effort) o.thinking_effort = strcmp(effort, "none") ? effort : NULL;
   char err[512];
   k3_tok_ids_t ids = {0};
   rc = k3_chat_render_json(tok, buf, len, &o, &ids, err, sizeof err);

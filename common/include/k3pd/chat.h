@@ -29,15 +29,17 @@ typedef struct {
                                   channel in the generation prompt (default true). Ignored by
                                   the 48B format, which has no reasoning channel. */
   bool add_generation_prompt;  /* default true */
-  const char *thinking_effort; /* K3: NULL | "low" | "high" | "max" (adds the thinking-effort
-                                  system message when thinking); else K3_EINVAL */
+  const char *thinking_effort; /* K3: "low" | "high" | "max" (default "max", the HF default of
+                                  spec §9.3) adds the thinking-effort system message when
+                                  thinking; NULL: no such message; else K3_EINVAL */
   const json_t *tools;         /* NULL or a JSON array of OpenAI tool declarations */
   const char *tool_choice;     /* K3: NULL | "auto" | "required" | "none" */
   const json_t *response_format; /* K3: NULL or {"type":"json_object"} |
                                     {"type":"json_schema","json_schema":{"schema":{...}}} */
 } k3_chat_opts_t;
 
-/* thinking=true, add_generation_prompt=true, everything else NULL. */
+/* thinking=true, add_generation_prompt=true, thinking_effort="max" (HF parity, spec §9.3),
+ * everything else NULL. */
 void k3_chat_opts_default(k3_chat_opts_t *opts);
 
 /* Renders messages (borrowed) and APPENDS the ids to out. */

@@ -79,8 +79,30 @@ static k3_chat_opts_t opts(bool thinking, bool gen) {
   k3_chat_opts_default(&o);
   o.thinking = thinking;
   o.add_generation_prompt = gen;
+  o.thinking_effort = NULL; /* structure only; the default effort message: test_default_effort */
   return o;
 }
+
+START_TEST(test_default_effort) {
+  /* spec §9.3: the HF default is thinking=True, thinking_effort="max": the default options put
+   * the thinking-effort internal system message before the conversation; thinking off drops it */
+  k3_chat_opts_t o, off;
+  k3_chat_opts_default(&o);
+  k3_chat_opts_default(&off);
+  off.thinking = false;
+  const char *js = "[{\"role\":\"user\",\"content\":\"Hi\"}]";
+  check_render(k3, js, &o,
+               ITEMS(OPEN, "message", " role=\"system\"", " type=\"thinking-effort\"", SEP,
+                     "`thinking_effort` guides on how much to think in your thinking channel (not including the response "
+                     "channel), supported values include `low`, `medium`, `high`, and `max`.\nNow the system is invoked "
+                     "with `thinking_effort=max`.",
+                     CLOSE, "message", SEP, EOM, OPEN, "message", " role=\"user\"", SEP, "Hi", CLOSE, "message", SEP,
+                     EOM, OPEN, "message", " role=\"assistant\"", SEP, OPEN, "think", SEP));
+  check_render(k3, js, &off,
+               ITEMS(OPEN, "message", " role=\"user\"", SEP, "Hi", CLOSE, "message", SEP, EOM, OPEN, "message",
+                     " role=\"assistant\"", SEP, OPEN, "response", SEP));
+}
+END_TEST
 
 START_TEST(test_user_message_is_12_ids) {
   /* spec §9.3: <|open|>message role="user"<|sep|>Hi<|close|>message<|sep|><|end_of_msg|> */
@@ -275,6 +297,7 @@ int main(void) {
   TCase *tc = tcase_create("chat");
   tcase_add_unchecked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_user_message_is_12_ids);
+  tcase_add_test(tc, test_default_effort);
   tcase_add_test(tc, test_generation_prompts);
   tcase_add_test(tc, test_system_and_named_user);
   tcase_add_test(tc, test_assistant_thinking_on_off);

@@ -195,7 +195,9 @@ class Cli:
             path = os.path.join(self.workdir, f"chat{i}.json")
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(conv, f, ensure_ascii=False)
-            args = ["render", "--model", self.model, "--chat", path]
+            # --thinking-effort none: the reference renders no internal system messages (their
+            # text is not in spec §9.3); the default effort message is checked in test_tok_chat
+            args = ["render", "--model", self.model, "--chat", path, "--thinking-effort", "none"]
             args += ([] if th else ["--no-thinking"]) + ([] if g else ["--no-generation-prompt"])
             return self.ck.cli_ids(args)
         return self.ck.pmap(one, list(enumerate(items)))

@@ -119,6 +119,8 @@ static int do_render(const k3_tok_t *tok, json_t *req) {
   k3_chat_opts_default(&o);
   o.thinking = !json_is_false(json_object_get(req, "thinking"));
   o.add_generation_prompt = !json_is_false(json_object_get(req, "gen"));
+  o.thinking_effort = NULL; /* the reference renders no internal system messages (their text is
+                               not in spec §9.3), so neither side adds the default effort one */
   k3_tok_ids_t ids = {0};
   char err[512] = "";
   if (k3_chat_render_json(tok, chat, strlen(chat), &o, &ids, err, sizeof err)) print_err(err);
