@@ -18,6 +18,7 @@
 #include "k3pd/chat.h"
 #include "k3pd/err.h"
 #include "k3pd/log.h"
+#include "k3pd/rpc_validate.h"
 #include "k3pd/util.h"
 #include "k3pd/v1/decode.pb-c.h"
 #include "k3pd/v1/generation.pb-c.h"
@@ -246,7 +247,10 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
     for (size_t i = 0; ok && i < n; i++) ok = rid[i] > 32 && rid[i] < 127;
     if (!ok) {
       free(q);
-      k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "request_id: at most 128 printable ASCII characters");
+      k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT,
+                         rid == g->request_id ? "request_id: at most 128 printable ASCII characters"
+                                              : "x-request-id (metadata, used as request_id): at most 128 printable "
+                                                "ASCII characters");
       return;
     }
     snprintf(q->id, sizeof q->id, "%s", rid);
@@ -265,7 +269,14 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   rt->reqs = q;
   rt->n_started++;
   k3_counter_inc(k3_metric_default(rt->m.requests_started_total));
-  int rc = parse_sampling(rt, g, q, err, sizeof err);
+  /* The documented structural rules (docs/protocol.md: counts, lengths, enum values, chat roles,
+   * UTF-8) live in k3_rpc_validate_*; the router adds the model-dependent ones below. */
+  k3_rpc_limits_t lim = {.vocab_size = rt->cfg.vocab_size > 0 && rt->cfg.vocab_size <= UINT32_MAX
+                                           ? (uint32_t)rt->cfg.vocab_size : 0,
+                         .max_new_tokens = rt->max_new_tokens_limit,
+                         .model_name = rt->model_name};
+  int rc = k3_rpc_validate_generate_request(g, &lim, err, sizeof err);
+  if (!rc) rc = parse_sampling(rt, g, q, err, sizeof err);
   if (!rc) rc = build_prompt(rt, g, q, err, sizeof err);
   if (rc) {
     rt->n_failed++;
