@@ -36,12 +36,13 @@ sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
 from k3cluster import Cluster, load_stubs  # noqa: E402
 
 WORKER_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "16"]
-NUM_PAGES = 32            # decode pool: 32 pages x 16 tokens = 512 tokens of context per worker
+NUM_PAGES = 16            # decode pool: 16 pages x 16 tokens = 256 tokens of context per worker
 MAX_NEW_LIMIT = 64        # router --max-new-tokens-limit
 VOCAB = 4096              # tiny preset
 IA = grpc.StatusCode.INVALID_ARGUMENT
 PASSED = [0]
 FAILED = []
+XFAIL = []  # known issues outside router/ (docs/protocol.md "Known limitations"): reported, not failed
 
 
 def check(cond, what):
@@ -161,6 +162,7 @@ def metrics_port(p):
 
 PROMPT = [17, 250, 3001, 42, 7, 999, 1234, 5]
 TEXT = "The quick brown fox jumps over the lazy dog."
+SPECIAL_TEXT = "[BOS] hi [EOS]<|im_end|>"  # special-token names in text are ordinary text
 CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}]
 SAMPLED = dict(temperature=0.8, top_k=20, top_p=0.9, seed=123456789)
 
@@ -170,10 +172,11 @@ def references(env, chat_file):
     jobs = {
         "greedy": ([ "--prompt-ids", ",".join(map(str, PROMPT))], 12, {}),
         "text": (["--prompt", TEXT], 8, {}),
+        "special": (["--prompt", SPECIAL_TEXT], 4, {}),
         "chat": (["--chat", chat_file], 8, {}),
         "sampled": (["--prompt-ids", ",".join(map(str, PROMPT))], 10, SAMPLED),
         "temp1": (["--prompt-ids", ",".join(map(str, PROMPT))], 10, dict(temperature=1.0, seed=77)),
-        "long": (["--prompt-ids", ",".join(str((i * 31) % 3800) for i in range(300))], 4, {}),
+        "long": (["--prompt-ids", ",".join(str((i * 31) % 3800) for i in range(200))], 4, {}),
     }
     with cf.ThreadPoolExecutor(max_workers=2) as ex:
         futs = {k: ex.submit(monolithic, env, a, n, **kw) for k, (a, n, kw) in jobs.items()}
@@ -222,13 +225,16 @@ def test_prompts(env, ref):
                 "chat with tool calls")
     if ch:
         check(len(ids_of(ch)) == 3, "chat with assistant tool calls + tool result is served")
+    ch = env.ok(env.req(text=SPECIAL_TEXT, max_new=4), "special names in text")
+    if ch:
+        check(ids_of(ch) == ref["special"], "special-token names in text are plain text (== k3pd-generate --prompt)")
     ch = env.ok(env.req(text="héllo wörld ✓ 你好 🎉", max_new=3), "non-ASCII text")
     if ch:
         check(len(ids_of(ch)) == 3, "multi-byte UTF-8 text prompt is served")
-    long_ids = [(i * 31) % 3800 for i in range(300)]
-    ch = env.ok(env.req(ids=long_ids, max_new=4), "300-token prompt")
+    long_ids = [(i * 31) % 3800 for i in range(200)]
+    ch = env.ok(env.req(ids=long_ids, max_new=4), "200-token prompt")
     if ch:
-        check(ids_of(ch) == ref["long"], "300-token prompt == k3pd-generate")
+        check(ids_of(ch) == ref["long"], "200-token prompt (13 pages) == k3pd-generate")
 
 
 def test_prompt_errors(env):
@@ -256,11 +262,11 @@ def test_prompt_errors(env):
                                                                      tool_calls=[g.ToolCall(id="a", name="")])])),
                IA, "chat.messages[1].tool_calls[0].name", "ToolCall without name")
     # prompt longer than the decode pool can ever hold (1024 tokens of context)
-    env.expect(env.req(ids=[5] * 600, max_new=4), IA, "prompt", "prompt over the max context")
-    env.expect(env.req(ids=[5] * 500, max_new=13), IA, "prompt", "prompt + max_new_tokens one over the max context")
-    ch = env.ok(env.req(ids=[5] * 500, max_new=12), "prompt + max_new_tokens == max context", timeout=120)
-    check(ch is not None and len(ids_of(ch)) == 12, "prompt + max_new_tokens == the max context (512) is served")
-    env.expect(env.req(text="a " * 600000, max_new=2), IA, "prompt", "1.2 MB text prompt", timeout=60)
+    env.expect(env.req(ids=[5] * 300, max_new=4), IA, "prompt", "prompt over the max context")
+    env.expect(env.req(ids=[5] * 244, max_new=13), IA, "prompt", "prompt + max_new_tokens one over the max context")
+    ch = env.ok(env.req(ids=[5] * 244, max_new=12), "prompt + max_new_tokens == max context", timeout=120)
+    check(ch is not None and len(ids_of(ch)) == 12, "prompt + max_new_tokens == the max context (256) is served")
+    env.expect(env.req(text="a " * 30000, max_new=2), IA, "prompt", "60 KB text prompt (30003 tokens)", timeout=60)
     # bad UTF-8 (raw bytes: protobuf clients refuse to build them)
     raw = bytes([0x0a, 3, ord("a"), 0xc0, ord("b"), 0x2a, 2, 0x08, 4])
     env.expect(raw, IA, "text", "text with invalid UTF-8", raw=True)
@@ -269,6 +275,20 @@ def test_prompt_errors(env):
     rawchat = rawchat.replace(b"abc", b"a\xedb")  # length unchanged; \xed starts a surrogate/truncated sequence
     env.expect(rawchat, IA, "chat.messages[0].content", "chat content with invalid UTF-8", raw=True)
     env.expect(b"\xff\xff\xff", IA, "request", "bytes that do not parse", raw=True)
+    # U+0000 is valid UTF-8 but protobuf-c strings end at the first NUL, so the router sees "ab".
+    # Known limitation (k3_rpc must reject it before unpacking); flips to a failure once fixed so
+    # this line gets updated.
+    chunks, err = env.run(env.req(text="ab\x00cd", max_new=2))
+    if err is None:
+        XFAIL.append("text with a NUL character is cut at the NUL (served %d tokens)" % len(ids_of(chunks)))
+        print("xfail -", XFAIL[-1], flush=True)
+    else:
+        check(err.code() == IA and (err.details() or "").startswith("text"),
+              "text with a NUL character -> INVALID_ARGUMENT naming text (fixed: update docs/protocol.md)")
+    # a message over the 64 MiB limit is refused by the transport, not buffered
+    _, err = env.run(env.req(text="x" * (65 << 20)), timeout=60)
+    check(err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED,
+          "65 MiB request -> RESOURCE_EXHAUSTED (%s)" % (err.code().name if err else "ok"))
 
 
 def test_sampling(env, ref):
@@ -458,11 +478,13 @@ def test_cancel_deadline(env):
             it.cancel()
             break
     check(it.code() == grpc.StatusCode.CANCELLED, "client cancel mid-stream -> CANCELLED")
+    check(wait_idle(env), "a cancelled stream frees its pages and slot")
     # cancel before the first token
-    it = env.gen(env.req(ids=[3] * 400, max_new=8), timeout=60)
+    it = env.gen(env.req(ids=[3] * 200, max_new=8), timeout=60)
     time.sleep(0.05)
     it.cancel()
-    check(it.code() == grpc.StatusCode.CANCELLED, "client cancel before the first token -> CANCELLED")
+    check(it.code() == grpc.StatusCode.CANCELLED, "client cancel before the first token -> CANCELLED (%s)" %
+          it.code().name)
     check(wait_idle(env), "cancelled requests free their pages and slots")
     for to in (0.001, 0.05, 0.3):
         t0 = time.monotonic()
@@ -625,19 +647,19 @@ def main():
             raise RuntimeError("cluster did not start")
         env = Env(args, stubs, cl, model)
         print("cluster + references ready in %.1f s" % (time.time() - t0), flush=True)
-        for fn in (test_prompts, test_sampling, test_stop, test_fields):
-            fn(env, ref)
-        test_prompt_errors(env)
-        test_cancel_deadline(env)
-        test_concurrency(env, ref)
-        test_health_misc(env)
-        test_metrics(env)
+        for fn, with_ref in ((test_prompts, 1), (test_sampling, 1), (test_stop, 1), (test_fields, 1),
+                             (test_prompt_errors, 0), (test_cancel_deadline, 0), (test_concurrency, 1),
+                             (test_health_misc, 0), (test_metrics, 0)):
+            t1 = time.time()
+            fn(env, ref) if with_ref else fn(env)
+            print("# %s: %.1f s" % (fn.__name__, time.time() - t1), flush=True)
     finally:
         codes = cl.stop()
         if FAILED:
             cl.dump_logs()
     check(all(v == 0 for v in codes.values()), "every process exited 0 on SIGTERM (%s)" % codes)
-    print("blackbox: %d passed, %d failed in %.1f s" % (PASSED[0], len(FAILED), time.time() - t0))
+    print("blackbox: %d passed, %d failed, %d known issues in %.1f s" % (PASSED[0], len(FAILED), len(XFAIL),
+                                                                         time.time() - t0))
     for f in FAILED:
         print("FAILED:", f)
     sys.exit(1 if FAILED else 0)
