@@ -37,6 +37,28 @@ static void prefix_err(char *err, size_t errlen, const char *prefix) {
   err[pl + ml] = 0;
 }
 
+/* Replaces the first `from` in err by `to` (if the result fits). */
+static void replace_in_err(char *err, size_t errlen, const char *from, const char *to) {
+  char *at = strstr(err, from);
+  size_t fl = strlen(from), tl = strlen(to), n = strlen(err);
+  if (!at || n - fl + tl >= errlen) return;
+  memmove(at + tl, at + fl, n - (size_t)(at - err) - fl + 1);
+  memcpy(at, to, tl);
+}
+
+/* The chat renderer names fields of the OpenAI-style JSON it is given ("messages[1].function.
+ * arguments: ..."); clients sent k3pd.v1.ChatInput, so name the proto field instead
+ * ("chat.messages[1].tool_calls[0].arguments_json: ..."). */
+static void chat_err_path(char *err, size_t errlen) {
+  if (strncmp(err, "messages", 8) != 0) {
+    prefix_err(err, errlen, "chat: ");
+    return;
+  }
+  replace_in_err(err, errlen, ".function.arguments", ".arguments_json");
+  replace_in_err(err, errlen, ".function.name", ".name");
+  prefix_err(err, errlen, "chat.");
+}
+
 static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_req_t *q, char *err, size_t errlen) {
   k3_tok_ids_t ids = {0};
   int rc = 0;
@@ -102,7 +124,7 @@ static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_
       rc = k3_chat_render(rt->tok, arr, &co, &ids, err, errlen);
       json_decref(arr);
       if (rc) {
-        prefix_err(err, errlen, "chat: ");
+        chat_err_path(err, errlen);
         free(ids.ids);
         return K3_EINVAL;
       }
