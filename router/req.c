@@ -88,16 +88,25 @@ static void on_release_done(void *arg, const k3_rpc_status_t *st, const Protobuf
   (void)resp;
 }
 
-/* Tells D to drop the reservation (idempotent; fire and forget, bounded by a deadline). */
-void rt_req_release_decode(rt_req_t *q) {
-  if (q->released || !q->decode_addr[0] || !q->epoch) return;
+static void send_release(rt_req_t *q, uint64_t epoch) {
   q->released = true;
   K3pd__V1__ReleaseRequest rr = K3PD__V1__RELEASE_REQUEST__INIT;
   rr.request_id = q->id;
-  rr.epoch = q->epoch;
+  rr.epoch = epoch;
   k3_rpc_call_opts_t o = {.timeout_ms = 2000, .request_id = q->id};
   k3_rpc_unary(q->rt->cli, q->decode_addr, "/k3pd.v1.Decode/Release", &rr.base,
                &k3pd__v1__release_response__descriptor, &o, on_release_done, NULL, NULL);
+}
+
+/* Tells D to drop the reservation (idempotent; fire and forget, bounded by a deadline). */
+void rt_req_release_decode(rt_req_t *q) {
+  if (q->released || !q->decode_addr[0] || !q->epoch) return;
+  send_release(q, q->epoch);
+}
+
+void rt_req_release_decode_any(rt_req_t *q) {
+  if (!q->decode_addr[0]) return;
+  send_release(q, 0);
 }
 
 void rt_req_abort_prefill(rt_req_t *q) {
