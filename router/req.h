@@ -42,7 +42,7 @@ typedef struct rt_req {
   char excluded[RT_MAX_EXCLUDE][RT_ID_MAX];
   int n_excluded;
   int retries;            /* prefill re-issues so far (bounded by --prefill-retries) */
-  int64_t pending_pages;  /* counted in the decode worker's in-flight total until freed */
+  int64_t pending_pages;  /* counted in the decode worker's in-flight total until the request ends */
   uint32_t decode_gen;    /* registration the in-flight count was added to */
   uint64_t epoch;
   uint8_t *desc;
