@@ -183,9 +183,28 @@ static void start_prefill(rt_req_t *q) {
   if (rc) rt_req_fail(q, K3_RPC_INTERNAL, "starting the prefill call: %s", k3_strerror(rc));
 }
 
+/* Reserve statuses after which D may or may not hold a reservation: the call was cancelled by us
+ * (client cancel/deadline while reserving), hit its deadline, or the connection broke after the
+ * request was sent. Definite refusals (RESOURCE_EXHAUSTED, INVALID_ARGUMENT, ALREADY_EXISTS,
+ * FAILED_PRECONDITION) reserved nothing. */
+static bool reserve_outcome_unknown(k3_rpc_code_t c) {
+  return c == K3_RPC_CANCELLED || c == K3_RPC_DEADLINE_EXCEEDED || c == K3_RPC_UNAVAILABLE ||
+         c == K3_RPC_INTERNAL || c == K3_RPC_UNKNOWN || c == K3_RPC_ABORTED;
+}
+
 void rt_req_on_reserve_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp) {
   rt_req_t *q = arg;
   q->reserve_call = NULL;
+  if (st->code != K3_RPC_OK && reserve_outcome_unknown(st->code)) {
+    /* The epoch of such a reservation is unknown (a re-issue changed it, or it was the first):
+     * release whatever D holds for this request; it is failing either way. */
+    q->busy++;
+    rt_req_release_decode_any(q);
+    if (q->phase != RQ_DONE) rt_req_fail(q, st->code, "decode worker %s: %s", q->decode_id, st->details);
+    q->busy--;
+    rt_req_maybe_free(q);
+    return;
+  }
   if (q->phase == RQ_DONE) {
     if (st->code == K3_RPC_OK) { /* cancelled while reserving: give it back */
       const K3pd__V1__Reservation *r = (const K3pd__V1__Reservation *)resp;

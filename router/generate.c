@@ -18,6 +18,7 @@
 #include "k3pd/chat.h"
 #include "k3pd/err.h"
 #include "k3pd/log.h"
+#include "k3pd/rpc_validate.h"
 #include "k3pd/util.h"
 #include "k3pd/v1/decode.pb-c.h"
 #include "k3pd/v1/generation.pb-c.h"
@@ -34,6 +35,28 @@ static void prefix_err(char *err, size_t errlen, const char *prefix) {
   memmove(err + pl, err, ml);
   memcpy(err, prefix, pl);
   err[pl + ml] = 0;
+}
+
+/* Replaces the first `from` in err by `to` (if the result fits). */
+static void replace_in_err(char *err, size_t errlen, const char *from, const char *to) {
+  char *at = strstr(err, from);
+  size_t fl = strlen(from), tl = strlen(to), n = strlen(err);
+  if (!at || n - fl + tl >= errlen) return;
+  memmove(at + tl, at + fl, n - (size_t)(at - err) - fl + 1);
+  memcpy(at, to, tl);
+}
+
+/* The chat renderer names fields of the OpenAI-style JSON it is given ("messages[1].function.
+ * arguments: ..."); clients sent k3pd.v1.ChatInput, so name the proto field instead
+ * ("chat.messages[1].tool_calls[0].arguments_json: ..."). */
+static void chat_err_path(char *err, size_t errlen) {
+  if (strncmp(err, "messages", 8) != 0) {
+    prefix_err(err, errlen, "chat: ");
+    return;
+  }
+  replace_in_err(err, errlen, ".function.arguments", ".arguments_json");
+  replace_in_err(err, errlen, ".function.name", ".name");
+  prefix_err(err, errlen, "chat.");
 }
 
 static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_req_t *q, char *err, size_t errlen) {
@@ -101,7 +124,7 @@ static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_
       rc = k3_chat_render(rt->tok, arr, &co, &ids, err, errlen);
       json_decref(arr);
       if (rc) {
-        prefix_err(err, errlen, "chat: ");
+        chat_err_path(err, errlen);
         free(ids.ids);
         return K3_EINVAL;
       }
@@ -246,7 +269,10 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
     for (size_t i = 0; ok && i < n; i++) ok = rid[i] > 32 && rid[i] < 127;
     if (!ok) {
       free(q);
-      k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "request_id: at most 128 printable ASCII characters");
+      k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT,
+                         rid == g->request_id ? "request_id: at most 128 printable ASCII characters"
+                                              : "x-request-id (metadata, used as request_id): at most 128 printable "
+                                                "ASCII characters");
       return;
     }
     snprintf(q->id, sizeof q->id, "%s", rid);
@@ -265,7 +291,14 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   rt->reqs = q;
   rt->n_started++;
   k3_counter_inc(k3_metric_default(rt->m.requests_started_total));
-  int rc = parse_sampling(rt, g, q, err, sizeof err);
+  /* The documented structural rules (docs/protocol.md: counts, lengths, enum values, chat roles,
+   * UTF-8) live in k3_rpc_validate_*; the router adds the model-dependent ones below. */
+  k3_rpc_limits_t lim = {.vocab_size = rt->cfg.vocab_size > 0 && rt->cfg.vocab_size <= UINT32_MAX
+                                           ? (uint32_t)rt->cfg.vocab_size : 0,
+                         .max_new_tokens = rt->max_new_tokens_limit,
+                         .model_name = rt->model_name};
+  int rc = k3_rpc_validate_generate_request(g, &lim, err, sizeof err);
+  if (!rc) rc = parse_sampling(rt, g, q, err, sizeof err);
   if (!rc) rc = build_prompt(rt, g, q, err, sizeof err);
   if (rc) {
     rt->n_failed++;

@@ -49,10 +49,20 @@ uint32_t rt_live_requests(const rt_router_t *rt) {
   return n;
 }
 
+/* Takes the request's pages and slot out of its decode worker's in-flight total (once). Done as
+ * soon as the request ends, not when its memory goes: a worker call may still be completing then
+ * (e.g. the Prefill reply after the last token), and a client that sends its next request as
+ * soon as the previous one ended must not be refused for capacity the router still counted. */
+static void drop_inflight(rt_req_t *q) {
+  if (q->pending_pages <= 0) return;
+  rt_worker_t *dw = q->decode_id[0] ? rt_registry_find(&q->rt->reg, q->decode_id) : NULL;
+  if (dw && dw->incarnation == q->decode_gen) rt_worker_sub_inflight(dw, q->pending_pages, 1);
+  q->pending_pages = 0;
+}
+
 void rt_req_free(rt_req_t *q) {
   rt_router_t *rt = q->rt;
-  rt_worker_t *dw = q->decode_id[0] ? rt_registry_find(&rt->reg, q->decode_id) : NULL;
-  if (dw && dw->incarnation == q->decode_gen) rt_worker_sub_inflight(dw, q->pending_pages, 1);
+  drop_inflight(q);
   for (rt_req_t **pp = &rt->reqs; *pp; pp = &(*pp)->next) {
     if (*pp == q) {
       *pp = q->next;
@@ -88,16 +98,25 @@ static void on_release_done(void *arg, const k3_rpc_status_t *st, const Protobuf
   (void)resp;
 }
 
-/* Tells D to drop the reservation (idempotent; fire and forget, bounded by a deadline). */
-void rt_req_release_decode(rt_req_t *q) {
-  if (q->released || !q->decode_addr[0] || !q->epoch) return;
+static void send_release(rt_req_t *q, uint64_t epoch) {
   q->released = true;
   K3pd__V1__ReleaseRequest rr = K3PD__V1__RELEASE_REQUEST__INIT;
   rr.request_id = q->id;
-  rr.epoch = q->epoch;
+  rr.epoch = epoch;
   k3_rpc_call_opts_t o = {.timeout_ms = 2000, .request_id = q->id};
   k3_rpc_unary(q->rt->cli, q->decode_addr, "/k3pd.v1.Decode/Release", &rr.base,
                &k3pd__v1__release_response__descriptor, &o, on_release_done, NULL, NULL);
+}
+
+/* Tells D to drop the reservation (idempotent; fire and forget, bounded by a deadline). */
+void rt_req_release_decode(rt_req_t *q) {
+  if (q->released || !q->decode_addr[0] || !q->epoch) return;
+  send_release(q, q->epoch);
+}
+
+void rt_req_release_decode_any(rt_req_t *q) {
+  if (!q->decode_addr[0]) return;
+  send_release(q, 0);
 }
 
 void rt_req_abort_prefill(rt_req_t *q) {
@@ -132,6 +151,7 @@ void rt_req_fail(rt_req_t *q, k3_rpc_code_t code, const char *fmt, ...) {
   q->phase = RQ_DONE;
   q->busy++;
   q->t_end = k3_now_ns();
+  drop_inflight(q);
   rt_req_abort_prefill(q);
   if (q->attach_call) k3_rpc_ccall_cancel(q->attach_call);
   if (q->reserve_call) k3_rpc_ccall_cancel(q->reserve_call);
@@ -194,6 +214,7 @@ void rt_req_finish_ok(rt_req_t *q) {
   q->phase = RQ_DONE;
   q->busy++;
   q->t_end = k3_now_ns();
+  drop_inflight(q);
   k3_tok_str_t tail = {0};
   if (!q->stopped_by_string) k3_detok_finish(q->detok, &tail);
   send_chunk(q, NULL, 0, tail.data ? tail.data : "", tail.len, NULL, 0, true);

@@ -42,7 +42,7 @@ typedef struct rt_req {
   char excluded[RT_MAX_EXCLUDE][RT_ID_MAX];
   int n_excluded;
   int retries;            /* prefill re-issues so far (bounded by --prefill-retries) */
-  int64_t pending_pages;  /* counted in the decode worker's in-flight total until freed */
+  int64_t pending_pages;  /* counted in the decode worker's in-flight total until the request ends */
   uint32_t decode_gen;    /* registration the in-flight count was added to */
   uint64_t epoch;
   uint8_t *desc;
@@ -74,6 +74,10 @@ uint32_t rt_req_timeout(rt_req_t *q); /* ms left of the client's deadline for a 
 void rt_req_free(rt_req_t *q);
 void rt_req_maybe_free(rt_req_t *q);
 void rt_req_release_decode(rt_req_t *q);
+/* Release with epoch 0 (any epoch of this request_id): for a Reserve whose outcome is unknown
+ * (cancelled, timed out or cut off after it was sent), when D may hold a reservation whose
+ * epoch the router never learnt. Without it that reservation would stay until its lease. */
+void rt_req_release_decode_any(rt_req_t *q);
 void rt_req_abort_prefill(rt_req_t *q);
 void rt_req_fail(rt_req_t *q, k3_rpc_code_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void rt_req_finish_ok(rt_req_t *q);
