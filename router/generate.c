@@ -121,6 +121,14 @@ static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_
       k3_chat_opts_t co;
       k3_chat_opts_default(&co);
       co.add_generation_prompt = c->add_generation_prompt;
+      co.thinking = !c->thinking_off;
+      const char *eff = c->thinking_effort ? c->thinking_effort : "";
+      if (!strcmp(eff, "none")) co.thinking_effort = NULL;
+      else if (*eff && strcmp(eff, "low") && strcmp(eff, "high") && strcmp(eff, "max")) {
+        json_decref(arr);
+        snprintf(err, errlen, "chat.thinking_effort: must be \"\" (max), low, high, max or none");
+        return K3_EINVAL;
+      } else if (*eff) co.thinking_effort = eff;
       rc = k3_chat_render(rt->tok, arr, &co, &ids, err, errlen);
       json_decref(arr);
       if (rc) {

@@ -59,8 +59,10 @@ def test_prompts(env, ref):
             g.ChatMessage(role=g.CHAT_ROLE_ASSISTANT, content="", tool_calls=[tc]),
             g.ChatMessage(role=g.CHAT_ROLE_TOOL, content="12:00", tool_call_id="call_1"),
             g.ChatMessage(role=g.CHAT_ROLE_ASSISTANT, content="It is noon.")]
-    ch = env.ok(env.req(chat=g.ChatInput(messages=conv, add_generation_prompt=False), max_new=3),
-                "chat with tool calls")
+    # thinking_effort "none": the default effort message (~170 tokens with the tiny vocabulary)
+    # would not leave room in this cluster's 256-token context
+    ch = env.ok(env.req(chat=g.ChatInput(messages=conv, add_generation_prompt=False, thinking_effort="none"),
+                        max_new=3), "chat with tool calls")
     if ch:
         check(len(ids_of(ch)) == 3, "chat with assistant tool calls + tool result is served")
     ch = env.ok(env.req(text=SPECIAL_TEXT, max_new=4), "special names in text")
@@ -103,7 +105,13 @@ def test_prompt_errors(env):
                                       tool_calls=[g.ToolCall(id="a", name="f", arguments_json=args)])
     env.expect(env.req(chat=g.ChatInput(messages=[um, asst("[1, 2]")])), IA,
                "chat.messages[1].tool_calls[0].arguments_json", "ToolCall arguments_json a JSON array")
-    ch = env.ok(env.req(chat=g.ChatInput(messages=[um, asst("not json{")]), max_new=2), "non-JSON arguments_json")
+    ch = env.ok(env.req(chat=g.ChatInput(messages=[um, asst("not json{")], thinking_effort="none"), max_new=2),
+                "non-JSON arguments_json")
+    env.expect(env.req(chat=g.ChatInput(messages=[um], thinking_effort="medium")), IA, "chat.thinking_effort",
+               "thinking_effort outside \"\"/low/high/max/none")
+    ch = env.ok(env.req(chat=g.ChatInput(messages=[um], thinking_effort="low", thinking_off=True,
+                                         add_generation_prompt=True), max_new=2), "thinking_off chat")
+    check(ch is not None and len(ids_of(ch)) == 2, "thinking_off + an explicit effort is served")
     check(ch is not None and len(ids_of(ch)) == 2, "non-JSON arguments_json is rendered raw (reference template)")
     env.expect(env.req(chat=g.ChatInput(messages=[um, g.ChatMessage(role=g.CHAT_ROLE_TOOL, content="r",
                                                                      tool_call_id="zz")])),
