@@ -151,6 +151,23 @@ ProtobufCMessage *rpc_unpack(const ProtobufCMessageDescriptor *d, grpc_byte_buff
   return m;
 }
 
+ProtobufCMessage *rpc_unpack_strict(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb, char *nul_path,
+                                    size_t pathlen) {
+  if (pathlen) nul_path[0] = '\0';
+  if (!bb) return NULL;
+  grpc_byte_buffer_reader r;
+  if (!grpc_byte_buffer_reader_init(&r, bb)) return NULL;
+  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+  grpc_byte_buffer_reader_destroy(&r);
+  ProtobufCMessage *m = NULL;
+  if (!rpc_wire_find_nul(d, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), nul_path, pathlen)) {
+    if (pathlen) nul_path[0] = '\0';
+    m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+  }
+  grpc_slice_unref(s);
+  return m;
+}
+
 void rpc_size_args(grpc_arg *a, grpc_channel_args *args, int max_bytes) {
   a[0] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = max_bytes};
   a[1] = (grpc_arg){.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = max_bytes};

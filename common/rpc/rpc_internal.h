@@ -70,6 +70,15 @@ grpc_byte_buffer *rpc_pack(const ProtobufCMessage *m);
 /* Unpacks; NULL when bb is NULL or the bytes do not parse. Free with
  * protobuf_c_message_free_unpacked(m, NULL). */
 ProtobufCMessage *rpc_unpack(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb);
+/* Server side: like rpc_unpack, but first refuses a message whose string field contains a NUL
+ * byte (protobuf-c would cut the string there): returns NULL with `nul_path` set to the field's
+ * path (e.g. "chat.messages[1].content"); NULL with nul_path "" when it does not parse. */
+ProtobufCMessage *rpc_unpack_strict(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb, char *nul_path,
+                                    size_t pathlen);
+/* wirecheck.c: 1 when a string field of the encoded message holds a NUL byte (its path in
+ * `path`), 0 otherwise (malformed input included: unpack rejects that). */
+int rpc_wire_find_nul(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len, char *path,
+                      size_t pathlen);
 
 /* Channel / server args carrying the message size limits (P5). `a` must have room for 2. */
 void rpc_size_args(grpc_arg *a, grpc_channel_args *args, int max_bytes);

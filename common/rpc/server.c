@@ -317,10 +317,14 @@ static void on_request(rpc_tag_t *t, int ok) {
     gpr_free(path);
     return;
   }
-  c->req = rpc_unpack(m->desc, c->payload);
+  char nul_path[256];
+  c->req = rpc_unpack_strict(m->desc, c->payload, nul_path, sizeof nul_path);
   if (!c->req) {
-    k3_rpc_call_finishf(c, K3_RPC_INVALID_ARGUMENT, "request: not a valid %s message",
-                        m->desc->name);
+    if (nul_path[0])
+      k3_rpc_call_finishf(c, K3_RPC_INVALID_ARGUMENT, "%s: contains U+0000 (NUL), which is not accepted in strings",
+                          nul_path);
+    else
+      k3_rpc_call_finishf(c, K3_RPC_INVALID_ARGUMENT, "request: not a valid %s message", m->desc->name);
     return;
   }
   m->fn(c, c->req, m->user);

@@ -130,16 +130,12 @@ def test_prompt_errors(env):
     rawchat = rawchat.replace(b"abc", b"a\xedb")  # length unchanged; \xed starts a surrogate/truncated sequence
     env.expect(rawchat, IA, "chat.messages[0].content", "chat content with invalid UTF-8", raw=True)
     env.expect(b"\xff\xff\xff", IA, "request", "bytes that do not parse", raw=True)
-    # U+0000 is valid UTF-8 but protobuf-c strings end at the first NUL, so the router sees "ab".
-    # Known limitation (k3_rpc must reject it before unpacking); flips to a failure once fixed so
-    # this line gets updated.
-    chunks, err = env.run(env.req(text="ab\x00cd", max_new=2))
-    if err is None:
-        XFAIL.append("text with a NUL character is cut at the NUL (served %d tokens)" % len(ids_of(chunks)))
-        print("xfail -", XFAIL[-1], flush=True)
-    else:
-        check(err.code() == IA and (err.details() or "").startswith("text"),
-              "text with a NUL character -> INVALID_ARGUMENT naming text (fixed: update docs/protocol.md)")
+    # U+0000 is valid UTF-8, but protobuf-c strings end at the first NUL: k3_rpc refuses any string
+    # field holding one before unpacking (common/rpc/wirecheck.c), naming the field's path
+    env.expect(env.req(text="ab\x00cd", max_new=2), IA, "text", "text with a NUL character")
+    env.expect(env.req(chat=g.ChatInput(messages=[um, g.ChatMessage(role=g.CHAT_ROLE_USER, content="x\x00")]),
+                       max_new=2), IA, "chat.messages[1].content", "chat content with a NUL character")
+    env.expect(env.req(ids=[1, 2], max_new=2, request_id="a\x00b"), IA, "request_id", "request_id with a NUL")
     # a message over the 64 MiB limit is refused by the transport, not buffered
     _, err = env.run(env.req(text="x" * (65 << 20)), timeout=60)
     check(err is not None and err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED,
