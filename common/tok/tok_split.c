@@ -7,19 +7,52 @@
  * chunks; cut each chunk so that no run of > 25,000 consecutive whitespace (str.isspace) or
  * non-whitespace code points remains; run the regex on each resulting sub-string as its own
  * subject (so `\s+(?!\S)` sees the sub-string's end as end of input).
+ * Unicode version: the regex is compiled with the Unicode 15.0 additions of tok_uni15.h when
+ * PCRE2's own tables are older (see k3_tok_splitter_init and docs/tokenizer.md).
  * Not here: BPE (tok_bpe.c), UTF-8 validation (done by the caller before splitting). */
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "k3pd/err.h"
+#include "k3pd/log.h"
 #include "tok_internal.h"
+
+int k3_tok_version_cmp(const char *a, const char *b) {
+  /* Component by component; stops at anything that is not "digits[.digits...]". */
+  while (*a || *b) {
+    char *ea, *eb;
+    unsigned long x = strtoul(a, &ea, 10), y = strtoul(b, &eb, 10);
+    if (x != y) return x < y ? -1 : 1;
+    a = ea + (*ea == '.');
+    b = eb + (*eb == '.');
+    if ((*a && (*a < '0' || *a > '9')) || (*b && (*b < '0' || *b > '9'))) break;
+  }
+  return 0;
+}
 
 int k3_tok_splitter_init(k3_tok_splitter_t *sp, char *err, size_t errlen) {
   int ec;
   PCRE2_SIZE eo;
   memset(sp, 0, sizeof *sp);
-  sp->re = pcre2_compile((PCRE2_SPTR)K3_RE_PATTERN, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-                         &ec, &eo, NULL);
+  /* PCRE2 10.42 (Debian 12) has Unicode 14 tables; the K3 tokenizer's regex engine has
+   * Unicode 15.0. Older tables get the generated additions (tok_uni15.h); newer ones are
+   * taken as they are. A PCRE2 that cannot say is treated as old: the additions only add
+   * code points that Unicode 15.0 puts in the class, so they are right for any version. */
+  char uver[32] = "";
+  if (pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, uver) < 0) uver[0] = '\0';
+  sp->uni15 = uver[0] == '\0' || k3_tok_version_cmp(uver, K3_UNI15_VERSION) < 0;
+  if (uver[0] && k3_tok_version_cmp(uver, K3_UNI15_BASE_VERSION) < 0) {
+    static atomic_flag warned = ATOMIC_FLAG_INIT; /* once per process */
+    if (!atomic_flag_test_and_set(&warned)) {
+      K3_WARN("PCRE2 Unicode tables are %s, older than %s (tok_uni15.h's base): code points "
+              "assigned in between are split as unassigned", uver, K3_UNI15_BASE_VERSION);
+    }
+  }
+  const char *pat = sp->uni15 ? K3_RE_PATTERN_U15 : K3_RE_PATTERN;
+  sp->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec,
+                         &eo, NULL);
   if (!sp->re) {
     PCRE2_UCHAR msg[160];
     pcre2_get_error_message(ec, msg, sizeof msg);
