@@ -21,7 +21,8 @@
 #define K3_UNI15_BASE_VERSION "14.0.0"
 
 /* \p{L}: 4348 code points in 13 ranges added */
-#define K3_UNI15_ADD_L "\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}" \
+#define K3_UNI15_ADD_L \
+  "\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}" \
   "\\x{1342F}\\x{13441}-\\x{13446}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}" \
   "\\x{1E030}-\\x{1E06D}\\x{1E4D0}-\\x{1E4EB}\\x{2B739}\\x{31350}-\\x{323AF}"
 
@@ -38,7 +39,8 @@
 #define K3_UNI15_ADD_LM "\\x{1E030}-\\x{1E06D}\\x{1E4EB}"
 
 /* \p{Lo}: 4279 code points in 11 ranges added */
-#define K3_UNI15_ADD_LO "\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}" \
+#define K3_UNI15_ADD_LO \
+  "\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}" \
   "\\x{1342F}\\x{13441}-\\x{13446}\\x{1B132}\\x{1B155}\\x{1E4D0}-\\x{1E4EA}" \
   "\\x{2B739}\\x{31350}-\\x{323AF}"
 
@@ -46,7 +48,8 @@
 #define K3_UNI15_ADD_LL "\\x{1DF25}-\\x{1DF2A}"
 
 /* \p{M}: 42 code points in 12 ranges added */
-#define K3_UNI15_ADD_M "\\x{CF3}\\x{ECE}\\x{10EFD}-\\x{10EFF}\\x{11241}\\x{11F00}-\\x{11F01}\\x{11F03}" \
+#define K3_UNI15_ADD_M \
+  "\\x{CF3}\\x{ECE}\\x{10EFD}-\\x{10EFF}\\x{11241}\\x{11F00}-\\x{11F01}\\x{11F03}" \
   "\\x{11F34}-\\x{11F3A}\\x{11F3E}-\\x{11F42}\\x{13440}\\x{13447}-\\x{13455}" \
   "\\x{1E08F}\\x{1E4EC}-\\x{1E4EF}"
 

@@ -243,15 +243,16 @@ SWEEP_CTX = "a{c}b {c}{c}x 1{c}2 中{c}中 A{c}'s {c}!\n{c}  {c} \t{c}\r\n{c}Ab{
 def newer_than_python_tables(cp):
     """True for code points unassigned in Python's unicodedata (Unicode 14.0 in 3.11, the
     version of PCRE2 10.42's tables) but assigned in the `regex` module's newer tables
-    (Unicode 15: Kawi, CJK Ext H, ...). The C classifies them as unassigned, the reference
-    (and the Rust regex crate under the real tiktoken) as letters/digits/marks."""
+    (Unicode 15: Kawi, CJK Ext H, ...). PCRE2 10.42 alone classifies them as unassigned, the
+    reference (and the Rust regex crate under the real tiktoken) as letters/digits/marks;
+    k3_tok adds them to its classes from common/tok/tok_uni15.h."""
     c = chr(cp)
     return unicodedata.category(c) == "Cn" and not ref_tok.regex.match(r"\p{Cn}", c)
 
 
 def check_sweep(ck, ref, be, stride, label, newer_only=False):
     """newer_only=False: every stride-th code point except the newer ones; True: exactly the
-    code points newer_than_python_tables() (the known Unicode-version residual)."""
+    code points newer_than_python_tables() (those tok_uni15.h corrects)."""
     cps = [cp for cp in range(0, 0x110000, 1 if newer_only else stride)
            if not 0xD800 <= cp <= 0xDFFF and newer_than_python_tables(cp) == newer_only]
     if newer_only and not cps:  # a Python whose tables caught up: the selection is void
@@ -363,7 +364,8 @@ def main():
                     help="code-point sweep step (1 = all 1.1 M code points, ~minutes)")
     ap.add_argument("--unicode-newer", action="store_true",
                     help="only sweep the code points assigned after Python's unicodedata "
-                         "version (the known PCRE2 Unicode-14 residual; ctest tokref_unicode)")
+                         "version (PCRE2 10.42's tables are Unicode 14; k3_tok corrects them with "
+                         "tok_uni15.h; ctest tokref_unicode)")
     a = ap.parse_args()
     cli = os.path.join(a.bindir, "tools", "cli", "k3pd-cli")
     mkckpt = os.path.join(a.bindir, "tools", "mkckpt", "k3pd-mkckpt")

@@ -147,7 +147,9 @@ def c_fragment(rs):
         lines.append(cur)
     if not lines:
         return '""'
-    return " \\\n  ".join(f'"{ln}"' for ln in lines)
+    if len(lines) == 1:
+        return f'"{lines[0]}"'
+    return "\\\n  " + " \\\n  ".join(f'"{ln}"' for ln in lines)
 
 
 def generate():
