@@ -9,9 +9,10 @@
  * K3_UNI15_ADD_<P> lists, in PCRE2 class syntax, the code points in \p{P} under Unicode
  * 15.0 (python3-regex) but not under this PCRE2 (libpcre2-8 queried with UTF+UCP). No code
  * point is in a PCRE2 class but outside its Unicode 15.0 one (the generator refuses
- * otherwise: the rewrite can only add). tok_split.c puts these ranges inside every \p{P}
- * of the pattern when the runtime PCRE2 reports Unicode tables older than
- * K3_UNI15_VERSION; a newer PCRE2 is used as it is. */
+ * otherwise: the rewrite can only add). The pattern (tok_internal.h) puts, inside the class
+ * of every \p{P}, the union of the additions of the properties in that class
+ * (K3_UNI15_ADD_UPPERISH / _LOWERISH / _LN / _N / _HAN), when the runtime PCRE2 reports
+ * Unicode tables older than K3_UNI15_VERSION; a newer PCRE2 is used as it is. */
 #ifndef K3_TOK_UNI15_H
 #define K3_TOK_UNI15_H
 
@@ -55,5 +56,29 @@
 
 /* \p{sc:Han}: 4193 code points in 2 ranges added */
 #define K3_UNI15_ADD_HAN "\\x{2B739}\\x{31350}-\\x{323AF}"
+
+/* union Lu Lt Lm Lo M, minus Han: 191 code points in 14 ranges */
+#define K3_UNI15_ADD_UPPERISH \
+  "\\x{CF3}\\x{ECE}\\x{10EFD}-\\x{10EFF}\\x{1123F}-\\x{11241}\\x{11F00}-\\x{11F10}" \
+  "\\x{11F12}-\\x{11F3A}\\x{11F3E}-\\x{11F42}\\x{1342F}\\x{13440}-\\x{13455}" \
+  "\\x{1B132}\\x{1B155}\\x{1E030}-\\x{1E06D}\\x{1E08F}\\x{1E4D0}-\\x{1E4EF}"
+
+/* union Ll Lm Lo M, minus Han: 197 code points in 15 ranges */
+#define K3_UNI15_ADD_LOWERISH \
+  "\\x{CF3}\\x{ECE}\\x{10EFD}-\\x{10EFF}\\x{1123F}-\\x{11241}\\x{11F00}-\\x{11F10}" \
+  "\\x{11F12}-\\x{11F3A}\\x{11F3E}-\\x{11F42}\\x{1342F}\\x{13440}-\\x{13455}" \
+  "\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}\\x{1E08F}" \
+  "\\x{1E4D0}-\\x{1E4EF}"
+
+/* union L N: 4388 code points in 16 ranges */
+#define K3_UNI15_ADD_LN \
+  "\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}" \
+  "\\x{11F50}-\\x{11F59}\\x{1342F}\\x{13441}-\\x{13446}\\x{1B132}\\x{1B155}" \
+  "\\x{1D2C0}-\\x{1D2D3}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}" \
+  "\\x{1E4D0}-\\x{1E4EB}\\x{1E4F0}-\\x{1E4F9}\\x{2B739}\\x{31350}-\\x{323AF}"
+
+/* The lowest added code point: a subject with only smaller code points splits the
+ * same without the additions (tok_split.c then uses the faster plain pattern). */
+#define K3_UNI15_MIN_CP 0xCF3
 
 #endif

@@ -152,6 +152,7 @@ START_TEST(test_unicode15_classes_only_add_unassigned) {
   ck_assert_int_ge(pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, uver), 0);
   bool old = k3_tok_version_cmp(uver, K3_UNI15_VERSION) < 0;
   ck_assert_msg(sp.uni15 == old, "PCRE2 Unicode %s: uni15=%d", uver, sp.uni15);
+  ck_assert(sp.uni15 == (sp.re_low != NULL)); /* the plain pattern for low subjects */
   pcre2_code *re[][2] = {
       {compile(K3_RE_HAN), compile(K3_RE_HAN_U15)},
       {compile(K3_RE_UPPERISH), compile(K3_RE_UPPERISH_U15)},
@@ -173,6 +174,8 @@ START_TEST(test_unicode15_classes_only_add_unassigned) {
       bool p = full(re[k][0], md, b, n), q = full(re[k][1], md, b, n);
       if (p && !q) ck_abort_msg("U+%04X left class %zu", cp, k);
       if (q && !p && !unassigned) ck_abort_msg("U+%04X (assigned in PCRE2) added to %zu", cp, k);
+      /* the plain pattern serves subjects below K3_UNI15_MIN_CP: nothing is added there */
+      if (q && !p && cp < K3_UNI15_MIN_CP) ck_abort_msg("U+%04X < K3_UNI15_MIN_CP added", cp);
       added[k] += q && !p;
     }
     if (full(prefix15, md, b, n) != (full(prefix, md, b, n) && !full(ln15, md, b, n)))
@@ -213,6 +216,10 @@ START_TEST(test_unicode15_pieces) {
   EXPECT("A\U0001DF25", "A\U0001DF25");
   EXPECT("!\U00011F05", "!\U00011F05");
   EXPECT("\U00011F05!", "\U00011F05", "!");
+  /* one Unicode 15 code point far into a subject of Latin/Cyrillic text (the plain pattern
+   * is only for subjects without any code point >= K3_UNI15_MIN_CP) */
+  EXPECT("caf\xc3\xa9 \xd0\xb4\xd0\xb0 na\xc3\xafve\U00011F04x 12\U0001D2C0",
+         "caf\xc3\xa9", " \xd0\xb4\xd0\xb0", " na\xc3\xafve\U00011F04x", " ", "12\U0001D2C0");
 }
 END_TEST
 

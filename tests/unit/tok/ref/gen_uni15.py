@@ -155,18 +155,35 @@ def c_fragment(rs):
 def generate():
     pc = Pcre2()
     cps, text, subject, offsets = all_scalars()
-    body, removed_any = [], False
+    body, removed_any, added = [], False, {}
     for name, pspell, rspell in PROPS:
         uni15 = regex_members(rspell, cps, text)
         old = pc.members(pspell, subject, offsets)
         add, rem = ranges(uni15 - old), ranges(old - uni15)
         n_add = len(uni15 - old)
+        added[name] = uni15 - old
         removed_any |= bool(rem)
         body.append(f"/* {pspell}: {n_add} code points in {len(add)} ranges added"
                     f"{'' if not rem else f'; {len(old - uni15)} REMOVED'} */\n"
                     f"#define K3_UNI15_ADD_{name} {c_fragment(add)}\n")
         if rem:
             body.append(f"#define K3_UNI15_REMOVED_{name} {c_fragment(rem)}\n")
+    # The unions the pattern's classes need, coalesced: fewer ranges = fewer compares per code
+    # point in the JIT-compiled class. The letter classes sit behind (?!Han), so the Han
+    # additions are left out of them.
+    a = added
+    for name, what, cpset in [
+            ("UPPERISH", "Lu Lt Lm Lo M, minus Han",
+             (a["LU"] | a["LT"] | a["LM"] | a["LO"] | a["M"]) - a["HAN"]),
+            ("LOWERISH", "Ll Lm Lo M, minus Han", (a["LL"] | a["LM"] | a["LO"] | a["M"]) - a["HAN"]),
+            ("LN", "L N", a["L"] | a["N"])]:
+        rs = ranges(cpset)
+        body.append(f"/* union {what}: {len(cpset)} code points in {len(rs)} ranges */\n"
+                    f"#define K3_UNI15_ADD_{name} {c_fragment(rs)}\n")
+    low = min((min(v) for v in added.values() if v), default=0x110000)
+    body.append(f"/* The lowest added code point: a subject with only smaller code points splits the\n"
+                f" * same without the additions (tok_split.c then uses the faster plain pattern). */\n"
+                f"#define K3_UNI15_MIN_CP 0x{low:X}\n")
     try:
         regex_version = importlib.metadata.version("regex")
     except importlib.metadata.PackageNotFoundError:
@@ -182,9 +199,10 @@ def generate():
  * K3_UNI15_ADD_<P> lists, in PCRE2 class syntax, the code points in \\p{{P}} under Unicode
  * 15.0 (python3-regex) but not under this PCRE2 (libpcre2-8 queried with UTF+UCP). No code
  * point is in a PCRE2 class but outside its Unicode 15.0 one (the generator refuses
- * otherwise: the rewrite can only add). tok_split.c puts these ranges inside every \\p{{P}}
- * of the pattern when the runtime PCRE2 reports Unicode tables older than
- * K3_UNI15_VERSION; a newer PCRE2 is used as it is. */
+ * otherwise: the rewrite can only add). The pattern (tok_internal.h) puts, inside the class
+ * of every \\p{{P}}, the union of the additions of the properties in that class
+ * (K3_UNI15_ADD_UPPERISH / _LOWERISH / _LN / _N / _HAN), when the runtime PCRE2 reports
+ * Unicode tables older than K3_UNI15_VERSION; a newer PCRE2 is used as it is. */
 #ifndef K3_TOK_UNI15_H
 #define K3_TOK_UNI15_H
 
