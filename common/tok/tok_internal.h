@@ -32,7 +32,8 @@
 #define K3_RE_HAN_X(HAN_) "[\\p{sc:Han}" HAN_ "]"
 #define K3_RE_UPPERISH_X(HAN_, UP_) \
   "(?:(?!" K3_RE_HAN_X(HAN_) ")[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}" UP_ "])"
-#define K3_RE_LOWERISH_X(HAN_, LO_) "(?:(?!" K3_RE_HAN_X(HAN_) ")[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}" LO_ "])"
+#define K3_RE_LOWERISH_X(HAN_, LO_) \
+  "(?:(?!" K3_RE_HAN_X(HAN_) ")[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}" LO_ "])"
 #define K3_RE_WS_CHARS \
   "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 #define K3_RE_SPACE "[" K3_RE_WS_CHARS "]"

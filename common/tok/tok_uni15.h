@@ -77,8 +77,9 @@
   "\\x{1D2C0}-\\x{1D2D3}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}" \
   "\\x{1E4D0}-\\x{1E4EB}\\x{1E4F0}-\\x{1E4F9}\\x{2B739}\\x{31350}-\\x{323AF}"
 
-/* The lowest added code point: a subject with only smaller code points splits the
- * same without the additions (tok_split.c then uses the faster plain pattern). */
+/* The lowest added code point: a subject with only smaller code points splits
+ * the same without the additions (tok_split.c then uses the faster plain
+ * pattern). */
 #define K3_UNI15_MIN_CP 0xCF3
 
 #endif

@@ -4,17 +4,17 @@ for the classes of the K3 split regex (spec k3-model.md §9.1).
 
 Why: PCRE2 10.42 (Debian 12) carries Unicode 14 tables, so code points first assigned in
 Unicode 15.0 (Kawi, Kaktovik numerals, CJK Ext H, ...) are unassigned there and split unlike
-the real tokenizer (tiktoken, Rust regex: Unicode 15 tables). common/tok/tok_split.c adds the
-ranges printed here inside every \\p{X} class of the pattern when the runtime PCRE2 reports a
-Unicode version below 15.0.0.
+the real tokenizer (tiktoken, Rust regex: Unicode 15 tables). The split pattern
+(common/tok/tok_internal.h, picked in tok_split.c) has the ranges printed here inside every
+\\p{X} class when the runtime PCRE2 reports a Unicode version below 15.0.0.
 
 How: for every property the pattern uses, the set of code points is taken once from the
 `regex` module (Debian python3-regex 2022.10.31, Unicode 15.0 tables: the reference the
 independent check ref_tok.py uses) and once from the installed libpcre2-8 itself (through
 ctypes, the same flags as k3_tok: UTF + UCP), and the differences are printed as C string
-fragments for a PCRE2 character class. Code points in PCRE2's set but not in Unicode 15.0's
-("removed") are printed too; the pattern generator refuses to run if any exist, because the
-runtime rewrite only adds (none exist for 10.42 vs 15.0; see the generated header).
+fragments for a PCRE2 character class, per property and as the coalesced unions the
+pattern's classes need. If PCRE2 has a code point in a class that Unicode 15.0 does not,
+the generator stops with an error instead: the pattern can only add (none for 10.42).
 
 Run (from the repository root, after a PCRE2 or python3-regex upgrade):
     /usr/bin/python3 tests/unit/tok/ref/gen_uni15.py > common/tok/tok_uni15.h
@@ -175,14 +175,16 @@ def generate():
     for name, what, cpset in [
             ("UPPERISH", "Lu Lt Lm Lo M, minus Han",
              (a["LU"] | a["LT"] | a["LM"] | a["LO"] | a["M"]) - a["HAN"]),
-            ("LOWERISH", "Ll Lm Lo M, minus Han", (a["LL"] | a["LM"] | a["LO"] | a["M"]) - a["HAN"]),
+            ("LOWERISH", "Ll Lm Lo M, minus Han",
+             (a["LL"] | a["LM"] | a["LO"] | a["M"]) - a["HAN"]),
             ("LN", "L N", a["L"] | a["N"])]:
         rs = ranges(cpset)
         body.append(f"/* union {what}: {len(cpset)} code points in {len(rs)} ranges */\n"
                     f"#define K3_UNI15_ADD_{name} {c_fragment(rs)}\n")
     low = min((min(v) for v in added.values() if v), default=0x110000)
-    body.append(f"/* The lowest added code point: a subject with only smaller code points splits the\n"
-                f" * same without the additions (tok_split.c then uses the faster plain pattern). */\n"
+    body.append("/* The lowest added code point: a subject with only smaller code points splits\n"
+                " * the same without the additions (tok_split.c then uses the faster plain\n"
+                " * pattern). */\n"
                 f"#define K3_UNI15_MIN_CP 0x{low:X}\n")
     try:
         regex_version = importlib.metadata.version("regex")
