@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "k3pd/tokenizer.h"
+#include "tok_uni15.h"
 
 /* The pieces of the K3 split regex (spec §9.1) in PCRE2 syntax. Rust-regex semantics that
  * PCRE2 spells differently:
@@ -20,36 +21,70 @@
  *    >= 10.40 means Script_Extensions (which adds e.g. U+3001 、 and U+30FC ー), so `sc:`
  *    is spelled out.
  *  - Rust `\s` is Unicode White_Space. PCRE2's UCP `\s` (Z + HT LF VT FF CR, plus U+180E)
- *    differs at U+0085 and U+180E, so the White_Space set is listed explicitly. */
-#define K3_RE_HAN "\\p{sc:Han}"
-#define K3_RE_UPPERISH "(?:(?!\\p{sc:Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])"
-#define K3_RE_LOWERISH "(?:(?!\\p{sc:Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])"
+ *    differs at U+0085 and U+180E, so the White_Space set is listed explicitly.
+ *  - Every `\p{X}` sits inside a character class followed by a string of extra ranges
+ *    (possibly empty): the Unicode 15.0 corrections of tok_uni15.h when the runtime PCRE2's
+ *    tables are older (k3_tok_splitter_init picks), nothing otherwise. The extra ranges of
+ *    a class are the union of the additions of the properties in it (HAN_, UP_ = Lu Lt Lm
+ *    Lo M, LO_ = Ll Lm Lo M, LN_ = L N, N_); the letter classes sit behind (?!Han), so their
+ *    unions leave the Han additions out. The `_X` macros take those strings; the plain
+ *    names are the uncorrected classes. */
+#define K3_RE_HAN_X(HAN_) "[\\p{sc:Han}" HAN_ "]"
+#define K3_RE_UPPERISH_X(HAN_, UP_) \
+  "(?:(?!" K3_RE_HAN_X(HAN_) ")[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}" UP_ "])"
+#define K3_RE_LOWERISH_X(HAN_, LO_) \
+  "(?:(?!" K3_RE_HAN_X(HAN_) ")[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}" LO_ "])"
 #define K3_RE_WS_CHARS \
   "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 #define K3_RE_SPACE "[" K3_RE_WS_CHARS "]"
 #define K3_RE_NONSPACE "[^" K3_RE_WS_CHARS "]"
-#define K3_RE_PREFIX "[^\\r\\n\\p{L}\\p{N}]"
+#define K3_RE_PREFIX_X(LN_) "[^\\r\\n\\p{L}\\p{N}" LN_ "]"
 #define K3_RE_CONTRACTION "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-#define K3_RE_PATTERN                                                                   \
-  K3_RE_HAN "+"                                                                         \
-  "|" K3_RE_PREFIX "?" K3_RE_UPPERISH "*" K3_RE_LOWERISH "+" K3_RE_CONTRACTION "?"      \
-  "|" K3_RE_PREFIX "?" K3_RE_UPPERISH "+" K3_RE_LOWERISH "*" K3_RE_CONTRACTION "?"      \
-  "|\\p{N}{1,3}"                                                                        \
-  "| ?[^" K3_RE_WS_CHARS "\\p{L}\\p{N}]+[\\r\\n]*"                                              \
-  "|" K3_RE_SPACE "*[\\r\\n]+"                                                          \
-  "|" K3_RE_SPACE "+(?!" K3_RE_NONSPACE ")"                                             \
+#define K3_RE_PATTERN_X(HAN_, UP_, LO_, LN_, N_)                                                \
+  K3_RE_HAN_X(HAN_) "+"                                                                         \
+  "|" K3_RE_PREFIX_X(LN_) "?" K3_RE_UPPERISH_X(HAN_, UP_) "*" K3_RE_LOWERISH_X(HAN_, LO_) "+"   \
+      K3_RE_CONTRACTION "?"                                                                     \
+  "|" K3_RE_PREFIX_X(LN_) "?" K3_RE_UPPERISH_X(HAN_, UP_) "+" K3_RE_LOWERISH_X(HAN_, LO_) "*"   \
+      K3_RE_CONTRACTION "?"                                                                     \
+  "|[\\p{N}" N_ "]{1,3}"                                                                        \
+  "| ?[^" K3_RE_WS_CHARS "\\p{L}\\p{N}" LN_ "]+[\\r\\n]*"                                       \
+  "|" K3_RE_SPACE "*[\\r\\n]+"                                                                  \
+  "|" K3_RE_SPACE "+(?!" K3_RE_NONSPACE ")"                                                     \
   "|" K3_RE_SPACE "+"
+
+/* The classes and the pattern as PCRE2's own tables define them. */
+#define K3_RE_HAN K3_RE_HAN_X("")
+#define K3_RE_UPPERISH K3_RE_UPPERISH_X("", "")
+#define K3_RE_LOWERISH K3_RE_LOWERISH_X("", "")
+#define K3_RE_PREFIX K3_RE_PREFIX_X("")
+#define K3_RE_PATTERN K3_RE_PATTERN_X("", "", "", "", "")
+/* The same with the Unicode 15.0 corrections of tok_uni15.h (PCRE2 tables < 15.0.0). */
+#define K3_RE_HAN_U15 K3_RE_HAN_X(K3_UNI15_ADD_HAN)
+#define K3_RE_UPPERISH_U15 K3_RE_UPPERISH_X(K3_UNI15_ADD_HAN, K3_UNI15_ADD_UPPERISH)
+#define K3_RE_LOWERISH_U15 K3_RE_LOWERISH_X(K3_UNI15_ADD_HAN, K3_UNI15_ADD_LOWERISH)
+#define K3_RE_PREFIX_U15 K3_RE_PREFIX_X(K3_UNI15_ADD_LN)
+#define K3_RE_PATTERN_U15                                                                \
+  K3_RE_PATTERN_X(K3_UNI15_ADD_HAN, K3_UNI15_ADD_UPPERISH, K3_UNI15_ADD_LOWERISH,         \
+                  K3_UNI15_ADD_LN, K3_UNI15_ADD_N)
 
 #define K3_TOK_MAX_ENCODE_CHARS 400000 /* tokenization_kimi.py TIKTOKEN_MAX_ENCODE_CHARS */
 #define K3_TOK_MAX_RUN_CHARS 25000     /* tokenization_kimi.py MAX_NO_WHITESPACES_CHARS */
 
 /* The compiled split regex. Immutable once built; shared by threads. */
 typedef struct {
-  pcre2_code *re;
-  bool jit; /* JIT compile succeeded (it can be unavailable on exotic hosts) */
+  pcre2_code *re;     /* the split regex (K3_RE_PATTERN_U15 when uni15, else K3_RE_PATTERN) */
+  pcre2_code *re_low; /* uni15 only: K3_RE_PATTERN, for subjects whose code points are all
+                       * < K3_UNI15_MIN_CP (same pieces, no range compares); else NULL */
+  bool jit;           /* JIT compile succeeded (it can be unavailable on exotic hosts) */
+  bool uni15;         /* the runtime PCRE2's tables are older than Unicode 15.0 */
 } k3_tok_splitter_t;
 
+/* Compiles the split regex: K3_RE_PATTERN_U15 when the runtime PCRE2's Unicode tables
+ * (PCRE2_CONFIG_UNICODE_VERSION) are older than K3_UNI15_VERSION, else K3_RE_PATTERN. */
 int k3_tok_splitter_init(k3_tok_splitter_t *sp, char *err, size_t errlen);
+/* Compares dotted version strings numerically ("14.0.0" < "15.0.0" < "15.1.0"): <0, 0, >0.
+ * A missing component counts as 0. */
+int k3_tok_version_cmp(const char *a, const char *b);
 void k3_tok_splitter_free(k3_tok_splitter_t *sp);
 
 /* Called once per pre-tokenized piece s[off..off+len) of the original text. */

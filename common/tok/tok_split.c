@@ -7,33 +7,76 @@
  * chunks; cut each chunk so that no run of > 25,000 consecutive whitespace (str.isspace) or
  * non-whitespace code points remains; run the regex on each resulting sub-string as its own
  * subject (so `\s+(?!\S)` sees the sub-string's end as end of input).
+ * Unicode version: the regex is compiled with the Unicode 15.0 additions of tok_uni15.h when
+ * PCRE2's own tables are older (see k3_tok_splitter_init and docs/tokenizer.md); a subject
+ * with no code point >= K3_UNI15_MIN_CP, where the additions cannot match, uses the plain
+ * pattern, which is faster.
  * Not here: BPE (tok_bpe.c), UTF-8 validation (done by the caller before splitting). */
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "k3pd/err.h"
+#include "k3pd/log.h"
 #include "tok_internal.h"
+
+int k3_tok_version_cmp(const char *a, const char *b) {
+  /* Component by component; stops at anything that is not "digits[.digits...]". */
+  while (*a || *b) {
+    char *ea, *eb;
+    unsigned long x = strtoul(a, &ea, 10), y = strtoul(b, &eb, 10);
+    if (x != y) return x < y ? -1 : 1;
+    a = ea + (*ea == '.');
+    b = eb + (*eb == '.');
+    if ((*a && (*a < '0' || *a > '9')) || (*b && (*b < '0' || *b > '9'))) break;
+  }
+  return 0;
+}
 
 int k3_tok_splitter_init(k3_tok_splitter_t *sp, char *err, size_t errlen) {
   int ec;
   PCRE2_SIZE eo;
   memset(sp, 0, sizeof *sp);
-  sp->re = pcre2_compile((PCRE2_SPTR)K3_RE_PATTERN, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-                         &ec, &eo, NULL);
-  if (!sp->re) {
-    PCRE2_UCHAR msg[160];
-    pcre2_get_error_message(ec, msg, sizeof msg);
-    if (err) snprintf(err, errlen, "split regex: PCRE2 error at %zu: %s", (size_t)eo, msg);
-    return K3_EINTERNAL;
+  /* PCRE2 10.42 (Debian 12) has Unicode 14 tables; the K3 tokenizer's regex engine has
+   * Unicode 15.0. Older tables get the generated additions (tok_uni15.h); newer ones are
+   * taken as they are. A PCRE2 that cannot say is treated as old: the additions only add
+   * code points that Unicode 15.0 puts in the class, so they are right for any version. */
+  char uver[32] = "";
+  if (pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, uver) < 0) uver[0] = '\0';
+  sp->uni15 = uver[0] == '\0' || k3_tok_version_cmp(uver, K3_UNI15_VERSION) < 0;
+  if (uver[0] && k3_tok_version_cmp(uver, K3_UNI15_BASE_VERSION) < 0) {
+    static atomic_flag warned = ATOMIC_FLAG_INIT; /* once per process */
+    if (!atomic_flag_test_and_set(&warned)) {
+      K3_WARN("PCRE2 Unicode tables are %s, older than %s (tok_uni15.h's base): code points "
+              "assigned in between are split as unassigned", uver, K3_UNI15_BASE_VERSION);
+    }
   }
-  /* JIT is an optimisation only: the interpreter gives the same matches. */
-  sp->jit = pcre2_jit_compile(sp->re, PCRE2_JIT_COMPLETE) == 0;
+  /* The range compares cost ~35% of PCRE2 throughput on Latin text, so subjects without a
+   * code point >= K3_UNI15_MIN_CP (where the additions cannot match) use the plain pattern. */
+  const char *pat[2] = {sp->uni15 ? K3_RE_PATTERN_U15 : K3_RE_PATTERN, K3_RE_PATTERN};
+  pcre2_code **dst[2] = {&sp->re, &sp->re_low};
+  sp->jit = true;
+  for (int k = 0; k < 1 + sp->uni15; k++) {
+    *dst[k] = pcre2_compile((PCRE2_SPTR)pat[k], PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                            &ec, &eo, NULL);
+    if (!*dst[k]) {
+      PCRE2_UCHAR msg[160];
+      pcre2_get_error_message(ec, msg, sizeof msg);
+      if (err) snprintf(err, errlen, "split regex: PCRE2 error at %zu: %s", (size_t)eo, msg);
+      k3_tok_splitter_free(sp);
+      return K3_EINTERNAL;
+    }
+    /* JIT is an optimisation only: the interpreter gives the same matches. */
+    sp->jit = sp->jit && pcre2_jit_compile(*dst[k], PCRE2_JIT_COMPLETE) == 0;
+  }
   return 0;
 }
 
 void k3_tok_splitter_free(k3_tok_splitter_t *sp) {
   if (sp->re) pcre2_code_free(sp->re);
-  sp->re = NULL;
+  if (sp->re_low) pcre2_code_free(sp->re_low);
+  sp->re = sp->re_low = NULL;
 }
 
 /* ---- ASCII fast path: character classes of the regex restricted to ASCII ---- */
@@ -128,7 +171,8 @@ typedef struct {
   void *ctx;
 } split_state_t;
 
-static int regex_split(split_state_t *st, size_t off, size_t len, bool ascii) {
+/* low: every code point of the subject is < K3_UNI15_MIN_CP. */
+static int regex_split(split_state_t *st, size_t off, size_t len, bool ascii, bool low) {
   const uint8_t *s = (const uint8_t *)st->text + off;
   if (ascii && st->fast) {
     for (size_t i = 0; i < len;) {
@@ -139,11 +183,13 @@ static int regex_split(split_state_t *st, size_t off, size_t len, bool ascii) {
     }
     return 0;
   }
+  /* Both patterns have no capture groups, so one match data serves either. */
+  const pcre2_code *re = low && st->sp->re_low ? st->sp->re_low : st->sp->re;
   if (!st->md && !(st->md = pcre2_match_data_create_from_pattern(st->sp->re, NULL)))
     return K3_ENOMEM;
   size_t i = 0;
   while (i < len) {
-    int rc = pcre2_match(st->sp->re, s, len, i, PCRE2_NO_UTF_CHECK, st->md, st->mc);
+    int rc = pcre2_match(re, s, len, i, PCRE2_NO_UTF_CHECK, st->md, st->mc);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !st->js) {
       /* The lookahead-guarded class repeats keep one backtrack frame per code point, so a
        * long non-ASCII word overflows the 32 KiB default JIT stack. Only then is a large
@@ -171,7 +217,7 @@ static int run_split(split_state_t *st, size_t off, size_t len) {
   const uint8_t *s = (const uint8_t *)st->text;
   uint32_t cp;
   k3_tok_utf8_next(s + off, &cp);
-  bool cur_space = k3_tok_py_isspace(cp), ascii = true;
+  bool cur_space = k3_tok_py_isspace(cp), ascii = true, low = true;
   size_t cur_len = 0, start = off, end = off + len;
   for (size_t p = off; p < end;) {
     size_t n = k3_tok_utf8_next(s + p, &cp);
@@ -180,16 +226,17 @@ static int run_split(split_state_t *st, size_t off, size_t len) {
       cur_len = 1;
       cur_space = now;
     } else if (++cur_len > K3_TOK_MAX_RUN_CHARS) {
-      int rc = regex_split(st, start, p - start, ascii);
+      int rc = regex_split(st, start, p - start, ascii, low);
       if (rc) return rc;
       start = p;
       cur_len = 1;
-      ascii = true;
+      ascii = low = true;
     }
     if (cp >= 0x80) ascii = false;
+    if (cp >= K3_UNI15_MIN_CP) low = false;
     p += n;
   }
-  return regex_split(st, start, end - start, ascii);
+  return regex_split(st, start, end - start, ascii, low);
 }
 
 int k3_tok_split(const k3_tok_splitter_t *sp, const char *text, size_t len, bool use_fast_path,

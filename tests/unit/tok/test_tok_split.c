@@ -1,7 +1,8 @@
 /* Pre-tokenizer tests: the PCRE2 rewrite of the K3 regex is equivalent to the original
  * (class intersections, Script vs Script_Extensions, White_Space) over every code point;
  * exact pieces for every branch; the ASCII fast path equals PCRE2 on random ASCII; the
- * 25,000-run and 400,000-chunk rules. */
+ * 25,000-run and 400,000-chunk rules; the Unicode 15.0 corrections of PCRE2's Unicode 14
+ * tables (tok_uni15.h) only add code points PCRE2 calls unassigned, and split as Unicode 15. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,6 +142,98 @@ START_TEST(test_han_is_script_not_script_extensions) {
 }
 END_TEST
 
+/* The Unicode 15.0 corrections (tok_uni15.h): on PCRE2 tables older than 15.0.0 the
+ * splitter uses them; each corrected class is its plain class plus only code points that
+ * PCRE2 itself calls unassigned (so nothing PCRE2 knows is reclassified), the negated prefix
+ * class loses exactly the added letters/digits, and the additions are the 4,430 letters,
+ * digits and marks Unicode 15.0 assigned (4,348 L + 40 N + 42 M). */
+START_TEST(test_unicode15_classes_only_add_unassigned) {
+  char uver[32];
+  ck_assert_int_ge(pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, uver), 0);
+  bool old = k3_tok_version_cmp(uver, K3_UNI15_VERSION) < 0;
+  ck_assert_msg(sp.uni15 == old, "PCRE2 Unicode %s: uni15=%d", uver, sp.uni15);
+  ck_assert(sp.uni15 == (sp.re_low != NULL)); /* the plain pattern for low subjects */
+  pcre2_code *re[][2] = {
+      {compile(K3_RE_HAN), compile(K3_RE_HAN_U15)},
+      {compile(K3_RE_UPPERISH), compile(K3_RE_UPPERISH_U15)},
+      {compile(K3_RE_LOWERISH), compile(K3_RE_LOWERISH_U15)},
+      {compile("[\\p{L}\\p{N}\\p{M}]"),
+       compile("[\\p{L}\\p{N}\\p{M}" K3_UNI15_ADD_L K3_UNI15_ADD_N K3_UNI15_ADD_M "]")},
+  };
+  pcre2_code *prefix = compile(K3_RE_PREFIX), *prefix15 = compile(K3_RE_PREFIX_U15);
+  pcre2_code *ln15 = compile("[\\p{L}\\p{N}" K3_UNI15_ADD_L K3_UNI15_ADD_N "]");
+  pcre2_code *cn = compile("\\p{Cn}");
+  pcre2_match_data *md = pcre2_match_data_create(4, NULL);
+  size_t added[4] = {0};
+  for (uint32_t cp = 0; cp <= 0x10FFFF; cp++) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    uint8_t b[4];
+    size_t n = put_utf8(cp, b);
+    bool unassigned = full(cn, md, b, n);
+    for (size_t k = 0; k < 4; k++) {
+      bool p = full(re[k][0], md, b, n), q = full(re[k][1], md, b, n);
+      if (p && !q) ck_abort_msg("U+%04X left class %zu", cp, k);
+      if (q && !p && !unassigned) ck_abort_msg("U+%04X (assigned in PCRE2) added to %zu", cp, k);
+      /* the plain pattern serves subjects below K3_UNI15_MIN_CP: nothing is added there */
+      if (q && !p && cp < K3_UNI15_MIN_CP) ck_abort_msg("U+%04X < K3_UNI15_MIN_CP added", cp);
+      added[k] += q && !p;
+    }
+    if (full(prefix15, md, b, n) != (full(prefix, md, b, n) && !full(ln15, md, b, n)))
+      ck_abort_msg("U+%04X prefix class", cp);
+  }
+  if (old && k3_tok_version_cmp(uver, "14.0.0") == 0) {
+    ck_assert_uint_eq(added[3], 4430);
+    ck_assert_uint_eq(added[0], 4193); /* CJK Ext H U+31350..U+323AF and U+2B739 */
+    /* Lo 4,279 + Lm 63 + M 42 minus the 4,193 Han; the lower-ish class adds 6 Ll */
+    ck_assert_uint_eq(added[1], 191);
+    ck_assert_uint_eq(added[2], 197);
+  }
+  pcre2_match_data_free(md);
+  for (size_t k = 0; k < 4; k++) pcre2_code_free(re[k][0]), pcre2_code_free(re[k][1]);
+  pcre2_code *rest[] = {prefix, prefix15, ln15, cn};
+  for (size_t i = 0; i < 4; i++) pcre2_code_free(rest[i]);
+}
+END_TEST
+
+/* Pieces around code points first assigned in Unicode 15.0, as the Unicode 15 regex engine
+ * of the real tokenizer splits them (each would split otherwise on Unicode 14 tables). */
+START_TEST(test_unicode15_pieces) {
+  /* Kawi letter U+11F04 (Lo) inside a word; Kawi sign U+11F00 (Mn) after a letter */
+  EXPECT("a\U00011F04b", "a\U00011F04b");
+  EXPECT("\U00011F04\U00011F00", "\U00011F04\U00011F00");
+  /* CJK Ext H U+31350 (Han): joins Han runs, never a letter word */
+  EXPECT("中\U00031350文x", "中\U00031350文", "x");
+  EXPECT("a\U00031350", "a", "\U00031350");
+  /* Kaktovik numerals U+1D2C0.. and Nag Mundari digit U+1E4F0 (N): \p{N}{1,3}, and not the
+   * punctuation branch */
+  EXPECT("\U0001D2C0\U0001D2C1\U0001D2C2\U0001D2C3!", "\U0001D2C0\U0001D2C1\U0001D2C2",
+         "\U0001D2C3", "!");
+  EXPECT("x\U0001E4F0", "x", "\U0001E4F0");
+  /* Kannada U+0CF3 (Mc) after a letter; Cyrillic modifier U+1E030 (Lm); Latin U+1DF25 (Ll)
+   * after an upper-case letter; the Unicode 15 letter is not a leading prefix character */
+  EXPECT("\xe0\xb2\x95\xe0\xb3\xb3", "\xe0\xb2\x95\xe0\xb3\xb3");
+  EXPECT("\xd0\xb4\U0001E030", "\xd0\xb4\U0001E030");
+  EXPECT("A\U0001DF25", "A\U0001DF25");
+  EXPECT("!\U00011F05", "!\U00011F05");
+  EXPECT("\U00011F05!", "\U00011F05", "!");
+  /* one Unicode 15 code point far into a subject of Latin/Cyrillic text (the plain pattern
+   * is only for subjects without any code point >= K3_UNI15_MIN_CP) */
+  EXPECT("caf\xc3\xa9 \xd0\xb4\xd0\xb0 na\xc3\xafve\U00011F04x 12\U0001D2C0",
+         "caf\xc3\xa9", " \xd0\xb4\xd0\xb0", " na\xc3\xafve\U00011F04x", " ", "12\U0001D2C0");
+}
+END_TEST
+
+START_TEST(test_version_cmp) {
+  ck_assert_int_lt(k3_tok_version_cmp("14.0.0", "15.0.0"), 0);
+  ck_assert_int_gt(k3_tok_version_cmp("15.1.0", "15.0.0"), 0);
+  ck_assert_int_gt(k3_tok_version_cmp("16.0.0", "15.0.0"), 0);
+  ck_assert_int_eq(k3_tok_version_cmp("15.0.0", "15.0.0"), 0);
+  ck_assert_int_eq(k3_tok_version_cmp("15", "15.0.0"), 0);
+  ck_assert_int_lt(k3_tok_version_cmp("9.0.0", "15.0.0"), 0); /* numeric, not text */
+  ck_assert_int_gt(k3_tok_version_cmp("15.0.10", "15.0.9"), 0);
+}
+END_TEST
+
 START_TEST(test_branch_pieces) {
   /* [\p{Han}]+ */
   EXPECT("中文abc", "中文", "abc");
@@ -263,6 +356,9 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_class_rewrites_equivalent_on_every_code_point);
   tcase_add_test(tc, test_han_is_script_not_script_extensions);
+  tcase_add_test(tc, test_unicode15_classes_only_add_unassigned);
+  tcase_add_test(tc, test_unicode15_pieces);
+  tcase_add_test(tc, test_version_cmp);
   tcase_add_test(tc, test_branch_pieces);
   tcase_add_test(tc, test_ascii_fast_path_matches_pcre2);
   tcase_add_test(tc, test_run_rule_25000);

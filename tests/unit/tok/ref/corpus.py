@@ -2,8 +2,9 @@
 
 What it is for: text and conversations that stress every §9.1 regex branch, the BPE merge
 order, the 25,000-run cut, specials-as-text, and the §9.3 XTML structure. Deterministic (fixed
-seed). What it is not: a benchmark corpus. Strings contain no NUL (they travel as argv) and no
-code points assigned after Unicode 14 (PCRE2 10.42's tables; see docs/tokenizer.md).
+seed). What it is not: a benchmark corpus. Strings contain no NUL (they travel as argv).
+UNICODE15 has code points first assigned in Unicode 15.0, which PCRE2 10.42's Unicode 14
+tables call unassigned (k3_tok corrects that with common/tok/tok_uni15.h; docs/tokenizer.md).
 """
 
 import random
@@ -62,6 +63,14 @@ RARE = ["\x1c\x1c\x1c\x1c\x1d\x1d\x1d",
         "\x01\x02ctl", "\x7f", "\U000e0041\U000e0042", "\U000f0000", "\u00ad", "\u034f",
         "a\u200cb\u200db", "\u2060", "\U0001d7d8\U0001d7d9", "\u0660\u06f1"]
 
+# Kawi letters/marks, CJK Ext H (Han), Kaktovik and Nag Mundari digits, Kannada/Lao marks,
+# Cyrillic Ext-D modifiers (Lm), Latin Ext-G (Ll): all new in Unicode 15.0.
+UNICODE15 = ["a\U00011f04\U00011f05b", "\U00011f04\U00011f00 \U00011f05",
+             "中\U00031350\U00031351文", "x\U00031350y", "\U0001d2c0\U0001d2c1\U0001d2c2\U0001d2c3!",
+             "\U0001e4f0\U0001e4f1 \U0001e4d0\U0001e4eb", "\u0c95\u0cf3 \u0e81\u0ece",
+             "\u0434\U0001e030\U0001e06d", "A\U0001df25 B\U0001df2a's", "!\U00011f05 \U0001d2c0x",
+             "\U0002b739\U0002b738", "\U00011f50\U00011f51\U00011f52\U00011f53"]
+
 SPECIALS_AS_TEXT = ["<|end_of_msg|>", "[BOS]hi[EOS]", "<|open|>message<|sep|>",
                     "<|reserved_token_3900|>", "<osagent_mode>", "[UNK][PAD]",
                     "<|close|>response<|sep|>", "x<|sep|>y", "<|media_pad|>"]
@@ -75,7 +84,7 @@ LONG = ["a" * 30000, "ab" * 13000, "x" + " " * 25010 + "y", "supercalifragilisti
 HUGE = ["words " * 66670]
 
 FIXED = ([""] + PROSE + NUMBERS + CONTRACTIONS + CASE + WHITESPACE + PUNCT + SCRIPTS + ACCENTS
-         + EMOJI + RARE + SPECIALS_AS_TEXT)
+         + EMOJI + RARE + UNICODE15 + SPECIALS_AS_TEXT)
 
 # Random mixtures: the interactions between branches are where a split rule is misread.
 _POOL = list("aAbZz'sStT ré\t\n\r!?.,;-_0123456789") + [
