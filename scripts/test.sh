@@ -2,7 +2,7 @@
 # The README's test command: installs dependencies, builds the tree twice and runs every test.
 #   1. build-asan: CPU backend under AddressSanitizer + UndefinedBehaviorSanitizer; all of ctest
 #      except the GPU tests and tests labelled *_known (a documented known disagreement that
-#      still fails: run them with `ctest -L _known`; docs/tokenizer.md says which and why).
+#      still fails: run them with `ctest -L _known`; none today).
 #   2. build-cuda: only when nvcc exists: compiles the CUDA backend (no GPU needed to build);
 #      the CPU tests are not repeated there.
 # Environment: K3PD_TEST_JOBS (default: nproc), K3PD_SKIP_CUDA_BUILD=1 to skip step 2.
