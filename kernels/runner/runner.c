@@ -62,6 +62,22 @@ static int uploads_reserve(k3_runner_t *r) {
   return 0;
 }
 
+/* A bound tensor must have a k3k dtype and rows*cols elements (rows alone when cols is 0; any
+ * count when both are 0, and then *rows becomes it). Sets b->rc/err and returns it on mismatch. */
+static int check_elems(binder_t *b, const char *name, int64_t n, k3_dtype_t dtype, int64_t cols, int64_t *rows,
+                       k3k_dtype_t *dt) {
+  int64_t want = cols ? *rows * cols : *rows;
+  *dt = map_dtype(dtype);
+  if ((int)*dt < 0 || (want && n != want)) {
+    rn_seterr(b->err, b->errlen, "runner: tensor %s has %lld elements of %s, expected %lld", name, (long long)n,
+              k3_dtype_name(dtype), (long long)want);
+    b->rc = K3_EFORMAT;
+    return b->rc;
+  }
+  if (!want) *rows = n;
+  return 0;
+}
+
 static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t cols) {
   k3k_tensor_t t;
   memset(&t, 0, sizeof t);
@@ -94,16 +110,10 @@ static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t co
       return t;
     }
     r->uploads[r->n_uploads++] = dev;
-    int64_t want = cols ? rows * cols : rows, n = 1;
+    int64_t n = 1;
     for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
-    k3k_dtype_t dt = map_dtype(e->dtype);
-    if ((int)dt < 0 || (want && n != want)) {
-      rn_seterr(b->err, b->errlen, "runner: tensor %s has %lld elements of %s, expected %lld", name,
-                (long long)n, k3_dtype_name(e->dtype), (long long)want);
-      b->rc = K3_EFORMAT;
-      return t;
-    }
-    if (!want) rows = n;
+    k3k_dtype_t dt;
+    if (check_elems(b, name, n, e->dtype, cols, &rows, &dt)) return t;
     return cols ? k3k_tensor_2d(r->be, dt, dev, rows, cols) : k3k_tensor_1d(r->be, dt, dev, rows);
   }
   const k3_tensor_view_t *v = k3_weights_get(b->r->w, name);
@@ -112,15 +122,8 @@ static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t co
     b->rc = K3_ENOENT;
     return t;
   }
-  int64_t want = cols ? rows * cols : rows, n = k3_tensor_numel(v);
-  k3k_dtype_t dt = map_dtype(v->dtype);
-  if ((int)dt < 0 || (want && n != want)) {
-    rn_seterr(b->err, b->errlen, "runner: tensor %s has %lld elements of %s, expected %lld", name,
-              (long long)n, k3_dtype_name(v->dtype), (long long)want);
-    b->rc = K3_EFORMAT;
-    return t;
-  }
-  if (!want) rows = n;
+  k3k_dtype_t dt;
+  if (check_elems(b, name, k3_tensor_numel(v), v->dtype, cols, &rows, &dt)) return t;
   void *data = (void *)v->data;
   k3k_backend_t *be = b->r->be;
   if (!be->host_memory) {

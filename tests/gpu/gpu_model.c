@@ -341,13 +341,7 @@ int main(int argc, char **argv) {
   const int chunk = do_perf && ptok > 512 ? (int)ptok : 512, mb = batch > 8 ? batch : 8;
   if (dev_synth) {
     k3_runner_opts_t o;
-    k3_runner_opts_default(&o);
-    o.precision = K3_RUNNER_BF16;
-    o.backend = "cuda";
-    o.num_pages = pages;
-    o.num_slots = batch + 8;
-    o.max_batch_seqs = mb;
-    o.prefill_chunk_tokens = chunk;
+    grunner_opts(&o, "cuda", 1, pages, batch + 8, mb, chunk);
     rc = k3_runner_init_synth(&cfg, (uint64_t)seed, verify_kib, &o, &gpu, err, sizeof err);
     gm_check(rc == 0, "weights generated on the device (sampled slices == k3_synth_fill)",
              "rc %g, %g KiB per slice", rc, verify_kib);
@@ -371,12 +365,7 @@ int main(int argc, char **argv) {
     t0 = k3_now_ns();
     if (dev_synth) {
       k3_runner_opts_t o;
-      k3_runner_opts_default(&o);
-      o.precision = K3_RUNNER_BF16;
-      o.backend = "cpu-fast";
-      o.threads = threads;
-      o.num_pages = 160;
-      o.prefill_chunk_tokens = 512;
+      grunner_opts(&o, "cpu-fast", threads, 160, 4, 8, 512); /* default slots and batch */
       rc = k3_runner_init_copy(gpu, &o, &ref, err, sizeof err);
       if (rc) fprintf(stderr, "k3k-gpu-model: cpu-fast copy: %s (%s)\n", err, k3_strerror(rc));
       else printf("cpu-fast reference over a host copy of the device weights (%.1f s)\n",

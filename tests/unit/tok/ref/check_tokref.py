@@ -121,12 +121,7 @@ def make_detector_vocab(base_dir, out_dir, texts, seed=99):
     rnd.shuffle(extra)
     extra.sort(key=lambda b: len(b) + rnd.random() * 6)
     toks += extra
-    n = len(toks)
-    with open(os.path.join(out_dir, "tiktoken.model"), "wb") as f:
-        for r, b in enumerate(toks):
-            f.write(base64.b64encode(b) + b" " + str(r).encode() + b"\n")
-    _write_specials(base_dir, out_dir, n)
-    return n
+    return _write_vocab(base_dir, out_dir, toks)
 
 
 class Batch:
@@ -203,18 +198,22 @@ class Cli:
         return self.ck.pmap(one, list(enumerate(items)))
 
 
+def _write_vocab(base_dir, out_dir, toks):
+    """tiktoken.model with toks at ranks 0.., then the specials after them; returns the rank count."""
+    with open(os.path.join(out_dir, "tiktoken.model"), "wb") as f:
+        for r, b in enumerate(toks):
+            f.write(base64.b64encode(b) + b" " + str(r).encode() + b"\n")
+    _write_specials(base_dir, out_dir, len(toks))
+    return len(toks)
+
+
 def make_pairs_vocab(base_dir, out_dir):
     """The 256 bytes plus every byte pair (rank 256 + 256*a + b): BPE then pairs bytes up
     inside each piece in an order fixed by the ranks, so a piece boundary in a different place
     almost always changes the ids. Used for the code-point sweep."""
     toks = [bytes([b]) for b in range(256)] + [bytes([a, b]) for a in range(256)
                                                 for b in range(256)]
-    n = len(toks)
-    with open(os.path.join(out_dir, "tiktoken.model"), "wb") as f:
-        for r, b in enumerate(toks):
-            f.write(base64.b64encode(b) + b" " + str(r).encode() + b"\n")
-    _write_specials(base_dir, out_dir, n)
-    return n
+    return _write_vocab(base_dir, out_dir, toks)
 
 
 def _write_specials(base_dir, out_dir, n):
