@@ -16,5 +16,8 @@ void gm_graph_check(k3_runner_t *gpu, int nb, int steps);
  * `batch` sequences, prefill of `ptok` tokens. The runner needs batch + 1 free slots, pages for
  * them and prefill_chunk_tokens >= ptok. */
 void gm_perf(k3_runner_t *gpu, int steps, int batch, int64_t ptok);
+/* --profile: gm_perf adds three cudaProfilerStart/Stop regions (prefill, decode batch 1, decode
+ * batch B; see gpu_model_perf.c) for ncu --profile-from-start off. */
+extern bool gm_profile;
 
 #endif

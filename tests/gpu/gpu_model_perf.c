@@ -15,11 +15,17 @@
  *     k3_runner_prefill_flops(P) / GEMM rate (second of two runs: the first pays the workspace
  *     growth and the first-use cuBLASLt plans).
  * Timing: host wall clock around whole steps, each step ending in a synchronisation (the logits
- * copy), i.e. what a serving loop sees. */
+ * copy), i.e. what a serving loop sees.
+ * --profile (gm_profile): three extra untimed regions between cudaProfilerStart/Stop for
+ * `ncu --profile-from-start off`: one prefill pass of the P-token prompt, one eager decode step
+ * at batch 1, one eager decode step at batch B; each region opens with a one-element
+ * fill_random launch so scripts/gpu/ncu_sum.py can tell the regions apart. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cuda_profiler_api.h>
 
 #include "gpu_model.h"
 #include "k3k.h"
@@ -119,6 +125,23 @@ void gm_graph_check(k3_runner_t *gpu, int nb, int steps) {
   free(pf);
 }
 
+bool gm_profile = false;
+
+/* Opens (on) or closes a profiled region; the marker launch names the region's start. */
+static void prof_region(k3k_backend_t *be, bool on) {
+  static void *mark;
+  if (!gm_profile) return;
+  if (on) {
+    if (!mark && be->alloc(be, 64, &mark)) mark = NULL;
+    be->synchronize(be);
+    cudaProfilerStart();
+    if (mark) k3k_cu_fill_random(k3k_cuda_ctx_of(be)->stream, mark, 1, K3K_F32, 1, 0.f, 1.f);
+  } else {
+    be->synchronize(be);
+    cudaProfilerStop();
+  }
+}
+
 /* ---- ceilings ---- */
 
 static double copy_bandwidth(k3k_backend_t *be) {
@@ -196,6 +219,12 @@ void gm_perf(k3_runner_t *gpu, int steps, int batch, int64_t ptok) {
     pf = (double)(k3_now_ns() - t0) / 1e9;
     hseq_free(gpu, &one);
   }
+  if (!rc && gm_profile) {
+    prof_region(be, true);
+    rc = prefill_n(gpu, &one, 1, tok, ptok, 8, NULL);
+    prof_region(be, false);
+    hseq_free(gpu, &one);
+  }
   if (!rc) {
     double fl = k3_runner_prefill_flops(gpu, ptok), floor = fl / gr;
     printf("PERF prefill %lld tokens (one pass): %.3f s = %.0f tokens/s; FLOP floor %.3f s "
@@ -213,6 +242,13 @@ void gm_perf(k3_runner_t *gpu, int steps, int batch, int64_t ptok) {
     double se = time_decode(gpu, &one, 1, 3, steps, &t);
     k3_runner_set_graphs(gpu, true);
     double sg = time_decode(gpu, &one, 1, 3, steps, &t);
+    if (gm_profile && sg > 0) {
+      k3_runner_set_graphs(gpu, false);
+      prof_region(be, true);
+      if (decode_n(gpu, &one, 1, tok_at(t++, V), NULL)) sg = -1;
+      prof_region(be, false);
+      k3_runner_set_graphs(gpu, true);
+    }
     printf("PERF decode batch 1: eager %.3f ms/step, graph %.3f ms/step (%d steps, context ~%lld); "
            "weight-read floor %.3f ms (%.2f GB/step / %.0f GB/s) = eager %.2fx, graph %.2fx\n",
            se * 1e3, sg * 1e3, steps, (long long)(plen + steps), fl * 1e3,
@@ -230,6 +266,13 @@ void gm_perf(k3_runner_t *gpu, int steps, int batch, int64_t ptok) {
     double se = time_decode(gpu, q, batch, 2, steps / 2 > 0 ? steps / 2 : 1, &t);
     k3_runner_set_graphs(gpu, true);
     double sg = time_decode(gpu, q, batch, 3, steps, &t);
+    if (gm_profile && sg > 0) {
+      k3_runner_set_graphs(gpu, false);
+      prof_region(be, true);
+      if (decode_n(gpu, q, batch, tok_at(t++, V), NULL)) sg = -1;
+      prof_region(be, false);
+      k3_runner_set_graphs(gpu, true);
+    }
     printf("PERF decode batch %d: graph %.3f ms/step = %.0f tokens/s (eager %.3f ms/step = %.0f "
            "tokens/s); floor %.3f ms (%.2f GB/step: weights with E(1-(1-k/E)^B) experts + KDA state "
            "r/w / %.0f GB/s) = %.0f tokens/s ceiling; graph %.2fx floor\n", batch, sg * 1e3,
