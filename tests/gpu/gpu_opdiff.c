@@ -221,13 +221,14 @@ static void report(const char *name, const res_t *g, const res_t *c, int64_t V,
 }
 
 int main(int argc, char **argv) {
-  const char *model = NULL, *preset = NULL, *backend = "cuda", *exps = NULL;
+  const char *model = NULL, *preset = NULL, *sconfig = NULL, *backend = "cuda", *exps = NULL;
   bool expect_zero = false;
   int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
   double budget = 0;
   k3_flag_t flags[] = {
       {"model", K3_FLAG_STR, &model, "DIR", "checkpoint directory (k3pd-mkckpt)", false},
       {"preset", K3_FLAG_STR, &preset, "NAME", "synthetic weights of a built-in config (small ones)", false},
+      {"synthetic-config", K3_FLAG_STR, &sconfig, "FILE", "synthetic weights of a config.json, generated in memory on every CPU", false},
       {"expect-zero", K3_FLAG_BOOL, &expect_zero, NULL, "fail unless every figure vs the reference is 0", false},
       {"backend", K3_FLAG_STR, &backend, "NAME", "studied backend (default cuda; cpu = self-test)", false},
       {"threads", K3_FLAG_INT, &threads, "N", "threads of the cpu-fast reference (default: CPUs)", false},
@@ -238,8 +239,9 @@ int main(int argc, char **argv) {
   char err[512] = "";
   int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
-  if (rc || (model != NULL) == (preset != NULL)) {
-    fprintf(stderr, "k3k-gpu-opdiff: %s\n", rc ? err : "give exactly one of --model DIR or --preset NAME");
+  if (rc || (model != NULL) + (preset != NULL) + (sconfig != NULL) != 1) {
+    fprintf(stderr, "k3k-gpu-opdiff: %s\n",
+            rc ? err : "give exactly one of --model DIR, --preset NAME or --synthetic-config FILE");
     return 2;
   }
   k3k_backend_t *be = k3k_backend_get(backend), *ref = k3k_backend_get("cpu-fast");
@@ -252,6 +254,10 @@ int main(int argc, char **argv) {
   uint64_t t0 = k3_now_ns();
   if (model) {
     rc = k3_weights_open_dir(model, &cfg, &w, err, sizeof err);
+  } else if (sconfig) {
+    k3_weights_synth_opts_t so = {.threads = threads, .progress = true};
+    rc = k3_model_config_load(sconfig, &cfg, err, sizeof err);
+    if (!rc) rc = k3_weights_synth_opts(&cfg, 1, &so, &w, err, sizeof err);
   } else {
     const char *json = k3_model_config_preset(preset);
     rc = json ? k3_model_config_parse(json, strlen(json), &cfg, err, sizeof err) : K3_EINVAL;
