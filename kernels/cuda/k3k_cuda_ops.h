@@ -123,8 +123,9 @@ typedef struct {
   size_t ld_qkv;
   const uint16_t *g_raw;              /* [B][NH*128] bf16 f_b_proj output */
   size_t ld_g;
-  const float *b_raw;                 /* [B][NH] fp32 */
+  const void *b_raw;                  /* [B][NH] fp32, or bf16 when b_raw_bf16 */
   size_t ld_b;
+  int b_raw_bf16;
   const uint16_t *z;                  /* [B][NH*128] bf16 output-gate projection */
   size_t ld_z;
   uint16_t *conv_q, *conv_k, *conv_v; /* [slots][NH*128][3] bf16, updated in place */

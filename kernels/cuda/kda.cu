@@ -215,7 +215,9 @@ __global__ void __launch_bounds__(256) kda_decode_kernel(k3k_cu_kda_decode_args 
   /* Out-of-range slots are skipped (nothing outside the pools is touched); callers of this raw
    * entry validate ids with k3k_cuda_check_ids when they come from outside. */
   if (a.n_slots > 0 && (slot < 0 || slot >= a.n_slots)) return;
-  float beta = sigmoidf_acc(a.b_raw[(size_t)b * a.ld_b + h]);
+  const size_t bi = (size_t)b * a.ld_b + h;
+  float beta = sigmoidf_acc(a.b_raw_bf16 ? bf2f(((const uint16_t *)a.b_raw)[bi])
+                                         : ((const float *)a.b_raw)[bi]);
   if (tid < 128) {
     size_t c = (size_t)h * 128 + tid;
     size_t cs = ((size_t)slot * P + c) * 3;

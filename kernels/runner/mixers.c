@@ -27,10 +27,7 @@ int rn_kda_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int ki, con
   k3k_tensor_t lin[3] = {rn_buf(ws, A, T, P), rn_buf(ws, A, T, P), rn_buf(ws, A, T, P)};
   k3k_tensor_t fa = rn_buf(ws, A, T, DK), graw = rn_buf(ws, A, T, P);
   k3k_tensor_t braw = rn_buf(ws, A, T, NH), z = rn_buf(ws, A, T, P);
-  k3k_tensor_t conv[3] = {rn_buf(ws, A, T, P), rn_buf(ws, A, T, P), rn_buf(ws, A, T, P)};
-  k3k_tensor_t qn = rn_buf(ws, K3K_F32, T, P), kn = rn_buf(ws, K3K_F32, T, P);
-  k3k_tensor_t g = rn_buf(ws, K3K_F32, T, P), beta = rn_buf(ws, K3K_F32, T, NH);
-  k3k_tensor_t o = rn_buf(ws, A, T, P), on = rn_buf(ws, A, T, P);
+  k3k_tensor_t on = rn_buf(ws, A, T, P);
   if (ws->rc) return ws->rc;
   TRY(k3k_gemm(be, x, &L->q, &lin[0]));
   TRY(k3k_gemm(be, x, &L->k, &lin[1]));
@@ -46,6 +43,15 @@ int rn_kda_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int ki, con
     TRY(k3k_gemm(be, x, &L->ga, &za));
     TRY(k3k_gemm(be, &za, &L->gb, &z));
   }
+  if (ps->decode && r->kda_fused) { /* everything up to o_proj in one launch (kda_device.c) */
+    TRY(rn_dev_kda_decode(r, L, ki, ps, lin, &graw, &braw, &z, &on));
+    return k3k_gemm(be, &on, &L->o, out);
+  }
+  k3k_tensor_t conv[3] = {rn_buf(ws, A, T, P), rn_buf(ws, A, T, P), rn_buf(ws, A, T, P)};
+  k3k_tensor_t qn = rn_buf(ws, K3K_F32, T, P), kn = rn_buf(ws, K3K_F32, T, P);
+  k3k_tensor_t g = rn_buf(ws, K3K_F32, T, P), beta = rn_buf(ws, K3K_F32, T, NH);
+  k3k_tensor_t o = rn_buf(ws, A, T, P);
+  if (ws->rc) return ws->rc;
   /* causal short conv + SiLU per sequence, with the slot's conv state (§3.2) */
   k3k_conv_params_t cp = {.n_seqs = ps->n_seq, .read_state = 1, .activation = 1};
   for (int j = 0; j < 3; j++) {

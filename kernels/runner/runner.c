@@ -392,6 +392,7 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
   }
   if (!rc) rc = rn_state_init(r, err, errlen);
   if (!rc) rc = rn_dev_init(r, err, errlen);
+  if (!rc) rn_dev_kda_init(r);
   if (!rc) rc = rn_gd_init(r, err, errlen);
   if (rc) {
     if (rc == K3_ENOMEM && err && !err[0]) rn_seterr(err, errlen, "runner: out of memory");

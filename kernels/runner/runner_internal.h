@@ -112,6 +112,7 @@ struct k3_runner {
 
   struct rn_dev *dev;      /* device MoE path (ffn_device.c), NULL = k3k ops only */
   struct rn_gd *gd;        /* device decode + CUDA graphs (graph.c), NULL = rn_forward only */
+  bool kda_fused;          /* KDA decode in one launch per layer (kda_device.c) */
   bool graphs_off;         /* k3_runner_set_graphs(r, false) */
   k3_runner_stats_t stats;
 
@@ -170,6 +171,28 @@ static inline int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, con
                                      const k3k_tensor_t *idx, const k3k_tensor_t *wt,
                                      const k3k_tensor_t *comb) {
   return K3_ENOTSUP; /* never called: r->dev stays NULL without the CUDA backend */
+}
+#endif
+
+/* kda_device.c (CUDA builds): rn_dev_kda_init sets r->kda_fused when every KDA layer can take
+ * the fused decode kernel (cuda backend, bf16, K3's lower-bound gate, 128-wide heads, conv
+ * width 4, fp32 conv/A_log/dt_bias/o_norm; K3PD_CUDA_KDA_FUSED=0 keeps the op chain);
+ * rn_dev_kda_decode then replaces CONV_STEP x3 → L2NORM x2 → KDA_GATE → SIGMOID → KDA_STEP →
+ * GATED_RMSNORM of a decode pass with one launch, from the projections lin[3] (q, k, v before
+ * the conv), graw (gate), braw (beta logits) and z (output gate), writing the gated-normed
+ * output `on` [T,P]. Same rounding points as the chain (k3k-gpu-check kda_fused_decode). */
+#ifdef K3_RUNNER_CUDA
+void rn_dev_kda_init(k3_runner_t *r);
+int rn_dev_kda_decode(k3_runner_t *r, const rn_layer_t *L, int ki, const rn_pass_t *ps,
+                      const k3k_tensor_t *lin, const k3k_tensor_t *graw, const k3k_tensor_t *braw,
+                      const k3k_tensor_t *z, const k3k_tensor_t *on);
+#else
+static inline void rn_dev_kda_init(k3_runner_t *r) {}
+static inline int rn_dev_kda_decode(k3_runner_t *r, const rn_layer_t *L, int ki, const rn_pass_t *ps,
+                                    const k3k_tensor_t *lin, const k3k_tensor_t *graw,
+                                    const k3k_tensor_t *braw, const k3k_tensor_t *z,
+                                    const k3k_tensor_t *on) {
+  return K3_ENOTSUP; /* never called: r->kda_fused stays false without the CUDA backend */
 }
 #endif
 

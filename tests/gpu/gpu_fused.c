@@ -20,17 +20,18 @@ static int ref_run(gctx *g, k3k_op_t op, const void *prm, const k3k_tensor_t **t
   return rc;
 }
 
-void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH) {
+static void fused_case(gctx *g, int64_t B, int64_t NH, k3k_dtype_t bdt) {
   const int64_t P = NH * 128, S = B + 1;
   enum { QL, KL, VL, GR, BR, Z, CQ, CK, CV, WQ, WK, WV, AL, DT, ON, ST, SL, QC, KC, VC, QN, KN,
          G, BE, O, OUT, NP };
   gpair p[NP];
   memset(p, 0, sizeof p);
   char what[96];
-  snprintf(what, sizeof what, "kda_fused_decode B=%lld NH=%lld", (long long)B, (long long)NH);
+  snprintf(what, sizeof what, "kda_fused_decode B=%lld NH=%lld b_raw %s", (long long)B, (long long)NH,
+           bdt == K3K_BF16 ? "bf16" : "f32");
   int rc = 0;
   for (int i = QL; i <= Z; i++)
-    rc |= gpair_new(g, &p[i], i == BR ? K3K_F32 : K3K_BF16, 2, SH(B, i == BR ? NH : P));
+    rc |= gpair_new(g, &p[i], i == BR ? bdt : K3K_BF16, 2, SH(B, i == BR ? NH : P));
   for (int i = CQ; i <= CV; i++) rc |= gpair_new(g, &p[i], K3K_BF16, 3, SH(S, P, 3));
   for (int i = WQ; i <= WV; i++) rc |= gpair_new(g, &p[i], K3K_F32, 2, SH(P, 4));
   rc |= gpair_new(g, &p[AL], K3K_F32, 1, SH(128));
@@ -89,7 +90,7 @@ void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH) {
     a.heads = (int)NH;
     a.q = p[QL].d.data, a.k = p[KL].d.data, a.v = p[VL].d.data, a.ld_qkv = (size_t)P;
     a.g_raw = p[GR].d.data, a.ld_g = (size_t)P;
-    a.b_raw = p[BR].d.data, a.ld_b = (size_t)NH;
+    a.b_raw = p[BR].d.data, a.ld_b = (size_t)NH, a.b_raw_bf16 = bdt == K3K_BF16;
     a.z = p[Z].d.data, a.ld_z = (size_t)P;
     a.conv_q = p[CQ].d.data, a.conv_k = p[CK].d.data, a.conv_v = p[CV].d.data;
     a.wq = p[WQ].d.data, a.wk = p[WK].d.data, a.wv = p[WV].d.data;
@@ -115,4 +116,10 @@ void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH) {
   }
 out:
   for (int i = 0; i < NP; i++) gpair_free(g, &p[i]);
+}
+
+/* b_raw as fp32 (the kernel's first form) and as bf16 (what the runner's bf16 GEMM gives). */
+void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH) {
+  fused_case(g, B, NH, K3K_F32);
+  fused_case(g, B, NH, K3K_BF16);
 }
