@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "gemv.h"
 
 #define LT_CHECK(call)                                                              \
   do {                                                                              \
@@ -323,6 +324,8 @@ int k3k_cuda_gemm(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *cons
     zs.s[0] = 0; /* every row reads the same zeros */
     return cvt(cx, zs, mkdv(y), M, N);
   }
+  /* Decode shapes (M <= 16, bf16 weights): the weight-streaming kernel of gemv.cu. */
+  if (k3k_cuda_gemv_wanted(t)) return k3k_cuda_gemv(cx, t, 0, 0);
   /* Compute dtype: BF16 tensor cores when both inputs are BF16, else exact fp32. */
   k3k_dtype_t ct = (x->dtype == K3K_BF16 && w->dtype == K3K_BF16) ? K3K_BF16 : K3K_F32;
   bool dx = direct(x, ct), dw = direct(w, ct);
