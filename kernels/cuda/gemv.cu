@@ -2,9 +2,11 @@
  * accumulation, F32 or BF16 y (see gemv.h for the contract).
  *
  * Why: at decode the model is a weight stream; cuBLASLt reads the dense projections at 1.2-1.4x
- * the copy-bandwidth floor at these shapes. This kernel does nothing but stream W once with
- * 16-byte non-allocating loads, many in flight per thread, and lets the tensor cores do the
- * (tiny) arithmetic so no M needs more than a few instructions per loaded byte.
+ * the copy-bandwidth floor at these shapes, and the small ones (router, KDA f_a/b, MLA kv_a/q_a)
+ * at 3-50x. This kernel does nothing but stream W once with 16-byte non-allocating loads, many
+ * in flight per thread, and lets the tensor cores do the (tiny) arithmetic so no M needs more
+ * than a few instructions per loaded byte. The GEMM op uses it only where it measured faster
+ * (k3k_cuda_gemv_wanted; on the largest matrices cuBLASLt streams ~7 % faster).
  *
  * Work split. A warp step covers 32 consecutive k of 8·NT weight rows: lane (g = lane/4,
  * t4 = lane%4) loads the 16 bytes W[n0 + 8j + g][k0 + 8·t4 .. +8] for each row tile j < NT, and
@@ -13,7 +15,8 @@
  * step is the same for A (x) and B (W), so Σ_k is unchanged, and every load is 16 bytes of a
  * row-major operand with no shuffles. A CTA = 8 warps owns 8·NT rows; its steps are dealt to the
  * warps round-robin (warp w: steps w, w+8, ...), U = 8/NT steps (8 weight loads per lane) issued
- * before their mma. For shapes with few row tiles the K range is further split over a cluster of
+ * before their mma (variants 2-4 of gemv.h: two adjacent chunks per lane and row, and/or 16
+ * loads in flight; measured, none better across the board, so variant 1 is the default). For shapes with few row tiles the K range is further split over a cluster of
  * `split` CTAs (1, 2, 4, 8; contiguous step ranges), so that every shape has enough CTAs.
  *
  * Reduction order (fixed): each warp's mma accumulator chain in increasing step order; then the
@@ -50,15 +53,18 @@ __device__ __forceinline__ uint4 ld_stream16(const void *p) {
   return r;
 }
 
-/* HI: M > 8, so x rows g+8 exist. NT: row tiles (8 rows each) per warp step. */
-template <int NT, bool HI>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, HI ? 2 : 3) gemv_kernel(gemv_args a) {
-  constexpr int U = 8 / NT; /* steps per batch: 8 weight loads in flight per lane */
+/* HI: M > 8, so x rows g+8 exist. NT: row tiles (8 rows each) per warp step. CH: 16-byte
+ * chunks per lane and row in a step (step = 32·CH k; CH = 2 makes the 4 lanes of a row read one
+ * whole 128-byte line). L: weight loads per lane in flight per batch. */
+template <int NT, bool HI, int CH, int L>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, (HI || L > 8) ? 2 : 3) gemv_kernel(gemv_args a) {
+  constexpr int U = L / (NT * CH) > 0 ? L / (NT * CH) : 1; /* steps per batch */
+  constexpr int KS = 32 * CH;                              /* k per step */
   __shared__ float red[GEMV_WARPS][NT][32][4];
   __shared__ float part[16 * 8 * NT]; /* this CTA's partial sums, read by cluster rank 0 */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   const int rank = blockIdx.x, n0 = blockIdx.y * 8 * NT;
-  const int S = (a.K + 31) >> 5; /* steps of 32 k */
+  const int S = (a.K + KS - 1) / KS;
   const int s_lo = (int)((int64_t)S * rank / a.split), s_hi = (int)((int64_t)S * (rank + 1) / a.split);
 
   const uint16_t *wrow[NT];
@@ -67,11 +73,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, HI ? 2 : 3) gemv_kernel(gemv_
   for (int j = 0; j < NT; j++) {
     int n = n0 + 8 * j + g;
     nok[j] = n < a.N;
-    wrow[j] = a.w + (int64_t)(nok[j] ? n : 0) * a.ldw + 8 * t4;
+    wrow[j] = a.w + (int64_t)(nok[j] ? n : 0) * a.ldw + 8 * CH * t4;
   }
   const bool xlo = g < a.M, xhi = HI && g + 8 < a.M;
-  const uint16_t *xr0 = a.x + (int64_t)(xlo ? g : 0) * a.ldx + 8 * t4;
-  const uint16_t *xr1 = a.x + (int64_t)(xhi ? g + 8 : 0) * a.ldx + 8 * t4;
+  const uint16_t *xr0 = a.x + (int64_t)(xlo ? g : 0) * a.ldx + 8 * CH * t4;
+  const uint16_t *xr1 = a.x + (int64_t)(xhi ? g + 8 : 0) * a.ldx + 8 * CH * t4;
   const uint4 z4 = make_uint4(0, 0, 0, 0);
 
   float acc[NT][4];
@@ -79,26 +85,32 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, HI ? 2 : 3) gemv_kernel(gemv_
   for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
   for (int s = s_lo + warp; s < s_hi; s += GEMV_WARPS * U) {
-    uint4 wv[U][NT];
+    uint4 wv[U][NT][CH];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int ss = s + u * GEMV_WARPS;
-      int k = ss * 32 + 8 * t4;
-      bool ok = ss < s_hi && k < a.K;
 #pragma unroll
-      for (int j = 0; j < NT; j++) wv[u][j] = ok && nok[j] ? ld_stream16(wrow[j] + ss * 32) : z4;
+      for (int c = 0; c < CH; c++) {
+        bool ok = ss < s_hi && ss * KS + 8 * CH * t4 + 8 * c < a.K;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+          wv[u][j][c] = ok && nok[j] ? ld_stream16(wrow[j] + ss * KS + 8 * c) : z4;
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int ss = s + u * GEMV_WARPS;
-      bool ok = ss < s_hi && ss * 32 + 8 * t4 < a.K;
-      uint4 xa = ok && xlo ? __ldg((const uint4 *)(xr0 + ss * 32)) : z4;
-      uint4 xb = ok && xhi ? __ldg((const uint4 *)(xr1 + ss * 32)) : z4;
-      const uint32_t a0[4] = {xa.x, xb.x, xa.y, xb.y}, a1[4] = {xa.z, xb.z, xa.w, xb.w};
 #pragma unroll
-      for (int j = 0; j < NT; j++) {
-        mma_bf16(acc[j], a0, wv[u][j].x, wv[u][j].y);
-        mma_bf16(acc[j], a1, wv[u][j].z, wv[u][j].w);
+      for (int c = 0; c < CH; c++) {
+        bool ok = ss < s_hi && ss * KS + 8 * CH * t4 + 8 * c < a.K;
+        uint4 xa = ok && xlo ? __ldg((const uint4 *)(xr0 + ss * KS + 8 * c)) : z4;
+        uint4 xb = ok && xhi ? __ldg((const uint4 *)(xr1 + ss * KS + 8 * c)) : z4;
+        const uint32_t a0[4] = {xa.x, xb.x, xa.y, xb.y}, a1[4] = {xa.z, xb.z, xa.w, xb.w};
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+          mma_bf16(acc[j], a0, wv[u][j][c].x, wv[u][j][c].y);
+          mma_bf16(acc[j], a1, wv[u][j][c].z, wv[u][j][c].w);
+        }
       }
     }
   }
@@ -176,10 +188,12 @@ void k3k_cuda_gemv_plan(int64_t M, int64_t N, int64_t K, int *split, int *nt) {
    * at <= half the weight bytes. */
   int t = M <= 4 ? 1 : M <= 8 ? 2 : 4;
   int64_t tiles = (N + 8 * t - 1) / (8 * t), steps = (K + 31) / 32;
-  /* K split: aim for >= 1024 CTAs (several waves of 8-warp CTAs on any Hopper part; a shape
-   * constant, never the SM count), keeping >= one full batch (8/NT steps) per warp. */
+  /* K split (a shape rule, never the SM count): only for shapes with few row tiles. Measured
+   * (docs/perf-gpu.md "skinny GEMM"): every split costs time once there are >= ~400 CTAs (each
+   * CTA's start-up latency and reduction are then paid more often for the same bytes), and
+   * helps a little below ~200. */
   int s = 1;
-  while (s < 8 && tiles * s < 1024 && steps / (2 * s * GEMV_WARPS) >= 8 / t) s *= 2;
+  while (s < 8 && tiles * s < 200 && steps >= 2 * s * GEMV_WARPS) s *= 2;
   *split = s;
   *nt = t;
 }
@@ -193,11 +207,26 @@ static int gemv_env(void) {
   return env;
 }
 
-bool k3k_cuda_gemv_wanted(const k3k_tensor_t *const *t) {
-  return gemv_env() && k3k_cuda_gemv_fits(t);
+/* Where the kernel measured faster than cuBLASLt (back-to-back calls, H200, docs/perf-gpu.md
+ * "skinny GEMM"), as a rule on the shape only:
+ *  - few weight rows or a short K, at any M <= 16: N <= 1024 (MLA kv_a, router, KDA f_a and b:
+ *    5-7 us against cuBLASLt's 13-17 us) or K <= 256 (KDA f_b 12288 x 128: 6.5-10 vs 10-11 us);
+ *  - M <= 4: N <= 2048 (MLA q_a: 10 vs 11-19 us) and the hidden-size projections
+ *    7168 -> 6144..16384 (KDA q/k/v/g, MLA gate, shared-expert gate/up: 2-6 % faster).
+ * Elsewhere (K >= 12288, N >= 18432, the 3584-wide latent projections, the shared-expert down
+ * projection, M > 4 on the larger matrices) cuBLASLt streams the weights as fast or faster. */
+static bool gemv_wins(int64_t M, int64_t N, int64_t K) {
+  if (N <= 1024 || K <= 256) return true;
+  if (M > 4) return false;
+  return N <= 2048 || (N >= 6144 && N <= 16384 && K >= 7168 && K <= 8192);
 }
 
-template <int NT, bool HI>
+bool k3k_cuda_gemv_wanted(const k3k_tensor_t *const *t) {
+  return gemv_env() && k3k_cuda_gemv_fits(t) &&
+         gemv_wins(t[0]->shape[0], t[1]->shape[0], t[0]->shape[1]);
+}
+
+template <int NT, bool HI, int CH, int L>
 static cudaError_t launch(cudaStream_t st, const gemv_args &a) {
   int64_t tiles = (a.N + 8 * NT - 1) / (8 * NT);
   cudaLaunchConfig_t cfg = {};
@@ -211,10 +240,18 @@ static cudaError_t launch(cudaStream_t st, const gemv_args &a) {
   at[0].val.clusterDim.z = 1;
   cfg.attrs = at;
   cfg.numAttrs = a.split > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, gemv_kernel<NT, HI>, a);
+  return cudaLaunchKernelEx(&cfg, gemv_kernel<NT, HI, CH, L>, a);
 }
 
-int k3k_cuda_gemv(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int split, int nt) {
+template <int CH, int L>
+static cudaError_t launch_v(cudaStream_t st, const gemv_args &a, int nt) {
+  bool hi = a.M > 8;
+  if (nt == 1) return hi ? launch<1, true, CH, L>(st, a) : launch<1, false, CH, L>(st, a);
+  if (nt == 2) return hi ? launch<2, true, CH, L>(st, a) : launch<2, false, CH, L>(st, a);
+  return hi ? launch<4, true, CH, L>(st, a) : launch<4, false, CH, L>(st, a);
+}
+
+int k3k_cuda_gemv(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int split, int nt, int var) {
   if (!k3k_cuda_gemv_fits(t)) return K3_EINVAL;
   const k3k_tensor_t *x = t[0], *w = t[1], *y = t[2];
   gemv_args a;
@@ -229,14 +266,18 @@ int k3k_cuda_gemv(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int split, int
   if ((a.split != 1 && a.split != 2 && a.split != 4 && a.split != 8) ||
       (nt != 1 && nt != 2 && nt != 4))
     return K3_EINVAL;
-  bool hi = a.M > 8;
+  if (var <= 0) var = K3K_GEMV_DEFAULT_VARIANT;
   cudaError_t e;
-  if (nt == 1) e = hi ? launch<1, true>(cx->stream, a) : launch<1, false>(cx->stream, a);
-  else if (nt == 2) e = hi ? launch<2, true>(cx->stream, a) : launch<2, false>(cx->stream, a);
-  else e = hi ? launch<4, true>(cx->stream, a) : launch<4, false>(cx->stream, a);
+  switch (var) {
+  case 1: e = launch_v<1, 8>(cx->stream, a, nt); break;
+  case 2: e = launch_v<2, 8>(cx->stream, a, nt); break;
+  case 3: e = launch_v<1, 16>(cx->stream, a, nt); break;
+  case 4: e = launch_v<2, 16>(cx->stream, a, nt); break;
+  default: return K3_EINVAL;
+  }
   if (e != cudaSuccess) {
-    K3_ERROR("cuda: launch of gemv (M=%d N=%d K=%d split=%d nt=%d) failed: %s", a.M, a.N, a.K,
-             a.split, nt, cudaGetErrorString(e));
+    K3_ERROR("cuda: launch of gemv (M=%d N=%d K=%d split=%d nt=%d variant %d) failed: %s", a.M,
+             a.N, a.K, a.split, nt, var, cudaGetErrorString(e));
     return K3_EDEVICE;
   }
   K3K_LAUNCHED("gemv");

@@ -4,19 +4,22 @@
  *   - small shapes compared in full against the reference GEMM: odd N (tails of row tiles), K not
  *     a multiple of 32 (partial steps), every M class (1..16), F32 and BF16 y, a strided y (column
  *     view) and an x row stride > K, each through the GEMM op (the dispatch) and then with every
- *     forced (split, NT) configuration;
- *   - the runner's decode shapes at full size (weights generated on the device, 0.05 wide) at
- *     M = 1, 3, 16: the op's output is checked in full for unwritten (poisoned NaN) values, compared
- *     with the reference on 512 sampled weight rows (16 blocks of 32 consecutive rows spread over
- *     N, the last block ending at N, so every row-tile position and the tail are covered), and run
- *     a second time to check the result is bit-identical.
+ *     forced (split, NT, variant) configuration;
+ *   - the medium model's decode projections at full size (weights generated on the device, 0.05
+ *     wide) at M = 1, 3, 16: the op's output is checked in full for unwritten (poisoned NaN)
+ *     values, compared with the reference on 512 sampled weight rows (16 blocks of 32 consecutive
+ *     rows spread over N, the last block ending at N, so every row-tile position and the tail are
+ *     covered), and run a second time to check the result is bit-identical; then each kernel
+ *     variant forced with the shape rule's split and NT.
  * Tolerances as the other GEMM cases (gpu_parity.c): BF16 y 1e-2, F32 y 1e-4 (relative Frobenius).
  *
  * Perf (gpu_gemv_perf, `--perf --only gemv`): at each decode shape and M = 1, 2, 4, 8, 16, 64,
- * cuBLASLt (k3k_cuda_lt_gemm, the GEMM op's default path) and the skinny kernel, CUDA-event
- * medians, weights rotated over enough copies (>= 256 MB) that no run reads them from L2, as in
- * the model where each layer's weights are read once per token. Floor = bytes / copy bandwidth
- * measured in the same run. At M = 1 also every forced split (NT = 1), for the shape rule. */
+ * cuBLASLt (k3k_cuda_lt_gemm, the GEMM op's other path) and the skinny kernel (each variant),
+ * time per call of 10 back-to-back calls between two events (median of 15; at M = 1 also one
+ * launch between the events), weights rotated over enough copies (>= 256 MB) that no run reads
+ * them from L2, as in the model where each layer's weights are read once per token. Floor =
+ * bytes / copy bandwidth measured in the same run. Sweeps: the split at M = 1 (N <= 4096), the
+ * row tiles per warp at M = 8 and 16. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -47,6 +50,10 @@ static const gshape kShapes[] = {
     {6144, 7168, K3K_BF16, "shared gate/up"},
     {7168, 6144, K3K_BF16, "shared down"},
     {896, 7168, K3K_F32, "router"},
+    {256, 7168, K3K_F32, "router (medium)"},
+    {128, 7168, K3K_BF16, "kda f_a"},
+    {12288, 128, K3K_BF16, "kda f_b"},
+    {96, 7168, K3K_F32, "kda b"},
     {163840, 7168, K3K_F32, "lm_head"},
 };
 #define NSHAPES (int)(sizeof kShapes / sizeof kShapes[0])
@@ -85,20 +92,20 @@ static void small_case(gctx *g, int64_t M, int64_t N, int64_t K, k3k_dtype_t ydt
   /* The pad columns of yb stay poisoned on both sides, so the full check covers them too. */
   if (!gpair_check(g, &yb, tol_dt(ydt), what) || !k3k_cuda_gemv_fits(td)) goto out;
   static const int splits[] = {1, 2, 4, 8}, nts[] = {1, 2, 4};
-  for (int si = 0; si < 4; si++)
-    for (int ni = 0; ni < 3; ni++) {
-      snprintf(what, sizeof what, "gemv forced split=%d nt=%d M=%lld N=%lld K=%lld ->%s%s",
-               splits[si], nts[ni], (long long)M, (long long)N, (long long)K,
-               k3k_dtype_name(ydt), views ? " views" : "");
-      int rc = g->cuda->memset(g->cuda, yb.d.data, 0xFF, yb.bytes);
-      if (!rc) rc = k3k_cuda_gemv(cx, td, splits[si], nts[ni]);
-      if (!rc) rc = g->cuda->synchronize(g->cuda);
-      if (rc) {
-        g_record(g, false, "%s: %s", what, k3_strerror(rc));
-        continue;
-      }
-      gpair_check(g, &yb, tol_dt(ydt), what);
+  for (int c = 0; c < 4 * 3 * 4; c++) {
+    int sp = splits[c % 4], nt = nts[c / 4 % 3], var = 1 + c / 12;
+    snprintf(what, sizeof what, "gemv forced split=%d nt=%d var=%d M=%lld N=%lld K=%lld ->%s%s",
+             sp, nt, var, (long long)M, (long long)N, (long long)K, k3k_dtype_name(ydt),
+             views ? " views" : "");
+    int rc = g->cuda->memset(g->cuda, yb.d.data, 0xFF, yb.bytes);
+    if (!rc) rc = k3k_cuda_gemv(cx, td, sp, nt, var);
+    if (!rc) rc = g->cuda->synchronize(g->cuda);
+    if (rc) {
+      g_record(g, false, "%s: %s", what, k3_strerror(rc));
+      continue;
     }
+    gpair_check(g, &yb, tol_dt(ydt), what);
+  }
 out:
   gpair_free(g, &xb), gpair_free(g, &w), gpair_free(g, &yb);
 }
@@ -162,28 +169,42 @@ static void full_case(gctx *g, const gshape *s, uint16_t *wd, const int64_t *M_l
       g_record(g, false, "%s: reference failed: %s", what, k3_strerror(rc));
       continue;
     }
-    int64_t nan = 0;
-    for (int64_t i = 0; i < M * N; i++) nan += isnan(ld_any(yh, s->ydt, i));
-    double num = 0, den = 0;
-    for (int64_t m = 0; m < M; m++)
-      for (int b = 0; b < BLOCKS; b++)
-        for (int r = 0; r < BROWS; r++) {
-          double d = ld_any(yh, s->ydt, m * N + row0[b] + r);
-          double h = ld_any(ysub, s->ydt, m * R + b * BROWS + r);
-          num += (d - h) * (d - h), den += h * h;
+    /* v = 0: the op's output (and its rerun); v = 1..4: each kernel variant, forced. */
+    for (int v = 0; v <= 4; v++) {
+      if (v > 0) {
+        snprintf(what, sizeof what, "gemv decode %s M=%lld N=%lld K=%lld ->%s [variant %d]",
+                 s->name, (long long)M, (long long)N, (long long)K, k3k_dtype_name(s->ydt), v);
+        rc = g->cuda->memset(g->cuda, yd, 0xFF, yb);
+        if (!rc) rc = k3k_cuda_gemv(cx, td, 0, 0, v);
+        if (!rc) rc = g->cuda->copy_to_host(g->cuda, yh, yd, yb);
+        if (rc) {
+          g_record(g, false, "%s: cuda failed: %s", what, k3_strerror(rc));
+          continue;
         }
-    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    bool same = !memcmp(yh, yh2, yb);
-    g_record(g, nan == 0 && rel <= tol_dt(s->ydt) && same,
-             "%s: rel_fro=%.3e (tol %.0e) on %lld sampled rows, unwritten=%lld, rerun %s", what,
-             rel, tol_dt(s->ydt), (long long)R, (long long)nan,
-             same ? "bit-identical" : "DIFFERS");
+      }
+      int64_t nan = 0;
+      for (int64_t i = 0; i < M * N; i++) nan += isnan(ld_any(yh, s->ydt, i));
+      double num = 0, den = 0;
+      for (int64_t m = 0; m < M; m++)
+        for (int b = 0; b < BLOCKS; b++)
+          for (int r = 0; r < BROWS; r++) {
+            double d = ld_any(yh, s->ydt, m * N + row0[b] + r);
+            double h = ld_any(ysub, s->ydt, m * R + b * BROWS + r);
+            num += (d - h) * (d - h), den += h * h;
+          }
+      double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+      bool same = v > 0 || !memcmp(yh, yh2, yb);
+      g_record(g, nan == 0 && rel <= tol_dt(s->ydt) && same,
+               "%s: rel_fro=%.3e (tol %.0e) on %lld sampled rows, unwritten=%lld%s", what, rel,
+               tol_dt(s->ydt), (long long)R, (long long)nan,
+               v > 0 ? "" : same ? ", rerun bit-identical" : ", rerun DIFFERS");
+      if (!k3k_cuda_gemv_fits(td)) break;
+    }
   }
 out:
   gpair_free(g, &x);
   if (yd) g->cuda->free(g->cuda, yd);
   free(wsub), free(yh), free(yh2), free(ysub);
-  (void)cx;
 }
 
 void gpu_gemv_cases(gctx *g, bool quick) {
@@ -214,8 +235,8 @@ void gpu_gemv_cases(gctx *g, bool quick) {
 /* ---- perf ---- */
 typedef struct {
   k3k_cuda_ctx *cx;
-  int mode; /* 0: cuBLASLt as the GEMM op calls it, 1: skinny kernel (split forced when > 0) */
-  int split;
+  int mode; /* 0: cuBLASLt as the GEMM op calls it, 1: skinny kernel */
+  int split, nt, var; /* forced configuration (0: the shape rule / default) */
   k3k_tensor_t x, w, y;
   char *wbase;
   size_t wbytes;
@@ -227,7 +248,7 @@ static int gb_run(gbench *b) {
   b->next = (b->next + 1) % b->ncopies;
   if (b->mode == 1) {
     const k3k_tensor_t *t[3] = {&b->x, &b->w, &b->y};
-    return k3k_cuda_gemv(b->cx, t, b->split, b->split > 0 ? 1 : 0);
+    return k3k_cuda_gemv(b->cx, t, b->split, b->nt, b->var);
   }
   int64_t M = b->x.shape[0], K = b->x.shape[1], N = b->w.shape[0];
   int ty = b->y.dtype == K3K_F32 ? CUDA_R_32F : CUDA_R_16BF;
@@ -235,39 +256,48 @@ static int gb_run(gbench *b) {
                           CUDA_R_16BF, K, 0, b->y.data, ty, N, 0, 1);
 }
 
-/* Median seconds of 30 runs after 3 warm-ups; -1 on failure. */
-static double gb_time(gbench *b) {
+/* Median seconds per call over 15 samples after 3 warm-up calls; a sample is `reps` calls
+ * between two events (reps = 1: one launch, host launch latency included; reps = 10:
+ * back-to-back calls as in a captured decode graph, the queue kept ahead of the GPU). */
+static double gb_time(gbench *b, int reps) {
   cudaEvent_t e0, e1;
-  double ts[30];
+  double ts[15];
   if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) return -1;
   double r = -1;
   for (int i = 0; i < 3; i++)
     if (gb_run(b)) goto out;
-  for (int i = 0; i < 30; i++) {
+  for (int i = 0; i < 15; i++) {
     float ms = 0;
     cudaEventRecord(e0, b->cx->stream);
-    if (gb_run(b)) goto out;
+    for (int k = 0; k < reps; k++)
+      if (gb_run(b)) goto out;
     cudaEventRecord(e1, b->cx->stream);
     if (cudaEventSynchronize(e1) != cudaSuccess) goto out;
     cudaEventElapsedTime(&ms, e0, e1);
-    ts[i] = ms * 1e-3;
+    ts[i] = ms * 1e-3 / reps;
   }
-  for (int i = 1; i < 30; i++)
+  for (int i = 1; i < 15; i++)
     for (int j = i; j > 0 && ts[j] < ts[j - 1]; j--) {
       double t = ts[j];
       ts[j] = ts[j - 1], ts[j - 1] = t;
     }
-  r = ts[15];
+  r = ts[7];
 out:
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   return r;
 }
 
+static double gb_cfg(gbench *b, int split, int nt, int var) {
+  b->mode = 1, b->split = split, b->nt = nt, b->var = var;
+  return gb_time(b, 10);
+}
+
 void gpu_gemv_perf(gctx *g, double bw) {
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(g->cuda);
   static const int64_t Ms[] = {1, 2, 4, 8, 16, 64};
-  printf("GEMV columns: shape M | cuBLASLt us x floor | gemv us GB/s x floor | op path\n");
+  printf("GEMV lines: back-to-back time per call (10 calls between events), x = time / floor; "
+         "'1x' = one launch between events\n");
   for (int i = 0; i < NSHAPES; i++) {
     const gshape *s = &kShapes[i];
     gbench b;
@@ -296,28 +326,45 @@ void gpu_gemv_perf(gctx *g, double bw) {
       b.y = k3k_tensor_2d(g->cuda, s->ydt, yb, M, s->N);
       double bytes = (double)b.wbytes + 2.0 * M * s->K + (double)es * M * s->N;
       double fl = bytes / bw;
-      b.mode = 0, b.split = 0;
-      double tl = gb_time(&b);
+      b.mode = 0;
+      double tl = gb_time(&b, 10), tl1 = M == 1 ? gb_time(&b, 1) : 0;
       const k3k_tensor_t *t[3] = {&b.x, &b.w, &b.y};
-      bool fits = k3k_cuda_gemv_fits(t);
-      double tg = -1;
-      if (fits) b.mode = 1, tg = gb_time(&b);
       int sp = 0, nt = 0;
       k3k_cuda_gemv_plan(M, s->N, s->K, &sp, &nt);
-      printf("GEMV %-22s N=%6lld K=%5lld M=%2lld | lt %8.1f us x%.2f | gemv %8.1f us %7.1f GB/s "
-             "x%.2f (split %d nt %d) | floor %7.1f us | op: %s\n",
-             s->name, (long long)s->N, (long long)s->K, (long long)M, tl * 1e6, tl / fl,
-             tg * 1e6, tg > 0 ? bytes / tg * 1e-9 : 0, tg / fl, sp, nt, fl * 1e6,
-             k3k_cuda_gemv_wanted(t) ? "gemv" : "cublasLt");
-      if (M == 1 && fits)
-        for (int f = 1; f <= 8; f *= 2) {
-          b.mode = 1, b.split = f;
-          double tf = gb_time(&b);
-          printf("GEMV-SPLIT %-16s N=%6lld K=%5lld M=1 split=%d nt=1: %8.1f us x%.2f\n", s->name,
-                 (long long)s->N, (long long)s->K, f, tf * 1e6, tf / fl);
+      printf("GEMV %-22s N=%6lld K=%5lld M=%2lld floor %7.1f us | lt %7.1f us x%.2f", s->name,
+             (long long)s->N, (long long)s->K, (long long)M, fl * 1e6, tl * 1e6, tl / fl);
+      if (M == 1) printf(" (1x %.1f)", tl1 * 1e6);
+      bool bad = tl <= 0;
+      if (k3k_cuda_gemv_fits(t)) {
+        printf(" | split %d nt %d:", sp, nt);
+        for (int v = 1; v <= 4; v++) {
+          double tv = gb_cfg(&b, 0, 0, v);
+          bad |= tv <= 0;
+          printf(" v%d %7.1f x%.2f", v, tv * 1e6, tv / fl);
         }
-      if (tl <= 0 || (fits && tg <= 0)) g_record(g, false, "perf gemv %s M=%lld: run failed",
-                                                  s->name, (long long)M);
+        if (M == 1) {
+          b.var = 0;
+          printf(" (1x v%d %.1f)", K3K_GEMV_DEFAULT_VARIANT, gb_time(&b, 1) * 1e6);
+        }
+      }
+      printf(" | op: %s\n", k3k_cuda_gemv_wanted(t) ? "gemv" : "cublasLt");
+      /* Configuration sweeps with the default variant: the split at M = 1 for shapes with few
+       * row tiles, the row tiles per warp at M = 8 and 16. */
+      if (M == 1 && s->N <= 4096)
+        for (int f = 1; f <= 8; f *= 2) {
+          double tf = gb_cfg(&b, f, 1, 0);
+          printf("GEMV-CFG %-18s M=1 split=%d nt=1: %7.1f us x%.2f\n", s->name, f, tf * 1e6,
+                 tf / fl);
+        }
+      if (M == 8 || M == 16)
+        for (int n = 1; n <= 4; n *= 2) {
+          int f = 0, dummy;
+          k3k_cuda_gemv_plan(M, s->N, s->K, &f, &dummy);
+          double tf = gb_cfg(&b, f, n, 0);
+          printf("GEMV-CFG %-18s M=%lld split=%d nt=%d: %7.1f us x%.2f\n", s->name, (long long)M,
+                 f, n, tf * 1e6, tf / fl);
+        }
+      if (bad) g_record(g, false, "perf gemv %s M=%lld: run failed", s->name, (long long)M);
     }
     fflush(stdout);
     g->cuda->free(g->cuda, wb), g->cuda->free(g->cuda, xb), g->cuda->free(g->cuda, yb);
