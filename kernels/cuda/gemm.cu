@@ -4,7 +4,8 @@
  * What it is for: every dense bf16 projection of the model (spec §3.1, §4.1, lm_head), with
  * fp32 accumulation (CUBLAS_COMPUTE_32F). BF16·BF16 → BF16 or F32, and F32·F32 → F32 (exact
  * fp32 SGEMM path, for the fp32 reference mode).
- * What it is not: the MXFP4 expert GEMM (issue 9).
+ * What it is not: the MXFP4 expert GEMM (issue 9), nor the small-M shapes where the skinny
+ * kernel of gemv.cu measured faster (k3k_cuda_gemv_wanted; the op dispatches those there).
  * Layouts: cuBLASLt takes an operand as it is when its inner stride is 1, its row stride can be
  * the leading dimension (>= its row length) and its dtype is the compute dtype (BF16 when x and
  * W are both BF16, else F32); a sliced weight view (rows/columns of a bigger matrix) is such a
@@ -30,6 +31,7 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "gemv.h"
 
 #define LT_CHECK(call)                                                              \
   do {                                                                              \
@@ -323,6 +325,8 @@ int k3k_cuda_gemm(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *cons
     zs.s[0] = 0; /* every row reads the same zeros */
     return cvt(cx, zs, mkdv(y), M, N);
   }
+  /* Decode shapes (M <= 16, bf16 weights): the weight-streaming kernel of gemv.cu. */
+  if (k3k_cuda_gemv_wanted(t)) return k3k_cuda_gemv(cx, t, 0, 0, 0);
   /* Compute dtype: BF16 tensor cores when both inputs are BF16, else exact fp32. */
   k3k_dtype_t ct = (x->dtype == K3K_BF16 && w->dtype == K3K_BF16) ? K3K_BF16 : K3K_F32;
   bool dx = direct(x, ct), dw = direct(w, ct);

@@ -538,6 +538,7 @@ out:
  * GATED_RMSNORM on the reference backend. */
 void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH);
 void gpu_mla_prefill_cases(gctx *g, bool quick);
+void gpu_gemv_cases(gctx *g, bool quick); /* gpu_gemv.c */
 
 int gpu_parity(gctx *g, bool quick) {
   t_gemm_views(g, 1);
@@ -595,5 +596,6 @@ int gpu_parity(gctx *g, bool quick) {
   gpu_mla_prefill_cases(g, quick);
   t_sample(g, 163840);
   t_gemm(g, 4, 4096, 7168, K3K_BF16, K3K_F32); /* lm_head rows (vocab cut to 4096) */
+  gpu_gemv_cases(g, quick);
   return 0;
 }

@@ -168,6 +168,8 @@ static void bench_gemm(pctx *P, int64_t M, int64_t N, int64_t K, const char *nam
   P->g->cuda->free(P->g->cuda, x), P->g->cuda->free(P->g->cuda, w), P->g->cuda->free(P->g->cuda, y);
 }
 
+void gpu_gemv_perf(gctx *g, double bw); /* gpu_gemv.c */
+
 int gpu_perf(gctx *g) {
   pctx P = {g, k3k_cuda_ctx_of(g->cuda), 0, 0, 1};
   k3k_backend_t *be = g->cuda;
@@ -339,6 +341,7 @@ int gpu_perf(gctx *g) {
     void *bufs[] = {q, k, v, gg, bt, o, st, dcu, dsl};
     for (int i = 0; i < 9; i++) be->free(be, bufs[i]);
   }
+  if (want(&P, "gemv")) gpu_gemv_perf(g, P.bw);
   if (want(&P, "gemm")) {
   bench_gemm(&P, B, Pd, H, "gemm decode q_proj M=64 N=12288 K=7168");
   bench_gemm(&P, B, H, Pd, "gemm decode o_proj M=64 N=7168 K=12288");

@@ -1,0 +1,285 @@
+/* CUDA: skinny GEMM for decode, y[M,N] = x[M,K] · W[N,K]ᵀ with M <= 16, bf16 x and W, fp32
+ * accumulation, F32 or BF16 y (see gemv.h for the contract).
+ *
+ * Why: at decode the model is a weight stream; cuBLASLt reads the dense projections at 1.2-1.4x
+ * the copy-bandwidth floor at these shapes, and the small ones (router, KDA f_a/b, MLA kv_a/q_a)
+ * at 3-50x. This kernel does nothing but stream W once with 16-byte non-allocating loads, many
+ * in flight per thread, and lets the tensor cores do the (tiny) arithmetic so no M needs more
+ * than a few instructions per loaded byte. The GEMM op uses it only where it measured faster
+ * (k3k_cuda_gemv_wanted; on the largest matrices cuBLASLt streams ~7 % faster).
+ *
+ * Work split. A warp step covers 32 consecutive k of 8·NT weight rows: lane (g = lane/4,
+ * t4 = lane%4) loads the 16 bytes W[n0 + 8j + g][k0 + 8·t4 .. +8] for each row tile j < NT, and
+ * the same 16 bytes of x rows g and g+8 (when < M). Those 8 k-values are the lane's k slots of
+ * two mma.m16n8k16 (slots 2t4, 2t4+1, 2t4+8, 2t4+9 of each): the permutation of k inside the
+ * step is the same for A (x) and B (W), so Σ_k is unchanged, and every load is 16 bytes of a
+ * row-major operand with no shuffles. A CTA = 8 warps owns 8·NT rows; its steps are dealt to the
+ * warps round-robin (warp w: steps w, w+8, ...), U = 8/NT steps (8 weight loads per lane) issued
+ * before their mma (variants 2-4 of gemv.h: two adjacent chunks per lane and row, and/or 16
+ * loads in flight; measured, none better across the board, so variant 1 is the default). For shapes with few row tiles the K range is further split over a cluster of
+ * `split` CTAs (1, 2, 4, 8; contiguous step ranges), so that every shape has enough CTAs.
+ *
+ * Reduction order (fixed): each warp's mma accumulator chain in increasing step order; then the
+ * 8 warps summed in warp order through shared memory; then the cluster's CTAs in rank order by
+ * rank 0 through distributed shared memory. Nothing depends on the SM count, on scheduling or on
+ * timing, and no atomics are used: identical inputs give bit-identical outputs on every run.
+ * The split and NT come from the shape only (k3k_cuda_gemv_plan). */
+#include <cooperative_groups.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemv.h"
+#include "mma_sm80.cuh"
+
+namespace cg = cooperative_groups;
+
+#define GEMV_WARPS 8
+
+struct gemv_args {
+  const uint16_t *x;
+  int64_t ldx; /* elements */
+  const uint16_t *w;
+  int64_t ldw;
+  dv y;
+  int M, N, K, split;
+};
+
+/* 16 bytes of weights: read once per token, so keep them out of L1. */
+__device__ __forceinline__ uint4 ld_stream16(const void *p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+/* HI: M > 8, so x rows g+8 exist. NT: row tiles (8 rows each) per warp step. CH: 16-byte
+ * chunks per lane and row in a step (step = 32·CH k; CH = 2 makes the 4 lanes of a row read one
+ * whole 128-byte line). L: weight loads per lane in flight per batch. */
+template <int NT, bool HI, int CH, int L>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, (HI || L > 8) ? 2 : 3) gemv_kernel(gemv_args a) {
+  constexpr int U = L / (NT * CH) > 0 ? L / (NT * CH) : 1; /* steps per batch */
+  constexpr int KS = 32 * CH;                              /* k per step */
+  __shared__ float red[GEMV_WARPS][NT][32][4];
+  __shared__ float part[16 * 8 * NT]; /* this CTA's partial sums, read by cluster rank 0 */
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+  const int rank = blockIdx.x, n0 = blockIdx.y * 8 * NT;
+  const int S = (a.K + KS - 1) / KS;
+  const int s_lo = (int)((int64_t)S * rank / a.split), s_hi = (int)((int64_t)S * (rank + 1) / a.split);
+
+  const uint16_t *wrow[NT];
+  bool nok[NT];
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    int n = n0 + 8 * j + g;
+    nok[j] = n < a.N;
+    wrow[j] = a.w + (int64_t)(nok[j] ? n : 0) * a.ldw + 8 * CH * t4;
+  }
+  const bool xlo = g < a.M, xhi = HI && g + 8 < a.M;
+  const uint16_t *xr0 = a.x + (int64_t)(xlo ? g : 0) * a.ldx + 8 * CH * t4;
+  const uint16_t *xr1 = a.x + (int64_t)(xhi ? g + 8 : 0) * a.ldx + 8 * CH * t4;
+  const uint4 z4 = make_uint4(0, 0, 0, 0);
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  for (int s = s_lo + warp; s < s_hi; s += GEMV_WARPS * U) {
+    uint4 wv[U][NT][CH];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int ss = s + u * GEMV_WARPS;
+#pragma unroll
+      for (int c = 0; c < CH; c++) {
+        bool ok = ss < s_hi && ss * KS + 8 * CH * t4 + 8 * c < a.K;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+          wv[u][j][c] = ok && nok[j] ? ld_stream16(wrow[j] + ss * KS + 8 * c) : z4;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int ss = s + u * GEMV_WARPS;
+#pragma unroll
+      for (int c = 0; c < CH; c++) {
+        bool ok = ss < s_hi && ss * KS + 8 * CH * t4 + 8 * c < a.K;
+        uint4 xa = ok && xlo ? __ldg((const uint4 *)(xr0 + ss * KS + 8 * c)) : z4;
+        uint4 xb = ok && xhi ? __ldg((const uint4 *)(xr1 + ss * KS + 8 * c)) : z4;
+        const uint32_t a0[4] = {xa.x, xb.x, xa.y, xb.y}, a1[4] = {xa.z, xb.z, xa.w, xb.w};
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+          mma_bf16(acc[j], a0, wv[u][j][c].x, wv[u][j][c].y);
+          mma_bf16(acc[j], a1, wv[u][j][c].z, wv[u][j][c].w);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) red[warp][j][lane][r] = acc[j][r];
+  __syncthreads();
+
+  /* Output (m, c) of the tile, c in [0, 8·NT): C fragment of lane 4·(m%8) + (c%8)/2, register
+   * 2·(m >= 8) + c%2, row tile c/8. Warps summed in order. */
+  const int n_out = 16 * 8 * NT;
+  for (int o = threadIdx.x; o < n_out; o += GEMV_WARPS * 32) {
+    int m = o / (8 * NT), c = o % (8 * NT), j = c >> 3, nn = c & 7;
+    int l = 4 * (m & 7) + (nn >> 1), r = 2 * (m >> 3) + (nn & 1);
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < GEMV_WARPS; w++) v += red[w][j][l][r];
+    part[o] = v;
+  }
+  if (a.split > 1) {
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync(); /* every rank's part[] is written */
+    if (rank == 0) {
+      for (int o = threadIdx.x; o < n_out; o += GEMV_WARPS * 32) {
+        float v = part[o];
+        for (int q = 1; q < a.split; q++) v += cl.map_shared_rank(part, q)[o];
+        part[o] = v;
+      }
+    }
+    cl.sync(); /* the other ranks keep their shared memory until rank 0 has read it */
+    if (rank != 0) return;
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < n_out; o += GEMV_WARPS * 32) {
+    int m = o / (8 * NT), n = n0 + o % (8 * NT);
+    if (m < a.M && n < a.N) dv_st(a.y, (int64_t)m * a.y.s[0] + (int64_t)n * a.y.s[1], part[o]);
+  }
+}
+
+static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Byte range [lo, hi) of a 2-D view. */
+static void range2(const k3k_tensor_t *t, uintptr_t *lo, uintptr_t *hi) {
+  size_t es = k3k_dtype_size(t->dtype);
+  int64_t last = 0;
+  for (int d = 0; d < 2; d++) last += (t->shape[d] - 1) * t->stride[d];
+  *lo = (uintptr_t)t->data;
+  *hi = *lo + (size_t)(last + 1) * es;
+}
+
+bool k3k_cuda_gemv_fits(const k3k_tensor_t *const *t) {
+  const k3k_tensor_t *x = t[0], *w = t[1], *y = t[2];
+  int64_t M = x->shape[0], K = x->shape[1], N = w->shape[0];
+  if (x->dtype != K3K_BF16 || w->dtype != K3K_BF16) return false;
+  if (y->dtype != K3K_BF16 && y->dtype != K3K_F32) return false;
+  if (M < 1 || M > K3K_GEMV_MAX_M || N < 1 || K < 8 || K % 8) return false;
+  if (K > (1 << 30) || N > 65535LL * 8) return false; /* int step math; grid.y of NT = 1 */
+  if (x->stride[1] != 1 || w->stride[1] != 1) return false;
+  if ((M > 1 && x->stride[0] % 8) || (N > 1 && w->stride[0] % 8)) return false;
+  if (x->stride[0] < 0 || w->stride[0] < 0 || y->stride[0] < 0 || y->stride[1] < 0) return false;
+  if (!al16(x->data) || !al16(w->data)) return false;
+  uintptr_t ylo, yhi, lo, hi; /* the output must not alias an input (CTAs still read them) */
+  range2(y, &ylo, &yhi);
+  range2(x, &lo, &hi);
+  if (ylo < hi && lo < yhi) return false;
+  range2(w, &lo, &hi);
+  if (ylo < hi && lo < yhi) return false;
+  return true;
+}
+
+void k3k_cuda_gemv_plan(int64_t M, int64_t N, int64_t K, int *split, int *nt) {
+  /* Row tiles per warp: x is re-read (from L1/L2) once per 8·NT weight rows; keep those x bytes
+   * at <= half the weight bytes. */
+  int t = M <= 4 ? 1 : M <= 8 ? 2 : 4;
+  int64_t tiles = (N + 8 * t - 1) / (8 * t), steps = (K + 31) / 32;
+  /* K split (a shape rule, never the SM count): only for shapes with few row tiles. Measured
+   * (docs/perf-gpu.md "skinny GEMM"): every split costs time once there are >= ~400 CTAs (each
+   * CTA's start-up latency and reduction are then paid more often for the same bytes), and
+   * helps a little below ~200. */
+  int s = 1;
+  while (s < 8 && tiles * s < 200 && steps >= 2 * s * GEMV_WARPS) s *= 2;
+  *split = s;
+  *nt = t;
+}
+
+static int gemv_env(void) {
+  static int env = -1;
+  if (env < 0) {
+    const char *e = getenv("K3PD_CUDA_GEMV");
+    env = !(e && !strcmp(e, "0"));
+  }
+  return env;
+}
+
+/* Where the kernel measured faster than cuBLASLt (back-to-back calls, H200, docs/perf-gpu.md
+ * "skinny GEMM"), as a rule on the shape only:
+ *  - few weight rows or a short K, at any M <= 16: N <= 1024 (MLA kv_a, router, KDA f_a and b:
+ *    5-7 us against cuBLASLt's 13-17 us) or K <= 256 (KDA f_b 12288 x 128: 6.5-10 vs 10-11 us);
+ *  - M <= 4: N <= 2048 (MLA q_a: 10 vs 11-19 us) and the hidden-size projections
+ *    7168 -> 6144..16384 (KDA q/k/v/g, MLA gate, shared-expert gate/up: 2-6 % faster).
+ * Elsewhere (K >= 12288, N >= 18432, the 3584-wide latent projections, the shared-expert down
+ * projection, M > 4 on the larger matrices) cuBLASLt streams the weights as fast or faster. */
+static bool gemv_wins(int64_t M, int64_t N, int64_t K) {
+  if (N <= 1024 || K <= 256) return true;
+  if (M > 4) return false;
+  return N <= 2048 || (N >= 6144 && N <= 16384 && K >= 7168 && K <= 8192);
+}
+
+bool k3k_cuda_gemv_wanted(const k3k_tensor_t *const *t) {
+  return gemv_env() && k3k_cuda_gemv_fits(t) &&
+         gemv_wins(t[0]->shape[0], t[1]->shape[0], t[0]->shape[1]);
+}
+
+template <int NT, bool HI, int CH, int L>
+static cudaError_t launch(cudaStream_t st, const gemv_args &a) {
+  int64_t tiles = (a.N + 8 * NT - 1) / (8 * NT);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)a.split, (unsigned)tiles, 1);
+  cfg.blockDim = dim3(GEMV_WARPS * 32, 1, 1);
+  cfg.stream = st;
+  cudaLaunchAttribute at[1] = {};
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = (unsigned)a.split;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = a.split > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, gemv_kernel<NT, HI, CH, L>, a);
+}
+
+template <int CH, int L>
+static cudaError_t launch_v(cudaStream_t st, const gemv_args &a, int nt) {
+  bool hi = a.M > 8;
+  if (nt == 1) return hi ? launch<1, true, CH, L>(st, a) : launch<1, false, CH, L>(st, a);
+  if (nt == 2) return hi ? launch<2, true, CH, L>(st, a) : launch<2, false, CH, L>(st, a);
+  return hi ? launch<4, true, CH, L>(st, a) : launch<4, false, CH, L>(st, a);
+}
+
+int k3k_cuda_gemv(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int split, int nt, int var) {
+  if (!k3k_cuda_gemv_fits(t)) return K3_EINVAL;
+  const k3k_tensor_t *x = t[0], *w = t[1], *y = t[2];
+  gemv_args a;
+  a.x = (const uint16_t *)x->data, a.ldx = x->stride[0];
+  a.w = (const uint16_t *)w->data, a.ldw = w->stride[0];
+  a.y = mkdv(y);
+  a.M = (int)x->shape[0], a.N = (int)w->shape[0], a.K = (int)x->shape[1];
+  int ps, pn;
+  k3k_cuda_gemv_plan(a.M, a.N, a.K, &ps, &pn);
+  a.split = split > 0 ? split : ps;
+  if (nt <= 0) nt = pn;
+  if ((a.split != 1 && a.split != 2 && a.split != 4 && a.split != 8) ||
+      (nt != 1 && nt != 2 && nt != 4))
+    return K3_EINVAL;
+  if (var <= 0) var = K3K_GEMV_DEFAULT_VARIANT;
+  cudaError_t e;
+  switch (var) {
+  case 1: e = launch_v<1, 8>(cx->stream, a, nt); break;
+  case 2: e = launch_v<2, 8>(cx->stream, a, nt); break;
+  case 3: e = launch_v<1, 16>(cx->stream, a, nt); break;
+  case 4: e = launch_v<2, 16>(cx->stream, a, nt); break;
+  default: return K3_EINVAL;
+  }
+  if (e != cudaSuccess) {
+    K3_ERROR("cuda: launch of gemv (M=%d N=%d K=%d split=%d nt=%d variant %d) failed: %s", a.M,
+             a.N, a.K, a.split, nt, var, cudaGetErrorString(e));
+    return K3_EDEVICE;
+  }
+  K3K_LAUNCHED("gemv");
+  return 0;
+}
