@@ -116,7 +116,7 @@ static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tenso
   k3k_tensor_t z = latent ? rn_buf(ws, A, T, D) : *x, comb = rn_buf(ws, A, T, D);
   if (ws->rc) return ws->rc;
   if (latent) TRY(k3k_gemm(be, x, &L->lat_down, &z));
-  if (r->dev)
+  if (rn_dev_moe_wanted(r, T))
     TRY(rn_dev_moe_experts(r, ws, (int)(L - r->layers), &z, &idx, &wt, &comb));
   else
     TRY(experts_ops(r, ws, L, &z, &idx, &wt, &comb));

@@ -23,6 +23,7 @@
 #include "k3k_cuda_ops.h"
 #include "k3pd/err.h"
 #include "k3pd/log.h"
+#include "moe_bf16.h"
 #include "moe_ops.h"
 #include "runner_internal.h"
 
@@ -31,7 +32,51 @@
 struct rn_dev {
   void **tabs;     /* [num_layers], NULL for dense layers */
   int n_layers;
+  bool bf16;       /* bf16 experts (48B): tabs hold 3*E weight pointers w1, w3, w2 */
 };
+
+/* bf16 experts: one device array of 3*E pointers per MoE layer (w1, w3, w2; E each). Every
+ * weight must be a contiguous [N][K] matrix with 16-byte aligned rows (the grouped kernel's
+ * 16-byte loads); anything else keeps the per-expert op path. */
+static bool bf16_expert_ok(const k3k_tensor_t *w, int64_t N, int64_t K) {
+  return w->dtype == K3K_BF16 && w->ndim == 2 && w->shape[0] == N && w->shape[1] == K &&
+         w->stride[1] == 1 && w->stride[0] == K && ((uintptr_t)w->data & 15) == 0;
+}
+
+static int build_tab_bf16(k3_runner_t *r, const rn_layer_t *L, void **out) {
+  const int64_t E = r->cfg.num_experts;
+  const void **h = malloc((size_t)(3 * E) * sizeof *h);
+  if (!h) return K3_ENOMEM;
+  const rn_expw_t *sets[3] = {L->w1, L->w3, L->w2};
+  for (int j = 0; j < 3; j++)
+    for (int64_t e = 0; e < E; e++) h[j * E + e] = sets[j][e].w.data;
+  void *d = NULL;
+  int rc = r->be->alloc(r->be, (size_t)(3 * E) * sizeof *h, &d);
+  if (!rc && r->be->copy_from_host(r->be, d, h, (size_t)(3 * E) * sizeof *h)) rc = K3_EDEVICE;
+  free(h);
+  if (rc) {
+    if (d) r->be->free(r->be, d);
+    return rc;
+  }
+  *out = d;
+  return 0;
+}
+
+/* Whether every routed expert of the model can take the grouped bf16 kernel (moe_bf16.h). */
+static bool bf16_experts_fit(const k3_runner_t *r) {
+  const k3_model_config_t *c = &r->cfg;
+  const int64_t F = c->moe_intermediate_size, D = c->expert_in_dim;
+  if (c->act != K3_ACT_SILU || F % 8 || D % 8 || F > 24576 || D > 24576) return false;
+  for (int l = 0; l < c->num_layers; l++) {
+    const rn_layer_t *L = &r->layers[l];
+    if (!L->moe) continue;
+    for (int64_t e = 0; e < c->num_experts; e++)
+      if (L->w1[e].mx || !bf16_expert_ok(&L->w1[e].w, F, D) || !bf16_expert_ok(&L->w3[e].w, F, D) ||
+          !bf16_expert_ok(&L->w2[e].w, D, F))
+        return false;
+  }
+  return true;
+}
 
 static int build_tab(k3_runner_t *r, const rn_layer_t *L, void **out) {
   const int64_t E = r->cfg.num_experts;
@@ -94,10 +139,15 @@ void rn_dev_free(k3_runner_t *r) {
 
 int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) {
   const k3_model_config_t *c = &r->cfg;
-  if (!k3k_cuda_ctx_of(r->be) || !r->bf16 || !c->experts_mxfp4 || c->num_experts <= 0) return 0;
-  /* The grouped GEMM's shape rules (moe_ops.h); a config outside them keeps the op path. */
+  if (!k3k_cuda_ctx_of(r->be) || !r->bf16 || c->num_experts <= 0) return 0;
   const int64_t F = c->moe_intermediate_size, D = c->expert_in_dim;
-  if (F % 128 || D % 128 || c->num_experts > 8192) {
+  const bool bf16 = !c->experts_mxfp4;
+  if (bf16 && (c->num_experts > 8192 || !bf16_experts_fit(r))) {
+    K3_INFO("runner: bf16 experts outside the grouped CUDA kernel; per-expert ops");
+    return 0;
+  }
+  /* The grouped GEMM's shape rules (moe_ops.h); a config outside them keeps the op path. */
+  if (!bf16 && (F % 128 || D % 128 || c->num_experts > 8192)) {
     K3_INFO("runner: MoE shapes F=%lld D=%lld outside the grouped CUDA GEMM; per-expert ops",
             (long long)F, (long long)D);
     return 0;
@@ -105,19 +155,71 @@ int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) {
   struct rn_dev *d = calloc(1, sizeof *d);
   if (!d) return K3_ENOMEM;
   d->n_layers = c->num_layers;
+  d->bf16 = bf16;
   d->tabs = calloc((size_t)c->num_layers, sizeof *d->tabs);
   r->dev = d;
   if (!d->tabs) return K3_ENOMEM; /* the caller frees r (and d with it) */
   for (int l = 0; l < c->num_layers; l++) {
     if (!r->layers[l].moe) continue;
-    int rc = build_tab(r, &r->layers[l], &d->tabs[l]);
+    int rc = bf16 ? build_tab_bf16(r, &r->layers[l], &d->tabs[l])
+                  : build_tab(r, &r->layers[l], &d->tabs[l]);
     if (rc) {
       rn_seterr(err, errlen, "runner: cannot build the expert tables of layer %d: %s", l,
                 k3_strerror(rc));
       return rc;
     }
   }
-  return check_scales(r, err, errlen);
+  return bf16 ? 0 : check_scales(r, err, errlen);
+}
+
+bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T) {
+  if (!r->dev) return false;
+  return !r->dev->bf16 || k3k_cu_moe_bf16_wanted(T, r->cfg.top_k, r->cfg.num_experts);
+}
+
+/* bf16 experts: gate/up with SiLU fused, then down, then the combine (the MXFP4 path's order). */
+static int experts_bf16(k3_runner_t *r, void *tab, const k3k_tensor_t *z, const k3k_tensor_t *off,
+                        const k3k_tensor_t *gt, const k3k_tensor_t *ri, const k3k_tensor_t *act,
+                        const k3k_tensor_t *ha, const k3k_tensor_t *yr, const k3k_tensor_t *wt,
+                        const k3k_tensor_t *comb, int32_t maxa) {
+  const k3_model_config_t *c = &r->cfg;
+  cudaStream_t st = k3k_cuda_ctx_of(r->be)->stream;
+  const int64_t E = c->num_experts;
+  const int32_t F = (int32_t)c->moe_intermediate_size, D = (int32_t)c->expert_in_dim;
+  const uint16_t *const *t = (const uint16_t *const *)tab;
+  k3k_cu_moe_bf16_args a;
+  memset(&a, 0, sizeof a);
+  a.w_tab = t;
+  a.u_tab = t + E;
+  a.ldw = D;
+  a.act = K3K_CU_ACT_SILU_MUL;
+  a.round_inner = 1; /* bf16 mode: the reference stores the gate/up GEMM outputs bf16 */
+  a.N = F;
+  a.K = D;
+  a.x = z->data;
+  a.ldx = z->stride[0];
+  a.x_gather = gt->data;
+  a.y = ha->data;
+  a.ldy = F;
+  a.expert_off = off->data;
+  a.active = act->data;
+  a.max_active = maxa;
+  int rc = k3k_cu_moe_bf16_gemm(st, &a);
+  if (rc) return rc;
+  a.w_tab = t + 2 * E;
+  a.u_tab = NULL;
+  a.ldw = F;
+  a.act = K3K_CU_ACT_NONE;
+  a.round_inner = 0;
+  a.N = D;
+  a.K = F;
+  a.x = ha->data;
+  a.ldx = F;
+  a.x_gather = NULL;
+  a.y = yr->data;
+  a.ldy = D;
+  if ((rc = k3k_cu_moe_bf16_gemm(st, &a))) return rc;
+  return k3k_cu_moe_combine_raw(st, yr, ri, wt, comb, NULL);
 }
 
 static k3k_cu_mx_set mx_set(void *tab, int j, int64_t E, int64_t cols) {
@@ -150,6 +252,7 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
                            scr.data);
   if (rc) return rc;
   const int32_t maxa = TK < E ? (int32_t)TK : E;
+  if (r->dev->bf16) return experts_bf16(r, tab, z, &off, &gt, &ri, &act, &ha, &yr, wt, comb, maxa);
   k3k_cu_moe_gemm_args a;
   memset(&a, 0, sizeof a);
   a.w = mx_set(tab, 0, E, D);

@@ -156,15 +156,19 @@ int rn_ffn_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_t
                    const k3k_tensor_t *out);
 
 /* ffn_device.c (built only with the CUDA backend, K3_RUNNER_CUDA): rn_dev_init sets r->dev
- * when the backend is "cuda", the precision bf16 and the experts MXFP4 (else leaves it NULL and
- * returns 0); rn_dev_moe_experts computes comb [T,D] (bf16) = the routed experts' weighted sum
+ * when the backend is "cuda", the precision bf16 and the experts MXFP4 (K3) or bf16 SiLU-gated
+ * (48B, moe_bf16.h) (else leaves it NULL and returns 0); rn_dev_moe_experts computes comb [T,D] (bf16) = the routed experts' weighted sum
  * from the latent/normed input z [T,D] and the router's device idx [T,K] / weights wt [T,K]. */
 #ifdef K3_RUNNER_CUDA
 int rn_dev_init(k3_runner_t *r, char *err, size_t errlen);
 void rn_dev_free(k3_runner_t *r);
 int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
                        const k3k_tensor_t *idx, const k3k_tensor_t *wt, const k3k_tensor_t *comb);
+/* Whether a pass of T tokens takes rn_dev_moe_experts (MXFP4: always when r->dev; bf16 experts:
+ * at most 16 rows per active expert, else the per-expert ops). Deterministic in T. */
+bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T);
 #else
+static inline bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T) { return false; }
 static inline int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
 static inline void rn_dev_free(k3_runner_t *r) {}
 static inline int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,

@@ -460,6 +460,7 @@ int gpu_moe_parity(gctx *g) {
   pipeline_case(g, 16, 32, 8);
   pipeline_case(g, 96, 4, 2); /* ~48 rows per expert: prefill tiling */
   pipeline_case(g, 200, 3, 2); /* ~133 rows per expert: two token tiles, ragged column tiles */
+  gpu_moe_bf16_parity(g);      /* 48B bf16 experts (gpu_moe_bf16.c) */
   return g->failed;
 }
 

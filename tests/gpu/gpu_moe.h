@@ -28,6 +28,8 @@ int moe_gpu(gctx *g, const moe_run *m);
 int moe_n_active(gctx *g, const moe_run *m);
 
 int gpu_moe_parity(gctx *g);
+/* bf16 experts (48B) through the grouped W16A16 kernels (gpu_moe_bf16.c). */
+int gpu_moe_bf16_parity(gctx *g);
 /* Ts: the token counts to time (NULL: 1, 16 and 8192). */
 int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT);
 
