@@ -13,9 +13,9 @@
  * What it is not: a public header (kernels/cuda/ only).
  * Invariants: one record per (global chunk slot c, head h0 + y) at scratch + (c*hg + y)*KC_REC
  * (heads go in groups of hg so the scratch stays near 1 GiB for long prompts);
- * every matrix in a record is row-major bf16 (rows = chunk rows r), rows >= n (ragged last
+ * every matrix in a record has chunk rows r as rows, rows >= n (ragged last
  * chunk) are zero in e^G k, q e^G, k e^{Gl-G}, Aqk and T (beta = 0 there), so the state pass
- * masks only the rows of v it loads (zero fill) and the output store. */
+ * masks only the rows of v it reads and the output store. */
 #ifndef K3K_KDA_CHUNK_CUH
 #define K3K_KDA_CHUNK_CUH
 
@@ -23,16 +23,26 @@
 
 #define KC_C 64    /* chunk length */
 #define KC_D 128   /* Dk = Dv */
-/* Record: Kg = k e^G [64][128], Qg = q*scale*e^G [64][128], Kl = k e^{Gl-G} [64][128],
- * Aqk [64][64] and T = (I+L)^-1 diag(beta) [64][64] (bf16, lower incl. diagonal, zeros above),
- * eGl = e^{G_last} [128] fp32. */
-#define KC_REC_KG 0
-#define KC_REC_Q 16384
+/* Record (66 KB, stored exactly as the state pass's shared-memory stage wants it, so one bulk
+ * copy moves it; bf16 matrices in the wgmma 128-byte-swizzled layout of kc_sw):
+ *   KQ  [Kg; Qg]: rows 0..63 Kg = k e^G, rows 64..127 Qg = q*scale*e^G, 128 key channels
+ *       (two 16 KB slabs of 64 channels; a K-major wgmma B operand);
+ *   K   Kl = k e^{Gl-G}: rows r, 128 key channels (two 8 KB slabs; the MN-major B operand);
+ *   A   Aqk [64][64], T = (I+L)^-1 diag(beta) [64][64] (lower incl. diagonal, zeros above);
+ *   E   e^{G_last} [128] fp32, plain. */
+#define KC_REC_KQ 0
 #define KC_REC_K 32768
 #define KC_REC_A 49152
 #define KC_REC_T 57344
 #define KC_REC_E 65536
 #define KC_REC 66048
+
+/* Byte offset of the 16-byte chunk c16 (channels 8c16..8c16+7) of row `row` in a bf16 operand
+ * stored as slabs of 64 channels (`slab` bytes apart), 128-byte rows, chunk index XOR row % 8:
+ * the wgmma 128-byte swizzle (mla_prefill_sm90.cuh states the descriptor side). */
+__device__ __forceinline__ unsigned kc_sw(int row, int c16, int slab) {
+  return (unsigned)((c16 >> 3) * slab + row * 128 + (((c16 & 7) ^ (row & 7)) << 4));
+}
 #define KC_SPAN 80.0f /* max G_n - G_s inside a 16-row block for the factorised diagonal */
 
 typedef uint16_t kc_bf;

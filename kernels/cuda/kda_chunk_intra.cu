@@ -218,9 +218,9 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
         t1[j] *= eb[j];
         t2[j] = wide_t ? kf[j] * __expf(gl[j] - G[u][j]) : t2[j] * elb[j];
       }
-      st8(rec + KC_REC_KG + (r * KC_D + d0) * 2, t0);
-      st8(rec + KC_REC_Q + (r * KC_D + d0) * 2, t1);
-      st8(rec + KC_REC_K + (r * KC_D + d0) * 2, t2);
+      st8(rec + KC_REC_KQ + kc_sw(r, cg, 16384), t0);
+      st8(rec + KC_REC_KQ + kc_sw(64 + r, cg, 16384), t1);
+      st8(rec + KC_REC_K + kc_sw(r, cg, 8192), t2);
     }
     for (int b2 = blk + 1; b2 < 4; b2++) { /* off-diagonal copies of Bc */
       float f[8];
@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
       const int s = s0 + u;
       f[u] = s > r ? 0.0f : which ? Af[r * KPF + s] : X[r * KPF + s] * beta_s[s];
     }
-    st8(rec + (which ? KC_REC_A : KC_REC_T) + (r * KC_C + s0) * 2, f);
+    st8(rec + (which ? KC_REC_A : KC_REC_T) + kc_sw(r, s0 >> 3, 8192), f);
   }
 }
 

@@ -2,21 +2,22 @@
  * (head, sequence).
  *
  * What it is for: the third launch of KDA_CHUNK (kda_chunk.cuh): carry the fp32 state of one
- * head through a sequence's chunk records. Two warpgroups, warpgroup wg owns the 64 value rows
- * v = 64wg..64wg+63 of the V-first state S[v][key], which lives in registers as a wgmma
- * m64n128 accumulator for the whole sequence (it never goes through shared memory). Per chunk,
- * in the transposed form (M = value rows, so S is the register A operand):
- *   D   = S [e^G k; q e^G]^T      64 x 128: columns 0..63 are (e^G k S)^T, 64..127 (q e^G S)^T
- *   YT  = v^T - D[:, 0..63]       -> bf16 register A operand
- *   VnT = YT T^T                  (Vn = T (v - e^G k S) = U - W S of spec §3.8) -> bf16
- *   OT  = D[:, 64..127] + VnT Aqk^T
- *   S   = S diag(e^{G_last}) + VnT (k e^{G_last-G})
+ * head through a sequence's chunk records and write the output. Two warpgroups; warpgroup wg
+ * owns the 64 value rows v = 64wg..64wg+63 of the V-first state S[v][key], which lives in
+ * registers as a wgmma m64n128 accumulator for the whole sequence (it never goes through shared
+ * memory). Per chunk, in the transposed form (M = value rows, so S is the register A operand):
+ *   DK  = S (e^G k)^T, DQ = S (q e^G)^T     two 64 x 64 products, DQ off the critical path
+ *   YT  = v^T - DK                          -> bf16 register A operand
+ *   VnT = YT T^T                            (Vn = T (v - e^G k S) = U - W S of spec §3.8)
+ *   S   = S diag(e^{G_last}) + VnT (k e^{G_last-G}),  OT = DQ + VnT Aqk^T
  * [e^G k; q e^G], T and Aqk are K-major B operands, k e^{Gl-G} the MN-major ("transposed") B
  * operand, all in 128-byte swizzled shared memory (mla_prefill_sm90.cuh states the layout); v
- * is read element-wise from a padded tile. The record and v of chunk c+1 stream in (cp.async
- * by all 256 threads, two stages of 82 KB) while chunk c computes, so the pass is bound by
- * reading the records (0.81 GB at 8K x 96 heads) and v, not by operand staging as the mma.sync
- * pass it replaced was (docs/perf-gpu.md).
+ * is read element-wise from a padded tile; O goes out through a shared-memory tile as 16-byte
+ * stores. The record of chunk c+1 (stored pre-swizzled by the intra kernel, so it is a linear
+ * copy) and its v rows stream in by cp.async (all 256 threads; two stages of 82 KB) while chunk
+ * c computes. Measured (docs/perf-gpu.md): the loads alone take ~300 us at 8K x 96 heads, the
+ * per-chunk wgmma/element-wise chain is what bounds the pass (one chain per value half: 96
+ * heads give 96 blocks).
  * What it is not: the intra-chunk half (kda_chunk_intra.cu) or a general Dk/Dv kernel.
  * Numerics: S, v - e^G k S, Vn and the record operands enter the tensor cores as bf16, fp32
  * accumulation; S and the e^{G_last} scaling stay fp32. A v that is not bf16 row-contiguous
@@ -26,26 +27,18 @@
 #include "kda_chunk.cuh"
 #include "mla_prefill_sm90.cuh"
 
-/* Stage layout (bytes from a 1024-aligned stage base). */
-#define KW_WQ 0        /* [e^G k; q e^G]: 2 slabs (keys 0-63, 64-127) x 128 rows x 128 B */
-#define KW_A 32768     /* Aqk: 64 rows (r) x 64 (s), one slab */
-#define KW_T 40960     /* T: 64 rows (r) x 64 (s), one slab */
-#define KW_K 49152     /* k e^{Gl-G}: 2 slabs (keys 0-63, 64-127) x 64 rows (r) x 128 B */
-#define KW_V 65536     /* v bf16 [64][KW_VP] */
-#define KW_VP 136      /* v pitch (elements): 272 B, conflict-free element reads */
-#define KW_E 82944     /* e^{G_last} fp32 [128] */
-#define KW_STAGE 83968 /* 82 KB, a multiple of 1024 */
-#define KW_SMEM (2 * KW_STAGE + 1024)
-
-/* d (64x128 f32) = (acc ? d : 0) + A·B; A 64x16 bf16 in registers, B 128(N)x16 K-major. */
-__device__ __forceinline__ void kw_rs_n128(float d[64], const uint32_t a[4], uint64_t db, int acc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " K3K_D64_STR
-      ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-      : K3K_D64_OPS
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
-}
+/* Stage layout (bytes from a 1024-aligned stage base): the record as stored (kda_chunk.cuh),
+ * then the v rows of the chunk. Two stages, then the output tile. */
+#define KW_WQ KC_REC_KQ /* [e^G k; q e^G]: 2 slabs (keys 0-63, 64-127) x 128 rows x 128 B */
+#define KW_K KC_REC_K   /* k e^{Gl-G}: 2 slabs (keys 0-63, 64-127) x 64 rows (r) x 128 B */
+#define KW_A KC_REC_A   /* Aqk: 64 rows (r) x 64 (s), one slab */
+#define KW_T KC_REC_T   /* T: 64 rows (r) x 64 (s), one slab */
+#define KW_E KC_REC_E   /* e^{G_last} fp32 [128] */
+#define KW_V 66560      /* v bf16 [64][KW_VP] (rows >= n are not loaded: masked on use) */
+#define KW_VP 136       /* v and output tile pitch (elements): 272 B, conflict-free */
+#define KW_STAGE 83968  /* 82 KB, a multiple of 1024 */
+#define KW_O (2 * KW_STAGE) /* output tile bf16 [64][KW_VP] */
+#define KW_SMEM (KW_O + 64 * KW_VP * 2 + 1024) /* + alignment slack */
 
 #define KW_D32_STR                                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
@@ -60,34 +53,25 @@ __device__ __forceinline__ void kw_rs_n64(float d[32], const uint32_t a[4], uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
-/* Byte offset of 16-byte chunk c (0..7) of row r in a 128-byte-row swizzled slab. */
-__device__ __forceinline__ uint32_t kw_sw(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+/* One chunk record (a linear copy: it is stored as the stage wants it) and, on the vector
+ * path, the chunk's v rows (rows >= n are not loaded) -> one stage; all 256 threads, one
+ * cp.async group. */
+__device__ __forceinline__ void kw_load(unsigned char *st, const unsigned char *rec, const kc_args &a, bool vfast,
+                                        int64_t cs, int n, int64_t vcol) {
+  for (int i = threadIdx.x; i < KC_REC / 16; i += 256) cp_async16(st + i * 16, rec + i * 16, true);
+  if (vfast)
+    for (int i = threadIdx.x; i < n * 16; i += 256)
+      cp_async16(st + KW_V + (i >> 4) * KW_VP * 2 + (i & 15) * 16,
+                 (const uint16_t *)a.v.p + (cs + (i >> 4)) * a.v.s[0] + vcol + (i & 15) * 8, true);
+  cp_async_commit();
+}
 
-/* One chunk record (and, on the vector path, v rows cs..cs+n-1, zero past n) -> one stage
- * (all 256 threads). */
-__device__ __forceinline__ void kw_load(unsigned char *st, const unsigned char *rec, const kc_args &a,
-                                        bool vfast, int64_t cs, int n, int64_t vcol) {
-  const int t = threadIdx.x;
-#pragma unroll
-  for (int it = 0; it < 4; it++) { /* e^G k, q e^G, k e^{Gl-G}, v: 64 rows x 16 chunks each */
-    const int i = it * 256 + t, r = i >> 4, c = i & 15;
-    const uint32_t sw = (uint32_t)((c >> 3) * 16384) + kw_sw(r, c & 7);
-    cp_async16(st + KW_WQ + sw, rec + KC_REC_KG + i * 16, true);
-    cp_async16(st + KW_WQ + 8192 + sw, rec + KC_REC_Q + i * 16, true); /* rows 64.. */
-    cp_async16(st + KW_K + (c >> 3) * 8192 + kw_sw(r, c & 7), rec + KC_REC_K + i * 16, true);
-    if (vfast) {
-      const int rr = r < n ? r : 0; /* zero fill reads nothing; keep the address in bounds */
-      cp_async16(st + KW_V + r * KW_VP * 2 + c * 16,
-                 (const uint16_t *)a.v.p + (cs + rr) * a.v.s[0] + vcol + c * 8, r < n);
-    }
-  }
-#pragma unroll
-  for (int it = 0; it < 2; it++) { /* Aqk, T: 64 rows x 8 chunks */
-    const int i = it * 256 + t, r = i >> 3, c = i & 7;
-    cp_async16(st + KW_A + kw_sw(r, c), rec + KC_REC_A + i * 16, true);
-    cp_async16(st + KW_T + kw_sw(r, c), rec + KC_REC_T + i * 16, true);
-  }
-  if (t < 32) cp_async16(st + KW_E + t * 16, rec + KC_REC_E + t * 16, true);
+/* Named barrier of one warpgroup (ids 1, 2; 0 is __syncthreads). */
+__device__ __forceinline__ void kw_wg_sync(int wg) {
+  if (wg)
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  else
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
 }
 
 __global__ void __launch_bounds__(256, 1) kc_state_wg_kernel(kc_args a) {
@@ -101,11 +85,11 @@ __global__ void __launch_bounds__(256, 1) kc_state_wg_kernel(kc_args a) {
   const int c0 = a.cfirst[seq], c1 = a.cfirst[seq + 1];
   const int vr = 64 * wg + 16 * wq + g; /* this thread's value rows vr, vr + 8 */
   float *Sg = a.state + a.slots[seq * a.sl_s] * a.st_slot + (int64_t)h * KC_D * KC_D;
-
   const bool vfast = a.vv && a.v.dt == 1;
   const int64_t vcol = (int64_t)h * KC_D;
+  kc_bf *Ot = (kc_bf *)(sm + KW_O);
+
   kw_load(sm, a.rec + ((size_t)c0 * a.hg + blockIdx.x) * KC_REC, a, vfast, start, min(KC_C, end - start), vcol);
-  cp_async_commit();
 
   /* S[4j + 2hh + e] = state (v = vr + 8hh, key = 8j + 2t4 + e). */
   float S[64];
@@ -119,12 +103,13 @@ __global__ void __launch_bounds__(256, 1) kc_state_wg_kernel(kc_args a) {
     }
 
   for (int c = c0; c < c1; c++) {
-    unsigned char *st = sm + ((c - c0) & 1) * KW_STAGE;
-    const int cs = start + (c - c0) * KC_C, n = min(KC_C, end - cs);
-    if (c + 1 < c1) { /* the other stage was released by the barrier that ended chunk c-1 */
-      kw_load(sm + ((c + 1 - c0) & 1) * KW_STAGE, a.rec + ((size_t)(c + 1) * a.hg + blockIdx.x) * KC_REC, a,
-              vfast, cs + KC_C, min(KC_C, end - cs - KC_C), vcol);
-      cp_async_commit();
+    const int i = c - c0;
+    unsigned char *st = sm + (i & 1) * KW_STAGE;
+    const int cs = start + i * KC_C, n = min(KC_C, end - cs);
+    /* The other stage was released by the barrier that ended chunk c-1. */
+    if (c + 1 < c1) {
+      kw_load(sm + ((i + 1) & 1) * KW_STAGE, a.rec + ((size_t)(c + 1) * a.hg + blockIdx.x) * KC_REC, a, vfast,
+              cs + KC_C, min(KC_C, end - cs - KC_C), vcol);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -142,16 +127,24 @@ __global__ void __launch_bounds__(256, 1) kc_state_wg_kernel(kc_args a) {
       sa[kk][2] = pack_bf2(S[8 * kk + 4], S[8 * kk + 5]);
       sa[kk][3] = pack_bf2(S[8 * kk + 6], S[8 * kk + 7]);
     }
-    float D[64];
+    /* DK (e^G k rows 0..63 of the B block) first, DQ (rows 64..127) second, so the wait below
+     * covers DK only and DQ runs under the element-wise work. */
+    float DK[32], DQ[32];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; kk++)
-      kw_rs_n128(D, sa[kk], gmma_desc(sb + KW_WQ + (kk >> 2) * 16384 + (kk & 3) * 32, 16, 1024), kk > 0);
+      kw_rs_n64(DK, sa[kk], gmma_desc(sb + KW_WQ + (kk >> 2) * 16384 + (kk & 3) * 32, 16, 1024), kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence64(D);
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+      kw_rs_n64(DQ, sa[kk], gmma_desc(sb + KW_WQ + 8192 + (kk >> 2) * 16384 + (kk & 3) * 32, 16, 1024), kk > 0);
+    wgmma_commit();
+    wgmma_wait<1>();
+#pragma unroll
+    for (int q = 0; q < 32; q++) asm volatile("" : "+f"(DK[q])::"memory");
 
-    /* YT (v, r = 8j + 2t4 + e) = v[r][v] - D -> bf16 A fragments over r (rows past n: v = 0). */
+    /* YT (v, r = 8j + 2t4 + e) = v[r][v] - DK -> bf16 A fragments over r (rows past n: v = 0,
+     * where DK = 0 too since e^G k is). */
     const kc_bf *Vt = (const kc_bf *)(st + KW_V);
     uint32_t yf[4][4];
 #pragma unroll
@@ -161,26 +154,24 @@ __global__ void __launch_bounds__(256, 1) kc_state_wg_kernel(kc_args a) {
         const int r = 8 * j + 2 * t4, v = vr + 8 * hh;
         float v0, v1;
         if (vfast) {
-          v0 = __uint_as_float((uint32_t)Vt[r * KW_VP + v] << 16);
-          v1 = __uint_as_float((uint32_t)Vt[(r + 1) * KW_VP + v] << 16);
+          v0 = r < n ? __uint_as_float((uint32_t)Vt[r * KW_VP + v] << 16) : 0.0f;
+          v1 = r + 1 < n ? __uint_as_float((uint32_t)Vt[(r + 1) * KW_VP + v] << 16) : 0.0f;
         } else {
           v0 = r < n ? dv_ld(a.v, (cs + r) * a.v.s[0] + (vcol + v) * a.v.s[1]) : 0.0f;
           v1 = r + 1 < n ? dv_ld(a.v, (cs + r + 1) * a.v.s[0] + (vcol + v) * a.v.s[1]) : 0.0f;
         }
-        yf[j >> 1][(j & 1) * 2 + hh] = pack_bf2(v0 - D[4 * j + 2 * hh], v1 - D[4 * j + 2 * hh + 1]);
+        yf[j >> 1][(j & 1) * 2 + hh] = pack_bf2(v0 - DK[4 * j + 2 * hh], v1 - DK[4 * j + 2 * hh + 1]);
       }
-    /* VnT = YT T^T (T lower-triangular; rows past n are zero since beta is). */
+    /* VnT = YT T^T (T lower-triangular; rows past n are zero since beta is). The wait also
+     * completes DQ. */
     float VT[32];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) kw_rs_n64(VT, yf[kk], gmma_desc(sb + KW_T + kk * 32, 16, 1024), kk > 0);
     wgmma_commit();
-    float O[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++) O[i] = D[32 + i];
     wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(VT[i])::"memory");
+    for (int q = 0; q < 32; q++) asm volatile("" : "+f"(VT[q]), "+f"(DQ[q])::"memory");
     uint32_t vf[4][4];
 #pragma unroll
     for (int j = 0; j < 8; j++)
@@ -195,34 +186,45 @@ __global__ void __launch_bounds__(256, 1) kc_state_wg_kernel(kc_args a) {
     }
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) kw_rs_n64(O, vf[kk], gmma_desc(sb + KW_A + kk * 32, 16, 1024), 1);
-#pragma unroll
     for (int kk = 0; kk < 4; kk++) wgmma_rs_n128_tb(S, vf[kk], gmma_desc(sb + KW_K + kk * 2048, 8192, 1024));
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) kw_rs_n64(DQ, vf[kk], gmma_desc(sb + KW_A + kk * 32, 16, 1024), 1);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence64(S);
 #pragma unroll
-    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(O[i])::"memory");
+    for (int q = 0; q < 32; q++) asm volatile("" : "+f"(DQ[q])::"memory");
 
-    /* O (row r = 8j + 2t4 + e, value v) = O[4j + 2hh + e]; rows past n are not stored. */
-    const int64_t ocol = (int64_t)h * KC_D + vr;
+    /* O (row r = 8j + 2t4 + e, value v) = DQ[4j + 2hh + e]; rows past n are not stored. */
+    if (a.vo) { /* through the tile: 16-byte stores of this warpgroup's 64 values per row */
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+      for (int j = 0; j < 8; j++)
 #pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int r = 8 * j + 2 * t4 + e;
-        if (r >= n) continue;
-        const int64_t row = (int64_t)(cs + r);
+        for (int e = 0; e < 2; e++)
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-          const float x = O[4 * j + 2 * hh + e];
-          if (a.vo)
-            ((uint16_t *)a.o.p)[row * a.o.s[0] + ocol + 8 * hh] = f2bf(x);
-          else
-            dv_st(a.o, row * a.o.s[0] + (ocol + 8 * hh) * a.o.s[1], x);
-        }
+          for (int hh = 0; hh < 2; hh++) Ot[(8 * j + 2 * t4 + e) * KW_VP + vr + 8 * hh] = f2bf(DQ[4 * j + 2 * hh + e]);
+      kw_wg_sync(wg);
+      const int wt = tid & 127;
+#pragma unroll
+      for (int it = 0; it < 4; it++) {
+        const int idx = it * 128 + wt, r = idx >> 3, ck = idx & 7;
+        if (r < n)
+          *(bf16x8 *)((uint16_t *)a.o.p + (int64_t)(cs + r) * a.o.s[0] + vcol + 64 * wg + ck * 8) =
+              *(const bf16x8 *)(Ot + r * KW_VP + 64 * wg + ck * 8);
       }
-    __syncthreads(); /* both warpgroups done with this stage: the next load may overwrite it */
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int r = 8 * j + 2 * t4 + e;
+          if (r >= n) continue;
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++)
+            dv_st(a.o, (int64_t)(cs + r) * a.o.s[0] + (vcol + vr + 8 * hh) * a.o.s[1], DQ[4 * j + 2 * hh + e]);
+        }
+    }
+    __syncthreads(); /* both warpgroups done with this stage and the output tile */
   }
 #pragma unroll
   for (int j = 0; j < 16; j++)
