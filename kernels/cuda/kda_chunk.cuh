@@ -23,8 +23,8 @@
 
 #define KC_C 64    /* chunk length */
 #define KC_D 128   /* Dk = Dv */
-/* Record (66 KB, stored exactly as the state pass's shared-memory stage wants it, so one bulk
- * copy moves it; bf16 matrices in the wgmma 128-byte-swizzled layout of kc_sw):
+/* Record (66 KB, stored exactly as the state pass's shared-memory stage wants it, so a stage
+ * is filled by one linear copy; bf16 matrices in the wgmma 128-byte-swizzled layout of kc_sw):
  *   KQ  [Kg; Qg]: rows 0..63 Kg = k e^G, rows 64..127 Qg = q*scale*e^G, 128 key channels
  *       (two 16 KB slabs of 64 channels; a K-major wgmma B operand);
  *   K   Kl = k e^{Gl-G}: rows r, 128 key channels (two 8 KB slabs; the MN-major B operand);
