@@ -1,19 +1,21 @@
-/* Internal contract between the two kernels of KDA_CHUNK (kda_chunk_intra.cu, kda_chunk.cu).
+/* Internal contract between the kernels of KDA_CHUNK (kda_chunk_intra.cu, kda_chunk_state_wg.cu,
+ * kda_chunk.cu).
  *
- * What it is for: the chunk record layout in device scratch, the argument block both kernels
- * take, and the ldmatrix address helpers they share. The op runs in three launches:
+ * What it is for: the chunk record layout in device scratch and the argument block the kernels
+ * take. The op runs in three launches:
  *   1. kc_table   (kda_chunk.cu)        chunk_first[N+1]: prefix sums of ceil(len/64);
  *   2. kc_intra   (kda_chunk_intra.cu)  one block per (chunk, head), fully parallel: the
- *      state-independent half of spec §3.8 (G, Akk, Aqk, (I+L)^-1, W, U, q e^G, k e^{Gl-G});
- *   3. kc_state   (kda_chunk.cu)        one block per (32 value columns, head, sequence) walks
- *      the sequence's chunks in order with its fp32 state slice in registers:
- *      Vn = U - W S, O = (q e^G) S + Aqk Vn, S <- e^{Gl} S + (k e^{Gl-G})^T Vn.
+ *      state-independent half of spec §3.8 (G, Akk, Aqk, T = (I+L)^-1 diag(beta), e^G k,
+ *      q e^G, k e^{Gl-G});
+ *   3. kc_state_wg (kda_chunk_state_wg.cu) one block per (head, sequence) walks the sequence's
+ *      chunks in order with the fp32 state in registers (wgmma accumulators):
+ *      Vn = T (v - (e^G k) S), O = (q e^G) S + Aqk Vn, S <- e^{Gl} S + (k e^{Gl-G})^T Vn.
  * What it is not: a public header (kernels/cuda/ only).
  * Invariants: one record per (global chunk slot c, head h0 + y) at scratch + (c*hg + y)*KC_REC
  * (heads go in groups of hg so the scratch stays near 1 GiB for long prompts);
- * every matrix in a record is row-major bf16 (rows = chunk rows r), rows >= n (ragged last
- * chunk) are zero in W, U, q e^G, k e^{Gl-G} and Aqk, so the state pass needs no row masks
- * except for the output store. */
+ * every matrix in a record has chunk rows r as rows, rows >= n (ragged last
+ * chunk) are zero in e^G k, q e^G, k e^{Gl-G}, Aqk and T (beta = 0 there), so the state pass
+ * masks only the rows of v it reads and the output store. */
 #ifndef K3K_KDA_CHUNK_CUH
 #define K3K_KDA_CHUNK_CUH
 
@@ -21,15 +23,26 @@
 
 #define KC_C 64    /* chunk length */
 #define KC_D 128   /* Dk = Dv */
-/* Record: W [64][128], U [64][128], Qg = q*scale*e^G [64][128], Kl = k e^{Gl-G} [64][128],
- * Aqk [64][64] (bf16, lower incl. diagonal, zeros above), eGl = e^{G_last} [128] fp32. */
-#define KC_REC_W 0
-#define KC_REC_U 16384
-#define KC_REC_Q 32768
-#define KC_REC_K 49152
-#define KC_REC_A 65536
-#define KC_REC_E 73728
-#define KC_REC 74240
+/* Record (66 KB, stored exactly as the state pass's shared-memory stage wants it, so a stage
+ * is filled by one linear copy; bf16 matrices in the wgmma 128-byte-swizzled layout of kc_sw):
+ *   KQ  [Kg; Qg]: rows 0..63 Kg = k e^G, rows 64..127 Qg = q*scale*e^G, 128 key channels
+ *       (two 16 KB slabs of 64 channels; a K-major wgmma B operand);
+ *   K   Kl = k e^{Gl-G}: rows r, 128 key channels (two 8 KB slabs; the MN-major B operand);
+ *   A   Aqk [64][64], T = (I+L)^-1 diag(beta) [64][64] (lower incl. diagonal, zeros above);
+ *   E   e^{G_last} [128] fp32, plain. */
+#define KC_REC_KQ 0
+#define KC_REC_K 32768
+#define KC_REC_A 49152
+#define KC_REC_T 57344
+#define KC_REC_E 65536
+#define KC_REC 66048
+
+/* Byte offset of the 16-byte chunk c16 (channels 8c16..8c16+7) of row `row` in a bf16 operand
+ * stored as slabs of 64 channels (`slab` bytes apart), 128-byte rows, chunk index XOR row % 8:
+ * the wgmma 128-byte swizzle (mla_prefill_sm90.cuh states the descriptor side). */
+__device__ __forceinline__ unsigned kc_sw(int row, int c16, int slab) {
+  return (unsigned)((c16 >> 3) * slab + row * 128 + (((c16 & 7) ^ (row & 7)) << 4));
+}
 #define KC_SPAN 80.0f /* max G_n - G_s inside a 16-row block for the factorised diagonal */
 
 typedef uint16_t kc_bf;
@@ -63,23 +76,8 @@ __device__ __forceinline__ int kc_find_seq(const int32_t *cf, int n, int c) {
   return lo;
 }
 
-/* ldmatrix lane addresses (element offsets (row, col) into a row-major tile), see the fragment
- * layouts in mma_sm80.cuh. mi = lane >> 3 selects which of the four 8x8 matrices a lane names.
- *  A [m][k] (non-trans):      m = m0 + (lane & 15), k = k0 + (lane >> 4) * 8
- *  A^T stored [k][m] (trans): k = k0 + (lane & 7) + (mi >> 1) * 8, m = m0 + (mi & 1) * 8
- *  B stored [n][k], two n-tiles (non-trans): n = n0 + (lane & 7) + (mi >> 1) * 8,
- *                                            k = k0 + (mi & 1) * 8   -> r0,r1 | r2,r3
- *  B stored [n][k], one n-tile, k0..k0+31:   n = n0 + (lane & 7), k = k0 + mi * 8
- *  B stored [k][n], two n-tiles (trans):     k = k0 + (lane & 7) + (mi & 1) * 8,
- *                                            n = n0 + (mi >> 1) * 8  -> r0,r1 | r2,r3 */
-
-/* Byte offset of (row, col) in a row-major bf16 tile of `chunks` 16-byte chunks per row whose
- * chunk index is XOR-swizzled with the row (no padding, conflict-free ldmatrix). */
-__device__ __forceinline__ unsigned kc_swz(int row, int col, int chunks) {
-  return (unsigned)(row * chunks * 16 + ((((col >> 3) ^ (row & 7)) & (chunks - 1)) << 4) +
-                    (col & 7) * 2);
-}
-
 int kc_intra_launch(const kc_args &a, int n_chunk_slots, cudaStream_t st);
+/* The state pass on wgmma, one block per (head, sequence) (kda_chunk_state_wg.cu). */
+int kc_state_wg_launch(const kc_args &a, cudaStream_t st);
 
 #endif

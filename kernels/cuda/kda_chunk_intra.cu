@@ -8,41 +8,39 @@
  *   P2  bf16 operands from registers with 16-byte stores: k_r e^{G_r-G_ni}, q_r e^{G_r-G_ni}
  *       (n_i = first row of the row's 16-row block i), k_s e^{G_ni-G_s} for every block i >= the
  *       block of s (one copy per i: the sub-chunk factorisation; every exponent <= 0 except
- *       inside the diagonal block, bounded by its gate span), e^G k; and straight to the record
- *       q e^G and k e^{Gl-G}.
+ *       inside the diagonal block, bounded by its gate span); and straight to the record
+ *       e^G k, q e^G and k e^{Gl-G}.
  *   P3  L = beta_r (k k^T)_gated (strict lower) and Aqk (lower incl. diagonal) on tensor cores
  *       (mma.sync m16n8k16 bf16, fp32 accumulate). A 16-row block whose gate span exceeds
  *       KC_SPAN (never with K3's g > -5; possible with the 48B softplus gate) gets its diagonal
  *       recomputed per element with exp(sum of g) from global memory, as the reference does.
  *   P4  X = (I + L)^-1 in fp32: the four diagonal 16x16 blocks by forward substitution with the
  *       column in registers, then the off-diagonal blocks by distance (X_ij = -X_ii sum_m L_im X_mj);
- *       T = X diag(beta) -> bf16; Aqk -> record.
- *   P5  W = T (e^G k), U = T v on tensor cores -> record (staged in shared memory so the global
- *       stores are 16-byte and coalesced).
- * What it is not: the state recurrence (kda_chunk.cu). Dk = Dv = 128, chunk 64 only.
- * Shared memory 101 KB so two blocks share an SM (one block's loads overlap the other's math).
+ *       T = X diag(beta) -> bf16 and Aqk -> record.
+ * W = T (e^G k) and U = T v are not formed here: the state pass computes Vn = T (v - (e^G k) S)
+ * (kda_chunk_state_wg.cu), so v is never read here and the record is 66 KB instead of 74 KB.
+ * What it is not: the state recurrence (kda_chunk_state_wg.cu). Dk = Dv = 128, chunk 64 only.
+ * Shared memory 82 KB, 128 registers: two blocks share an SM (one block's loads overlap the
+ * other's math).
  * Numerics: bf16 operands into the tensor cores (relative 2^-9), fp32 accumulation, fp32 G,
  * L, X; k and q are rounded to bf16 once (after their exponential factors). */
 #include "kda_chunk.cuh"
 
 #define KA_THREADS 256
 #define KP 136 /* bf16 pitch of 128-wide rows (272 B: conflict-free ldmatrix) */
-#define KPC 72 /* bf16 pitch of 64-wide rows */
 #define KPF 65 /* fp32 pitch of 64x64 matrices */
 
 /* Shared memory map (bytes); the regions are reused phase by phase. */
-#define KA_RA 0                      /* Kr bf16 [64][KP] | L fp32 [64][KPF] | W stage */
-#define KA_RB (KA_RA + 64 * KP * 2)  /* Qr bf16 [64][KP] | Aqk fp32 [64][KPF] | U stage */
-#define KA_RC (KA_RB + 64 * KP * 2)  /* Bc bf16 [160][KP] | V [64][KP], X fp32, T [64][KPC] */
-#define KA_RD (KA_RC + 160 * KP * 2) /* Kg = e^G k bf16 [64][KP] */
-#define KA_MISC (KA_RD + 64 * KP * 2)
+#define KA_RA 0                      /* Kr bf16 [64][KP] | L fp32 [64][KPF] */
+#define KA_RB (KA_RA + 64 * KP * 2)  /* Qr bf16 [64][KP] | Aqk fp32 [64][KPF] */
+#define KA_RC (KA_RB + 64 * KP * 2)  /* Bc bf16 [160][KP] | X fp32 at KA_RC_X */
+#define KA_MISC (KA_RC + 160 * KP * 2)
 #define KA_GB KA_MISC                   /* G at rows 0,16,32,48 and 63: fp32 [5][128] */
 #define KA_BETA (KA_GB + 5 * 128 * 4)   /* fp32 [64] */
 #define KA_Y (KA_BETA + 64 * 4)         /* fp32 [3][16][17] inversion temporaries */
 #define KA_FLAG (KA_Y + 3 * 16 * 17 * 4)
 #define KA_SMEM (KA_FLAG + 16)
-#define KA_RC_X (64 * KP * 2)            /* inside RC */
-#define KA_RC_T (KA_RC_X + 64 * KPF * 4) /* inside RC */
+#define KA_RC_X (64 * KP * 2) /* inside RC */
 
 /* Eight consecutive elements (row, col..col+7) of a [T, C] tensor as floats. */
 __device__ __forceinline__ void kc_ld8(const dv &t, int vec, int64_t row, int64_t col, float f[8]) {
@@ -84,10 +82,8 @@ template <bool FAST>
 __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
   extern __shared__ __align__(16) unsigned char sm[];
   kc_bf *Kr = (kc_bf *)(sm + KA_RA), *Qr = (kc_bf *)(sm + KA_RB), *Bc = (kc_bf *)(sm + KA_RC);
-  kc_bf *Kg = (kc_bf *)(sm + KA_RD), *Vs = (kc_bf *)(sm + KA_RC);
   float *Lf = (float *)(sm + KA_RA), *Af = (float *)(sm + KA_RB);
   float *X = (float *)(sm + KA_RC + KA_RC_X);
-  kc_bf *Tb = (kc_bf *)(sm + KA_RC + KA_RC_T);
   float *Gb = (float *)(sm + KA_GB), *beta_s = (float *)(sm + KA_BETA), *Y = (float *)(sm + KA_Y);
   int *flag = (int *)(sm + KA_FLAG);
 
@@ -222,9 +218,9 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
         t1[j] *= eb[j];
         t2[j] = wide_t ? kf[j] * __expf(gl[j] - G[u][j]) : t2[j] * elb[j];
       }
-      st8(Kg + r * KP + d0, t0);
-      st8(rec + KC_REC_Q + (r * KC_D + d0) * 2, t1);
-      st8(rec + KC_REC_K + (r * KC_D + d0) * 2, t2);
+      st8(rec + KC_REC_KQ + kc_sw(r, cg, 16384), t0);
+      st8(rec + KC_REC_KQ + kc_sw(64 + r, cg, 16384), t1);
+      st8(rec + KC_REC_K + kc_sw(r, cg, 8192), t2);
     }
     for (int b2 = blk + 1; b2 < 4; b2++) { /* off-diagonal copies of Bc */
       float f[8];
@@ -277,23 +273,6 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
         else
           Lf[r * KPF + s] = s < r ? beta_s[r] * acc[u][q2] : 0.0f;
       }
-    }
-  }
-  /* v -> Vs (RC; Bc is dead): asynchronous, waited for before P5. */
-  if (a.vv && a.v.dt == 1) {
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      const int r = r0 + u;
-      cp_async16(Vs + r * KP + d0, (const uint16_t *)a.v.p + (int64_t)(cs + min(r, n - 1)) * a.v.s[0] + ch + d0,
-                 r < n);
-    }
-    cp_async_commit();
-  } else {
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (r0 + u < n) kc_ld8(a.v, a.vv, cs + r0 + u, ch + d0, f);
-      st8(Vs + (r0 + u) * KP + d0, f);
     }
   }
   __syncthreads();
@@ -381,48 +360,7 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
       const int s = s0 + u;
       f[u] = s > r ? 0.0f : which ? Af[r * KPF + s] : X[r * KPF + s] * beta_s[s];
     }
-    if (which)
-      st8(rec + KC_REC_A + (r * KC_C + s0) * 2, f);
-    else
-      st8(Tb + r * KPC + s0, f);
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-
-  /* ---- P5: W = T Kg, U = T V (M 64, N 128, K 64; T lower-triangular: k-steps <= m-tile) ---- */
-  {
-    const int mt = w & 3, nb = (w >> 2) * 64, mi = lane >> 3;
-#pragma unroll
-    for (int which = 0; which < 2; which++) {
-      const kc_bf *Bm = which ? Vs : Kg;
-      kc_bf *stage = which ? (kc_bf *)(sm + KA_RB) : (kc_bf *)(sm + KA_RA);
-      float acc[8][4];
-#pragma unroll
-      for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-      for (int ks = 0; ks <= mt; ks++) {
-        uint32_t af[4];
-        ldsm_x4(af, Tb + (mt * 16 + (lane & 15)) * KPC + ks * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int jj = 0; jj < 4; jj++) {
-          uint32_t b[4];
-          ldsm_x4_trans(b, Bm + (ks * 16 + (lane & 7) + (mi & 1) * 8) * KP + nb + jj * 16 + (mi >> 1) * 8);
-          mma_bf16(acc[2 * jj], af, b[0], b[1]);
-          mma_bf16(acc[2 * jj + 1], af, b[2], b[3]);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-        const int r = mt * 16 + g, d = nb + j * 8 + 2 * t4;
-        *(uint32_t *)(stage + r * KP + d) = pack_bf2(acc[j][0], acc[j][1]);
-        *(uint32_t *)(stage + (r + 8) * KP + d) = pack_bf2(acc[j][2], acc[j][3]);
-      }
-    }
-  }
-  __syncthreads();
-  for (int e = tid; e < 2 * 64 * 16; e += KA_THREADS) {
-    const int which = e >> 10, r = (e >> 4) & 63, cc = (e & 15) * 8;
-    const kc_bf *src = (which ? (kc_bf *)(sm + KA_RB) : (kc_bf *)(sm + KA_RA)) + r * KP + cc;
-    *(bf16x8 *)(rec + (which ? KC_REC_U : KC_REC_W) + (r * KC_D + cc) * 2) = *(const bf16x8 *)src;
+    st8(rec + (which ? KC_REC_A : KC_REC_T) + kc_sw(r, s0 >> 3, 8192), f);
   }
 }
 
