@@ -16,12 +16,11 @@
  *      pairs before it in the segment); per expert the 16 segment counts become bases, then
  *      two block scans over E give expert_off and the active list; each pair's row =
  *      expert_off[e] + segment base + rank.
- * What it is not: the grouped (n_groups > 1) router, large batches (T·k > 4096) or E > 1024:
- * those take the ROUTER kernel + k3k_cu_moe_plan (same results, more launches).
+ * What it is not: the grouped (n_groups > 1) router, large batches (T·k > 4096), E > 1024,
+ * k > 32, logits other than F32 with unit column stride, strided bias: those take the ROUTER
+ * kernel + k3k_cu_moe_plan (same results, 4 launches).
  * Invariants: outputs equal the ROUTER op's and k3k_cu_moe_plan's for the same inputs; no
  * atomics decide any order; nothing synchronises. */
-#include <stdlib.h>
-
 #include "cuda_common.cuh"
 #include "moe_ops.h"
 
@@ -78,7 +77,6 @@ struct rp_args {
   int T, E, k, renorm, biased;
   float scaling;
   int32_t *expert_off, *gather_tok, *row_idx, *active;
-  int exp;
 };
 
 /* Dynamic shared memory: svs [warps][E] f32 (s), sidx [T*k] i32, rank [T*k] u16,
@@ -95,7 +93,6 @@ __global__ void __launch_bounds__(RP_THREADS, 1) route_plan_kernel(rp_args a) {
   int *soff = reinterpret_cast<int *>(cnt + ((RP_WARPS * E + 1) & ~1)); /* [E] expert_off */
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-  if (a.exp == 2) return; /* EXPERIMENT */
   for (int i = threadIdx.x; i < RP_WARPS * E; i += RP_THREADS) cnt[i] = 0;
 
   /* 1. router: warp per token. Every load of a token is issued before any use (one round
@@ -202,7 +199,6 @@ __global__ void __launch_bounds__(RP_THREADS, 1) route_plan_kernel(rp_args a) {
   }
   __syncthreads();
 
-  if (a.exp == 1) return; /* EXPERIMENT */
   /* 2a. per-segment ranks and counts: warp w owns pairs [p0, p1) */
   const int p0 = (int)((int64_t)warp * P / RP_WARPS), p1 = (int)((int64_t)(warp + 1) * P / RP_WARPS);
   uint16_t *mycnt = cnt + warp * E;
@@ -272,7 +268,10 @@ int k3k_cu_moe_route_plan(cudaStream_t st, const k3k_router_params_t *p, const k
   const int64_t T = lg->shape[0], E = lg->shape[1], k = p->top_k;
   if (E <= 0 || E > 8192 || k <= 0 || k > E || T < 0 || T > INT32_MAX / 256 ||
       idx->shape[0] != T || idx->shape[1] != k || wt->shape[0] != T || wt->shape[1] != k ||
-      idx->stride[1] != 1 || wt->stride[1] != 1 || bias->shape[0] != E)
+      idx->stride[1] != 1 || wt->stride[1] != 1 || bias->shape[0] != E ||
+      idx->dtype != K3K_I32 || wt->dtype != K3K_F32 || p->n_groups < 1 || p->n_groups > 256 ||
+      E % p->n_groups || p->topk_group < 1 || p->topk_group > p->n_groups || k > 256 ||
+      k > (int64_t)p->topk_group * (E / p->n_groups))
     return K3_EINVAL;
   if (p->n_groups > 1 || T * k > RP_MAXPAIRS || E > RP_MAXE || k > 32 || lg->dtype != K3K_F32 ||
       lg->stride[1] != 1 || bias->stride[0] != 1 || (bias->dtype != K3K_F32 && bias->dtype != K3K_BF16)) {
@@ -287,9 +286,6 @@ int k3k_cu_moe_route_plan(cudaStream_t st, const k3k_router_params_t *p, const k
                            expert_off, gather_tok, row_idx, active, NULL, scratch);
   }
   rp_args a;
-  static int exp = -1;
-  if (exp < 0) exp = getenv("K3K_RP_EXP") ? atoi(getenv("K3K_RP_EXP")) : 0;
-  a.exp = exp;
   a.lg = (const float *)lg->data;
   a.ld_lg = lg->stride[0];
   a.bias = bias->data;
