@@ -43,6 +43,24 @@ int k3k_cu_moe_plan(cudaStream_t st, const int32_t *idx, int32_t T, int32_t k, i
                     int32_t *expert_off, int32_t *gather_tok, int32_t *row_idx, int32_t *active,
                     int *bad, void *scratch);
 
+/* ROUTER op's kernel on a stream (t = logits, bias, idx, w as for K3K_OP_ROUTER; already
+ * validated by the caller). */
+int k3k_cu_router_launch(cudaStream_t st, const k3k_router_params_t *p,
+                         const k3k_tensor_t *const *t);
+
+/* Router + plan for one MoE layer: the ROUTER op (p; logits [T,E] F32/BF16, bias [E], idx I32
+ * [T,k] and w F32 [T,k] written, unit column stride) followed by k3k_cu_moe_plan on its idx
+ * (expert_off [E+1], gather_tok [T*k], row_idx [T*k], active [1+E]; scratch
+ * k3k_cu_moe_plan_scratch(T, E) bytes). Results are identical to k3k_router (device op) +
+ * k3k_cu_moe_plan; ids are always in range, so there is no bad flag. One launch (one block)
+ * when n_groups == 1, T*k <= 4096, E <= 1024, k <= 32, logits F32 with unit column stride and
+ * bias F32/BF16 with unit stride; otherwise the ROUTER kernel and the 3-launch plan. The
+ * runner's device MoE path calls this instead of k3k_router + k3k_cu_moe_plan. */
+int k3k_cu_moe_route_plan(cudaStream_t st, const k3k_router_params_t *p, const k3k_tensor_t *lg,
+                          const k3k_tensor_t *bias, const k3k_tensor_t *idx, const k3k_tensor_t *wt,
+                          int32_t *expert_off, int32_t *gather_tok, int32_t *row_idx,
+                          int32_t *active, void *scratch);
+
 /* One set of MXFP4 expert matrices [N,K] on the device: expert e's packed rows are at
  * packed_tab[e] (a device array of E device pointers), or at packed_base + e*estride_packed when
  * packed_tab is NULL (experts stacked in one allocation); the same for the scales. */

@@ -148,20 +148,24 @@ static bool router_ok(const void *params, const k3k_tensor_t *const *t) {
          t[3]->stride[1] == 1 && t[0]->shape[0] <= INT32_MAX;
 }
 
-int k3k_cuda_router(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
-  const k3k_router_params_t *p = (const k3k_router_params_t *)params;
+int k3k_cu_router_launch(cudaStream_t st, const k3k_router_params_t *p,
+                         const k3k_tensor_t *const *t) {
   int64_t T = t[0]->shape[0], E = t[0]->shape[1];
   if (T == 0) return 0;
   size_t smem = router_smem(E, p->n_groups);
   if (smem > 48 * 1024)
     K3K_CU(cudaFuncSetAttribute(router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem));
-  router_kernel<<<(unsigned)T, RT_THREADS, smem, cx->stream>>>(
+  router_kernel<<<(unsigned)T, RT_THREADS, smem, st>>>(
       mkdv(t[0]), mkdv(t[1]), (int32_t *)t[2]->data, t[2]->stride[0], (float *)t[3]->data,
       t[3]->stride[0], (int)E, p->n_groups, p->topk_group, p->top_k, p->renormalize,
       p->use_biased_weights, p->scaling);
   K3K_LAUNCHED("router");
   return 0;
+}
+
+int k3k_cuda_router(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
+  return k3k_cu_router_launch(cx->stream, (const k3k_router_params_t *)params, t);
 }
 
 bool k3k_cuda_moe_ok(k3k_op_t op, const void *params, const k3k_tensor_t *const *t) {

@@ -239,6 +239,67 @@ out:
   free(d_back);
 }
 
+/* ---- fused router + plan (k3k_cu_moe_route_plan) vs the ROUTER op + k3k_moe_plan ---- */
+static void route_plan_case(gctx *g, int32_t T, int32_t E, int k, int G, int tg, int biased) {
+  char what[160];
+  snprintf(what, sizeof what, "moe_route_plan T=%d E=%d k=%d groups=%d/%d biased=%d", T, E, k,
+           tg, G, biased);
+  gpair lg, bs, ix, wt;
+  memset(&lg, 0, sizeof lg);
+  memset(&bs, 0, sizeof bs);
+  memset(&ix, 0, sizeof ix);
+  memset(&wt, 0, sizeof wt);
+  int64_t s_lg[2] = {T, E}, s_b[1] = {E}, s_o[2] = {T, k};
+  int32_t TK = T * k;
+  int32_t *off = malloc((size_t)(E + 1) * 4), *gt = malloc((size_t)TK * 4);
+  int32_t *ri = malloc((size_t)TK * 4), *back = malloc((size_t)(2 * TK + 2 * E + 2) * 4);
+  void *dmem = NULL, *scr = NULL;
+  bool ok = off && gt && ri && back && !gpair_new(g, &lg, K3K_F32, 2, s_lg) &&
+            !gpair_new(g, &bs, K3K_F32, 1, s_b) && !gpair_new(g, &ix, K3K_I32, 2, s_o) &&
+            !gpair_new(g, &wt, K3K_F32, 2, s_o) &&
+            !g->cuda->alloc(g->cuda, (size_t)(2 * TK + 2 * E + 2) * 4 + 64, &dmem) &&
+            !g->cuda->alloc(g->cuda, k3k_cu_moe_plan_scratch(T, E) + 64, &scr);
+  k3k_router_params_t p = {.top_k = k, .n_groups = G, .topk_group = tg, .renormalize = 1,
+                           .use_biased_weights = biased, .scaling = 2.827f};
+  int rc = ok ? 0 : K3_ENOMEM;
+  if (!rc) rc = gpair_rand(g, &lg, -6.0f, 6.0f) || gpair_rand(g, &bs, -0.2f, 0.2f) ||
+                gpair_poison(g, &ix) || gpair_poison(g, &wt);
+  if (!rc) rc = k3k_router(g->ref, &p, &lg.h, &bs.h, &ix.h, &wt.h);
+  if (!rc) rc = k3k_moe_plan((const int32_t *)ix.h.data, T, k, E, off, gt, ri);
+  int32_t *d_off = (int32_t *)dmem, *d_gt = d_off + E + 1, *d_ri = d_gt + TK, *d_act = d_ri + TK;
+  if (!rc) rc = g->cuda->memset(g->cuda, dmem, 0xFF, (size_t)(2 * TK + 2 * E + 2) * 4);
+  if (!rc)
+    rc = k3k_cu_moe_route_plan(stream_of(g), &p, &lg.d, &bs.d, &ix.d, &wt.d, d_off, d_gt, d_ri,
+                               d_act, scr);
+  int32_t *h_off = back, *h_gt = h_off + E + 1, *h_ri = h_gt + TK, *h_act = h_ri + TK;
+  if (!rc) rc = g->cuda->copy_to_host(g->cuda, back, dmem, (size_t)(2 * TK + 2 * E + 2) * 4);
+  if (rc) {
+    g_record(g, false, "%s: failed: %s", what, k3_strerror(rc));
+  } else {
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s idx", what);
+    gpair_check(g, &ix, 0, w2);
+    snprintf(w2, sizeof w2, "%s w", what);
+    gpair_check(g, &wt, 1e-5, w2);
+    int nact = 0, mism = 0;
+    for (int32_t e = 0; e <= E; e++) mism += h_off[e] != off[e];
+    for (int32_t i = 0; i < TK; i++) mism += (h_gt[i] != gt[i]) + (h_ri[i] != ri[i]);
+    for (int32_t e = 0; e < E; e++)
+      if (off[e + 1] > off[e]) mism += h_act[1 + nact++] != e;
+    mism += h_act[0] != nact;
+    g_record(g, mism == 0, "%s plan: %d mismatches (%d active experts)", what, mism, nact);
+  }
+  gpair *all[] = {&lg, &bs, &ix, &wt};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+    if (all[i]->h.data) gpair_free(g, all[i]);
+  if (dmem) g->cuda->free(g->cuda, dmem);
+  if (scr) g->cuda->free(g->cuda, scr);
+  free(off);
+  free(gt);
+  free(ri);
+  free(back);
+}
+
 /* ---- grouped pipeline vs the reference chain ---- */
 typedef struct {
   int32_t T, E, k;
@@ -322,8 +383,10 @@ int moe_gpu_stages(gctx *g, const moe_run *m, unsigned stage_mask) {
   k3k_router_params_t rp = {.top_k = m->k, .n_groups = 1, .topk_group = 1, .renormalize = 1,
                             .scaling = 2.827f};
   int rc = 0;
-  if (stage_mask & 1) rc = k3k_router(g->cuda, &rp, m->lg, m->bias, &ti, &tw);
-  if (!rc && (stage_mask & 1)) rc = k3k_cu_moe_plan(st, idx, m->T, m->k, E, off, gt, ri, act, NULL, scr);
+  if (stage_mask & 1)
+    rc = k3k_cu_moe_route_plan(st, &rp, m->lg, m->bias, &ti, &tw, off, gt, ri, act, scr);
+  if (stage_mask & 16) rc = k3k_router(g->cuda, &rp, m->lg, m->bias, &ti, &tw);
+  if (!rc && (stage_mask & 16)) rc = k3k_cu_moe_plan(st, idx, m->T, m->k, E, off, gt, ri, act, NULL, scr);
   int32_t maxa = TK < E ? TK : E;
   k3k_cu_moe_gemm_args a;
   memset(&a, 0, sizeof a);
@@ -456,6 +519,12 @@ int gpu_moe_parity(gctx *g) {
   plan_case(g, 16, 16, 896);
   plan_case(g, 300, 16, 896); /* three chunks */
   plan_case(g, 64, 8, 32);
+  route_plan_case(g, 1, 896, 16, 1, 1, 0);  /* K3 decode: one launch */
+  route_plan_case(g, 16, 896, 16, 1, 1, 0);
+  route_plan_case(g, 256, 896, 16, 1, 1, 1); /* T*k = 4096: the fused limit */
+  route_plan_case(g, 300, 896, 16, 1, 1, 0); /* T*k > 4096: router kernel + 3-launch plan */
+  route_plan_case(g, 40, 64, 6, 1, 1, 1);    /* 48B-like: E = 64 (two lanes' worth of 32) */
+  route_plan_case(g, 9, 256, 8, 8, 4, 0);    /* grouped: fallback path */
   pipeline_case(g, 1, 32, 16);
   pipeline_case(g, 16, 32, 8);
   pipeline_case(g, 96, 4, 2); /* ~48 rows per expert: prefill tiling */

@@ -21,7 +21,8 @@ typedef struct {
   void *dev;
 } moe_run;
 size_t moe_dev_bytes(int32_t T, int32_t E, int32_t k);
-/* Queues the block; stage_mask bit 0 router+plan, bit 1 gate/up, bit 2 down, bit 3 combine. */
+/* Queues the block; stage_mask bit 0 router+plan (k3k_cu_moe_route_plan), bit 1 gate/up, bit 2
+ * down, bit 3 combine; bit 4 router op + k3k_cu_moe_plan instead of bit 0 (timing only). */
 int moe_gpu_stages(gctx *g, const moe_run *m, unsigned stage_mask);
 int moe_gpu(gctx *g, const moe_run *m);
 /* Number of active experts of the last plan held in m->dev (synchronises). */

@@ -73,6 +73,16 @@ static int run_moe(void *p) {
   moe_arg *a = (moe_arg *)p;
   return moe_gpu_stages(a->g, a->m, a->mask);
 }
+/* 20 back-to-back launches of the stages: the GPU time per launch without the host's launch
+ * latency in between (what a CUDA graph of the decode step sees). */
+static int run_moe20(void *p) {
+  moe_arg *a = (moe_arg *)p;
+  for (int i = 0; i < 20; i++) {
+    int rc = moe_gpu_stages(a->g, a->m, a->mask);
+    if (rc) return rc;
+  }
+  return 0;
+}
 
 static void line(const char *name, double t, double floor_t, double bytes, double flop) {
   printf("PERF %-52s %9.1f us  %7.1f GB/s %6.1f TFLOP/s  floor %8.1f us  x%.2f\n", name, t * 1e6,
@@ -175,6 +185,10 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT) {
     double t_2 = median_s(g, run_moe, &a, 20);
     a.mask = 1;
     double t_rp = median_s(g, run_moe, &a, 20);
+    double t_rp20 = median_s(g, run_moe20, &a, 10) / 20;
+    a.mask = 16;
+    double t_rp4 = median_s(g, run_moe, &a, 20);
+    double t_rp420 = median_s(g, run_moe20, &a, 10) / 20;
     printf("PERF T=%d tokens, %d active experts, %.1f MB expert bytes, %.2f TFLOP\n", T, nact,
            bytes * 1e-6, flop * 1e-12);
     snprintf(name, sizeof name, "moe block T=%d (router..combine)", T);
@@ -188,6 +202,12 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT) {
     snprintf(name, sizeof name, "  router+plan T=%d", T);
     double rb = (double)T * E * 4;
     line(name, t_rp, rb / bw, rb, 0);
+    snprintf(name, sizeof name, "  router+plan T=%d, back-to-back", T);
+    line(name, t_rp20, rb / bw, rb, 0);
+    snprintf(name, sizeof name, "  router op + 3-launch plan T=%d", T);
+    line(name, t_rp4, rb / bw, rb, 0);
+    snprintf(name, sizeof name, "  router op + 3-launch plan T=%d, back-to-back", T);
+    line(name, t_rp420, rb / bw, rb, 0);
     g->cuda->free(g->cuda, lg);
     g->cuda->free(g->cuda, z);
     g->cuda->free(g->cuda, y);
