@@ -111,13 +111,17 @@ static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tenso
                             .renormalize = c->moe_renormalize,
                             .use_biased_weights = c->router_bias_in_weights,
                             .scaling = (float)c->routed_scaling_factor};
-  TRY(k3k_router(be, &rp, &lg, &L->router_bias, &idx, &wt));
+  /* the device MoE path routes and plans in one launch (k3k_cu_moe_route_plan: the same ids and
+   * weights as the ROUTER op) */
+  const bool dev = rn_dev_moe_wanted(r, T);
+  if (!dev) TRY(k3k_router(be, &rp, &lg, &L->router_bias, &idx, &wt));
   /* expert inputs: the latent z (K3) or the normed x (48B) */
   k3k_tensor_t z = latent ? rn_buf(ws, A, T, D) : *x, comb = rn_buf(ws, A, T, D);
   if (ws->rc) return ws->rc;
   if (latent) TRY(k3k_gemm(be, x, &L->lat_down, &z));
-  if (rn_dev_moe_wanted(r, T))
-    TRY(rn_dev_moe_experts(r, ws, (int)(L - r->layers), &z, &idx, &wt, &comb));
+  if (dev)
+    TRY(rn_dev_moe_experts(r, ws, (int)(L - r->layers), &z, &rp, &lg, &L->router_bias, &idx, &wt,
+                           &comb));
   else
     TRY(experts_ops(r, ws, L, &z, &idx, &wt, &comb));
   k3k_tensor_t routed = comb;

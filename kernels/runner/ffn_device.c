@@ -1,7 +1,8 @@
 /* The routed-expert part of the MoE block on a "cuda" backend, without a host round trip:
- * device MoE plan (k3k_cu_moe_plan) from the router's device idx, grouped W4A16 MXFP4 GEMM of
- * every active expert in one launch for gate+up with the activation fused, a second grouped
- * launch for down, and the unchecked fp32 combine (moe_ops.h).
+ * router + device MoE plan in one launch (k3k_cu_moe_route_plan, the ROUTER op's ids and
+ * weights), grouped expert GEMM of every active expert in one launch for gate+up with the
+ * activation fused (W4A16 MXFP4 for K3, moe_ops.h; bf16 for the 48B, moe_bf16.h), a second
+ * grouped launch for down, and the unchecked fp32 combine.
  *
  * What it is for: rn_ffn_forward (ffn.c) calls rn_dev_moe_experts instead of its per-expert loop
  * when rn_dev_init enabled it (cuda backend, bf16 precision, MXFP4 experts). The CPU path and
@@ -234,7 +235,9 @@ static k3k_cu_mx_set mx_set(void *tab, int j, int64_t E, int64_t cols) {
 }
 
 int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
-                       const k3k_tensor_t *idx, const k3k_tensor_t *wt, const k3k_tensor_t *comb) {
+                       const k3k_router_params_t *rp, const k3k_tensor_t *lg,
+                       const k3k_tensor_t *bias, const k3k_tensor_t *idx, const k3k_tensor_t *wt,
+                       const k3k_tensor_t *comb) {
   const k3_model_config_t *c = &r->cfg;
   k3k_backend_t *be = r->be;
   cudaStream_t st = k3k_cuda_ctx_of(be)->stream;
@@ -248,8 +251,8 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
   k3k_tensor_t scr = rn_buf(ws, K3K_U8, 1, (int64_t)k3k_cu_moe_plan_scratch(T, E));
   k3k_tensor_t ha = rn_buf(ws, K3K_BF16, TK, F), yr = rn_buf(ws, K3K_BF16, TK, D);
   if (ws->rc) return ws->rc;
-  int rc = k3k_cu_moe_plan(st, idx->data, T, K, E, off.data, gt.data, ri.data, act.data, NULL,
-                           scr.data);
+  int rc = k3k_cu_moe_route_plan(st, rp, lg, bias, idx, wt, off.data, gt.data, ri.data, act.data,
+                                 scr.data);
   if (rc) return rc;
   const int32_t maxa = TK < E ? (int32_t)TK : E;
   if (r->dev->bf16) return experts_bf16(r, tab, z, &off, &gt, &ri, &act, &ha, &yr, wt, comb, maxa);

@@ -163,7 +163,9 @@ int rn_ffn_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_t
 int rn_dev_init(k3_runner_t *r, char *err, size_t errlen);
 void rn_dev_free(k3_runner_t *r);
 int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
-                       const k3k_tensor_t *idx, const k3k_tensor_t *wt, const k3k_tensor_t *comb);
+                       const k3k_router_params_t *rp, const k3k_tensor_t *lg,
+                       const k3k_tensor_t *bias, const k3k_tensor_t *idx, const k3k_tensor_t *wt,
+                       const k3k_tensor_t *comb);
 /* Whether a pass of T tokens takes rn_dev_moe_experts (MXFP4: always when r->dev; bf16 experts:
  * at most 16 rows per active expert, else the per-expert ops). Deterministic in T. */
 bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T);
@@ -172,8 +174,9 @@ static inline bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T) { return f
 static inline int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
 static inline void rn_dev_free(k3_runner_t *r) {}
 static inline int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
-                                     const k3k_tensor_t *idx, const k3k_tensor_t *wt,
-                                     const k3k_tensor_t *comb) {
+                                     const k3k_router_params_t *rp, const k3k_tensor_t *lg,
+                                     const k3k_tensor_t *bias, const k3k_tensor_t *idx,
+                                     const k3k_tensor_t *wt, const k3k_tensor_t *comb) {
   return K3_ENOTSUP; /* never called: r->dev stays NULL without the CUDA backend */
 }
 #endif
