@@ -310,7 +310,8 @@ static size_t mla_work_bytes(const k3k_cu_mla_decode_args *a) {
 }
 
 /* Benchmark hook: 1 = the mma.sync kernel even where the Hopper kernel applies; 1024 = the
- * Hopper kernel with an exact max exchange and rescale on every tile (both correct). Flags that leave a stage of
+ * Hopper kernel with an exact max exchange and rescale on every tile, 2048 = without queueing
+ * S of the next tile behind P.V (all correct). Flags that leave a stage of
  * the Hopper kernel out (wrong results, timing only): 2 = no wgmma, 8 = only the first head
  * group runs, 32 = no loads after the first two tiles. 0 = normal. */
 static int g_mla_probe;

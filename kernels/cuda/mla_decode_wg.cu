@@ -10,8 +10,12 @@
  * Heads are the wgmma N dimension, so 48 heads need no padding (M would have to be 64).
  * Warp roles (256 threads): warpgroup 0 computes S, the online softmax (fp32 exp2) and P
  * (bf16, swizzled K-major), hands P over with a named barrier and goes on to the next tile;
- * warpgroup 1 keeps all of O^T (192 fp32 per thread) and does P.V, so the tensor cores run P.V
- * of tile i while warpgroup 0 is in the softmax of tile i+1. The softmax rescales lazily: a
+ * warpgroup 1 keeps all of O^T (192 fp32 per thread) and does P.V. The tensor cores take P.V of
+ * tile i before S of tile i+1 (warpgroup 0 waits at named barrier 8 until P.V is issued): the
+ * stage of tile i is then released ~1.2 K cycles sooner, which is the refill window of a
+ * 2-stage ring. Warpgroup 0 publishes the rescale flag and alpha (barrier 6/7) before it builds
+ * P (barrier 2/3), so warpgroup 1's O^T rescale is off the path to the P.V issue. The softmax
+ * rescales lazily: a
  * head keeps its reference max while the tile's scores stay within 2^8 of it (one OR vote over
  * the warpgroup, bar.red), and only a tile that breaks that for some head pays the exact step
  * (per-head max across the 4 warps through shared memory, alpha for warpgroup 1); at random
@@ -214,8 +218,11 @@ __device__ __forceinline__ void wg_inv_l(const float *fin, float *il, int t4, bo
  * stage need no release of their own: warpgroup 0 finished S before it handed P over, which
  * is before warpgroup 1 works on the tile at all. `full` counts the 2 batches' expect_tx
  * arrivals plus their TMA bytes; warpgroup 1 tells its producer thread that all 4 warps' wgmma
- * reads completed with named barrier 5. The pool rows of a tile's runs are looked up once, a
- * tile ahead, into shared memory (a page-table load on the issue path costs ~600 cycles). */
+ * reads completed with named barrier 5. The pool rows of a tile's runs are looked up once,
+ * three tiles ahead, into shared memory (a page-table load on the issue path costs ~600
+ * cycles), and the tile is prefetched into L2 then (ahead()).
+ * Named barriers: 0 block, 1 warpgroup 0 (vote, max exchange), 2/3 P of stage 0/1, 4 end,
+ * 5 warpgroup 1 (its P.V reads done), 6/7 flag + alpha of stage 0/1, 8 P.V issued. */
 __global__ void __launch_bounds__(WG_THREADS, 1)
     mla_wg_kernel(const __grid_constant__ CUtensorMap tkv, const __grid_constant__ CUtensorMap tq,
                   k3k_cu_mla_decode_args a, int chunk, int box_rows) {
@@ -254,11 +261,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     int ts = tok0 + i * WG_TILE, nv = min(WG_TILE, tok1 - ts);
     return (nv + box_rows - 1) / box_rows;
   };
-  auto ahead = [&](int i) {
+  auto ahead = [&](int i, int page0) { /* page0: the page of the tile's first token */
     int ts = tok0 + i * WG_TILE, nseg = tile_runs(i);
     for (int sg = 0; sg < nseg; sg++) {
       int t = ts + sg * box_rows;
-      int row = bt[t / a.page_size] * a.page_size + t % a.page_size;
+      int row = (sg ? bt[t / a.page_size] : page0) * a.page_size + t % a.page_size;
       rows_s[(i & 3) * 8 + sg] = row;
       if (!(a.probe & 32))
         for (int j = 0; j < 9; j++) tma_prefetch_2d(&tkv, 64 * j, row);
@@ -287,13 +294,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     for (int j = 0; j < 9; j++)
       tma_load_2d(s0 + WG_OFF_Q + j * WG_QBLK, &tq, 64 * j, b * a.heads + hbase, qbar);
     for (int i = 0; i < 3 && i < ntiles; i++) {
-      ahead(i);
+      ahead(i, bt[(tok0 + i * WG_TILE) / a.page_size]);
       if (i < 2) issue(i, 0), issue(i, 1);
     }
   }
 
   const int wg = w >> 2, wq = w & 3, g = lane >> 2, t4 = lane & 3;
   const bool math = !(a.probe & 2);
+  const bool order = !(a.probe & 2048); /* benchmark variant: S(i+1) may run ahead of P.V(i) */
   /* The two warpgroups run separate loops, so each keeps only its own state live (warpgroup
    * 1's 192 accumulators never share registers with warpgroup 0's softmax state). */
   if (wg == 0) {
@@ -316,6 +324,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       /* S^T = K Q^T once the whole tile landed (an mbarrier poll between the wgmma issues makes
        * ptxas serialise them: it sees a divergent loop inside the pipeline). */
       mbar_wait(bar0 + 8 * s, par);
+      /* P.V of the previous tile goes to the tensor cores first: its stage is then released
+       * ~1.2 K cycles sooner (S would otherwise run ahead of it), which is the refill window. */
+      if (i > 0 && order) bar_sync(8, 256);
       if (math) {
         fence_regs<24>(sc);
         wg_fence();
@@ -380,6 +391,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
         for (int c = 0; c < 12; c++) al[c] = 1.f;
       }
+      if (tid == 0) resc_s[s] = resc;
+      bar_arrive(6 + s, 256); /* flag and alpha out: warpgroup 1 rescales O^T while P is built */
       /* Token rows past the end: zero them (all 576 columns) for P.V. Swizzling permutes
        * 16-byte chunks within a 128-byte row, so whole rows are zeroed without it. No refill
        * can target this stage: a partial tile is the split's last. */
@@ -405,7 +418,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         *(uint16_t *)(pp + head * 128 + (((tk1 >> 3) ^ (head & 7)) << 4) + (tk1 & 7) * 2) =
             f2bf(p1);
       }
-      if (tid == 0) resc_s[s] = resc;
       fence_async_smem(); /* P and zeroed rows: generic stores read next by wgmma */
       bar_arrive(2 + s, 256); /* P ready; this warpgroup goes on to the next tile's S */
     }
@@ -445,9 +457,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       const uint64_t dv = sdesc(s0 + s * WG_TILE_BYTES, 1024);
       const uint64_t dp = sdesc(s0 + WG_OFF_P + s * WG_P_BYTES, 16);
       const bool refill = tid == 128 && i + 2 < ntiles;
-      if (tid == 128 && i + 3 < ntiles) ahead(i + 3); /* overlaps the wait for P */
-      bar_sync(2 + s, 256); /* P, alpha and the rescale flag of this tile are in shared memory */
-      mbar_wait(bar0 + 8 * s, par); /* TMA bytes visible here too */
+      /* Tile i+3's page-table load is issued here and used after P.V is issued (ahead() on
+       * the path to the P.V issue delayed it, and warpgroup 0 waits for that issue). */
+      const bool ah = tid == 128 && i + 3 < ntiles;
+      int page3 = 0;
+      if (ah) page3 = bt[(tok0 + (i + 3) * WG_TILE) / a.page_size];
+      bar_sync(6 + s, 256); /* the rescale flag and alpha of this tile */
       {
         /* alpha of this tile's heads, 1 when warpgroup 0 kept the reference max. The multiply is
          * unconditional: a branch around it makes ptxas serialise the wgmma pipeline. */
@@ -463,6 +478,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
           for (int k = 0; k < 24; k++) o[mt][k] *= al[2 * (k >> 2) + (k & 1)];
       }
+      bar_sync(2 + s, 256); /* P of this tile */
+      mbar_wait(bar0 + 8 * s, par); /* TMA bytes visible here too */
       if (math) {
 #pragma unroll
         for (int mt = 0; mt < 8; mt++) fence_regs<24>(o[mt]);
@@ -478,6 +495,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
           wg_commit();
         }
       }
+      if (i + 1 < ntiles && order) bar_arrive(8, 256); /* warpgroup 0 may queue S(i+1) */
+      if (ah) ahead(i + 3, page3);
       wg_wait<1>();
       bar_sync(5, 128); /* all 4 warps' reads of blocks 0-3 (and S's of block 8) are done */
       if (refill) issue(i + 2, 0);

@@ -268,6 +268,7 @@ int gpu_perf(gctx *g) {
      * (wrong results, timing only; see k3k_cuda_mla_probe in mla.cu). */
     static const struct { int m; const char *n; } pv[] = {
         {1, "mma.sync kernel"},         {1024, "exact rescale every tile"},
+        {2048, "S not queued behind P.V"},
         {2, "no wgmma"},                {32, "no loads (math only)"},
         {2 | 32, "softmax+barriers only"}, {8, "1 head group"}};
     for (size_t m = 0; m < sizeof pv / sizeof pv[0]; m++) {
