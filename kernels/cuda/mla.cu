@@ -309,8 +309,9 @@ static size_t mla_work_bytes(const k3k_cu_mla_decode_args *a) {
   return (size_t)s * a->batch * a->heads * (MLA_DV + 1) * sizeof(float);
 }
 
-/* Benchmark hook: 1 = the mma.sync kernel even where the Hopper kernel applies; 512 = the
- * Hopper kernel with O^T split over both warpgroups (both correct). Flags that leave a stage of
+/* Benchmark hook: 1 = the mma.sync kernel even where the Hopper kernel applies; 1024 = the
+ * Hopper kernel with an exact max exchange and rescale on every tile, 2048 = without queueing
+ * S of the next tile behind P.V (all correct). Flags that leave a stage of
  * the Hopper kernel out (wrong results, timing only): 2 = no wgmma, 8 = only the first head
  * group runs, 32 = no loads after the first two tiles. 0 = normal. */
 static int g_mla_probe;

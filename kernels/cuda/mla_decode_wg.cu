@@ -8,14 +8,21 @@
  *   S^T [64 tok x 48 heads] = K_tile [64 x 576] . Q^T         (36 x m64n48k16, K-major A and B)
  *   O^T [512 x 48]         += V_tile^T [512 x 64] . P^T       (V = K_tile[:, :512], M-major A)
  * Heads are the wgmma N dimension, so 48 heads need no padding (M would have to be 64).
- * Warp roles (256 threads): warpgroup 0 computes S, the online softmax (per-head column max
- * across its 4 warps through shared memory, fp32 exp2) and P (bf16, swizzled K-major), hands P
- * and the rescale factors over with a named barrier and goes on to the next tile; warpgroup 1
- * keeps all of O^T (192 fp32 per thread) and does P.V, so the tensor cores run P.V of tile i
- * while warpgroup 0 is in the softmax of tile i+1. Warpgroup 1's first thread issues the TMA
- * copies (no separate producer warp: ptxas sizes registers for whole warpgroups, and a third
- * one would cap a thread at 168). Stage release: all 256 threads arrive on the stage's `empty`
- * mbarrier once their wgmma reads of it completed; the producer waits for that to refill it.
+ * Warp roles (256 threads): warpgroup 0 computes S, the online softmax (fp32 exp2) and P
+ * (bf16, swizzled K-major), hands P over with a named barrier and goes on to the next tile;
+ * warpgroup 1 keeps all of O^T (192 fp32 per thread) and does P.V. The tensor cores take P.V of
+ * tile i before S of tile i+1 (warpgroup 0 waits at named barrier 8 until P.V is issued): the
+ * stage of tile i is then released ~1.2 K cycles sooner, which is the refill window of a
+ * 2-stage ring. Warpgroup 0 publishes the rescale flag and alpha (barrier 6/7) before it builds
+ * P (barrier 2/3), so warpgroup 1's O^T rescale is off the path to the P.V issue. The softmax
+ * rescales lazily: a
+ * head keeps its reference max while the tile's scores stay within 2^8 of it (one OR vote over
+ * the warpgroup, bar.red), and only a tile that breaks that for some head pays the exact step
+ * (per-head max across the 4 warps through shared memory, alpha for warpgroup 1); at random
+ * data that is tile 0 alone. Warpgroup 1's first thread issues the TMA copies (no separate
+ * producer warp: ptxas sizes registers for whole warpgroups, and a third one would cap a
+ * thread at 168); it refills a stage in two batches as P.V releases its blocks (see the
+ * kernel).
  * What it is not: the op (mla.cu builds q_lat, picks this kernel or the mma.sync one, merges
  * splits); page sizes that are not multiples of 8 (mla.cu's kernel takes those).
  * Invariants: shared tiles are 1024-byte aligned (128-byte swizzle atoms); token rows past the
@@ -41,10 +48,15 @@
 #define WG_OFF_Q (2 * WG_TILE_BYTES)
 #define WG_OFF_P (WG_OFF_Q + WG_Q_BYTES)
 #define WG_OFF_RED (WG_OFF_P + 2 * WG_P_BYTES)   /* [2][4][48] fp32 column maxima */
-#define WG_OFF_AL (WG_OFF_RED + 2 * 4 * WG_HB * 4) /* [2][48] fp32 alpha */
-#define WG_OFF_FIN (WG_OFF_AL + 2 * WG_HB * 4)    /* [4][48] l partials + [48] m */
-#define WG_OFF_BAR (WG_OFF_FIN + 5 * WG_HB * 4)   /* full[2], empty[2], q: 5 x 8 B */
-#define WG_SMEM (WG_OFF_BAR + 5 * 8 + 1024)       /* + alignment slack */
+#define WG_OFF_AL (WG_OFF_RED + 2 * 4 * WG_HB * 4) /* [2][48] fp32 alpha, then [2] int rescale */
+#define WG_OFF_FIN (WG_OFF_AL + 2 * WG_HB * 4 + 16) /* [4][48] l partials + [48] m */
+#define WG_OFF_ROWS (WG_OFF_FIN + 5 * WG_HB * 4)  /* [4][8] int: pool rows of a tile's runs */
+#define WG_OFF_BAR (WG_OFF_ROWS + 4 * 8 * 4)      /* full[2], q: 3 x 8 B */
+#define WG_SMEM (WG_OFF_BAR + 3 * 8 + 1024)       /* + alignment slack */
+/* Lazy rescaling: a tile whose scores exceed the running reference max by at most this much
+ * (log2 units) keeps the old reference, so P <= 2^8 (exact in bf16's 8-bit exponent; l and O
+ * stay far from fp32 overflow: 8192 tokens x 256) and no per-head max is exchanged. */
+#define WG_LAZY 8.0f
 
 /* ---- PTX wrappers ---- */
 __device__ __forceinline__ unsigned smem_u32(const void *p) {
@@ -83,6 +95,13 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap *map
       "l"((uint64_t)map), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
+/* Pulls a box into L2 only (no shared memory, no completion to wait for). */
+__device__ __forceinline__ void tma_prefetch_2d(const CUtensorMap *map, int x, int y) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
+                   (uint64_t)map),
+               "r"(x), "r"(y)
+               : "memory");
+}
 __device__ __forceinline__ void bar_sync(int id, int n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
@@ -116,6 +135,14 @@ __device__ __forceinline__ uint64_t sdesc(unsigned addr, unsigned lbo) {
          ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+/* The descriptor of addr + off from the one of addr: the start address field (addr >> 4, 14
+ * bits, shared addresses < 256 KB) is the low bits, so a constant offset is one 32-bit add
+ * instead of rebuilding the descriptor per wgmma (~5 uniform ops each, measured in the issue
+ * loop). off must keep the address inside the shared window. */
+__device__ __forceinline__ uint64_t dplus(uint64_t d, unsigned off) {
+  return (d & 0xFFFFFFFF00000000ull) | (uint64_t)((unsigned)d + (off >> 4));
+}
+
 /* d[24] (+)= A . B, m64n48k16, bf16 in, fp32 accumulate; tA = 1: A is M-major. */
 template <int TA>
 __device__ __forceinline__ void wgmma48(float *d, uint64_t da, uint64_t db, int accum) {
@@ -131,52 +158,39 @@ __device__ __forceinline__ void wgmma48(float *d, uint64_t da, uint64_t db, int 
       : "l"(da), "l"(db), "r"(accum), "n"(TA));
 }
 
-/* S^T [64 tok x 48 heads] (+)= K Q^T over k steps K0..K1-1 (16 dims each). */
-template <int K0, int K1>
-__device__ __forceinline__ void s_mma(float *sc, unsigned kv, unsigned q) {
-  fence_regs<24>(sc);
-  wg_fence();
-#pragma unroll
-  for (int k = K0; k < K1; k++)
-    wgmma48<0>(sc, sdesc(kv + (k >> 2) * WG_KBLK + (k & 3) * 32, 16),
-               sdesc(q + (k >> 2) * WG_QBLK + (k & 3) * 32, 16), k > K0);
-  wg_commit();
-  wg_wait0();
-  fence_regs<24>(sc);
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ float ex2f(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+/* OR of v over the `n` threads of named barrier `id` (they also synchronise there). */
+__device__ __forceinline__ bool bar_red_or(int id, int n, bool v) {
+  unsigned r;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"((unsigned)v), "r"(id), "r"(n)
+      : "memory");
+  return r != 0;
 }
 
-/* O^T[dims 64*mblk0..+64*NT][48] (+)= V^T P^T over the 64 tokens of the stage: NT M tiles x 4
- * k steps. V block m of the tile is exactly the M-major operand of M tile m. */
-template <int NT>
-__device__ __forceinline__ void pv_mma(float (*o)[24], unsigned kv, unsigned p, int mblk0) {
-#pragma unroll
-  for (int mt = 0; mt < NT; mt++) fence_regs<24>(o[mt]);
-  wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-    for (int mt = 0; mt < NT; mt++)
-      wgmma48<1>(o[mt], sdesc(kv + (mblk0 + mt) * WG_KBLK + kk * 2048, 1024),
-                 sdesc(p + kk * 32, 16), 1);
-  wg_commit();
-  wg_wait0();
-#pragma unroll
-  for (int mt = 0; mt < NT; mt++) fence_regs<24>(o[mt]);
-}
-
-/* Output of one warpgroup's O^T (dims mbase..+64*NT) for its 12 head columns. */
-template <int NT>
+/* Output of warpgroup 1's O^T (all 512 dims) for its 12 head columns. */
 __device__ __forceinline__ void wg_store(const k3k_cu_mla_decode_args &a, float (*o)[24],
-                                         const float *il, int mbase, int split, int b, int hbase,
-                                         int wq, int g, int t4) {
+                                         const float *il, int split, int b, int hbase, int wq,
+                                         int g, int t4) {
   size_t nrow = (size_t)a.batch * a.heads;
 #pragma unroll
-  for (int mt = 0; mt < NT; mt++)
+  for (int mt = 0; mt < 8; mt++)
 #pragma unroll
     for (int j = 0; j < 6; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        int dim = mbase + 64 * mt + 16 * wq + g + 8 * (e >> 1);
+        int dim = 64 * mt + 16 * wq + g + 8 * (e >> 1);
         int head = 8 * j + 2 * t4 + (e & 1);
         size_t orow = (size_t)b * a.heads + hbase + head;
         float v = o[mt][4 * j + e] * il[2 * j + (e & 1)];
@@ -197,23 +211,32 @@ __device__ __forceinline__ void wg_inv_l(const float *fin, float *il, int t4, bo
   }
 }
 
-/* ALL1: warpgroup 1 owns all of O^T (8 M tiles, 192 fp32 per thread) and warpgroup 0 only
- * computes S and the softmax, so P.V of tile i runs on the tensor cores while warpgroup 0 is in
- * the softmax of tile i+1 (the softmax is the longest stage: ~2.2 K cycles per tile against
- * ~1.3 K for S and ~1 K for P.V, clock64 per stage on the H200). !ALL1: each warpgroup owns
- * half of O^T and both wait for P (measured slower; kept as a benchmark variant). */
-template <bool ALL1>
+/* A stage is refilled in two batches as P.V of the tile in it finishes with its blocks: the
+ * rope block 8 (read by S alone) and blocks 0-3 once P.V's M tiles 0-3 are done, blocks 4-7 once
+ * all of P.V is, so the next-but-one tile's loads start ~500 cycles earlier than after the
+ * whole tile (the 2-stage ring cannot grow: 3 stages do not fit next to Q). S reads of the
+ * stage need no release of their own: warpgroup 0 finished S before it handed P over, which
+ * is before warpgroup 1 works on the tile at all. `full` counts the 2 batches' expect_tx
+ * arrivals plus their TMA bytes; warpgroup 1 tells its producer thread that all 4 warps' wgmma
+ * reads completed with named barrier 5. The pool rows of a tile's runs are looked up once,
+ * three tiles ahead, into shared memory (a page-table load on the issue path costs ~600
+ * cycles), and the tile is prefetched into L2 then (ahead()).
+ * Named barriers: 0 block, 1 warpgroup 0 (vote, max exchange), 2/3 P of stage 0/1, 4 end,
+ * 5 warpgroup 1 (its P.V reads done), 6/7 flag + alpha of stage 0/1, 8 P.V issued. */
 __global__ void __launch_bounds__(WG_THREADS, 1)
     mla_wg_kernel(const __grid_constant__ CUtensorMap tkv, const __grid_constant__ CUtensorMap tq,
                   k3k_cu_mla_decode_args a, int chunk, int box_rows) {
-  constexpr int NT = ALL1 ? 8 : 4; /* M tiles of O^T per warpgroup that owns any */
   extern __shared__ unsigned char smem_raw[];
-  unsigned char *sm = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  /* Aligned by pointer arithmetic on the shared array (not through an integer), so the
+   * compiler keeps every access below in the shared space (STS/LDS, not generic ST/LD). */
+  unsigned char *sm = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const unsigned s0 = smem_u32(sm);
   float *red = (float *)(sm + WG_OFF_RED), *alpha_s = (float *)(sm + WG_OFF_AL);
+  int *resc_s = (int *)(sm + WG_OFF_AL + 2 * WG_HB * 4);
   float *fin = (float *)(sm + WG_OFF_FIN);
-  const unsigned bar0 = s0 + WG_OFF_BAR; /* full[s] = bar0 + 8s, empty[s] = bar0 + 16 + 8s */
-  const unsigned qbar = bar0 + 32;
+  int *rows_s = (int *)(sm + WG_OFF_ROWS);
+  const unsigned bar0 = s0 + WG_OFF_BAR; /* full[s] = bar0 + 8s, q = bar0 + 16 */
+  const unsigned qbar = bar0 + 16;
   const int split = blockIdx.y, b = blockIdx.z, hbase = blockIdx.x * WG_HB;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int len = a.seq_lens[(size_t)b * a.sl_stride];
@@ -222,91 +245,157 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
   if ((a.probe & 8) && blockIdx.x > 0) return;
 
   if (tid == 0) {
-    for (int s = 0; s < 2; s++) {
-      mbar_init(bar0 + 8 * s, 1);
-      mbar_init(bar0 + 16 + 8 * s, 256);
-    }
+    for (int s = 0; s < 2; s++) mbar_init(bar0 + 8 * s, 2);
     mbar_init(qbar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
-  /* Producer: thread 128 (warpgroup 1) issues Q and the first two tiles here, and each later
-   * tile right after both warpgroups released its stage. A tile is 64/box_rows runs of
-   * box_rows rows, each inside one page. */
+  /* Producer (thread 128, warpgroup 1). A tile is 64/box_rows runs of box_rows rows, each
+   * inside one page. ahead(i), three tiles before tile i's loads can start, looks up the runs'
+   * pool rows (into slot i & 3 for issue) and prefetches the tile into L2, so the loads that
+   * refill a stage hit L2: with two stages the window between a stage's release and its next
+   * use is short, and HBM latency was the bound (probes: no loads 241 us, all 359 us). */
   const int32_t *bt = a.block_table + (size_t)b * a.pt_stride;
-  auto issue = [&](int i) {
-    if ((a.probe & 32) && i >= 2) { /* timing probe: reuse the resident tiles, no loads */
-      mbar_arrive(bar0 + 8 * (i & 1));
-      return;
-    }
-    int s = i & 1, ts = tok0 + i * WG_TILE, nv = min(WG_TILE, tok1 - ts);
-    int nseg = (nv + box_rows - 1) / box_rows;
-    mbar_expect_tx(bar0 + 8 * s, (unsigned)(nseg * box_rows * WG_D * 2));
-    unsigned dst = s0 + s * WG_TILE_BYTES;
+  auto tile_runs = [&](int i) {
+    int ts = tok0 + i * WG_TILE, nv = min(WG_TILE, tok1 - ts);
+    return (nv + box_rows - 1) / box_rows;
+  };
+  auto ahead = [&](int i, int page0) { /* page0: the page of the tile's first token */
+    int ts = tok0 + i * WG_TILE, nseg = tile_runs(i);
     for (int sg = 0; sg < nseg; sg++) {
       int t = ts + sg * box_rows;
-      int row = bt[t / a.page_size] * a.page_size + t % a.page_size;
-#pragma unroll
-      for (int j = 0; j < 9; j++)
-        tma_load_2d(dst + j * WG_KBLK + sg * box_rows * 128, &tkv, 64 * j, row, bar0 + 8 * s);
+      int row = (sg ? bt[t / a.page_size] : page0) * a.page_size + t % a.page_size;
+      rows_s[(i & 3) * 8 + sg] = row;
+      if (!(a.probe & 32))
+        for (int j = 0; j < 9; j++) tma_prefetch_2d(&tkv, 64 * j, row);
+    }
+  };
+  /* Batch 0: blocks 8, 0-3; batch 1: blocks 4-7; each one expect_tx arrival on full. */
+  auto issue = [&](int i, int batch) {
+    const unsigned fb = bar0 + 8 * (i & 1);
+    if ((a.probe & 32) && i >= 2) { /* timing probe: reuse the resident tiles, no loads */
+      mbar_arrive(fb);
+      return;
+    }
+    const int nseg = tile_runs(i), nblk = batch ? 4 : 5;
+    mbar_expect_tx(fb, (unsigned)(nblk * nseg * box_rows * 128));
+    const unsigned dst = s0 + (i & 1) * WG_TILE_BYTES;
+    for (int sg = 0; sg < nseg; sg++) {
+      int row = rows_s[(i & 3) * 8 + sg];
+      for (int k = 0; k < nblk; k++) {
+        int j = batch ? 4 + k : (k == 0 ? 8 : k - 1);
+        tma_load_2d(dst + j * WG_KBLK + sg * box_rows * 128, &tkv, 64 * j, row, fb);
+      }
     }
   };
   if (tid == 128 && ntiles > 0) {
     mbar_expect_tx(qbar, WG_Q_BYTES);
     for (int j = 0; j < 9; j++)
       tma_load_2d(s0 + WG_OFF_Q + j * WG_QBLK, &tq, 64 * j, b * a.heads + hbase, qbar);
-    issue(0);
-    if (ntiles > 1) issue(1);
+    for (int i = 0; i < 3 && i < ntiles; i++) {
+      ahead(i, bt[(tok0 + i * WG_TILE) / a.page_size]);
+      if (i < 2) issue(i, 0), issue(i, 1);
+    }
   }
 
   const int wg = w >> 2, wq = w & 3, g = lane >> 2, t4 = lane & 3;
   const bool math = !(a.probe & 2);
+  const bool order = !(a.probe & 2048); /* benchmark variant: S(i+1) may run ahead of P.V(i) */
   /* The two warpgroups run separate loops, so each keeps only its own state live (warpgroup
    * 1's 192 accumulators never share registers with warpgroup 0's softmax state). */
   if (wg == 0) {
     const float sl2 = a.scale * 1.4426950408889634f; /* scores in log2 units */
-    constexpr int NT0 = ALL1 ? 1 : 4;
-    float o[NT0][24];
-#pragma unroll
-    for (int mt = 0; mt < NT0; mt++)
-#pragma unroll
-      for (int i = 0; i < 24; i++) o[mt][i] = 0.f;
-    /* Column c = 2j + k of this thread is head 8j + 2t4 + k. */
+    const bool lazy = !(a.probe & 1024);
+    /* Column c = 2j + k of this thread is head 8j + 2t4 + k. m_c is the reference max of the
+     * head (the same in every thread of the warpgroup), l_c this thread's share of its sum. */
     float m_c[12], l_c[12];
 #pragma unroll
     for (int c = 0; c < 12; c++) m_c[c] = -INFINITY, l_c[c] = 0.f;
     if (ntiles > 0) mbar_wait(qbar, 0);
     for (int i = 0; i < ntiles; i++) {
       const int s = i & 1;
-      const unsigned par = (i >> 1) & 1, kv = s0 + s * WG_TILE_BYTES;
+      const unsigned par = (i >> 1) & 1;
+      const uint64_t dk = sdesc(s0 + s * WG_TILE_BYTES, 16), dq = sdesc(s0 + WG_OFF_Q, 16);
       const int ts = tok0 + i * WG_TILE, nv = min(WG_TILE, tok1 - ts);
-      mbar_wait(bar0 + 8 * s, par);
-      float sc[24], al[12];
+      float sc[24];
 #pragma unroll
       for (int k = 0; k < 24; k++) sc[k] = 0.f;
-      if (math) s_mma<0, 36>(sc, kv, s0 + WG_OFF_Q);
-      /* Mask rows past the split end and scale; per-column max over this thread's 2 rows,
-       * then the 8 row-lanes (g), then the 4 warps. */
+      /* S^T = K Q^T once the whole tile landed (an mbarrier poll between the wgmma issues makes
+       * ptxas serialise them: it sees a divergent loop inside the pipeline). */
+      mbar_wait(bar0 + 8 * s, par);
+      /* P.V of the previous tile goes to the tensor cores first: its stage is then released
+       * ~1.2 K cycles sooner (S would otherwise run ahead of it), which is the refill window. */
+      if (i > 0 && order) bar_sync(8, 256);
+      if (math) {
+        fence_regs<24>(sc);
+        wg_fence();
 #pragma unroll
-      for (int j = 0; j < 6; j++)
+        for (int j = 0; j < 9; j++) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          int row = 16 * wq + g + 8 * (e >> 1);
-          sc[4 * j + e] = row < nv ? sc[4 * j + e] * sl2 : -INFINITY;
+          for (int kk = 0; kk < 4; kk++)
+            wgmma48<0>(sc, dplus(dk, j * WG_KBLK + kk * 32), dplus(dq, j * WG_QBLK + kk * 32),
+                       j + kk > 0);
         }
-      float *rd = red + s * 4 * WG_HB;
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<24>(sc);
+      }
+      /* Mask rows past the split end and scale; then the lazy test per column (this thread's
+       * 2 rows), OR-ed over the warpgroup. */
+      if (nv < WG_TILE) {
+#pragma unroll
+        for (int j = 0; j < 6; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            int row = 16 * wq + g + 8 * (e >> 1);
+            sc[4 * j + e] = row < nv ? sc[4 * j + e] * sl2 : -INFINITY;
+          }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 24; k++) sc[k] *= sl2;
+      }
+      float loc[12];
+      bool need = !lazy;
 #pragma unroll
       for (int c = 0; c < 12; c++) {
-        int j = c >> 1, k = c & 1;
-        float v = fmaxf(sc[4 * j + k], sc[4 * j + 2 + k]);
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-        if (g == 0) rd[wq * WG_HB + 8 * j + 2 * t4 + k] = v;
+        loc[c] = fmaxf(sc[4 * (c >> 1) + (c & 1)], sc[4 * (c >> 1) + 2 + (c & 1)]);
+        need |= loc[c] > m_c[c] + WG_LAZY;
       }
+      const bool resc = bar_red_or(1, 128, need);
+      float al[12];
+      if (resc) {
+        /* Exact step: per-head max over the 64 tokens (8 row-lanes, then the 4 warps through
+         * shared memory), new reference, alpha for warpgroup 1's O^T. */
+        float *rd = red + s * 4 * WG_HB;
+#pragma unroll
+        for (int c = 0; c < 12; c++) {
+          float v = loc[c];
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+          v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+          if (g == 0) rd[wq * WG_HB + 8 * (c >> 1) + 2 * t4 + (c & 1)] = v;
+        }
+        bar_sync(1, 128);
+#pragma unroll
+        for (int c = 0; c < 12; c++) {
+          int head = 8 * (c >> 1) + 2 * t4 + (c & 1);
+          float mx = fmaxf(fmaxf(rd[head], rd[WG_HB + head]),
+                           fmaxf(rd[2 * WG_HB + head], rd[3 * WG_HB + head]));
+          float mn = fmaxf(m_c[c], mx); /* finite: every tile holds a valid token */
+          al[c] = ex2f(m_c[c] - mn);
+          m_c[c] = mn;
+          if (wq == 0 && g == 0) alpha_s[s * WG_HB + head] = al[c];
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < 12; c++) al[c] = 1.f;
+      }
+      if (tid == 0) resc_s[s] = resc;
+      bar_arrive(6 + s, 256); /* flag and alpha out: warpgroup 1 rescales O^T while P is built */
       /* Token rows past the end: zero them (all 576 columns) for P.V. Swizzling permutes
-       * 16-byte chunks within a 128-byte row, so whole rows are zeroed without it. */
+       * 16-byte chunks within a 128-byte row, so whole rows are zeroed without it. No refill
+       * can target this stage: a partial tile is the split's last. */
       if (nv < WG_TILE) {
         int n16 = (WG_TILE - nv) * 9 * 8;
         for (int x = tid; x < n16; x += 128) {
@@ -315,39 +404,22 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
               make_uint4(0, 0, 0, 0);
         }
       }
-      bar_sync(1, 128);
       unsigned char *pp = sm + WG_OFF_P + s * WG_P_BYTES;
 #pragma unroll
       for (int c = 0; c < 12; c++) {
         int head = 8 * (c >> 1) + 2 * t4 + (c & 1);
-        float mx = fmaxf(fmaxf(rd[head], rd[WG_HB + head]),
-                         fmaxf(rd[2 * WG_HB + head], rd[3 * WG_HB + head]));
-        float mn = fmaxf(m_c[c], mx); /* finite: every tile holds a valid token */
-        al[c] = exp2f(m_c[c] - mn);
-        m_c[c] = mn;
-        float p0 = exp2f(sc[4 * (c >> 1) + (c & 1)] - mn);
-        float p1 = exp2f(sc[4 * (c >> 1) + 2 + (c & 1)] - mn);
-        l_c[c] = l_c[c] * al[c] + p0 + p1;
+        float p0 = ex2f(sc[4 * (c >> 1) + (c & 1)] - m_c[c]);
+        float p1 = ex2f(sc[4 * (c >> 1) + 2 + (c & 1)] - m_c[c]);
+        l_c[c] = l_c[c] * al[c] + (p0 + p1);
         /* P^T[head][tok], 128-byte rows, 16-byte chunk index XOR (head & 7). */
         int tk0 = 16 * wq + g, tk1 = tk0 + 8;
         *(uint16_t *)(pp + head * 128 + (((tk0 >> 3) ^ (head & 7)) << 4) + (tk0 & 7) * 2) =
             f2bf(p0);
         *(uint16_t *)(pp + head * 128 + (((tk1 >> 3) ^ (head & 7)) << 4) + (tk1 & 7) * 2) =
             f2bf(p1);
-        if (wq == 0 && g == 0) alpha_s[s * WG_HB + head] = al[c];
       }
       fence_async_smem(); /* P and zeroed rows: generic stores read next by wgmma */
-      if constexpr (ALL1) {
-        bar_arrive(2 + s, 256); /* P ready; this warpgroup goes on to the next tile's S */
-      } else {
-        bar_sync(2 + s, 256);
-#pragma unroll
-        for (int mt = 0; mt < NT0; mt++)
-#pragma unroll
-          for (int k = 0; k < 24; k++) o[mt][k] *= al[2 * (k >> 2) + (k & 1)];
-        if (math) pv_mma<NT0>(o, kv, s0 + WG_OFF_P + s * WG_P_BYTES, 0);
-      }
-      mbar_arrive(bar0 + 16 + 8 * s);
+      bar_arrive(2 + s, 256); /* P ready; this warpgroup goes on to the next tile's S */
     }
     /* Row statistics: l summed over the 8 row-lanes and the 4 warps. */
 #pragma unroll
@@ -362,7 +434,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     bar_sync(4, 256);
     float il[12];
     wg_inv_l(fin, il, t4, ntiles == 0);
-    if constexpr (!ALL1) wg_store<NT0>(a, o, il, 0, split, b, hbase, wq, g, t4);
     if (gridDim.y > 1 && wq == 0 && g == 0) {
       size_t nrow = (size_t)a.batch * a.heads;
 #pragma unroll
@@ -374,34 +445,71 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       }
     }
   } else {
-    float o[NT][24];
+    /* Warpgroup 1: all of O^T [512 x 48] (8 M tiles of m64n48, 192 fp32 per thread). */
+    float o[8][24];
 #pragma unroll
-    for (int mt = 0; mt < NT; mt++)
+    for (int mt = 0; mt < 8; mt++)
 #pragma unroll
       for (int i = 0; i < 24; i++) o[mt][i] = 0.f;
     for (int i = 0; i < ntiles; i++) {
       const int s = i & 1;
-      const unsigned par = (i >> 1) & 1, kv = s0 + s * WG_TILE_BYTES;
-      mbar_wait(bar0 + 8 * s, par);
-      bar_sync(2 + s, 256); /* P and alpha of this tile are in shared memory */
-      float al[12];
+      const unsigned par = (i >> 1) & 1;
+      const uint64_t dv = sdesc(s0 + s * WG_TILE_BYTES, 1024);
+      const uint64_t dp = sdesc(s0 + WG_OFF_P + s * WG_P_BYTES, 16);
+      const bool refill = tid == 128 && i + 2 < ntiles;
+      /* Tile i+3's page-table load is issued here and used after P.V is issued (ahead() on
+       * the path to the P.V issue delayed it, and warpgroup 0 waits for that issue). */
+      const bool ah = tid == 128 && i + 3 < ntiles;
+      int page3 = 0;
+      if (ah) page3 = bt[(tok0 + (i + 3) * WG_TILE) / a.page_size];
+      bar_sync(6 + s, 256); /* the rescale flag and alpha of this tile */
+      {
+        /* alpha of this tile's heads, 1 when warpgroup 0 kept the reference max. The multiply is
+         * unconditional: a branch around it makes ptxas serialise the wgmma pipeline. */
+        const bool resc = resc_s[s] != 0;
+        float al[12];
 #pragma unroll
-      for (int c = 0; c < 12; c++) al[c] = alpha_s[s * WG_HB + 8 * (c >> 1) + 2 * t4 + (c & 1)];
+        for (int c = 0; c < 12; c++) {
+          float v = alpha_s[s * WG_HB + 8 * (c >> 1) + 2 * t4 + (c & 1)];
+          al[c] = resc ? v : 1.f;
+        }
 #pragma unroll
-      for (int mt = 0; mt < NT; mt++)
+        for (int mt = 0; mt < 8; mt++)
 #pragma unroll
-        for (int k = 0; k < 24; k++) o[mt][k] *= al[2 * (k >> 2) + (k & 1)];
-      if (math) pv_mma<NT>(o, kv, s0 + WG_OFF_P + s * WG_P_BYTES, ALL1 ? 0 : 4);
-      mbar_arrive(bar0 + 16 + 8 * s);
-      if (tid == 128 && i + 2 < ntiles) {
-        mbar_wait(bar0 + 16 + 8 * s, par); /* warpgroup 0 is done with the stage too */
-        issue(i + 2);
+          for (int k = 0; k < 24; k++) o[mt][k] *= al[2 * (k >> 2) + (k & 1)];
       }
+      bar_sync(2 + s, 256); /* P of this tile */
+      mbar_wait(bar0 + 8 * s, par); /* TMA bytes visible here too */
+      if (math) {
+#pragma unroll
+        for (int mt = 0; mt < 8; mt++) fence_regs<24>(o[mt]);
+        wg_fence();
+        /* Two commit groups (M tiles 0-3, 4-7): the first half's blocks refill early. */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+          for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int mt = 4 * h; mt < 4 * h + 4; mt++)
+              wgmma48<1>(o[mt], dplus(dv, mt * WG_KBLK + kk * 2048), dplus(dp, kk * 32), 1);
+          wg_commit();
+        }
+      }
+      if (i + 1 < ntiles && order) bar_arrive(8, 256); /* warpgroup 0 may queue S(i+1) */
+      if (ah) ahead(i + 3, page3);
+      wg_wait<1>();
+      bar_sync(5, 128); /* all 4 warps' reads of blocks 0-3 (and S's of block 8) are done */
+      if (refill) issue(i + 2, 0);
+      wg_wait<0>();
+      bar_sync(5, 128);
+      if (refill) issue(i + 2, 1);
+#pragma unroll
+      for (int mt = 0; mt < 8; mt++) fence_regs<24>(o[mt]);
     }
     bar_sync(4, 256);
     float il[12];
     wg_inv_l(fin, il, t4, ntiles == 0);
-    wg_store<NT>(a, o, il, ALL1 ? 0 : 256, split, b, hbase, wq, g, t4);
+    wg_store(a, o, il, split, b, hbase, wq, g, t4);
   }
 }
 
@@ -460,17 +568,10 @@ int mla_wg_launch(cudaStream_t st, const k3k_cu_mla_decode_args *a, int splits, 
   int rc = make_map(&tkv, a->kv, a->pages * a->page_size, box_rows, l2);
   if (!rc) rc = make_map(&tq, a->q, (int64_t)a->batch * a->heads, WG_HB, l2);
   if (rc) return rc;
-  if (a->probe & 512) { /* benchmark variant: O^T split over both warpgroups */
-    K3K_CU(cudaFuncSetAttribute(mla_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                WG_SMEM));
-    mla_wg_kernel<false><<<dim3(a->heads / WG_HB, splits, a->batch), WG_THREADS, WG_SMEM, st>>>(
-        tkv, tq, *a, chunk, box_rows);
-  } else {
-    K3K_CU(cudaFuncSetAttribute(mla_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                WG_SMEM));
-    mla_wg_kernel<true><<<dim3(a->heads / WG_HB, splits, a->batch), WG_THREADS, WG_SMEM, st>>>(
-        tkv, tq, *a, chunk, box_rows);
-  }
+  K3K_CU(cudaFuncSetAttribute(mla_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              WG_SMEM));
+  mla_wg_kernel<<<dim3(a->heads / WG_HB, splits, a->batch), WG_THREADS, WG_SMEM, st>>>(
+      tkv, tq, *a, chunk, box_rows);
   K3K_LAUNCHED("mla_decode_wg");
   return 0;
 }

@@ -265,11 +265,12 @@ int gpu_perf(gctx *g) {
       report(&P, "mla_decode attention kernel alone", ms * 1e-3, (double)B * ctx * 1152,
              2.0 * B * NH * ctx * (576 + 512));
     }
-    /* Kernel variants (attention only): the mma.sync kernel and the Hopper kernel with O^T split
-     * over both warpgroups (both correct), then Hopper-kernel variants that leave a stage out
+    /* Kernel variants (attention only): the mma.sync kernel and the Hopper kernel without the
+     * lazy rescale (both correct), then Hopper-kernel variants that leave a stage out
      * (wrong results, timing only; see k3k_cuda_mla_probe in mla.cu). */
     static const struct { int m; const char *n; } pv[] = {
-        {1, "mma.sync kernel"},         {512, "O split over both wgs"},
+        {1, "mma.sync kernel"},         {1024, "exact rescale every tile"},
+        {2048, "S not queued behind P.V"},
         {2, "no wgmma"},                {32, "no loads (math only)"},
         {2 | 32, "softmax+barriers only"}, {8, "1 head group"}};
     for (size_t m = 0; m < sizeof pv / sizeof pv[0]; m++) {
