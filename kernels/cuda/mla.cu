@@ -15,7 +15,8 @@
  * What it is not: prefill attention (mla_prefill.cu).
  * Numerics vs the reference (all fp32): q_lat, p and o_lat are rounded to bf16 for the tensor
  * cores (relative error ~2^-9 each), well inside the bf16 tolerance of the parity suite.
- * Invariants (k3k_cuda_mla_decode_ok): Dn = 128, Dr = 64, Dv = 128, c = 512, NH % 48 == 0,
+ * Invariants (k3k_cuda_mla_decode_ok): Dn = 128, Dr = 64, Dv = 128, c = 512, NH % 48 == 0 (or
+ * NH % 8 == 0 with page sizes that are multiples of 8: the Hopper kernel pads the last group),
  * BF16 contiguous cache (any page size: pages are looked up per token row), BF16 weights with
  * inner stride 1. params.max_seqlen_k, when > 0, must bound every seq_len (it sizes the split
  * grid); otherwise the page-table capacity is used. */
@@ -288,7 +289,7 @@ __global__ void mla_merge_kernel(const float *work, int splits, size_t nrow, uin
  * (~4 TB/s) plus ~5 us for the merge launch. (Counting waves x tiles alone chose 43 splits at
  * B = 64 x 8K: 0.5 GB of partials, most of the old kernel's time.) */
 static int mla_splits(const k3k_cu_mla_decode_args *a) {
-  long units = (long)a->batch * (a->heads / MLA_HB);
+  long units = (long)a->batch * ((a->heads + MLA_HB - 1) / MLA_HB);
   long tiles = (a->max_len + MLA_TILE - 1) / MLA_TILE;
   if (tiles < 1) return 1;
   int best = 1;
@@ -324,7 +325,8 @@ static int mla_attend(cudaStream_t st, k3k_cu_mla_decode_args *a) {
   int chunk = (a->max_len + splits - 1) / splits;
   chunk = (chunk + MLA_TILE - 1) / MLA_TILE * MLA_TILE;
   if (chunk < MLA_TILE) chunk = MLA_TILE;
-  if (a->probe != 1 && mla_wg_ok(a)) {
+  if (a->heads % MLA_HB != 0 && !mla_wg_ok(a)) return K3_ENOTSUP; /* k3k_cuda_mla_decode_ok */
+  if ((a->probe != 1 || a->heads % MLA_HB != 0) && mla_wg_ok(a)) {
     int rc = mla_wg_launch(st, a, splits, chunk);
     if (rc) return rc;
   } else {
@@ -366,7 +368,10 @@ bool k3k_cuda_mla_decode_ok(const void *params, const k3k_tensor_t *const *t) {
   const k3k_mla_params_t *p = (const k3k_mla_params_t *)params;
   const k3k_tensor_t *w = t[1], *cache = t[2];
   if (p->d_nope != 128 || p->d_rope != 64 || p->d_v != 128 || p->kv_lora != 512) return false;
-  if (p->n_heads % MLA_HB != 0) return false;
+  /* 48-head groups; other multiples of 8 (the 48B's 32 heads) only on the Hopper kernel, i.e.
+   * page sizes that are multiples of 8 */
+  if (p->n_heads <= 0 || (p->n_heads % MLA_HB != 0 && (p->n_heads % 8 != 0 || cache->shape[1] % 8 != 0)))
+    return false;
   if (w->dtype != K3K_BF16 || w->stride[1] != 1 || (w->stride[0] % 8) != 0 ||
       ((uintptr_t)w->data & 15))
     return false;
@@ -411,7 +416,8 @@ int k3k_cuda_mla_decode(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t
   a.max_len = (int)(p->max_seqlen_k > 0 && p->max_seqlen_k < cap ? p->max_seqlen_k : cap);
   a.scale = p->scale != 0.0f ? p->scale : 1.0f / sqrtf(192.0f);
   a.num_sms = cx->num_sms;
-  size_t b_qb = al256(N * NH * 192 * 2), b_qabs = al256(N * NH * MLA_D * 2),
+  /* qabs: MLA_HB spare rows for a partial last head group (mla_decode.cuh) */
+  size_t b_qb = al256(N * NH * 192 * 2), b_qabs = al256((N * NH + MLA_HB) * MLA_D * 2),
          b_olat = al256(N * NH * MLA_DV * 2), b_o32 = al256(N * NH * 128 * 4),
          b_work = al256(mla_work_bytes(&a));
   char *base;

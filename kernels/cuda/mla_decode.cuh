@@ -4,7 +4,8 @@
  * mla_decode_wg.cu (the Hopper kernel: TMA + wgmma, page sizes that are multiples of 8) take
  * the same argument block, so the op picks a kernel without converting anything.
  * What it is not: a public header (kernels/cuda/ only).
- * Invariants: q, kv 16-byte aligned; heads % 48 == 0; every page id a sequence uses was checked
+ * Invariants: q, kv 16-byte aligned; heads % 48 == 0 for the mma.sync kernel, heads % 8 == 0
+ * for the Hopper one, whose q then needs 48 readable rows past the end; every page id a sequence uses was checked
  * to lie in the pool (k3k_cuda_check_pages) before either kernel runs. */
 #ifndef K3K_MLA_DECODE_CUH
 #define K3K_MLA_DECODE_CUH
@@ -12,7 +13,7 @@
 #include "cuda_common.cuh"
 
 typedef struct {
-  int batch, heads;            /* heads % 48 == 0 */
+  int batch, heads;            /* % 48 == 0 (mma.sync kernel) or % 8 == 0 (Hopper kernel) */
   const uint16_t *q;           /* [B][NH][576] bf16: absorbed q_lat (512) | q_rot (64) */
   const uint16_t *kv;          /* page pool [pages][page_size][576] bf16, contiguous */
   int page_size;               /* tokens per page */
@@ -30,9 +31,10 @@ typedef struct {
 } k3k_cu_mla_decode_args;
 
 /* The Hopper kernel takes the shape: page_size % 8 == 0 (a page boundary never splits an
- * 8-row TMA box) and heads % 48 == 0. */
+ * 8-row TMA box) and heads % 8 == 0 (a last group of fewer than 48 heads is padded: q must then
+ * have 48 readable rows past batch*heads). */
 bool mla_wg_ok(const k3k_cu_mla_decode_args *a);
-/* Launches the Hopper kernel over grid (heads/48, splits, batch); with splits > 1 it writes
+/* Launches the Hopper kernel over grid (ceil(heads/48), splits, batch); with splits > 1 it writes
  * the split partials to a->work (normalised O and lse in log2 units) for mla_merge_kernel,
  * else o_lat straight to a->out. Returns 0 or K3_EDEVICE. */
 int mla_wg_launch(cudaStream_t st, const k3k_cu_mla_decode_args *a, int splits, int chunk);

@@ -7,7 +7,9 @@
  * products to the tensor cores with wgmma straight from shared memory:
  *   S^T [64 tok x 48 heads] = K_tile [64 x 576] . Q^T         (36 x m64n48k16, K-major A and B)
  *   O^T [512 x 48]         += V_tile^T [512 x 64] . P^T       (V = K_tile[:, :512], M-major A)
- * Heads are the wgmma N dimension, so 48 heads need no padding (M would have to be 64).
+ * Heads are the wgmma N dimension, so 48 heads need no padding (M would have to be 64). A head
+ * count that is not a multiple of 48 (any multiple of 8: the 48B's 32) runs its last group with
+ * the padding heads' Q rows zeroed in shared memory and their outputs not written.
  * Warp roles (256 threads): warpgroup 0 computes S, the online softmax (fp32 exp2) and P
  * (bf16, swizzled K-major), hands P over with a named barrier and goes on to the next tile;
  * warpgroup 1 keeps all of O^T (192 fp32 per thread) and does P.V. The tensor cores take P.V of
@@ -192,6 +194,7 @@ __device__ __forceinline__ void wg_store(const k3k_cu_mla_decode_args &a, float 
       for (int e = 0; e < 4; e++) {
         int dim = 64 * mt + 16 * wq + g + 8 * (e >> 1);
         int head = 8 * j + 2 * t4 + (e & 1);
+        if (hbase + head >= a.heads) continue; /* padding head of a partial group */
         size_t orow = (size_t)b * a.heads + hbase + head;
         float v = o[mt][4 * j + e] * il[2 * j + (e & 1)];
         if (gridDim.y == 1)
@@ -313,6 +316,20 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
     for (int c = 0; c < 12; c++) m_c[c] = -INFINITY, l_c[c] = 0.f;
     if (ntiles > 0) mbar_wait(qbar, 0);
+    /* A partial head group (heads % 48 != 0, e.g. the 48B's 32): the Q box also brought the
+     * next rows of the q buffer; zero them so the padding heads score 0 everywhere and nothing
+     * of another sequence reaches the softmax vote. Whole 128-byte rows of each 64-column block,
+     * so the swizzle does not matter. */
+    const int valid = min(WG_HB, a.heads - hbase);
+    if (valid < WG_HB && ntiles > 0) {
+      for (int i = tid; i < 9 * (WG_HB - valid) * 8; i += 128) {
+        int j = i / ((WG_HB - valid) * 8), r = i % ((WG_HB - valid) * 8);
+        *(uint4 *)(sm + WG_OFF_Q + j * WG_QBLK + (valid + r / 8) * 128 + (r % 8) * 16) =
+            make_uint4(0, 0, 0, 0);
+      }
+      fence_async_smem(); /* generic-proxy writes read next by wgmma (async proxy) */
+      bar_sync(1, 128);
+    }
     for (int i = 0; i < ntiles; i++) {
       const int s = i & 1;
       const unsigned par = (i >> 1) & 1;
@@ -439,6 +456,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
       for (int c = 0; c < 12; c++) {
         int head = 8 * (c >> 1) + 2 * t4 + (c & 1);
+        if (hbase + head >= a.heads) continue; /* padding head of a partial group */
         size_t orow = (size_t)b * a.heads + hbase + head;
         a.work[(size_t)gridDim.y * nrow * WG_DV + (size_t)split * nrow + orow] =
             ntiles == 0 ? -INFINITY : m_c[c] + log2f(1.0f / il[c]);
@@ -556,7 +574,7 @@ static int make_map(CUtensorMap *m, const void *base, int64_t rows, int box_rows
 }
 
 bool mla_wg_ok(const k3k_cu_mla_decode_args *a) {
-  return a->page_size > 0 && a->page_size % 8 == 0 && a->heads % WG_HB == 0 &&
+  return a->page_size > 0 && a->page_size % 8 == 0 && a->heads > 0 && a->heads % 8 == 0 &&
          a->pages * a->page_size < (1ll << 31) && encoder() != NULL;
 }
 
@@ -566,11 +584,13 @@ int mla_wg_launch(cudaStream_t st, const k3k_cu_mla_decode_args *a, int splits, 
   CUtensorMap tkv, tq;
   const CUtensorMapL2promotion l2 = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
   int rc = make_map(&tkv, a->kv, a->pages * a->page_size, box_rows, l2);
-  if (!rc) rc = make_map(&tq, a->q, (int64_t)a->batch * a->heads, WG_HB, l2);
+  /* a partial last head group reads WG_HB rows past the end (mla_decode.cuh) */
+  const int64_t qrows = (int64_t)a->batch * a->heads + (a->heads % WG_HB ? WG_HB : 0);
+  if (!rc) rc = make_map(&tq, a->q, qrows, WG_HB, l2);
   if (rc) return rc;
   K3K_CU(cudaFuncSetAttribute(mla_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               WG_SMEM));
-  mla_wg_kernel<<<dim3(a->heads / WG_HB, splits, a->batch), WG_THREADS, WG_SMEM, st>>>(
+  mla_wg_kernel<<<dim3((a->heads + WG_HB - 1) / WG_HB, splits, a->batch), WG_THREADS, WG_SMEM, st>>>(
       tkv, tq, *a, chunk, box_rows);
   K3K_LAUNCHED("mla_decode_wg");
   return 0;

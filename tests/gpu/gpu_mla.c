@@ -1,4 +1,5 @@
-/* Parity of the CUDA MLA_PREFILL kernel (kernels/cuda/mla_prefill.cu) against the reference.
+/* Parity of the CUDA MLA_PREFILL kernel (kernels/cuda/mla_prefill.cu) and the MLA_DECODE op
+ * (mla.cu, mla_decode_wg.cu) against the reference.
  *
  * What it is for: causal bottom-right attention over ragged sequences with a prefix (Lk > Lq,
  * chunked prefill), odd lengths around the 64-key and 128-query tile edges, real head count,
@@ -98,4 +99,85 @@ void gpu_mla_prefill_cases(gctx *g, bool quick) {
   /* metadata errors */
   static const int32_t eq[] = {10, 5}, ek[] = {20, 5};
   t_mla_prefill(g, 2, eq, ek, 2, K3K_BF16, true);
+}
+
+/* MLA absorbed decode (MLA_DECODE) cases; moved here from gpu_parity.c. */
+/* ---- MLA decode ---- */
+/* spike: the token at len - 70 of every sequence of len >= 100 gets rope dims of +-24 (sign
+ * from the RNG), so some heads' scores jump far above the running max in a late tile (the
+ * Hopper kernel's exact rescale path) and others land a few units above it (the lazy path's
+ * P > 1). */
+static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_t ps,
+                         int spike) {
+  int64_t maxp = 0, pages = 0;
+  for (int i = 0; i < n; i++) {
+    int64_t pg = (lens[i] + ps - 1) / ps;
+    if (pg > maxp) maxp = pg;
+    pages += pg;
+  }
+  if (maxp == 0) maxp = 1;
+  pages += 3;
+  gpair q = {0}, w = {0}, cache = {0}, pt = {0}, sl = {0}, o = {0};
+  char what[160];
+  int off = snprintf(what, sizeof what, "mla_decode%s NH=%lld ps=%lld lens=",
+                     spike ? " spike" : "", (long long)NH, (long long)ps);
+  for (int i = 0; i < n && off < 120; i++) off += snprintf(what + off, sizeof what - off, "%s%d", i ? "," : "", lens[i]);
+  NEW(q, K3K_BF16, 2, n, NH * 192);
+  NEW(w, K3K_BF16, 2, NH * 256, 512);
+  NEW(cache, K3K_BF16, 3, pages, ps, 576);
+  NEW(pt, K3K_I32, 2, n, maxp);
+  NEW(sl, K3K_I32, 1, n);
+  NEW(o, K3K_BF16, 2, n, NH * 128);
+  gpair_rand(g, &q, -1, 1), gpair_rand(g, &w, -0.1f, 0.1f), gpair_rand(g, &cache, -1, 1);
+  /* pages handed out in a scrambled order */
+  int64_t next = 0;
+  for (int i = 0; i < n; i++) {
+    gpair_host_set(&sl, i, (float)lens[i]);
+    for (int64_t j = 0; j < maxp; j++) {
+      int64_t id = (next * 5 + 2) % pages;
+      gpair_host_set(&pt, i * maxp + j, (float)id);
+      next++;
+    }
+  }
+  if (pages % 5 == 0) /* keep ids distinct: fall back to identity order */
+    for (int64_t i = 0; i < n * maxp; i++) gpair_host_set(&pt, i, (float)(i % pages));
+  for (int i = 0; spike && i < n; i++) {
+    if (lens[i] < 100) continue;
+    int64_t t = lens[i] - 70, id = (int64_t)gpair_host_get(&pt, i * maxp + t / ps);
+    for (int d = 512; d < 576; d++)
+      gpair_host_set(&cache, (id * ps + t % ps) * 576 + d, g_rand_unif(g, -1, 1) < 0 ? -24 : 24);
+  }
+  if (spike) gpair_upload(g, &cache);
+  gpair_upload(g, &sl), gpair_upload(g, &pt);
+  gpair_poison(g, &o);
+  k3k_mla_params_t p = {n, (int32_t)NH, 128, 64, 128, 512, 1, 0, 0.0f};
+  gpair *a[] = {&q, &w, &cache, &pt, &sl, &o};
+  if (!g_run2(g, K3K_OP_MLA_DECODE, &p, a, 6, what)) gpair_check(g, &o, TOL_BF16, what);
+out:
+  gpair_free(g, &q), gpair_free(g, &w), gpair_free(g, &cache), gpair_free(g, &pt);
+  gpair_free(g, &sl), gpair_free(g, &o);
+}
+
+void gpu_mla_decode_cases(gctx *g, bool quick) {
+  static const int32_t l1[] = {1}, l2[] = {63, 64, 65, 1000, 1}, l3[] = {1000, 0, 130};
+  t_mla_decode(g, 1, l1, 48, 64, 0);
+  t_mla_decode(g, 5, l2, 96, 64, 0);
+  t_mla_decode(g, 3, l3, 96, 64, 0);
+  /* Page sizes: 16 and 8 (TMA runs inside a page), 7 (the mma.sync kernel), 128 (2 tiles). */
+  t_mla_decode(g, 5, l2, 96, 16, 0);
+  t_mla_decode(g, 3, l3, 48, 8, 0);
+  t_mla_decode(g, 5, l2, 96, 7, 0);
+  t_mla_decode(g, 3, l3, 96, 128, 0);
+  t_mla_decode(g, 5, l2, 96, 64, 1);
+  t_mla_decode(g, 3, l3, 96, 16, 1);
+  /* head counts that are not multiples of 48 (the Hopper kernel pads the last group): the 48B's
+   * 32 heads, and 80 = 48 + 32 (two groups, the second partial), page sizes 64, 16 and 8 */
+  t_mla_decode(g, 5, l2, 32, 64, 0);
+  t_mla_decode(g, 3, l3, 80, 16, 1);
+  t_mla_decode(g, 1, l1, 32, 8, 0);
+  if (!quick) {
+    int32_t l4[64];
+    for (int i = 0; i < 64; i++) l4[i] = 1 + (i * 997) % 2048;
+    t_mla_decode(g, 64, l4, 96, 64, 0);
+  }
 }

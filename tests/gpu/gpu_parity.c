@@ -392,62 +392,6 @@ out:
   gpair_free(g, &o);
 }
 
-/* ---- MLA decode ---- */
-/* spike: the token at len - 70 of every sequence of len >= 100 gets rope dims of +-24 (sign
- * from the RNG), so some heads' scores jump far above the running max in a late tile (the
- * Hopper kernel's exact rescale path) and others land a few units above it (the lazy path's
- * P > 1). */
-static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_t ps,
-                         int spike) {
-  int64_t maxp = 0, pages = 0;
-  for (int i = 0; i < n; i++) {
-    int64_t pg = (lens[i] + ps - 1) / ps;
-    if (pg > maxp) maxp = pg;
-    pages += pg;
-  }
-  if (maxp == 0) maxp = 1;
-  pages += 3;
-  gpair q = {0}, w = {0}, cache = {0}, pt = {0}, sl = {0}, o = {0};
-  char what[160];
-  int off = snprintf(what, sizeof what, "mla_decode%s NH=%lld ps=%lld lens=",
-                     spike ? " spike" : "", (long long)NH, (long long)ps);
-  for (int i = 0; i < n && off < 120; i++) off += snprintf(what + off, sizeof what - off, "%s%d", i ? "," : "", lens[i]);
-  NEW(q, K3K_BF16, 2, n, NH * 192);
-  NEW(w, K3K_BF16, 2, NH * 256, 512);
-  NEW(cache, K3K_BF16, 3, pages, ps, 576);
-  NEW(pt, K3K_I32, 2, n, maxp);
-  NEW(sl, K3K_I32, 1, n);
-  NEW(o, K3K_BF16, 2, n, NH * 128);
-  gpair_rand(g, &q, -1, 1), gpair_rand(g, &w, -0.1f, 0.1f), gpair_rand(g, &cache, -1, 1);
-  /* pages handed out in a scrambled order */
-  int64_t next = 0;
-  for (int i = 0; i < n; i++) {
-    gpair_host_set(&sl, i, (float)lens[i]);
-    for (int64_t j = 0; j < maxp; j++) {
-      int64_t id = (next * 5 + 2) % pages;
-      gpair_host_set(&pt, i * maxp + j, (float)id);
-      next++;
-    }
-  }
-  if (pages % 5 == 0) /* keep ids distinct: fall back to identity order */
-    for (int64_t i = 0; i < n * maxp; i++) gpair_host_set(&pt, i, (float)(i % pages));
-  for (int i = 0; spike && i < n; i++) {
-    if (lens[i] < 100) continue;
-    int64_t t = lens[i] - 70, id = (int64_t)gpair_host_get(&pt, i * maxp + t / ps);
-    for (int d = 512; d < 576; d++)
-      gpair_host_set(&cache, (id * ps + t % ps) * 576 + d, g_rand_unif(g, -1, 1) < 0 ? -24 : 24);
-  }
-  if (spike) gpair_upload(g, &cache);
-  gpair_upload(g, &sl), gpair_upload(g, &pt);
-  gpair_poison(g, &o);
-  k3k_mla_params_t p = {n, (int32_t)NH, 128, 64, 128, 512, 1, 0, 0.0f};
-  gpair *a[] = {&q, &w, &cache, &pt, &sl, &o};
-  if (!g_run2(g, K3K_OP_MLA_DECODE, &p, a, 6, what)) gpair_check(g, &o, TOL_BF16, what);
-out:
-  gpair_free(g, &q), gpair_free(g, &w), gpair_free(g, &cache), gpair_free(g, &pt);
-  gpair_free(g, &sl), gpair_free(g, &o);
-}
-
 static void t_mla_cache(gctx *g, int64_t T) {
   const int64_t ps = 64, pages = (T + ps - 1) / ps + 2;
   gpair cn = {0}, kr = {0}, sm = {0}, cache = {0}, y = {0};
@@ -550,6 +494,7 @@ out:
  * GATED_RMSNORM on the reference backend. */
 void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH);
 void gpu_mla_prefill_cases(gctx *g, bool quick);
+void gpu_mla_decode_cases(gctx *g, bool quick);
 void gpu_gemv_cases(gctx *g, bool quick); /* gpu_gemv.c */
 
 int gpu_parity(gctx *g, bool quick) {
@@ -591,22 +536,7 @@ int gpu_parity(gctx *g, bool quick) {
   }
   t_kda_chunk(g, 65, 96, 1, K3K_BF16, -5.0f, 0);  /* real head count, ragged */
   t_kda_chunk(g, 200, 2, 1, K3K_BF16, -40.0f, 0); /* wide gate spans: per-element diagonal */
-  static const int32_t l1[] = {1}, l2[] = {63, 64, 65, 1000, 1}, l3[] = {1000, 0, 130};
-  t_mla_decode(g, 1, l1, 48, 64, 0);
-  t_mla_decode(g, 5, l2, 96, 64, 0);
-  t_mla_decode(g, 3, l3, 96, 64, 0);
-  /* Page sizes: 16 and 8 (TMA runs inside a page), 7 (the mma.sync kernel), 128 (2 tiles). */
-  t_mla_decode(g, 5, l2, 96, 16, 0);
-  t_mla_decode(g, 3, l3, 48, 8, 0);
-  t_mla_decode(g, 5, l2, 96, 7, 0);
-  t_mla_decode(g, 3, l3, 96, 128, 0);
-  t_mla_decode(g, 5, l2, 96, 64, 1);
-  t_mla_decode(g, 3, l3, 96, 16, 1);
-  if (!quick) {
-    int32_t l4[64];
-    for (int i = 0; i < 64; i++) l4[i] = 1 + (i * 997) % 2048;
-    t_mla_decode(g, 64, l4, 96, 64, 0);
-  }
+  gpu_mla_decode_cases(g, quick);
   gpu_mla_prefill_cases(g, quick);
   t_sample(g, 163840);
   t_gemm(g, 4, 4096, 7168, K3K_BF16, K3K_F32); /* lm_head rows (vocab cut to 4096) */
