@@ -3,6 +3,8 @@
  * only when kernels/cuda/ exists and CUDA was found (K3K_HAVE_CUDA); it is then created through
  * k3k_cuda_backend_create(), so this file needs no CUDA headers. */
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -87,6 +89,36 @@ int k3k_cpu_fast_get_threads(void) {
   return n;
 }
 
+/* Names the op and its operands the first time a backend refuses an op kind (a runner error
+ * "not supported" alone does not say which op of a forward pass it was). Once per (backend
+ * name, op) for the process: refusals can be probes (the op tests skip on them). */
+static void log_unsupported(const k3k_backend_t *be, k3k_op_t op, const k3k_tensor_t *const *t,
+                            int nt) {
+  static char seen[8][K3K_OP_COUNT];
+  static const char *names[8];
+  int b = 0;
+  pthread_mutex_lock(&g_mu);
+  while (b < 8 && names[b] && strcmp(names[b], be->name)) b++;
+  bool first = false;
+  if (b < 8 && (int)op >= 0 && (int)op < K3K_OP_COUNT) {
+    if (!names[b]) names[b] = be->name;
+    first = !seen[b][op];
+    seen[b][op] = 1;
+  }
+  pthread_mutex_unlock(&g_mu);
+  if (!first) return;
+  char shapes[200];
+  size_t o = 0;
+  for (int i = 0; i < nt && o + 40 < sizeof shapes; i++) {
+    o += (size_t)snprintf(shapes + o, sizeof shapes - o, "%s[", i ? " " : "");
+    for (int d = 0; t[i] && d < t[i]->ndim; d++)
+      o += (size_t)snprintf(shapes + o, sizeof shapes - o, d ? "x%lld" : "%lld", (long long)t[i]->shape[d]);
+    o += (size_t)snprintf(shapes + o, sizeof shapes - o, "]%s", t[i] ? k3k_dtype_name(t[i]->dtype) : "-");
+  }
+  K3_WARN("k3k: backend %s does not support %s with operands %s (later refusals of this op are "
+          "not logged)", be->name, k3k_op_name(op), shapes);
+}
+
 int k3k_run(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor_t *const *t,
             int nt) {
   if (!be) return K3_EINVAL;
@@ -96,6 +128,9 @@ int k3k_run(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor
     K3_DEBUG("k3k_run(%s): %s", be->name, err);
     return rc;
   }
-  if (!be->supports(be, op, params, t, nt)) return K3_ENOTSUP;
+  if (!be->supports(be, op, params, t, nt)) {
+    log_unsupported(be, op, t, nt);
+    return K3_ENOTSUP;
+  }
   return be->run(be, op, params, t, nt);
 }

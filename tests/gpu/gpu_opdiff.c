@@ -222,6 +222,7 @@ static void report(const char *name, const res_t *g, const res_t *c, int64_t V,
 
 int main(int argc, char **argv) {
   const char *model = NULL, *preset = NULL, *sconfig = NULL, *backend = "cuda", *exps = NULL;
+  bool dev_synth = false;
   bool expect_zero = false;
   int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
   double budget = 0;
@@ -229,6 +230,7 @@ int main(int argc, char **argv) {
       {"model", K3_FLAG_STR, &model, "DIR", "checkpoint directory (k3pd-mkckpt)", false},
       {"preset", K3_FLAG_STR, &preset, "NAME", "synthetic weights of a built-in config (small ones)", false},
       {"synthetic-config", K3_FLAG_STR, &sconfig, "FILE", "synthetic weights of a config.json, generated in memory on every CPU", false},
+      {"device-synth", K3_FLAG_BOOL, &dev_synth, NULL, "with --synthetic-config: generate the weights on the GPU (k3_runner_init_synth) and give cpu-fast a host copy (seconds instead of minutes)", false},
       {"expect-zero", K3_FLAG_BOOL, &expect_zero, NULL, "fail unless every figure vs the reference is 0", false},
       {"backend", K3_FLAG_STR, &backend, "NAME", "studied backend (default cuda; cpu = self-test)", false},
       {"threads", K3_FLAG_INT, &threads, "N", "threads of the cpu-fast reference (default: CPUs)", false},
@@ -239,7 +241,7 @@ int main(int argc, char **argv) {
   char err[512] = "";
   int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
-  if (rc || (model != NULL) + (preset != NULL) + (sconfig != NULL) != 1) {
+  if (rc || (model != NULL) + (preset != NULL) + (sconfig != NULL) != 1 || (dev_synth && !sconfig)) {
     fprintf(stderr, "k3k-gpu-opdiff: %s\n",
             rc ? err : "give exactly one of --model DIR, --preset NAME or --synthetic-config FILE");
     return 2;
@@ -257,7 +259,7 @@ int main(int argc, char **argv) {
   } else if (sconfig) {
     k3_weights_synth_opts_t so = {.threads = threads, .progress = true};
     rc = k3_model_config_load(sconfig, &cfg, err, sizeof err);
-    if (!rc) rc = k3_weights_synth_opts(&cfg, 1, &so, &w, err, sizeof err);
+    if (!rc && !dev_synth) rc = k3_weights_synth_opts(&cfg, 1, &so, &w, err, sizeof err);
   } else {
     const char *json = k3_model_config_preset(preset);
     rc = json ? k3_model_config_parse(json, strlen(json), &cfg, err, sizeof err) : K3_EINVAL;
@@ -270,7 +272,21 @@ int main(int argc, char **argv) {
     return 2;
   }
   k3_runner_t *cr = NULL, *gr = NULL;
-  if (new_runner(w, "cpu-fast", threads, &cr) || new_runner(w, backend, threads, &gr)) {
+  if (dev_synth) { /* same options as new_runner: 64 pages, 4 slots, batch 4, 512-token chunks */
+    k3_runner_opts_t o;
+    grunner_opts(&o, backend, threads, 64, 4, 4, 512);
+    rc = k3_runner_init_synth(&cfg, 1, 0, &o, &gr, err, sizeof err);
+    if (!rc) {
+      k3_runner_set_graphs(gr, false);
+      grunner_opts(&o, "cpu-fast", threads, 64, 4, 4, 512);
+      rc = k3_runner_init_copy(gr, &o, &cr, err, sizeof err);
+    }
+    if (rc) {
+      fprintf(stderr, "k3k-gpu-opdiff: device-synth runners: %s (%s)\n", err, k3_strerror(rc));
+      k3_runner_free(gr);
+      return 2;
+    }
+  } else if (new_runner(w, "cpu-fast", threads, &cr) || new_runner(w, backend, threads, &gr)) {
     k3_runner_free(cr);
     k3_weights_free(w);
     return 2;
@@ -322,8 +338,8 @@ int main(int argc, char **argv) {
   od_shadow_remove();
   res_free(&c, man->n);
   res_free(&g, man->n);
+  k3_runner_free(cr); /* first: with --device-synth it was copied from gr and shares its plan */
   k3_runner_free(gr);
-  k3_runner_free(cr);
   k3_weights_free(w);
   k3k_backends_shutdown();
   if (!rc && expect_zero) {
