@@ -5,20 +5,25 @@
 #      64 KiB of every tensor compared with the host generator, parity vs cpu-fast over a host
 #      copy (64 teacher-forced steps), CUDA-graph vs eager decode, --perf;
 #   2. k3pd-generate --device cuda on the same config;
-#   3. with --medium: the full medium preset (91.6 GB): k3k-gpu-model --perf + parity (8 steps)
-#      and k3pd-generate --synthetic medium --device cuda --perf.
+#   3. the Kimi-Linear-48B shapes cut to 4 layers (tests/gpu/data/kl48b-4l.json): parity + perf;
+#   4. with --medium: the full medium preset (91.6 GB): k3k-gpu-model --perf (no parity: the CPU
+#      reference of the medium preset needs ~5 min, run it alone with --steps 4) and
+#      k3pd-generate --synthetic medium --device cuda --perf;
+#   5. with --profile (after --medium): the medium preset's prefill / decode batch 1 / decode
+#      batch 64 under ncu, summarised per kernel by scripts/gpu/ncu_sum.py.
 #
-#   scripts/gpu/model.sh BIN LOGDIR [--medium]
+#   scripts/gpu/model.sh BIN LOGDIR [--medium [--profile]]
 #
 # BIN holds k3pd-generate and k3k-gpu-model (built with -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON)
 # plus, when the host lacks them, libjansson.so.4 and libxxhash.so.0.
-# Logs: LOGDIR/model4l.log, gen4l.log (and medium.log, genmed.log).
+# Logs: LOGDIR/model4l.log, gen4l.log, kl48b.log (and medium.log, genmed.log, ncu.csv, ncu.txt).
 # Exit status: 0 when every step passed, else 1.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(cd "${1:?usage: scripts/gpu/model.sh BIN LOGDIR [--medium]}" && pwd)
 logdir=${2:?usage: scripts/gpu/model.sh BIN LOGDIR [--medium]}
 medium=${3:-}
+profile=${4:-}
 mkdir -p "$logdir"
 export LD_LIBRARY_PATH=$bin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 cfg=$root/tests/gpu/data/k3-medium-4l16e.json
@@ -30,13 +35,24 @@ timeout 200 "$bin/k3pd-generate" --synthetic-config "$cfg" --device cuda --perf 
   --prompt-ids "$(seq -s, 1000 1299)" --max-new-tokens 32 --ignore-eos > "$logdir/gen4l.log" 2>&1 \
   || { echo "k3pd-generate failed: $logdir/gen4l.log"; status=1; }
 grep "k3pd-generate:" "$logdir/gen4l.log" | tail -3
+timeout 200 "$bin/k3k-gpu-model" --synthetic-config "$root/tests/gpu/data/kl48b-4l.json" --device-synth \
+  --verify-synth 4 --steps 16 --perf --perf-prefill 4096 > "$logdir/kl48b.log" 2>&1 || status=1
+grep -E "^(PASS|FAIL|PERF)|passed" "$logdir/kl48b.log"
 if [ "$medium" = "--medium" ]; then
-  timeout 540 "$bin/k3k-gpu-model" --synthetic medium --device-synth --verify-synth 1 --perf \
-    --steps 8 --graph-steps 8 --no-ref-split > "$logdir/medium.log" 2>&1 || status=1
+  timeout 300 "$bin/k3k-gpu-model" --synthetic medium --device-synth --verify-synth 1 --perf \
+    --no-parity --graph-steps 4 > "$logdir/medium.log" 2>&1 || status=1
   grep -E "^(PASS|FAIL|PERF)|passed|runner:" "$logdir/medium.log"
   timeout 200 "$bin/k3pd-generate" --synthetic medium --device cuda --perf \
     --prompt-ids "$(seq -s, 1000 1299)" --max-new-tokens 32 --ignore-eos > "$logdir/genmed.log" 2>&1 \
     || { echo "k3pd-generate (medium) failed: $logdir/genmed.log"; status=1; }
   grep "k3pd-generate:" "$logdir/genmed.log" | tail -3
+  if [ "$profile" = "--profile" ]; then
+    ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+    timeout 300 "$ncu" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
+      --csv "$bin/k3k-gpu-model" --synthetic medium --device-synth --no-parity --perf --profile \
+      --graph-steps 3 --perf-steps 2 > "$logdir/ncu.csv" 2> "$logdir/ncu.err" || status=1
+    python3 "$root/scripts/gpu/ncu_sum.py" "$logdir/ncu.csv" --grid --top 40 > "$logdir/ncu.txt" 2>&1
+    head -50 "$logdir/ncu.txt"
+  fi
 fi
 exit $status
