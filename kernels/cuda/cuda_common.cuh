@@ -67,6 +67,36 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+/* Exclusive prefix sum of v over a block of NW warps (NW <= 32, blockDim.x == 32 * NW): returns
+ * this thread's prefix, *total the block's sum. tmp holds >= 32 ints. Barriers inside, so every
+ * thread of the block calls it; tmp may be reused at once. */
+template <int NW>
+__device__ __forceinline__ int block_excl_scan_w(int v, int *tmp, int *total) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) tmp[w] = x;
+  __syncthreads();
+  if (w == 0) {
+    int s = lane < NW ? tmp[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int y = __shfl_up_sync(0xffffffffu, s, o);
+      if (lane >= o) s += y;
+    }
+    tmp[lane] = s; /* inclusive over warps */
+  }
+  __syncthreads();
+  const int r = x - v + (w ? tmp[w - 1] : 0);
+  *total = tmp[NW - 1];
+  __syncthreads();
+  return r;
+}
+
 /* Block-wide sum; every thread gets the result. `scratch` holds >= 32 floats. blockDim.x must
  * be a multiple of 32. Ends with a barrier so scratch can be reused at once. */
 __device__ __forceinline__ float block_sum(float v, float *scratch) {

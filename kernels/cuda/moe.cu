@@ -37,33 +37,6 @@ __global__ void plan_count(const int32_t *idx, int T, int k, int E, int32_t *cnt
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[(size_t)blockIdx.x * E + e] = c[e];
 }
 
-/* Exclusive block scan of v (blockDim.x = 1024); returns the prefix, *total gets the sum. */
-__device__ int block_excl_scan(int v, int *tmp, int *total) {
-  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  int x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == 31) tmp[w] = x;
-  __syncthreads();
-  if (w == 0) {
-    int s = tmp[lane];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      int y = __shfl_up_sync(0xffffffffu, s, o);
-      if (lane >= o) s += y;
-    }
-    tmp[lane] = s; /* inclusive over warps */
-  }
-  __syncthreads();
-  int r = x - v + (w ? tmp[w - 1] : 0);
-  *total = tmp[31];
-  __syncthreads();
-  return r;
-}
-
 /* One block of 1024: per expert, chunk bases (in place over cnt) and totals; then expert_off
  * and the active list by two block scans over E. */
 __global__ void __launch_bounds__(1024)
@@ -79,8 +52,8 @@ __global__ void __launch_bounds__(1024)
         tot += v;
       }
     int sum_rows, sum_act;
-    int off = block_excl_scan(tot, tmp, &sum_rows);
-    int a = block_excl_scan(tot > 0, tmp, &sum_act);
+    int off = block_excl_scan_w<32>(tot, tmp, &sum_rows);
+    int a = block_excl_scan_w<32>(tot > 0, tmp, &sum_act);
     if (e < E) {
       expert_off[e] = run_rows + off;
       for (int c = 0; c < nch; c++) cnt[(size_t)c * E + e] += run_rows + off;

@@ -38,33 +38,6 @@ __device__ __forceinline__ bool rp_better(float v, int i, float bv, int bi) {
   return v > bv || (v == bv && i < bi);
 }
 
-/* Exclusive scan over the block (RP_THREADS threads); *total = the sum. Barriers inside. */
-__device__ int rp_excl_scan(int v, int *tmp, int *total) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  int x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == 31) tmp[w] = x;
-  __syncthreads();
-  if (w == 0) {
-    int s = lane < RP_WARPS ? tmp[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      int y = __shfl_up_sync(0xffffffffu, s, o);
-      if (lane >= o) s += y;
-    }
-    tmp[lane] = s;
-  }
-  __syncthreads();
-  const int r = x - v + (w ? tmp[w - 1] : 0);
-  *total = tmp[RP_WARPS - 1];
-  __syncthreads();
-  return r;
-}
-
 struct rp_args {
   const float *lg;
   int64_t ld_lg;
@@ -234,8 +207,8 @@ __global__ void __launch_bounds__(RP_THREADS, 1) route_plan_kernel(rp_args a) {
         tot += c;
       }
     int sum_rows, sum_act;
-    const int off = rp_excl_scan(tot, tmp, &sum_rows);
-    const int act = rp_excl_scan(tot > 0, tmp, &sum_act);
+    const int off = block_excl_scan_w<RP_WARPS>(tot, tmp, &sum_rows);
+    const int act = block_excl_scan_w<RP_WARPS>(tot > 0, tmp, &sum_act);
     if (e < E) {
       soff[e] = run_rows + off;
       a.expert_off[e] = run_rows + off;
