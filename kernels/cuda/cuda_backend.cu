@@ -218,37 +218,10 @@ static int be_h2d(k3k_backend_t *be, void *dst, const void *src, size_t bytes) {
   K3K_CU(cudaStreamSynchronize(CX(be)->stream));
   return 0;
 }
-/* Large copies into pageable memory (k3_runner_init_copy: 85 GiB into freshly allocated host
- * memory) run at ~1.3 GB/s: the driver stages through its own pinned buffer and every
- * destination page faults on first touch. Pinning the destination's page-aligned interior for
- * the copy (cudaHostRegister faults the pages in the kernel, in bulk) lets the DMA write it
- * directly. Anything that cannot be registered (already registered, a limit) takes the plain
- * path; the bytes copied are the same either way. */
-#define K3K_D2H_PIN_MIN ((size_t)32 << 20)
-
 static int be_d2h(k3k_backend_t *be, void *dst, const void *src, size_t bytes) {
   if (!bytes) return 0;
-  cudaStream_t st = CX(be)->stream;
-  uintptr_t a = ((uintptr_t)dst + 4095) & ~(uintptr_t)4095;
-  uintptr_t b = ((uintptr_t)dst + bytes) & ~(uintptr_t)4095;
-  if (bytes >= K3K_D2H_PIN_MIN && b > a &&
-      cudaHostRegister((void *)a, b - a, cudaHostRegisterDefault) == cudaSuccess) {
-    const size_t head = a - (uintptr_t)dst, mid = b - a;
-    cudaError_t e = cudaMemcpyAsync(dst, src, head, cudaMemcpyDeviceToHost, st);
-    if (e == cudaSuccess)
-      e = cudaMemcpyAsync((void *)a, (const char *)src + head, mid, cudaMemcpyDeviceToHost, st);
-    if (e == cudaSuccess)
-      e = cudaMemcpyAsync((void *)b, (const char *)src + head + mid, bytes - head - mid,
-                          cudaMemcpyDeviceToHost, st);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-    cudaError_t u = cudaHostUnregister((void *)a);
-    K3K_CU(e);
-    K3K_CU(u);
-    return 0;
-  }
-  (void)cudaGetLastError(); /* a refused registration is not an error of this copy */
-  K3K_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st));
-  K3K_CU(cudaStreamSynchronize(st));
+  K3K_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, CX(be)->stream));
+  K3K_CU(cudaStreamSynchronize(CX(be)->stream));
   return 0;
 }
 static int be_d2d(k3k_backend_t *be, void *dst, const void *src, size_t bytes) {
