@@ -11,6 +11,8 @@
  * summation order never depends on the launch or the GPU.
  * Numerics: products and sums in fp32 (FMA), gate/up rounded to bf16 before the activation when
  * round_inner (the reference stores them bf16), one rounding of y. */
+#include <string.h>
+
 #include "cuda_common.cuh"
 #include "moe_bf16.h"
 #include "moe_ops.h"
@@ -135,4 +137,43 @@ extern "C" int k3k_cu_moe_bf16_gemm(cudaStream_t st, const k3k_cu_moe_bf16_args 
   moe_bf16_kernel<<<grid, 256, smem, st>>>(*a, chunk);
   K3K_LAUNCHED("moe_bf16");
   return 0;
+}
+
+extern "C" int k3k_cu_moe_bf16_experts(cudaStream_t st, const uint16_t *const *tab, int32_t E,
+                                       int32_t F, int32_t D, const uint16_t *x, int64_t ldx,
+                                       const int32_t *x_gather, const int32_t *expert_off,
+                                       const int32_t *active, int32_t max_active, uint16_t *h,
+                                       uint16_t *y) {
+  k3k_cu_moe_bf16_args a;
+  memset(&a, 0, sizeof a);
+  a.w_tab = tab;
+  a.u_tab = tab + E;
+  a.ldw = D;
+  a.act = K3K_CU_ACT_SILU_MUL;
+  a.round_inner = 1;
+  a.N = F;
+  a.K = D;
+  a.x = x;
+  a.ldx = ldx;
+  a.x_gather = x_gather;
+  a.y = h;
+  a.ldy = F;
+  a.expert_off = expert_off;
+  a.active = active;
+  a.max_active = max_active;
+  int rc = k3k_cu_moe_bf16_gemm(st, &a);
+  if (rc) return rc;
+  a.w_tab = tab + 2 * (int64_t)E;
+  a.u_tab = nullptr;
+  a.ldw = F;
+  a.act = K3K_CU_ACT_NONE;
+  a.round_inner = 0;
+  a.N = D;
+  a.K = F;
+  a.x = h;
+  a.ldx = F;
+  a.x_gather = nullptr;
+  a.y = y;
+  a.ldy = D;
+  return k3k_cu_moe_bf16_gemm(st, &a);
 }

@@ -178,51 +178,6 @@ bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T) {
   return !r->dev->bf16 || k3k_cu_moe_bf16_wanted(T, r->cfg.top_k, r->cfg.num_experts);
 }
 
-/* bf16 experts: gate/up with SiLU fused, then down, then the combine (the MXFP4 path's order). */
-static int experts_bf16(k3_runner_t *r, void *tab, const k3k_tensor_t *z, const k3k_tensor_t *off,
-                        const k3k_tensor_t *gt, const k3k_tensor_t *ri, const k3k_tensor_t *act,
-                        const k3k_tensor_t *ha, const k3k_tensor_t *yr, const k3k_tensor_t *wt,
-                        const k3k_tensor_t *comb, int32_t maxa) {
-  const k3_model_config_t *c = &r->cfg;
-  cudaStream_t st = k3k_cuda_ctx_of(r->be)->stream;
-  const int64_t E = c->num_experts;
-  const int32_t F = (int32_t)c->moe_intermediate_size, D = (int32_t)c->expert_in_dim;
-  const uint16_t *const *t = (const uint16_t *const *)tab;
-  k3k_cu_moe_bf16_args a;
-  memset(&a, 0, sizeof a);
-  a.w_tab = t;
-  a.u_tab = t + E;
-  a.ldw = D;
-  a.act = K3K_CU_ACT_SILU_MUL;
-  a.round_inner = 1; /* bf16 mode: the reference stores the gate/up GEMM outputs bf16 */
-  a.N = F;
-  a.K = D;
-  a.x = z->data;
-  a.ldx = z->stride[0];
-  a.x_gather = gt->data;
-  a.y = ha->data;
-  a.ldy = F;
-  a.expert_off = off->data;
-  a.active = act->data;
-  a.max_active = maxa;
-  int rc = k3k_cu_moe_bf16_gemm(st, &a);
-  if (rc) return rc;
-  a.w_tab = t + 2 * E;
-  a.u_tab = NULL;
-  a.ldw = F;
-  a.act = K3K_CU_ACT_NONE;
-  a.round_inner = 0;
-  a.N = D;
-  a.K = F;
-  a.x = ha->data;
-  a.ldx = F;
-  a.x_gather = NULL;
-  a.y = yr->data;
-  a.ldy = D;
-  if ((rc = k3k_cu_moe_bf16_gemm(st, &a))) return rc;
-  return k3k_cu_moe_combine_raw(st, yr, ri, wt, comb, NULL);
-}
-
 static k3k_cu_mx_set mx_set(void *tab, int j, int64_t E, int64_t cols) {
   k3k_cu_mx_set s;
   memset(&s, 0, sizeof s);
@@ -255,7 +210,11 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
                                  scr.data);
   if (rc) return rc;
   const int32_t maxa = TK < E ? (int32_t)TK : E;
-  if (r->dev->bf16) return experts_bf16(r, tab, z, &off, &gt, &ri, &act, &ha, &yr, wt, comb, maxa);
+  if (r->dev->bf16) { /* gate/up with SiLU fused, then down (moe_bf16.h), then the combine */
+    rc = k3k_cu_moe_bf16_experts(st, (const uint16_t *const *)tab, E, F, D, z->data, z->stride[0],
+                                 gt.data, off.data, act.data, maxa, ha.data, yr.data);
+    return rc ? rc : k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
+  }
   k3k_cu_moe_gemm_args a;
   memset(&a, 0, sizeof a);
   a.w = mx_set(tab, 0, E, D);

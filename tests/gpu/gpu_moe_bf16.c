@@ -5,8 +5,8 @@
  * has its own cases in gpu_moe.c), then:
  *   reference: k3k_moe_plan → per active expert GEMM gate/up (bf16) → SILU_MUL → GEMM down (bf16)
  *              → MOE_COMBINE, all on the reference backend;
- *   device:    k3k_cu_moe_plan → k3k_cu_moe_bf16_gemm gate/up+SiLU → k3k_cu_moe_bf16_gemm down
- *              → k3k_cu_moe_combine_raw, and the same again to prove the result bit-identical
+ *   device:    k3k_cu_moe_plan → k3k_cu_moe_bf16_experts (gate/up+SiLU, then down: what the
+ *              runner calls) → k3k_cu_moe_combine_raw, and the same again to prove the result bit-identical
  *              from run to run (the kernel's fixed summation order).
  * Tolerance 1e-2 (bf16 outputs: one rounding each of gate, up, act, down, combine; the fp32 sums
  * differ from the reference's only in order). Outputs poisoned first. */
@@ -89,37 +89,7 @@ static int device(gctx *g, bcase *c, void *mem, const int32_t *didx, const float
   free(ht);
   if (!rc) rc = k3k_cu_moe_plan(st, didx, T, k, E, off, gt, ri, act, NULL, scr);
   const int32_t maxa = TK < E ? TK : E;
-  k3k_cu_moe_bf16_args a;
-  memset(&a, 0, sizeof a);
-  a.w_tab = tab;
-  a.u_tab = tab + E;
-  a.ldw = D;
-  a.act = K3K_CU_ACT_SILU_MUL;
-  a.round_inner = 1;
-  a.N = F;
-  a.K = D;
-  a.x = c->z.d.data;
-  a.ldx = D;
-  a.x_gather = gt;
-  a.y = h;
-  a.ldy = F;
-  a.expert_off = off;
-  a.active = act;
-  a.max_active = maxa;
-  if (!rc) rc = k3k_cu_moe_bf16_gemm(st, &a);
-  a.w_tab = tab + 2 * E;
-  a.u_tab = NULL;
-  a.ldw = F;
-  a.act = K3K_CU_ACT_NONE;
-  a.round_inner = 0;
-  a.N = D;
-  a.K = F;
-  a.x = h;
-  a.ldx = F;
-  a.x_gather = NULL;
-  a.y = yr;
-  a.ldy = D;
-  if (!rc) rc = k3k_cu_moe_bf16_gemm(st, &a);
+  if (!rc) rc = k3k_cu_moe_bf16_experts(st, tab, E, F, D, c->z.d.data, D, gt, off, act, maxa, h, yr);
   k3k_tensor_t tyr = k3k_tensor_2d(g->cuda, K3K_BF16, yr, TK, D);
   k3k_tensor_t tri = k3k_tensor_2d(g->cuda, K3K_I32, ri, T, k);
   k3k_tensor_t tw = k3k_tensor_2d(g->cuda, K3K_F32, (void *)dwt, T, k);
