@@ -281,7 +281,6 @@ static bool cuda_supports(k3k_backend_t *be, k3k_op_t op, const void *params,
   for (int i = 0; i < nt; i++)
     if (t[i] && t[i]->backend != be) return false;
   switch (op) {
-  case K3K_OP_GET_ROWS: return rows_fit(t[1]->shape[0]);
   case K3K_OP_GEMM: return k3k_cuda_gemm_ok(t);
   case K3K_OP_CONV_PREFILL:
     return t[1]->shape[1] <= 8 && rows_fit(t[0]->shape[0]) &&

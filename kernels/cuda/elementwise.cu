@@ -226,13 +226,14 @@ int k3k_cuda_situ(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *cons
 /* ---- GET_ROWS: y[t] = table[ids[t]]. The ids are checked on the device before the gather
  * (k3k_cuda_check_ids, one synchronisation) and the op returns K3_ERANGE with y untouched; the
  * kernels still skip an out-of-range id rather than read outside the table. ---- */
-__global__ void get_rows_kernel(dv table, dv ids, dv y, int64_t v, int64_t d) {
-  int64_t r = blockIdx.y;
-  int32_t id = dv_ldi(ids, r * ids.s[0]);
-  if (id < 0 || id >= v) return;
-  for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < d;
-       j += (int64_t)gridDim.x * blockDim.x)
-    dv_st(y, r * y.s[0] + j * y.s[1], dv_ld(table, id * table.s[0] + j * table.s[1]));
+__global__ void get_rows_kernel(dv table, dv ids, dv y, int64_t n, int64_t v, int64_t d) {
+  for (int64_t r = blockIdx.y; r < n; r += gridDim.y) { /* n may exceed the grid's 65535 rows */
+    int32_t id = dv_ldi(ids, r * ids.s[0]);
+    if (id < 0 || id >= v) continue;
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < d;
+         j += (int64_t)gridDim.x * blockDim.x)
+      dv_st(y, r * y.s[0] + j * y.s[1], dv_ld(table, id * table.s[0] + j * table.s[1]));
+  }
 }
 
 /* Same-dtype contiguous BF16 rows: 16-byte copies (the embedding at H = 7168). The n x d8
@@ -282,8 +283,8 @@ int k3k_cuda_get_rows(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *
         (bf16x8 *)y->data, y->stride[0] / 8, v, (uint32_t)(d / 8), total);
   } else {
     unsigned gx = (unsigned)(d + 255) / 256;
-    dim3 grid(gx > 64 ? 64 : gx, (unsigned)n);
-    get_rows_kernel<<<grid, 256, 0, cx->stream>>>(mkdv(tab), mkdv(ids), mkdv(y), v, d);
+    dim3 grid(gx > 64 ? 64 : gx, (unsigned)(n < 65535 ? n : 65535));
+    get_rows_kernel<<<grid, 256, 0, cx->stream>>>(mkdv(tab), mkdv(ids), mkdv(y), n, v, d);
   }
   K3K_LAUNCHED("get_rows");
   return 0;

@@ -19,7 +19,10 @@
  * of a token (the choice is identical on identical inputs: k3k-gpu-moe), which changes that
  * token's output by a whole expert. So the logit checks are on the median over positions/steps
  * (a systematic error moves every position) plus a bound on the outliers (a wrong layer gives
- * errors of order 1 everywhere).
+ * errors of order 1 everywhere). Both are judged against a control (control() below): each
+ * backend's own prefill of the same tokens in calls of 16, an equally valid computation; the
+ * bounds grow to 2x the larger of the two controls where the model amplifies noise that much
+ * (deep configs, and the 48B's top-8 of 256 routing where the 8th and 9th scores nearly tie).
  *   4. (gpu_model_perf.c) CUDA-graph decode replay bit-identical to eager decode, batch 1 and 3.
  * --perf (gpu_model_perf.c): decode batch 1 eager/graph vs the weight-read floor, batch-64
  * decode tokens/s, 8K prefill vs its FLOP floor, with the ceilings measured in the same run.
@@ -141,35 +144,39 @@ static float *region_f32(const k3_runner_t *r, const k3_seq_t *s, int i, int64_t
  * boundaries in fp32, so only summation orders change and bf16 roundings flip here and there)
  * and compares what it leaves with its own one-call prefill: per manifest region ctl_ref[i]
  * (reference) and ctl_gpu[i], and the reference's logits of every position against its
- * one-call ones seq_ref [len][V] (ctl_pos[len]; *ctl_lg = the last position's). Through
+ * one-call ones seq_ref [len][V] (ctl_pos[len]; *ctl_lg = the last position's), and the GPU's
+ * the same way against its own one-call logits seq_gpu (ctl_gpos[len]). Through
  * random synthetic weights a deep model amplifies any such difference layer by layer (the
  * medium preset: 2e-7 at layer 0 becomes 0.5 at layer 14 on the reference itself), so the GPU's
  * deviation is judged against this envelope: growth at the model's own rate is noise, a jump
  * at one layer is a bug. Returns 0 or the first failing runner code. */
 static int control(k3_runner_t *ref, k3_runner_t *gpu, gseq_t *qr, gseq_t *qg, const int32_t *tok,
-                   int64_t len, const float *seq_ref, double *ctl_ref, double *ctl_gpu,
-                   double *ctl_lg, double *ctl_pos) {
+                   int64_t len, const float *seq_ref, const float *seq_gpu, double *ctl_ref,
+                   double *ctl_gpu, double *ctl_lg, double *ctl_pos, double *ctl_gpos) {
   k3_runner_t *rs[2] = {ref, gpu};
   gseq_t *whole[2] = {&qr[1], &qg[1]}, qc[2];
   const k3_manifest_t *man = k3_runner_manifest(ref);
   const int64_t V = k3_runner_vocab(ref);
-  float *lg = malloc((size_t)(len * V) * 4); /* the reference's logits of every position */
-  int rc = lg ? 0 : K3_ENOMEM;
+  /* each backend's logits of every position, prefilled in calls */
+  float *lg = malloc((size_t)(len * V) * 4), *lgg = malloc((size_t)(len * V) * 4);
+  int rc = lg && lgg ? 0 : K3_ENOMEM;
   char err[512] = "";
   for (int b = 0; b < 2; b++) {
     gseq_init(&qc[b]);
     for (int64_t off = 0; off < len && !rc; off += g_ctl_chunk) {
       int64_t n = off + g_ctl_chunk < len ? g_ctl_chunk : len - off;
       rc = k3_runner_seq_reserve(rs[b], &qc[b].s, off + n + 16);
-      k3_prefill_item_t it = {&qc[b].s, tok + off, n, b ? NULL : lg + off * V, !b};
+      k3_prefill_item_t it = {&qc[b].s, tok + off, n, (b ? lgg : lg) + off * V, true};
       if (!rc) rc = k3_runner_prefill(rs[b], &it, 1, NULL, NULL, err, sizeof err);
       if (rc) fprintf(stderr, "control prefill: %s (%s)\n", err, k3_strerror(rc));
     }
   }
   /* per position: the reference's chunked logits vs its one-call logits (positions before the
    * first call boundary are the same computation, so 0) */
-  for (int64_t t = 0; t < len && !rc; t++)
+  for (int64_t t = 0; t < len && !rc; t++) {
     ctl_pos[t] = rel_err(lg + t * V, seq_ref + t * V, V, NULL);
+    ctl_gpos[t] = rel_err(lgg + t * V, seq_gpu + t * V, V, NULL);
+  }
   if (!rc) *ctl_lg = ctl_pos[len - 1];
   for (size_t i = 0; i < man->n && !rc; i++) {
     for (int b = 0; b < 2; b++) {
@@ -183,6 +190,7 @@ static int control(k3_runner_t *ref, k3_runner_t *gpu, gseq_t *qr, gseq_t *qg, c
   }
   for (int b = 0; b < 2; b++) k3_runner_seq_release(rs[b], &qc[b].s);
   free(lg);
+  free(lgg);
   return rc;
 }
 
@@ -230,16 +238,40 @@ static void parity(k3_runner_t *ref, k3_runner_t *gpu, int steps, double tol) {
   ctl_ref = calloc(man->n, sizeof(double));
   ctl_gpu = calloc(man->n, sizeof(double));
   if (!ctl_ref || !ctl_gpu) rc = K3_ENOMEM;
-  double ctl_pos[70];
+  double ctl_pos[70], ctl_gpos[70];
   if (!rc && g_ctl_chunk > 0) {
-    rc = control(ref, gpu, qr, qg, tok[1], len[1], lr + len[0] * V, ctl_ref, ctl_gpu, &ctl_lg,
-                 ctl_pos);
+    rc = control(ref, gpu, qr, qg, tok[1], len[1], lr + len[0] * V, lg + len[0] * V, ctl_ref,
+                 ctl_gpu, &ctl_lg, ctl_pos, ctl_gpos);
     printf("  control: the reference's prefill in calls of %d tokens vs one call: last logits rel "
            "err %.3e%s\n", g_ctl_chunk, ctl_lg, rc ? " (FAILED to run)" : "");
     gm_check(rc == 0, "control ran (prefill in calls on both backends)", "rc %g %g", rc, 0);
     if (rc) goto out;
   }
-  const double ltol = fmax(tol, 2 * ctl_lg);
+  /* The control over every position past its first call (seq 1's positions n0..69), on each
+   * backend: its median, max and the share of positions a routing flip throws far off. The
+   * GPU's own figure is its noise with its own numerics (bf16 tensor-core operands in the KDA
+   * chunk: 1e-3 at layer 0 where the reference's re-chunking moves 1e-7); a systematic GPU error
+   * would sit in both of the GPU's prefills, so it shows against the reference, not in that
+   * figure. Bounds: median max(tol, 2x the larger control median, 2x the last-position control),
+   * outliers (above 4x that bound) at most max(10 %, 2x the larger control share), every
+   * position below max(0.5, 2x the larger control max). */
+  double cmed = 0, cmax = 0, gmed = 0, gmax = 0;
+  const int n0 = g_ctl_chunk, nc = g_ctl_chunk > 0 && g_ctl_chunk < len[1] ? (int)len[1] - n0 : 0;
+  double cv[70], gv[70];
+  if (nc > 0) {
+    memcpy(cv, ctl_pos + n0, (size_t)nc * sizeof *cv);
+    memcpy(gv, ctl_gpos + n0, (size_t)nc * sizeof *gv);
+    cmed = median_max(cv, nc, &cmax);
+    gmed = median_max(gv, nc, &gmax);
+  }
+  const double ltol = fmax(fmax(tol, 2 * ctl_lg), 2 * fmax(cmed, gmed));
+  int cbig = 0, gbig = 0;
+  for (int t = 0; t < nc; t++) {
+    cbig += !(cv[t] <= 4 * ltol);
+    gbig += !(gv[t] <= 4 * ltol);
+  }
+  const double share = nc > 0 ? fmax(0.1, 2.0 * (cbig > gbig ? cbig : gbig) / nc) : 0.1;
+  const double pbound = fmax(0.5, 2 * fmax(ctl_lg, fmax(cmax, gmax)));
   for (int s = 0; s < 2; s++) {
     int64_t last = (s ? NP : len[0]) - 1;
     double mx, e = rel_err(lg + last * V, lr + last * V, V, &mx);
@@ -251,31 +283,26 @@ static void parity(k3_runner_t *ref, k3_runner_t *gpu, int steps, double tol) {
     pe[t] = rel_err(lg + t * V, lr + t * V, V, NULL);
     big += !(pe[t] <= 4 * ltol);
   }
-  if (g_ctl_chunk > 0 && g_ctl_chunk < len[1]) {
-    /* the same positions for both: seq 1's positions past the control's first call (a routing
-     * flip moves a token's logits by 0.1-0.3 at once: the share of such positions is the
-     * model's, as much as the median) */
-    const int n0 = g_ctl_chunk, n = (int)len[1] - n0;
-    double cv[70], gv[70], cmax, gmax;
-    int cbig = 0, gbig = 0;
-    for (int t = 0; t < n; t++) {
-      cv[t] = ctl_pos[n0 + t];
-      gv[t] = pe[len[0] + n0 + t];
-      cbig += !(cv[t] <= 4 * tol);
-      gbig += !(gv[t] <= 4 * tol);
+  if (nc > 0) {
+    double ev[70], emax;
+    int ebig = 0;
+    for (int t = 0; t < nc; t++) {
+      ev[t] = pe[len[0] + n0 + t];
+      ebig += !(ev[t] <= 4 * ltol);
     }
-    double cmed = median_max(cv, n, &cmax), gmed = median_max(gv, n, &gmax);
-    printf("  logits of seq 1's positions %d..%lld: control (reference vs itself) median %.3e, %d "
-           "of %d above 4x tol, max %.3e; GPU vs reference median %.3e, %d above, max %.3e\n",
-           n0, (long long)len[1] - 1, cmed, cbig, n, cmax, gmed, gbig, gmax);
+    double emed = median_max(ev, nc, &emax);
+    printf("  logits of seq 1's positions %d..%lld (median, above 4x bound %.1e, max): control "
+           "reference vs itself %.3e, %d, %.3e; control GPU vs itself %.3e, %d, %.3e; GPU vs "
+           "reference %.3e, %d, %.3e\n", n0, (long long)len[1] - 1, 4 * ltol, cmed, cbig, cmax,
+           gmed, gbig, gmax, emed, ebig, emax);
   }
   double pmax, pmed = median_max(pe, (int)NP, &pmax);
   printf("  prefill positions: %d of %lld above 4x the logit bound %.1e; p90 %.3e\n", big,
          (long long)NP, ltol, pe[(int)(0.9 * (double)(NP - 1))]);
   gm_check(pmed <= ltol, "prefill logits, median over 79 positions (bound max(tol, 2x control))",
-           "rel err %.3e (max %.3e)", pmed, pmax);
-  gm_check(big * 10 <= NP && pmax < fmax(0.5, 2 * ctl_lg),
-           "prefill logits, outliers (<= 10% above 4x bound, all < max(0.5, 2x control))",
+           "rel err %.3e (bound %.3e)", pmed, ltol);
+  gm_check(big <= share * (double)NP && pmax < pbound,
+           "prefill logits, outliers (<= max(10%, 2x control share) above 4x bound, all < max(0.5, 2x control max))",
            "%g positions, max %.3e", (double)big, pmax);
   /* per layer: the state the prefill left (seq 1: 70 tokens, two pages, chunk + tail), each
    * region against max(2 tol, 2x the reference's own control figure for that region) */
@@ -320,7 +347,7 @@ static void parity(k3_runner_t *ref, k3_runner_t *gpu, int steps, double tol) {
   double smax = INFINITY, smed = done ? median_max(pe, done, &smax) : INFINITY;
   gm_check(!rc && smed <= ltol, "teacher-forced decode logits, median over steps (bound max(tol, 2x control))",
            "rel err %.3e (max %.3e)", smed, smax);
-  gm_check(!rc && smax < fmax(0.5, 2 * ctl_lg), "teacher-forced decode logits, every step < max(0.5, 2x control)",
+  gm_check(!rc && smax < pbound, "teacher-forced decode logits, every step < max(0.5, 2x control max)",
            "max %.3e (%g steps)", smax, (double)done);
   gm_check(!rc && agree == checked, "top-1 agreement on decisive steps", "%g of %g", (double)agree, (double)checked);
   g_ctl_lg = ctl_lg;

@@ -504,6 +504,10 @@ int gpu_parity(gctx *g, bool quick) {
   t_sample_greedy(g, 5, 163840, K3K_BF16);
   t_sample_greedy(g, 3, 1001, K3K_F32); /* one part per row, generic loads */
   t_sample_greedy(g, 3, 4100, K3K_F32); /* three float4 parts per row */
+  /* More rows than a grid dimension holds (the 48B MoE gathers 64 x 136 tokens x top-8 rows):
+   * the 16-byte path (D % 8 == 0) and the generic kernel's row loop (D = 100). */
+  t_get_rows(g, 69632, 512, 2304);
+  t_get_rows(g, 70001, 64, 100);
   for (int i = 0; i < NT; i++) {
     int64_t T = kT[i];
     t_rmsnorm(g, T, 7168, K3K_BF16, 1, 1e-5f);
