@@ -6,6 +6,8 @@
  *   - --device NAME is the documented name of the backend flag: --device cpu gives exactly what
  *     --backend cpu gives (ids and logits, byte for byte), --help lists both, disagreeing values
  *     and unknown devices are refused with a clear error;
+ *   - --perf prints the prefill and batch-B figures with their ceilings and leaves the
+ *     generated ids unchanged; --perf-batch without --perf is refused;
  *   - clear errors: text without a tokenizer, two prompt sources, a bad chat file (the message
  *     names the field), a missing chat file, a tokenizer larger than the model's vocabulary.
  * The tokenizer is the deterministic tiny vocabulary of k3_tok_write_model_files (4096 ids, the
@@ -196,6 +198,35 @@ START_TEST(test_device) {
 }
 END_TEST
 
+/* --perf: the figures are printed (a second prefill against its FLOP floor, batch-B decode
+ * against its weight-read floor) and the generation itself is unchanged by them. */
+START_TEST(test_perf) {
+  const char *base = "--synthetic tiny --device cpu-fast --prompt-ids 5,6,7,8,9,10,11,12,13,14,15,16 "
+                     "--max-new-tokens 3 --ignore-eos";
+  char args[1024];
+  res_t plain = gen(base);
+  snprintf(args, sizeof args, "%s --perf --perf-batch 3", base);
+  res_t perf = gen(args);
+  ck_assert_msg(plain.status == 0 && perf.status == 0, "%s\n%s", plain.out, perf.out);
+  char *a = ids_line(plain.out), *b = ids_line(perf.out);
+  ck_assert_ptr_nonnull(a);
+  ck_assert_ptr_nonnull(b);
+  ck_assert_str_eq(a, b);
+  const char *p = strstr(perf.out, "perf: prefill 12 tokens (second pass) ");
+  ck_assert_msg(p && strstr(p, "vs FLOP floor") && strstr(p, "bf16 GEMM 512^3"), "%s", perf.out);
+  p = strstr(perf.out, "perf: decode batch 3 (prompts of 12 tokens) ");
+  ck_assert_msg(p && strstr(p, "tokens/s ceiling"), "%s", perf.out);
+  double ms = 0, tps = 0;
+  ck_assert_int_eq(sscanf(p, "perf: decode batch 3 (prompts of 12 tokens) %lf ms/step = %lf", &ms, &tps), 2);
+  ck_assert(ms > 0 && tps > 0);
+  ck_assert_double_eq_tol(tps, 3 / (ms / 1e3), tps * 0.01 + 1);
+  ck_assert_msg(strstr(perf.out, "perf: decode batch 1 "), "%s", perf.out);
+  free(a), free(b), free(plain.out), free(perf.out);
+  snprintf(args, sizeof args, "%s --perf-batch 3", base);
+  expect_fail(args, "--perf-batch must be 0..4096 and needs --perf");
+}
+END_TEST
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *bd = getenv("K3PD_BUILD_DIR");
@@ -213,6 +244,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_chat, 0, 2);
   tcase_add_test(tc, test_errors);
   tcase_add_test(tc, test_device);
+  tcase_add_test(tc, test_perf);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);

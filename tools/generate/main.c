@@ -10,9 +10,11 @@
  * same tokenizer path as the router). The timing summary gives wall time and the process CPU
  * time of each phase (the CPU figure stays meaningful on a loaded machine).
  * Device: --device NAME (cpu, cpu-fast, cuda; --backend is the older alias). cuda runs bf16
- * only, so --precision defaults to bf16 there (fp32 elsewhere). --perf adds the decode step
- * time against its weight-read floor (k3_runner_decode_bytes / the backend's measured device
- * copy bandwidth) to the summary. */
+ * only, so --precision defaults to bf16 there (fp32 elsewhere). --perf adds the model's
+ * figures with their ceilings measured in the same run (perf.h): the decode step at batch 1
+ * against its weight-read floor (k3_runner_decode_bytes / the backend's measured copy
+ * bandwidth), a second prefill of the prompt against its FLOP floor (k3_runner_prefill_flops /
+ * the measured bf16 GEMM rate), and with --perf-batch B decode tokens/s at batch B. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,13 +28,14 @@
 #include "k3pd/util.h"
 #include "k3pd/weights.h"
 #include "logits_file.h"
+#include "perf.h"
 #include "prompt.h"
 
 typedef struct {
   const char *model, *prompt_ids, *prompt, *chat, *tokenizer, *precision, *backend, *logits_out;
   const char *device;
   const char *synthetic, *synthetic_config;
-  int max_new, top_k, threads, page_tokens, seed_weights, verify_synth;
+  int max_new, top_k, threads, page_tokens, seed_weights, verify_synth, perf_batch;
   double temperature, top_p;
   int64_t seed;
   bool ignore_eos, all_logits, perf, host_synth;
@@ -54,8 +57,6 @@ static uint64_t cpu_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Read + write bytes per second of a 1 GiB device-to-device copy on the runner's backend (the
- * decode floor's bandwidth; host backends measure memcpy). 0 when it cannot be measured. */
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -66,25 +67,6 @@ static double median_of(double *v, int n) {
   if (n <= 0) return 0;
   qsort(v, (size_t)n, sizeof *v, cmp_double);
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static double copy_bandwidth(const char *backend) {
-  k3k_backend_t *be = k3k_backend_get(backend);
-  const size_t n = (size_t)1 << 30;
-  void *x = NULL, *y = NULL;
-  double bw = 0;
-  if (!be || be->alloc(be, n, &x) || be->alloc(be, n, &y)) goto out;
-  if (be->memset(be, x, 1, n) || be->copy(be, y, x, n) || (be->synchronize && be->synchronize(be)))
-    goto out;
-  uint64_t t0 = k3_now_ns();
-  for (int i = 0; i < 5; i++)
-    if (be->copy(be, y, x, n)) goto out;
-  if (be->synchronize && be->synchronize(be)) goto out;
-  bw = 5.0 * 2.0 * (double)n / ((double)(k3_now_ns() - t0) / 1e9);
-out:
-  if (x) be->free(be, x);
-  if (y) be->free(be, y);
-  return bw;
 }
 
 static int run(const gen_args_t *a) {
@@ -147,7 +129,14 @@ static int run(const gen_args_t *a) {
   o.num_slots = 1;
   o.max_batch_seqs = 1;
   int64_t total = (int64_t)n_prompt + a->max_new;
-  o.num_pages = (int)((total + a->page_tokens - 1) / (a->page_tokens > 0 ? a->page_tokens : 1)) + 1;
+  const int64_t pt = a->page_tokens > 0 ? a->page_tokens : 1;
+  o.num_pages = (int)((total + pt - 1) / pt) + 1;
+  if (a->perf) { /* the second prefill and the batch figure's sequences (perf.h) */
+    o.num_slots += 1 + a->perf_batch;
+    o.max_batch_seqs = a->perf_batch > 1 ? a->perf_batch : 1;
+    o.num_pages += (int)(((int64_t)n_prompt + 1 + pt - 1) / pt) + 2;
+    o.num_pages += a->perf_batch * (int)((gen_perf_batch_prompt((int64_t)n_prompt) + 18 + pt - 1) / pt + 2);
+  }
   k3_runner_t *r = NULL;
   ts = k3_now_ns();
   rc = dev_synth ? k3_runner_init_synth(&cfg, (uint64_t)a->seed_weights, a->verify_synth, &o, &r,
@@ -235,8 +224,11 @@ static int run(const gen_args_t *a) {
             k3_model_type_name(cfg.type), a->precision, o.backend ? o.backend : "cpu", n_prompt, pf,
             pf > 0 ? (double)n_prompt / pf : 0.0, steps, dc, dc > 0 ? steps / dc : 0.0,
             (double)(c1 - c0) / 1e9, (double)(c2 - c1) / 1e9);
+    gen_ceilings_t ceil = {0};
+    if (a->perf && gen_perf_ceilings(o.backend, &ceil))
+      fprintf(stderr, "k3pd-generate: perf: a ceiling could not be measured on %s\n", o.backend);
     if (a->perf && steps > 0) {
-      double bytes = k3_runner_decode_bytes(r, 1), bw = copy_bandwidth(o.backend);
+      double bytes = k3_runner_decode_bytes(r, 1), bw = ceil.copy_bw;
       /* the mean includes first-use costs (graph capture, workspace growth); the median of the
        * runner's step times is the steady state a serving loop sees */
       double step = median_of(step_s, steps), fl = bw > 0 ? bytes / bw : 0;
@@ -252,6 +244,10 @@ static int run(const gen_args_t *a) {
               (unsigned long long)st.graph_replays, (unsigned long long)st.graph_captures,
               (unsigned long long)st.eager_steps);
     }
+    if (a->perf && gen_perf_prefill(r, prompt, (int64_t)n_prompt, &ceil)) rc = 1;
+    if (a->perf && a->perf_batch > 0 && !rc &&
+        gen_perf_batch(r, prompt, (int64_t)n_prompt, a->perf_batch, 10, &ceil))
+      rc = 1;
     printf("ids:");
     for (int i = 0; i < n_out; i++) printf(" %d", out_ids[i]);
     printf("\n");
@@ -298,7 +294,8 @@ int main(int argc, char **argv) {
       {"ignore-eos", K3_FLAG_BOOL, &a.ignore_eos, NULL, "do not stop on the model's stop ids", false},
       {"logits-out", K3_FLAG_STR, &a.logits_out, "FILE", "write float32 logits of every computed position (format: docs/model-runner.md)", false},
       {"all-logits", K3_FLAG_BOOL, &a.all_logits, NULL, "with --logits-out: also every prompt position", false},
-      {"perf", K3_FLAG_BOOL, &a.perf, NULL, "also print the decode step time against its weight-read floor", false},
+      {"perf", K3_FLAG_BOOL, &a.perf, NULL, "also print the decode step time against its weight-read floor and a second prefill of the prompt against its FLOP floor (ceilings measured in the same run)", false},
+      {"perf-batch", K3_FLAG_INT, &a.perf_batch, "B", "with --perf: also decode tokens/s at batch B (B sequences prefilled with the prompt's first <= 128 tokens, 10 timed steps) against its weight-read floor (default 0: off)", false},
   };
   k3_flags_info_t info = {"k3pd-generate",
                           "Monolithic generation through the model runner; final stdout line: "
@@ -341,6 +338,10 @@ int main(int argc, char **argv) {
   }
   if (a.max_new < 0 || a.page_tokens <= 0 || a.threads <= 0) {
     fprintf(stderr, "k3pd-generate: --max-new-tokens must be >= 0, --page-tokens and --threads > 0\n");
+    return 2;
+  }
+  if (a.perf_batch < 0 || a.perf_batch > 4096 || (a.perf_batch > 0 && !a.perf)) {
+    fprintf(stderr, "k3pd-generate: --perf-batch must be 0..4096 and needs --perf\n");
     return 2;
   }
   if (a.all_logits && !a.logits_out) {
