@@ -8,7 +8,7 @@
 #   3. the Kimi-Linear-48B shapes cut to 4 layers (tests/gpu/data/kl48b-4l.json): parity + perf;
 #   4. with --medium: the full medium preset (91.6 GB): k3k-gpu-model --perf (no parity: the CPU
 #      reference of the medium preset needs ~5 min, run it alone with --steps 4) and
-#      k3pd-generate --synthetic medium --device cuda --perf;
+#      k3pd-generate --synthetic medium --device cuda --perf --perf-batch 64 on an 8K prompt;
 #   5. with --profile (after --medium): the medium preset's prefill / decode batch 1 / decode
 #      batch 64 under ncu, summarised per kernel by scripts/gpu/ncu_sum.py.
 #
@@ -42,10 +42,12 @@ if [ "$medium" = "--medium" ]; then
   timeout 300 "$bin/k3k-gpu-model" --synthetic medium --device-synth --verify-synth 1 --perf \
     --no-parity --graph-steps 4 > "$logdir/medium.log" 2>&1 || status=1
   grep -E "^(PASS|FAIL|PERF)|passed|runner:" "$logdir/medium.log"
-  timeout 200 "$bin/k3pd-generate" --synthetic medium --device cuda --perf \
-    --prompt-ids "$(seq -s, 1000 1299)" --max-new-tokens 32 --ignore-eos > "$logdir/genmed.log" 2>&1 \
+  # issue 9's three figures from k3pd-generate itself: an 8K prompt (prefill vs its FLOP floor,
+  # timed on a second pass), decode batch 1 and batch 64 (vs their weight-read floors)
+  timeout 200 "$bin/k3pd-generate" --synthetic medium --device cuda --perf --perf-batch 64 \
+    --prompt-ids "$(seq -s, 1000 9191)" --max-new-tokens 32 --ignore-eos > "$logdir/genmed.log" 2>&1 \
     || { echo "k3pd-generate (medium) failed: $logdir/genmed.log"; status=1; }
-  grep "k3pd-generate:" "$logdir/genmed.log" | tail -3
+  grep "k3pd-generate:" "$logdir/genmed.log" | tail -4
   if [ "$profile" = "--profile" ]; then
     ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
     timeout 300 "$ncu" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
