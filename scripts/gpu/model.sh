@@ -44,7 +44,7 @@ if [ "$medium" = "--medium" ]; then
   grep -E "^(PASS|FAIL|PERF)|passed|runner:" "$logdir/medium.log"
   # issue 9's three figures from k3pd-generate itself: an 8K prompt (prefill vs its FLOP floor,
   # timed on a second pass), decode batch 1 and batch 64 (vs their weight-read floors)
-  timeout 200 "$bin/k3pd-generate" --synthetic medium --device cuda --perf --perf-batch 64 \
+  timeout 200 "$bin/k3pd-generate" --synthetic medium --device cuda --perf --perf-batch 64 --prefill-chunk 8192 \
     --prompt-ids "$(seq -s, 1000 9191)" --max-new-tokens 32 --ignore-eos > "$logdir/genmed.log" 2>&1 \
     || { echo "k3pd-generate (medium) failed: $logdir/genmed.log"; status=1; }
   grep "k3pd-generate:" "$logdir/genmed.log" | tail -4

@@ -224,6 +224,7 @@ START_TEST(test_perf) {
   free(a), free(b), free(plain.out), free(perf.out);
   snprintf(args, sizeof args, "%s --perf-batch 3", base);
   expect_fail(args, "--perf-batch must be 0..4096 and needs --perf");
+  expect_fail("--synthetic tiny --prompt-ids 1 --prefill-chunk 0", "--prefill-chunk 1..1048576");
 }
 END_TEST
 

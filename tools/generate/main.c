@@ -35,7 +35,7 @@ typedef struct {
   const char *model, *prompt_ids, *prompt, *chat, *tokenizer, *precision, *backend, *logits_out;
   const char *device;
   const char *synthetic, *synthetic_config;
-  int max_new, top_k, threads, page_tokens, seed_weights, verify_synth, perf_batch;
+  int max_new, top_k, threads, page_tokens, seed_weights, verify_synth, perf_batch, prefill_chunk;
   double temperature, top_p;
   int64_t seed;
   bool ignore_eos, all_logits, perf, host_synth;
@@ -126,6 +126,7 @@ static int run(const gen_args_t *a) {
   o.backend = a->backend;
   o.threads = a->threads;
   o.page_tokens = a->page_tokens;
+  o.prefill_chunk_tokens = a->prefill_chunk;
   o.num_slots = 1;
   o.max_batch_seqs = 1;
   int64_t total = (int64_t)n_prompt + a->max_new;
@@ -268,7 +269,7 @@ done_w:
 
 int main(int argc, char **argv) {
   gen_args_t a = {.max_new = 16, .threads = 1,
-                  .page_tokens = 64, .seed_weights = 1, .temperature = 0.0, .top_p = 1.0,
+                  .page_tokens = 64, .prefill_chunk = 256, .seed_weights = 1, .temperature = 0.0, .top_p = 1.0,
                   .seed = 0};
   k3_flag_t flags[] = {
       {"model", K3_FLAG_STR, &a.model, "DIR", "checkpoint directory (config.json + safetensors)", false},
@@ -291,6 +292,7 @@ int main(int argc, char **argv) {
       {"backend", K3_FLAG_STR, &a.backend, "NAME", "alias of --device", false},
       {"threads", K3_FLAG_INT, &a.threads, "N", "threads of the cpu-fast backend (default 1)", false},
       {"page-tokens", K3_FLAG_INT, &a.page_tokens, "N", "tokens per MLA cache page (default 64)", false},
+      {"prefill-chunk", K3_FLAG_INT, &a.prefill_chunk, "N", "prompt tokens per forward pass, rounded up to a multiple of 64 (default 256, as the workers' --prefill-chunk)", false},
       {"ignore-eos", K3_FLAG_BOOL, &a.ignore_eos, NULL, "do not stop on the model's stop ids", false},
       {"logits-out", K3_FLAG_STR, &a.logits_out, "FILE", "write float32 logits of every computed position (format: docs/model-runner.md)", false},
       {"all-logits", K3_FLAG_BOOL, &a.all_logits, NULL, "with --logits-out: also every prompt position", false},
@@ -336,8 +338,10 @@ int main(int argc, char **argv) {
                     "--synthetic-config FILE\n");
     return 2;
   }
-  if (a.max_new < 0 || a.page_tokens <= 0 || a.threads <= 0) {
-    fprintf(stderr, "k3pd-generate: --max-new-tokens must be >= 0, --page-tokens and --threads > 0\n");
+  if (a.max_new < 0 || a.page_tokens <= 0 || a.threads <= 0 || a.prefill_chunk <= 0 ||
+      a.prefill_chunk > (1 << 20)) {
+    fprintf(stderr, "k3pd-generate: --max-new-tokens must be >= 0, --page-tokens and --threads > 0, "
+                    "--prefill-chunk 1..1048576\n");
     return 2;
   }
   if (a.perf_batch < 0 || a.perf_batch > 4096 || (a.perf_batch > 0 && !a.perf)) {
