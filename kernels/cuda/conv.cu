@@ -21,29 +21,30 @@
 __device__ __forceinline__ float silu_f(float a) { return a / (1.0f + expf(-a)); }
 
 __global__ void conv_prefill_kernel(dv x, dv w, const int32_t *cu, const int32_t *slots,
-                                    int nseq, dv st, dv y, int64_t c_total, int width,
-                                    int read_state, int act) {
+                                    int nseq, dv st, dv y, int64_t T, int64_t c_total,
+                                    int width, int read_state, int act) {
   int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  int64_t t = blockIdx.y;
   if (c >= c_total) return;
-  int lo = 0, hi = nseq - 1; /* the last sequence s with cu[s] <= t (skips empty ones) */
-  while (lo < hi) {
-    int mid = (lo + hi + 1) >> 1;
-    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
+  for (int64_t t = blockIdx.y; t < T; t += gridDim.y) { /* T may exceed the grid's 65535 rows */
+    int lo = 0, hi = nseq - 1; /* the last sequence s with cu[s] <= t (skips empty ones) */
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (cu[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    int64_t start = cu[lo];
+    int64_t slot = slots[lo];
+    float acc = 0.0f;
+    for (int j = 0; j < width; j++) { /* w[c][j] multiplies x_{t-W+1+j} */
+      int64_t pidx = t - width + 1 + j;
+      float xv = 0.0f;
+      if (pidx >= start)
+        xv = dv_ld(x, pidx * x.s[0] + c * x.s[1]);
+      else if (read_state)
+        xv = dv_ld(st, slot * st.s[0] + c * st.s[1] + (width - 1 - (start - pidx)) * st.s[2]);
+      acc += dv_ld(w, c * w.s[0] + j * w.s[1]) * xv;
+    }
+    dv_st(y, t * y.s[0] + c * y.s[1], act ? silu_f(acc) : acc);
   }
-  int64_t start = cu[lo];
-  int64_t slot = slots[lo];
-  float acc = 0.0f;
-  for (int j = 0; j < width; j++) { /* w[c][j] multiplies x_{t-W+1+j} */
-    int64_t pidx = t - width + 1 + j;
-    float xv = 0.0f;
-    if (pidx >= start)
-      xv = dv_ld(x, pidx * x.s[0] + c * x.s[1]);
-    else if (read_state)
-      xv = dv_ld(st, slot * st.s[0] + c * st.s[1] + (width - 1 - (start - pidx)) * st.s[2]);
-    acc += dv_ld(w, c * w.s[0] + j * w.s[1]) * xv;
-  }
-  dv_st(y, t * y.s[0] + c * y.s[1], act ? silu_f(acc) : acc);
 }
 
 __global__ void conv_state_kernel(dv x, const int32_t *cu, const int32_t *slots, dv st,
@@ -216,9 +217,10 @@ int k3k_cuda_conv_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor
     }
     K3K_LAUNCHED("conv_prefill");
   } else if (T > 0) {
-    conv_prefill_kernel<<<dim3(k3k_ceil_div(C, 256), (unsigned)T), 256, 0, cx->stream>>>(
+    conv_prefill_kernel<<<dim3(k3k_ceil_div(C, 256), (unsigned)(T < 65535 ? T : 65535)), 256, 0,
+                          cx->stream>>>(
         mkdv(x), mkdv(w), (const int32_t *)cu->data, (const int32_t *)sl->data, p->n_seqs,
-        mkdv(st), mkdv(y), C, width, p->read_state, p->activation);
+        mkdv(st), mkdv(y), T, C, width, p->read_state, p->activation);
     K3K_LAUNCHED("conv_prefill");
   }
   conv_state_kernel<<<dim3(k3k_ceil_div(C, 256), (unsigned)p->n_seqs), 256, 0, cx->stream>>>(

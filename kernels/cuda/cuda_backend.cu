@@ -283,8 +283,7 @@ static bool cuda_supports(k3k_backend_t *be, k3k_op_t op, const void *params,
   switch (op) {
   case K3K_OP_GEMM: return k3k_cuda_gemm_ok(t);
   case K3K_OP_CONV_PREFILL:
-    return t[1]->shape[1] <= 8 && rows_fit(t[0]->shape[0]) &&
-           rows_fit(((const k3k_conv_params_t *)params)->n_seqs);
+    return t[1]->shape[1] <= 8 && rows_fit(((const k3k_conv_params_t *)params)->n_seqs);
   case K3K_OP_CONV_STEP: return t[1]->shape[1] <= 8 && rows_fit(t[0]->shape[0]);
   case K3K_OP_KDA_STEP:
     return k3k_cuda_kda_step_ok(params, t) && rows_fit(((const k3k_kda_params_t *)params)->n_seqs);

@@ -508,6 +508,8 @@ int gpu_parity(gctx *g, bool quick) {
    * the 16-byte path (D % 8 == 0) and the generic kernel's row loop (D = 100). */
   t_get_rows(g, 69632, 512, 2304);
   t_get_rows(g, 70001, 64, 100);
+  t_conv(g, 70000, 12, 1, K3K_BF16); /* more tokens than grid rows: generic kernel (C % 8) */
+  t_conv(g, 70000, 16, 1, K3K_F32);  /* and the 16-byte kernel */
   for (int i = 0; i < NT; i++) {
     int64_t T = kT[i];
     t_rmsnorm(g, T, 7168, K3K_BF16, 1, 1e-5f);
