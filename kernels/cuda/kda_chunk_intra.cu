@@ -86,23 +86,25 @@ __device__ __forceinline__ void kc_split(float x, uint32_t &hi, uint32_t &lo) {
   hi = (__float_as_uint(x) + 0x1000u) & 0xFFFFE000u;
   lo = __float_as_uint(x - __uint_as_float(hi));
 }
-/* c (16x8) += A (16x8) B (8x8), mma.sync m16n8k8 tf32 in 3xTF32. Fragments (PTX ISA
- * "mma.m16n8k8" .tf32), lane = 4g + t4: af = A(g, t4), A(g+8, t4), A(g, t4+4), A(g+8, t4+4);
- * bf = B(t4, g), B(t4+4, g); c = C(g, 2t4..+1), C(g+8, 2t4..+1). */
-__device__ __forceinline__ void kc_mma3(float c[4], const float af[4], const float bf[2]) {
+/* (hi, lo) (16x8) += A (16x8) B (8x8), mma.sync m16n8k8 tf32 in 3xTF32: the hi*hi term into
+ * hi, the two small terms into lo (separate accumulators, so the dependent mma chain is short;
+ * the caller sums them). Fragments (PTX ISA "mma.m16n8k8" .tf32), lane = 4g + t4: af = A(g, t4),
+ * A(g+8, t4), A(g, t4+4), A(g+8, t4+4); bf = B(t4, g), B(t4+4, g); accumulators C(g, 2t4..+1),
+ * C(g+8, 2t4..+1). */
+__device__ __forceinline__ void kc_mma3(float hi[4], float lo[4], const float af[4], const float bf[2]) {
   uint32_t ah[4], al[4], bh[2], bl[2];
 #pragma unroll
   for (int q = 0; q < 4; q++) kc_split(af[q], ah[q], al[q]);
   kc_split(bf[0], bh[0], bl[0]);
   kc_split(bf[1], bh[1], bl[1]);
-#define KC_MMA_TF32(A, B0, B1)                                                                      \
+#define KC_MMA_TF32(C, A, B0, B1)                                                                   \
   asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
                "{%8,%9}, {%0,%1,%2,%3};\n"                                                        \
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                   \
+               : "+f"(C[0]), "+f"(C[1]), "+f"(C[2]), "+f"(C[3])                                   \
                : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(B0), "r"(B1))
-  KC_MMA_TF32(al, bh[0], bh[1]); /* small terms first */
-  KC_MMA_TF32(ah, bl[0], bl[1]);
-  KC_MMA_TF32(ah, bh[0], bh[1]);
+  KC_MMA_TF32(lo, al, bh[0], bh[1]);
+  KC_MMA_TF32(lo, ah, bl[0], bl[1]);
+  KC_MMA_TF32(hi, ah, bh[0], bh[1]);
 #undef KC_MMA_TF32
 }
 
@@ -172,14 +174,23 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
 #pragma unroll
     for (int j = 0; j < 8; j++) G[u][j] += G[u - 1][j];
   float *tot = (float *)(sm + KA_RC); /* [16][128] row-group totals, before Bc is built */
+  ((float4 *)(tot + rg * 128 + d0))[0] = make_float4(G[3][0], G[3][1], G[3][2], G[3][3]);
+  ((float4 *)(tot + rg * 128 + d0))[1] = make_float4(G[3][4], G[3][5], G[3][6], G[3][7]);
+  __syncthreads();
+  if (tid < KC_D) { /* exclusive prefix over the 16 row groups in place, one channel per thread */
+    float t[16], run = 0.0f;
 #pragma unroll
-  for (int j = 0; j < 8; j++) tot[rg * 128 + d0 + j] = G[3][j];
+    for (int q2 = 0; q2 < 16; q2++) t[q2] = tot[q2 * 128 + tid];
+#pragma unroll
+    for (int q2 = 0; q2 < 16; q2++) {
+      tot[q2 * 128 + tid] = run;
+      run += t[q2];
+    }
+  }
   __syncthreads();
   {
-    float off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int q2 = 0; q2 < rg; q2++)
-#pragma unroll
-      for (int j = 0; j < 8; j++) off[j] += tot[q2 * 128 + d0 + j];
+    const float4 o0 = ((const float4 *)(tot + rg * 128 + d0))[0], o1 = ((const float4 *)(tot + rg * 128 + d0))[1];
+    const float off[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
 #pragma unroll
     for (int u = 0; u < 4; u++)
 #pragma unroll
@@ -368,23 +379,31 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
   for (int dist = 1; dist < 4; dist++) {
     if (w < 2 * (4 - dist)) {
       const int j = w >> 1, i = j + dist, cn = 16 * j + 8 * (w & 1);
-      float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int k0 = 16 * j; k0 < 16 * i; k0 += 8) {
-        const float *La = Lf + (16 * i + g) * KPF + k0 + t4, *Xb = X + (k0 + t4) * KPF + cn + g;
-        const float af[4] = {La[0], La[8 * KPF], La[4], La[8 * KPF + 4]}, bf[2] = {Xb[0], Xb[4 * KPF]};
-        kc_mma3(y, af, bf);
-      }
-      Yw[g * 8 + 2 * t4] = y[0], Yw[g * 8 + 2 * t4 + 1] = y[1];
-      Yw[(g + 8) * 8 + 2 * t4] = y[2], Yw[(g + 8) * 8 + 2 * t4 + 1] = y[3];
-      __syncwarp();
-      float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      /* Accumulators per k-step parity and term (kc_mma3): chains of <= 3 dependent mmas. */
+      float yh[2][4] = {}, yl[2][4] = {};
 #pragma unroll
-      for (int k0 = 0; k0 < 16; k0 += 8) {
-        const float *Xa = X + (16 * i + g) * KPF + 16 * i + k0 + t4;
-        const float af[4] = {Xa[0], Xa[8 * KPF], Xa[4], Xa[8 * KPF + 4]};
-        const float bf[2] = {Yw[(k0 + t4) * 8 + g], Yw[(k0 + t4 + 4) * 8 + g]};
-        kc_mma3(x, af, bf);
+      for (int kk = 0; kk < 6; kk++) {
+        const int k0 = 16 * j + 8 * kk;
+        if (k0 < 16 * i) {
+          const float *La = Lf + (16 * i + g) * KPF + k0 + t4, *Xb = X + (k0 + t4) * KPF + cn + g;
+          const float af[4] = {La[0], La[8 * KPF], La[4], La[8 * KPF + 4]}, bf[2] = {Xb[0], Xb[4 * KPF]};
+          kc_mma3(yh[kk & 1], yl[kk & 1], af, bf);
+        }
       }
+#pragma unroll
+      for (int q = 0; q < 4; q++) Yw[(g + 8 * (q >> 1)) * 8 + 2 * t4 + (q & 1)] = (yh[0][q] + yh[1][q]) + (yl[0][q] + yl[1][q]);
+      __syncwarp();
+      float xh[2][4] = {}, xl[2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < 2; kk++) {
+        const float *Xa = X + (16 * i + g) * KPF + 16 * i + 8 * kk + t4;
+        const float af[4] = {Xa[0], Xa[8 * KPF], Xa[4], Xa[8 * KPF + 4]};
+        const float bf[2] = {Yw[(8 * kk + t4) * 8 + g], Yw[(8 * kk + t4 + 4) * 8 + g]};
+        kc_mma3(xh[kk], xl[kk], af, bf);
+      }
+      float x[4];
+#pragma unroll
+      for (int q = 0; q < 4; q++) x[q] = (xh[0][q] + xh[1][q]) + (xl[0][q] + xl[1][q]);
       float *Xo = X + (16 * i + g) * KPF + cn + 2 * t4;
       Xo[0] = -x[0], Xo[1] = -x[1], Xo[8 * KPF] = -x[2], Xo[8 * KPF + 1] = -x[3];
     }
