@@ -12,10 +12,10 @@
  *   S   = S diag(e^{G_last}) + VnT (k e^{G_last-G}),  OT = DQ + VnT Aqk^T
  * [e^G k; q e^G], T and Aqk are K-major B operands, k e^{Gl-G} the MN-major ("transposed") B
  * operand, all in 128-byte swizzled shared memory (mla_prefill_sm90.cuh states the layout); v
- * is read element-wise from a padded tile; O goes out through a shared-memory tile as 16-byte
- * stores. The record of chunk c+1 (stored pre-swizzled by the intra kernel, so it is a linear
- * copy) and its v rows stream in by cp.async (all 256 threads; two stages of 82 KB) while chunk
- * c computes. Measured (docs/perf-gpu.md): the loads alone take ~300 us at 8K x 96 heads, the
+ * is read element-wise from a padded tile; O goes out through a shared-memory tile (written by
+ * stmatrix.trans) as 16-byte stores. The record of chunk c+1 (stored pre-swizzled by the intra
+ * kernel, so it is a linear copy) and its v rows stream in by cp.async (all 256 threads; two
+ * stages of 82 KB), issued right after chunk c's DK/DQ wgmma so the issue overlaps them. Measured (docs/perf-gpu.md): the loads alone take ~300 us at 8K x 96 heads, the
  * per-chunk wgmma/element-wise chain is what bounds the pass (one chain per value half: 96
  * heads give 96 blocks).
  * What it is not: the intra-chunk half (kda_chunk_intra.cu) or a general Dk/Dv kernel.
