@@ -15,8 +15,9 @@
  *       KC_SPAN (never with K3's g > -5; possible with the 48B softplus gate) gets its diagonal
  *       recomputed per element with exp(sum of g) from global memory, as the reference does.
  *   P4  X = (I + L)^-1 in fp32: the four diagonal 16x16 blocks by forward substitution with the
- *       column in registers, then the off-diagonal blocks by distance (X_ij = -X_ii sum_m L_im X_mj);
- *       T = X diag(beta) -> bf16 and Aqk -> record.
+ *       column in registers (Aqk goes to the record meanwhile), then the off-diagonal blocks by
+ *       distance (X_ij = -X_ii sum_m L_im X_mj) on tensor cores in 3xTF32 (fp32-level accuracy);
+ *       T = X diag(beta) -> bf16 record.
  * W = T (e^G k) and U = T v are not formed here: the state pass computes Vn = T (v - (e^G k) S)
  * (kda_chunk_state_wg.cu), so v is never read here and the record is 66 KB instead of 74 KB.
  * What it is not: the state recurrence (kda_chunk_state_wg.cu). Dk = Dv = 128, chunk 64 only.
@@ -37,8 +38,8 @@
 #define KA_MISC (KA_RC + 160 * KP * 2)
 #define KA_GB KA_MISC                   /* G at rows 0,16,32,48 and 63: fp32 [5][128] */
 #define KA_BETA (KA_GB + 5 * 128 * 4)   /* fp32 [64] */
-#define KA_Y (KA_BETA + 64 * 4)         /* fp32 [3][16][17] inversion temporaries */
-#define KA_FLAG (KA_Y + 3 * 16 * 17 * 4)
+#define KA_Y (KA_BETA + 64 * 4)         /* fp32 [6 warps][16][8] inversion temporaries */
+#define KA_FLAG (KA_Y + 6 * 16 * 8 * 4)
 #define KA_SMEM (KA_FLAG + 16)
 #define KA_RC_X (64 * KP * 2) /* inside RC */
 
@@ -76,6 +77,36 @@ __device__ __forceinline__ void kc_kq(const kc_args &a, bool fast, const bf16x8 
 }
 
 __device__ __forceinline__ void st8(void *p, const float f[8]) { *(bf16x8 *)p = pack8(f); }
+
+/* x = hi + lo with hi a tf32 value (10-bit mantissa: the low 13 bits cleared after rounding to
+ * nearest, done here on the bits so nothing depends on how cvt fills them) and lo = x - hi
+ * (exact); the tensor cores read lo's top 19 bits. A product of two split operands summed as
+ * hi*hi + hi*lo + lo*hi (3xTF32) keeps ~2^-21 relative accuracy, i.e. fp32-level. */
+__device__ __forceinline__ void kc_split(float x, uint32_t &hi, uint32_t &lo) {
+  hi = (__float_as_uint(x) + 0x1000u) & 0xFFFFE000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+/* (hi, lo) (16x8) += A (16x8) B (8x8), mma.sync m16n8k8 tf32 in 3xTF32: the hi*hi term into
+ * hi, the two small terms into lo (separate accumulators, so the dependent mma chain is short;
+ * the caller sums them). Fragments (PTX ISA "mma.m16n8k8" .tf32), lane = 4g + t4: af = A(g, t4),
+ * A(g+8, t4), A(g, t4+4), A(g+8, t4+4); bf = B(t4, g), B(t4+4, g); accumulators C(g, 2t4..+1),
+ * C(g+8, 2t4..+1). */
+__device__ __forceinline__ void kc_mma3(float hi[4], float lo[4], const float af[4], const float bf[2]) {
+  uint32_t ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+  for (int q = 0; q < 4; q++) kc_split(af[q], ah[q], al[q]);
+  kc_split(bf[0], bh[0], bl[0]);
+  kc_split(bf[1], bh[1], bl[1]);
+#define KC_MMA_TF32(C, A, B0, B1)                                                                   \
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+               "{%8,%9}, {%0,%1,%2,%3};\n"                                                        \
+               : "+f"(C[0]), "+f"(C[1]), "+f"(C[2]), "+f"(C[3])                                   \
+               : "r"(A[0]), "r"(A[1]), "r"(A[2]), "r"(A[3]), "r"(B0), "r"(B1))
+  KC_MMA_TF32(lo, al, bh[0], bh[1]);
+  KC_MMA_TF32(lo, ah, bl[0], bl[1]);
+  KC_MMA_TF32(hi, ah, bh[0], bh[1]);
+#undef KC_MMA_TF32
+}
 
 /* FAST: bf16 q/k and fp32 g, rows contiguous and 16-byte aligned (the model's case). */
 template <bool FAST>
@@ -143,14 +174,23 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
 #pragma unroll
     for (int j = 0; j < 8; j++) G[u][j] += G[u - 1][j];
   float *tot = (float *)(sm + KA_RC); /* [16][128] row-group totals, before Bc is built */
+  ((float4 *)(tot + rg * 128 + d0))[0] = make_float4(G[3][0], G[3][1], G[3][2], G[3][3]);
+  ((float4 *)(tot + rg * 128 + d0))[1] = make_float4(G[3][4], G[3][5], G[3][6], G[3][7]);
+  __syncthreads();
+  if (tid < KC_D) { /* exclusive prefix over the 16 row groups in place, one channel per thread */
+    float t[16], run = 0.0f;
 #pragma unroll
-  for (int j = 0; j < 8; j++) tot[rg * 128 + d0 + j] = G[3][j];
+    for (int q2 = 0; q2 < 16; q2++) t[q2] = tot[q2 * 128 + tid];
+#pragma unroll
+    for (int q2 = 0; q2 < 16; q2++) {
+      tot[q2 * 128 + tid] = run;
+      run += t[q2];
+    }
+  }
   __syncthreads();
   {
-    float off[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int q2 = 0; q2 < rg; q2++)
-#pragma unroll
-      for (int j = 0; j < 8; j++) off[j] += tot[q2 * 128 + d0 + j];
+    const float4 o0 = ((const float4 *)(tot + rg * 128 + d0))[0], o1 = ((const float4 *)(tot + rg * 128 + d0))[1];
+    const float off[8] = {o0.x, o0.y, o0.z, o0.w, o1.x, o1.y, o1.z, o1.w};
 #pragma unroll
     for (int u = 0; u < 4; u++)
 #pragma unroll
@@ -301,7 +341,8 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
     __syncthreads();
   }
 
-  /* ---- P4: X = (I + L)^-1. Diagonal blocks: one thread per column, the column in registers ---- */
+  /* ---- P4: X = (I + L)^-1. Diagonal blocks: one thread per column, the column in registers;
+   * meanwhile the other 192 threads store Aqk (final since P3) to the record. ---- */
   if (tid < KC_C) {
     const int b0 = tid & ~15, cl = tid & 15;
     float x[16];
@@ -309,58 +350,75 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
 #pragma unroll
     for (int rr = 1; rr < 16; rr++) {
       const float *Lr = Lf + (b0 + rr) * KPF + b0;
-      float s = 0.0f;
+      float s0 = 0.0f, s1 = 0.0f; /* two chains: half the dependent FMA latency per row */
 #pragma unroll
-      for (int m = 0; m < rr; m++) s += Lr[m] * x[m];
-      x[rr] = rr == cl ? 1.0f : -s; /* rows above cl: all x[m] are 0, so -s = 0 */
+      for (int m = 0; m < rr; m += 2) {
+        s0 += Lr[m] * x[m];
+        if (m + 1 < rr) s1 += Lr[m + 1] * x[m + 1];
+      }
+      x[rr] = rr == cl ? 1.0f : -(s0 + s1); /* rows above cl: all x[m] are 0, so -s = 0 */
     }
 #pragma unroll
     for (int rr = 0; rr < 16; rr++) X[(b0 + rr) * KPF + b0 + cl] = x[rr];
+  } else {
+    for (int e = tid - KC_C; e < 64 * 8; e += KA_THREADS - KC_C) {
+      const int r = e >> 3, s0 = (e & 7) * 8;
+      float f[8];
+#pragma unroll
+      for (int u = 0; u < 8; u++) f[u] = s0 + u > r ? 0.0f : Af[r * KPF + s0 + u];
+      st8(rec + KC_REC_A + kc_sw(r, s0 >> 3, 8192), f);
+    }
   }
   __syncthreads();
-  /* Off-diagonal blocks by distance (3, 2, 1 blocks per round, balanced over the threads):
-   * X_ij = -X_ii Y with Y = sum_{m in [16j, 16i)} L_im X_mj, i = j + dist. The 16-long dot
-   * products are unrolled with two accumulators so the shared loads pipeline. */
-#pragma unroll
+  /* Off-diagonal blocks by distance (3, 2, 1 blocks per round): X_ij = -X_ii Y with
+   * Y = sum_{m in [16j, 16i)} L_im X_mj, i = j + dist, on tensor cores in 3xTF32 (kc_mma3:
+   * fp32-level accuracy). One warp per (block, 8-column half): 6, 4, 2 warps per round; Y goes
+   * through a per-warp 16x8 tile to become the B operand of the second product. */
+  float *Yw = Y + w * 128;
+#pragma unroll 1
   for (int dist = 1; dist < 4; dist++) {
-    const int nbk = 4 - dist;
-    for (int e = tid; e < nbk * 256; e += KA_THREADS) {
-      const int j = e >> 8, i = j + dist, r = (e >> 4) & 15, cc = e & 15;
-      const float *Lr = Lf + ((i << 4) + r) * KPF + (j << 4);
-      const float *Xc = X + (j << 4) * KPF + (j << 4) + cc;
-      float s0 = 0.0f, s1 = 0.0f;
-      for (int mb = 0; mb < dist; mb++)
+    if (w < 2 * (4 - dist)) {
+      const int j = w >> 1, i = j + dist, cn = 16 * j + 8 * (w & 1);
+      /* Accumulators per k-step parity and term (kc_mma3): chains of <= 3 dependent mmas. */
+      float yh[2][4] = {}, yl[2][4] = {};
 #pragma unroll
-        for (int mm = 0; mm < 16; mm += 2) {
-          s0 += Lr[16 * mb + mm] * Xc[(16 * mb + mm) * KPF];
-          s1 += Lr[16 * mb + mm + 1] * Xc[(16 * mb + mm + 1) * KPF];
+      for (int kk = 0; kk < 6; kk++) {
+        const int k0 = 16 * j + 8 * kk;
+        if (k0 < 16 * i) {
+          const float *La = Lf + (16 * i + g) * KPF + k0 + t4, *Xb = X + (k0 + t4) * KPF + cn + g;
+          const float af[4] = {La[0], La[8 * KPF], La[4], La[8 * KPF + 4]}, bf[2] = {Xb[0], Xb[4 * KPF]};
+          kc_mma3(yh[kk & 1], yl[kk & 1], af, bf);
         }
-      Y[(j * 16 + r) * 17 + cc] = s0 + s1;
-    }
-    __syncthreads();
-    for (int e = tid; e < nbk * 256; e += KA_THREADS) {
-      const int j = e >> 8, i = j + dist, r = (e >> 4) & 15, cc = e & 15;
-      const float *Xr = X + ((i << 4) + r) * KPF + (i << 4); /* X_ii: zeros above the diagonal */
-      float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-      for (int mm = 0; mm < 16; mm += 2) {
-        s0 += Xr[mm] * Y[(j * 16 + mm) * 17 + cc];
-        s1 += Xr[mm + 1] * Y[(j * 16 + mm + 1) * 17 + cc];
       }
-      X[((i << 4) + r) * KPF + (j << 4) + cc] = -(s0 + s1);
+#pragma unroll
+      for (int q = 0; q < 4; q++) Yw[(g + 8 * (q >> 1)) * 8 + 2 * t4 + (q & 1)] = (yh[0][q] + yh[1][q]) + (yl[0][q] + yl[1][q]);
+      __syncwarp();
+      float xh[2][4] = {}, xl[2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < 2; kk++) {
+        const float *Xa = X + (16 * i + g) * KPF + 16 * i + 8 * kk + t4;
+        const float af[4] = {Xa[0], Xa[8 * KPF], Xa[4], Xa[8 * KPF + 4]};
+        const float bf[2] = {Yw[(8 * kk + t4) * 8 + g], Yw[(8 * kk + t4 + 4) * 8 + g]};
+        kc_mma3(xh[kk], xl[kk], af, bf);
+      }
+      float x[4];
+#pragma unroll
+      for (int q = 0; q < 4; q++) x[q] = (xh[0][q] + xh[1][q]) + (xl[0][q] + xl[1][q]);
+      float *Xo = X + (16 * i + g) * KPF + cn + 2 * t4;
+      Xo[0] = -x[0], Xo[1] = -x[1], Xo[8 * KPF] = -x[2], Xo[8 * KPF + 1] = -x[3];
     }
     __syncthreads();
   }
-  /* T = X diag(beta) -> bf16 (RC); Aqk -> record. 64 rows x 8 groups of 8 columns each. */
-  for (int e = tid; e < 2 * 64 * 8; e += KA_THREADS) {
-    const int which = e >> 9, r = (e >> 3) & 63, s0 = (e & 7) * 8;
+  /* T = X diag(beta) -> bf16 record. 64 rows x 8 groups of 8 columns. */
+  for (int e = tid; e < 64 * 8; e += KA_THREADS) {
+    const int r = e >> 3, s0 = (e & 7) * 8;
     float f[8];
 #pragma unroll
     for (int u = 0; u < 8; u++) {
       const int s = s0 + u;
-      f[u] = s > r ? 0.0f : which ? Af[r * KPF + s] : X[r * KPF + s] * beta_s[s];
+      f[u] = s > r ? 0.0f : X[r * KPF + s] * beta_s[s];
     }
-    st8(rec + (which ? KC_REC_A : KC_REC_T) + kc_sw(r, s0 >> 3, 8192), f);
+    st8(rec + KC_REC_T + kc_sw(r, s0 >> 3, 8192), f);
   }
 }
 

@@ -12,10 +12,10 @@
  *   S   = S diag(e^{G_last}) + VnT (k e^{G_last-G}),  OT = DQ + VnT Aqk^T
  * [e^G k; q e^G], T and Aqk are K-major B operands, k e^{Gl-G} the MN-major ("transposed") B
  * operand, all in 128-byte swizzled shared memory (mla_prefill_sm90.cuh states the layout); v
- * is read element-wise from a padded tile; O goes out through a shared-memory tile as 16-byte
- * stores. The record of chunk c+1 (stored pre-swizzled by the intra kernel, so it is a linear
- * copy) and its v rows stream in by cp.async (all 256 threads; two stages of 82 KB) while chunk
- * c computes. Measured (docs/perf-gpu.md): the loads alone take ~300 us at 8K x 96 heads, the
+ * is read element-wise from a padded tile; O goes out through a shared-memory tile (written by
+ * stmatrix.trans) as 16-byte stores. The record of chunk c+1 (stored pre-swizzled by the intra
+ * kernel, so it is a linear copy) and its v rows stream in by cp.async (all 256 threads; two
+ * stages of 82 KB), issued right after chunk c's DK/DQ wgmma so the issue overlaps them. Measured (docs/perf-gpu.md): the loads alone take ~300 us at 8K x 96 heads, the
  * per-chunk wgmma/element-wise chain is what bounds the pass (one chain per value half: 96
  * heads give 96 blocks).
  * What it is not: the intra-chunk half (kda_chunk_intra.cu) or a general Dk/Dv kernel.
@@ -66,6 +66,15 @@ __device__ __forceinline__ void kw_load(unsigned char *st, const unsigned char *
   cp_async_commit();
 }
 
+/* Four 8x8 b16 matrices from mma fragments (lane 4g + t4 holds row g, columns 2t4..+1 of each)
+ * to shared memory transposed: lanes 8m..8m+7 give the addresses of the 8 stored rows (= the
+ * fragment's columns) of matrix m, 16 bytes each. */
+__device__ __forceinline__ void kw_stsm_x4_trans(void *p, const uint32_t f[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(p)),
+               "r"(f[0]), "r"(f[1]), "r"(f[2]), "r"(f[3])
+               : "memory");
+}
+
 /* Named barrier of one warpgroup (ids 1, 2; 0 is __syncthreads). */
 __device__ __forceinline__ void kw_wg_sync(int wg) {
   if (wg)
@@ -106,14 +115,8 @@ __global__ void __launch_bounds__(256, 1) kc_state_wg_kernel(kc_args a) {
     const int i = c - c0;
     unsigned char *st = sm + (i & 1) * KW_STAGE;
     const int cs = start + i * KC_C, n = min(KC_C, end - cs);
-    /* The other stage was released by the barrier that ended chunk c-1. */
-    if (c + 1 < c1) {
-      kw_load(sm + ((i + 1) & 1) * KW_STAGE, a.rec + ((size_t)(c + 1) * a.hg + blockIdx.x) * KC_REC, a, vfast,
-              cs + KC_C, min(KC_C, end - cs - KC_C), vcol);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    /* Chunk c's copies (the only group in flight: issued during chunk c-1's DK product). */
+    cp_async_wait<0>();
     fence_proxy_async(); /* this thread's copies are read next by wgmma (async proxy) */
     __syncthreads();     /* every thread's copies of chunk c landed */
     const uint32_t sb = smem_u32(st);
@@ -139,6 +142,11 @@ __global__ void __launch_bounds__(256, 1) kc_state_wg_kernel(kc_args a) {
     for (int kk = 0; kk < 8; kk++)
       kw_rs_n64(DQ, sa[kk], gmma_desc(sb + KW_WQ + 8192 + (kk >> 2) * 16384 + (kk & 3) * 32, 16, 1024), kk > 0);
     wgmma_commit();
+    /* Chunk c+1's record and v rows into the other stage (released by the barrier that ended
+     * chunk c-1), issued while the tensor cores run DK and DQ. */
+    if (c + 1 < c1)
+      kw_load(sm + ((i + 1) & 1) * KW_STAGE, a.rec + ((size_t)(c + 1) * a.hg + blockIdx.x) * KC_REC, a, vfast,
+              cs + KC_C, min(KC_C, end - cs - KC_C), vcol);
     wgmma_wait<1>();
 #pragma unroll
     for (int q = 0; q < 32; q++) asm volatile("" : "+f"(DK[q])::"memory");
@@ -197,12 +205,20 @@ __global__ void __launch_bounds__(256, 1) kc_state_wg_kernel(kc_args a) {
 
     /* O (row r = 8j + 2t4 + e, value v) = DQ[4j + 2hh + e]; rows past n are not stored. */
     if (a.vo) { /* through the tile: 16-byte stores of this warpgroup's 64 values per row */
+      /* The warp's 16 values x 64 rows as 16 8x8 blocks (row block j, value half hh), stored
+       * transposed (Ot is [r][v]) by stmatrix: matrix m of instruction jp is (j = 2jp + (m >> 1),
+       * hh = m & 1); lanes 8m..8m+7 address its rows r = 8j + (lane & 7). */
+      const int mi = lane >> 3, jo = mi >> 1, ho = mi & 1;
 #pragma unroll
-      for (int j = 0; j < 8; j++)
+      for (int jp = 0; jp < 4; jp++) {
+        uint32_t f[4];
 #pragma unroll
-        for (int e = 0; e < 2; e++)
-#pragma unroll
-          for (int hh = 0; hh < 2; hh++) Ot[(8 * j + 2 * t4 + e) * KW_VP + vr + 8 * hh] = f2bf(DQ[4 * j + 2 * hh + e]);
+        for (int m = 0; m < 4; m++) {
+          const int j = 2 * jp + (m >> 1), hh = m & 1;
+          f[m] = pack_bf2(DQ[4 * j + 2 * hh], DQ[4 * j + 2 * hh + 1]);
+        }
+        kw_stsm_x4_trans(Ot + (8 * (2 * jp + jo) + (lane & 7)) * KW_VP + 64 * wg + 16 * wq + 8 * ho, f);
+      }
       kw_wg_sync(wg);
       const int wt = tid & 127;
 #pragma unroll
