@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cuda_common.cuh"
+#include "generic.h"
 #include "moe_ops.h"
 
 /* ---- memory pool: live blocks in an open-addressed table, freed blocks cached by size ---- */
@@ -253,10 +254,11 @@ static k3k_cuda_fn op_fn(k3k_op_t op) {
   case K3K_OP_L2NORM: return k3k_cuda_l2norm;
   case K3K_OP_KDA_GATE: return k3k_cuda_kda_gate;
   case K3K_OP_SIGMOID: return k3k_cuda_sigmoid;
-  case K3K_OP_KDA_STEP: return k3k_cuda_kda_step;
-  case K3K_OP_KDA_CHUNK: return k3k_cuda_kda_chunk;
-  case K3K_OP_MLA_PREFILL: return k3k_cuda_mla_prefill;
-  case K3K_OP_MLA_DECODE: return k3k_cuda_mla_decode;
+  /* KDA/MLA: the fast kernel where it takes the shapes, else the generic one (generic.h) */
+  case K3K_OP_KDA_STEP: return k3k_cuda_kda_step_any;
+  case K3K_OP_KDA_CHUNK: return k3k_cuda_kda_chunk_any;
+  case K3K_OP_MLA_PREFILL: return k3k_cuda_mla_prefill_any;
+  case K3K_OP_MLA_DECODE: return k3k_cuda_mla_decode_any;
   case K3K_OP_MLA_CACHE_WRITE: return k3k_cuda_mla_cache_write;
   case K3K_OP_MLA_CACHE_GATHER: return k3k_cuda_mla_cache_gather;
   case K3K_OP_SIGMOID_MUL: return k3k_cuda_sigmoid_mul;
@@ -285,12 +287,10 @@ static bool cuda_supports(k3k_backend_t *be, k3k_op_t op, const void *params,
   case K3K_OP_CONV_PREFILL:
     return t[1]->shape[1] <= 8 && rows_fit(((const k3k_conv_params_t *)params)->n_seqs);
   case K3K_OP_CONV_STEP: return t[1]->shape[1] <= 8 && rows_fit(t[0]->shape[0]);
-  case K3K_OP_KDA_STEP:
-    return k3k_cuda_kda_step_ok(params, t) && rows_fit(((const k3k_kda_params_t *)params)->n_seqs);
-  case K3K_OP_KDA_CHUNK: return k3k_cuda_kda_chunk_ok(params, t);
-  case K3K_OP_MLA_PREFILL: return k3k_cuda_mla_prefill_ok(params, t);
-  case K3K_OP_MLA_DECODE:
-    return k3k_cuda_mla_decode_ok(params, t) && rows_fit(((const k3k_mla_params_t *)params)->n_seqs);
+  case K3K_OP_KDA_STEP: return k3k_cuda_kda_step_any_ok(params, t);
+  case K3K_OP_KDA_CHUNK: return k3k_cuda_kda_chunk_any_ok(params, t);
+  case K3K_OP_MLA_PREFILL: return k3k_cuda_mla_prefill_any_ok(params, t);
+  case K3K_OP_MLA_DECODE: return k3k_cuda_mla_decode_any_ok(params, t);
   case K3K_OP_ATTN_RES_MIX: return t[0]->shape[0] + 1 <= 16;
   case K3K_OP_SAMPLE: return t[0]->shape[1] < INT32_MAX;
   case K3K_OP_ROUTER: case K3K_OP_MOE_COMBINE: return k3k_cuda_moe_ok(op, params, t);

@@ -24,6 +24,7 @@
 #include "k3k_cuda_ops.h"
 #include "k3pd/err.h"
 #include "k3pd/log.h"
+#include "generic.h"
 #include "moe_bf16.h"
 #include "moe_ops.h"
 #include "runner_internal.h"
@@ -147,9 +148,10 @@ int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) {
     K3_INFO("runner: bf16 experts outside the grouped CUDA kernel; per-expert ops");
     return 0;
   }
-  /* The grouped GEMM's shape rules (moe_ops.h); a config outside them keeps the op path. */
-  if (!bf16 && (F % 128 || D % 128 || c->num_experts > 8192)) {
-    K3_INFO("runner: MoE shapes F=%lld D=%lld outside the grouped CUDA GEMM; per-expert ops",
+  /* The grouped GEMMs' shape rules (tensor cores: moe_ops.h; other shapes with K % 32 == 0:
+   * the generic kernel, generic.h); a config outside them keeps the op path. */
+  if (!bf16 && (F % 32 || D % 32 || c->num_experts > 8192)) {
+    K3_INFO("runner: MoE shapes F=%lld D=%lld outside the grouped CUDA GEMMs; per-expert ops",
             (long long)F, (long long)D);
     return 0;
   }
@@ -234,7 +236,7 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
   a.active = act.data;
   a.max_active = maxa;
   a.rows_hint = (int32_t)(TK / maxa);
-  if ((rc = k3k_cu_moe_gemm(st, &a))) return rc;
+  if ((rc = k3k_cu_moe_gemm_any(st, &a))) return rc;
   memset(&a.up, 0, sizeof a.up);
   a.w = mx_set(tab, 2, E, F);
   a.act = K3K_CU_ACT_NONE;
@@ -246,6 +248,6 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
   a.x_gather = NULL;
   a.y = yr.data;
   a.ldy = D;
-  if ((rc = k3k_cu_moe_gemm(st, &a))) return rc;
+  if ((rc = k3k_cu_moe_gemm_any(st, &a))) return rc;
   return k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
 }

@@ -496,6 +496,7 @@ void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH);
 void gpu_mla_prefill_cases(gctx *g, bool quick);
 void gpu_mla_decode_cases(gctx *g, bool quick);
 void gpu_gemv_cases(gctx *g, bool quick); /* gpu_gemv.c */
+void gpu_generic_cases(gctx *g);            /* gpu_generic.c */
 
 int gpu_parity(gctx *g, bool quick) {
   t_gemm_views(g, 1);
@@ -547,5 +548,6 @@ int gpu_parity(gctx *g, bool quick) {
   t_sample(g, 163840);
   t_gemm(g, 4, 4096, 7168, K3K_BF16, K3K_F32); /* lm_head rows (vocab cut to 4096) */
   gpu_gemv_cases(g, quick);
+  gpu_generic_cases(g);
   return 0;
 }

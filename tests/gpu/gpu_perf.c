@@ -169,6 +169,7 @@ static void bench_gemm(pctx *P, int64_t M, int64_t N, int64_t K, const char *nam
 }
 
 void gpu_gemv_perf(gctx *g, double bw); /* gpu_gemv.c */
+void gpu_generic_perf(gctx *g);          /* gpu_generic.c */
 
 int gpu_perf(gctx *g) {
   pctx P = {g, k3k_cuda_ctx_of(g->cuda), 0, 0, 1};
@@ -343,6 +344,7 @@ int gpu_perf(gctx *g) {
     for (int i = 0; i < 9; i++) be->free(be, bufs[i]);
   }
   if (want(&P, "gemv")) gpu_gemv_perf(g, P.bw);
+  if (want(&P, "generic")) gpu_generic_perf(g);
   if (want(&P, "gemm")) {
   bench_gemm(&P, B, Pd, H, "gemm decode q_proj M=64 N=12288 K=7168");
   bench_gemm(&P, B, H, Pd, "gemm decode o_proj M=64 N=7168 K=12288");
