@@ -5,7 +5,8 @@
 #      64 KiB of every tensor compared with the host generator, parity vs cpu-fast over a host
 #      copy (64 teacher-forced steps), CUDA-graph vs eager decode, --perf;
 #   2. k3pd-generate --device cuda on the same config;
-#   3. the Kimi-Linear-48B shapes cut to 4 layers (tests/gpu/data/kl48b-4l.json): parity + perf;
+#   3. the Kimi-Linear-48B shapes cut to 4 layers (tests/gpu/data/kl48b-4l.json): parity + perf,
+#      and the tiny presets (tiny, tiny-48b) with 64 teacher-forced steps;
 #   4. with --medium: the full medium preset (91.6 GB): k3k-gpu-model --perf (no parity: the CPU
 #      reference of the medium preset needs ~5 min, run it alone with --steps 4) and
 #      k3pd-generate --synthetic medium --device cuda --perf --perf-batch 64 on an 8K prompt;
@@ -16,7 +17,7 @@
 #
 # BIN holds k3pd-generate and k3k-gpu-model (built with -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON)
 # plus, when the host lacks them, libjansson.so.4 and libxxhash.so.0.
-# Logs: LOGDIR/model4l.log, gen4l.log, kl48b.log (and medium.log, genmed.log, ncu.csv, ncu.txt).
+# Logs: LOGDIR/model4l.log, gen4l.log, kl48b.log, tiny.log, tiny-48b.log (and medium.log, genmed.log, ncu.csv, ncu.txt).
 # Exit status: 0 when every step passed, else 1.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -38,6 +39,14 @@ grep "k3pd-generate:" "$logdir/gen4l.log" | tail -3
 timeout 200 "$bin/k3k-gpu-model" --synthetic-config "$root/tests/gpu/data/kl48b-4l.json" --device-synth \
   --verify-synth 4 --steps 16 --perf --perf-prefill 4096 > "$logdir/kl48b.log" 2>&1 || status=1
 grep -E "^(PASS|FAIL|PERF)|passed" "$logdir/kl48b.log"
+# the tiny presets on the generic-shape KDA/MLA/MoE kernels (docs/perf-gpu-model.md "The tiny
+# presets on the GPU"; tiny's --tol as its ctest k3k_gpu_model_tiny)
+for p in tiny tiny-48b; do
+  t=; [ $p = tiny ] && t="--tol 6e-2"
+  timeout 120 "$bin/k3k-gpu-model" --synthetic $p --device-synth --verify-synth -1 --steps 64 $t \
+    > "$logdir/$p.log" 2>&1 || status=1
+  grep -E "^FAIL|passed" "$logdir/$p.log"
+done
 if [ "$medium" = "--medium" ]; then
   timeout 300 "$bin/k3k-gpu-model" --synthetic medium --device-synth --verify-synth 1 --perf \
     --no-parity --graph-steps 4 > "$logdir/medium.log" 2>&1 || status=1
