@@ -11,8 +11,10 @@
  * Fast paths: when every operand is BF16 (a SIGMOID/ADD/... output may be F32) with inner stride
  * 1, 8-element rows and 16-byte aligned rows, the 2-D ops move 8 elements per 16-byte load and
  * two rows per thread (same math, same rounding points: results identical to the generic path).
- * Other views keep the generic strided kernel. */
+ * Other views keep the generic strided kernel. The fast kernel is launched with PDL (pdl.cuh:
+ * it waits for the previous kernel before any access and lets the next one be scheduled). */
 #include "cuda_common.cuh"
+#include "pdl.cuh"
 
 /* ---- COPY: rank <= 4 flattened to [a][b][c][d]; F32/BF16 convert, I32/U8 copy bits. ---- */
 __global__ void copy_kernel(dv x, dv y, int64_t n1, int64_t n2, int64_t n3, int64_t n,
@@ -122,6 +124,8 @@ __global__ void __launch_bounds__(256)
                    int64_t ldy, int64_t rows, int64_t c8, float p0, float p1) {
   int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (c >= c8) return;
+  pdl_wait(); /* launched with PDL (pdl.cuh): a and b are the previous kernels' outputs */
+  pdl_trigger();
   for (int64_t r0 = (int64_t)blockIdx.y * 2; r0 < rows; r0 += (int64_t)gridDim.y * 2) {
     int nr = r0 + 1 < rows ? 2 : 1;
     bf16x8 va[2], vb[2];
@@ -162,19 +166,20 @@ static bool vec_ok(const k3k_tensor_t *t) {
 }
 
 template <int KIND>
-static void launch_vec(k3k_cuda_ctx *cx, const k3k_tensor_t *a, const k3k_tensor_t *b,
-                       const k3k_tensor_t *y, float p0, float p1) {
+static cudaError_t launch_vec(k3k_cuda_ctx *cx, const k3k_tensor_t *a, const k3k_tensor_t *b,
+                             const k3k_tensor_t *y, float p0, float p1) {
   int64_t rows = a->shape[0], c8 = a->shape[1] / 8;
   int64_t gy = (rows + 1) / 2;
   dim3 grid(k3k_ceil_div(c8, 256), (unsigned)(gy > 65535 ? 65535 : gy));
   const uint16_t *pb = b ? (const uint16_t *)b->data : NULL;
   int64_t ldb = b ? b->stride[0] : 0;
   if (y->dtype == K3K_F32)
-    ew2_vec_kernel<KIND, true><<<grid, 256, 0, cx->stream>>>(
-        (const uint16_t *)a->data, a->stride[0], pb, ldb, y->data, y->stride[0], rows, c8, p0, p1);
-  else
-    ew2_vec_kernel<KIND, false><<<grid, 256, 0, cx->stream>>>(
-        (const uint16_t *)a->data, a->stride[0], pb, ldb, y->data, y->stride[0], rows, c8, p0, p1);
+    return pdl_launch(ew2_vec_kernel<KIND, true>, grid, dim3(256), 0, cx->stream,
+                      (const uint16_t *)a->data, a->stride[0], pb, ldb, y->data, y->stride[0],
+                      rows, c8, p0, p1);
+  return pdl_launch(ew2_vec_kernel<KIND, false>, grid, dim3(256), 0, cx->stream,
+                    (const uint16_t *)a->data, a->stride[0], pb, ldb, y->data, y->stride[0], rows,
+                    c8, p0, p1);
 }
 
 static int ew2(k3k_cuda_ctx *cx, const k3k_tensor_t *a, const k3k_tensor_t *b,
@@ -185,13 +190,18 @@ static int ew2(k3k_cuda_ctx *cx, const k3k_tensor_t *a, const k3k_tensor_t *b,
   bool vec = a->dtype == K3K_BF16 && (!b || b->dtype == K3K_BF16) && a->shape[1] % 8 == 0 &&
              vec_ok(a) && (!b || vec_ok(b)) && vec_ok(y);
   if (vec) {
+    cudaError_t e;
     switch (kind) {
-      case EW_ADD: launch_vec<EW_ADD>(cx, a, b, y, p0, p1); break;
-      case EW_SIGMOID: launch_vec<EW_SIGMOID>(cx, a, NULL, y, p0, p1); break;
-      case EW_SIGMUL: launch_vec<EW_SIGMUL>(cx, a, b, y, p0, p1); break;
-      case EW_SIGMUL_BF16: launch_vec<EW_SIGMUL_BF16>(cx, a, b, y, p0, p1); break;
-      case EW_SILU_MUL: launch_vec<EW_SILU_MUL>(cx, a, b, y, p0, p1); break;
-      default: launch_vec<EW_SITU>(cx, a, b, y, p0, p1); break;
+      case EW_ADD: e = launch_vec<EW_ADD>(cx, a, b, y, p0, p1); break;
+      case EW_SIGMOID: e = launch_vec<EW_SIGMOID>(cx, a, NULL, y, p0, p1); break;
+      case EW_SIGMUL: e = launch_vec<EW_SIGMUL>(cx, a, b, y, p0, p1); break;
+      case EW_SIGMUL_BF16: e = launch_vec<EW_SIGMUL_BF16>(cx, a, b, y, p0, p1); break;
+      case EW_SILU_MUL: e = launch_vec<EW_SILU_MUL>(cx, a, b, y, p0, p1); break;
+      default: e = launch_vec<EW_SITU>(cx, a, b, y, p0, p1); break;
+    }
+    if (e != cudaSuccess) {
+      K3_ERROR("cuda: launch of %s failed: %s", name, cudaGetErrorString(e));
+      return K3_EDEVICE;
     }
     K3K_LAUNCHED(name);
     return 0;

@@ -23,13 +23,19 @@
  * 8 warps summed in warp order through shared memory; then the cluster's CTAs in rank order by
  * rank 0 through distributed shared memory. Nothing depends on the SM count, on scheduling or on
  * timing, and no atomics are used: identical inputs give bit-identical outputs on every run.
- * The split and NT come from the shape only (k3k_cuda_gemv_plan). */
+ * The split and NT come from the shape only (k3k_cuda_gemv_plan).
+ *
+ * Launched with PDL (pdl.cuh): inside a runner pass (k3k_cuda_gemv_const_weights) each warp's
+ * first batch of weight loads is issued before the wait for the previous kernel, so the start
+ * of the weight stream overlaps the previous kernel's tail; every CTA triggers the next kernel
+ * once its weights are read (before the reduction). */
 #include <cooperative_groups.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gemv.h"
 #include "mma_sm80.cuh"
+#include "pdl.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -42,6 +48,7 @@ struct gemv_args {
   int64_t ldw;
   dv y;
   int M, N, K, split;
+  int wpre; /* W is constant during the step: its first loads may precede the PDL wait */
 };
 
 /* 16 bytes of weights: read once per token, so keep them out of L1. */
@@ -84,6 +91,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, (HI || L > 8) ? 2 : 3) gemv_k
 #pragma unroll
   for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
+  /* PDL (pdl.cuh): W may be read before the wait only when the caller vouched that no kernel
+   * of the step writes it (k3k_cuda_gemv_const_weights); x and y always after it. */
+  bool waited = !a.wpre;
+  if (waited) pdl_wait();
   for (int s = s_lo + warp; s < s_hi; s += GEMV_WARPS * U) {
     uint4 wv[U][NT][CH];
 #pragma unroll
@@ -97,14 +108,21 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, (HI || L > 8) ? 2 : 3) gemv_k
           wv[u][j][c] = ok && nok[j] ? ld_stream16(wrow[j] + ss * KS + 8 * c) : z4;
       }
     }
+    if (!waited) { /* PDL: the first weight batch is in flight; x is the previous kernel's */
+      pdl_wait();
+      waited = true;
+    }
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int ss = s + u * GEMV_WARPS;
 #pragma unroll
       for (int c = 0; c < CH; c++) {
         bool ok = ss < s_hi && ss * KS + 8 * CH * t4 + 8 * c < a.K;
-        uint4 xa = ok && xlo ? __ldg((const uint4 *)(xr0 + ss * KS + 8 * c)) : z4;
-        uint4 xb = ok && xhi ? __ldg((const uint4 *)(xr1 + ss * KS + 8 * c)) : z4;
+        /* plain loads, not __ldg: x is the previous kernel's output and, under PDL, this
+         * kernel runs while it is written; a non-coherent (invariant) load may be hoisted
+         * above pdl_wait by the compiler */
+        uint4 xa = ok && xlo ? *(const uint4 *)(xr0 + ss * KS + 8 * c) : z4;
+        uint4 xb = ok && xhi ? *(const uint4 *)(xr1 + ss * KS + 8 * c) : z4;
         const uint32_t a0[4] = {xa.x, xb.x, xa.y, xb.y}, a1[4] = {xa.z, xb.z, xa.w, xb.w};
 #pragma unroll
         for (int j = 0; j < NT; j++) {
@@ -115,6 +133,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, (HI || L > 8) ? 2 : 3) gemv_k
     }
   }
 
+  if (!waited) pdl_wait(); /* a warp without steps still writes y below */
+  pdl_trigger();           /* every weight byte of this CTA is read: the next kernel may start */
 #pragma unroll
   for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -198,11 +218,14 @@ void k3k_cuda_gemv_plan(int64_t M, int64_t N, int64_t K, int *split, int *nt) {
   *nt = t;
 }
 
+/* K3PD_CUDA_GEMV: "0" = off, "2" = also every M <= 4 shape with N <= 16384 and K <= 8192 (the
+ * latent and shared-down projections, otherwise cuBLASLt split-K + reduce: an experiment inside
+ * the PDL-launched decode graph), anything else = the measured rule below. */
 static int gemv_env(void) {
   static int env = -1;
   if (env < 0) {
     const char *e = getenv("K3PD_CUDA_GEMV");
-    env = !(e && !strcmp(e, "0"));
+    env = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "2") ? 2 : 1;
   }
   return env;
 }
@@ -215,15 +238,17 @@ static int gemv_env(void) {
  *    7168 -> 6144..16384 (KDA q/k/v/g, MLA gate, shared-expert gate/up: 2-6 % faster).
  * Elsewhere (K >= 12288, N >= 18432, the 3584-wide latent projections, the shared-expert down
  * projection, M > 4 on the larger matrices) cuBLASLt streams the weights as fast or faster. */
-static bool gemv_wins(int64_t M, int64_t N, int64_t K) {
+static bool gemv_wins(int64_t M, int64_t N, int64_t K, int mode) {
   if (N <= 1024 || K <= 256) return true;
   if (M > 4) return false;
+  if (mode == 2 && N <= 16384 && K <= 8192) return true; /* latent down/up, shared down */
   return N <= 2048 || (N >= 6144 && N <= 16384 && K >= 7168 && K <= 8192);
 }
 
 bool k3k_cuda_gemv_wanted(const k3k_tensor_t *const *t) {
-  return gemv_env() && k3k_cuda_gemv_fits(t) &&
-         gemv_wins(t[0]->shape[0], t[1]->shape[0], t[0]->shape[1]);
+  const int mode = gemv_env();
+  return mode && k3k_cuda_gemv_fits(t) &&
+         gemv_wins(t[0]->shape[0], t[1]->shape[0], t[0]->shape[1], mode);
 }
 
 template <int NT, bool HI, int CH, int L>
@@ -233,13 +258,18 @@ static cudaError_t launch(cudaStream_t st, const gemv_args &a) {
   cfg.gridDim = dim3((unsigned)a.split, (unsigned)tiles, 1);
   cfg.blockDim = dim3(GEMV_WARPS * 32, 1, 1);
   cfg.stream = st;
-  cudaLaunchAttribute at[1] = {};
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = (unsigned)a.split;
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute at[2] = {};
+  unsigned na = 0;
+  if (a.split > 1) {
+    at[na].id = cudaLaunchAttributeClusterDimension;
+    at[na].val.clusterDim.x = (unsigned)a.split;
+    at[na].val.clusterDim.y = 1;
+    at[na].val.clusterDim.z = 1;
+    na++;
+  }
+  na += pdl_attr(&at[na]);
   cfg.attrs = at;
-  cfg.numAttrs = a.split > 1 ? 1 : 0;
+  cfg.numAttrs = na;
   return cudaLaunchKernelEx(&cfg, gemv_kernel<NT, HI, CH, L>, a);
 }
 
@@ -251,6 +281,10 @@ static cudaError_t launch_v(cudaStream_t st, const gemv_args &a, int nt) {
   return hi ? launch<4, true, CH, L>(st, a) : launch<4, false, CH, L>(st, a);
 }
 
+static thread_local bool g_const_w;
+
+void k3k_cuda_gemv_const_weights(bool on) { g_const_w = on; }
+
 int k3k_cuda_gemv(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int split, int nt, int var) {
   if (!k3k_cuda_gemv_fits(t)) return K3_EINVAL;
   const k3k_tensor_t *x = t[0], *w = t[1], *y = t[2];
@@ -259,6 +293,7 @@ int k3k_cuda_gemv(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int split, int
   a.w = (const uint16_t *)w->data, a.ldw = w->stride[0];
   a.y = mkdv(y);
   a.M = (int)x->shape[0], a.N = (int)w->shape[0], a.K = (int)x->shape[1];
+  a.wpre = g_const_w;
   int ps, pn;
   k3k_cuda_gemv_plan(a.M, a.N, a.K, &ps, &pn);
   a.split = split > 0 ? split : ps;

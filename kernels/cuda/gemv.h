@@ -10,7 +10,8 @@
  * Invariants: the fp32 summation order is a function of (M, N, K, split) only, and the split a
  * function of the shape only (never of the SM count or of timing), so two processes on the same
  * GPU model produce bit-identical outputs. No scratch memory, no synchronisation: safe inside a
- * captured CUDA graph. */
+ * captured CUDA graph. Launched with programmatic dependent launch (pdl.cuh; K3PD_CUDA_PDL=0
+ * turns it off). */
 #ifndef K3K_CUDA_GEMV_H
 #define K3K_CUDA_GEMV_H
 
@@ -40,6 +41,11 @@ void k3k_cuda_gemv_plan(int64_t M, int64_t N, int64_t K, int *split, int *nt);
  * the default variant; otherwise split in {1,2,4,8}, nt in {1,2,4} and var in 1..4 force a
  * configuration (tests). Returns 0 or K3_EDEVICE (launch failure, logged). */
 int k3k_cuda_gemv(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int split, int nt, int var);
+/* Promise (per calling thread) that no kernel launched until the next call with false writes
+ * any W given to the kernel: its first weight loads may then precede the wait for the previous
+ * kernel (PDL, pdl.cuh). The runner turns it on around its passes (weights are uploaded at
+ * init); default off, so W made by the previous kernel (tests) is always read after the wait. */
+void k3k_cuda_gemv_const_weights(bool on);
 
 #ifdef __cplusplus
 }

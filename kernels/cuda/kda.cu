@@ -7,11 +7,13 @@
  * (64 KiB in and 64 KiB out per (sequence, head)), so the kernels stream it with evict-first
  * loads/stores and keep four rows in flight per warp.
  * The fused step also does the conv update, L2 norms, gate, beta and the gated RMSNorm, so a
- * decode token of a KDA layer costs one launch after the projections.
+ * decode token of a KDA layer costs one launch after the projections; that launch uses PDL
+ * (pdl.cuh: it waits for the projections before any access).
  * What it is not: the chunked prefill (kda_chunk.cu).
  * Layouts: state [slot][NH][DV=128][DK=128] fp32 (spec §3.6, V-first); conv states
  * [slot][C][3] bf16, oldest first. */
 #include "cuda_common.cuh"
+#include "pdl.cuh"
 
 __device__ __forceinline__ float silu(float a) { return a / (1.0f + expf(-a)); }
 
@@ -211,6 +213,8 @@ __global__ void __launch_bounds__(256) kda_decode_kernel(k3k_cu_kda_decode_args 
   const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
   const int nh = gridDim.x;
   const size_t P = (size_t)nh * 128;
+  pdl_wait(); /* launched with PDL (pdl.cuh): every input may be the previous kernel's */
+  pdl_trigger();
   const int slot = a.slots[b];
   /* Out-of-range slots are skipped (nothing outside the pools is touched); callers of this raw
    * entry validate ids with k3k_cuda_check_ids when they come from outside. */
@@ -268,7 +272,7 @@ __global__ void __launch_bounds__(256) kda_decode_kernel(k3k_cu_kda_decode_args 
 
 int k3k_cu_kda_decode(cudaStream_t st, const k3k_cu_kda_decode_args *a) {
   if (a->batch == 0) return 0;
-  kda_decode_kernel<<<dim3(a->heads, a->batch), 256, 0, st>>>(*a);
+  K3K_CU(pdl_launch(kda_decode_kernel, dim3(a->heads, a->batch), dim3(256), 0, st, *a));
   K3K_LAUNCHED("kda_decode");
   return 0;
 }

@@ -9,8 +9,10 @@
  * PLAN_CHUNK; pass 1 counts rows per (chunk, expert); pass 2 (one block) turns the counts into
  * expert_off, per-(chunk, expert) bases and the active-expert list; pass 3 walks each chunk's
  * tokens in order and hands out rows. Combine: one block per token, 16-byte loads when rows and
- * y are contiguous BF16 with D % 8 == 0. */
+ * y are contiguous BF16 with D % 8 == 0; that fast kernel issues all of a thread's row loads
+ * before the first use and is launched with PDL (pdl.cuh). */
 #include "cuda_common.cuh"
+#include "pdl.cuh"
 #include "moe_ops.h"
 
 #define PLAN_CHUNK 128
@@ -129,23 +131,44 @@ __global__ void combine_kernel(dv rows, int64_t nrows, const int32_t *ri, int64_
   }
 }
 
-__global__ void combine_vec_kernel(const bf16x8 *rows, int64_t ld8, int64_t nrows,
-                                   const int32_t *ri, int64_t ld_ri, const float *w, int64_t ld_w,
-                                   int k, bf16x8 *y, int64_t ldy8, int64_t D8, int *bad) {
+/* A thread's k (<= CB at a time) rows are all requested before the first is used: the
+ * indices and weights in one round trip, then the rows in one (it used to be k dependent
+ * round trips: ~9.5 µs at k = 16). Accumulation order unchanged (i = 0..k-1). */
+#define COMBINE_CB 16
+__global__ void __launch_bounds__(128)
+    combine_vec_kernel(const bf16x8 *rows, int64_t ld8, int64_t nrows, const int32_t *ri,
+                       int64_t ld_ri, const float *w, int64_t ld_w, int k, bf16x8 *y,
+                       int64_t ldy8, int64_t D8, int *bad) {
+  pdl_wait(); /* launched with PDL (pdl.cuh): rows, ri and w are earlier kernels' outputs */
+  pdl_trigger();
   int64_t t = blockIdx.y;
   for (int64_t d = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; d < D8;
        d += (int64_t)gridDim.x * blockDim.x) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int i = 0; i < k; i++) {
-      int r = ri[t * ld_ri + i];
-      if (r < 0 || r >= nrows) {
-        if (r != -1 && bad) *bad = 1;
-        continue;
-      }
-      float f[8], wi = w[t * ld_w + i];
-      unpack8(rows[r * ld8 + d], f);
+    for (int i0 = 0; i0 < k; i0 += COMBINE_CB) {
+      int r[COMBINE_CB];
+      float wi[COMBINE_CB];
+      bf16x8 v[COMBINE_CB];
 #pragma unroll
-      for (int j = 0; j < 8; j++) acc[j] += wi * f[j];
+      for (int j = 0; j < COMBINE_CB; j++) {
+        r[j] = i0 + j < k ? ri[t * ld_ri + i0 + j] : -1;
+        wi[j] = i0 + j < k ? w[t * ld_w + i0 + j] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < COMBINE_CB; j++)
+        if (r[j] >= 0 && r[j] < nrows) v[j] = rows[r[j] * ld8 + d];
+#pragma unroll
+      for (int j = 0; j < COMBINE_CB; j++) {
+        if (i0 + j >= k) break;
+        if (r[j] < 0 || r[j] >= nrows) {
+          if (r[j] != -1 && bad) *bad = 1;
+          continue;
+        }
+        float f[8];
+        unpack8(v[j], f);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] += wi[j] * f[e];
+      }
     }
     y[t * ldy8 + d] = pack8(acc);
   }
@@ -171,10 +194,10 @@ int k3k_cu_moe_combine_raw(cudaStream_t st, const k3k_tensor_t *rows, const k3k_
     const int32_t *rip = (const int32_t *)ri->data + t0 * ri->stride[0];
     const float *wp = (const float *)w->data + t0 * w->stride[0];
     if (vec) {
-      combine_vec_kernel<<<grid, 128, 0, st>>>(
-          (const bf16x8 *)rows->data, rows->stride[0] / 8, R, rip, ri->stride[0], wp,
-          w->stride[0], (int)k, (bf16x8 *)((uint16_t *)y->data + t0 * y->stride[0]),
-          y->stride[0] / 8, D / 8, bad);
+      K3K_CU(pdl_launch(combine_vec_kernel, grid, dim3(128), 0, st, (const bf16x8 *)rows->data,
+                        rows->stride[0] / 8, R, rip, ri->stride[0], wp, w->stride[0], (int)k,
+                        (bf16x8 *)((uint16_t *)y->data + t0 * y->stride[0]), y->stride[0] / 8,
+                        D / 8, bad));
     } else {
       dv yv = mkdv(y);
       yv.p += t0 * y->stride[0] * (int64_t)k3k_dtype_size(y->dtype);

@@ -10,6 +10,11 @@
  *      head and rescans its registers only when its cache ran dry (candidates worse than the
  *      last one taken: all better ones are gone, so no taken flags). Weights are summed and
  *      renormalised by lane 0 in selection order (same float operations as kernels/cpu/moe.c).
+ *   1'. for few tokens (T <= 4, T·E² <= 2^20: decode at batch 1) the warp form's k serial arg-max
+ *      rounds (~18 µs at E = 256, k = 16) are replaced by ranks: the block computes each
+ *      candidate's rank (the number of candidates before it in the reference order: a higher
+ *      biased score, or the same at a lower index; NaN scores rank last), the first k ranks are
+ *      the same choices in the same order, and one thread sums/renormalises as above.
  *   2. plan, a stable counting sort of the T·k (token, choice) pairs by expert, identical to
  *      k3k_moe_plan (by expert, then token, then choice): each warp owns a contiguous segment
  *      of pairs and ranks them per expert with __match_any_sync (a pair's rank = same-expert
@@ -19,10 +24,13 @@
  * What it is not: the grouped (n_groups > 1) router, large batches (T·k > 4096), E > 1024,
  * k > 32, logits other than F32 with unit column stride, strided bias: those take the ROUTER
  * kernel + k3k_cu_moe_plan (same results, 4 launches).
- * Invariants: outputs equal the ROUTER op's and k3k_cu_moe_plan's for the same inputs; no
- * atomics decide any order; nothing synchronises. */
+ * Invariants: outputs equal the ROUTER op's and k3k_cu_moe_plan's for the same inputs (both
+ * router forms give bit-identical ids and weights); no atomics decide any order; nothing
+ * synchronises. Launched with PDL (pdl.cuh): waits for the logits, then lets the next kernel
+ * be scheduled. */
 #include "cuda_common.cuh"
 #include "moe_ops.h"
+#include "pdl.cuh"
 
 #define RP_THREADS 512
 #define RP_WARPS 16
@@ -48,6 +56,7 @@ struct rp_args {
   float *wt;
   int64_t ld_w;
   int T, E, k, renorm, biased;
+  int rank_mode, rank_tpc; /* 1: the block ranks the candidates (few tokens); threads per one */
   float scaling;
   int32_t *expert_off, *gather_tok, *row_idx, *active;
 };
@@ -66,24 +75,76 @@ __global__ void __launch_bounds__(RP_THREADS, 1) route_plan_kernel(rp_args a) {
   int *soff = reinterpret_cast<int *>(cnt + ((RP_WARPS * E + 1) & ~1)); /* [E] expert_off */
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
+  pdl_wait(); /* the logits are the previous kernel's output (read with plain loads: an
+               * __ldg is an invariant load the compiler may hoist above the wait) */
+  pdl_trigger();
   for (int i = threadIdx.x; i < RP_WARPS * E; i += RP_THREADS) cnt[i] = 0;
+
+  if (a.rank_mode) { /* 1'. router by ranks, the whole block per token (few tokens) */
+    float *ssv = svs, *ssc = svs + E, *skey = svs + 2 * E; /* s, s + bias, ranking key */
+    const int tpc = a.rank_tpc, part = threadIdx.x & (tpc - 1), per = RP_THREADS / tpc;
+    for (int t = 0; t < a.T; t++) {
+      const float *lrow = a.lg + (int64_t)t * a.ld_lg;
+      for (int e = threadIdx.x; e < E; e += RP_THREADS) {
+        const float l = lrow[e];
+        const float b = a.bias_bf16 ? bf2f(((const uint16_t *)a.bias)[e])
+                                    : ((const float *)a.bias)[e];
+        const float sj = 1.0f / (1.0f + expf(-l)); /* s, as the reference */
+        const float v = sj + b;
+        ssv[e] = sj;
+        ssc[e] = v;
+        skey[e] = v != v ? -INFINITY : v; /* NaN ranks last (a total order) */
+      }
+      __syncthreads();
+      /* rank of e = candidates before it in the reference order (higher score, or the same
+       * score at a lower index); the tpc threads of a candidate split j and add their counts */
+      for (int c0 = 0; c0 < E; c0 += per) {
+        const int e = c0 + threadIdx.x / tpc;
+        int r = 0;
+        if (e < E) {
+          const float v = skey[e];
+          for (int j = part; j < E; j += tpc) {
+            const float u = skey[j];
+            r += (u > v) || (u == v && j < e);
+          }
+        }
+        for (int o = tpc >> 1; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+        if (e < E && part == 0 && r < k) {
+          wbuf[0][r] = a.biased ? ssc[e] : ssv[e];
+          a.idx[(int64_t)t * a.ld_idx + r] = e;
+          sidx[t * k + r] = e;
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) { /* the reference's sum and second pass, same order and operations */
+        float wsum = 0.0f;
+        for (int j = 0; j < k; j++) wsum += wbuf[0][j];
+        for (int j = 0; j < k; j++) {
+          float w = wbuf[0][j];
+          if (a.renorm) w = w / (wsum + 1e-20f);
+          a.wt[(int64_t)t * a.ld_w + j] = w * a.scaling;
+        }
+      }
+      __syncthreads(); /* wbuf and the score arrays are rewritten by the next token */
+    }
+  }
 
   /* 1. router: warp per token. Every load of a token is issued before any use (one round
    * trip), and the winner's lane, which holds its scores, writes the choice. */
-  for (int t = warp; t < a.T; t += RP_WARPS) {
+  for (int t = a.rank_mode ? a.T : warp; t < a.T; t += RP_WARPS) {
     const float *lrow = a.lg + (int64_t)t * a.ld_lg;
     float *sv = svs + warp * E; /* s of this token, for the weights */
     float lv[RP_MAXE / 32], bv_[RP_MAXE / 32];
 #pragma unroll
-    for (int j = 0; j < RP_MAXE / 32; j++) lv[j] = lane + 32 * j < E ? __ldg(lrow + lane + 32 * j) : 0.0f;
+    for (int j = 0; j < RP_MAXE / 32; j++) lv[j] = lane + 32 * j < E ? lrow[lane + 32 * j] : 0.0f;
     if (a.bias_bf16) {
 #pragma unroll
       for (int j = 0; j < RP_MAXE / 32; j++)
-        bv_[j] = lane + 32 * j < E ? bf2f(__ldg((const uint16_t *)a.bias + lane + 32 * j)) : 0.0f;
+        bv_[j] = lane + 32 * j < E ? bf2f(((const uint16_t *)a.bias)[lane + 32 * j]) : 0.0f;
     } else {
 #pragma unroll
       for (int j = 0; j < RP_MAXE / 32; j++)
-        bv_[j] = lane + 32 * j < E ? __ldg((const float *)a.bias + lane + 32 * j) : 0.0f;
+        bv_[j] = lane + 32 * j < E ? ((const float *)a.bias)[lane + 32 * j] : 0.0f;
     }
     float sc[RP_MAXE / 32];
 #pragma unroll
@@ -273,6 +334,13 @@ int k3k_cu_moe_route_plan(cudaStream_t st, const k3k_router_params_t *p, const k
   a.renorm = p->renormalize;
   a.biased = p->use_biased_weights;
   a.scaling = p->scaling;
+  /* The rank form handles one token at a time with the whole block (~2-3 µs per token: a
+   * round trip for the logits, two barriers, one thread's weights) and T·E²/512 comparisons per
+   * thread; the warp form runs 16 tokens at once but each through k serial arg-max rounds
+   * (~18 µs at E = 256, k = 16). So: the rank form for a few tokens (decode at small batch). */
+  a.rank_mode = T <= 4 && T * E * E <= (1 << 20);
+  a.rank_tpc = 1;
+  while (a.rank_tpc < 32 && E * a.rank_tpc * 2 <= RP_THREADS) a.rank_tpc *= 2;
   a.expert_off = expert_off;
   a.gather_tok = gather_tok;
   a.row_idx = row_idx;
@@ -287,7 +355,7 @@ int k3k_cu_moe_route_plan(cudaStream_t st, const k3k_router_params_t *p, const k
                                       RP_MAXE * 4)));
     lim = true;
   }
-  route_plan_kernel<<<1, RP_THREADS, smem, st>>>(a);
+  K3K_CU(pdl_launch(route_plan_kernel, dim3(1), dim3(RP_THREADS), smem, st, a));
   K3K_LAUNCHED("moe_route_plan");
   return 0;
 }

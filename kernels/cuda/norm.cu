@@ -12,9 +12,13 @@
  * half-warp, all loads first; the gated fast path's sigmoid uses __expf/__fdividef (~2 ulp in
  * fp32, far below its BF16 output rounding); ATTN_RES_MIX with BF16 operands keeps 3 values x 4
  * vectors per thread in flight, on a persistent grid of 2 blocks per SM so that a token's values
- * (<= 16 x D x 2 bytes) are still in L2 when the second pass reads them. Everything else takes
- * the generic strided kernels. */
+ * (<= 16 x D x 2 bytes) are still in L2 when the second pass reads them (at T <= SM count:
+ * 512 threads per token, 8 values x 2 vectors in flight). Everything else takes
+ * the generic strided kernels. The RMSNORM register kernel and the ATTN_RES_MIX fast kernel
+ * are launched with PDL (pdl.cuh: they wait for the previous kernel before any access and let
+ * the next one be scheduled at once). */
 #include "cuda_common.cuh"
+#include "pdl.cuh"
 
 /* ---- RMSNORM ---- */
 template <int THREADS>
@@ -78,11 +82,17 @@ __global__ void __launch_bounds__(128)
   const bf16x8 *wr = (const bf16x8 *)w;
   bf16x8 *yr = (bf16x8 *)(y + blockIdx.x * ld_y);
   int d8 = d / 8;
-  bf16x8 v[VPT];
+  bf16x8 v[VPT], wv[VPT];
+  pdl_wait(); /* launched with PDL (pdl.cuh): x (and in tests w) may be the previous kernel's */
+  pdl_trigger();
+  /* x and the weight in one round trip (the weight used to be a second one after the sum) */
 #pragma unroll
   for (int k = 0; k < VPT; k++) {
     int i = threadIdx.x + k * 128;
-    if (i < d8) v[k] = xr[i];
+    if (i < d8) {
+      v[k] = xr[i];
+      wv[k] = wr[i];
+    }
   }
   float ss = 0.0f;
 #pragma unroll
@@ -101,7 +111,7 @@ __global__ void __launch_bounds__(128)
     if (i < d8) {
       float f[8], g[8];
       unpack8(v[k], f);
-      unpack8(wr[i], g);
+      unpack8(wv[k], g);
 #pragma unroll
       for (int j = 0; j < 8; j++) {
         float xn = f[j] * rstd;
@@ -128,17 +138,17 @@ int k3k_cuda_rmsnorm(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *c
   int64_t d8 = d / 8;
   unsigned g = (unsigned)rows;
   if (vec && d8 <= 128) {
-    rmsnorm_reg_kernel<1><<<g, 128, 0, cx->stream>>>(px, x->stride[0], pw, py, y->stride[0],
-                                                     (int)d, p->eps, p->bf16_inner);
+    K3K_CU(pdl_launch(rmsnorm_reg_kernel<1>, dim3(g), dim3(128), 0, cx->stream, px,
+                      x->stride[0], pw, py, y->stride[0], (int)d, p->eps, p->bf16_inner));
   } else if (vec && d8 <= 256) {
-    rmsnorm_reg_kernel<2><<<g, 128, 0, cx->stream>>>(px, x->stride[0], pw, py, y->stride[0],
-                                                     (int)d, p->eps, p->bf16_inner);
+    K3K_CU(pdl_launch(rmsnorm_reg_kernel<2>, dim3(g), dim3(128), 0, cx->stream, px,
+                      x->stride[0], pw, py, y->stride[0], (int)d, p->eps, p->bf16_inner));
   } else if (vec && d8 <= 512) {
-    rmsnorm_reg_kernel<4><<<g, 128, 0, cx->stream>>>(px, x->stride[0], pw, py, y->stride[0],
-                                                     (int)d, p->eps, p->bf16_inner);
+    K3K_CU(pdl_launch(rmsnorm_reg_kernel<4>, dim3(g), dim3(128), 0, cx->stream, px,
+                      x->stride[0], pw, py, y->stride[0], (int)d, p->eps, p->bf16_inner));
   } else if (vec && d8 <= 1024) {
-    rmsnorm_reg_kernel<8><<<g, 128, 0, cx->stream>>>(px, x->stride[0], pw, py, y->stride[0],
-                                                     (int)d, p->eps, p->bf16_inner);
+    K3K_CU(pdl_launch(rmsnorm_reg_kernel<8>, dim3(g), dim3(128), 0, cx->stream, px,
+                      x->stride[0], pw, py, y->stride[0], (int)d, p->eps, p->bf16_inner));
   } else if (vec) {
     rmsnorm_vec_kernel<256><<<g, 256, 0, cx->stream>>>(px, x->stride[0], pw, py, y->stride[0],
                                                        (int)d, p->eps, p->bf16_inner);
@@ -396,34 +406,42 @@ __global__ void __launch_bounds__(256)
 #define ARM_VPT 4
 #define ARM_P1 3
 #define ARM_P2 2
-__global__ void __launch_bounds__(256, 2)
+/* THREADS per block, VPT vectors per thread and value, P1/P2 values per load batch of the two
+ * passes. <256, ARM_VPT, ARM_P1, ARM_P2, 2> is the persistent prefill/batch form above; at
+ * decode (T <= SM count: one block per token) <512, 2, 8, 8, 1> keeps 8 values x 2 vectors in
+ * flight per thread, so a token with up to 8 values costs one round trip per pass instead of
+ * ceil(nv/3) + ceil(nv/2) (the reduction tree differs: fp32 order only). */
+template <int THREADS, int VPT, int P1, int P2, int MINB>
+__global__ void __launch_bounds__(THREADS, MINB)
     attn_res_vec_kernel(const uint16_t *snaps, int64_t s_b, int64_t s_t, const uint16_t *pc,
                         int64_t ld_p, const uint16_t *wn, const uint16_t *wp, uint16_t *y,
                         int64_t ld_y, int64_t T, int nb, int d, float eps) {
-  __shared__ float red[8][2 * ARM_MAXV];
+  __shared__ float red[THREADS / 32][2 * ARM_MAXV];
   __shared__ float alpha[ARM_MAXV];
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, d8 = d / 8, nv = nb + 1;
+  pdl_wait(); /* launched with PDL: everything it reads may be the previous kernel's output */
+  pdl_trigger();
   for (int64_t tk = blockIdx.x; tk < T; tk += gridDim.x) {
-    for (int j0 = 0; j0 < nv; j0 += ARM_P1) {
-      bf16x8 v[ARM_P1][ARM_VPT];
+    for (int j0 = 0; j0 < nv; j0 += P1) {
+      bf16x8 v[P1][VPT];
 #pragma unroll
-      for (int h = 0; h < ARM_P1; h++) {
+      for (int h = 0; h < P1; h++) {
         int j = j0 + h;
         if (j >= nv) break;
         const bf16x8 *V =
             (const bf16x8 *)(j < nb ? snaps + j * s_b + tk * s_t : pc + tk * ld_p);
 #pragma unroll
-        for (int k = 0; k < ARM_VPT; k++) {
-          int i = threadIdx.x + k * 256;
+        for (int k = 0; k < VPT; k++) {
+          int i = threadIdx.x + k * THREADS;
           if (i < d8) v[h][k] = V[i];
         }
       }
-      float ss[ARM_P1], dot[ARM_P1];
+      float ss[P1], dot[P1];
 #pragma unroll
-      for (int h = 0; h < ARM_P1; h++) ss[h] = dot[h] = 0.0f;
+      for (int h = 0; h < P1; h++) ss[h] = dot[h] = 0.0f;
 #pragma unroll
-      for (int k = 0; k < ARM_VPT; k++) {
-        int i = threadIdx.x + k * 256;
+      for (int k = 0; k < VPT; k++) {
+        int i = threadIdx.x + k * THREADS;
         if (i >= d8) break;
         float a[8], b[8];
         unpack8(((const bf16x8 *)wn)[i], a); /* L1 hits after the first token */
@@ -431,7 +449,7 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int e = 0; e < 8; e++) a[e] *= b[e];
 #pragma unroll
-        for (int h = 0; h < ARM_P1; h++)
+        for (int h = 0; h < P1; h++)
           if (j0 + h < nv) {
             float f[8];
             unpack8(v[h][k], f);
@@ -443,7 +461,7 @@ __global__ void __launch_bounds__(256, 2)
           }
       }
 #pragma unroll
-      for (int h = 0; h < ARM_P1; h++) {
+      for (int h = 0; h < P1; h++) {
         int j = j0 + h;
         if (j >= nv) break;
         float s1 = warp_sum(ss[h]), d1 = warp_sum(dot[h]);
@@ -458,7 +476,7 @@ __global__ void __launch_bounds__(256, 2)
       float a = -INFINITY;
       if (lane < nv) {
         float s1 = 0.0f, d1 = 0.0f;
-        for (int w = 0; w < 8; w++) {
+        for (int w = 0; w < THREADS / 32; w++) {
           s1 += red[w][2 * lane];
           d1 += red[w][2 * lane + 1];
         }
@@ -470,33 +488,33 @@ __global__ void __launch_bounds__(256, 2)
       if (lane < nv) alpha[lane] = e / z;
     }
     __syncthreads();
-    float acc[ARM_VPT][8];
+    float acc[VPT][8];
 #pragma unroll
-    for (int k = 0; k < ARM_VPT; k++)
+    for (int k = 0; k < VPT; k++)
 #pragma unroll
       for (int e = 0; e < 8; e++) acc[k][e] = 0.0f;
-    for (int j0 = 0; j0 < nv; j0 += ARM_P2) {
-      bf16x8 v[ARM_P2][ARM_VPT];
+    for (int j0 = 0; j0 < nv; j0 += P2) {
+      bf16x8 v[P2][VPT];
 #pragma unroll
-      for (int h = 0; h < ARM_P2; h++) {
+      for (int h = 0; h < P2; h++) {
         int j = j0 + h;
         if (j >= nv) break;
         const bf16x8 *V =
             (const bf16x8 *)(j < nb ? snaps + j * s_b + tk * s_t : pc + tk * ld_p);
 #pragma unroll
-        for (int k = 0; k < ARM_VPT; k++) {
-          int i = threadIdx.x + k * 256;
+        for (int k = 0; k < VPT; k++) {
+          int i = threadIdx.x + k * THREADS;
           if (i < d8) v[h][k] = V[i];
         }
       }
 #pragma unroll
-      for (int h = 0; h < ARM_P2; h++) {
+      for (int h = 0; h < P2; h++) {
         int j = j0 + h;
         if (j >= nv) break;
         float aj = alpha[j];
 #pragma unroll
-        for (int k = 0; k < ARM_VPT; k++)
-          if (threadIdx.x + k * 256 < d8) {
+        for (int k = 0; k < VPT; k++)
+          if (threadIdx.x + k * THREADS < d8) {
             float f[8];
             unpack8(v[h][k], f);
 #pragma unroll
@@ -506,8 +524,8 @@ __global__ void __launch_bounds__(256, 2)
     }
     bf16x8 *yr = (bf16x8 *)(y + tk * ld_y);
 #pragma unroll
-    for (int k = 0; k < ARM_VPT; k++) {
-      int i = threadIdx.x + k * 256;
+    for (int k = 0; k < VPT; k++) {
+      int i = threadIdx.x + k * THREADS;
       if (i < d8) yr[i] = pack8(acc[k]);
     }
     __syncthreads(); /* alpha and red are rewritten by the next token */
@@ -532,11 +550,14 @@ int k3k_cuda_attn_res_mix(k3k_cuda_ctx *cx, const void *params, const k3k_tensor
   if (nb + 1 > ARM_MAXV) return K3_ENOTSUP; /* cuda_supports() rejects this first */
   if (arm_vec_ok(t, d)) {
     int64_t g = 2 * (int64_t)cx->num_sms;
-    attn_res_vec_kernel<<<(unsigned)(T < g ? T : g), 256, 0, cx->stream>>>(
-        (const uint16_t *)t[0]->data, t[0]->stride[0], t[0]->stride[1],
-        (const uint16_t *)t[1]->data, t[1]->stride[0], (const uint16_t *)t[2]->data,
-        (const uint16_t *)t[3]->data, (uint16_t *)t[4]->data, t[4]->stride[0], T, (int)nb, (int)d,
-        p->eps);
+    const bool small = T <= cx->num_sms && d / 8 <= 512 * 2;
+    K3K_CU(pdl_launch(small ? attn_res_vec_kernel<512, 2, 8, 8, 1>
+                            : attn_res_vec_kernel<256, ARM_VPT, ARM_P1, ARM_P2, 2>,
+                      dim3((unsigned)(T < g ? T : g)), dim3(small ? 512 : 256), 0, cx->stream,
+                      (const uint16_t *)t[0]->data, t[0]->stride[0], t[0]->stride[1],
+                      (const uint16_t *)t[1]->data, t[1]->stride[0], (const uint16_t *)t[2]->data,
+                      (const uint16_t *)t[3]->data, (uint16_t *)t[4]->data, t[4]->stride[0], T,
+                      (int)nb, (int)d, p->eps));
   } else {
     attn_res_kernel<<<(unsigned)T, 256, 0, cx->stream>>>(mkdv(t[0]), nb, mkdv(t[1]), mkdv(t[2]),
                                                          mkdv(t[3]), mkdv(t[4]), d, p->eps);

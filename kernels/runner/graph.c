@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemv.h"
 #include "k3k_cuda_ops.h"
 #include "k3pd/err.h"
 #include "k3pd/log.h"
@@ -72,7 +73,12 @@ static meta_off_t layout(int n, int maxp) {
 
 void rn_trust(k3_runner_t *r, bool on) {
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
-  if (cx) k3k_cuda_set_trusted_ids(cx, on);
+  if (cx) {
+    k3k_cuda_set_trusted_ids(cx, on);
+    /* every GEMM of a pass reads uploaded weights: the skinny GEMM may start streaming them
+     * before the previous kernel ends (PDL, gemv.h) */
+    k3k_cuda_gemv_const_weights(on);
+  }
 }
 
 int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t *ids,

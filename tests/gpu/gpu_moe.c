@@ -515,11 +515,16 @@ int gpu_moe_parity(gctx *g) {
   combine_case(g, 5, 16, DL, K3K_F32, false);
   combine_case(g, 3, 4, 100, K3K_BF16, false); /* scalar path */
   combine_case(g, 4, 4, 64, K3K_BF16, true);
+  combine_case(g, 2, 20, DL, K3K_BF16, false); /* k > 16: two batches of row loads */
   plan_case(g, 1, 16, 896);
   plan_case(g, 16, 16, 896);
   plan_case(g, 300, 16, 896); /* three chunks */
   plan_case(g, 64, 8, 32);
-  route_plan_case(g, 1, 896, 16, 1, 1, 0);  /* K3 decode: one launch */
+  route_plan_case(g, 1, 896, 16, 1, 1, 0);  /* K3 decode: one launch (rank form) */
+  route_plan_case(g, 1, 256, 16, 1, 1, 1);  /* medium decode, batch 1 (rank form) */
+  route_plan_case(g, 4, 256, 16, 1, 1, 0);  /* rank form, 2 threads per candidate */
+  route_plan_case(g, 16, 256, 16, 1, 1, 0); /* warp form */
+  route_plan_case(g, 3, 16, 8, 1, 1, 0);    /* 4-layer config, batch 3 (rank form) */
   route_plan_case(g, 16, 896, 16, 1, 1, 0);
   route_plan_case(g, 256, 896, 16, 1, 1, 1); /* T*k = 4096: the fused limit */
   route_plan_case(g, 300, 896, 16, 1, 1, 0); /* T*k > 4096: router kernel + 3-launch plan */

@@ -535,6 +535,11 @@ int gpu_parity(gctx *g, bool quick) {
     t_kda_chunk(g, T, 2, i & 1, K3K_F32, -5.0f, 0);
     if (quick) break;
   }
+  /* ATTN_RES_MIX decode form (T <= SM count: 512 threads, 8 values per load batch) */
+  t_attn_res(g, 8, 1, 7168);
+  t_attn_res(g, 15, 3, 7168); /* 16 values: two batches */
+  t_attn_res(g, 3, 2, 2304);  /* 48B width: threads without a vector */
+  t_attn_res(g, 5, 140, 7168); /* T > SM count: the persistent form */
   static const int64_t kN[] = {1, 63, 64, 65};
   for (int i = 0; i < 4; i++) {
     t_conv_step(g, kN[i], 12288);
