@@ -101,6 +101,16 @@ typedef struct {
 } k3k_cu_moe_gemm_args;
 int k3k_cu_moe_gemm(cudaStream_t st, const k3k_cu_moe_gemm_args *a);
 
+/* The decode kernel behind k3k_cu_moe_gemm (rows_hint <= 16; mxfp4_dec.cu): same arguments and
+ * results. Returns 1 (nothing queued) when the process-wide choice is the older cp.async
+ * kernel of mxfp4_tc.cu, which k3k_cu_moe_gemm then runs; else 0 or K3_EINVAL / K3_EDEVICE. */
+int k3k_cu_moe_gemm_dec(cudaStream_t st, const k3k_cu_moe_gemm_args *a);
+/* Process-wide decode-kernel choice, for tests and benchmarks (not thread-safe; set it before
+ * launching): -1 the cp.async kernel, 0 the default, 1.. the measured variants of mxfp4_dec.cu
+ * (out of range: unchanged). The first call reads K3PD_MXDEC from the environment. Returns the
+ * previous choice. */
+int k3k_cu_moe_dec_variant(int v);
+
 /* Sets *bad (device int) to 1 when any of n scale bytes is 0xFF. Queued, not synchronised. */
 int k3k_cu_mx_check(cudaStream_t st, const uint8_t *scale, int64_t rows, int64_t cols,
                     int64_t ld, int *bad);

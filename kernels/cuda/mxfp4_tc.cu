@@ -15,14 +15,16 @@
  * E2M1's own subnormal); one bf16x2 multiply by 2^(s−1) (two when s > 128) applies the E8M0
  * scale. All exact.
  *
- * Decode (few rows per expert; pure weight streaming). A block of 8 warps owns one expert's
- * 16 output rows (gate and up rows for the fused form) or 32 rows (plain), and splits K across
- * its warps (3-4 chunks of 128 each at K3 shapes). Each warp issues every chunk of its K range
- * at once with cp.async (16-byte copies into its own shared-memory slots: up to 8 KB in flight
- * per warp, 128 KB per SM), then dequantises each register right at its mma; the 8 partial
+ * Decode (few rows per expert; pure weight streaming): since session 4 the default decode kernel
+ * is mxfp4_dec.cu's (register streaming, k3k_cu_moe_gemm_dec); the cp.async kernel below stays
+ * selectable (k3k_cu_moe_dec_variant(-1)) and is tested next to it. A block of 8 warps owns one
+ * expert's 16 output rows (gate and up rows for the fused form) or 32 rows (plain), and splits K
+ * across its warps (3-4 chunks of 128 each at K3 shapes). Each warp issues every chunk of its K
+ * range at once with cp.async (16-byte copies into its own shared-memory slots: up to 8 KB in
+ * flight per warp, 128 KB per SM), then dequantises each register right at its mma; the 8 partial
  * tiles are summed through shared memory and one warp runs the epilogue. Short chains per warp
- * keep the last blocks short; a block's copies come in one burst, so what bounds it is the
- * average bytes in flight per SM (docs/perf-gpu-moe.md: measured ~2× the copy-bandwidth floor).
+ * keep the last blocks short; a block's copies come in one burst, so what bounds it is the average
+ * bytes in flight per SM (docs/perf-gpu-moe.md: measured ~2× the copy-bandwidth floor).
  * The mma's k order is free (it sums), so x is fed with the weights' (k, k+4) pairing by byte
  * permutes instead of reordering the weights.
  *
@@ -521,6 +523,7 @@ int k3k_cu_moe_gemm(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
     }
     K3K_LAUNCHED("mxfp4_grouped_gemm_prefill");
   } else {
+    if ((rc = k3k_cu_moe_gemm_dec(st, a)) <= 0) return rc; /* 1: this kernel was chosen */
     const int rpb = fused ? 16 : 32;
     dim3 grid((unsigned)((a->N + rpb - 1) / rpb), (unsigned)a->max_active);
     if (fused) {

@@ -10,7 +10,9 @@
  * weights 1e-5 (expf ulps); BF16 outputs 1e-2 (one bf16 rounding, ~2e-3 expected); F32 GEMM
  * outputs 1e-5 (fp32 summation order only); dequant exact.
  * Exit: 0 all passed, 1 some failed, 77 no device (ctest SKIP).
- * Usage: k3k-gpu-moe [--perf] [--perf-t T,T,..] [--no-parity] [--ref cpu|cpu-fast] [--seed N] */
+ * Usage: k3k-gpu-moe [--perf] [--perf-t T,T,..] [--no-parity] [--ref cpu|cpu-fast] [--seed N]
+ * Environment: K3PD_MXDEC (decode kernel for the whole run), K3PD_MXDEC_TEST (decode variants
+ * whose cases are re-run, default -1,1,2), K3PD_MXDEC_PERF (decode variants timed by --perf). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -492,6 +494,38 @@ static void pipeline_case(gctx *g, int32_t T, int32_t E, int32_t k) {
   if (dev) g->cuda->free(g->cuda, dev);
 }
 
+/* The decode-kernel cases (rows_hint <= 16) again under each decode variant of K3PD_MXDEC_TEST
+ * (a list; default "-1,1,2": the older cp.async kernel and the measured alternatives of
+ * mxfp4_dec.cu, next to the default kernel run above). */
+static void dec_variant_cases(gctx *g) {
+  const char *s = getenv("K3PD_MXDEC_TEST");
+  int32_t *vs = NULL;
+  size_t nv = 0;
+  char err[96];
+  if (k3_parse_int_list(s && *s ? s : "-1,1,2", &vs, &nv, err, sizeof err)) {
+    g_record(g, false, "K3PD_MXDEC_TEST: %s", err);
+    return;
+  }
+  for (size_t i = 0; i < nv; i++) {
+    const int prev = k3k_cu_moe_dec_variant(vs[i]);
+    if (k3k_cu_moe_dec_variant(vs[i]) != vs[i]) {
+      g_record(g, false, "decode variant %d: not selectable", vs[i]);
+      k3k_cu_moe_dec_variant(prev);
+      continue;
+    }
+    printf("-- decode kernel variant %d\n", vs[i]);
+    mx_gemm_case(g, 1, H1, DL, K3K_BF16, K3K_BF16, 118, 123);
+    mx_gemm_case(g, 16, H1, DL, K3K_BF16, K3K_BF16, 118, 123); /* two token chunks */
+    mx_gemm_case(g, 16, DL, H1, K3K_BF16, K3K_BF16, 118, 123);
+    mx_gemm_case(g, 5, 256, 512, K3K_BF16, K3K_F32, 100, 160);
+    mx_gemm_case(g, 3, 512, 1024, K3K_BF16, K3K_F32, 0, 20);
+    mx_gemm_case(g, 11, 272, 384, K3K_BF16, K3K_F32, 110, 130); /* half tile, 3 k steps */
+    pipeline_case(g, 2, 16, 8); /* gather, fused SiTU, experts of 1-2 rows */
+    k3k_cu_moe_dec_variant(prev);
+  }
+  free(vs);
+}
+
 int gpu_moe_parity(gctx *g) {
   router_case(g, 64, 896, 16, 1, 1, 1, 0, K3K_F32);  /* K3 */
   router_case(g, 1, 896, 16, 1, 1, 1, 0, K3K_F32);
@@ -534,6 +568,8 @@ int gpu_moe_parity(gctx *g) {
   pipeline_case(g, 16, 32, 8);
   pipeline_case(g, 96, 4, 2); /* ~48 rows per expert: prefill tiling */
   pipeline_case(g, 200, 3, 2); /* ~133 rows per expert: two token tiles, ragged column tiles */
+  mx_gemm_case(g, 11, 272, 384, K3K_BF16, K3K_F32, 110, 130); /* decode: half tile, 3 k steps */
+  dec_variant_cases(g);
   gpu_moe_bf16_parity(g);      /* 48B bf16 experts (gpu_moe_bf16.c) */
   return g->failed;
 }

@@ -5,14 +5,18 @@
  * GEMM rate (8192^3, fp32 accumulate).
  * Floors: decode = expert bytes read (active experts × 17.6 MB of packed codes + scales) / copy
  * bandwidth; prefill = expert FLOPs (2 · T·k · 3 · 3072 · 3584) / GEMM rate. Lines start with
- * PERF; "x" is time / floor. */
+ * PERF; "x" is time / floor. K3PD_MXDEC_PERF=v,v,.. also times the decode-kernel variants
+ * (k3k_cu_moe_dec_variant; v + 100: the same kernel without the math, timing only) on the
+ * same data. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu_moe.h"
 #include "k3pd/err.h"
+#include "k3pd/flags.h"
 
 typedef int (*pfn)(void *arg);
 
@@ -208,6 +212,34 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT) {
     line(name, t_rp4, rb / bw, rb, 0);
     snprintf(name, sizeof name, "  router op + 3-launch plan T=%d, back-to-back", T);
     line(name, t_rp420, rb / bw, rb, 0);
+    /* decode-kernel variants (K3PD_MXDEC_PERF, a list; k3k_cu_moe_dec_variant) on the same data */
+    const char *vl = getenv("K3PD_MXDEC_PERF");
+    int32_t *vs = NULL;
+    size_t nv = 0;
+    char err[96];
+    if (vl && *vl && k3_parse_int_list(vl, &vs, &nv, err, sizeof err))
+      g_record(g, false, "perf: K3PD_MXDEC_PERF: %s", err);
+    else if (vl && *vl) {
+      for (size_t j = 0; j < nv; j++) {
+        const int prev = k3k_cu_moe_dec_variant(vs[j]);
+        if (k3k_cu_moe_dec_variant(vs[j]) == vs[j]) {
+          a.mask = 2;
+          double v13 = median_s(g, run_moe, &a, 20);
+          a.mask = 4;
+          double v2 = median_s(g, run_moe, &a, 20);
+          a.mask = 6;
+          double v6 = median_s(g, run_moe, &a, 20);
+          snprintf(name, sizeof name, "  decode variant %d: gate/up+SiTU T=%d", vs[j], T);
+          line(name, v13, fl * 2.0 / 3.0, bytes * 2.0 / 3.0, flop * 2.0 / 3.0);
+          snprintf(name, sizeof name, "  decode variant %d: down T=%d", vs[j], T);
+          line(name, v2, fl / 3.0, bytes / 3.0, flop / 3.0);
+          snprintf(name, sizeof name, "  decode variant %d: expert GEMMs T=%d", vs[j], T);
+          line(name, v6, fl, bytes, flop);
+        }
+        k3k_cu_moe_dec_variant(prev);
+      }
+    }
+    free(vs);
     g->cuda->free(g->cuda, lg);
     g->cuda->free(g->cuda, z);
     g->cuda->free(g->cuda, y);

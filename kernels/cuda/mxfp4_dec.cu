@@ -1,0 +1,435 @@
+/* Decode kernel of the grouped MXFP4 W4A16 expert GEMM (k3k_cu_moe_gemm with rows_hint <= 16):
+ * a register-streaming kernel in the style of gemv.cu, without shared-memory staging.
+ *
+ * What it is for: y = x · dequant(W_e)ᵀ for every active expert e over its grouped rows when
+ * each expert has few rows (decode: ~1-2), i.e. a pure weight stream. Same contract as
+ * k3k_cu_moe_gemm (moe_ops.h): gate/up with the activation fused, down plain, fp32
+ * accumulation, W in the checkpoint's packed layout. What it is not: the prefill tiling or the
+ * older cp.async decode kernel (mxfp4_tc.cu, still selectable: variant -1).
+ *
+ * Work split. A block of 4 warps owns one row tile of one expert: 16 gate rows and the same 16
+ * up rows (fused) or 32 rows (plain). Its warps split K interleaved: warp w takes the 128-k
+ * steps w, w+4, w+8, ..., so at any moment the block reads adjacent 64-byte pieces of the same
+ * rows; the 4 partial tiles meet in shared memory (one barrier) and warp 0 runs the epilogue.
+ * A "unit" is one 16-row half of the tile × 128 k: lane (g, t4) loads row g and row g+8's 16
+ * packed bytes at k 32·t4.. (one scale group each; one 16-byte load each, not allocated in L1,
+ * with an L2::256B prefetch hint: L2 fetches the whole 256-byte block, whose other pieces the
+ * block reads next) and their two scale bytes. Units are software-pipelined through registers:
+ * the load of unit u+NB-1 is issued before unit u is computed (NB = 2: the next unit is in
+ * flight while one computes). 80 registers, 6 blocks (24 warps) per SM.
+ *
+ * Why this shape (docs/perf-gpu-moe.md, session 4): with the same arithmetic, more resident
+ * warps beat deeper per-warp pipelines (NB 4-6 at 16 warps/SM were slower than NB 2 at 20-24),
+ * K interleaved across a block's warps beat contiguous K ranges and whole-K warps (short-lived
+ * 4-warp blocks keep the tail short at T = 1), 8-warp blocks were slower, and the L2 prefetch
+ * hint gained 4-5 %. Timing-only variants without the math stream at 1.2-1.4x the floor; the
+ * math adds ~30 % on top (what bounds it: latency per warp, see the doc).
+ *
+ * Arithmetic per unit: dequantise to bf16x2 in registers and feed mma.sync m16n8k16 (W as A:
+ * 16 rows, x as B: 8 tokens; at one token 7/8 of the mma is wasted, but the tensor pipe has
+ * room to spare and it keeps fp32 accumulation with one instruction per 8 weights). The k order
+ * inside a step is free (mma sums), so x is fed in the weights' (k, k+4) pairing by byte
+ * permutes, once per 128 k for both halves.
+ *
+ * Dequantisation (dq4): for a 32-bit word w of 8 codes, bf16x2 register i holds codes i and i+4
+ * as the E2M1 value × 2^-126: ((w_i & 0x000F000F) · (2^6 + 2^12)) & 0x81C081C0, where w_i has
+ * codes i, i+4 in its nibbles 0 and 4 (w, w>>4 via the mask 0x00F000F0 and multiplier
+ * 2^2 + 2^8, and the same on w>>8 for i = 2, 3). The multiply makes two disjoint copies of
+ * each nibble (no carries): the low copy puts e1 e0 m on the bf16 exponent/mantissa boundary,
+ * the high copy puts the sign on bit 15; the mask keeps those. 13 integer operations per 8
+ * codes (4 of them IMAD, which issue on the FMA pipe). Then one bf16x2 multiply by 2^(s-1)
+ * applies the E8M0 scale (exact); units where some lane has a scale > 128 (never in real
+ * checkpoints; NaN 0xFF included) take a second multiply on a warp-uniform branch.
+ *
+ * Invariants: results differ from the reference chain only by fp32 summation order (fixed:
+ * one accumulator chain per half tile in k order, then the 4 warps' partials in warp order:
+ * bit-identical from run to run). No atomics, no allocation, no synchronisation: capture-safe. */
+#include "cuda_common.cuh"
+#include "mma_sm80.cuh"
+#include "moe_ops.h"
+
+namespace {
+
+constexpr int DW = 4; /* warps per block = K parts of a row tile */
+
+struct dset {
+  const uint8_t *const *ptab, *const *stab;
+  const uint8_t *pbase, *sbase;
+  int64_t pes, ses, ldp, lds;
+};
+
+struct dargs {
+  dset w, up;
+  int act, round_inner;
+  float beta, beta_lin;
+  int N, K, nomath, pf;
+  const uint16_t *x;
+  int64_t ldx;
+  const int32_t *x_gather;
+  void *y;
+  int64_t ldy;
+  int y_f32;
+  const int32_t *expert_off, *active;
+  int single_rows;
+};
+
+/* 16 weight bytes, read once: not kept in L1; PF asks L2 to fetch the whole 128/256-byte block
+ * from DRAM (the rest of the row piece is read by this block's next k steps). */
+template <int PF>
+__device__ __forceinline__ uint4 ld_stream16(const void *p) {
+  uint4 r;
+  if (PF == 256)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  else if (PF == 128)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint4 ld_w(const void *p, int pf) {
+  return pf == 2 ? ld_stream16<256>(p) : pf == 1 ? ld_stream16<128>(p) : ld_stream16<0>(p);
+}
+
+__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&a),
+                             *reinterpret_cast<__nv_bfloat162 *>(&b));
+  return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* E8M0 byte s → bf16x2 factors: fast path 2^(s−1) (s <= 128); slow path f1·f2 with f2 = 1 for
+ * s <= 128, 2^127 · 2^(s−128) for 129..254, NaN for 255. */
+__device__ __forceinline__ uint32_t sfac_fast(uint32_t s) { return (s + 126u) * 0x00800080u; }
+__device__ __forceinline__ void sfac_slow(uint32_t s, uint32_t &f1, uint32_t &f2) {
+  if (s <= 128) {
+    f1 = (s + 126u) << 7;
+    f2 = 0x3F80u;
+  } else if (s == 255) {
+    f1 = 0x7FC0u;
+    f2 = 0x3F80u;
+  } else {
+    f1 = 254u << 7;
+    f2 = (s - 1u) << 7;
+  }
+  f1 |= f1 << 16;
+  f2 |= f2 << 16;
+}
+
+/* The 8 codes of w as 4 bf16x2 registers × 2^-126 (register i: codes i and i+4). */
+__device__ __forceinline__ void dq4(uint32_t w, uint32_t r[4]) {
+  const uint32_t M = 0x81C081C0u, w2 = w >> 8;
+  r[0] = ((w & 0x000F000Fu) * 4160u) & M;
+  r[1] = ((w & 0x00F000F0u) * 260u) & M;
+  r[2] = ((w2 & 0x000F000Fu) * 4160u) & M;
+  r[3] = ((w2 & 0x00F000F0u) * 260u) & M;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4 &v, int q) {
+  return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
+}
+
+/* One unit: rows g (w0, scale s0) and g+8 (w1, s1) × the lane's 32 k, against the B fragments
+ * xb[q][p][2] of this 128-k step, into the half tile's accumulators c. */
+template <bool SLOW>
+__device__ __forceinline__ void unit_mma(const uint4 &w0, const uint4 &w1, uint32_t s0, uint32_t s1,
+                                         const uint32_t (&xb)[4][2][2], float (&c)[4]) {
+  uint32_t f10, f11, f20 = 0, f21 = 0;
+  if (SLOW) {
+    sfac_slow(s0, f10, f20);
+    sfac_slow(s1, f11, f21);
+  } else {
+    f10 = sfac_fast(s0);
+    f11 = sfac_fast(s1);
+  }
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    uint32_t ra[4], rb[4];
+    dq4(word_of(w0, q), ra);
+    dq4(word_of(w1, q), rb);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      ra[i] = bmul2(ra[i], f10);
+      rb[i] = bmul2(rb[i], f11);
+      if (SLOW) {
+        ra[i] = bmul2(ra[i], f20);
+        rb[i] = bmul2(rb[i], f21);
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+      const uint32_t af[4] = {ra[2 * p], rb[2 * p], ra[2 * p + 1], rb[2 * p + 1]};
+      mma_bf16(c, af, xb[q][p][0], xb[q][p][1]);
+    }
+  }
+}
+
+__device__ __forceinline__ float act_fn(const dargs &a, float g, float u) {
+  if (a.round_inner) {
+    g = round_bf(g);
+    u = round_bf(u);
+  }
+  if (a.act == K3K_CU_ACT_SITU)
+    return a.beta * tanhf(g / a.beta) * (1.0f / (1.0f + expf(-g))) * (a.beta_lin * tanhf(u / a.beta_lin));
+  return g * (1.0f / (1.0f + expf(-g))) * u;
+}
+__device__ __forceinline__ void store_y(const dargs &a, int64_t row, int n, float v) {
+  int64_t off = row * a.ldy + n;
+  if (a.y_f32)
+    ((float *)a.y)[off] = v;
+  else
+    ((uint16_t *)a.y)[off] = f2bf(v);
+}
+
+/* FUSED: half 0 = gate rows row0..+15, half 1 = the same up rows; else halves are rows
+ * row0..+15 and row0+16..+31 of one matrix. NB (even): units in the register pipeline. */
+template <bool FUSED, int NB, int MINB>
+__global__ void __launch_bounds__(DW * 32, MINB) mx_dec2_kernel(dargs a) {
+  static_assert(NB >= 2 && NB % 2 == 0, "a slot's parity must be its half");
+  __shared__ float4 red[DW][32][2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  int e, rb, re;
+  if (a.expert_off) {
+    if ((int)blockIdx.y >= a.active[0]) return; /* whole block: no barrier is skipped unevenly */
+    e = a.active[1 + blockIdx.y];
+    rb = a.expert_off[e];
+    re = a.expert_off[e + 1];
+  } else {
+    e = 0;
+    rb = 0;
+    re = a.single_rows;
+  }
+  if (rb >= re) return;
+  const int part = warp;
+  const int row0 = blockIdx.x * (FUSED ? 16 : 32);
+  const uint8_t *P[2], *S[2];
+  bool valid[2];
+#pragma unroll
+  for (int m = 0; m < 2; m++) {
+    const dset &set = (FUSED && m == 1) ? a.up : a.w;
+    int r = FUSED ? row0 : row0 + 16 * m;
+    valid[m] = r < a.N;
+    if (!valid[m]) r = 0;
+    const uint8_t *pb = set.ptab ? set.ptab[e] : set.pbase + (int64_t)e * set.pes;
+    const uint8_t *sb = set.stab ? set.stab[e] : set.sbase + (int64_t)e * set.ses;
+    P[m] = pb + (int64_t)(r + g) * set.ldp + t4 * 16;
+    S[m] = sb + (int64_t)(r + g) * set.lds + t4;
+  }
+  const int ldp8[2] = {(int)(8 * a.w.ldp), (int)(8 * (FUSED ? a.up.ldp : a.w.ldp))};
+  const int lds8[2] = {(int)(8 * a.w.lds), (int)(8 * (FUSED ? a.up.lds : a.w.lds))};
+  /* this warp's k steps: kb + kst·i, i < nks (every DW-th step from its own) */
+  const int nk = a.K >> 7, kb = part, kst = DW;
+  const int nks = nk > part ? (nk - part + DW - 1) / DW : 0, nu = 2 * nks;
+
+  for (int tb = rb; tb < re; tb += 8) {
+    const int tok = tb + g;
+    const bool tv = tok < re;
+    const uint16_t *xr = a.x;
+    if (tv) xr = a.x + (int64_t)(a.x_gather ? __ldg(a.x_gather + tok) : tok) * a.ldx + t4 * 32;
+    float c[2][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) c[m][j] = 0.0f;
+
+    uint4 wb[NB][2];
+    uint32_t sb[NB][2];
+    uint32_t xb[4][2][2];
+    /* unit u (k step kb + kst·(u/2), half u%2 = slot%2) into its slot */
+#define DEC2_LOAD(slot, u)                                                               \
+  do {                                                                                   \
+    const int m_ = (slot) & 1, kk_ = kb + kst * ((u) >> 1);                              \
+    if (valid[m_]) {                                                                     \
+      wb[slot][0] = ld_w(P[m_] + kk_ * 64, a.pf);                                        \
+      wb[slot][1] = ld_w(P[m_] + ldp8[m_] + kk_ * 64, a.pf);                             \
+      sb[slot][0] = __ldg(S[m_] + kk_ * 4);                                              \
+      sb[slot][1] = __ldg(S[m_] + lds8[m_] + kk_ * 4);                                   \
+    }                                                                                    \
+  } while (0)
+#pragma unroll
+    for (int j = 0; j < NB - 1; j++)
+      if (j < nu) DEC2_LOAD(j, j);
+    for (int ub = 0; ub < nu; ub += NB) {
+#pragma unroll
+      for (int j = 0; j < NB; j++) {
+        const int u = ub + j;
+        if (u + NB - 1 < nu) DEC2_LOAD((j + NB - 1) % NB, u + NB - 1);
+        if (u < nu) {
+          const int m = j & 1;
+          if (m == 0) { /* new 128-k step: this lane's x (token g, k 32·t4..) as B fragments */
+            uint32_t xu[16];
+            if (tv) {
+              const uint4 *xp = reinterpret_cast<const uint4 *>(xr + (kb + kst * (u >> 1)) * 128);
+#pragma unroll
+              for (int v = 0; v < 4; v++) {
+                const uint4 q = __ldg(xp + v);
+                xu[4 * v] = q.x;
+                xu[4 * v + 1] = q.y;
+                xu[4 * v + 2] = q.z;
+                xu[4 * v + 3] = q.w;
+              }
+            } else {
+#pragma unroll
+              for (int v = 0; v < 16; v++) xu[v] = 0;
+            }
+            /* xb[q][p] = (x[8q+p], x[8q+p+4]), (x[8q+p+1], x[8q+p+5]) for p = 0 (i0 = 0), 1 (2) */
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+              for (int p = 0; p < 2; p++) {
+                xb[q][p][0] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x5410);
+                xb[q][p][1] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x7632);
+              }
+          }
+          if (valid[m] && !a.nomath) {
+            const bool slow = __any_sync(0xffffffffu, (sb[j][0] > 128u) | (sb[j][1] > 128u));
+            if (slow)
+              unit_mma<true>(wb[j][0], wb[j][1], sb[j][0], sb[j][1], xb, c[m]);
+            else
+              unit_mma<false>(wb[j][0], wb[j][1], sb[j][0], sb[j][1], xb, c[m]);
+          }
+        }
+      }
+    }
+#undef DEC2_LOAD
+    /* c[m][2h + j] = (row g + 8h of half m, token tb + 2·t4 + j) */
+    float(&r)[2][4] = c;
+    {
+      red[warp][lane][0] = make_float4(r[0][0], r[0][1], r[0][2], r[0][3]);
+      red[warp][lane][1] = make_float4(r[1][0], r[1][1], r[1][2], r[1][3]);
+      __syncthreads();
+      if (part == 0) {
+#pragma unroll
+        for (int q = 1; q < DW; q++) {
+          const float4 o0 = red[warp + q][lane][0], o1 = red[warp + q][lane][1];
+          r[0][0] += o0.x;
+          r[0][1] += o0.y;
+          r[0][2] += o0.z;
+          r[0][3] += o0.w;
+          r[1][0] += o1.x;
+          r[1][1] += o1.y;
+          r[1][2] += o1.z;
+          r[1][3] += o1.w;
+        }
+      }
+    }
+    if (part == 0) {
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        const int t = tb + 2 * t4 + j;
+        if (t >= re) continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          if (FUSED) {
+            store_y(a, t, row0 + g + 8 * h, act_fn(a, r[0][2 * h + j], r[1][2 * h + j]));
+          } else {
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+              if (valid[m]) store_y(a, t, row0 + 16 * m + g + 8 * h, r[m][2 * h + j]);
+          }
+        }
+      }
+    }
+    __syncthreads(); /* red is rewritten by the next token chunk */
+  }
+}
+
+dset to_dset(const k3k_cu_mx_set *s) {
+  dset m;
+  m.ptab = s->packed_tab;
+  m.stab = s->scale_tab;
+  m.pbase = s->packed_base;
+  m.sbase = s->scale_base;
+  m.pes = s->estride_packed;
+  m.ses = s->estride_scale;
+  m.ldp = s->ld_packed;
+  m.lds = s->ld_scale;
+  return m;
+}
+
+/* Variants (k3k_cu_moe_dec_variant; figures in docs/perf-gpu-moe.md): pipeline depth NB,
+ * blocks per SM the registers are capped for (MINB), the L2 prefetch hint pf (2: 256 bytes,
+ * 1: 128, 0: none). v + 100: the same without the math (timing only: outputs are wrong). */
+struct variant {
+  int nb, minb, pf;
+};
+constexpr variant VARIANTS[] = {
+    {2, 6, 2}, /* 0: the default */
+    {2, 6, 0}, /* 1: no prefetch hint */
+    {2, 5, 0}, /* 2: 20 warps per SM */
+};
+constexpr int NVAR = (int)(sizeof VARIANTS / sizeof VARIANTS[0]);
+
+int g_variant = -2; /* -2: not read from the environment yet */
+
+int current_variant() {
+  if (g_variant == -2) {
+    const char *s = getenv("K3PD_MXDEC");
+    int v = s ? atoi(s) : 0;
+    g_variant = (v >= -1 && v < NVAR) ? v : 0;
+  }
+  return g_variant;
+}
+
+template <bool FUSED, int NB, int MINB>
+int launch(cudaStream_t st, const dargs &d, int max_active) {
+  const int RT = FUSED ? 16 : 32;
+  dim3 grid((unsigned)((d.N + RT - 1) / RT), (unsigned)max_active);
+  mx_dec2_kernel<FUSED, NB, MINB><<<grid, DW * 32, 0, st>>>(d);
+  K3K_LAUNCHED("mxfp4_grouped_gemm_decode2");
+  return 0;
+}
+
+template <bool FUSED>
+int launch_var(cudaStream_t st, const dargs &d, int max_active, const variant &v) {
+  if (v.minb == 5) return launch<FUSED, 2, 5>(st, d, max_active);
+  return launch<FUSED, 2, 6>(st, d, max_active);
+}
+
+} // namespace
+
+int k3k_cu_moe_dec_variant(int v) {
+  const int prev = current_variant();
+  if ((v >= -1 && v < NVAR) || (v >= 100 && v < 100 + NVAR)) g_variant = v;
+  return prev;
+}
+
+int k3k_cu_moe_gemm_dec(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
+  const int vi = current_variant();
+  if (vi < 0) return 1;
+  const variant &v = VARIANTS[vi % 100];
+  if (a->K % 128 || a->N % 16 || a->ldx % 8 || ((uintptr_t)a->x & 15) || a->w.ld_packed % 16 ||
+      a->max_active <= 0 || a->max_active > 65535)
+    return K3_EINVAL;
+  const bool fused = a->act != K3K_CU_ACT_NONE;
+  if (fused && a->up.ld_packed % 16) return K3_EINVAL;
+  const k3k_cu_mx_set *sets[2] = {&a->w, fused ? &a->up : &a->w};
+  for (int i = 0; i < 2; i++) /* 8-row offsets are int in the kernel */
+    if (sets[i]->ld_packed > INT32_MAX / 8 || sets[i]->ld_scale > INT32_MAX / 8) return K3_EINVAL;
+  dargs d;
+  d.w = to_dset(&a->w);
+  d.up = to_dset(fused ? &a->up : &a->w);
+  d.act = a->act;
+  d.round_inner = a->round_inner;
+  d.beta = a->beta;
+  d.beta_lin = a->beta_lin;
+  d.N = a->N;
+  d.K = a->K;
+  d.pf = v.pf;
+  d.nomath = vi >= 100; /* timing only: loads without the math */
+  d.x = a->x;
+  d.ldx = a->ldx;
+  d.x_gather = a->x_gather;
+  d.y = a->y;
+  d.ldy = a->ldy;
+  d.y_f32 = a->y_f32;
+  d.expert_off = a->expert_off;
+  d.active = a->active;
+  d.single_rows = a->single_rows;
+  return fused ? launch_var<true>(st, d, a->max_active, v)
+               : launch_var<false>(st, d, a->max_active, v);
+}
