@@ -12,11 +12,11 @@
  * tile never goes through shared memory as bf16: each thread dequantises its own A fragments
  * (wgmma m64k16, register operand) straight from the packed bytes, and the gathered token rows
  * are the B operand (K-major, 128-byte swizzle) in shared memory. A block is two math
- * warpgroups over one (expert, 128 weight rows, up to 256 tokens) tile: warpgroup w takes rows
+ * warpgroups over one (expert, 128 weight rows, up to 224 tokens) tile: warpgroup w takes rows
  * 64w..64w+63 (fused: 32 features, gate rows at fragment rows g and up rows at g + 8, so gate
  * and up of a feature land in the same thread's accumulators and SiTU needs no exchange). The
- * wgmma N is the tile's token count rounded up to 32 (one of eight instructions, picked per
- * tile), so a ragged expert wastes < 32 columns; an expert with more than 256 rows is cut into
+ * wgmma N is the tile's token count rounded up to 32 (one of seven instructions, picked per
+ * tile), so a ragged expert wastes < 32 columns; an expert with more than 224 rows is cut into
  * near-equal tiles. Each weight element is dequantised once per token tile, i.e. once per
  * expert at K3's ~160 rows per expert.
  *
@@ -30,7 +30,9 @@
  * 8s+t and 8s+4+t (t = lane % 4; one byte = the (even, odd) k pair); three byte permutes gather
  * bytes t, t+4, t+8, t+12 of a 16-byte scale group into one word, and the table-free E2M1 →
  * bf16 trick of mxfp4_tc.cu (nibbles i, i+4 → bf16x2 × 2^-126, then × 2^(s−1) for the E8M0
- * scale, twice when s > 128; exact) plus two permutes put the pairs back in k order. */
+ * scale as two multiplies, the second by 1 unless s > 128; exact) plus two permutes put the
+ * pairs back in k order. The whole dequant is one basic block (selects, no branches); the first
+ * version (a branch around the second multiply, N up to 256) measured 41.6 ms, this one 39.1. */
 #include "cuda_common.cuh"
 #include "mla_prefill_sm90.cuh"
 #include "mxfp4_wg.h"
@@ -53,7 +55,6 @@ namespace {
 #define K3K_WG_D80 K3K_WG_D64, K3K_WG_D8(64), K3K_WG_D8(72)
 #define K3K_WG_D96 K3K_WG_D80, K3K_WG_D8(80), K3K_WG_D8(88)
 #define K3K_WG_D112 K3K_WG_D96, K3K_WG_D8(96), K3K_WG_D8(104)
-#define K3K_WG_D128 K3K_WG_D112, K3K_WG_D8(112), K3K_WG_D8(120)
 
 __device__ __forceinline__ void wg_rs_n32(float *d, const uint32_t *a, uint64_t db) {
   asm volatile(
@@ -139,36 +140,20 @@ __device__ __forceinline__ void wg_rs_n224(float *d, const uint32_t *a, uint64_t
       : K3K_WG_D112
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
-__device__ __forceinline__ void wg_rs_n256(float *d, const uint32_t *a, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "
-      "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "
-      "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, "
-      "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, "
-      "%87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, "
-      "%103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, "
-      "%117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 "
-      "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
-      : K3K_WG_D128
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
-
-/* One wgmma k16 step over the first 32·NB tokens; NB is a template argument so that the main
- * loop holds one straight-line wgmma form (a run-time switch inside the loop made ptxas fence
- * every step). */
+/* One wgmma k16 step over the first 32·NB tokens (NB 1..7). NB is a template argument, so the
+ * main loop holds one straight-line wgmma form: a run-time switch on N inside the loop measured
+ * 52.1 ms against 41.6 ms for the 8K expert GEMMs. N = 256 is left out: at N <= 224 the kernel
+ * already takes 244-255 registers (ptxas serialised the wgmma when it ran short). */
 template <int NB>
 __device__ __forceinline__ void wg_rs(float *d, const uint32_t *a, uint64_t db) {
+  static_assert(NB >= 1 && NB <= 7, "wgmma N = 32..224");
   if (NB == 1) wg_rs_n32(d, a, db);
   else if (NB == 2) wg_rs_n64(d, a, db);
   else if (NB == 3) wg_rs_n96(d, a, db);
   else if (NB == 4) wg_rs_n128(d, a, db);
   else if (NB == 5) wg_rs_n160(d, a, db);
   else if (NB == 6) wg_rs_n192(d, a, db);
-  else if (NB == 7) wg_rs_n224(d, a, db);
-  else wg_rs_n256(d, a, db);
+  else wg_rs_n224(d, a, db);
 }
 
 struct wmx { /* one weight set as the kernel sees it (k3k_cu_mx_set) */
@@ -199,8 +184,8 @@ struct wargs {
 };
 
 constexpr int WG_STG = 4;            /* ring stages (chunks of 64 k) */
-constexpr int WG_TOK = 256;          /* most tokens per tile (the largest wgmma N) */
-constexpr int WG_XS = WG_TOK * 128;  /* a stage's token rows: 256 × 64 k bf16, swizzled */
+constexpr int WG_TOK = 224;          /* most tokens per tile (the largest wgmma N used) */
+constexpr int WG_XS = WG_TOK * 128;  /* a stage's token rows: 224 × 64 k bf16, swizzled */
 constexpr int WG_WS = 128 * 32;      /* a stage's packed weight rows: 128 × 64 k */
 constexpr int WG_SMEM = WG_STG * (WG_XS + WG_WS) + 1024; /* + alignment slack: 145 KB */
 
@@ -222,31 +207,54 @@ __device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
                              *reinterpret_cast<__nv_bfloat162 *>(&b));
   return *reinterpret_cast<uint32_t *>(&r);
 }
-/* E8M0 byte s → bf16x2 factor(s) turning the 2^-126-biased codes into values: 2^(s−1), split
- * in two multiplies when s > 128 (f2 = 0: none). Same as mxfp4_tc.cu. */
-__device__ __forceinline__ void scale_factors(uint32_t s, uint32_t &f1, uint32_t &f2) {
-  f2 = 0;
-  if (s <= 128) {
-    f1 = (s + 126) << 7;
-  } else if (s == 255) {
-    f1 = 0x7FC0; /* E8M0 NaN */
-  } else {
-    f1 = 254u << 7;
-    f2 = (s - 1) << 7;
-  }
-  f1 |= f1 << 16;
-  f2 |= f2 << 16;
+/* E8M0 byte s → the bf16x2 factors turning the 2^-126-biased codes into values: f1 = 2^(s−1)
+ * when s <= 128, else 2^127 with f2 = 2^(s−128) (f2 = 1 when s <= 128); 255 gives NaN. Selects, no branches (the dequant must stay one basic
+ * block so the compiler can interleave its loads and chains). */
+__device__ __forceinline__ uint32_t scale_f1(uint32_t s) {
+  const uint32_t f = s <= 128 ? (s + 126) << 7 : (s == 255 ? 0x7FC0u : 254u << 7);
+  return f | (f << 16);
 }
-/* Nibbles i and i+4 of w as scaled bf16x2 (low half nibble i). */
-__device__ __forceinline__ uint32_t dq(uint32_t w, int i, uint32_t f1, uint32_t f2) {
+__device__ __forceinline__ uint32_t scale_f2(uint32_t s) {
+  const uint32_t f = (s > 128 && s != 255) ? (s - 1) << 7 : 0x3F80u;
+  return f | (f << 16);
+}
+/* Nibbles i and i+4 of w as bf16x2 codes × 2^-126 (low half nibble i), unscaled. */
+__device__ __forceinline__ uint32_t dq(uint32_t w, int i) {
   const uint32_t M1 = 0x01C001C0u, M2 = 0x80008000u;
-  uint32_t r;
-  if (i == 0) r = ((w << 6) & M1) | ((w << 12) & M2);
-  else if (i == 1) r = ((w << 2) & M1) | ((w << 8) & M2);
-  else if (i == 2) r = ((w >> 2) & M1) | ((w << 4) & M2);
-  else r = ((w >> 6) & M1) | (w & M2);
-  r = bmul2(r, f1);
-  return f2 ? bmul2(r, f2) : r;
+  if (i == 0) return ((w << 6) & M1) | ((w << 12) & M2);
+  if (i == 1) return ((w << 2) & M1) | ((w << 8) & M2);
+  if (i == 2) return ((w >> 2) & M1) | ((w << 4) & M2);
+  return ((w >> 6) & M1) | (w & M2);
+}
+
+/* Chunk stage `wr` (packed rows br0 at +0 and br0+8 at +256, 32 bytes each) → the A fragments
+ * of the chunk's 4 k16 steps. Always two multiplies (f2 = 1 unless s > 128): a warp-uniform
+ * branch to a one-multiply path made ptxas serialise the wgmma (register pressure). */
+__device__ __forceinline__ void dequant_chunk(const unsigned char *wr, uint32_t psel,
+                                              const uint32_t (&S)[2][2], uint32_t (&A)[4][4]) {
+  uint4 v[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; h++)
+#pragma unroll
+    for (int q = 0; q < 2; q++) v[h][q] = *reinterpret_cast<const uint4 *>(wr + h * 256 + q * 16);
+#pragma unroll
+  for (int h = 0; h < 2; h++)
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+      const uint32_t w = __byte_perm(__byte_perm(v[h][q].x, v[h][q].y, psel),
+                                     __byte_perm(v[h][q].z, v[h][q].w, psel),
+                                     0x5410); /* bytes t, t+4, t+8, t+12 */
+      const uint32_t f1 = scale_f1(S[h][q]), f2 = scale_f2(S[h][q]);
+      uint32_t r[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        r[i] = bmul2(bmul2(dq(w, i), f1), f2);
+      }
+      A[2 * q][h] = __byte_perm(r[0], r[1], 0x5410);         /* byte t: k 2t, 2t+1 */
+      A[2 * q][2 + h] = __byte_perm(r[2], r[3], 0x5410);     /* byte t+4: k 8+2t.. */
+      A[2 * q + 1][h] = __byte_perm(r[0], r[1], 0x7632);     /* byte t+8 */
+      A[2 * q + 1][2 + h] = __byte_perm(r[2], r[3], 0x7632); /* byte t+12 */
+    }
 }
 
 __device__ __forceinline__ float act_fn(const wargs &a, float g, float u) {
@@ -316,23 +324,7 @@ __device__ __forceinline__ void wg_tile(const wargs &a, const wthr &c, int tb, i
   };
   /* chunk kc's packed rows br0, br0+8 → A fragments of its 4 k16 steps */
   auto dequant = [&](int kc, const uint32_t(&S)[2][2], uint32_t(&A)[4][4]) {
-    const unsigned char *wr = c.Ws + (kc % WG_STG) * WG_WS + c.br0 * 32;
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int q = 0; q < 2; q++) {
-        const uint4 v = *reinterpret_cast<const uint4 *>(wr + h * 256 + q * 16);
-        const uint32_t w = __byte_perm(__byte_perm(v.x, v.y, c.psel), __byte_perm(v.z, v.w, c.psel),
-                                       0x5410); /* bytes t, t+4, t+8, t+12 */
-        uint32_t f1, f2;
-        scale_factors(S[h][q], f1, f2);
-        const uint32_t r0 = dq(w, 0, f1, f2), r1 = dq(w, 1, f1, f2);
-        const uint32_t r2 = dq(w, 2, f1, f2), r3 = dq(w, 3, f1, f2);
-        A[2 * q][h] = __byte_perm(r0, r1, 0x5410);         /* byte t: k 2t, 2t+1 */
-        A[2 * q][2 + h] = __byte_perm(r2, r3, 0x5410);     /* byte t+4: k 8+2t.. */
-        A[2 * q + 1][h] = __byte_perm(r0, r1, 0x7632);     /* byte t+8 */
-        A[2 * q + 1][2 + h] = __byte_perm(r2, r3, 0x7632); /* byte t+12 */
-      }
+    dequant_chunk(c.Ws + (kc % WG_STG) * WG_WS + c.br0 * 32, c.psel, S, A);
   };
   float acc[16 * NB];
 #pragma unroll
@@ -447,8 +439,7 @@ __global__ void __launch_bounds__(256, 1) mx_wg_kernel(wargs a) {
     case 4: wg_tile<FUSED, 4>(a, c, tb, tsz); break;
     case 5: wg_tile<FUSED, 5>(a, c, tb, tsz); break;
     case 6: wg_tile<FUSED, 6>(a, c, tb, tsz); break;
-    case 7: wg_tile<FUSED, 7>(a, c, tb, tsz); break;
-    default: wg_tile<FUSED, 8>(a, c, tb, tsz); break;
+    default: wg_tile<FUSED, 7>(a, c, tb, tsz); break;
     }
   }
 }
