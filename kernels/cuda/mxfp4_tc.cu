@@ -41,6 +41,7 @@
 #include "cuda_common.cuh"
 #include "mma_sm80.cuh"
 #include "moe_ops.h"
+#include "mxfp4_wg.h"
 
 namespace {
 
@@ -511,6 +512,7 @@ int k3k_cu_moe_gemm(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
   g.single_rows = a->single_rows;
   static bool lim[4];
   int rc;
+  if (a->rows_hint > 16 && k3k_cu_moe_wg_wanted()) return k3k_cu_moe_gemm_wg(st, a); /* wgmma */
   if (a->rows_hint > 16) {
     const int rpb = fused ? 64 : 128;
     dim3 grid((unsigned)((a->N + rpb - 1) / rpb), (unsigned)a->max_active);

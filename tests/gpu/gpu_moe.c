@@ -542,6 +542,9 @@ int gpu_moe_parity(gctx *g) {
   mx_gemm_case(g, 3, 512, 1024, K3K_BF16, K3K_F32, 0, 20);    /* tiny scales: bf16 subnormals */
   mx_gemm_case(g, 3, 300, 640, K3K_F32, K3K_F32, 110, 140);   /* fp32 x: generic kernel */
   mx_gemm_case(g, 4, 24, 64, K3K_BF16, K3K_BF16, 118, 123);   /* odd shape: generic kernel */
+  mx_gemm_case(g, 80, 208, 256, K3K_BF16, K3K_BF16, 118, 123); /* prefill: partial weight tile */
+  mx_gemm_case(g, 40, 256, 512, K3K_BF16, K3K_F32, 100, 160);   /* prefill: scales > 128 */
+  mx_gemm_case(g, 33, 512, 1024, K3K_BF16, K3K_F32, 0, 20);     /* prefill: bf16 subnormals */
   mx_dequant_case(g, 256, 512, K3K_F32);
   mx_dequant_case(g, 96, 3584, K3K_BF16);
   mx_bad_scale_case(g);
@@ -568,6 +571,7 @@ int gpu_moe_parity(gctx *g) {
   pipeline_case(g, 16, 32, 8);
   pipeline_case(g, 96, 4, 2); /* ~48 rows per expert: prefill tiling */
   pipeline_case(g, 200, 3, 2); /* ~133 rows per expert: two token tiles, ragged column tiles */
+  pipeline_case(g, 600, 2, 1); /* ~300 rows per expert: two wgmma token tiles per expert */
   mx_gemm_case(g, 11, 272, 384, K3K_BF16, K3K_F32, 110, 130); /* decode: half tile, 3 k steps */
   dec_variant_cases(g);
   gpu_moe_bf16_parity(g);      /* 48B bf16 experts (gpu_moe_bf16.c) */
