@@ -68,13 +68,19 @@ static int prefill_n(k3_runner_t *r, hseq_t *q, int n, const int32_t *tok, int64
   return rc;
 }
 
-/* One decode step of q[0..n) all fed token `tok`; logits [n][V] (may be NULL). */
+/* One decode step of q[0..n): sequence i is fed token (tok + 7919 i) mod (V - 1024), so the
+ * rows of a batch differ and route to different experts as real traffic does (the same token
+ * for every row of identically prefilled sequences would route all of them to one expert set:
+ * a batch-B step would read k experts per layer, not the E(1-(1-k/E)^B) of its floor); logits
+ * [n][V] (may be NULL). */
 static int decode_n(k3_runner_t *r, hseq_t *q, int n, int32_t tok, float *logits) {
   char err[512] = "";
   k3_decode_item_t *d = calloc((size_t)n, sizeof *d);
   if (!d) return K3_ENOMEM;
   for (int i = 0; i < n; i++)
-    d[i] = (k3_decode_item_t){&q[i].s, tok, logits ? logits + (size_t)i * k3_runner_vocab(r) : NULL};
+    d[i] = (k3_decode_item_t){&q[i].s,
+                              (int32_t)(((int64_t)tok + 7919 * (int64_t)i) % (k3_runner_vocab(r) - 1024)),
+                              logits ? logits + (size_t)i * k3_runner_vocab(r) : NULL};
   int rc = k3_runner_decode_step(r, d, n, err, sizeof err);
   if (rc) fprintf(stderr, "decode of %d sequences: %s (%s)\n", n, err, k3_strerror(rc));
   free(d);
