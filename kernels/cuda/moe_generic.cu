@@ -14,16 +14,12 @@
  * return K3_EINVAL with nothing queued. */
 #include "cuda_common.cuh"
 #include "generic.h"
+#include "mxfp4_args.cuh"
 
 #define MXG_WARPS 8
 
-struct mxg_set {
-  const uint8_t *const *ptab, *const *stab;
-  const uint8_t *pbase, *sbase;
-  int64_t pes, ses, ldp, lds;
-};
 struct mxg_args {
-  mxg_set w, up;
+  mx_dset w, up;
   int act, round_inner, fused;
   float beta, beta_lin;
   int N, K;
@@ -37,14 +33,6 @@ struct mxg_args {
   int single_rows;
 };
 
-static mxg_set mxg_of(const k3k_cu_mx_set *s) {
-  mxg_set m;
-  m.ptab = s->packed_tab, m.stab = s->scale_tab, m.pbase = s->packed_base;
-  m.sbase = s->scale_base, m.pes = s->estride_packed, m.ses = s->estride_scale;
-  m.ldp = s->ld_packed, m.lds = s->ld_scale;
-  return m;
-}
-
 /* Element k of row n of expert e, dequantised: E2M1 code (low nibble = even k) x 2^(s-127);
  * scale 0xFF (E8M0 NaN) gives NaN, as the other MXFP4 kernels do. */
 __device__ __forceinline__ float mxg_w(const uint8_t *prow, const uint8_t *srow, int k) {
@@ -56,10 +44,10 @@ __device__ __forceinline__ float mxg_w(const uint8_t *prow, const uint8_t *srow,
   return s == 0xFF ? __int_as_float(0x7fc00000) : ldexpf(v, (int)s - 127);
 }
 
-__device__ __forceinline__ void mxg_rows(const mxg_set &m, int e, int n, const uint8_t *&p,
+__device__ __forceinline__ void mxg_rows(const mx_dset &m, int e, int n, const uint8_t *&p,
                                          const uint8_t *&s) {
-  p = (m.ptab ? m.ptab[e] : m.pbase + (int64_t)e * m.pes) + (int64_t)n * m.ldp;
-  s = (m.stab ? m.stab[e] : m.sbase + (int64_t)e * m.ses) + (int64_t)n * m.lds;
+  p = mx_packed(m, e) + (int64_t)n * m.ldp;
+  s = mx_scale(m, e) + (int64_t)n * m.lds;
 }
 
 /* grid (ceil(N / MXG_WARPS), max_active); a warp per output column n of the slot's expert. */
@@ -101,11 +89,7 @@ __global__ void __launch_bounds__(MXG_WARPS * 32) mx_gen_grouped_kernel(mxg_args
               ? a.beta * tanhf(g / a.beta) * sg * (a.beta_lin * tanhf(u / a.beta_lin))
               : g * sg * u;
     }
-    const int64_t off = (int64_t)r * a.ldy + n;
-    if (a.y_f32)
-      ((float *)a.y)[off] = y;
-    else
-      ((uint16_t *)a.y)[off] = f2bf(y);
+    mx_store_y(a, r, n, y);
   }
 }
 
@@ -120,14 +104,8 @@ int k3k_cu_moe_gemm_generic(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
       (a->expert_off && !a->active))
     return K3_EINVAL;
   mxg_args g;
-  g.w = mxg_of(&a->w);
-  g.up = mxg_of(fused ? &a->up : &a->w);
-  g.act = a->act, g.round_inner = a->round_inner, g.fused = fused;
-  g.beta = a->beta, g.beta_lin = a->beta_lin;
-  g.N = a->N, g.K = a->K;
-  g.x = a->x, g.ldx = a->ldx, g.x_gather = a->x_gather;
-  g.y = a->y, g.ldy = a->ldy, g.y_f32 = a->y_f32;
-  g.expert_off = a->expert_off, g.active = a->active, g.single_rows = a->single_rows;
+  mx_fill_args(&g, a);
+  g.fused = fused;
   dim3 grid((unsigned)((a->N + MXG_WARPS - 1) / MXG_WARPS),
             (unsigned)(a->expert_off ? a->max_active : 1));
   mx_gen_grouped_kernel<<<grid, MXG_WARPS * 32, 0, st>>>(g);

@@ -47,19 +47,14 @@
 #include "cuda_common.cuh"
 #include "mma_sm80.cuh"
 #include "moe_ops.h"
+#include "mxfp4_args.cuh"
 
 namespace {
 
 constexpr int DW = 4; /* warps per block = K parts of a row tile */
 
-struct dset {
-  const uint8_t *const *ptab, *const *stab;
-  const uint8_t *pbase, *sbase;
-  int64_t pes, ses, ldp, lds;
-};
-
 struct dargs {
-  dset w, up;
+  mx_dset w, up;
   int act, round_inner;
   float beta, beta_lin;
   int N, K, nomath, pf;
@@ -168,23 +163,6 @@ __device__ __forceinline__ void unit_mma(const uint4 &w0, const uint4 &w1, uint3
   }
 }
 
-__device__ __forceinline__ float act_fn(const dargs &a, float g, float u) {
-  if (a.round_inner) {
-    g = round_bf(g);
-    u = round_bf(u);
-  }
-  if (a.act == K3K_CU_ACT_SITU)
-    return a.beta * tanhf(g / a.beta) * (1.0f / (1.0f + expf(-g))) * (a.beta_lin * tanhf(u / a.beta_lin));
-  return g * (1.0f / (1.0f + expf(-g))) * u;
-}
-__device__ __forceinline__ void store_y(const dargs &a, int64_t row, int n, float v) {
-  int64_t off = row * a.ldy + n;
-  if (a.y_f32)
-    ((float *)a.y)[off] = v;
-  else
-    ((uint16_t *)a.y)[off] = f2bf(v);
-}
-
 /* FUSED: half 0 = gate rows row0..+15, half 1 = the same up rows; else halves are rows
  * row0..+15 and row0+16..+31 of one matrix. NB (even): units in the register pipeline. */
 template <bool FUSED, int NB, int MINB>
@@ -210,12 +188,11 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec2_kernel(dargs a) {
   bool valid[2];
 #pragma unroll
   for (int m = 0; m < 2; m++) {
-    const dset &set = (FUSED && m == 1) ? a.up : a.w;
+    const mx_dset &set = (FUSED && m == 1) ? a.up : a.w;
     int r = FUSED ? row0 : row0 + 16 * m;
     valid[m] = r < a.N;
     if (!valid[m]) r = 0;
-    const uint8_t *pb = set.ptab ? set.ptab[e] : set.pbase + (int64_t)e * set.pes;
-    const uint8_t *sb = set.stab ? set.stab[e] : set.sbase + (int64_t)e * set.ses;
+    const uint8_t *pb = mx_packed(set, e), *sb = mx_scale(set, e);
     P[m] = pb + (int64_t)(r + g) * set.ldp + t4 * 16;
     S[m] = sb + (int64_t)(r + g) * set.lds + t4;
   }
@@ -325,30 +302,17 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec2_kernel(dargs a) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           if (FUSED) {
-            store_y(a, t, row0 + g + 8 * h, act_fn(a, r[0][2 * h + j], r[1][2 * h + j]));
+            mx_store_y(a, t, row0 + g + 8 * h, mx_act(a, r[0][2 * h + j], r[1][2 * h + j]));
           } else {
 #pragma unroll
             for (int m = 0; m < 2; m++)
-              if (valid[m]) store_y(a, t, row0 + 16 * m + g + 8 * h, r[m][2 * h + j]);
+              if (valid[m]) mx_store_y(a, t, row0 + 16 * m + g + 8 * h, r[m][2 * h + j]);
           }
         }
       }
     }
     __syncthreads(); /* red is rewritten by the next token chunk */
   }
-}
-
-dset to_dset(const k3k_cu_mx_set *s) {
-  dset m;
-  m.ptab = s->packed_tab;
-  m.stab = s->scale_tab;
-  m.pbase = s->packed_base;
-  m.sbase = s->scale_base;
-  m.pes = s->estride_packed;
-  m.ses = s->estride_scale;
-  m.ldp = s->ld_packed;
-  m.lds = s->ld_scale;
-  return m;
 }
 
 /* Variants (k3k_cu_moe_dec_variant; figures in docs/perf-gpu-moe.md): pipeline depth NB,
@@ -411,25 +375,9 @@ int k3k_cu_moe_gemm_dec(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
   for (int i = 0; i < 2; i++) /* 8-row offsets are int in the kernel */
     if (sets[i]->ld_packed > INT32_MAX / 8 || sets[i]->ld_scale > INT32_MAX / 8) return K3_EINVAL;
   dargs d;
-  d.w = to_dset(&a->w);
-  d.up = to_dset(fused ? &a->up : &a->w);
-  d.act = a->act;
-  d.round_inner = a->round_inner;
-  d.beta = a->beta;
-  d.beta_lin = a->beta_lin;
-  d.N = a->N;
-  d.K = a->K;
+  mx_fill_args(&d, a);
   d.pf = v.pf;
   d.nomath = vi >= 100; /* timing only: loads without the math */
-  d.x = a->x;
-  d.ldx = a->ldx;
-  d.x_gather = a->x_gather;
-  d.y = a->y;
-  d.ldy = a->ldy;
-  d.y_f32 = a->y_f32;
-  d.expert_off = a->expert_off;
-  d.active = a->active;
-  d.single_rows = a->single_rows;
   return fused ? launch_var<true>(st, d, a->max_active, v)
                : launch_var<false>(st, d, a->max_active, v);
 }

@@ -41,24 +41,13 @@
 #include "cuda_common.cuh"
 #include "mma_sm80.cuh"
 #include "moe_ops.h"
+#include "mxfp4_args.cuh"
 #include "mxfp4_wg.h"
 
 namespace {
 
-struct mxk { /* one weight set as the kernels see it */
-  const uint8_t *const *ptab, *const *stab;
-  const uint8_t *pbase, *sbase;
-  int64_t pes, ses, ldp, lds;
-};
-__device__ __forceinline__ const uint8_t *mx_packed(const mxk &m, int e) {
-  return m.ptab ? m.ptab[e] : m.pbase + (int64_t)e * m.pes;
-}
-__device__ __forceinline__ const uint8_t *mx_scale(const mxk &m, int e) {
-  return m.stab ? m.stab[e] : m.sbase + (int64_t)e * m.ses;
-}
-
 struct gargs {
-  mxk w, up;
+  mx_dset w, up;
   int act, round_inner;
   float beta, beta_lin;
   int N, K;
@@ -122,23 +111,6 @@ __device__ __forceinline__ uint32_t word_of(const uint4 &v, int q) {
   return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
 }
 
-__device__ __forceinline__ float act_fn(const gargs &a, float g, float u) {
-  if (a.round_inner) {
-    g = round_bf(g);
-    u = round_bf(u);
-  }
-  if (a.act == K3K_CU_ACT_SITU)
-    return a.beta * tanhf(g / a.beta) * (1.0f / (1.0f + expf(-g))) * (a.beta_lin * tanhf(u / a.beta_lin));
-  return g * (1.0f / (1.0f + expf(-g))) * u;
-}
-__device__ __forceinline__ void store_y(const gargs &a, int64_t row, int n, float v) {
-  int64_t off = row * a.ldy + n;
-  if (a.y_f32)
-    ((float *)a.y)[off] = v;
-  else
-    ((uint16_t *)a.y)[off] = f2bf(v);
-}
-
 /* cp.async.wait_group with a count known after unrolling. */
 __device__ __forceinline__ void cp_wait_upto(int n) {
   if (n <= 0) cp_async_wait<0>();
@@ -167,7 +139,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, 2) mx_dec_kernel(gargs a) {
   bool valid[2];
 #pragma unroll
   for (int m = 0; m < 2; m++) {
-    const mxk &set = (FUSED && m == 1) ? a.up : a.w;
+    const mx_dset &set = (FUSED && m == 1) ? a.up : a.w;
     int rm = FUSED ? row0 : row0 + 16 * m;
     valid[m] = rm < a.N;
     if (!valid[m]) rm = row0;
@@ -285,11 +257,11 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, 2) mx_dec_kernel(gargs a) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           if (FUSED) {
-            store_y(a, t, row0 + g + 8 * h, act_fn(a, c[0][2 * h + j], c[1][2 * h + j]));
+            mx_store_y(a, t, row0 + g + 8 * h, mx_act(a, c[0][2 * h + j], c[1][2 * h + j]));
           } else {
 #pragma unroll
             for (int m = 0; m < 2; m++)
-              if (valid[m]) store_y(a, t, row0 + 16 * m + g + 8 * h, c[m][2 * h + j]);
+              if (valid[m]) mx_store_y(a, t, row0 + 16 * m + g + 8 * h, c[m][2 * h + j]);
           }
         }
       }
@@ -326,7 +298,7 @@ __global__ void __launch_bounds__(256, 2) mx_pre_kernel(gargs a) {
   const bool wvalid = wrow < a.N;
   const uint8_t *wsrc, *ssrc;
   {
-    const mxk &set = from_up ? a.up : a.w;
+    const mx_dset &set = from_up ? a.up : a.w;
     const int r = wvalid ? wrow : 0;
     wsrc = mx_packed(set, e) + (int64_t)r * set.ldp + wh * 16;
     ssrc = mx_scale(set, e) + (int64_t)r * set.lds + wh;
@@ -444,14 +416,14 @@ __global__ void __launch_bounds__(256, 2) mx_pre_kernel(gargs a) {
             for (int i = 0; i < 2; i++) {
               const int n = nbase + (2 * wm + i) * 16 + g + 8 * hh;
               if (n < a.N)
-                store_y(a, tb + r, n, act_fn(a, acc[i][j][2 * hh + jj], acc[i + 2][j][2 * hh + jj]));
+                mx_store_y(a, tb + r, n, mx_act(a, acc[i][j][2 * hh + jj], acc[i + 2][j][2 * hh + jj]));
             }
           } else {
 #pragma unroll
             for (int i = 0; i < 4; i++) {
               const int mt = (i < 2 ? 2 * wm + i : 4 + 2 * wm + (i - 2));
               const int n = nbase + mt * 16 + g + 8 * hh;
-              if (n < a.N) store_y(a, tb + r, n, acc[i][j][2 * hh + jj]);
+              if (n < a.N) mx_store_y(a, tb + r, n, acc[i][j][2 * hh + jj]);
             }
           }
         }
@@ -460,18 +432,6 @@ __global__ void __launch_bounds__(256, 2) mx_pre_kernel(gargs a) {
   }
 }
 
-mxk to_mxk(const k3k_cu_mx_set *s) {
-  mxk m;
-  m.ptab = s->packed_tab;
-  m.stab = s->scale_tab;
-  m.pbase = s->packed_base;
-  m.sbase = s->scale_base;
-  m.pes = s->estride_packed;
-  m.ses = s->estride_scale;
-  m.ldp = s->ld_packed;
-  m.lds = s->ld_scale;
-  return m;
-}
 
 /* Raises a kernel's dynamic shared-memory limit once (not a stream operation: safe while a
  * graph is being captured, but done on the first call anyway). */
@@ -493,23 +453,7 @@ int k3k_cu_moe_gemm(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
   const bool fused = a->act != K3K_CU_ACT_NONE;
   if (fused && a->up.ld_packed % 16) return K3_EINVAL;
   gargs g;
-  g.w = to_mxk(&a->w);
-  g.up = to_mxk(fused ? &a->up : &a->w);
-  g.act = a->act;
-  g.round_inner = a->round_inner;
-  g.beta = a->beta;
-  g.beta_lin = a->beta_lin;
-  g.N = a->N;
-  g.K = a->K;
-  g.x = a->x;
-  g.ldx = a->ldx;
-  g.x_gather = a->x_gather;
-  g.y = a->y;
-  g.ldy = a->ldy;
-  g.y_f32 = a->y_f32;
-  g.expert_off = a->expert_off;
-  g.active = a->active;
-  g.single_rows = a->single_rows;
+  mx_fill_args(&g, a);
   static bool lim[4];
   int rc;
   if (a->rows_hint > 16 && k3k_cu_moe_wg_wanted()) return k3k_cu_moe_gemm_wg(st, a); /* wgmma */

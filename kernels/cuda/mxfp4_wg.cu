@@ -35,6 +35,7 @@
  * version (a branch around the second multiply, N up to 256) measured 41.6 ms, this one 39.1. */
 #include "cuda_common.cuh"
 #include "mla_prefill_sm90.cuh"
+#include "mxfp4_args.cuh"
 #include "mxfp4_wg.h"
 
 #include <stdlib.h>
@@ -156,20 +157,8 @@ __device__ __forceinline__ void wg_rs(float *d, const uint32_t *a, uint64_t db) 
   else wg_rs_n224(d, a, db);
 }
 
-struct wmx { /* one weight set as the kernel sees it (k3k_cu_mx_set) */
-  const uint8_t *const *ptab, *const *stab;
-  const uint8_t *pbase, *sbase;
-  int64_t pes, ses, ldp, lds;
-};
-__device__ __forceinline__ const uint8_t *wmx_packed(const wmx &m, int e) {
-  return m.ptab ? m.ptab[e] : m.pbase + (int64_t)e * m.pes;
-}
-__device__ __forceinline__ const uint8_t *wmx_scale(const wmx &m, int e) {
-  return m.stab ? m.stab[e] : m.sbase + (int64_t)e * m.ses;
-}
-
 struct wargs {
-  wmx w, up;
+  mx_dset w, up;
   int act, round_inner;
   float beta, beta_lin;
   int N, K;
@@ -255,23 +244,6 @@ __device__ __forceinline__ void dequant_chunk(const unsigned char *wr, uint32_t 
       A[2 * q + 1][h] = __byte_perm(r[0], r[1], 0x7632);     /* byte t+8 */
       A[2 * q + 1][2 + h] = __byte_perm(r[2], r[3], 0x7632); /* byte t+12 */
     }
-}
-
-__device__ __forceinline__ float act_fn(const wargs &a, float g, float u) {
-  if (a.round_inner) {
-    g = round_bf(g);
-    u = round_bf(u);
-  }
-  if (a.act == K3K_CU_ACT_SITU)
-    return a.beta * tanhf(g / a.beta) * (1.0f / (1.0f + expf(-g))) * (a.beta_lin * tanhf(u / a.beta_lin));
-  return g * (1.0f / (1.0f + expf(-g))) * u;
-}
-__device__ __forceinline__ void store_y(const wargs &a, int64_t row, int n, float v) {
-  const int64_t off = row * a.ldy + n;
-  if (a.y_f32)
-    ((float *)a.y)[off] = v;
-  else
-    ((uint16_t *)a.y)[off] = f2bf(v);
 }
 
 /* Byte offset of 16-byte segment seg of row r in a 128-byte-swizzled tile (1024-byte atoms). */
@@ -367,12 +339,12 @@ __device__ __forceinline__ void wg_tile(const wargs &a, const wthr &c, int tb, i
       if (col >= tsz) continue;
       if (FUSED) {
         const int n = c.nbase + 32 * c.wg + 8 * c.warp + c.g;
-        if (n < a.N) store_y(a, tb + col, n, act_fn(a, acc[4 * j + jj], acc[4 * j + 2 + jj]));
+        if (n < a.N) mx_store_y(a, tb + col, n, mx_act(a, acc[4 * j + jj], acc[4 * j + 2 + jj]));
       } else {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
           const int n = c.nbase + c.br0 + 8 * h;
-          if (n < a.N) store_y(a, tb + col, n, acc[4 * j + 2 * h + jj]);
+          if (n < a.N) mx_store_y(a, tb + col, n, acc[4 * j + 2 * h + jj]);
         }
       }
     }
@@ -414,18 +386,18 @@ __global__ void __launch_bounds__(256, 1) mx_wg_kernel(wargs a) {
   {
     int set;
     const int row = tile_row<FUSED>(c.nbase, c.t >> 1, set);
-    const wmx &m = set ? a.up : a.w;
+    const mx_dset &m = set ? a.up : a.w;
     c.wvalid = row < a.N;
-    c.wsrc = wmx_packed(m, e) + (int64_t)(c.wvalid ? row : 0) * m.ldp + (c.t & 1) * 16;
+    c.wsrc = mx_packed(m, e) + (int64_t)(c.wvalid ? row : 0) * m.ldp + (c.t & 1) * 16;
   }
   c.br0 = 64 * c.wg + 16 * c.warp + c.g;
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     int set;
     const int row = tile_row<FUSED>(c.nbase, c.br0 + 8 * h, set);
-    const wmx &m = set ? a.up : a.w;
+    const mx_dset &m = set ? a.up : a.w;
     c.sv[h] = row < a.N;
-    c.sp[h] = wmx_scale(m, e) + (int64_t)(c.sv[h] ? row : 0) * m.lds;
+    c.sp[h] = mx_scale(m, e) + (int64_t)(c.sv[h] ? row : 0) * m.lds;
   }
   c.psel = (uint32_t)c.tig | ((uint32_t)(c.tig + 4) << 4);
   const int rows = re - rb, ntt = (rows + WG_TOK - 1) / WG_TOK;
@@ -442,19 +414,6 @@ __global__ void __launch_bounds__(256, 1) mx_wg_kernel(wargs a) {
     default: wg_tile<FUSED, 7>(a, c, tb, tsz); break;
     }
   }
-}
-
-wmx to_wmx(const k3k_cu_mx_set *s) {
-  wmx m;
-  m.ptab = s->packed_tab;
-  m.stab = s->scale_tab;
-  m.pbase = s->packed_base;
-  m.sbase = s->scale_base;
-  m.pes = s->estride_packed;
-  m.ses = s->estride_scale;
-  m.ldp = s->ld_packed;
-  m.lds = s->ld_scale;
-  return m;
 }
 
 } // namespace
@@ -475,23 +434,7 @@ int k3k_cu_moe_gemm_wg(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
   const bool fused = a->act != K3K_CU_ACT_NONE;
   if (fused && a->up.ld_packed % 16) return K3_EINVAL;
   wargs g;
-  g.w = to_wmx(&a->w);
-  g.up = to_wmx(fused ? &a->up : &a->w);
-  g.act = a->act;
-  g.round_inner = a->round_inner;
-  g.beta = a->beta;
-  g.beta_lin = a->beta_lin;
-  g.N = a->N;
-  g.K = a->K;
-  g.x = a->x;
-  g.ldx = a->ldx;
-  g.x_gather = a->x_gather;
-  g.y = a->y;
-  g.ldy = a->ldy;
-  g.y_f32 = a->y_f32;
-  g.expert_off = a->expert_off;
-  g.active = a->active;
-  g.single_rows = a->single_rows;
+  mx_fill_args(&g, a);
   static bool lim[2];
   const int rpb = fused ? 64 : 128;
   dim3 grid((unsigned)((a->N + rpb - 1) / rpb), (unsigned)a->max_active);
