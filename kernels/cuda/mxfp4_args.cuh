@@ -41,6 +41,23 @@ __device__ __forceinline__ const uint8_t *mx_scale(const mx_dset &m, int e) {
   return m.stab ? m.stab[e] : m.sbase + (int64_t)e * m.ses;
 }
 
+/* The arguments of the mma.sync and wgmma kernels (mxfp4_tc.cu, mxfp4_wg.cu) as they are; the
+ * decode and generic kernels add members of their own beside the same names. */
+struct mx_kargs {
+  mx_dset w, up;
+  int act, round_inner;
+  float beta, beta_lin;
+  int N, K;
+  const uint16_t *x;
+  int64_t ldx;
+  const int32_t *x_gather;
+  void *y;
+  int64_t ldy;
+  int y_f32;
+  const int32_t *expert_off, *active;
+  int single_rows;
+};
+
 /* G has members w, up (mx_dset), act, round_inner, beta, beta_lin, N, K, x, ldx, x_gather, y,
  * ldy, y_f32, expert_off, active, single_rows. The up set is the gate set when not fused. */
 template <class G> static inline void mx_fill_args(G *g, const k3k_cu_moe_gemm_args *a) {

@@ -46,23 +46,9 @@
 
 namespace {
 
-struct gargs {
-  mx_dset w, up;
-  int act, round_inner;
-  float beta, beta_lin;
-  int N, K;
-  const uint16_t *x;
-  int64_t ldx;
-  const int32_t *x_gather;
-  void *y;
-  int64_t ldy;
-  int y_f32;
-  const int32_t *expert_off, *active;
-  int single_rows;
-};
 
 /* The expert of grid row `slot` and its grouped rows [rb, re); false when nothing to do. */
-__device__ __forceinline__ bool expert_rows(const gargs &a, int slot, int &e, int &rb, int &re) {
+__device__ __forceinline__ bool expert_rows(const mx_kargs &a, int slot, int &e, int &rb, int &re) {
   if (a.expert_off) {
     if (slot >= a.active[0]) return false;
     e = a.active[1 + slot];
@@ -128,7 +114,7 @@ constexpr int DEC_SMEM = DEC_WARPS * DEC_WARP_BYTES;   /* 64 KB */
 /* FUSED: tile m = 0 gate rows, m = 1 up rows (same 16 rows); else tiles m = 0/1 are rows
  * row0..row0+15 and row0+16..row0+31 of one matrix. */
 template <bool FUSED>
-__global__ void __launch_bounds__(DEC_WARPS * 32, 2) mx_dec_kernel(gargs a) {
+__global__ void __launch_bounds__(DEC_WARPS * 32, 2) mx_dec_kernel(mx_kargs a) {
   extern __shared__ __align__(16) unsigned char dsm[];
   int e, rb, re;
   if (!expert_rows(a, blockIdx.y, e, rb, re)) return;
@@ -281,7 +267,7 @@ constexpr int PRE_SMEM = PRE_STG * (PRE_X_STAGE + PRE_W_STAGE) + 2 * PRE_WB; /* 
 __device__ __forceinline__ int swz(int r, int seg) { return r * 128 + ((seg ^ (r & 7)) << 4); }
 
 template <bool FUSED>
-__global__ void __launch_bounds__(256, 2) mx_pre_kernel(gargs a) {
+__global__ void __launch_bounds__(256, 2) mx_pre_kernel(mx_kargs a) {
   extern __shared__ __align__(128) unsigned char psm[];
   unsigned char *Xs = psm, *Wr = psm + PRE_STG * PRE_X_STAGE;
   unsigned char *Wb = Wr + PRE_STG * PRE_W_STAGE;
@@ -452,7 +438,7 @@ int k3k_cu_moe_gemm(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
     return K3_EINVAL;
   const bool fused = a->act != K3K_CU_ACT_NONE;
   if (fused && a->up.ld_packed % 16) return K3_EINVAL;
-  gargs g;
+  mx_kargs g;
   mx_fill_args(&g, a);
   static bool lim[4];
   int rc;

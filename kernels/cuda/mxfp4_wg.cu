@@ -157,20 +157,6 @@ __device__ __forceinline__ void wg_rs(float *d, const uint32_t *a, uint64_t db) 
   else wg_rs_n224(d, a, db);
 }
 
-struct wargs {
-  mx_dset w, up;
-  int act, round_inner;
-  float beta, beta_lin;
-  int N, K;
-  const uint16_t *x;
-  int64_t ldx;
-  const int32_t *x_gather;
-  void *y;
-  int64_t ldy;
-  int y_f32;
-  const int32_t *expert_off, *active;
-  int single_rows;
-};
 
 constexpr int WG_STG = 4;            /* ring stages (chunks of 64 k) */
 constexpr int WG_TOK = 224;          /* most tokens per tile (the largest wgmma N used) */
@@ -264,7 +250,7 @@ struct wthr {
 /* One token tile [tb, tb+tsz) (tsz <= 32·NB) of the block's 128 weight rows: the main loop over
  * K and the epilogue. Leaves the ring idle (all copies and wgmma done, a barrier passed). */
 template <bool FUSED, int NB>
-__device__ __forceinline__ void wg_tile(const wargs &a, const wthr &c, int tb, int tsz) {
+__device__ __forceinline__ void wg_tile(const mx_kargs &a, const wthr &c, int tb, int tsz) {
   const int t = c.t, nk = c.nk;
   /* x rows this thread copies: tile rows (t >> 3) + 32i (i < NB), segment t & 7; −1: zero */
   int32_t xrow[NB];
@@ -353,7 +339,7 @@ __device__ __forceinline__ void wg_tile(const wargs &a, const wthr &c, int tb, i
 }
 
 template <bool FUSED>
-__global__ void __launch_bounds__(256, 1) mx_wg_kernel(wargs a) {
+__global__ void __launch_bounds__(256, 1) mx_wg_kernel(mx_kargs a) {
   extern __shared__ unsigned char wsm[];
   int e, rb, re;
   {
@@ -433,7 +419,7 @@ int k3k_cu_moe_gemm_wg(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
     return K3_EINVAL;
   const bool fused = a->act != K3K_CU_ACT_NONE;
   if (fused && a->up.ld_packed % 16) return K3_EINVAL;
-  wargs g;
+  mx_kargs g;
   mx_fill_args(&g, a);
   static bool lim[2];
   const int rpb = fused ? 64 : 128;
