@@ -104,6 +104,12 @@ int k3k_cuda_check_pages(k3k_cuda_ctx *cx, const k3k_tensor_t *page_table,
                          int64_t n_pages);
 bool k3k_cuda_mla_decode_ok(const void *params, const k3k_tensor_t *const *t);
 bool k3k_cuda_mla_prefill_ok(const void *params, const k3k_tensor_t *const *t);
+/* MLA_PREFILL's sequence bounds brought to the host (one synchronisation) and checked as the
+ * reference does: cu_q and cu_k [n+1] non-decreasing from >= 0 and within q / kv / k_rope rows
+ * (K3_ERANGE), then every key run at least as long as its query run (K3_EINVAL). *max_lq gets
+ * the longest query run. Used by the Hopper kernel and the generic one. */
+int k3k_cuda_mla_prefill_bounds(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int64_t n,
+                                int64_t *max_lq);
 
 /* Strided-batched GEMM through cuBLASLt, column-major convention:
  * C[m x n] = op(A) op(B), A/B/C of the given cudaDataType (values of cudaDataType_t), fp32

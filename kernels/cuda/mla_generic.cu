@@ -105,31 +105,10 @@ int k3k_cuda_gen_mla_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_ten
   const k3k_mla_params_t *p = (const k3k_mla_params_t *)params;
   const k3k_tensor_t *cq = t[3], *ck = t[4];
   const int64_t N = p->n_seqs;
-  /* Sequence bounds to the host (one synchronisation): the reference's checks in its order
-   * (cu_q, then cu_k: K3_ERANGE; then Lk < Lq: K3_EINVAL), and the longest query run. */
-  int32_t *hb;
-  int rc = k3k_cuda_host_scratch(cx, (size_t)(N + 1) * 2 * sizeof(int32_t), (void **)&hb);
+  /* Sequence bounds to the host and checked in the reference's order (mla_prefill.cu). */
+  int64_t max_lq;
+  int rc = k3k_cuda_mla_prefill_bounds(cx, t, N, &max_lq);
   if (rc) return rc;
-  K3K_CU(cudaMemcpy2DAsync(hb, sizeof(int32_t), cq->data, (size_t)cq->stride[0] * 4,
-                           sizeof(int32_t), (size_t)N + 1, cudaMemcpyDeviceToHost, cx->stream));
-  K3K_CU(cudaMemcpy2DAsync(hb + N + 1, sizeof(int32_t), ck->data, (size_t)ck->stride[0] * 4,
-                           sizeof(int32_t), (size_t)N + 1, cudaMemcpyDeviceToHost, cx->stream));
-  K3K_CU(cudaStreamSynchronize(cx->stream));
-  const int32_t *hq = hb, *hk = hb + N + 1;
-  const int64_t tot[2] = {t[0]->shape[0], t[1]->shape[0]};
-  for (int w = 0; w < 2; w++) {
-    const int32_t *c = w ? hk : hq;
-    if (c[0] < 0) return K3_ERANGE;
-    for (int64_t i = 1; i <= N; i++)
-      if (c[i] < c[i - 1]) return K3_ERANGE;
-    if (c[N] > tot[w]) return K3_ERANGE;
-  }
-  int64_t max_lq = 0;
-  for (int64_t i = 0; i < N; i++) {
-    const int64_t lq = hq[i + 1] - hq[i], lk = hk[i + 1] - hk[i];
-    if (lk < lq) return K3_EINVAL; /* every query needs its own key */
-    if (lq > max_lq) max_lq = lq;
-  }
   if (N == 0 || max_lq == 0) return 0;
   mg_pre a;
   a.q = mkdv(t[0]), a.kv = mkdv(t[1]), a.kr = mkdv(t[2]), a.o = mkdv(t[5]);

@@ -312,12 +312,9 @@ bool k3k_cuda_mla_prefill_ok(const void *params, const k3k_tensor_t *const *t) {
   return p->n_seqs <= 65535 && p->n_heads <= 65535 && t[0]->shape[0] / MP_BM < INT32_MAX;
 }
 
-int k3k_cuda_mla_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
-  const k3k_mla_params_t *p = (const k3k_mla_params_t *)params;
-  const k3k_tensor_t *q = t[0], *kv = t[1], *kr = t[2], *cq = t[3], *ck = t[4], *o = t[5];
-  int64_t N = p->n_seqs;
-  /* Sequence bounds to the host (both arrays, one synchronisation): validation as the
-   * reference does it, and the longest query run for the grid. */
+int k3k_cuda_mla_prefill_bounds(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int64_t N,
+                                int64_t *max_lq) {
+  const k3k_tensor_t *q = t[0], *kv = t[1], *kr = t[2], *cq = t[3], *ck = t[4];
   int32_t *hb;
   int rc = k3k_cuda_host_scratch(cx, (size_t)(N + 1) * 2 * sizeof(int32_t), (void **)&hb);
   if (rc) return rc;
@@ -327,7 +324,7 @@ int k3k_cuda_mla_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_
                            sizeof(int32_t), (size_t)N + 1, cudaMemcpyDeviceToHost, cx->stream));
   K3K_CU(cudaStreamSynchronize(cx->stream));
   const int32_t *hq = hb, *hk = hb + N + 1;
-  int64_t max_lq = 0;
+  *max_lq = 0;
   if (hq[0] < 0 || hk[0] < 0) return K3_ERANGE;
   for (int64_t i = 1; i <= N; i++)
     if (hq[i] < hq[i - 1] || hk[i] < hk[i - 1]) return K3_ERANGE;
@@ -335,8 +332,19 @@ int k3k_cuda_mla_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_
   for (int64_t i = 0; i < N; i++) {
     int64_t lq = hq[i + 1] - hq[i], lk = hk[i + 1] - hk[i];
     if (lk < lq) return K3_EINVAL; /* every query needs its own key */
-    if (lq > max_lq) max_lq = lq;
+    if (lq > *max_lq) *max_lq = lq;
   }
+  return 0;
+}
+
+int k3k_cuda_mla_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
+  const k3k_mla_params_t *p = (const k3k_mla_params_t *)params;
+  const k3k_tensor_t *q = t[0], *kv = t[1], *kr = t[2], *cq = t[3], *ck = t[4], *o = t[5];
+  int64_t N = p->n_seqs, max_lq;
+  /* Sequence bounds to the host (both arrays, one synchronisation): validation as the
+   * reference does it, and the longest query run for the grid. */
+  int rc = k3k_cuda_mla_prefill_bounds(cx, t, N, &max_lq);
+  if (rc) return rc;
   if (N == 0 || max_lq == 0) return 0;
   mp_args a;
   memset(&a, 0, sizeof a);
