@@ -10,7 +10,8 @@
  * weights 1e-5 (expf ulps); BF16 outputs 1e-2 (one bf16 rounding, ~2e-3 expected); F32 GEMM
  * outputs 1e-5 (fp32 summation order only); dequant exact.
  * Exit: 0 all passed, 1 some failed, 77 no device (ctest SKIP).
- * Usage: k3k-gpu-moe [--perf] [--perf-t T,T,..] [--no-parity] [--ref cpu|cpu-fast] [--seed N]
+ * Usage: k3k-gpu-moe [--perf] [--perf-t T,T,..] [--no-parity] [--dec-variants-only] [--ref cpu|cpu-fast]
+ *        [--seed N]   (--dec-variants-only: of the parity cases, only the decode-variant ones)
  * Environment: K3PD_MXDEC (decode kernel for the whole run), K3PD_MXDEC_TEST (decode variants
  * whose cases are re-run, default -1,1,2; variants 3+ also bit-for-bit against variant 0),
  * K3PD_MXDEC_PERF (decode variants timed by --perf). */
@@ -560,42 +561,54 @@ static void dec_exact_op_case(gctx *g, int v, int64_t M, int64_t N, int64_t K, k
 /* The whole block (route/plan → gate/up + SiTU with the gather → down → combine, moe_gpu) under
  * decode variant v against variant 0: the gate/up and down outputs (h, yr in the scratch) and
  * y must be bit-identical. Under the PDL variants this is the pass the PDL contract is written
- * for: gate/up waits first, down issues its first units before its wait. */
+ * for (gate/up waits first, down issues its first units before its wait). No reference, so the
+ * weights are generated on the device (random code bytes, one scale per matrix). */
 static void dec_exact_pipeline_case(gctx *g, int v, int32_t T, int32_t E, int32_t k) {
   char what[120];
   snprintf(what, sizeof what, "decode variant %d vs 0: moe block T=%d E=%d k=%d", v, T, E, k);
-  moe_case c;
-  memset(&c, 0, sizeof c);
-  gpair y;
-  memset(&y, 0, sizeof y);
+  cudaStream_t st = stream_of(g);
+  gpair z, lg, bias, y;
   int64_t sz[2] = {T, DL}, sl[2] = {T, E}, sb[1] = {E};
-  int64_t s1p[2] = {(int64_t)E * H1, DL / 2}, s1s[2] = {(int64_t)E * H1, DL / 32};
-  int64_t s2p[2] = {(int64_t)E * DL, H1 / 2}, s2s[2] = {(int64_t)E * DL, H1 / 32};
-  const size_t TK = (size_t)T * k;
+  const size_t TK = (size_t)T * k, np = (size_t)E * H1 * DL / 2, ns = (size_t)E * H1 * DL / 32;
   /* h and yr in moe_gpu_stages' scratch layout: after idx, w, gt, ri (TK each), off, act (E+1) */
   const size_t oh = 4 * ((TK * 4 + 255) & ~(size_t)255) + 2 * (((size_t)(E + 1) * 4 + 255) & ~(size_t)255);
   const size_t nh = TK * (H1 + DL) * 2; /* h's size is a multiple of 256: yr follows directly */
-  void *dev = NULL, *hh[2] = {malloc(nh), malloc(nh)}, *yy[2] = {NULL, NULL};
-  int rc = !hh[0] || !hh[1] || gpair_new(g, &c.z, K3K_BF16, 2, sz) ||
-           gpair_new(g, &c.lg, K3K_F32, 2, sl) || gpair_new(g, &c.bias, K3K_F32, 1, sb) ||
-           gpair_new(g, &c.w1p, K3K_U8, 2, s1p) || gpair_new(g, &c.w1s, K3K_U8, 2, s1s) ||
-           gpair_new(g, &c.w3p, K3K_U8, 2, s1p) || gpair_new(g, &c.w3s, K3K_U8, 2, s1s) ||
-           gpair_new(g, &c.w2p, K3K_U8, 2, s2p) || gpair_new(g, &c.w2s, K3K_U8, 2, s2s) ||
-           gpair_new(g, &y, K3K_BF16, 2, sz) || g->cuda->alloc(g->cuda, moe_dev_bytes(T, E, k), &dev);
+  void *dev = NULL, *wd[6] = {NULL}, *hh[2] = {malloc(nh), malloc(nh)}, *yy[2] = {NULL, NULL};
+  memset(&z, 0, sizeof z);
+  memset(&lg, 0, sizeof lg);
+  memset(&bias, 0, sizeof bias);
+  memset(&y, 0, sizeof y);
+  int rc = !hh[0] || !hh[1] || gpair_new(g, &z, K3K_BF16, 2, sz) || gpair_new(g, &lg, K3K_F32, 2, sl) ||
+           gpair_new(g, &bias, K3K_F32, 1, sb) || gpair_new(g, &y, K3K_BF16, 2, sz) ||
+           g->cuda->alloc(g->cuda, moe_dev_bytes(T, E, k), &dev);
+  for (int i = 0; i < 6 && !rc; i++) /* w1, w3, w2: packed, scales (w2 has the same sizes) */
+    rc = g->cuda->alloc(g->cuda, i & 1 ? ns : np, &wd[i]);
   if (!rc) {
     yy[0] = malloc(y.bytes);
     yy[1] = malloc(y.bytes);
-    rc = !yy[0] || !yy[1] || gpair_rand(g, &c.z, -1, 1) || gpair_rand(g, &c.lg, -6, 6) ||
-         gpair_rand(g, &c.bias, -0.2f, 0.2f) || mx_rand(g, &c.w1p, &c.w1s, 118, 123) ||
-         mx_rand(g, &c.w3p, &c.w3s, 118, 123) || mx_rand(g, &c.w2p, &c.w2s, 118, 123);
+    rc = !yy[0] || !yy[1] || gpair_rand(g, &z, -1, 1) || gpair_rand(g, &lg, -6, 6) ||
+         gpair_rand(g, &bias, -0.2f, 0.2f);
+    for (int i = 0; i < 3 && !rc; i++)
+      rc = k3k_cu_fill_random(st, wd[2 * i], (int64_t)(np / 2), K3K_BF16, 40 + i, -1e30f, 1e30f) ||
+           g->cuda->memset(g->cuda, wd[2 * i + 1], 119 + 2 * i, ns);
+  }
+  k3k_cu_mx_set S[3];
+  for (int i = 0; i < 3; i++) {
+    const int64_t N = i == 2 ? DL : H1, Kc = i == 2 ? H1 : DL;
+    memset(&S[i], 0, sizeof S[i]);
+    S[i].packed_base = (const uint8_t *)wd[2 * i];
+    S[i].scale_base = (const uint8_t *)wd[2 * i + 1];
+    S[i].ld_packed = Kc / 2;
+    S[i].ld_scale = Kc / 32;
+    S[i].estride_packed = N * (Kc / 2);
+    S[i].estride_scale = N * (Kc / 32);
   }
   const int prev = k3k_cu_moe_dec_variant(0);
   for (int pass = 0; pass < 2 && !rc; pass++) {
     const int want = pass ? v : 0;
     k3k_cu_moe_dec_variant(want);
     if (k3k_cu_moe_dec_variant(want) != want) rc = K3_EINVAL;
-    moe_run m = {T, E, k, &c.lg.d, &c.bias.d, &c.z.d, stacked(&c.w1p, &c.w1s, H1),
-                 stacked(&c.w3p, &c.w3s, H1), stacked(&c.w2p, &c.w2s, DL), &y.d, dev};
+    moe_run m = {T, E, k, &lg.d, &bias.d, &z.d, S[0], S[1], S[2], &y.d, dev};
     if (!rc) rc = gpair_poison(g, &y);
     if (!rc) rc = g->cuda->memset(g->cuda, (char *)dev + oh, 0xFF, nh);
     if (!rc) rc = moe_gpu(g, &m);
@@ -613,9 +626,11 @@ static void dec_exact_pipeline_case(gctx *g, int v, int32_t T, int32_t E, int32_
     snprintf(w2, sizeof w2, "%s: y", what);
     same_bytes(g, yy[1], yy[0], y.bytes, 2, w2);
   }
-  gpair *all[] = {&c.z, &c.lg, &c.bias, &c.w1p, &c.w1s, &c.w3p, &c.w3s, &c.w2p, &c.w2s, &y};
+  gpair *all[] = {&z, &lg, &bias, &y};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++)
     if (all[i]->h.data) gpair_free(g, all[i]);
+  for (int i = 0; i < 6; i++)
+    if (wd[i]) g->cuda->free(g->cuda, wd[i]);
   if (dev) g->cuda->free(g->cuda, dev);
   for (int i = 0; i < 2; i++) {
     free(hh[i]);
@@ -720,7 +735,7 @@ int gpu_moe_parity(gctx *g) {
 }
 
 int main(int argc, char **argv) {
-  bool perf = false, parity = true;
+  bool perf = false, parity = true, dec_only = false;
   int32_t *Ts = NULL;
   size_t nT = 0;
   const char *ref = "cpu-fast";
@@ -728,6 +743,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--perf")) perf = true;
     else if (!strcmp(argv[i], "--no-parity")) parity = false;
+    else if (!strcmp(argv[i], "--dec-variants-only")) dec_only = true;
     else if (!strcmp(argv[i], "--perf-t") && i + 1 < argc) {
       char err[128];
       free(Ts);
@@ -748,7 +764,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ref") && i + 1 < argc) ref = argv[++i];
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
     else {
-      fprintf(stderr, "usage: %s [--perf] [--perf-t T,T,..] [--no-parity] [--ref cpu|cpu-fast] [--seed N]\n",
+      fprintf(stderr,
+              "usage: %s [--perf] [--perf-t T,T,..] [--no-parity] [--dec-variants-only] [--ref cpu|cpu-fast] "
+              "[--seed N]\n",
               argv[0]);
       free(Ts);
       return 2;
@@ -760,7 +778,10 @@ int main(int argc, char **argv) {
     free(Ts);
     return orc;
   }
-  if (parity) gpu_moe_parity(&g);
+  if (parity && dec_only)
+    dec_variant_cases(&g);
+  else if (parity)
+    gpu_moe_parity(&g);
   if (perf) gpu_moe_perf(&g, Ts, nT);
   free(Ts);
   printf("%d passed, %d failed\n", g.passed, g.failed);
