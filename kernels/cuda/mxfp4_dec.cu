@@ -614,6 +614,14 @@ int launch3(cudaStream_t st, const dargs &d, int max_active) {
     int pct = per_sm > 0 ? (int)((100 * need + per_sm - 1) / per_sm) : 100;
     K3K_CU(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 pct > 100 ? 100 : pct));
+    int nb = 0;
+    K3K_CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k, DW * 32, (size_t)smem));
+    if (nb < MINB)
+      K3_WARN("mxfp4 decode ring kernel (%d slots, PM %d): %d blocks per SM, sized for %d", S, PM,
+              nb, MINB);
+    else
+      K3_DEBUG("mxfp4 decode ring kernel (%d slots, PM %d): %d blocks per SM, carveout %d%%", S,
+               PM, nb, pct);
     carved = true;
   }
   if (PM == 0) {
