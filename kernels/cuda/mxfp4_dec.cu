@@ -41,6 +41,11 @@
  * applies the E8M0 scale (exact); units where some lane has a scale > 128 (never in real
  * checkpoints; NaN 0xFF included) take a second multiply on a warp-uniform branch.
  *
+ * Variants 3-8 (mx_dec3_kernel, session 5, prepared without a device and not measured yet;
+ * opt-in through K3PD_MXDEC / k3k_cu_moe_dec_variant): the same blocks, units and math with the
+ * weights brought in by a per-warp cp.async ring in shared memory instead of registers, and
+ * optionally launched with PDL; bit-identical outputs to variant 0.
+ *
  * Invariants: results differ from the reference chain only by fp32 summation order (fixed:
  * one accumulator chain per half tile in k order, then the 4 warps' partials in warp order:
  * bit-identical from run to run). No atomics, no allocation, no synchronisation: capture-safe. */
