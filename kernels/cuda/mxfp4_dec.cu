@@ -359,7 +359,9 @@ __device__ __forceinline__ void cpa16(uint32_t s, const void *g) {
 __device__ __forceinline__ void cpa4(uint32_t s, const void *g) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(g) : "memory");
 }
-__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cpa_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N> __device__ __forceinline__ void cpa_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
@@ -499,8 +501,8 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
           const uint32_t o = (uint32_t)js * SLOT;
           const uint4 w0 = *reinterpret_cast<const uint4 *>(rw + o);
           const uint4 w1 = *reinterpret_cast<const uint4 *>(rw + o + 512);
-          const uint32_t s0 = (*reinterpret_cast<const uint32_t *>(rs + o) >> sh[m][0]) & 0xFFu;
-          const uint32_t s1 = (*reinterpret_cast<const uint32_t *>(rs + o + 128) >> sh[m][1]) & 0xFFu;
+          const uint32_t *sw = reinterpret_cast<const uint32_t *>(rs + o);
+          const uint32_t s0 = (sw[0] >> sh[m][0]) & 0xFFu, s1 = (sw[32] >> sh[m][1]) & 0xFFu;
           const bool slow = __any_sync(0xffffffffu, (s0 > 128u) | (s1 > 128u));
           if (slow)
             unit_mma<true>(w0, w1, s0, s1, xb, c[m]);

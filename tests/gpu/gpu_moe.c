@@ -10,8 +10,9 @@
  * weights 1e-5 (expf ulps); BF16 outputs 1e-2 (one bf16 rounding, ~2e-3 expected); F32 GEMM
  * outputs 1e-5 (fp32 summation order only); dequant exact.
  * Exit: 0 all passed, 1 some failed, 77 no device (ctest SKIP).
- * Usage: k3k-gpu-moe [--perf] [--perf-t T,T,..] [--no-parity] [--dec-variants-only] [--ref cpu|cpu-fast]
- *        [--seed N]   (--dec-variants-only: of the parity cases, only the decode-variant ones)
+ * Usage: k3k-gpu-moe [--perf] [--perf-t T,T,..] [--no-parity] [--dec-variants-only]
+ *        [--ref cpu|cpu-fast] [--seed N]   (--dec-variants-only: of the parity cases, only the
+ *        decode-variant ones)
  * Environment: K3PD_MXDEC (decode kernel for the whole run), K3PD_MXDEC_TEST (decode variants
  * whose cases are re-run, default -1,1,2; variants 3+ also bit-for-bit against variant 0),
  * K3PD_MXDEC_PERF (decode variants timed by --perf). */
@@ -521,8 +522,8 @@ static bool same_bytes(gctx *g, const void *a, const void *b, size_t bytes, size
 static void dec_exact_op_case(gctx *g, int v, int64_t M, int64_t N, int64_t K, k3k_dtype_t ydt,
                               int slo, int shi, int scol) {
   char what[160];
-  snprintf(what, sizeof what, "decode variant %d vs 0: mxfp4_gemm M=%lld N=%lld K=%lld y=%s scales %d..%d%s",
-           v, (long long)M, (long long)N, (long long)K, k3k_dtype_name(ydt), slo, shi,
+  snprintf(what, sizeof what,
+           "decode variant %d vs 0: mxfp4_gemm M=%lld N=%lld K=%lld y=%s scales %d..%d%s", v, (long long)M, (long long)N, (long long)K, k3k_dtype_name(ydt), slo, shi,
            scol ? " (unaligned scale rows)" : "");
   gpair x, pk, sc, y;
   int64_t sx[2] = {M, K}, sp[2] = {N, K / 2}, ss[2] = {N, K / 32 + scol}, sy[2] = {M, N};
@@ -571,15 +572,16 @@ static void dec_exact_pipeline_case(gctx *g, int v, int32_t T, int32_t E, int32_
   int64_t sz[2] = {T, DL}, sl[2] = {T, E}, sb[1] = {E};
   const size_t TK = (size_t)T * k, np = (size_t)E * H1 * DL / 2, ns = (size_t)E * H1 * DL / 32;
   /* h and yr in moe_gpu_stages' scratch layout: after idx, w, gt, ri (TK each), off, act (E+1) */
-  const size_t oh = 4 * ((TK * 4 + 255) & ~(size_t)255) + 2 * (((size_t)(E + 1) * 4 + 255) & ~(size_t)255);
+  const size_t oh =
+      4 * ((TK * 4 + 255) & ~(size_t)255) + 2 * (((size_t)(E + 1) * 4 + 255) & ~(size_t)255);
   const size_t nh = TK * (H1 + DL) * 2; /* h's size is a multiple of 256: yr follows directly */
   void *dev = NULL, *wd[6] = {NULL}, *hh[2] = {malloc(nh), malloc(nh)}, *yy[2] = {NULL, NULL};
   memset(&z, 0, sizeof z);
   memset(&lg, 0, sizeof lg);
   memset(&bias, 0, sizeof bias);
   memset(&y, 0, sizeof y);
-  int rc = !hh[0] || !hh[1] || gpair_new(g, &z, K3K_BF16, 2, sz) || gpair_new(g, &lg, K3K_F32, 2, sl) ||
-           gpair_new(g, &bias, K3K_F32, 1, sb) || gpair_new(g, &y, K3K_BF16, 2, sz) ||
+  int rc = !hh[0] || !hh[1] || gpair_new(g, &z, K3K_BF16, 2, sz) ||
+           gpair_new(g, &lg, K3K_F32, 2, sl) || gpair_new(g, &bias, K3K_F32, 1, sb) || gpair_new(g, &y, K3K_BF16, 2, sz) ||
            g->cuda->alloc(g->cuda, moe_dev_bytes(T, E, k), &dev);
   for (int i = 0; i < 6 && !rc; i++) /* w1, w3, w2: packed, scales (w2 has the same sizes) */
     rc = g->cuda->alloc(g->cuda, i & 1 ? ns : np, &wd[i]);
@@ -765,8 +767,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
     else {
       fprintf(stderr,
-              "usage: %s [--perf] [--perf-t T,T,..] [--no-parity] [--dec-variants-only] [--ref cpu|cpu-fast] "
-              "[--seed N]\n",
+              "usage: %s [--perf] [--perf-t T,T,..] [--no-parity] [--dec-variants-only] "
+              "[--ref cpu|cpu-fast] [--seed N]\n",
               argv[0]);
       free(Ts);
       return 2;
