@@ -41,6 +41,11 @@
  * applies the E8M0 scale (exact); units where some lane has a scale > 128 (never in real
  * checkpoints; NaN 0xFF included) take a second multiply on a warp-uniform branch.
  *
+ * Variants 3-8 (mx_dec3_kernel, session 5, prepared without a device and not measured yet;
+ * opt-in through K3PD_MXDEC / k3k_cu_moe_dec_variant): the same blocks, units and math with the
+ * weights brought in by a per-warp cp.async ring in shared memory instead of registers, and
+ * optionally launched with PDL; bit-identical outputs to variant 0.
+ *
  * Invariants: results differ from the reference chain only by fp32 summation order (fixed:
  * one accumulator chain per half tile in k order, then the 4 warps' partials in warp order:
  * bit-identical from run to run). No atomics, no allocation, no synchronisation: capture-safe. */
@@ -48,6 +53,7 @@
 #include "mma_sm80.cuh"
 #include "moe_ops.h"
 #include "mxfp4_args.cuh"
+#include "pdl.cuh"
 
 namespace {
 
@@ -315,16 +321,260 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec2_kernel(dargs a) {
   }
 }
 
+/* ---- Variants 3+: the same warps, work split and math; the weights come through a ring ----
+ *
+ * Why (docs/perf-gpu-moe.md, session 4): the kernel above keeps one 1 KB unit per warp in flight
+ * while the warp computes (each unit in flight costs 10 registers, and registers are warps).
+ * Here each warp owns S slots of shared memory and keeps S-1 units in flight by cp.async while
+ * it computes one, so the bytes in flight cost no registers (24 warps × 3 KB = 72 KB per SM at
+ * S = 4, against ~24 KB above during the math).
+ * Slots: unit u lives in slot u % S of its warp. A lane copies, and later reads, only its own
+ * bytes (its 16 bytes of row g and of row g+8, and the two 4-byte words holding their scale
+ * bytes), so the lane's own cp.async.wait_group is all the synchronisation a slot needs: no
+ * barrier, no mbarrier; a slot is refilled one unit after the same lane read it (program order).
+ * Slot layout (SLOT bytes): [0, 512) row g pieces by lane, [512, 1024) row g+8, [1024, 1152)
+ * and [1152, 1280) the scale words by lane; 8 consecutive lanes touch 128 contiguous bytes.
+ * Groups: every thread commits exactly one group per unit index, empty or not (S-1 in the
+ * prologue, one per unit after), so after the commit of unit u+S-1, wait_group(S-1) means
+ * unit u has landed; after the last unit every real copy has landed.
+ * Scale bytes: cp.async has no 1-byte form, so a lane copies the aligned 4-byte word holding
+ * its byte and shifts by the address's low bits (no alignment of scale rows assumed; the word
+ * never leaves the 4-byte block of a valid byte).
+ * Numerics: the same units in the same order through the same unit_mma, the same reduction
+ * (partials via the warps' own slot 0) and epilogue: outputs are bit-identical to variant 0,
+ * which the parity test asserts.
+ * PM (PDL, pdl.cuh): 0 plain launch; 1 PDL: waits before any memory access, then triggers
+ * (the next kernel's blocks may take SM slots as this grid drains); 2 PDL, and the plan
+ * (expert_off, active, x_gather) and the first S-1 units are read before the wait. 2 is only
+ * used for the down GEMM of the grouped pair (act NONE with a plan): its predecessor is the
+ * gate/up GEMM of the same variant (PM 1), which triggers only after its own wait returned, so
+ * the plan's writer (the route/plan kernel) had completed before any block of this grid
+ * started; the weights are constant during a pass. x and y only after the wait, x (and
+ * x_gather) with coherent loads: an .nc load could be hoisted above the wait. */
+constexpr int SLOT = 1280;
+
+__device__ __forceinline__ void cpa16(uint32_t s, const void *g) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cpa4(uint32_t s, const void *g) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cpa_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cpa_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+/* the aligned word holding byte p, and p's bit offset in it */
+__device__ __forceinline__ const void *word_of_byte(const uint8_t *p) {
+  return reinterpret_cast<const void *>(reinterpret_cast<uintptr_t>(p) & ~(uintptr_t)3);
+}
+__device__ __forceinline__ uint32_t bitoff(const uint8_t *p) {
+  return 8u * (uint32_t)(reinterpret_cast<uintptr_t>(p) & 3);
+}
+template <bool COH> __device__ __forceinline__ uint4 ldx16(const uint4 *p) {
+  if (COH) return *p;
+  return __ldg(p);
+}
+
+template <bool FUSED, int S, int MINB, int PM>
+__global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
+  static_assert(S >= 2 && S <= 8, "ring slots per warp");
+  static_assert(PM != 2 || !FUSED, "only the down GEMM reads before the wait");
+  extern __shared__ uint4 ring4[];
+  uint8_t *const ring = reinterpret_cast<uint8_t *>(ring4);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  if (PM == 1) {
+    pdl_wait();
+    pdl_trigger();
+  }
+  int e, rb, re;
+  if (a.expert_off) {
+    if ((int)blockIdx.y >= a.active[0]) return; /* whole block */
+    e = a.active[1 + blockIdx.y];
+    rb = a.expert_off[e];
+    re = a.expert_off[e + 1];
+  } else {
+    e = 0;
+    rb = 0;
+    re = a.single_rows;
+  }
+  if (rb >= re) return;
+  const int row0 = blockIdx.x * (FUSED ? 16 : 32);
+  const uint8_t *P[2], *Sc[2];
+  bool valid[2];
+#pragma unroll
+  for (int m = 0; m < 2; m++) {
+    const mx_dset &set = (FUSED && m == 1) ? a.up : a.w;
+    int r = FUSED ? row0 : row0 + 16 * m;
+    valid[m] = r < a.N;
+    if (!valid[m]) r = 0;
+    P[m] = mx_packed(set, e) + (int64_t)(r + g) * set.ldp + t4 * 16;
+    Sc[m] = mx_scale(set, e) + (int64_t)(r + g) * set.lds + t4;
+  }
+  const int ldp8[2] = {(int)(8 * a.w.ldp), (int)(8 * (FUSED ? a.up.ldp : a.w.ldp))};
+  const int lds8[2] = {(int)(8 * a.w.lds), (int)(8 * (FUSED ? a.up.lds : a.w.lds))};
+  /* bit offsets of the scale bytes in their words: k steps move by 4 bytes, so fixed per row */
+  const uint32_t sh[2][2] = {{bitoff(Sc[0]), bitoff(Sc[0] + lds8[0])},
+                             {bitoff(Sc[1]), bitoff(Sc[1] + lds8[1])}};
+  /* this warp's k steps: kb + kst·i, i < nks; unit u = 2i + m is step i, half m */
+  const int nk = a.K >> 7, kb = warp, kst = DW;
+  const int nks = nk > warp ? (nk - warp + DW - 1) / DW : 0, nu = 2 * nks;
+  uint8_t *const wr = ring + warp * (S * SLOT); /* this warp's S slots */
+  const uint32_t wsm = (uint32_t)__cvta_generic_to_shared(wr);
+  const uint32_t dw = wsm + lane * 16, ds = wsm + 1024 + lane * 4; /* slot 0 destinations */
+  const uint8_t *const rw = wr + lane * 16, *const rs = wr + 1024 + lane * 4;
+
+  for (int tb = rb; tb < re; tb += 8) {
+    float c[2][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) c[m][j] = 0.0f;
+    /* unit (step i, half m) into slot js, then commit (always: one group per unit index) */
+#define DEC3_ISSUE(js, i, m)                                                             \
+  do {                                                                                   \
+    if (valid[m]) {                                                                      \
+      const int kk_ = kb + kst * (i);                                                    \
+      const uint32_t o_ = (uint32_t)(js) * SLOT;                                         \
+      cpa16(dw + o_, P[m] + kk_ * 64);                                                   \
+      cpa16(dw + o_ + 512, P[m] + ldp8[m] + kk_ * 64);                                   \
+      cpa4(ds + o_, word_of_byte(Sc[m] + kk_ * 4));                                      \
+      cpa4(ds + o_ + 128, word_of_byte(Sc[m] + lds8[m] + kk_ * 4));                      \
+    }                                                                                    \
+    cpa_commit();                                                                        \
+  } while (0)
+#pragma unroll
+    for (int j = 0; j < S - 1; j++) {
+      if (j < nu)
+        DEC3_ISSUE(j, j >> 1, j & 1);
+      else
+        cpa_commit();
+    }
+    if (PM == 2 && tb == rb) { /* the first units are in flight; x and y are the pass's */
+      pdl_wait();
+      pdl_trigger();
+    }
+    const int tok = tb + g;
+    const bool tv = tok < re;
+    const uint16_t *xr = a.x;
+    if (tv) {
+      const int xrow = a.x_gather ? (PM ? a.x_gather[tok] : __ldg(a.x_gather + tok)) : tok;
+      xr = a.x + (int64_t)xrow * a.ldx + t4 * 32;
+    }
+    uint32_t xb[4][2][2];
+    int js = 0; /* slot of the current unit */
+    for (int i = 0; i < nks; i++) {
+#pragma unroll
+      for (int m = 0; m < 2; m++) {
+        const int un = 2 * i + m + S - 1; /* the unit issued now, into the slot read last */
+        if (un < nu)
+          DEC3_ISSUE(js == 0 ? S - 1 : js - 1, un >> 1, (m + S - 1) & 1);
+        else
+          cpa_commit();
+        cpa_wait<S - 1>(); /* unit 2i + m has landed */
+        if (m == 0) { /* new 128-k step: this lane's x (token g, k 32·t4..) as B fragments */
+          uint32_t xu[16];
+          if (tv) {
+            const uint4 *xp = reinterpret_cast<const uint4 *>(xr + (kb + kst * i) * 128);
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+              const uint4 q = ldx16<PM != 0>(xp + v);
+              xu[4 * v] = q.x;
+              xu[4 * v + 1] = q.y;
+              xu[4 * v + 2] = q.z;
+              xu[4 * v + 3] = q.w;
+            }
+          } else {
+#pragma unroll
+            for (int v = 0; v < 16; v++) xu[v] = 0;
+          }
+#pragma unroll
+          for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+              xb[q][p][0] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x5410);
+              xb[q][p][1] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x7632);
+            }
+        }
+        if (valid[m] && !a.nomath) {
+          const uint32_t o = (uint32_t)js * SLOT;
+          const uint4 w0 = *reinterpret_cast<const uint4 *>(rw + o);
+          const uint4 w1 = *reinterpret_cast<const uint4 *>(rw + o + 512);
+          const uint32_t *sw = reinterpret_cast<const uint32_t *>(rs + o);
+          const uint32_t s0 = (sw[0] >> sh[m][0]) & 0xFFu, s1 = (sw[32] >> sh[m][1]) & 0xFFu;
+          const bool slow = __any_sync(0xffffffffu, (s0 > 128u) | (s1 > 128u));
+          if (slow)
+            unit_mma<true>(w0, w1, s0, s1, xb, c[m]);
+          else
+            unit_mma<false>(w0, w1, s0, s1, xb, c[m]);
+        }
+        js = js == S - 1 ? 0 : js + 1;
+      }
+    }
+#undef DEC3_ISSUE
+    /* partials through each warp's own slot 0 (all of its copies have landed: see Groups) */
+    {
+      float4 *const red = reinterpret_cast<float4 *>(wr);
+      red[2 * lane] = make_float4(c[0][0], c[0][1], c[0][2], c[0][3]);
+      red[2 * lane + 1] = make_float4(c[1][0], c[1][1], c[1][2], c[1][3]);
+      __syncthreads();
+      if (warp == 0) {
+#pragma unroll
+        for (int q = 1; q < DW; q++) {
+          const float4 *o = reinterpret_cast<const float4 *>(ring + q * (S * SLOT));
+          const float4 o0 = o[2 * lane], o1 = o[2 * lane + 1];
+          c[0][0] += o0.x;
+          c[0][1] += o0.y;
+          c[0][2] += o0.z;
+          c[0][3] += o0.w;
+          c[1][0] += o1.x;
+          c[1][1] += o1.y;
+          c[1][2] += o1.z;
+          c[1][3] += o1.w;
+        }
+      }
+    }
+    if (warp == 0) { /* c[m][2h + j] = (row g + 8h of half m, token tb + 2·t4 + j) */
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        const int t = tb + 2 * t4 + j;
+        if (t >= re) continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          if (FUSED) {
+            mx_store_y(a, t, row0 + g + 8 * h, mx_act(a, c[0][2 * h + j], c[1][2 * h + j]));
+          } else {
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+              if (valid[m]) mx_store_y(a, t, row0 + 16 * m + g + 8 * h, c[m][2 * h + j]);
+          }
+        }
+      }
+    }
+    __syncthreads(); /* slot 0 is refilled by the next token chunk */
+  }
+}
+
 /* Variants (k3k_cu_moe_dec_variant; figures in docs/perf-gpu-moe.md): pipeline depth NB,
  * blocks per SM the registers are capped for (MINB), the L2 prefetch hint pf (2: 256 bytes,
- * 1: 128, 0: none). v + 100: the same without the math (timing only: outputs are wrong). */
+ * 1: 128, 0: none); ring > 0: mx_dec3_kernel with that many slots per warp (L2::256B always),
+ * pdl 0: plain launches, 1: PDL with the down GEMM's first units before the wait (PM 2),
+ * 2: PDL, every kernel waits first (PM 1). v + 100: the same without the math (timing only:
+ * outputs are wrong). 3-7: prepared in session 5 without a device, not measured yet. */
 struct variant {
-  int nb, minb, pf;
+  int nb, minb, pf, ring, pdl;
 };
 constexpr variant VARIANTS[] = {
-    {2, 6, 2}, /* 0: the default */
-    {2, 6, 0}, /* 1: no prefetch hint */
-    {2, 5, 0}, /* 2: 20 warps per SM */
+    {2, 6, 2, 0, 0}, /* 0: the default */
+    {2, 6, 0, 0, 0}, /* 1: no prefetch hint */
+    {2, 5, 0, 0, 0}, /* 2: 20 warps per SM */
+    {2, 6, 2, 4, 0}, /* 3: ring of 4 units per warp, 24 warps per SM */
+    {2, 6, 2, 4, 1}, /* 4: 3 + PDL, down's first units before the wait */
+    {2, 6, 2, 6, 1}, /* 5: 4 with a ring of 6 */
+    {2, 8, 2, 4, 1}, /* 6: 4 at 32 warps per SM (64 registers) */
+    {2, 6, 2, 4, 2}, /* 7: 3 + PDL, no loads before the wait */
+    {2, 8, 2, 5, 1}, /* 8: 6 with a ring of 5 (8 × 26.6 KB of shared memory per SM) */
 };
 constexpr int NVAR = (int)(sizeof VARIANTS / sizeof VARIANTS[0]);
 
@@ -354,6 +604,62 @@ int launch_var(cudaStream_t st, const dargs &d, int max_active, const variant &v
   return launch<FUSED, 2, 6>(st, d, max_active);
 }
 
+/* The ring kernel's shared memory (DW·S slots) for MINB blocks per SM: the carveout is asked
+ * for explicitly (once per instantiation) so the driver's default cannot cap the occupancy. */
+template <bool FUSED, int S, int MINB, int PM>
+int launch3(cudaStream_t st, const dargs &d, int max_active) {
+  void (*k)(dargs) = mx_dec3_kernel<FUSED, S, MINB, PM>;
+  const int RT = FUSED ? 16 : 32;
+  const dim3 grid((unsigned)((d.N + RT - 1) / RT), (unsigned)max_active), block(DW * 32);
+  const int smem = DW * S * SLOT;
+  static bool carved = false;
+  if (!carved) {
+    int dev = 0, per_sm = 0;
+    K3K_CU(cudaGetDevice(&dev));
+    K3K_CU(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    const int64_t need = (int64_t)MINB * (smem + 1024); /* + the 1 KB each block reserves */
+    int pct = per_sm > 0 ? (int)((100 * need + per_sm - 1) / per_sm) : 100;
+    K3K_CU(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                pct > 100 ? 100 : pct));
+    int nb = 0;
+    K3K_CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k, DW * 32, (size_t)smem));
+    if (nb < MINB)
+      K3_WARN("mxfp4 decode ring kernel (%d slots, PM %d): %d blocks per SM, sized for %d", S, PM,
+              nb, MINB);
+    else
+      K3_DEBUG("mxfp4 decode ring kernel (%d slots, PM %d): %d blocks per SM, carveout %d%%", S,
+               PM, nb, pct);
+    carved = true;
+  }
+  if (PM == 0) {
+    k<<<grid, block, smem, st>>>(d);
+    K3K_LAUNCHED("mxfp4_grouped_gemm_decode3");
+  } else {
+    K3K_CU(pdl_launch(k, grid, block, (size_t)smem, st, d));
+    K3K_LAUNCHED("mxfp4_grouped_gemm_decode3");
+  }
+  return 0;
+}
+
+/* PM from the variant and the call: 2 only for the down GEMM of a grouped pair (kernel note).
+ * Plain launches are instantiated for the 4-slot, 6-block ring only (variant 3). */
+template <bool FUSED, int S, int MINB>
+int launch3_pm(cudaStream_t st, const dargs &d, int max_active, const variant &v) {
+  if constexpr (S == 4 && MINB == 6) {
+    if (!v.pdl) return launch3<FUSED, S, MINB, 0>(st, d, max_active);
+  }
+  if (!FUSED && v.pdl == 1 && d.expert_off) return launch3<false, S, MINB, 2>(st, d, max_active);
+  return launch3<FUSED, S, MINB, 1>(st, d, max_active);
+}
+
+template <bool FUSED>
+int launch_ring(cudaStream_t st, const dargs &d, int max_active, const variant &v) {
+  if (v.ring == 6) return launch3_pm<FUSED, 6, 6>(st, d, max_active, v);
+  if (v.ring == 5) return launch3_pm<FUSED, 5, 8>(st, d, max_active, v);
+  if (v.minb == 8) return launch3_pm<FUSED, 4, 8>(st, d, max_active, v);
+  return launch3_pm<FUSED, 4, 6>(st, d, max_active, v);
+}
+
 } // namespace
 
 int k3k_cu_moe_dec_variant(int v) {
@@ -378,6 +684,9 @@ int k3k_cu_moe_gemm_dec(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
   mx_fill_args(&d, a);
   d.pf = v.pf;
   d.nomath = vi >= 100; /* timing only: loads without the math */
+  if (v.ring)
+    return fused ? launch_ring<true>(st, d, a->max_active, v)
+                 : launch_ring<false>(st, d, a->max_active, v);
   return fused ? launch_var<true>(st, d, a->max_active, v)
                : launch_var<false>(st, d, a->max_active, v);
 }

@@ -10,9 +10,12 @@
  * weights 1e-5 (expf ulps); BF16 outputs 1e-2 (one bf16 rounding, ~2e-3 expected); F32 GEMM
  * outputs 1e-5 (fp32 summation order only); dequant exact.
  * Exit: 0 all passed, 1 some failed, 77 no device (ctest SKIP).
- * Usage: k3k-gpu-moe [--perf] [--perf-t T,T,..] [--no-parity] [--ref cpu|cpu-fast] [--seed N]
+ * Usage: k3k-gpu-moe [--perf] [--perf-t T,T,..] [--no-parity] [--dec-variants-only]
+ *        [--ref cpu|cpu-fast] [--seed N]   (--dec-variants-only: of the parity cases, only the
+ *        decode-variant ones)
  * Environment: K3PD_MXDEC (decode kernel for the whole run), K3PD_MXDEC_TEST (decode variants
- * whose cases are re-run, default -1,1,2), K3PD_MXDEC_PERF (decode variants timed by --perf). */
+ * whose cases are re-run, default -1,1,2; variants 3+ also bit-for-bit against variant 0),
+ * K3PD_MXDEC_PERF (decode variants timed by --perf). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -494,6 +497,149 @@ static void pipeline_case(gctx *g, int32_t T, int32_t E, int32_t k) {
   if (dev) g->cuda->free(g->cuda, dev);
 }
 
+/* Bytes of a and b equal; else the first differing element (elem bytes wide) is printed. Also
+ * fails when a holds the poison pattern (all-ones element: NaN / -1), i.e. an unwritten output. */
+static bool same_bytes(gctx *g, const void *a, const void *b, size_t bytes, size_t elem,
+                       const char *what) {
+  const uint8_t *pa = (const uint8_t *)a, *pb = (const uint8_t *)b;
+  size_t poison = 0, first = bytes;
+  for (size_t i = 0; i < bytes; i += elem) {
+    bool ones = true;
+    for (size_t j = 0; j < elem; j++) ones = ones && pa[i + j] == 0xFF;
+    poison += ones;
+    if (first == bytes && memcmp(pa + i, pb + i, elem)) first = i;
+  }
+  g_record(g, first == bytes && poison == 0, "%s: %s, %zu unwritten of %zu", what,
+           first == bytes ? "bit-identical" : "differs", poison, bytes / elem);
+  if (first < bytes) printf("   first difference at element %zu\n", first / elem);
+  return first == bytes && poison == 0;
+}
+
+/* The MXFP4_GEMM op (decode kernel: M <= 16) under decode variant v against variant 0 on the
+ * same device data: the ring variants (3+) compute the same units in the same order, so the
+ * outputs must be bit-identical. scol > 0: the scales are columns scol.. of a [N, K/32 + scol]
+ * tensor, so no scale row starts 4-byte aligned (the ring copies whole aligned words). */
+static void dec_exact_op_case(gctx *g, int v, int64_t M, int64_t N, int64_t K, k3k_dtype_t ydt,
+                              int slo, int shi, int scol) {
+  char what[160];
+  snprintf(what, sizeof what,
+           "decode variant %d vs 0: mxfp4_gemm M=%lld N=%lld K=%lld y=%s scales %d..%d%s", v, (long long)M, (long long)N, (long long)K, k3k_dtype_name(ydt), slo, shi,
+           scol ? " (unaligned scale rows)" : "");
+  gpair x, pk, sc, y;
+  int64_t sx[2] = {M, K}, sp[2] = {N, K / 2}, ss[2] = {N, K / 32 + scol}, sy[2] = {M, N};
+  if (gpair_new(g, &x, K3K_BF16, 2, sx) || gpair_new(g, &pk, K3K_U8, 2, sp) ||
+      gpair_new(g, &sc, K3K_U8, 2, ss) || gpair_new(g, &y, ydt, 2, sy)) {
+    g_record(g, false, "%s: alloc", what);
+    return;
+  }
+  k3k_tensor_t sv = scol ? k3k_tensor_slice(&sc.d, 1, scol, K / 32) : sc.d;
+  void *out[2] = {malloc(y.bytes), malloc(y.bytes)};
+  int rc = !out[0] || !out[1] ? K3_ENOMEM : 0;
+  if (!rc && (gpair_rand(g, &x, -1.0f, 1.0f) || mx_rand(g, &pk, &sc, slo, shi))) rc = K3_EDEVICE;
+  const int prev = k3k_cu_moe_dec_variant(0);
+  for (int pass = 0; pass < 2 && !rc; pass++) {
+    const int want = pass ? v : 0;
+    k3k_cu_moe_dec_variant(want);
+    if (k3k_cu_moe_dec_variant(want) != want) rc = K3_EINVAL;
+    if (!rc) rc = gpair_poison(g, &y);
+    if (!rc) rc = k3k_mxfp4_gemm(g->cuda, &x.d, &pk.d, &sv, &y.d);
+    if (!rc) rc = g->cuda->synchronize(g->cuda);
+    if (!rc) rc = g->cuda->copy_to_host(g->cuda, out[pass], y.d.data, y.bytes);
+  }
+  k3k_cu_moe_dec_variant(prev);
+  if (rc)
+    g_record(g, false, "%s: failed: %s", what, k3_strerror(rc));
+  else
+    same_bytes(g, out[1], out[0], y.bytes, k3k_dtype_size(ydt), what);
+  free(out[0]);
+  free(out[1]);
+  gpair_free(g, &x);
+  gpair_free(g, &pk);
+  gpair_free(g, &sc);
+  gpair_free(g, &y);
+}
+
+/* The whole block (route/plan → gate/up + SiTU with the gather → down → combine, moe_gpu) under
+ * decode variant v against variant 0: the gate/up and down outputs (h, yr in the scratch) and
+ * y must be bit-identical. Under the PDL variants this is the pass the PDL contract is written
+ * for (gate/up waits first, down issues its first units before its wait). No reference, so the
+ * weights are generated on the device (random code bytes, one scale per matrix). */
+static void dec_exact_pipeline_case(gctx *g, int v, int32_t T, int32_t E, int32_t k) {
+  char what[120];
+  snprintf(what, sizeof what, "decode variant %d vs 0: moe block T=%d E=%d k=%d", v, T, E, k);
+  cudaStream_t st = stream_of(g);
+  gpair z, lg, bias, y;
+  int64_t sz[2] = {T, DL}, sl[2] = {T, E}, sb[1] = {E};
+  const size_t TK = (size_t)T * k, np = (size_t)E * H1 * DL / 2, ns = (size_t)E * H1 * DL / 32;
+  /* h and yr in moe_gpu_stages' scratch layout: after idx, w, gt, ri (TK each), off, act (E+1) */
+  const size_t oh =
+      4 * ((TK * 4 + 255) & ~(size_t)255) + 2 * (((size_t)(E + 1) * 4 + 255) & ~(size_t)255);
+  const size_t nh = TK * (H1 + DL) * 2; /* h's size is a multiple of 256: yr follows directly */
+  void *dev = NULL, *wd[6] = {NULL}, *hh[2] = {malloc(nh), malloc(nh)}, *yy[2] = {NULL, NULL};
+  memset(&z, 0, sizeof z);
+  memset(&lg, 0, sizeof lg);
+  memset(&bias, 0, sizeof bias);
+  memset(&y, 0, sizeof y);
+  int rc = !hh[0] || !hh[1] || gpair_new(g, &z, K3K_BF16, 2, sz) ||
+           gpair_new(g, &lg, K3K_F32, 2, sl) || gpair_new(g, &bias, K3K_F32, 1, sb) || gpair_new(g, &y, K3K_BF16, 2, sz) ||
+           g->cuda->alloc(g->cuda, moe_dev_bytes(T, E, k), &dev);
+  for (int i = 0; i < 6 && !rc; i++) /* w1, w3, w2: packed, scales (w2 has the same sizes) */
+    rc = g->cuda->alloc(g->cuda, i & 1 ? ns : np, &wd[i]);
+  if (!rc) {
+    yy[0] = malloc(y.bytes);
+    yy[1] = malloc(y.bytes);
+    rc = !yy[0] || !yy[1] || gpair_rand(g, &z, -1, 1) || gpair_rand(g, &lg, -6, 6) ||
+         gpair_rand(g, &bias, -0.2f, 0.2f);
+    for (int i = 0; i < 3 && !rc; i++)
+      rc = k3k_cu_fill_random(st, wd[2 * i], (int64_t)(np / 2), K3K_BF16, 40 + i, -1e30f, 1e30f) ||
+           g->cuda->memset(g->cuda, wd[2 * i + 1], 119 + 2 * i, ns);
+  }
+  k3k_cu_mx_set S[3];
+  for (int i = 0; i < 3; i++) {
+    const int64_t N = i == 2 ? DL : H1, Kc = i == 2 ? H1 : DL;
+    memset(&S[i], 0, sizeof S[i]);
+    S[i].packed_base = (const uint8_t *)wd[2 * i];
+    S[i].scale_base = (const uint8_t *)wd[2 * i + 1];
+    S[i].ld_packed = Kc / 2;
+    S[i].ld_scale = Kc / 32;
+    S[i].estride_packed = N * (Kc / 2);
+    S[i].estride_scale = N * (Kc / 32);
+  }
+  const int prev = k3k_cu_moe_dec_variant(0);
+  for (int pass = 0; pass < 2 && !rc; pass++) {
+    const int want = pass ? v : 0;
+    k3k_cu_moe_dec_variant(want);
+    if (k3k_cu_moe_dec_variant(want) != want) rc = K3_EINVAL;
+    moe_run m = {T, E, k, &lg.d, &bias.d, &z.d, S[0], S[1], S[2], &y.d, dev};
+    if (!rc) rc = gpair_poison(g, &y);
+    if (!rc) rc = g->cuda->memset(g->cuda, (char *)dev + oh, 0xFF, nh);
+    if (!rc) rc = moe_gpu(g, &m);
+    if (!rc) rc = g->cuda->synchronize(g->cuda);
+    if (!rc) rc = g->cuda->copy_to_host(g->cuda, hh[pass], (char *)dev + oh, nh);
+    if (!rc) rc = g->cuda->copy_to_host(g->cuda, yy[pass], y.d.data, y.bytes);
+  }
+  k3k_cu_moe_dec_variant(prev);
+  if (rc) {
+    g_record(g, false, "%s: failed (%d)", what, rc);
+  } else {
+    char w2[160];
+    snprintf(w2, sizeof w2, "%s: gate/up h and down yr", what);
+    same_bytes(g, hh[1], hh[0], nh, 2, w2);
+    snprintf(w2, sizeof w2, "%s: y", what);
+    same_bytes(g, yy[1], yy[0], y.bytes, 2, w2);
+  }
+  gpair *all[] = {&z, &lg, &bias, &y};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+    if (all[i]->h.data) gpair_free(g, all[i]);
+  for (int i = 0; i < 6; i++)
+    if (wd[i]) g->cuda->free(g->cuda, wd[i]);
+  if (dev) g->cuda->free(g->cuda, dev);
+  for (int i = 0; i < 2; i++) {
+    free(hh[i]);
+    free(yy[i]);
+  }
+}
+
 /* The decode-kernel cases (rows_hint <= 16) again under each decode variant of K3PD_MXDEC_TEST
  * (a list; default "-1,1,2": the older cp.async kernel and the measured alternatives of
  * mxfp4_dec.cu, next to the default kernel run above). */
@@ -522,6 +668,18 @@ static void dec_variant_cases(gctx *g) {
     mx_gemm_case(g, 11, 272, 384, K3K_BF16, K3K_F32, 110, 130); /* half tile, 3 k steps */
     pipeline_case(g, 2, 16, 8); /* gather, fused SiTU, experts of 1-2 rows */
     k3k_cu_moe_dec_variant(prev);
+    if (vs[i] >= 3 && vs[i] < 100) { /* the ring variants: bit-identical to variant 0 */
+      dec_exact_op_case(g, vs[i], 1, H1, DL, K3K_BF16, 118, 123, 0);
+      dec_exact_op_case(g, vs[i], 16, DL, H1, K3K_F32, 118, 123, 0);  /* two token chunks */
+      dec_exact_op_case(g, vs[i], 11, 272, 384, K3K_F32, 110, 130, 0); /* half tile, slow path */
+      dec_exact_op_case(g, vs[i], 5, 256, 512, K3K_F32, 100, 160, 0);
+      dec_exact_op_case(g, vs[i], 3, 512, 1024, K3K_F32, 0, 20, 0);
+      dec_exact_op_case(g, vs[i], 9, 64, 128, K3K_F32, 118, 123, 0);   /* 1 k step: 3 idle warps */
+      dec_exact_op_case(g, vs[i], 7, 48, 384, K3K_F32, 110, 130, 1);   /* scale rows unaligned */
+      dec_exact_pipeline_case(g, vs[i], 1, 32, 16);
+      dec_exact_pipeline_case(g, vs[i], 16, 32, 8);
+      dec_exact_pipeline_case(g, vs[i], 16, 4, 2); /* ~8 rows per expert: two token chunks */
+    }
   }
   free(vs);
 }
@@ -579,7 +737,7 @@ int gpu_moe_parity(gctx *g) {
 }
 
 int main(int argc, char **argv) {
-  bool perf = false, parity = true;
+  bool perf = false, parity = true, dec_only = false;
   int32_t *Ts = NULL;
   size_t nT = 0;
   const char *ref = "cpu-fast";
@@ -587,6 +745,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--perf")) perf = true;
     else if (!strcmp(argv[i], "--no-parity")) parity = false;
+    else if (!strcmp(argv[i], "--dec-variants-only")) dec_only = true;
     else if (!strcmp(argv[i], "--perf-t") && i + 1 < argc) {
       char err[128];
       free(Ts);
@@ -607,7 +766,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ref") && i + 1 < argc) ref = argv[++i];
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
     else {
-      fprintf(stderr, "usage: %s [--perf] [--perf-t T,T,..] [--no-parity] [--ref cpu|cpu-fast] [--seed N]\n",
+      fprintf(stderr,
+              "usage: %s [--perf] [--perf-t T,T,..] [--no-parity] [--dec-variants-only] "
+              "[--ref cpu|cpu-fast] [--seed N]\n",
               argv[0]);
       free(Ts);
       return 2;
@@ -619,7 +780,10 @@ int main(int argc, char **argv) {
     free(Ts);
     return orc;
   }
-  if (parity) gpu_moe_parity(&g);
+  if (parity && dec_only)
+    dec_variant_cases(&g);
+  else if (parity)
+    gpu_moe_parity(&g);
   if (perf) gpu_moe_perf(&g, Ts, nT);
   free(Ts);
   printf("%d passed, %d failed\n", g.passed, g.failed);

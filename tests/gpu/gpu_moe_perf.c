@@ -7,7 +7,7 @@
  * bandwidth; prefill = expert FLOPs (2 · T·k · 3 · 3072 · 3584) / GEMM rate. Lines start with
  * PERF; "x" is time / floor. K3PD_MXDEC_PERF=v,v,.. also times the decode-kernel variants
  * (k3k_cu_moe_dec_variant; v + 100: the same kernel without the math, timing only) on the
- * same data. */
+ * same data: gate/up, down, both, and the whole block (single and 20 back-to-back). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -229,12 +229,19 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT) {
           double v2 = median_s(g, run_moe, &a, 20);
           a.mask = 6;
           double v6 = median_s(g, run_moe, &a, 20);
+          a.mask = 15; /* the whole block: route/plan → gate/up (PDL variants: launched early) */
+          double v15 = median_s(g, run_moe, &a, 20);
+          double v15b = median_s(g, run_moe20, &a, 10) / 20;
           snprintf(name, sizeof name, "  decode variant %d: gate/up+SiTU T=%d", vs[j], T);
           line(name, v13, fl * 2.0 / 3.0, bytes * 2.0 / 3.0, flop * 2.0 / 3.0);
           snprintf(name, sizeof name, "  decode variant %d: down T=%d", vs[j], T);
           line(name, v2, fl / 3.0, bytes / 3.0, flop / 3.0);
           snprintf(name, sizeof name, "  decode variant %d: expert GEMMs T=%d", vs[j], T);
           line(name, v6, fl, bytes, flop);
+          snprintf(name, sizeof name, "  decode variant %d: moe block T=%d", vs[j], T);
+          line(name, v15, fl, bytes, flop);
+          snprintf(name, sizeof name, "  decode variant %d: moe block T=%d, back-to-back", vs[j], T);
+          line(name, v15b, fl, bytes, flop);
         }
         k3k_cu_moe_dec_variant(prev);
       }
