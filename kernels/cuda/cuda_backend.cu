@@ -320,6 +320,7 @@ void k3k_cuda_backend_destroy(k3k_backend_t *be) {
   k3k_cuda_ctx *cx = CX(be);
   if (cx) {
     cudaSetDevice(cx->device);
+    k3k_cuda_side_destroy(cx); /* back on the main lane first */
     if (cx->stream) cudaStreamSynchronize(cx->stream);
     if (cx->lt) cublasLtDestroy((cublasLtHandle_t)cx->lt);
     if (cx->lt_ws) cudaFree(cx->lt_ws);

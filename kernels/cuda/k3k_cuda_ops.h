@@ -43,6 +43,16 @@ typedef struct {
   /* Bumped whenever memory the ops use implicitly (scratch, pinned host staging) is
    * reallocated: a CUDA graph captured under an older value holds dangling pointers. */
   uint64_t mem_gen;
+  /* The side stream (side_stream.cu): `other` holds whichever lane is not current (its stream,
+   * cuBLASLt workspace and scratch), swapped with the fields above by k3k_cuda_side_begin/end;
+   * lt_ws_bytes is the same for both. on_side: ops now go to the side stream. */
+  struct {
+    cudaStream_t stream;
+    void *lt_ws, *scratch;
+    size_t scratch_bytes;
+  } other;
+  cudaEvent_t side_ev[3]; /* [0]: fork point on main; [1], [2]: marks on the side stream */
+  int side_ready, on_side;
 } k3k_cuda_ctx;
 size_t k3k_cuda_algo_cache_bytes(void);
 
@@ -90,6 +100,26 @@ bool k3k_cuda_kda_chunk_ok(const void *params, const k3k_tensor_t *const *t);
  * distinct, cu_seqlens monotone by construction, page ids from its pool, seq_lens within the
  * page table); it turns the flag off again when its pass ends. Returns the previous value. */
 int k3k_cuda_set_trusted_ids(k3k_cuda_ctx *cx, int on);
+
+/* A second stream for work that does not depend on what the main stream does next (the MoE
+ * block's shared expert and latent down-projection run beside the router and routed experts
+ * in a decode step: each alone leaves most of the copy bandwidth idle at batch 1). Inside a
+ * graph capture the fork and the marks become graph edges, so a captured step keeps the same
+ * concurrency. Results are unchanged: the same kernels on the same inputs; the side lane has
+ * its own cuBLASLt workspace and scratch so concurrent ops never share memory.
+ *   k3k_cuda_side_init: creates the side stream, events and workspace once (not while a
+ *     capture is running); 0, K3_ENOMEM or K3_EDEVICE. Freed by the backend's destroy.
+ *   k3k_cuda_side_begin: ops queued after it go to the side stream, ordered after everything
+ *     queued on the main stream so far. K3_EINVAL when not initialised or already on the side.
+ *   k3k_cuda_side_mark(cx, i), i in 1..2: on the side, marks the side work queued so far.
+ *   k3k_cuda_side_end: back to the main stream (which does not wait for anything).
+ *   k3k_cuda_side_wait(cx, i): on main, later main work waits for side mark i. */
+int k3k_cuda_side_init(k3k_cuda_ctx *cx);
+int k3k_cuda_side_begin(k3k_cuda_ctx *cx);
+int k3k_cuda_side_mark(k3k_cuda_ctx *cx, int i);
+int k3k_cuda_side_end(k3k_cuda_ctx *cx);
+int k3k_cuda_side_wait(k3k_cuda_ctx *cx, int i);
+void k3k_cuda_side_destroy(k3k_cuda_ctx *cx);
 
 /* Device-side validation of metadata before an op writes (check.cu); one synchronisation each.
  * ids [n] I32: each in [0,limit) (negative allowed when allow_neg), pairwise distinct when

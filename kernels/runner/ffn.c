@@ -92,6 +92,21 @@ static int experts_ops(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k
   return k3k_moe_combine(be, &yr, &rt, wt, comb);
 }
 
+/* The side stream's part of a decode-shaped MoE block (rn_dev_side_wanted): z = lat_down x
+ * (mark 1) and sh = the shared expert of x (mark 2), both independent of the router; always
+ * back on the main stream when it returns. */
+static int moe_side(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tensor_t *x,
+                    const k3k_tensor_t *z, const k3k_tensor_t *sh) {
+  int rc = rn_dev_side_begin(r);
+  if (rc) return rc;
+  if (z) rc = k3k_gemm(r->be, x, &L->lat_down, z);
+  if (!rc && z) rc = rn_dev_side_mark(r, 1);
+  if (!rc && sh) rc = gated_mlp(r, ws, x, &L->sh_gate, &L->sh_up, &L->sh_down, sh);
+  if (!rc && sh) rc = rn_dev_side_mark(r, 2);
+  int rc2 = rn_dev_side_end(r);
+  return rc ? rc : rc2;
+}
+
 static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tensor_t *x,
                const k3k_tensor_t *out) {
   const k3_model_config_t *c = &r->cfg;
@@ -99,11 +114,18 @@ static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tenso
   const int64_t T = x->shape[0], H = c->hidden_size, E = c->num_experts, K = c->top_k;
   const int64_t D = c->expert_in_dim;
   const k3k_dtype_t A = r->act;
-  const bool latent = c->routed_expert_hidden_size > 0;
+  const bool latent = c->routed_expert_hidden_size > 0, shared = c->shared_expert_width > 0;
   /* router (fp32 logits, §5.3) */
   k3k_tensor_t lg = rn_buf(ws, K3K_F32, T, E), idx = rn_buf(ws, K3K_I32, T, K);
   k3k_tensor_t wt = rn_buf(ws, K3K_F32, T, K);
   if (ws->rc) return ws->rc;
+  /* decode on the GPU: the latent projection and the shared expert go to the side stream first
+   * (same ops, same inputs: the results do not change) */
+  const bool side = rn_dev_side_wanted(r, T) && (latent || shared);
+  k3k_tensor_t z = latent ? rn_buf(ws, A, T, D) : *x, comb = rn_buf(ws, A, T, D);
+  k3k_tensor_t sh = shared ? rn_buf(ws, A, T, H) : comb;
+  if (ws->rc) return ws->rc;
+  if (side) TRY(moe_side(r, ws, L, x, latent ? &z : NULL, shared ? &sh : NULL));
   TRY(k3k_gemm(be, x, &L->router, &lg));
   k3k_router_params_t rp = {.top_k = (int32_t)K,
                             .n_groups = c->use_grouped_topk ? c->num_expert_group : 1,
@@ -116,12 +138,10 @@ static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tenso
   const bool dev = rn_dev_moe_wanted(r, T);
   if (!dev) TRY(k3k_router(be, &rp, &lg, &L->router_bias, &idx, &wt));
   /* expert inputs: the latent z (K3) or the normed x (48B) */
-  k3k_tensor_t z = latent ? rn_buf(ws, A, T, D) : *x, comb = rn_buf(ws, A, T, D);
-  if (ws->rc) return ws->rc;
-  if (latent) TRY(k3k_gemm(be, x, &L->lat_down, &z));
+  if (latent && !side) TRY(k3k_gemm(be, x, &L->lat_down, &z));
   if (dev)
     TRY(rn_dev_moe_experts(r, ws, (int)(L - r->layers), &z, &rp, &lg, &L->router_bias, &idx, &wt,
-                           &comb));
+                           &comb, side && latent ? 1 : 0));
   else
     TRY(experts_ops(r, ws, L, &z, &idx, &wt, &comb));
   k3k_tensor_t routed = comb;
@@ -137,10 +157,11 @@ static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tenso
     if (ws->rc) return ws->rc;
     TRY(k3k_gemm(be, &lat, &L->lat_up, &routed));
   }
-  if (c->shared_expert_width > 0) {
-    k3k_tensor_t sh = rn_buf(ws, A, T, H);
-    if (ws->rc) return ws->rc;
-    TRY(gated_mlp(r, ws, x, &L->sh_gate, &L->sh_up, &L->sh_down, &sh));
+  if (shared) {
+    if (side)
+      TRY(rn_dev_side_wait(r, 2));
+    else
+      TRY(gated_mlp(r, ws, x, &L->sh_gate, &L->sh_up, &L->sh_down, &sh));
     return k3k_add(be, &routed, &sh, out);
   }
   return k3k_copy(be, &routed, out);

@@ -35,6 +35,7 @@ struct rn_dev {
   void **tabs;     /* [num_layers], NULL for dense layers */
   int n_layers;
   bool bf16;       /* bf16 experts (48B): tabs hold 3*E weight pointers w1, w3, w2 */
+  bool side;       /* the side stream is ready (K3PD_CUDA_SIDE not 0): rn_dev_side_wanted */
 };
 
 /* bf16 experts: one device array of 3*E pointers per MoE layer (w1, w3, w2; E each). Every
@@ -172,8 +173,27 @@ int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) {
       return rc;
     }
   }
+  const char *sv = getenv("K3PD_CUDA_SIDE");
+  if (!sv || strcmp(sv, "0")) {
+    int rc = k3k_cuda_side_init(k3k_cuda_ctx_of(r->be));
+    if (rc) K3_WARN("runner: no side stream (%s); the MoE block runs on one stream", k3_strerror(rc));
+    d->side = rc == 0;
+  }
   return bf16 ? 0 : check_scales(r, err, errlen);
 }
+
+/* Decode-shaped passes only: at prefill sizes every GEMM of the block is compute-bound and
+ * would only contend (not measured there). */
+#define RN_SIDE_MAX_T 256
+
+bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T) {
+  return r->dev && r->dev->side && T <= RN_SIDE_MAX_T && rn_dev_moe_wanted(r, T);
+}
+
+int rn_dev_side_begin(k3_runner_t *r) { return k3k_cuda_side_begin(k3k_cuda_ctx_of(r->be)); }
+int rn_dev_side_mark(k3_runner_t *r, int i) { return k3k_cuda_side_mark(k3k_cuda_ctx_of(r->be), i); }
+int rn_dev_side_end(k3_runner_t *r) { return k3k_cuda_side_end(k3k_cuda_ctx_of(r->be)); }
+int rn_dev_side_wait(k3_runner_t *r, int i) { return k3k_cuda_side_wait(k3k_cuda_ctx_of(r->be), i); }
 
 bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T) {
   if (!r->dev) return false;
@@ -194,7 +214,7 @@ static k3k_cu_mx_set mx_set(void *tab, int j, int64_t E, int64_t cols) {
 int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
                        const k3k_router_params_t *rp, const k3k_tensor_t *lg,
                        const k3k_tensor_t *bias, const k3k_tensor_t *idx, const k3k_tensor_t *wt,
-                       const k3k_tensor_t *comb) {
+                       const k3k_tensor_t *comb, int side_wait) {
   const k3_model_config_t *c = &r->cfg;
   k3k_backend_t *be = r->be;
   cudaStream_t st = k3k_cuda_ctx_of(be)->stream;
@@ -211,6 +231,8 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
   int rc = k3k_cu_moe_route_plan(st, rp, lg, bias, idx, wt, off.data, gt.data, ri.data, act.data,
                                  scr.data);
   if (rc) return rc;
+  /* z comes from the side stream: the route/plan launch above overlapped its projection */
+  if (side_wait && (rc = rn_dev_side_wait(r, side_wait))) return rc;
   const int32_t maxa = TK < E ? (int32_t)TK : E;
   if (r->dev->bf16) { /* gate/up with SiLU fused, then down (moe_bf16.h), then the combine */
     rc = k3k_cu_moe_bf16_experts(st, (const uint16_t *const *)tab, E, F, D, z->data, z->stride[0],

@@ -165,18 +165,33 @@ void rn_dev_free(k3_runner_t *r);
 int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
                        const k3k_router_params_t *rp, const k3k_tensor_t *lg,
                        const k3k_tensor_t *bias, const k3k_tensor_t *idx, const k3k_tensor_t *wt,
-                       const k3k_tensor_t *comb);
+                       const k3k_tensor_t *comb, int side_wait);
 /* Whether a pass of T tokens takes rn_dev_moe_experts (MXFP4: always when r->dev; bf16 experts:
  * at most 16 rows per active expert, else the per-expert ops). Deterministic in T. */
 bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T);
+/* The side stream (k3k_cuda_side_* in k3k_cuda_ops.h) for the MoE block of a decode-shaped pass
+ * (rn_dev_side_wanted: the device MoE path, T <= 256, K3PD_CUDA_SIDE not 0): ffn.c queues the
+ * latent down-projection (mark 1) and the shared expert (mark 2) on it; rn_dev_moe_experts
+ * waits for mark side_wait (0: none) after its route/plan launch, the block's add for mark 2. */
+bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T);
+int rn_dev_side_begin(k3_runner_t *r);
+int rn_dev_side_mark(k3_runner_t *r, int i);
+int rn_dev_side_end(k3_runner_t *r);
+int rn_dev_side_wait(k3_runner_t *r, int i);
 #else
+static inline bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T) { return false; }
+static inline int rn_dev_side_begin(k3_runner_t *r) { return K3_ENOTSUP; }
+static inline int rn_dev_side_mark(k3_runner_t *r, int i) { return K3_ENOTSUP; }
+static inline int rn_dev_side_end(k3_runner_t *r) { return K3_ENOTSUP; }
+static inline int rn_dev_side_wait(k3_runner_t *r, int i) { return K3_ENOTSUP; }
 static inline bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T) { return false; }
 static inline int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
 static inline void rn_dev_free(k3_runner_t *r) {}
 static inline int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
                                      const k3k_router_params_t *rp, const k3k_tensor_t *lg,
                                      const k3k_tensor_t *bias, const k3k_tensor_t *idx,
-                                     const k3k_tensor_t *wt, const k3k_tensor_t *comb) {
+                                     const k3k_tensor_t *wt, const k3k_tensor_t *comb,
+                                     int side_wait) {
   return K3_ENOTSUP; /* never called: r->dev stays NULL without the CUDA backend */
 }
 #endif
