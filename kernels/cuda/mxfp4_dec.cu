@@ -41,10 +41,10 @@
  * applies the E8M0 scale (exact); units where some lane has a scale > 128 (never in real
  * checkpoints; NaN 0xFF included) take a second multiply on a warp-uniform branch.
  *
- * Variants 3-8 (mx_dec3_kernel, session 5, prepared without a device and not measured yet;
- * opt-in through K3PD_MXDEC / k3k_cu_moe_dec_variant): the same blocks, units and math with the
- * weights brought in by a per-warp cp.async ring in shared memory instead of registers, and
- * optionally launched with PDL; bit-identical outputs to variant 0.
+ * Variants 3-8 (mx_dec3_kernel, session 5; K3PD_MXDEC / k3k_cu_moe_dec_variant; 5 is the
+ * default): the same blocks, units and math with the weights brought in by a per-warp cp.async
+ * ring in shared memory instead of registers, and optionally launched with PDL; bit-identical
+ * outputs to variant 0 (k3k-gpu-moe compares them byte for byte).
  *
  * Invariants: results differ from the reference chain only by fp32 summation order (fixed:
  * one accumulator chain per half tile in k order, then the 4 warps' partials in warp order:
@@ -561,17 +561,18 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
  * 1: 128, 0: none); ring > 0: mx_dec3_kernel with that many slots per warp (L2::256B always),
  * pdl 0: plain launches, 1: PDL with the down GEMM's first units before the wait (PM 2),
  * 2: PDL, every kernel waits first (PM 1). v + 100: the same without the math (timing only:
- * outputs are wrong). 3-7: prepared in session 5 without a device, not measured yet. */
+ * outputs are wrong). The default is 5 since session 5 (measured against 0 on the medium preset:
+ * decode batch 1 -0.4 %, batch 64 -2.2 %, T = 16 MoE block -2.3 %; docs/perf-gpu-moe.md). */
 struct variant {
   int nb, minb, pf, ring, pdl;
 };
 constexpr variant VARIANTS[] = {
-    {2, 6, 2, 0, 0}, /* 0: the default */
+    {2, 6, 2, 0, 0}, /* 0: register streaming (the default until session 5) */
     {2, 6, 0, 0, 0}, /* 1: no prefetch hint */
     {2, 5, 0, 0, 0}, /* 2: 20 warps per SM */
     {2, 6, 2, 4, 0}, /* 3: ring of 4 units per warp, 24 warps per SM */
     {2, 6, 2, 4, 1}, /* 4: 3 + PDL, down's first units before the wait */
-    {2, 6, 2, 6, 1}, /* 5: 4 with a ring of 6 */
+    {2, 6, 2, 6, 1}, /* 5: 4 with a ring of 6: the default */
     {2, 8, 2, 4, 1}, /* 6: 4 at 32 warps per SM (64 registers) */
     {2, 6, 2, 4, 2}, /* 7: 3 + PDL, no loads before the wait */
     {2, 8, 2, 5, 1}, /* 8: 6 with a ring of 5 (8 × 26.6 KB of shared memory per SM) */
@@ -583,8 +584,8 @@ int g_variant = -2; /* -2: not read from the environment yet */
 int current_variant() {
   if (g_variant == -2) {
     const char *s = getenv("K3PD_MXDEC");
-    int v = s ? atoi(s) : 0;
-    g_variant = (v >= -1 && v < NVAR) ? v : 0;
+    int v = s ? atoi(s) : 5;
+    g_variant = (v >= -1 && v < NVAR) ? v : 5;
   }
   return g_variant;
 }

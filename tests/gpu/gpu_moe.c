@@ -641,14 +641,15 @@ static void dec_exact_pipeline_case(gctx *g, int v, int32_t T, int32_t E, int32_
 }
 
 /* The decode-kernel cases (rows_hint <= 16) again under each decode variant of K3PD_MXDEC_TEST
- * (a list; default "-1,1,2": the older cp.async kernel and the measured alternatives of
- * mxfp4_dec.cu, next to the default kernel run above). */
+ * (a list; default "-1,0,1,2,5": the older cp.async kernel, the register-streaming kernel and
+ * its measured alternatives, and the default ring kernel 5 once more for its bit-exact
+ * comparison with variant 0, next to the default kernel run above). */
 static void dec_variant_cases(gctx *g) {
   const char *s = getenv("K3PD_MXDEC_TEST");
   int32_t *vs = NULL;
   size_t nv = 0;
   char err[96];
-  if (k3_parse_int_list(s && *s ? s : "-1,1,2", &vs, &nv, err, sizeof err)) {
+  if (k3_parse_int_list(s && *s ? s : "-1,0,1,2,5", &vs, &nv, err, sizeof err)) {
     g_record(g, false, "K3PD_MXDEC_TEST: %s", err);
     return;
   }
