@@ -186,8 +186,22 @@ int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) {
  * would only contend (not measured there). */
 #define RN_SIDE_MAX_T 256
 
+bool rn_dev_side_ok(const k3_runner_t *r, int64_t T) {
+  return r->dev && r->dev->side && T <= RN_SIDE_MAX_T;
+}
+
 bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T) {
-  return r->dev && r->dev->side && T <= RN_SIDE_MAX_T && rn_dev_moe_wanted(r, T);
+  return rn_dev_side_ok(r, T) && rn_dev_moe_wanted(r, T);
+}
+
+int rn_dev_side_gemms(k3_runner_t *r, int n, const k3k_tensor_t *const *x,
+                      const k3k_tensor_t *const *w, const k3k_tensor_t *const *y) {
+  int rc = rn_dev_side_begin(r);
+  if (rc) return rc;
+  for (int i = 0; i < n && !rc; i++) rc = k3k_gemm(r->be, x[i], w[i], y[i]);
+  if (!rc) rc = rn_dev_side_mark(r, 1);
+  int rc2 = rn_dev_side_end(r);
+  return rc ? rc : rc2;
 }
 
 int rn_dev_side_begin(k3_runner_t *r) { return k3k_cuda_side_begin(k3k_cuda_ctx_of(r->be)); }

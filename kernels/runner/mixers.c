@@ -29,12 +29,22 @@ int rn_kda_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int ki, con
   k3k_tensor_t braw = rn_buf(ws, A, T, NH), z = rn_buf(ws, A, T, P);
   k3k_tensor_t on = rn_buf(ws, A, T, P);
   if (ws->rc) return ws->rc;
+  /* fused decode on the GPU: the small, latency-bound decay-gate and beta projections run on
+   * the side stream beside the bandwidth-bound q/k/v/g projections (same results) */
+  const bool side = ps->decode && r->kda_fused && rn_dev_side_ok(r, T);
+  if (side) {
+    const k3k_tensor_t *sx[3] = {x, &fa, x}, *sw[3] = {&L->fa, &L->fb, &L->b};
+    const k3k_tensor_t *sy[3] = {&fa, &graw, &braw};
+    TRY(rn_dev_side_gemms(r, 3, sx, sw, sy));
+  }
   TRY(k3k_gemm(be, x, &L->q, &lin[0]));
   TRY(k3k_gemm(be, x, &L->k, &lin[1]));
   TRY(k3k_gemm(be, x, &L->v, &lin[2]));
-  TRY(k3k_gemm(be, x, &L->fa, &fa));
-  TRY(k3k_gemm(be, &fa, &L->fb, &graw));
-  TRY(k3k_gemm(be, x, &L->b, &braw));
+  if (!side) {
+    TRY(k3k_gemm(be, x, &L->fa, &fa));
+    TRY(k3k_gemm(be, &fa, &L->fb, &graw));
+    TRY(k3k_gemm(be, x, &L->b, &braw));
+  }
   if (c->use_full_rank_gate) {
     TRY(k3k_gemm(be, x, &L->g, &z));
   } else {
@@ -44,6 +54,7 @@ int rn_kda_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int ki, con
     TRY(k3k_gemm(be, &za, &L->gb, &z));
   }
   if (ps->decode && r->kda_fused) { /* everything up to o_proj in one launch (kda_device.c) */
+    if (side) TRY(rn_dev_side_wait(r, 1));
     TRY(rn_dev_kda_decode(r, L, ki, ps, lin, &graw, &braw, &z, &on));
     return k3k_gemm(be, &on, &L->o, out);
   }
@@ -103,7 +114,15 @@ int rn_mla_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int mi, con
   k3k_tensor_t q = rn_buf(ws, A, T, QD), ckv = rn_buf(ws, A, T, CD);
   k3k_tensor_t craw = rn_buf(ws, A, T, CL), cn = rn_buf(ws, A, T, CL), krot = rn_buf(ws, A, T, DR);
   k3k_tensor_t o = rn_buf(ws, A, T, NH * DV);
+  k3k_tensor_t gg = c->mla_use_output_gate ? rn_buf(ws, A, T, NH * DV) : o;
   if (ws->rc) return ws->rc;
+  /* device decode: the output gate's projection (as many bytes as o_proj) runs on the side
+   * stream beside the latency-bound q/kv/attention chain (same results) */
+  const bool side = ps->dev && c->mla_use_output_gate && rn_dev_side_ok(r, T);
+  if (side) {
+    const k3k_tensor_t *sx[1] = {x}, *sw[1] = {&L->mg}, *sy[1] = {&gg};
+    TRY(rn_dev_side_gemms(r, 1, sx, sw, sy));
+  }
   /* q path (§4.1): q-LoRA with its own 1e-6 RMSNorm (K3) or a single q_proj (48B) */
   if (c->q_lora_rank > 0) {
     k3k_tensor_t qa = rn_buf(ws, A, T, c->q_lora_rank), qan = rn_buf(ws, A, T, c->q_lora_rank);
@@ -204,10 +223,13 @@ int rn_mla_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int mi, con
   }
   /* sigmoid output gate from the same normed x (K3, §4.1), then o_proj */
   if (c->mla_use_output_gate) {
-    k3k_tensor_t gg = rn_buf(ws, A, T, NH * DV), og = rn_buf(ws, A, T, NH * DV);
+    k3k_tensor_t og = rn_buf(ws, A, T, NH * DV);
     if (ws->rc) return ws->rc;
     k3k_sigmoid_mul_params_t sp = {.bf16_inner = r->bf16};
-    TRY(k3k_gemm(be, x, &L->mg, &gg));
+    if (side)
+      TRY(rn_dev_side_wait(r, 1));
+    else
+      TRY(k3k_gemm(be, x, &L->mg, &gg));
     TRY(k3k_sigmoid_mul(be, &sp, &o, &gg, &og));
     return k3k_gemm(be, &og, &L->mo, out);
   }

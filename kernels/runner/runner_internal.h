@@ -174,12 +174,23 @@ bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T);
  * latent down-projection (mark 1) and the shared expert (mark 2) on it; rn_dev_moe_experts
  * waits for mark side_wait (0: none) after its route/plan launch, the block's add for mark 2. */
 bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T);
+/* The side stream for the mixers of a decode-shaped pass (T <= 256, K3PD_CUDA_SIDE not 0):
+ * rn_dev_side_gemms queues y[i] = x[i]·w[i]ᵀ there in order, marks 1 and returns on the main
+ * stream (the MLA output gate's projection; KDA's small f_a → f_b and beta projections). */
+bool rn_dev_side_ok(const k3_runner_t *r, int64_t T);
+int rn_dev_side_gemms(k3_runner_t *r, int n, const k3k_tensor_t *const *x,
+                      const k3k_tensor_t *const *w, const k3k_tensor_t *const *y);
 int rn_dev_side_begin(k3_runner_t *r);
 int rn_dev_side_mark(k3_runner_t *r, int i);
 int rn_dev_side_end(k3_runner_t *r);
 int rn_dev_side_wait(k3_runner_t *r, int i);
 #else
 static inline bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T) { return false; }
+static inline bool rn_dev_side_ok(const k3_runner_t *r, int64_t T) { return false; }
+static inline int rn_dev_side_gemms(k3_runner_t *r, int n, const k3k_tensor_t *const *x,
+                                    const k3k_tensor_t *const *w, const k3k_tensor_t *const *y) {
+  return K3_ENOTSUP;
+}
 static inline int rn_dev_side_begin(k3_runner_t *r) { return K3_ENOTSUP; }
 static inline int rn_dev_side_mark(k3_runner_t *r, int i) { return K3_ENOTSUP; }
 static inline int rn_dev_side_end(k3_runner_t *r) { return K3_ENOTSUP; }
