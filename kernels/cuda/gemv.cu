@@ -318,3 +318,321 @@ int k3k_cuda_gemv(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int split, int
   K3K_LAUNCHED("gemv");
   return 0;
 }
+
+/* ---- Opt-in: several projections of one x in one launch, RMSNORM folded in (gemv.h) ----
+ *
+ * gemv_multi_kernel is gemv_kernel<NT = 1, HI = false, CH = 1, L = 8> (the default variant at
+ * M <= 4) with two additions; the kernel above is left as it is (the default path's code):
+ *  - the grid's row tiles are dealt to up to K3K_GEMV_MULTI_MAX outputs (tile0[j] = the first
+ *    blockIdx.y of output j), each with its own W, y and N but the same x, K and split: a CTA
+ *    does exactly what the single-output kernel's CTA for that tile does, so each y_j has the
+ *    single-output kernel's reduction order (bit-identical, given the same split);
+ *  - NORM: x is RMSNORM's *input*; every CTA computes 1/rms of the M rows itself (rms_prologue:
+ *    the register kernel's fp32 order) and normalises each 16-byte x chunk as it is loaded
+ *    (rms_apply8: the register kernel's expressions), so the mma operands are RMSNORM's output
+ *    bytes. Optionally CTA (0, 0) writes the normed rows to xn for consumers that are not gemvs.
+ * PDL as in gemv_kernel: the first weight batch may precede the wait (wpre), x, the norm weight
+ * and every output only after it. */
+
+struct gemv_multi_args {
+  const uint16_t *x;
+  int64_t ldx;
+  const uint16_t *w[K3K_GEMV_MULTI_MAX];
+  int64_t ldw[K3K_GEMV_MULTI_MAX];
+  dv y[K3K_GEMV_MULTI_MAX];
+  int N[K3K_GEMV_MULTI_MAX];
+  int tile0[K3K_GEMV_MULTI_MAX];
+  int n, M, K, split, wpre;
+  const uint16_t *nw; /* NORM: the norm weight [K] */
+  float eps;
+  int bf16_inner;
+  uint16_t *xn; /* NORM: NULL or the normed rows [M, K] (row stride ldxn) */
+  int64_t ldxn;
+};
+
+/* RMSNORM's output bytes for 8 channels: x·rstd (rounded to bf16 when bf16_inner) times the
+ * weight, rounded to bf16 (norm.cu rmsnorm_reg_kernel, the same expressions). */
+__device__ __forceinline__ uint4 rms_apply8(uint4 xv, uint4 wv, float rstd, int bf16_inner) {
+  bf16x8 xb, wb;
+  xb.w[0] = xv.x, xb.w[1] = xv.y, xb.w[2] = xv.z, xb.w[3] = xv.w;
+  wb.w[0] = wv.x, wb.w[1] = wv.y, wb.w[2] = wv.z, wb.w[3] = wv.w;
+  float f[8], g[8];
+  unpack8(xb, f);
+  unpack8(wb, g);
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    float xn = f[j] * rstd;
+    if (bf16_inner) xn = round_bf(xn);
+    f[j] = xn * g[j];
+  }
+  bf16x8 o = pack8(f);
+  return make_uint4(o.w[0], o.w[1], o.w[2], o.w[3]);
+}
+
+/* rs[m] = RMSNORM's rstd of row m < M, in the register kernel's fp32 order: that kernel runs
+ * one 128-thread block per row, thread t summing the squares of its 16-byte vectors t, t + 128,
+ * ... in order (8 squares each, in order), then block_sum over its 4 warps (warp_sum, lane 0 to
+ * shared memory, warp_sum of the 4 partials at lanes 0-3, zeros elsewhere). Here each half of
+ * the CTA (warps 0-3, warps 4-7) plays that block for one row per pass, with the same per-thread
+ * order and the same two shuffle trees. Barriers inside: every thread of the CTA calls it.
+ * K / 8 <= 1024 (the register kernel's range). */
+__device__ __forceinline__ void rms_prologue(const gemv_multi_args &a, float *scratch, float *rs) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, h = warp >> 2;
+  const int t = threadIdx.x & 127, d8 = a.K / 8;
+  for (int m0 = 0; m0 < a.M; m0 += 2) {
+    const int m = m0 + h;
+    float ss = 0.0f;
+    if (m < a.M) {
+      const bf16x8 *xr = (const bf16x8 *)(a.x + (int64_t)m * a.ldx);
+#pragma unroll
+      for (int k0 = 0; k0 < 8; k0 += 4) { /* 4 loads in flight: the first weight batch holds
+                                             32 registers across this prologue */
+        bf16x8 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          int i = t + (k0 + k) * 128;
+          if (i < d8) v[k] = xr[i];
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          if (t + (k0 + k) * 128 < d8) {
+            float f[8];
+            unpack8(v[k], f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+          }
+      }
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) scratch[warp] = ss;
+    __syncthreads();
+    float r = lane < 4 ? scratch[4 * h + lane] : 0.0f;
+    r = warp_sum(r);
+    if (t == 0 && m < a.M) rs[m] = 1.0f / sqrtf(r / (float)a.K + a.eps);
+    __syncthreads(); /* rs[] complete; scratch free for the next pass */
+  }
+}
+
+template <bool NORM>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 3) gemv_multi_kernel(gemv_multi_args a) {
+  constexpr int U = 8; /* steps per batch: 8 weight loads per lane in flight */
+  __shared__ float red[GEMV_WARPS][32][4];
+  __shared__ float part[16 * 8];
+  __shared__ float nsc[GEMV_WARPS];
+  __shared__ float rs[K3K_GEMV_NORM_MAX_M];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+  const int rank = blockIdx.x, by = blockIdx.y;
+  /* the output of this row tile (a select chain: no dynamic index into the parameters) */
+  const uint16_t *W = a.w[0];
+  int64_t ldw = a.ldw[0];
+  dv Y = a.y[0];
+  int N = a.N[0], t0 = 0;
+#pragma unroll
+  for (int q = 1; q < K3K_GEMV_MULTI_MAX; q++)
+    if (q < a.n && by >= a.tile0[q]) {
+      W = a.w[q];
+      ldw = a.ldw[q];
+      Y = a.y[q];
+      N = a.N[q];
+      t0 = a.tile0[q];
+    }
+  const int n0 = (by - t0) * 8;
+  const int S = (a.K + 31) / 32;
+  const int s_lo = (int)((int64_t)S * rank / a.split), s_hi = (int)((int64_t)S * (rank + 1) / a.split);
+  const bool nok = n0 + g < N;
+  const uint16_t *wrow = W + (int64_t)(nok ? n0 + g : 0) * ldw + 8 * t4;
+  const bool xlo = g < a.M;
+  const uint16_t *xr0 = a.x + (int64_t)(xlo ? g : 0) * a.ldx + 8 * t4;
+  const uint16_t *nr = NORM ? a.nw + 8 * t4 : a.x;
+  const uint4 z4 = make_uint4(0, 0, 0, 0);
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  uint4 wv[U];
+  int s = s_lo + warp;
+  if (!a.wpre) pdl_wait();
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    int ss = s + u * GEMV_WARPS;
+    bool ok = ss < s_hi && ss * 32 + 8 * t4 < a.K;
+    wv[u] = ok && nok ? ld_stream16(wrow + ss * 32) : z4;
+  }
+  if (a.wpre) pdl_wait(); /* the first weight batch is in flight; x is the previous kernel's */
+  float rstd = 1.0f;
+  if (NORM) {
+    rms_prologue(a, nsc, rs);
+    if (xlo) rstd = rs[g];
+    if (a.xn && rank == 0 && by == 0) { /* the normed rows for the other consumers */
+      const int d8 = a.K / 8;
+      for (int o = threadIdx.x; o < a.M * d8; o += GEMV_WARPS * 32) {
+        int m = o / d8, i = o - m * d8;
+        uint4 xv = *(const uint4 *)(a.x + (int64_t)m * a.ldx + 8 * i);
+        uint4 nv = *(const uint4 *)(a.nw + 8 * i);
+        *(uint4 *)(a.xn + (int64_t)m * a.ldxn + 8 * i) = rms_apply8(xv, nv, rs[m], a.bf16_inner);
+      }
+    }
+  }
+  /* the steps of gemv_kernel's loop, in its order: batch at s, then s + 8U, ... */
+  while (s < s_hi) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int ss = s + u * GEMV_WARPS;
+      bool ok = ss < s_hi && ss * 32 + 8 * t4 < a.K;
+      /* plain loads (not __ldg): x is the previous kernel's output (PDL, see gemv_kernel) */
+      uint4 xa = ok && xlo ? *(const uint4 *)(xr0 + ss * 32) : z4;
+      if (NORM && ok && xlo) xa = rms_apply8(xa, *(const uint4 *)(nr + ss * 32), rstd, a.bf16_inner);
+      const uint32_t a0[4] = {xa.x, 0u, xa.y, 0u}, a1[4] = {xa.z, 0u, xa.w, 0u};
+      mma_bf16(acc, a0, wv[u].x, wv[u].y);
+      mma_bf16(acc, a1, wv[u].z, wv[u].w);
+    }
+    s += GEMV_WARPS * U;
+    if (s < s_hi) {
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        int ss = s + u * GEMV_WARPS;
+        bool ok = ss < s_hi && ss * 32 + 8 * t4 < a.K;
+        wv[u] = ok && nok ? ld_stream16(wrow + ss * 32) : z4;
+      }
+    }
+  }
+
+  pdl_trigger(); /* every weight byte of this CTA is read */
+#pragma unroll
+  for (int r = 0; r < 4; r++) red[warp][lane][r] = acc[r];
+  __syncthreads();
+  /* gemv_kernel's output mapping and reduction order at NT = 1 */
+  for (int o = threadIdx.x; o < 16 * 8; o += GEMV_WARPS * 32) {
+    int m = o / 8, nn = o % 8;
+    int l = 4 * (m & 7) + (nn >> 1), r = 2 * (m >> 3) + (nn & 1);
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < GEMV_WARPS; w++) v += red[w][l][r];
+    part[o] = v;
+  }
+  if (a.split > 1) {
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    if (rank == 0) {
+      for (int o = threadIdx.x; o < 16 * 8; o += GEMV_WARPS * 32) {
+        float v = part[o];
+        for (int q = 1; q < a.split; q++) v += cl.map_shared_rank(part, q)[o];
+        part[o] = v;
+      }
+    }
+    cl.sync();
+    if (rank != 0) return;
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < 16 * 8; o += GEMV_WARPS * 32) {
+    int m = o / 8, nn = n0 + o % 8;
+    if (m < a.M && nn < N) dv_st(Y, (int64_t)m * Y.s[0] + (int64_t)nn * Y.s[1], part[o]);
+  }
+}
+
+static bool overlaps(const k3k_tensor_t *a, const k3k_tensor_t *b) {
+  uintptr_t alo, ahi, blo, bhi;
+  range2(a, &alo, &ahi);
+  range2(b, &blo, &bhi);
+  return alo < bhi && blo < ahi;
+}
+
+/* The 1-D norm weight's byte range as a 2-D view for overlaps(). */
+static k3k_tensor_t as_row(const k3k_tensor_t *v) {
+  k3k_tensor_t r = *v;
+  r.ndim = 2;
+  r.shape[0] = 1, r.shape[1] = v->shape[0];
+  r.stride[0] = v->shape[0], r.stride[1] = 1;
+  return r;
+}
+
+bool k3k_cuda_gemv_multi_fits(const k3k_tensor_t *x, int n, const k3k_tensor_t *const *w,
+                              const k3k_tensor_t *const *y, const k3k_gemv_norm_t *nm) {
+  if (n < 1 || n > K3K_GEMV_MULTI_MAX || !x || x->ndim != 2) return false;
+  const int64_t M = x->shape[0], K = x->shape[1];
+  if (M < 1 || M > K3K_GEMV_NORM_MAX_M) return false;
+  int64_t tiles = 0;
+  int split0 = 0;
+  for (int j = 0; j < n; j++) {
+    if (!w[j] || !y[j] || w[j]->ndim != 2 || y[j]->ndim != 2 || w[j]->shape[1] != K ||
+        y[j]->shape[0] != M || y[j]->shape[1] != w[j]->shape[0])
+      return false;
+    const k3k_tensor_t *t[3] = {x, w[j], y[j]};
+    if (!k3k_cuda_gemv_fits(t)) return false;
+    int sp, nt;
+    k3k_cuda_gemv_plan(M, w[j]->shape[0], K, &sp, &nt);
+    if (nt != 1 || (j > 0 && sp != split0)) return false; /* one split per launch */
+    split0 = sp;
+    tiles += (w[j]->shape[0] + 7) / 8;
+    for (int i = 0; i < n; i++) /* no output may alias another output or any weight */
+      if ((i != j && overlaps(y[j], w[i])) || (i < j && overlaps(y[j], y[i]))) return false;
+  }
+  if (tiles > 65535) return false;
+  if (!nm) return true;
+  const k3k_tensor_t *nw = nm->w;
+  if (!nw || nw->dtype != K3K_BF16 || nw->ndim != 1 || nw->shape[0] != K || nw->stride[0] != 1 ||
+      !al16(nw->data) || K / 8 > 1024)
+    return false;
+  k3k_tensor_t nr = as_row(nw);
+  for (int j = 0; j < n; j++)
+    if (overlaps(y[j], &nr)) return false;
+  if (nm->xn) {
+    const k3k_tensor_t *o = nm->xn;
+    if (o->dtype != K3K_BF16 || o->ndim != 2 || o->shape[0] != M || o->shape[1] != K ||
+        o->stride[1] != 1 || o->stride[0] < K || (M > 1 && o->stride[0] % 8) || !al16(o->data))
+      return false;
+    if (overlaps(o, x) || overlaps(o, &nr)) return false;
+    for (int j = 0; j < n; j++)
+      if (overlaps(o, w[j]) || overlaps(o, y[j])) return false;
+  }
+  return true;
+}
+
+int k3k_cuda_gemv_multi(k3k_cuda_ctx *cx, const k3k_tensor_t *x, int n,
+                        const k3k_tensor_t *const *w, const k3k_tensor_t *const *y,
+                        const k3k_gemv_norm_t *nm) {
+  if (!k3k_cuda_gemv_multi_fits(x, n, w, y, nm)) return K3_EINVAL;
+  gemv_multi_args a;
+  memset(&a, 0, sizeof a);
+  a.x = (const uint16_t *)x->data, a.ldx = x->stride[0];
+  a.n = n, a.M = (int)x->shape[0], a.K = (int)x->shape[1];
+  int tiles = 0, nt;
+  for (int j = 0; j < n; j++) {
+    a.w[j] = (const uint16_t *)w[j]->data, a.ldw[j] = w[j]->stride[0];
+    a.y[j] = mkdv(y[j]);
+    a.N[j] = (int)w[j]->shape[0];
+    a.tile0[j] = tiles;
+    tiles += (a.N[j] + 7) / 8;
+  }
+  k3k_cuda_gemv_plan(a.M, a.N[0], a.K, &a.split, &nt);
+  a.wpre = g_const_w;
+  if (nm) {
+    a.nw = (const uint16_t *)nm->w->data;
+    a.eps = nm->eps;
+    a.bf16_inner = nm->bf16_inner;
+    if (nm->xn) a.xn = (uint16_t *)nm->xn->data, a.ldxn = nm->xn->stride[0];
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)a.split, (unsigned)tiles, 1);
+  cfg.blockDim = dim3(GEMV_WARPS * 32, 1, 1);
+  cfg.stream = cx->stream;
+  cudaLaunchAttribute at[2] = {};
+  unsigned na = 0;
+  if (a.split > 1) {
+    at[na].id = cudaLaunchAttributeClusterDimension;
+    at[na].val.clusterDim.x = (unsigned)a.split;
+    at[na].val.clusterDim.y = 1;
+    at[na].val.clusterDim.z = 1;
+    na++;
+  }
+  na += pdl_attr(&at[na]);
+  cfg.attrs = at;
+  cfg.numAttrs = na;
+  cudaError_t e = nm ? cudaLaunchKernelEx(&cfg, gemv_multi_kernel<true>, a)
+                     : cudaLaunchKernelEx(&cfg, gemv_multi_kernel<false>, a);
+  if (e != cudaSuccess) {
+    K3_ERROR("cuda: launch of gemv_multi (n=%d M=%d K=%d split=%d norm=%d) failed: %s", n, a.M,
+             a.K, a.split, nm != NULL, cudaGetErrorString(e));
+    return K3_EDEVICE;
+  }
+  K3K_LAUNCHED("gemv_multi");
+  return 0;
+}

@@ -47,6 +47,34 @@ int k3k_cuda_gemv(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int split, int
  * init); default off, so W made by the previous kernel (tests) is always read after the wait. */
 void k3k_cuda_gemv_const_weights(bool on);
 
+/* ---- Opt-in fused forms (the runner's K3PD_CUDA_FUSE2=1; docs/perf-gpu-model.md "Session 5,
+ * prepared") ----
+ * k3k_cuda_gemv_multi: y_j = x'·W_jᵀ for j < n (n <= K3K_GEMV_MULTI_MAX) in ONE launch, x' = x,
+ * or with nm != NULL x' = RMSNORM(x; nm->w, nm->eps, nm->bf16_inner) computed inside the kernel
+ * (every CTA recomputes the rows' 1/rms; x is then RMSNORM's input, not its output). Each y_j is
+ * bit-identical to k3k_cuda_gemv(x', W_j, y_j) with the shape rule's configuration (variant 1),
+ * and x' to the RMSNORM op's register kernel (K <= 8192, BF16): the fused path changes launch
+ * counts, not results. nm->xn (optional) receives x' (written once, by one CTA) for consumers
+ * that are not gemvs. Conditions (k3k_cuda_gemv_multi_fits): 1 <= M <= K3K_GEMV_NORM_MAX_M,
+ * every (x, W_j, y_j) fits the gemv, the same K and the same shape-rule split for every j, no
+ * output aliasing another output, a weight, the norm weight or x; norm weight BF16 [K] unit
+ * stride 16-byte aligned, K <= 8192; xn BF16 [M, K] unit inner stride, 16-byte aligned rows.
+ * Returns 0, K3_EINVAL (does not fit: nothing launched) or K3_EDEVICE. PDL and
+ * k3k_cuda_gemv_const_weights as k3k_cuda_gemv. */
+#define K3K_GEMV_MULTI_MAX 4
+#define K3K_GEMV_NORM_MAX_M 4
+typedef struct {
+  const k3k_tensor_t *w; /* [K] BF16 */
+  float eps;
+  int bf16_inner;
+  const k3k_tensor_t *xn; /* NULL or [M, K] BF16: receives RMSNORM(x) */
+} k3k_gemv_norm_t;
+bool k3k_cuda_gemv_multi_fits(const k3k_tensor_t *x, int n, const k3k_tensor_t *const *w,
+                              const k3k_tensor_t *const *y, const k3k_gemv_norm_t *nm);
+int k3k_cuda_gemv_multi(k3k_cuda_ctx *cx, const k3k_tensor_t *x, int n,
+                        const k3k_tensor_t *const *w, const k3k_tensor_t *const *y,
+                        const k3k_gemv_norm_t *nm);
+
 #ifdef __cplusplus
 }
 #endif
