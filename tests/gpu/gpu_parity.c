@@ -495,7 +495,8 @@ out:
 void gpu_fused_kda_case(gctx *g, int64_t B, int64_t NH);
 void gpu_mla_prefill_cases(gctx *g, bool quick);
 void gpu_mla_decode_cases(gctx *g, bool quick);
-void gpu_gemv_cases(gctx *g, bool quick); /* gpu_gemv.c */
+void gpu_gemv_cases(gctx *g, bool quick);       /* gpu_gemv.c */
+void gpu_gemv_multi_cases(gctx *g, bool quick); /* gpu_gemv.c: the opt-in fused forms */
 void gpu_generic_cases(gctx *g);            /* gpu_generic.c */
 void gpu_side_cases(gctx *g);               /* gpu_side.c */
 
@@ -554,6 +555,7 @@ int gpu_parity(gctx *g, bool quick) {
   t_sample(g, 163840);
   t_gemm(g, 4, 4096, 7168, K3K_BF16, K3K_F32); /* lm_head rows (vocab cut to 4096) */
   gpu_gemv_cases(g, quick);
+  gpu_gemv_multi_cases(g, quick);
   gpu_generic_cases(g);
   gpu_side_cases(g);
   return 0;

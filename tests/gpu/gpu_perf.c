@@ -168,7 +168,8 @@ static void bench_gemm(pctx *P, int64_t M, int64_t N, int64_t K, const char *nam
   P->g->cuda->free(P->g->cuda, x), P->g->cuda->free(P->g->cuda, w), P->g->cuda->free(P->g->cuda, y);
 }
 
-void gpu_gemv_perf(gctx *g, double bw); /* gpu_gemv.c */
+void gpu_gemv_perf(gctx *g, double bw);       /* gpu_gemv.c */
+void gpu_gemv_multi_perf(gctx *g, double bw); /* gpu_gemv.c: the opt-in fused forms */
 void gpu_generic_perf(gctx *g);          /* gpu_generic.c */
 
 int gpu_perf(gctx *g) {
@@ -344,6 +345,7 @@ int gpu_perf(gctx *g) {
     for (int i = 0; i < 9; i++) be->free(be, bufs[i]);
   }
   if (want(&P, "gemv")) gpu_gemv_perf(g, P.bw);
+  if (want(&P, "gemvf")) gpu_gemv_multi_perf(g, P.bw);
   if (want(&P, "generic")) gpu_generic_perf(g);
   if (want(&P, "gemm")) {
   bench_gemm(&P, B, Pd, H, "gemm decode q_proj M=64 N=12288 K=7168");
