@@ -583,6 +583,7 @@ typedef struct {
   int groups;              /* fused launches: outputs [gb[i], gb[i + 1]) each; gn: with the norm */
   int gb[4];
   int gn[3], gx[3];        /* gx: that launch writes xn */
+  int norm_first;          /* fused form: the RMSNORM op first, then gemv_multi on xn (no gn) */
 } pseq;
 
 static int pseq_run(k3k_cuda_ctx *cx, k3k_backend_t *be, const pseq *q, bool fused,
@@ -598,6 +599,7 @@ static int pseq_run(k3k_cuda_ctx *cx, k3k_backend_t *be, const pseq *q, bool fus
     }
     return rc;
   }
+  if (q->norm_first) rc = k3k_rmsnorm(be, &np, x, nw, xn);
   for (int i = 0; i < q->groups && !rc; i++) {
     const k3k_tensor_t *wp[4], *yp[4];
     int b = q->gb[i], e = q->gb[i + 1];
@@ -655,20 +657,25 @@ void gpu_gemv_multi_perf(gctx *g, double bw) {
   k3k_backend_t *be = g->cuda;
   const k3k_dtype_t B = K3K_BF16, F = K3K_F32;
   /* per layer of the medium preset: 12 KDA, 4 MLA, 15 MoE layers */
-  static pseq seqs[3];
+  static pseq seqs[5];
   seqs[0] = (pseq){"kda in_ln + q/k/v/g/f_a/b", 6,
                    {{12288, B}, {12288, B}, {12288, B}, {12288, B}, {128, B}, {96, B}},
-                   2, {0, 4, 6}, {1, 1}, {0, 0}};
+                   2, {0, 4, 6}, {1, 1}, {0, 0}, 0};
   seqs[1] = (pseq){"mla in_ln + q_a/kv_a/gate", 3, {{1536, B}, {576, B}, {12288, B}},
-                   3, {0, 1, 2, 3}, {1, 1, 1}, {0, 0, 0}};
+                   3, {0, 1, 2, 3}, {1, 1, 1}, {0, 0, 0}, 0};
   seqs[2] = (pseq){"moe post_ln + router/shared gate/up", 3, {{256, F}, {6144, B}, {6144, B}},
-                   2, {0, 1, 3}, {1, 0}, {1, 0}};
-  static const int layers[3] = {12, 4, 15};
+                   2, {0, 1, 3}, {1, 0}, {1, 0}, 0};
+  /* the same groups with the norm as its own op (gemv_multi without the prologue) */
+  seqs[3] = (pseq){"kda in_ln op + q/k/v/g one launch", 4,
+                   {{12288, B}, {12288, B}, {12288, B}, {12288, B}}, 1, {0, 4}, {0}, {0}, 1};
+  seqs[4] = (pseq){"moe post_ln op + shared gate/up one", 2, {{6144, B}, {6144, B}},
+                   1, {0, 2}, {0}, {0}, 1};
+  static const int layers[5] = {12, 4, 15, 12, 15};
   const int64_t K = 7168;
   double total = 0;
   printf("GEMVF lines: one layer's norm + projections, 10 copies in one CUDA graph, time per copy; "
          "unfused = RMSNORM op + one gemv each, fused = gemv_multi (K3PD_CUDA_FUSE2)\n");
-  for (int si = 0; si < 3; si++) {
+  for (int si = 0; si < 5; si++) {
     const pseq *q = &seqs[si];
     void *xb = NULL, *nwb = NULL, *xnb = NULL, *wb[6] = {0}, *yb[6] = {0};
     k3k_tensor_t W[6], Y[6];
@@ -700,7 +707,7 @@ void gpu_gemv_multi_perf(gctx *g, double bw) {
              "%6.1f us (%d launches) x%.3f | saved %5.1f us/layer, x%d layers = %6.1f us/step\n",
              q->name, (long long)M, fl * 1e6, tu * 1e6, q->n + 1, tu / fl, tf * 1e6, q->groups,
              tf / fl, (tu - tf) * 1e6, layers[si], (tu - tf) * 1e6 * layers[si]);
-      if (M == 1) total += (tu - tf) * layers[si];
+      if (M == 1 && si < 3) total += (tu - tf) * layers[si];
     }
     if (rc) g_record(g, false, "perf gemvf %s: setup failed: %s", q->name, k3_strerror(rc));
     for (int j = 0; j < 6; j++) {
