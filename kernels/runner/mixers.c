@@ -37,17 +37,17 @@ int rn_kda_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int ki, con
     const k3k_tensor_t *sy[3] = {&fa, &graw, &braw};
     TRY(rn_dev_side_gemms(r, 3, sx, sw, sy));
   }
-  TRY(k3k_gemm(be, x, &L->q, &lin[0]));
-  TRY(k3k_gemm(be, x, &L->k, &lin[1]));
-  TRY(k3k_gemm(be, x, &L->v, &lin[2]));
+  /* q/k/v (and the full-rank gate) read the same x: one launch on the GPU at decode sizes */
+  const bool fr = c->use_full_rank_gate;
+  const k3k_tensor_t *pw[4] = {&L->q, &L->k, &L->v, &L->g};
+  const k3k_tensor_t *py[4] = {&lin[0], &lin[1], &lin[2], &z};
+  TRY(rn_dev_gemms(r, x, fr ? 4 : 3, pw, py));
   if (!side) {
     TRY(k3k_gemm(be, x, &L->fa, &fa));
     TRY(k3k_gemm(be, &fa, &L->fb, &graw));
     TRY(k3k_gemm(be, x, &L->b, &braw));
   }
-  if (c->use_full_rank_gate) {
-    TRY(k3k_gemm(be, x, &L->g, &z));
-  } else {
+  if (!fr) {
     k3k_tensor_t za = rn_buf(ws, A, T, DK);
     if (ws->rc) return ws->rc;
     TRY(k3k_gemm(be, x, &L->ga, &za));

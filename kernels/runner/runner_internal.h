@@ -178,6 +178,11 @@ bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T);
  * rn_dev_side_gemms queues y[i] = x[i]·w[i]ᵀ there in order, marks 1 and returns on the main
  * stream (the MLA output gate's projection; KDA's small f_a → f_b and beta projections). */
 bool rn_dev_side_ok(const k3_runner_t *r, int64_t T);
+/* y[j] = x·w[j]ᵀ for j < n: one gemv_multi launch (gemv.h) when x has at most 4 rows and the
+ * GEMM op would send every product to the gemv, else n GEMM ops; bit-identical either way.
+ * K3PD_CUDA_GEMV_MULTI=0: always the ops. */
+int rn_dev_gemms(k3_runner_t *r, const k3k_tensor_t *x, int n, const k3k_tensor_t *const *w,
+                 const k3k_tensor_t *const *y);
 int rn_dev_side_gemms(k3_runner_t *r, int n, const k3k_tensor_t *const *x,
                       const k3k_tensor_t *const *w, const k3k_tensor_t *const *y);
 int rn_dev_side_begin(k3_runner_t *r);
@@ -187,6 +192,14 @@ int rn_dev_side_wait(k3_runner_t *r, int i);
 #else
 static inline bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T) { return false; }
 static inline bool rn_dev_side_ok(const k3_runner_t *r, int64_t T) { return false; }
+static inline int rn_dev_gemms(k3_runner_t *r, const k3k_tensor_t *x, int n,
+                               const k3k_tensor_t *const *w, const k3k_tensor_t *const *y) {
+  for (int j = 0; j < n; j++) {
+    int rc = k3k_gemm(r->be, x, w[j], y[j]);
+    if (rc) return rc;
+  }
+  return 0;
+}
 static inline int rn_dev_side_gemms(k3_runner_t *r, int n, const k3k_tensor_t *const *x,
                                     const k3k_tensor_t *const *w, const k3k_tensor_t *const *y) {
   return K3_ENOTSUP;
