@@ -114,6 +114,24 @@ int k3k_cuda_set_trusted_ids(k3k_cuda_ctx *cx, int on);
  *   k3k_cuda_side_mark(cx, i), i in 1..2: on the side, marks the side work queued so far.
  *   k3k_cuda_side_end: back to the main stream (which does not wait for anything).
  *   k3k_cuda_side_wait(cx, i): on main, later main work waits for side mark i. */
+/* The decode step's residual glue in one launch (resnorm.cu): P += a (a may be NULL), then
+ * h = ATTN_RES_MIX(snaps, P; wn, wp, eps_mix) (snaps may be NULL: h is P, h unused), then
+ * xn = RMSNORM(h; lnw, eps, bf16_inner); P, h, xn bit-identical to the ADD, ATTN_RES_MIX and
+ * RMSNORM ops queued one after the other. k3k_cuda_add_mix_norm_fits: BF16 rows with 16-byte
+ * aligned unit-stride rows, 1 <= T <= SM count, d % 8 == 0, d <= 8192, at most 15 snapshots, no
+ * output aliasing an input; k3k_cuda_add_mix_norm returns K3_EINVAL (nothing queued) when it
+ * does not fit, else 0 or K3_EDEVICE. */
+bool k3k_cuda_add_mix_norm_fits(const k3k_cuda_ctx *cx, const k3k_tensor_t *a,
+                                const k3k_tensor_t *P, const k3k_tensor_t *snaps,
+                                const k3k_tensor_t *wn, const k3k_tensor_t *wp,
+                                const k3k_tensor_t *h, const k3k_tensor_t *lnw,
+                                const k3k_tensor_t *xn);
+int k3k_cuda_add_mix_norm(k3k_cuda_ctx *cx, const k3k_tensor_t *a, const k3k_tensor_t *P,
+                          const k3k_tensor_t *snaps, const k3k_tensor_t *wn,
+                          const k3k_tensor_t *wp, float eps_mix, const k3k_tensor_t *h,
+                          const k3k_tensor_t *lnw, float eps, int bf16_inner,
+                          const k3k_tensor_t *xn);
+
 int k3k_cuda_side_init(k3k_cuda_ctx *cx);
 int k3k_cuda_side_begin(k3k_cuda_ctx *cx);
 int k3k_cuda_side_mark(k3k_cuda_ctx *cx, int i);

@@ -18,6 +18,7 @@
  * are launched with PDL (pdl.cuh: they wait for the previous kernel before any access and let
  * the next one be scheduled at once). */
 #include "cuda_common.cuh"
+#include "norm_body.cuh"
 #include "pdl.cuh"
 
 /* ---- RMSNORM ---- */
@@ -78,49 +79,9 @@ __global__ void __launch_bounds__(128)
     rmsnorm_reg_kernel(const uint16_t *x, int64_t ld_x, const uint16_t *w, uint16_t *y,
                        int64_t ld_y, int d, float eps, int bf16_inner) {
   __shared__ float red[32];
-  const bf16x8 *xr = (const bf16x8 *)(x + blockIdx.x * ld_x);
-  const bf16x8 *wr = (const bf16x8 *)w;
-  bf16x8 *yr = (bf16x8 *)(y + blockIdx.x * ld_y);
-  int d8 = d / 8;
-  bf16x8 v[VPT], wv[VPT];
   pdl_wait(); /* launched with PDL (pdl.cuh): x (and in tests w) may be the previous kernel's */
   pdl_trigger();
-  /* x and the weight in one round trip (the weight used to be a second one after the sum) */
-#pragma unroll
-  for (int k = 0; k < VPT; k++) {
-    int i = threadIdx.x + k * 128;
-    if (i < d8) {
-      v[k] = xr[i];
-      wv[k] = wr[i];
-    }
-  }
-  float ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < VPT; k++)
-    if (threadIdx.x + k * 128 < d8) {
-      float f[8];
-      unpack8(v[k], f);
-#pragma unroll
-      for (int j = 0; j < 8; j++) ss += f[j] * f[j];
-    }
-  ss = block_sum(ss, red);
-  float rstd = 1.0f / sqrtf(ss / (float)d + eps);
-#pragma unroll
-  for (int k = 0; k < VPT; k++) {
-    int i = threadIdx.x + k * 128;
-    if (i < d8) {
-      float f[8], g[8];
-      unpack8(v[k], f);
-      unpack8(wv[k], g);
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-        float xn = f[j] * rstd;
-        if (bf16_inner) xn = round_bf(xn);
-        f[j] = xn * g[j];
-      }
-      yr[i] = pack8(f);
-    }
-  }
+  rms_row<VPT>(x + blockIdx.x * ld_x, w, y + blockIdx.x * ld_y, d, eps, bf16_inner, red, true);
 }
 
 static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -352,7 +313,6 @@ int k3k_cuda_l2norm(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *co
 }
 
 /* ---- ATTN_RES_MIX: one block per token; values read twice (the second time from L1/L2). ---- */
-#define ARM_MAXV 16
 __global__ void __launch_bounds__(256)
     attn_res_kernel(dv snaps, int64_t nb, dv pc, dv wn, dv wp, dv y, int64_t d, float eps) {
   __shared__ float red[32];
@@ -418,118 +378,11 @@ __global__ void __launch_bounds__(THREADS, MINB)
                         int64_t ld_y, int64_t T, int nb, int d, float eps) {
   __shared__ float red[THREADS / 32][2 * ARM_MAXV];
   __shared__ float alpha[ARM_MAXV];
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, d8 = d / 8, nv = nb + 1;
   pdl_wait(); /* launched with PDL: everything it reads may be the previous kernel's output */
   pdl_trigger();
-  for (int64_t tk = blockIdx.x; tk < T; tk += gridDim.x) {
-    for (int j0 = 0; j0 < nv; j0 += P1) {
-      bf16x8 v[P1][VPT];
-#pragma unroll
-      for (int h = 0; h < P1; h++) {
-        int j = j0 + h;
-        if (j >= nv) break;
-        const bf16x8 *V =
-            (const bf16x8 *)(j < nb ? snaps + j * s_b + tk * s_t : pc + tk * ld_p);
-#pragma unroll
-        for (int k = 0; k < VPT; k++) {
-          int i = threadIdx.x + k * THREADS;
-          if (i < d8) v[h][k] = V[i];
-        }
-      }
-      float ss[P1], dot[P1];
-#pragma unroll
-      for (int h = 0; h < P1; h++) ss[h] = dot[h] = 0.0f;
-#pragma unroll
-      for (int k = 0; k < VPT; k++) {
-        int i = threadIdx.x + k * THREADS;
-        if (i >= d8) break;
-        float a[8], b[8];
-        unpack8(((const bf16x8 *)wn)[i], a); /* L1 hits after the first token */
-        unpack8(((const bf16x8 *)wp)[i], b);
-#pragma unroll
-        for (int e = 0; e < 8; e++) a[e] *= b[e];
-#pragma unroll
-        for (int h = 0; h < P1; h++)
-          if (j0 + h < nv) {
-            float f[8];
-            unpack8(v[h][k], f);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-              ss[h] += f[e] * f[e];
-              dot[h] += f[e] * a[e];
-            }
-          }
-      }
-#pragma unroll
-      for (int h = 0; h < P1; h++) {
-        int j = j0 + h;
-        if (j >= nv) break;
-        float s1 = warp_sum(ss[h]), d1 = warp_sum(dot[h]);
-        if (lane == 0) {
-          red[wid][2 * j] = s1;
-          red[wid][2 * j + 1] = d1;
-        }
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) { /* lane j: value j's alpha, then the softmax over the nv lanes */
-      float a = -INFINITY;
-      if (lane < nv) {
-        float s1 = 0.0f, d1 = 0.0f;
-        for (int w = 0; w < THREADS / 32; w++) {
-          s1 += red[w][2 * lane];
-          d1 += red[w][2 * lane + 1];
-        }
-        a = d1 / sqrtf(s1 / (float)d + eps);
-      }
-      float m = warp_max(a);
-      float e = lane < nv ? expf(a - m) : 0.0f;
-      float z = warp_sum(e);
-      if (lane < nv) alpha[lane] = e / z;
-    }
-    __syncthreads();
-    float acc[VPT][8];
-#pragma unroll
-    for (int k = 0; k < VPT; k++)
-#pragma unroll
-      for (int e = 0; e < 8; e++) acc[k][e] = 0.0f;
-    for (int j0 = 0; j0 < nv; j0 += P2) {
-      bf16x8 v[P2][VPT];
-#pragma unroll
-      for (int h = 0; h < P2; h++) {
-        int j = j0 + h;
-        if (j >= nv) break;
-        const bf16x8 *V =
-            (const bf16x8 *)(j < nb ? snaps + j * s_b + tk * s_t : pc + tk * ld_p);
-#pragma unroll
-        for (int k = 0; k < VPT; k++) {
-          int i = threadIdx.x + k * THREADS;
-          if (i < d8) v[h][k] = V[i];
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < P2; h++) {
-        int j = j0 + h;
-        if (j >= nv) break;
-        float aj = alpha[j];
-#pragma unroll
-        for (int k = 0; k < VPT; k++)
-          if (threadIdx.x + k * THREADS < d8) {
-            float f[8];
-            unpack8(v[h][k], f);
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[k][e] += aj * f[e];
-          }
-      }
-    }
-    bf16x8 *yr = (bf16x8 *)(y + tk * ld_y);
-#pragma unroll
-    for (int k = 0; k < VPT; k++) {
-      int i = threadIdx.x + k * THREADS;
-      if (i < d8) yr[i] = pack8(acc[k]);
-    }
-    __syncthreads(); /* alpha and red are rewritten by the next token */
-  }
+  for (int64_t tk = blockIdx.x; tk < T; tk += gridDim.x)
+    arm_token<THREADS, VPT, P1, P2>(snaps + tk * s_t, s_b, pc + tk * ld_p, wn, wp, y + tk * ld_y,
+                                    nb, d, eps, red, alpha);
 }
 
 static bool arm_vec_ok(const k3k_tensor_t *const *t, int64_t d) {

@@ -24,6 +24,22 @@
     if (rc) goto out; \
   } while (0)
 
+/* P += a (a may be NULL), h = ATTN_RES_MIX(sv, P) (sv may be NULL: the norm reads P), then
+ * xn = RMSNORM: the residual glue between two sub-layers. `fuse`: try the device's one-launch
+ * form first (rn_dev_add_mix_norm, bit-identical; K3_ENOTSUP when it does not apply). */
+static int res_norm(k3_runner_t *r, bool fuse, const k3k_tensor_t *a, const k3k_tensor_t *P,
+                    const k3k_tensor_t *sv, const k3k_tensor_t *wn, const k3k_tensor_t *wp,
+                    const k3k_attn_res_params_t *mp, const k3k_tensor_t *h,
+                    const k3k_tensor_t *lnw, const k3k_rmsnorm_params_t *np,
+                    const k3k_tensor_t *xn) {
+  int rc = K3_ENOTSUP;
+  if (fuse) rc = rn_dev_add_mix_norm(r, a, P, sv, wn, wp, mp->eps, h, lnw, np, xn);
+  if (rc != K3_ENOTSUP) return rc;
+  rc = a ? k3k_add(r->be, P, a, P) : 0;
+  if (!rc && sv) rc = k3k_attn_res_mix(r->be, mp, sv, P, wn, wp, h);
+  return rc ? rc : k3k_rmsnorm(r->be, np, sv ? h : P, lnw, xn);
+}
+
 int rn_forward_enqueue(k3_runner_t *r, rn_ws_t *ws, rn_pass_t *ps, const int32_t *rows, int64_t nw,
                        k3_layer_done_fn cb, void *cb_ctx, bool fire_cb, k3k_tensor_t *lg,
                        char *err, size_t errlen) {
@@ -49,26 +65,25 @@ int rn_forward_enqueue(k3_runner_t *r, rn_ws_t *ws, rn_pass_t *ps, const int32_t
     TRY(rn_dev_gather(r, &r->embed, &ids, &P));
   else
     TRY(k3k_get_rows(be, &r->embed, &ids, &P));
+  /* device decode: each sub-layer's output is added to P inside the next one-launch residual
+   * glue (res_norm) instead of by its own ADD; `pend` is the output not yet added */
+  const bool fuse = ps->dev && !(fire_cb && cb);
+  const k3k_tensor_t *pend = NULL;
   for (int l = 0; l < c->num_layers; l++) {
     const rn_layer_t *L = &r->layers[l];
     const int ki = c->kind_index[l];
     bool reset = false;
-    const k3k_tensor_t *hin = &P;
-    if (ares) {
-      /* h = Mix(B, P_in); at a boundary B gets P_in and P restarts from the mixer output */
-      k3k_tensor_t sv = k3k_tensor_slice(&snaps, 0, 0, nb);
-      if (nb > 0) {
-        TRY(k3k_attn_res_mix(be, &mp, &sv, &P, &L->sa_res_norm, &L->sa_res_proj, &h));
-        hin = &h;
-      }
-      if (L->boundary) {
-        k3k_tensor_t dst = k3k_tensor_2d(be, A, (char *)snap_mem + (size_t)nb * (size_t)(T * H) * es, T, H);
-        TRY(k3k_copy(be, &P, &dst));
-        nb++;
-        reset = true;
-      }
+    /* h = Mix(B, P_in); at a boundary B gets P_in and P restarts from the mixer output */
+    k3k_tensor_t sv = ares ? k3k_tensor_slice(&snaps, 0, 0, nb) : P;
+    TRY(res_norm(r, fuse, pend, &P, ares && nb > 0 ? &sv : NULL, &L->sa_res_norm,
+                 &L->sa_res_proj, &mp, &h, &L->in_ln, &np, &xn));
+    pend = NULL;
+    if (ares && L->boundary) {
+      k3k_tensor_t dst = k3k_tensor_2d(be, A, (char *)snap_mem + (size_t)nb * (size_t)(T * H) * es, T, H);
+      TRY(k3k_copy(be, &P, &dst));
+      nb++;
+      reset = true;
     }
-    TRY(k3k_rmsnorm(be, &np, hin, &L->in_ln, &xn));
     /* the mixer's and the FFN's temporaries die when they return (their output is `a`) */
     rn_ws_mark_t mk = rn_ws_mark(ws);
     if (L->kind == K3_LAYER_KDA)
@@ -76,20 +91,16 @@ int rn_forward_enqueue(k3_runner_t *r, rn_ws_t *ws, rn_pass_t *ps, const int32_t
     else
       TRY(rn_mla_forward(r, ws, L, ki, ps, &xn, &a));
     rn_ws_release(ws, mk);
-    if (reset)
-      TRY(k3k_copy(be, &a, &P));
-    else
-      TRY(k3k_add(be, &P, &a, &P));
-    hin = &P;
-    if (ares) {
-      k3k_tensor_t sv = k3k_tensor_slice(&snaps, 0, 0, nb);
-      TRY(k3k_attn_res_mix(be, &mp, &sv, &P, &L->mlp_res_norm, &L->mlp_res_proj, &h));
-      hin = &h;
-    }
-    TRY(k3k_rmsnorm(be, &np, hin, &L->post_ln, &xn));
+    if (reset) TRY(k3k_copy(be, &a, &P));
+    sv = ares ? k3k_tensor_slice(&snaps, 0, 0, nb) : P;
+    TRY(res_norm(r, fuse, reset ? NULL : &a, &P, ares ? &sv : NULL, &L->mlp_res_norm,
+                 &L->mlp_res_proj, &mp, &h, &L->post_ln, &np, &xn));
     TRY(rn_ffn_forward(r, ws, L, &xn, &a));
     rn_ws_release(ws, mk);
-    TRY(k3k_add(be, &P, &a, &P));
+    if (fuse)
+      pend = &a;
+    else
+      TRY(k3k_add(be, &P, &a, &P));
     if (fire_cb && cb) {
       if (be->synchronize) TRY(be->synchronize(be));
       rc = cb(l, cb_ctx);
@@ -100,7 +111,20 @@ int rn_forward_enqueue(k3_runner_t *r, rn_ws_t *ws, rn_pass_t *ps, const int32_t
     }
   }
   /* head: final depth mix (K3), final norm, lm_head on the wanted rows only */
-  if (nw > 0) {
+  const bool dev_head = nw > 0 && nw == T && ps->dev;
+  if (pend && !dev_head) { /* the last FFN output, when the head does not take it */
+    TRY(k3k_add(be, &P, pend, &P));
+    pend = NULL;
+  }
+  if (dev_head) { /* device decode: one launch for add, mix and norm (every row) */
+    k3k_tensor_t sv = ares ? k3k_tensor_slice(&snaps, 0, 0, nb) : P;
+    k3k_tensor_t hn = rn_buf(ws, A, nw, H);
+    *lg = rn_buf(ws, K3K_F32, nw, V);
+    if ((rc = ws->rc)) goto out;
+    TRY(res_norm(r, fuse, pend, &P, ares ? &sv : NULL, &r->out_res_norm, &r->out_res_proj, &mp,
+                 &h, &r->final_norm, &np, &hn));
+    TRY(k3k_gemm(be, &hn, &r->lm_head, lg));
+  } else if (nw > 0) {
     const k3k_tensor_t *hf = &P;
     if (ares) {
       k3k_tensor_t sv = k3k_tensor_slice(&snaps, 0, 0, nb);

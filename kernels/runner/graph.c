@@ -47,6 +47,9 @@ struct rn_gd {
   size_t meta_ints;
   int maxp_cap;     /* widest page table: the whole page pool */
   float *hlog;      /* host staging of the logits of one step, max_batch_seqs x vocab */
+  bool pinned;      /* hmeta and hlog are page-locked (cudaMallocHost): the per-step metadata
+                     * upload and logits download run at DMA speed, not through the driver's
+                     * staging copy (medium preset: 655 KB of logits per token) */
   rn_gent_t ent[RN_GRAPHS];
   uint64_t tick;
   bool warned;
@@ -88,12 +91,39 @@ int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t 
                                 table->shape[1], y->data, y->stride[0]);
 }
 
+int rn_dev_add_mix_norm(k3_runner_t *r, const k3k_tensor_t *a, const k3k_tensor_t *P,
+                        const k3k_tensor_t *sv, const k3k_tensor_t *wn, const k3k_tensor_t *wp,
+                        float eps_mix, const k3k_tensor_t *h, const k3k_tensor_t *lnw,
+                        const k3k_rmsnorm_params_t *np, const k3k_tensor_t *xn) {
+  static int on = -1; /* K3PD_CUDA_RESNORM, read once (eager and captured steps agree) */
+  if (on < 0) {
+    const char *e = getenv("K3PD_CUDA_RESNORM");
+    on = !(e && !strcmp(e, "0"));
+  }
+  k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
+  if (!on || !cx || !k3k_cuda_add_mix_norm_fits(cx, a, P, sv, wn, wp, h, lnw, xn))
+    return K3_ENOTSUP;
+  return k3k_cuda_add_mix_norm(cx, a, P, sv, wn, wp, eps_mix, h, lnw, np->eps, np->bf16_inner, xn);
+}
+
 int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, const k3k_tensor_t *krot,
                        const k3k_tensor_t *smap, const k3k_tensor_t *cache) {
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
   return k3k_cu_cache_write_u16(cx->stream, cn->data, cn->stride[0], krot->data, krot->stride[0],
                                 smap->data, smap->shape[0], cn->shape[1], krot->shape[1],
                                 cache->data);
+}
+
+static void host_free(struct rn_gd *g) {
+  if (g->pinned) {
+    if (g->hmeta) cudaFreeHost(g->hmeta);
+    if (g->hlog) cudaFreeHost(g->hlog);
+  } else {
+    free(g->hmeta);
+    free(g->hlog);
+  }
+  g->hmeta = NULL;
+  g->hlog = NULL;
 }
 
 int rn_gd_init(k3_runner_t *r, char *err, size_t errlen) {
@@ -111,14 +141,23 @@ int rn_gd_init(k3_runner_t *r, char *err, size_t errlen) {
   const int B = r->opts.max_batch_seqs;
   g->maxp_cap = r->opts.num_pages > 0 ? r->opts.num_pages : 1;
   g->meta_ints = 5 * ((size_t)B + 16) + (size_t)B * (size_t)g->maxp_cap + 16;
-  g->hmeta = malloc(g->meta_ints * 4);
-  g->hlog = malloc((size_t)B * (size_t)c->vocab_size * 4);
+  const size_t lbytes = (size_t)B * (size_t)c->vocab_size * 4;
+  void *hm = NULL, *hl = NULL;
+  if (cudaMallocHost(&hm, g->meta_ints * 4) == cudaSuccess &&
+      cudaMallocHost(&hl, lbytes) == cudaSuccess) {
+    g->hmeta = hm, g->hlog = hl, g->pinned = true;
+  } else { /* no page-locked memory: ordinary (slower) staging */
+    (void)cudaGetLastError();
+    if (hm) cudaFreeHost(hm);
+    K3_WARN("runner: no page-locked host memory for the decode staging; using pageable memory");
+    g->hmeta = malloc(g->meta_ints * 4);
+    g->hlog = malloc(lbytes);
+  }
   int rc = g->hmeta && g->hlog ? 0 : K3_ENOMEM;
   if (!rc) rc = r->be->alloc(r->be, g->meta_ints * 4, &g->dmeta);
   if (rc) {
     rn_seterr(err, errlen, "runner: no memory for the decode metadata (%zu ids)", g->meta_ints);
-    free(g->hmeta);
-    free(g->hlog);
+    host_free(g);
     free(g);
     return rc;
   }
@@ -141,8 +180,7 @@ void rn_gd_free(k3_runner_t *r) {
   if (!g) return;
   rn_gd_drop(r);
   if (g->dmeta) r->be->free(r->be, g->dmeta);
-  free(g->hmeta);
-  free(g->hlog);
+  host_free(g);
   free(g);
   r->gd = NULL;
 }

@@ -258,7 +258,20 @@ int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t 
                   const k3k_tensor_t *y);
 int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, const k3k_tensor_t *krot,
                        const k3k_tensor_t *smap, const k3k_tensor_t *cache);
+/* ADD → ATTN_RES_MIX → RMSNORM in one launch (k3k_cuda_add_mix_norm; forward.c res_norm):
+ * K3_ENOTSUP (nothing queued) when it does not apply or K3PD_CUDA_RESNORM=0. */
+int rn_dev_add_mix_norm(k3_runner_t *r, const k3k_tensor_t *a, const k3k_tensor_t *P,
+                        const k3k_tensor_t *sv, const k3k_tensor_t *wn, const k3k_tensor_t *wp,
+                        float eps_mix, const k3k_tensor_t *h, const k3k_tensor_t *lnw,
+                        const k3k_rmsnorm_params_t *np, const k3k_tensor_t *xn);
 #else
+static inline int rn_dev_add_mix_norm(k3_runner_t *r, const k3k_tensor_t *a, const k3k_tensor_t *P,
+                                      const k3k_tensor_t *sv, const k3k_tensor_t *wn,
+                                      const k3k_tensor_t *wp, float eps_mix, const k3k_tensor_t *h,
+                                      const k3k_tensor_t *lnw, const k3k_rmsnorm_params_t *np,
+                                      const k3k_tensor_t *xn) {
+  return K3_ENOTSUP;
+}
 static inline int rn_gd_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
 static inline void rn_gd_free(k3_runner_t *r) {}
 static inline void rn_gd_drop(k3_runner_t *r) {}

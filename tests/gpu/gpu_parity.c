@@ -499,6 +499,7 @@ void gpu_gemv_cases(gctx *g, bool quick);       /* gpu_gemv.c */
 void gpu_gemv_multi_cases(gctx *g, bool quick); /* gpu_gemv.c: the opt-in fused forms */
 void gpu_generic_cases(gctx *g);            /* gpu_generic.c */
 void gpu_side_cases(gctx *g);               /* gpu_side.c */
+void gpu_resnorm_cases(gctx *g);            /* gpu_resnorm.c */
 
 int gpu_parity(gctx *g, bool quick) {
   t_gemm_views(g, 1);
@@ -558,5 +559,6 @@ int gpu_parity(gctx *g, bool quick) {
   gpu_gemv_multi_cases(g, quick);
   gpu_generic_cases(g);
   gpu_side_cases(g);
+  gpu_resnorm_cases(g);
   return 0;
 }
