@@ -68,5 +68,6 @@ void t_route(void);
 void t_seq(void);
 void t_mla(void);
 int perf_main(int argc, char **argv);
+int perf_mx_main(void);
 
 #endif
