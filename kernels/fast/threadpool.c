@@ -22,6 +22,8 @@ struct k3k_pool {
   void *ctx;
   int64_t n_tasks;
   atomic_int_fast64_t next;
+  void *scratch; /* k3k_pool_scratch's buffer (owned), scratch_bytes long */
+  size_t scratch_bytes;
 };
 
 typedef struct {
@@ -107,6 +109,7 @@ void k3k_pool_destroy(k3k_pool_t *p) {
   pthread_cond_destroy(&p->wake);
   pthread_cond_destroy(&p->done);
   free(p->tid);
+  free(p->scratch);
   free(p);
 }
 
@@ -141,4 +144,15 @@ void k3k_pool_run_work(k3k_pool_t *p, int64_t n_tasks, int64_t work, k3k_task_fn
     return;
   }
   for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+}
+
+void *k3k_pool_scratch(k3k_pool_t *p, size_t bytes) {
+  if (bytes <= p->scratch_bytes && p->scratch) return p->scratch;
+  size_t n = (bytes + 63) & ~(size_t)63;
+  void *b = aligned_alloc(64, n ? n : 64);
+  if (!b) return NULL;
+  free(p->scratch);
+  p->scratch = b;
+  p->scratch_bytes = n;
+  return b;
 }
