@@ -39,6 +39,7 @@ int main(int argc, char **argv) {
     t_route();
     t_seq();
     t_mla();
+    t_mxfp4_fast();
     /* Again with more workers than cores: more, smaller tasks and a resized pool. */
     int before = k3k_cpu_fast_get_threads();
     if (k3k_cpu_fast_set_threads(5) == 0) {
@@ -46,6 +47,7 @@ int main(int argc, char **argv) {
       t_basic();
       t_seq();
       t_mla();
+      t_mxfp4_fast();
       k3k_cpu_fast_set_threads(before);
     } else {
       check(false, "k3k_cpu_fast_set_threads(5)");
