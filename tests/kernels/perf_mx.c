@@ -1,5 +1,6 @@
 /* test_kernels --perf-mxfp4: the MXFP4 GEMM shapes of the medium preset's routed experts
- * (gate/up K=3584 N=3072, down K=3072 N=3584) at M = 1, 2, 16, 79 rows, and a bf16 decode GEMM
+ * (gate/up K=3584 N=3072, down K=3072 N=3584) at M = 1, 2, 5, 6, 16, 79 rows (5: the average
+ * rows per expert of a 79-token prefill at top-16 of 256; 6: the first packed shape), and a bf16 decode GEMM
  * 7168×7168 at M=1 for comparison, on "cpu-fast" with the pool's current thread count (use
  * `--threads 1` for per-thread figures). Prints ms, ns per weight element and GB/s of packed
  * weight bytes (codes + scales, or bf16). Not a test: it asserts nothing but that the op
@@ -61,7 +62,7 @@ int perf_mx_main(void) {
   k3k_backend_t *fast = k3k_backend_get("cpu-fast"), *ref = k3k_backend_get("cpu");
   if (!fast) return 1;
   printf("cpu-fast MXFP4 GEMM, %d thread(s)\n", k3k_cpu_fast_get_threads());
-  static const int64_t Ms[] = {1, 2, 16, 79};
+  static const int64_t Ms[] = {1, 2, 5, 6, 16, 79};
   for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
     mx_case(fast, ref, Ms[i], 3584, 3072);
     mx_case(fast, ref, Ms[i], 3072, 3584);
@@ -75,5 +76,24 @@ int perf_mx_main(void) {
     printf("bf16  M=1   K=%-5lld N=%-5lld %9.3f ms %8.3f ns/weight %7.2f GB/s\n", (long long)H,
            (long long)H, t * 1e3, t * 1e9 / ((double)H * H), 2.0 * H * H / t * 1e-9);
   for (int i = 0; i < 3; i++) tt_free(&g[i]);
+  /* First touch of a fresh 512 MiB buffer (what a pageable device → host copy pays): the
+   * backend's allocation (2 MiB-aligned, MADV_HUGEPAGE) against plain malloc. */
+  size_t nb = (size_t)512 << 20;
+  void *p = NULL;
+  if (ref && ref->alloc(ref, nb, &p) == 0) {
+    uint64_t t0 = k3_now_ns();
+    memset(p, 1, nb);
+    double s1 = (double)(k3_now_ns() - t0) * 1e-9;
+    ref->free(ref, p);
+    char *q = malloc(nb);
+    if (q) {
+      t0 = k3_now_ns();
+      memset(q, 1, nb);
+      double s2 = (double)(k3_now_ns() - t0) * 1e-9;
+      free(q);
+      printf("first touch of 512 MiB: backend alloc %.2f GB/s, malloc %.2f GB/s\n", nb / s1 * 1e-9,
+             nb / s2 * 1e-9);
+    }
+  }
   return g_fail ? 1 : 0;
 }
