@@ -1,7 +1,10 @@
 /* A minimal fork-join pthread pool for the "cpu-fast" backend: k3k_pool_run() runs fn(ctx, task,
  * worker) for task = 0..n_tasks−1 on the caller plus (threads−1) workers, handing out tasks
  * through an atomic counter, and returns when all are done. One run at a time per pool (the
- * backend serialises calls). Tasks must not block on each other. */
+ * backend serialises calls). Tasks must not block on each other. Idle workers spin (yielding)
+ * for K3PD_FAST_SPIN_US microseconds (read at creation; default 100, 0 = never) after a run
+ * before sleeping, and so does the caller waiting for the workers: back-to-back runs (the
+ * per-expert GEMMs of a decode step) then skip the condition-variable wake-ups. */
 #ifndef K3K_THREADPOOL_H
 #define K3K_THREADPOOL_H
 
