@@ -93,27 +93,27 @@ VINL void mx_cols(const uint8_t *p, int64_t rs, int i, v4f sv, v4f *ce, v4f *co)
 }
 /* The four block scales 2^(e−127) of rows s, s+rs, s+2rs, s+3rs at block g. */
 VINL v4f mx_scales(const uint8_t *s, int64_t rs, int64_t g) {
-  return (v4f){k3k_e8m0(s[g]), k3k_e8m0(s[rs + g]), k3k_e8m0(s[2 * rs + g]), k3k_e8m0(s[3 * rs + g])};
+  return (v4f){k3k_e8m0(s[g]), k3k_e8m0(s[rs + g]), k3k_e8m0(s[2 * rs + g]),
+               k3k_e8m0(s[3 * rs + g])};
 }
 
-/* Decode-shaped MXFP4 GEMM on 4G full rows starting at n0: out[m][j] = Σ_k
+/* Decode-shaped MXFP4 GEMM on the 8 full rows n0.. (two groups of 4): out[m][j] = Σ_k
  * x[m][k]·W[n0+j][k], one accumulator lane per output, k in increasing order (k = 2i before
- * 2i+1 within a byte). M and G are constants at every call site, so the loops unroll and acc
- * lives in registers: M·G independent add chains. */
-VINL void mx_direct_mg(const gemm_ctx_t *c, int64_t n0, const int M, const int G,
-                       float out[MR][16]) {
+ * 2i+1 within a byte). M is a constant at every call site, so the loops unroll and acc lives in
+ * registers: 2·M independent add chains. (16-row blocks at M = 1, four chains instead of two,
+ * measured 1.6× slower, and so did unrolling the byte loop: the extra row pointers and
+ * temporaries spill on x86-64's 16 general and 16 xmm registers.) */
+VINL void mx_direct_m(const gemm_ctx_t *c, int64_t n0, const int M, float out[MR][NR]) {
   const int64_t K = c->K, prs = c->pk_rs, srs = c->sc_rs;
   const uint8_t *pk = c->pk + n0 * prs, *sc = c->sc + n0 * srs;
-  v4f acc[MR][4];
-  for (int m = 0; m < M; m++)
-    for (int g = 0; g < G; g++) acc[m][g] = splat(0.0f);
+  v4f acc[MR][2];
+  for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = splat(0.0f);
   for (int64_t blk = 0; blk < K / 32; blk++) {
-    v4f sv[4];
-    for (int g = 0; g < G; g++) sv[g] = mx_scales(sc + 4 * g * srs, srs, blk);
+    v4f sv[2] = {mx_scales(sc, srs, blk), mx_scales(sc + 4 * srs, srs, blk)};
     const uint8_t *pb = pk + blk * 16;
     const float *xb = c->xf + blk * 32;
     for (int i = 0; i < 16; i++) {
-      for (int g = 0; g < G; g++) {
+      for (int g = 0; g < 2; g++) {
         v4f ce, co;
         mx_cols(pb + 4 * g * prs, prs, i, sv[g], &ce, &co);
         for (int m = 0; m < M; m++) {
@@ -124,21 +124,18 @@ VINL void mx_direct_mg(const gemm_ctx_t *c, int64_t n0, const int M, const int G
     }
   }
   for (int m = 0; m < M; m++)
-    for (int g = 0; g < G; g++)
-      for (int l = 0; l < 4; l++) out[m][4 * g + l] = acc[m][g][l];
+    for (int j = 0; j < NR; j++) out[m][j] = acc[m][j >> 2][j & 3];
 }
 
-/* Runs mx_direct_mg for the call's M (1..MR−1) on the 8 rows n0.. and stores y. (16-row
- * blocks at M = 1, four add chains instead of two, measured 1.6× slower: the extra row
- * pointers spill on x86-64's 16 general registers.) */
+/* Runs mx_direct_m for the call's M (1..MR−1) on the 8 rows n0.. and stores y. */
 static void mx_direct(const gemm_ctx_t *c, int64_t n0) {
-  float out[MR][16];
+  float out[MR][NR];
   switch (c->M) {
-    case 1: mx_direct_mg(c, n0, 1, 2, out); break;
-    case 2: mx_direct_mg(c, n0, 2, 2, out); break;
-    case 3: mx_direct_mg(c, n0, 3, 2, out); break;
-    case 4: mx_direct_mg(c, n0, 4, 2, out); break;
-    default: mx_direct_mg(c, n0, 5, 2, out); break;
+    case 1: mx_direct_m(c, n0, 1, out); break;
+    case 2: mx_direct_m(c, n0, 2, out); break;
+    case 3: mx_direct_m(c, n0, 3, out); break;
+    case 4: mx_direct_m(c, n0, 4, out); break;
+    default: mx_direct_m(c, n0, 5, out); break;
   }
   for (int64_t m = 0; m < c->M; m++)
     for (int j = 0; j < NR; j++) k3k_st(c->Y, k3k_off2(c->Y, m, n0 + j), out[m][j]);

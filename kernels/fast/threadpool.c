@@ -42,9 +42,10 @@ struct k3k_pool {
   size_t scratch_bytes;
 };
 
-/* Spins until *a differs from `old` (64-bit) or, for the int form, reaches `want`, or the
- * spin time runs out; true when the condition holds. Yields between checks so an
- * oversubscribed machine (more threads than free cores) still runs whoever has work. */
+/* spin_gen: until gen differs from `old` (or quit is set); spin_finished: until `finished`
+ * reaches `want`. Each gives up after spin_ns and returns false (the caller then sleeps);
+ * true when the condition holds. Yields every 16 checks so an oversubscribed machine (more
+ * threads than free cores) still runs whoever has work. */
 static bool spin_gen(const k3k_pool_t *p, uint64_t old) {
   if (!p->spin_ns) return false;
   uint64_t end = k3_now_ns() + p->spin_ns;

@@ -21,8 +21,8 @@ void t_mem(void) {
       if (rc || !p) continue;
       check(((uintptr_t)p & 63) == 0, "%s alloc %zu: %p not 64-byte aligned", *nm, sizes[i], p);
       if (sizes[i] >= ((size_t)32 << 20))
-        check(((uintptr_t)p & (((uintptr_t)2 << 20) - 1)) == 0, "%s alloc %zu: %p not 2 MiB aligned",
-              *nm, sizes[i], p);
+        check(((uintptr_t)p & (((uintptr_t)2 << 20) - 1)) == 0,
+              "%s alloc %zu: %p not 2 MiB aligned", *nm, sizes[i], p);
       if (sizes[i]) {
         memset(p, 0x5A, sizes[i]);
         check(((uint8_t *)p)[sizes[i] - 1] == 0x5A, "%s alloc %zu: last byte", *nm, sizes[i]);

@@ -82,8 +82,8 @@ static void run_bad(int64_t M, int64_t N, int64_t K, int64_t at) {
   tt_set(&s[2], at < 0 ? ns - 1 : at, 255);
   s[3].out = true;
   char nm[128];
-  snprintf(nm, sizeof nm, "mxfp4 0xFF scale at %lld of %lld (M=%lld)", (long long)(at < 0 ? ns - 1 : at),
-           (long long)ns, (long long)M);
+  snprintf(nm, sizeof nm, "mxfp4 0xFF scale at %lld of %lld (M=%lld)",
+           (long long)(at < 0 ? ns - 1 : at), (long long)ns, (long long)M);
   run_case(nm, K3K_OP_MXFP4_GEMM, NULL, s, 4, K3_EINVAL);
   for (int i = 0; i < 4; i++) tt_free(&s[i]);
 }
