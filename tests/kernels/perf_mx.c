@@ -1,8 +1,8 @@
 /* test_kernels --perf-mxfp4: the MXFP4 GEMM shapes of the medium preset's routed experts
  * (gate/up K=3584 N=3072, down K=3072 N=3584) at M = 1, 2, 5, 6, 16, 79 rows (5: the average
  * rows per expert of a 79-token prefill at top-16 of 256; 6: the first packed shape), and a
- * bf16 decode GEMM 7168×7168 at M=1 for comparison, on "cpu-fast" with the pool's current thread count (use
- * `--threads 1` for per-thread figures). Prints ms, ns per weight element and GB/s of packed
+ * bf16 decode GEMM 7168×7168 at M=1 for comparison, on "cpu-fast" with the pool's current
+ * thread count (use `--threads 1` for per-thread figures). Prints ms, ns per weight element and GB/s of packed
  * weight bytes (codes + scales, or bf16). Not a test: it asserts nothing but that the op
  * returned 0 and that cpu-fast equals the cpu reference at M=1 (one run each). */
 #include <stdlib.h>
