@@ -69,7 +69,8 @@ typedef struct {
 /* ---- MXFP4 byte decoder ---- */
 
 /* E2M1 value of a code as a constant expression: magnitudes {0,.5,1,1.5,2,3,4,6}, bit 3 the
- * sign (code 8 is −0.0f, as in k3k_e2m1_table; test_kernels checks every byte value). */
+ * sign (code 8 is −0.0f, as in k3k_e2m1_table, although a zero's sign cannot reach y: every
+ * sum starts at +0). test_kernels' MXFP4 cases use every byte value and compare with "cpu". */
 #define E2M1_MAG(c) ((c) < 4 ? (float)(c) * 0.5f : (c) == 7 ? 6.0f : (float)((c) - 2))
 #define E2M1_VAL(c) (((c) & 8) ? -E2M1_MAG((c) & 7) : E2M1_MAG((c) & 7))
 #define MXP1(b) {E2M1_VAL((b) & 15), E2M1_VAL((b) >> 4)}
