@@ -29,15 +29,8 @@ typedef float v4f __attribute__((vector_size(16)));
 typedef float v4f_u __attribute__((vector_size(16), aligned(4), may_alias));
 VINL v4f ld4(const float *p) { return *(const v4f_u *)p; }
 VINL v4f splat(float x) { return (v4f){x, x, x, x}; }
-typedef uint16_t v4h __attribute__((vector_size(8)));
-typedef uint16_t v4h_u __attribute__((vector_size(8), aligned(2), may_alias));
 typedef uint32_t v4u __attribute__((vector_size(16)));
 typedef int32_t v4i __attribute__((vector_size(16)));
-/* 4 consecutive bf16 → fp32 (exact: the bits move to the high half). */
-VINL v4f ld4_bf16(const uint16_t *p) {
-  v4u u = __builtin_convertvector(*(const v4h_u *)p, v4u) << 16;
-  return (v4f)u;
-}
 /* In-register 4×4 transpose: rows r[j] = W[j][k..k+3] → c[i] = W[0..3][k+i]. */
 VINL void tr4(const v4f r[4], v4f c[4]) {
   v4f t0 = __builtin_shuffle(r[0], r[1], (v4i){0, 4, 1, 5});
@@ -212,25 +205,57 @@ static void pack_panel(const gemm_ctx_t *c, int64_t n0, int64_t nn, float *wp) {
   }
 }
 
+/* Four bf16 rows (p, p+rs, p+2rs, p+3rs; rs in elements) at k..k+3 → the four fp32 columns
+ * c[i] = W[0..3][k+i]. The transpose runs on the 16-bit values (2 + 2 interleaves) and the
+ * conversion is the final interleave with zeros (bf16 bits in the high half of each fp32 lane,
+ * exact on little-endian targets): 8 shuffles per 16 weights instead of 4 conversions and a 4×4
+ * fp32 transpose. Measured with the M-specialised direct_panel_m: 7168×7168 at M = 1 0.26 →
+ * 0.15 ns/weight, M = 2 0.32 → 0.21 (one thread). */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "bf16_cols assumes little-endian lanes");
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint64_t v2u64 __attribute__((vector_size(16)));
+typedef uint64_t u64_u __attribute__((aligned(2), may_alias));
+VINL void bf16_cols(const uint16_t *p, size_t rs, int64_t k, v4f c[4]) {
+  v8h r0 = (v8h)(v2u64){*(const u64_u *)(p + k), 0};
+  v8h r1 = (v8h)(v2u64){*(const u64_u *)(p + rs + k), 0};
+  v8h r2 = (v8h)(v2u64){*(const u64_u *)(p + 2 * rs + k), 0};
+  v8h r3 = (v8h)(v2u64){*(const u64_u *)(p + 3 * rs + k), 0};
+  const v8h lo16 = {0, 8, 1, 9, 2, 10, 3, 11}, hi16 = {4, 12, 5, 13, 6, 14, 7, 15};
+  v4u a01 = (v4u)__builtin_shuffle(r0, r1, lo16), a23 = (v4u)__builtin_shuffle(r2, r3, lo16);
+  v8h c01 = (v8h)__builtin_shuffle(a01, a23, (v4u){0, 4, 1, 5});
+  v8h c23 = (v8h)__builtin_shuffle(a01, a23, (v4u){2, 6, 3, 7});
+  const v8h z = {0};
+  c[0] = (v4f)__builtin_shuffle(z, c01, lo16);
+  c[1] = (v4f)__builtin_shuffle(z, c01, hi16);
+  c[2] = (v4f)__builtin_shuffle(z, c23, lo16);
+  c[3] = (v4f)__builtin_shuffle(z, c23, hi16);
+}
+
 /* Decode-shaped GEMM (M < MR) on 8 full W rows: per 4 k, load 4 values from each row, convert,
  * transpose in registers, and accumulate k, k+1, k+2, k+3 in that order (so still the reference
  * order); a K % 4 tail continues sequentially. Packing would write and re-read every weight
- * once per call, which dominates when M is 1. */
-static void direct_panel(const gemm_ctx_t *c, int64_t n0) {
-  const int64_t K = c->K, M = c->M, K4 = K & ~(int64_t)3;
-  const bool bf = c->W->dtype == K3K_BF16;
+ * once per call, which dominates when M is 1. M and bf are constants at each call site
+ * (direct_panel), so acc stays in registers. */
+VINL void direct_panel_m(const gemm_ctx_t *c, int64_t n0, const int M, const bool bf) {
+  const int64_t K = c->K, K4 = K & ~(int64_t)3;
   const char *wb = (const char *)c->W->data;
   const size_t rs = (size_t)c->W->stride[0] * (bf ? 2 : 4);
   v4f acc[MR][2];
-  for (int64_t m = 0; m < M; m++) acc[m][0] = acc[m][1] = splat(0.0f);
+  for (int m = 0; m < M; m++) acc[m][0] = acc[m][1] = splat(0.0f);
   for (int64_t k = 0; k < K4; k += 4) {
-    v4f r[8], lo[4], hi[4];
-    for (int j = 0; j < 8; j++)
-      r[j] = bf ? ld4_bf16((const uint16_t *)(wb + (size_t)(n0 + j) * rs) + k)
-                : ld4((const float *)(wb + (size_t)(n0 + j) * rs) + k);
-    tr4(r, lo);
-    tr4(r + 4, hi);
-    for (int64_t m = 0; m < M; m++) {
+    v4f lo[4], hi[4];
+    if (bf) {
+      const uint16_t *p = (const uint16_t *)(wb + (size_t)n0 * rs);
+      const size_t re = rs / 2; /* row stride in elements */
+      bf16_cols(p, re, k, lo);
+      bf16_cols(p + 4 * re, re, k, hi);
+    } else {
+      v4f r[8];
+      for (int j = 0; j < 8; j++) r[j] = ld4((const float *)(wb + (size_t)(n0 + j) * rs) + k);
+      tr4(r, lo);
+      tr4(r + 4, hi);
+    }
+    for (int m = 0; m < M; m++) {
       const float *x = c->xf + m * K + k;
       for (int i = 0; i < 4; i++) {
         v4f b = splat(x[i]);
@@ -239,7 +264,7 @@ static void direct_panel(const gemm_ctx_t *c, int64_t n0) {
       }
     }
   }
-  for (int64_t m = 0; m < M; m++) {
+  for (int m = 0; m < M; m++) {
     float a[NR];
     for (int j = 0; j < NR; j++) a[j] = acc[m][j >> 2][j & 3];
     for (int64_t k = K4; k < K; k++)
@@ -249,6 +274,22 @@ static void direct_panel(const gemm_ctx_t *c, int64_t n0) {
         a[j] += c->xf[m * K + k] * w;
       }
     for (int j = 0; j < NR; j++) k3k_st(c->Y, k3k_off2(c->Y, m, n0 + j), a[j]);
+  }
+}
+
+static void direct_panel(const gemm_ctx_t *c, int64_t n0) {
+  const bool bf = c->W->dtype == K3K_BF16;
+  switch (c->M * 2 + bf) {
+    case 2: direct_panel_m(c, n0, 1, false); break;
+    case 3: direct_panel_m(c, n0, 1, true); break;
+    case 4: direct_panel_m(c, n0, 2, false); break;
+    case 5: direct_panel_m(c, n0, 2, true); break;
+    case 6: direct_panel_m(c, n0, 3, false); break;
+    case 7: direct_panel_m(c, n0, 3, true); break;
+    case 8: direct_panel_m(c, n0, 4, false); break;
+    case 9: direct_panel_m(c, n0, 4, true); break;
+    case 10: direct_panel_m(c, n0, 5, false); break;
+    default: direct_panel_m(c, n0, 5, true); break;
   }
 }
 

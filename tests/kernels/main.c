@@ -40,6 +40,7 @@ int main(int argc, char **argv) {
     t_seq();
     t_mla();
     t_mxfp4_fast();
+    t_gemm_direct();
     t_mem();
     /* Again with more workers than cores: more, smaller tasks and a resized pool. */
     int before = k3k_cpu_fast_get_threads();
@@ -49,6 +50,7 @@ int main(int argc, char **argv) {
       t_seq();
       t_mla();
       t_mxfp4_fast();
+      t_gemm_direct();
       k3k_cpu_fast_set_threads(before);
     } else {
       check(false, "k3k_cpu_fast_set_threads(5)");

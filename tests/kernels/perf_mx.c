@@ -1,7 +1,7 @@
 /* test_kernels --perf-mxfp4: the MXFP4 GEMM shapes of the medium preset's routed experts
  * (gate/up K=3584 N=3072, down K=3072 N=3584) at M = 1, 2, 5, 6, 16, 79 rows (5: the average
  * rows per expert of a 79-token prefill at top-16 of 256; 6: the first packed shape), and a
- * bf16 decode GEMM 7168×7168 at M=1 for comparison, on "cpu-fast" with the pool's current
+ * bf16 decode GEMM 7168×7168 at M=1 and 2 for comparison, on "cpu-fast" with the pool's current
  * thread count (use `--threads 1` for per-thread figures). Prints ms, ns per weight element and GB/s of packed
  * weight bytes (codes + scales, or bf16). Not a test: it asserts nothing but that the op
  * returned 0 and that cpu-fast equals the cpu reference at M=1 (one run each). */
@@ -68,14 +68,16 @@ int perf_mx_main(void) {
     mx_case(fast, ref, Ms[i], 3072, 3584);
   }
   int64_t H = 7168;
-  tt_t g[3] = {tt_2d(K3K_BF16, 1, H, 0), tt_2d(K3K_BF16, H, H, 0), tt_2d(K3K_BF16, 1, H, 0)};
-  tt_rand(&g[0], -1, 1);
-  tt_rand(&g[1], -1, 1);
-  double t = best_s(fast, K3K_OP_GEMM, g, 3, 5);
-  if (t > 0)
-    printf("bf16  M=1   K=%-5lld N=%-5lld %9.3f ms %8.3f ns/weight %7.2f GB/s\n", (long long)H,
-           (long long)H, t * 1e3, t * 1e9 / ((double)H * H), 2.0 * H * H / t * 1e-9);
-  for (int i = 0; i < 3; i++) tt_free(&g[i]);
+  for (int64_t M = 1; M <= 2; M++) { /* decode of one and of two sequences */
+    tt_t g[3] = {tt_2d(K3K_BF16, M, H, 0), tt_2d(K3K_BF16, H, H, 0), tt_2d(K3K_BF16, M, H, 0)};
+    tt_rand(&g[0], -1, 1);
+    tt_rand(&g[1], -1, 1);
+    double t = best_s(fast, K3K_OP_GEMM, g, 3, 5);
+    if (t > 0)
+      printf("bf16  M=%-3lld K=%-5lld N=%-5lld %9.3f ms %8.3f ns/weight %7.2f GB/s\n", (long long)M,
+             (long long)H, (long long)H, t * 1e3, t * 1e9 / ((double)H * H), 2.0 * H * H / t * 1e-9);
+    for (int i = 0; i < 3; i++) tt_free(&g[i]);
+  }
   /* First touch of a fresh 512 MiB buffer (what a pageable device → host copy pays): the
    * backend's allocation (2 MiB-aligned, MADV_HUGEPAGE) against plain malloc. */
   size_t nb = (size_t)512 << 20;
