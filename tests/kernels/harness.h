@@ -67,6 +67,10 @@ void t_basic(void);
 void t_route(void);
 void t_seq(void);
 void t_mla(void);
+void t_mxfp4_fast(void);
+void t_mem(void);
+void t_gemm_direct(void);
 int perf_main(int argc, char **argv);
+int perf_mx_main(void);
 
 #endif

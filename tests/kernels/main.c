@@ -1,5 +1,6 @@
 /* test_kernels: runs every op on every available backend against float64 expectations and the
- * "cpu" reference (see harness.h). `--perf` prints timings instead. `--threads N` sets the
+ * "cpu" reference (see harness.h). `--perf` prints timings instead, `--perf-mxfp4` the MXFP4
+ * GEMM shapes of the medium preset (perf_mx.c). `--threads N` sets the
  * cpu-fast pool size. Exit status 0 only when nothing failed; the last line is
  * "N passed, N failed, N skipped" (skipped: a device backend lacks the op). */
 #include <stdlib.h>
@@ -8,22 +9,26 @@
 #include "harness.h"
 
 int main(int argc, char **argv) {
-  bool perf = false;
+  bool perf = false, perf_mx = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--perf")) {
       perf = true;
+    } else if (!strcmp(argv[i], "--perf-mxfp4")) {
+      perf_mx = true;
     } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
       if (k3k_cpu_fast_set_threads(atoi(argv[++i]))) {
         fprintf(stderr, "--threads: want 1..256\n");
         return 2;
       }
     } else {
-      fprintf(stderr, "usage: %s [--perf] [--threads N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--perf | --perf-mxfp4] [--threads N]\n", argv[0]);
       return 2;
     }
   }
   int rc = 0;
-  if (perf) {
+  if (perf_mx) {
+    rc = perf_mx_main();
+  } else if (perf) {
     rc = perf_main(argc, argv);
   } else {
     printf("backends:");
@@ -34,6 +39,9 @@ int main(int argc, char **argv) {
     t_route();
     t_seq();
     t_mla();
+    t_mxfp4_fast();
+    t_gemm_direct();
+    t_mem();
     /* Again with more workers than cores: more, smaller tasks and a resized pool. */
     int before = k3k_cpu_fast_get_threads();
     if (k3k_cpu_fast_set_threads(5) == 0) {
@@ -41,6 +49,8 @@ int main(int argc, char **argv) {
       t_basic();
       t_seq();
       t_mla();
+      t_mxfp4_fast();
+      t_gemm_direct();
       k3k_cpu_fast_set_threads(before);
     } else {
       check(false, "k3k_cpu_fast_set_threads(5)");
@@ -48,6 +58,6 @@ int main(int argc, char **argv) {
     rc = g_fail ? 1 : 0;
   }
   k3k_backends_shutdown();
-  if (!perf) printf("%d passed, %d failed, %d skipped\n", g_pass, g_fail, g_skip);
+  if (!perf && !perf_mx) printf("%d passed, %d failed, %d skipped\n", g_pass, g_fail, g_skip);
   return rc;
 }
