@@ -251,25 +251,31 @@ bool k3k_cuda_gemv_wanted(const k3k_tensor_t *const *t) {
          gemv_wins(t[0]->shape[0], t[1]->shape[0], t[0]->shape[1], mode);
 }
 
-template <int NT, bool HI, int CH, int L>
-static cudaError_t launch(cudaStream_t st, const gemv_args &a) {
-  int64_t tiles = (a.N + 8 * NT - 1) / (8 * NT);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)a.split, (unsigned)tiles, 1);
-  cfg.blockDim = dim3(GEMV_WARPS * 32, 1, 1);
-  cfg.stream = st;
-  cudaLaunchAttribute at[2] = {};
+/* The launch of both gemv kernels: split CTAs (one cluster when split > 1) per row tile, PDL. */
+static void launch_cfg(cudaLaunchConfig_t *cfg, cudaLaunchAttribute (&at)[2], int split,
+                       int64_t tiles, cudaStream_t st) {
+  *cfg = cudaLaunchConfig_t{};
+  cfg->gridDim = dim3((unsigned)split, (unsigned)tiles, 1);
+  cfg->blockDim = dim3(GEMV_WARPS * 32, 1, 1);
+  cfg->stream = st;
   unsigned na = 0;
-  if (a.split > 1) {
+  if (split > 1) {
     at[na].id = cudaLaunchAttributeClusterDimension;
-    at[na].val.clusterDim.x = (unsigned)a.split;
+    at[na].val.clusterDim.x = (unsigned)split;
     at[na].val.clusterDim.y = 1;
     at[na].val.clusterDim.z = 1;
     na++;
   }
   na += pdl_attr(&at[na]);
-  cfg.attrs = at;
-  cfg.numAttrs = na;
+  cfg->attrs = at;
+  cfg->numAttrs = na;
+}
+
+template <int NT, bool HI, int CH, int L>
+static cudaError_t launch(cudaStream_t st, const gemv_args &a) {
+  cudaLaunchConfig_t cfg;
+  cudaLaunchAttribute at[2] = {};
+  launch_cfg(&cfg, at, a.split, (a.N + 8 * NT - 1) / (8 * NT), st);
   return cudaLaunchKernelEx(&cfg, gemv_kernel<NT, HI, CH, L>, a);
 }
 
@@ -610,22 +616,9 @@ int k3k_cuda_gemv_multi(k3k_cuda_ctx *cx, const k3k_tensor_t *x, int n,
     a.bf16_inner = nm->bf16_inner;
     if (nm->xn) a.xn = (uint16_t *)nm->xn->data, a.ldxn = nm->xn->stride[0];
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)a.split, (unsigned)tiles, 1);
-  cfg.blockDim = dim3(GEMV_WARPS * 32, 1, 1);
-  cfg.stream = cx->stream;
+  cudaLaunchConfig_t cfg;
   cudaLaunchAttribute at[2] = {};
-  unsigned na = 0;
-  if (a.split > 1) {
-    at[na].id = cudaLaunchAttributeClusterDimension;
-    at[na].val.clusterDim.x = (unsigned)a.split;
-    at[na].val.clusterDim.y = 1;
-    at[na].val.clusterDim.z = 1;
-    na++;
-  }
-  na += pdl_attr(&at[na]);
-  cfg.attrs = at;
-  cfg.numAttrs = na;
+  launch_cfg(&cfg, at, a.split, tiles, cx->stream);
   cudaError_t e = nm ? cudaLaunchKernelEx(&cfg, gemv_multi_kernel<true>, a)
                      : cudaLaunchKernelEx(&cfg, gemv_multi_kernel<false>, a);
   if (e != cudaSuccess) {

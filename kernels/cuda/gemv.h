@@ -47,8 +47,8 @@ int k3k_cuda_gemv(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, int split, int
  * init); default off, so W made by the previous kernel (tests) is always read after the wait. */
 void k3k_cuda_gemv_const_weights(bool on);
 
-/* ---- Opt-in fused forms (the runner's K3PD_CUDA_FUSE2=1; docs/perf-gpu-model.md "Session 5,
- * prepared") ----
+/* ---- Multi-output form (the runner's grouped decode projections, rn_dev_gemms, without the
+ * norm; the norm-folded form measured slower: docs/perf-gpu-model.md "Session 5") ----
  * k3k_cuda_gemv_multi: y_j = x'·W_jᵀ for j < n (n <= K3K_GEMV_MULTI_MAX) in ONE launch, x' = x,
  * or with nm != NULL x' = RMSNORM(x; nm->w, nm->eps, nm->bf16_inner) computed inside the kernel
  * (every CTA recomputes the rows' 1/rms; x is then RMSNORM's input, not its output). Each y_j is

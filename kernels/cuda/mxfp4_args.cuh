@@ -102,4 +102,44 @@ __device__ __forceinline__ void mx_store_y(const G &a, int64_t row, int n, float
     ((uint16_t *)a.y)[off] = f2bf(v);
 }
 
+/* The grid row `slot`'s expert and its grouped rows [rb, re) (a single matrix: all rows); false
+ * when the block has nothing to do (it returns whole: no barrier is skipped unevenly). */
+template <class G>
+__device__ __forceinline__ bool mx_expert_rows(const G &a, int slot, int &e, int &rb, int &re) {
+  if (a.expert_off) {
+    if (slot >= a.active[0]) return false;
+    e = a.active[1 + slot];
+    rb = a.expert_off[e];
+    re = a.expert_off[e + 1];
+  } else {
+    e = 0;
+    rb = 0;
+    re = a.single_rows;
+  }
+  return rb < re;
+}
+
+/* Stores a pair of m16n8 accumulator fragments: c[m][2h + j] is (row g + 8h of half m, token
+ * t0 + j); gate/up (FUSED): half 0 = gate, half 1 = up of rows row0 + g + 8h, through mx_act;
+ * otherwise half m is rows row0 + 16m.. (stored when valid[m]). Tokens from re on are skipped. */
+template <bool FUSED, class G>
+__device__ __forceinline__ void mx_store_frags(const G &a, const float (&c)[2][4], int t0, int re,
+                                               int row0, int g, const bool (&valid)[2]) {
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    const int t = t0 + j;
+    if (t >= re) continue;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      if (FUSED) {
+        mx_store_y(a, t, row0 + g + 8 * h, mx_act(a, c[0][2 * h + j], c[1][2 * h + j]));
+      } else {
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+          if (valid[m]) mx_store_y(a, t, row0 + 16 * m + g + 8 * h, c[m][2 * h + j]);
+      }
+    }
+  }
+}
+
 #endif

@@ -171,23 +171,47 @@ __device__ __forceinline__ void unit_mma(const uint4 &w0, const uint4 &w1, uint3
 
 /* FUSED: half 0 = gate rows row0..+15, half 1 = the same up rows; else halves are rows
  * row0..+15 and row0+16..+31 of one matrix. NB (even): units in the register pipeline. */
+/* x loads: plain (coherent) when the kernel runs under PDL (the previous kernel may have written
+ * x; a non-coherent load could be hoisted above the wait), else through the read-only path. */
+template <bool COH> __device__ __forceinline__ uint4 ldx16(const uint4 *p) {
+  if (COH) return *p;
+  return __ldg(p);
+}
+
+/* This lane's x for a new 128-k step (token g, k 32·t4..; zero when !tv) as mma B fragments:
+ * xb[q][p] = (x[8q+p], x[8q+p+4]), (x[8q+p+1], x[8q+p+5]) for p = 0 (i0 = 0), 1 (2). */
+template <bool COH>
+__device__ __forceinline__ void x_frags(const uint4 *xp, bool tv, uint32_t (&xb)[4][2][2]) {
+  uint32_t xu[16];
+  if (tv) {
+#pragma unroll
+    for (int v = 0; v < 4; v++) {
+      const uint4 q = ldx16<COH>(xp + v);
+      xu[4 * v] = q.x;
+      xu[4 * v + 1] = q.y;
+      xu[4 * v + 2] = q.z;
+      xu[4 * v + 3] = q.w;
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < 16; v++) xu[v] = 0;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; q++)
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+      xb[q][p][0] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x5410);
+      xb[q][p][1] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x7632);
+    }
+}
+
 template <bool FUSED, int NB, int MINB>
 __global__ void __launch_bounds__(DW * 32, MINB) mx_dec2_kernel(dargs a) {
   static_assert(NB >= 2 && NB % 2 == 0, "a slot's parity must be its half");
   __shared__ float4 red[DW][32][2];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   int e, rb, re;
-  if (a.expert_off) {
-    if ((int)blockIdx.y >= a.active[0]) return; /* whole block: no barrier is skipped unevenly */
-    e = a.active[1 + blockIdx.y];
-    rb = a.expert_off[e];
-    re = a.expert_off[e + 1];
-  } else {
-    e = 0;
-    rb = 0;
-    re = a.single_rows;
-  }
-  if (rb >= re) return;
+  if (!mx_expert_rows(a, blockIdx.y, e, rb, re)) return;
   const int part = warp;
   const int row0 = blockIdx.x * (FUSED ? 16 : 32);
   const uint8_t *P[2], *S[2];
@@ -244,29 +268,7 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec2_kernel(dargs a) {
         if (u < nu) {
           const int m = j & 1;
           if (m == 0) { /* new 128-k step: this lane's x (token g, k 32·t4..) as B fragments */
-            uint32_t xu[16];
-            if (tv) {
-              const uint4 *xp = reinterpret_cast<const uint4 *>(xr + (kb + kst * (u >> 1)) * 128);
-#pragma unroll
-              for (int v = 0; v < 4; v++) {
-                const uint4 q = __ldg(xp + v);
-                xu[4 * v] = q.x;
-                xu[4 * v + 1] = q.y;
-                xu[4 * v + 2] = q.z;
-                xu[4 * v + 3] = q.w;
-              }
-            } else {
-#pragma unroll
-              for (int v = 0; v < 16; v++) xu[v] = 0;
-            }
-            /* xb[q][p] = (x[8q+p], x[8q+p+4]), (x[8q+p+1], x[8q+p+5]) for p = 0 (i0 = 0), 1 (2) */
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-#pragma unroll
-              for (int p = 0; p < 2; p++) {
-                xb[q][p][0] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x5410);
-                xb[q][p][1] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x7632);
-              }
+            x_frags<false>(reinterpret_cast<const uint4 *>(xr + (kb + kst * (u >> 1)) * 128), tv, xb);
           }
           if (valid[m] && !a.nomath) {
             const bool slow = __any_sync(0xffffffffu, (sb[j][0] > 128u) | (sb[j][1] > 128u));
@@ -301,21 +303,7 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec2_kernel(dargs a) {
       }
     }
     if (part == 0) {
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-        const int t = tb + 2 * t4 + j;
-        if (t >= re) continue;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          if (FUSED) {
-            mx_store_y(a, t, row0 + g + 8 * h, mx_act(a, r[0][2 * h + j], r[1][2 * h + j]));
-          } else {
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-              if (valid[m]) mx_store_y(a, t, row0 + 16 * m + g + 8 * h, r[m][2 * h + j]);
-          }
-        }
-      }
+      mx_store_frags<FUSED>(a, r, tb + 2 * t4, re, row0, g, valid);
     }
     __syncthreads(); /* red is rewritten by the next token chunk */
   }
@@ -372,10 +360,6 @@ __device__ __forceinline__ const void *word_of_byte(const uint8_t *p) {
 __device__ __forceinline__ uint32_t bitoff(const uint8_t *p) {
   return 8u * (uint32_t)(reinterpret_cast<uintptr_t>(p) & 3);
 }
-template <bool COH> __device__ __forceinline__ uint4 ldx16(const uint4 *p) {
-  if (COH) return *p;
-  return __ldg(p);
-}
 
 template <bool FUSED, int S, int MINB, int PM>
 __global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
@@ -389,17 +373,7 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
     pdl_trigger();
   }
   int e, rb, re;
-  if (a.expert_off) {
-    if ((int)blockIdx.y >= a.active[0]) return; /* whole block */
-    e = a.active[1 + blockIdx.y];
-    rb = a.expert_off[e];
-    re = a.expert_off[e + 1];
-  } else {
-    e = 0;
-    rb = 0;
-    re = a.single_rows;
-  }
-  if (rb >= re) return;
+  if (!mx_expert_rows(a, blockIdx.y, e, rb, re)) return;
   const int row0 = blockIdx.x * (FUSED ? 16 : 32);
   const uint8_t *P[2], *Sc[2];
   bool valid[2];
@@ -474,28 +448,7 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
           cpa_commit();
         cpa_wait<S - 1>(); /* unit 2i + m has landed */
         if (m == 0) { /* new 128-k step: this lane's x (token g, k 32·t4..) as B fragments */
-          uint32_t xu[16];
-          if (tv) {
-            const uint4 *xp = reinterpret_cast<const uint4 *>(xr + (kb + kst * i) * 128);
-#pragma unroll
-            for (int v = 0; v < 4; v++) {
-              const uint4 q = ldx16<PM != 0>(xp + v);
-              xu[4 * v] = q.x;
-              xu[4 * v + 1] = q.y;
-              xu[4 * v + 2] = q.z;
-              xu[4 * v + 3] = q.w;
-            }
-          } else {
-#pragma unroll
-            for (int v = 0; v < 16; v++) xu[v] = 0;
-          }
-#pragma unroll
-          for (int q = 0; q < 4; q++)
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-              xb[q][p][0] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x5410);
-              xb[q][p][1] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x7632);
-            }
+          x_frags<PM != 0>(reinterpret_cast<const uint4 *>(xr + (kb + kst * i) * 128), tv, xb);
         }
         if (valid[m] && !a.nomath) {
           const uint32_t o = (uint32_t)js * SLOT;
@@ -536,21 +489,7 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
       }
     }
     if (warp == 0) { /* c[m][2h + j] = (row g + 8h of half m, token tb + 2·t4 + j) */
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-        const int t = tb + 2 * t4 + j;
-        if (t >= re) continue;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          if (FUSED) {
-            mx_store_y(a, t, row0 + g + 8 * h, mx_act(a, c[0][2 * h + j], c[1][2 * h + j]));
-          } else {
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-              if (valid[m]) mx_store_y(a, t, row0 + 16 * m + g + 8 * h, c[m][2 * h + j]);
-          }
-        }
-      }
+      mx_store_frags<FUSED>(a, c, tb + 2 * t4, re, row0, g, valid);
     }
     __syncthreads(); /* slot 0 is refilled by the next token chunk */
   }

@@ -47,20 +47,6 @@
 namespace {
 
 
-/* The expert of grid row `slot` and its grouped rows [rb, re); false when nothing to do. */
-__device__ __forceinline__ bool expert_rows(const mx_kargs &a, int slot, int &e, int &rb, int &re) {
-  if (a.expert_off) {
-    if (slot >= a.active[0]) return false;
-    e = a.active[1 + slot];
-    rb = a.expert_off[e];
-    re = a.expert_off[e + 1];
-  } else {
-    e = 0;
-    rb = 0;
-    re = a.single_rows;
-  }
-  return rb < re;
-}
 
 __device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
   __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&a),
@@ -117,7 +103,7 @@ template <bool FUSED>
 __global__ void __launch_bounds__(DEC_WARPS * 32, 2) mx_dec_kernel(mx_kargs a) {
   extern __shared__ __align__(16) unsigned char dsm[];
   int e, rb, re;
-  if (!expert_rows(a, blockIdx.y, e, rb, re)) return;
+  if (!mx_expert_rows(a, blockIdx.y, e, rb, re)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const int row0 = blockIdx.x * (FUSED ? 16 : 32);
   if (row0 >= a.N) return;
@@ -235,22 +221,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, 2) mx_dec_kernel(mx_kargs a) {
         c[1][2] += p1.z;
         c[1][3] += p1.w;
       }
-      /* c[m][2h + j] = (row g + 8h of tile m, token tb + 2tig + j) */
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-        const int t = tb + 2 * tig + j;
-        if (t >= re) continue;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          if (FUSED) {
-            mx_store_y(a, t, row0 + g + 8 * h, mx_act(a, c[0][2 * h + j], c[1][2 * h + j]));
-          } else {
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-              if (valid[m]) mx_store_y(a, t, row0 + 16 * m + g + 8 * h, c[m][2 * h + j]);
-          }
-        }
-      }
+      mx_store_frags<FUSED>(a, c, tb + 2 * tig, re, row0, g, valid);
     }
     __syncthreads(); /* the slots are reused by the next token tile */
   }
@@ -272,7 +243,7 @@ __global__ void __launch_bounds__(256, 2) mx_pre_kernel(mx_kargs a) {
   unsigned char *Xs = psm, *Wr = psm + PRE_STG * PRE_X_STAGE;
   unsigned char *Wb = Wr + PRE_STG * PRE_W_STAGE;
   int e, rb, re;
-  if (!expert_rows(a, blockIdx.y, e, rb, re)) return;
+  if (!mx_expert_rows(a, blockIdx.y, e, rb, re)) return;
   const int nbase = blockIdx.x * (FUSED ? 64 : 128);
   if (nbase >= a.N) return;
   const int t = threadIdx.x, warp = t >> 5, lane = t & 31, g = lane >> 2, tig = lane & 3;

@@ -342,20 +342,7 @@ template <bool FUSED>
 __global__ void __launch_bounds__(256, 1) mx_wg_kernel(mx_kargs a) {
   extern __shared__ unsigned char wsm[];
   int e, rb, re;
-  {
-    const int slot = blockIdx.y;
-    if (a.expert_off) {
-      if (slot >= a.active[0]) return;
-      e = a.active[1 + slot];
-      rb = a.expert_off[e];
-      re = a.expert_off[e + 1];
-    } else {
-      e = 0;
-      rb = 0;
-      re = a.single_rows;
-    }
-    if (rb >= re) return;
-  }
+  if (!mx_expert_rows(a, blockIdx.y, e, rb, re)) return;
   wthr c;
   c.nbase = blockIdx.x * (FUSED ? 64 : 128);
   if (c.nbase >= a.N) return;

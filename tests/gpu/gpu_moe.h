@@ -29,6 +29,15 @@ int moe_gpu(gctx *g, const moe_run *m);
 int moe_n_active(gctx *g, const moe_run *m);
 
 int gpu_moe_parity(gctx *g);
+/* gpu_moe.c's case helpers, used by gpu_moe_pipe.c. */
+cudaStream_t stream_of(gctx *g);
+int mx_rand(gctx *g, gpair *pk, gpair *sc, int slo, int shi);
+void mx_gemm_case(gctx *g, int64_t M, int64_t N, int64_t K, k3k_dtype_t xdt, k3k_dtype_t ydt,
+                  int slo, int shi);
+/* gpu_moe_pipe.c: the grouped pipeline against the reference chain (T tokens, E experts, top-k);
+ * the decode-kernel variant cases (K3PD_MXDEC_TEST). */
+void pipeline_case(gctx *g, int32_t T, int32_t E, int32_t k);
+void dec_variant_cases(gctx *g);
 /* bf16 experts (48B) through the grouped W16A16 kernels (gpu_moe_bf16.c). */
 int gpu_moe_bf16_parity(gctx *g);
 /* Ts: the token counts to time (NULL: 1, 16 and 8192). */
