@@ -213,10 +213,12 @@ XW_FN uint32_t xw_stripes(uint32_t len, uint32_t k) {
 /* The accumulator lane l ends up holding after the reduce-scatter, and the lane holding acc a. */
 XW_FN int xw_lane_acc(int l) { return 4 * (l & 1) + 2 * ((l >> 1) & 1) + ((l >> 2) & 1); }
 XW_FN int xw_acc_lane(int a) { return (a >> 2) | (((a >> 1) & 1) << 1) | ((a & 1) << 2); }
-/* Lane l's stripe keys (its 4 words of stripe l/2, half l%2). */
-XW_FN void xw_lane_keys(const uint64_t *k64, int l, uint64_t key[4]) {
+/* Lane l's stripe keys (its 4 words of stripe l/2, half l%2) and the scramble key of the
+ * accumulator it ends up holding. */
+XW_FN void xw_lane_keys(const uint64_t *k64, int l, uint64_t key[4], uint64_t *kscr) {
   XW_UNROLL
   for (int j = 0; j < 4; j++) key[j] = k64[(l >> 1) + 4 * (l & 1) + j];
+  *kscr = k64[16 + xw_lane_acc(l)];
 }
 /* accumulate_512 restricted to 4 words of one half: p[j] is acc[4 h + j]'s partial sum. */
 XW_FN void xw_accum(const uint64_t w[4], const uint64_t key[4], uint64_t p[4]) {
@@ -226,6 +228,16 @@ XW_FN void xw_accum(const uint64_t w[4], const uint64_t key[4], uint64_t p[4]) {
     p[j] += (k & 0xffffffffu) * (k >> 32);
     p[j ^ 1] += w[j];
   }
+}
+/* An 8-byte aligned LE u64 (the stage is 16-byte aligned). */
+XW_FN uint64_t xw_ld64_al(const uint8_t *p) {
+#ifdef __CUDA_ARCH__
+  return *(const uint64_t *)p;
+#else
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+#endif
 }
 /* Staging: the first window kept, and whether the window at stream offset o is needed. */
 XW_FN uint32_t xw_stage_base(uint32_t len) { return len <= XW_MIDSIZE ? 0 : (len - 64) & ~31u; }
@@ -253,7 +265,7 @@ XW_FN void xw_lane_contrib(const k3k_xw_consts *c, uint32_t len, uint32_t k, int
     const uint8_t *q = stage + (len - 64 + 32 * l - xw_stage_base(len));
     XW_UNROLL
     for (int j = 0; j < 4; j++) {
-      fw[j] = xw_rd64(q + 8 * j);
+      fw[j] = (len & 7) ? xw_rd64(q + 8 * j) : xw_ld64_al(q + 8 * j);
       fk[j] = c->klast[4 * l + j];
     }
     xw_accum(fw, fk, p);
@@ -275,12 +287,11 @@ XW_FN void xw_red_b(int l, const uint64_t q[2], uint64_t *keep, uint64_t *send) 
   *send = b2 ? q[0] : q[1];
 }
 /* Adds the step's sum v to the lane's accumulator; full blocks end with the scramble. */
-XW_FN uint64_t xw_acc_step(const k3k_xw_consts *c, uint32_t len, uint32_t k, int l,
-                           uint64_t acc, uint64_t v) {
+XW_FN uint64_t xw_acc_step(uint32_t len, uint32_t k, uint64_t acc, uint64_t v, uint64_t kscr) {
   acc += v;
   if (k < xw_nfull(len)) {
     acc ^= acc >> 47;
-    acc ^= c->k64[16 + xw_lane_acc(l)];
+    acc ^= kscr;
     acc *= XW_P32_1;
   }
   return acc;

@@ -9,10 +9,11 @@
  * region's chunk digests on the host (k3_digest_combine).
  * Why no copies around the kernel: a 6 MiB job's copy takes ~3 us on an H200; a host-to-device
  * upload of the table plus a device-to-host copy of the digests would add ~4 us of copy-engine
- * latency. So the table travels as a kernel parameter (__grid_constant__: the kernel reads it
- * where the launch put it, no local copy) when it has <= 8 entries (small launch) or <= 120
- * (4 KB, the classic parameter limit), and only bigger tables (a 1M-token MLA layer: one entry
- * per page) are uploaded, where the upload is small next to the job.
+ * latency. So the table travels as a kernel parameter (__grid_constant__: no local copy; each
+ * block copies it to shared memory with register-indexed parameter loads) when it has <= 8
+ * entries (small launch) or <= 120 (4 KB, the classic parameter limit), and only bigger tables
+ * (a 1M-token MLA layer: one entry per page) are uploaded, where the upload is small next to
+ * the job.
  * Buffers: each job takes a slot (pinned table staging, device table, mapped digests, event)
  * from the xdev's pool and returns it when it is seen finished, so jobs in flight at once never
  * share memory and steady state allocates nothing.
@@ -20,6 +21,7 @@
  * stream (the caller orders the producer of src before submit, e.g. by synchronising it).
  * Invariants: every CUDA call is checked; on an error before anything was queued nothing
  * changed; a job's slot is reused only after its event completed. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,25 +42,45 @@ __constant__ k3k_xw_consts c_xw;
 template <int NI>
 struct xk_args {
   uint32_t n_chunks, n_groups;
+  uint32_t n_ent;       /* NI > 0: entries in inl */
   const k3k_xent *gtab; /* NI == 0: the table in device memory */
   uint64_t *out;        /* [n_chunks] chunk digests (device view of mapped host memory) */
   k3k_xent inl[NI > 0 ? NI : 1];
 };
 static_assert(sizeof(xk_args<XK_NI_BIG>) <= 4096, "the inline table fits the 4 KB parameter block");
 
-/* Grid: ceil(n_chunks / 8) blocks of 8 warps; warp w of block b hashes chunk 8 b + w.
- * Shapes per warp: lane l holds bytes [1024 k + 32 l, +32) of its chunk for k < 4 (32 regs). */
+/* Word t of the inline table, read straight from the parameter block (ld.param with a register
+ * offset: no generic pointer into parameter space, whose loads the table walk would pay). */
 template <int NI>
-__global__ void __launch_bounds__(XK_WARPS * 32) xdev_kernel(const __grid_constant__ xk_args<NI> a) {
+__device__ __forceinline__ uint64_t inl_word(const xk_args<NI> &a, uint32_t t) {
+  const k3k_xent &e = a.inl[t >> 2];
+  switch (t & 3) {
+  case 0: return e.src;
+  case 1: return e.dst;
+  case 2: return e.chunk | (uint64_t)e.n << 32;
+  default: return e.len | (uint64_t)e.flags << 32;
+  }
+}
+static_assert(sizeof(k3k_xent) == 32 && offsetof(k3k_xent, chunk) == 16 && offsetof(k3k_xent, len) == 24,
+              "inl_word's layout");
+
+/* Grid: ceil(n_chunks / 8) blocks of 8 warps; warp w of block b hashes chunk 8 b + w.
+ * Shapes per warp: lane l holds bytes [1024 k + 32 l, +32) of its chunk for k < 4 (32 regs).
+ * An inline table is first copied to shared memory by the block. */
+template <int NI>
+__global__ void __launch_bounds__(XK_WARPS * 32, 3) xdev_kernel(const __grid_constant__ xk_args<NI> a) {
   __shared__ uint64_t sk64[24];
   __shared__ __align__(16) uint8_t sstage[XK_WARPS][XW_STAGE];
   __shared__ uint64_t sdig[XK_WARPS];
+  __shared__ __align__(16) k3k_xent stab[NI > 0 ? NI : 1];
   const int l = threadIdx.x & 31, wi = threadIdx.x >> 5;
   if (threadIdx.x < 24) sk64[threadIdx.x] = c_xw.k64[threadIdx.x]; /* lanes index it freely */
+  if (NI > 0)
+    for (uint32_t t = threadIdx.x; t < 4 * a.n_ent; t += XK_WARPS * 32) ((uint64_t *)stab)[t] = inl_word(a, t);
   __syncthreads();
   const uint32_t c = blockIdx.x * XK_WARPS + wi;
   if (c < a.n_chunks) {
-    const k3k_xent *tab = NI > 0 ? a.inl : a.gtab;
+    const k3k_xent *tab = NI > 0 ? stab : a.gtab;
     uint32_t lo = 0, hi = a.n_groups;
     while (hi - lo > 1) {
       uint32_t step = xw_search_step(lo, hi);
@@ -78,8 +100,8 @@ __global__ void __launch_bounds__(XK_WARPS * 32) xdev_kernel(const __grid_consta
     if (ch.len <= XW_MIDSIZE) {
       h = xw_short(stage, ch.len, c_xw.secret); /* every lane, same bytes: no divergence */
     } else {
-      uint64_t key[4];
-      xw_lane_keys(sk64, l, key);
+      uint64_t key[4], kscr;
+      xw_lane_keys(sk64, l, key, &kscr);
       uint64_t acc = c_xw.init[xw_lane_acc(l)];
       const uint32_t ns = xw_nsteps(ch.len);
       XW_UNROLL
@@ -94,7 +116,7 @@ __global__ void __launch_bounds__(XK_WARPS * 32) xdev_kernel(const __grid_consta
           uint64_t v = kb + __shfl_xor_sync(0xffffffffu, sb, 4);
           v += __shfl_xor_sync(0xffffffffu, v, 8);
           v += __shfl_xor_sync(0xffffffffu, v, 16);
-          acc = xw_acc_step(&c_xw, ch.len, k, l, acc, v);
+          acc = xw_acc_step(ch.len, k, acc, v, kscr);
         }
       }
       uint64_t accs[8];
@@ -118,6 +140,7 @@ static int launch_t(cudaStream_t st, uint32_t n_chunks, uint32_t n_groups, const
   memset(&a, 0, sizeof a);
   a.n_chunks = n_chunks;
   a.n_groups = n_groups;
+  a.n_ent = NI > 0 ? (uint32_t)n_ent : 0;
   a.gtab = gtab;
   a.out = out;
   if (NI > 0) memcpy(a.inl, ent, n_ent * sizeof *ent);

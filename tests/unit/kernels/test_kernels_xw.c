@@ -42,9 +42,9 @@ static uint64_t warp_emulate(const xw_chunk *ch) {
   for (int l = 0; l < 32; l++)
     for (uint32_t k = 0; k < XW_STEPS; k++) xw_stage(stage, ch->len, XW_STEP * k + 32 * l, W[l][k]);
   if (ch->len <= XW_MIDSIZE) return xw_short(stage, ch->len, C.secret);
-  uint64_t key[32][4], acc[32];
+  uint64_t key[32][4], kscr[32], acc[32];
   for (int l = 0; l < 32; l++) {
-    xw_lane_keys(C.k64, l, key[l]);
+    xw_lane_keys(C.k64, l, key[l], &kscr[l]);
     acc[l] = C.init[xw_lane_acc(l)];
   }
   const uint32_t ns = xw_nsteps(ch->len);
@@ -63,7 +63,7 @@ static uint64_t warp_emulate(const xw_chunk *ch) {
     for (int l = 0; l < 32; l++) v1[l] = kb[l] + sb[l ^ 4];
     for (int l = 0; l < 32; l++) v2[l] = v1[l] + v1[l ^ 8];
     for (int l = 0; l < 32; l++) v3[l] = v2[l] + v2[l ^ 16];
-    for (int l = 0; l < 32; l++) acc[l] = xw_acc_step(&C, ch->len, k, l, acc[l], v3[l]);
+    for (int l = 0; l < 32; l++) acc[l] = xw_acc_step(ch->len, k, acc[l], v3[l], kscr[l]);
   }
   for (int l = 0; l < 32; l++) /* the 4 copies of each accumulator agree */
     ck_assert_uint_eq(acc[l], acc[xw_acc_lane(xw_lane_acc(l))]);
