@@ -34,7 +34,9 @@
  *     every lane whose window meets [base, len) (base = (len - 64) & ~31, or 0 when len <= 240)
  *     stages it in the warp's 256-byte buffer; lanes 0 and 1 read the stripe's halves from it.
  * Memory access (the fused copy): xw_lane_read loads a lane's 4 steps x 32 bytes up front (all
- * loads in flight together), xw_lane_write stores them to dst afterwards. A chunk of one
+ * loads in flight together); then step by step the lane stores its 32 bytes to dst
+ * (xw_lane_write_step), stages what the last stripe needs and hashes, so a warp's work on step
+ * k overlaps the arrival of steps k+1.. and only the last step's hashing trails. A chunk of one
  * 16-byte aligned piece of 4096 bytes takes 8 plain 16-byte loads (and stores); any other chunk
  * walks its pieces with a cursor, 16 bytes at a time where VEC allows, byte by byte otherwise.
  * Invariants: no lane reads outside [src, src + len) of a piece or writes outside its dst. */
@@ -411,11 +413,15 @@ XW_FN void xw_read_unit(const xw_chunk *ch, xw_cur *cu, uint32_t off, uint64_t w
     xw_ld16(cu->src + (off - cu->start), w);
     return;
   }
+  uint64_t lo = 0, hi = 0; /* w is never indexed at run time: it must stay in registers */
   for (uint32_t b = 0; b < 16 && off + b < ch->len; b++) {
     xw_cur_seek(cu, off + b);
     uint64_t v = *(const uint8_t *)(uintptr_t)(cu->src + (off + b - cu->start));
-    w[b >> 3] |= v << (8 * (b & 7));
+    if (b < 8) lo |= v << (8 * b);
+    else hi |= v << (8 * (b - 8));
   }
+  w[0] = lo;
+  w[1] = hi;
 }
 XW_FN void xw_write_unit(const xw_chunk *ch, xw_cur *cu, uint32_t off, const uint64_t w[2]) {
   if (off >= ch->len) return;
@@ -424,9 +430,11 @@ XW_FN void xw_write_unit(const xw_chunk *ch, xw_cur *cu, uint32_t off, const uin
     if (cu->dst) xw_st16(cu->dst + (off - cu->start), w);
     return;
   }
+  const uint64_t lo = w[0], hi = w[1];
   for (uint32_t b = 0; b < 16 && off + b < ch->len; b++) {
     xw_cur_seek(cu, off + b);
-    if (cu->dst) *(uint8_t *)(uintptr_t)(cu->dst + (off + b - cu->start)) = (uint8_t)(w[b >> 3] >> (8 * (b & 7)));
+    uint8_t v = (uint8_t)(b < 8 ? lo >> (8 * b) : hi >> (8 * (b - 8)));
+    if (cu->dst) *(uint8_t *)(uintptr_t)(cu->dst + (off + b - cu->start)) = v;
   }
 }
 
@@ -449,24 +457,19 @@ XW_FN void xw_lane_read(const xw_chunk *ch, int l, uint64_t w[XW_STEPS][4]) {
     xw_read_unit(ch, &cu, XW_STEP * k + 32 * l + 16, &w[k][2]);
   }
 }
-/* Stores what xw_lane_read loaded to the pieces' dst (those that have one). */
-XW_FN void xw_lane_write(const xw_chunk *ch, int l, const uint64_t w[XW_STEPS][4]) {
+/* Stores step k's 32 bytes (as xw_lane_read loaded them) to the pieces' dst, where set. cu is
+ * a cursor from xw_cur_init carried over the steps in order. Per step, so that a warp stores
+ * and hashes step k while the loads of the later steps are still in flight. */
+XW_FN void xw_lane_write_step(const xw_chunk *ch, xw_cur *cu, int l, uint32_t k, const uint64_t w[4]) {
   if (!(ch->flags & K3K_XENT_DST)) return;
+  uint32_t o = XW_STEP * k + 32 * l;
   if (xw_fast(ch)) {
-    XW_UNROLL
-    for (uint32_t k = 0; k < XW_STEPS; k++) {
-      xw_st16(ch->dst + XW_STEP * k + 32 * l, &w[k][0]);
-      xw_st16(ch->dst + XW_STEP * k + 32 * l + 16, &w[k][2]);
-    }
+    xw_st16(ch->dst + o, &w[0]);
+    xw_st16(ch->dst + o + 16, &w[2]);
     return;
   }
-  xw_cur cu;
-  xw_cur_init(ch, &cu);
-  XW_UNROLL
-  for (uint32_t k = 0; k < XW_STEPS; k++) {
-    xw_write_unit(ch, &cu, XW_STEP * k + 32 * l, &w[k][0]);
-    xw_write_unit(ch, &cu, XW_STEP * k + 32 * l + 16, &w[k][2]);
-  }
+  xw_write_unit(ch, cu, o, &w[0]);
+  xw_write_unit(ch, cu, o + 16, &w[2]);
 }
 
 #endif

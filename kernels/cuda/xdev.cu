@@ -90,24 +90,30 @@ __global__ void __launch_bounds__(XK_WARPS * 32, 3) xdev_kernel(const __grid_con
     xw_chunk ch;
     xw_resolve(tab, lo, c, &ch);
     uint64_t w[XW_STEPS][4];
-    xw_lane_read(&ch, l, w);
-    xw_lane_write(&ch, l, w);
+    xw_lane_read(&ch, l, w); /* every load in flight before the first use */
+    xw_cur wcu;
+    xw_cur_init(&ch, &wcu);
     uint8_t *stage = sstage[wi];
-    XW_UNROLL
-    for (uint32_t k = 0; k < XW_STEPS; k++) xw_stage(stage, ch.len, XW_STEP * k + 32 * l, w[k]);
-    __syncwarp();
+    const uint32_t ns = xw_nsteps(ch.len);
     uint64_t h;
-    if (ch.len <= XW_MIDSIZE) {
+    if (ch.len <= XW_MIDSIZE) { /* one step */
+      if (ns) {
+        xw_lane_write_step(&ch, &wcu, l, 0, w[0]);
+        xw_stage(stage, ch.len, 32 * l, w[0]);
+      }
+      __syncwarp();
       h = xw_short(stage, ch.len, c_xw.secret); /* every lane, same bytes: no divergence */
     } else {
       uint64_t key[4], kscr;
       xw_lane_keys(sk64, l, key, &kscr);
       uint64_t acc = c_xw.init[xw_lane_acc(l)];
-      const uint32_t ns = xw_nsteps(ch.len);
       XW_UNROLL
       for (uint32_t k = 0; k < XW_STEPS; k++) {
-        if (k < ns) {
+        if (k < ns) { /* store, stage and hash step k: waits for w[k] only */
           uint64_t p[4], keep[2], send[2], q[2], kb, sb;
+          xw_lane_write_step(&ch, &wcu, l, k, w[k]);
+          xw_stage(stage, ch.len, XW_STEP * k + 32 * l, w[k]);
+          if (k + 1 == ns) __syncwarp(); /* the last stripe's bytes are staged */
           xw_lane_contrib(&c_xw, ch.len, k, l, w[k], key, stage, p);
           xw_red_a(l, p, keep, send);
           q[0] = keep[0] + __shfl_xor_sync(0xffffffffu, send[0], 2);
@@ -455,7 +461,10 @@ extern "C" int k3k_cuda_xdev_poll(k3k_xjob_t *jb, uint64_t *digests) {
   if (j->state == J_RUNNING) {
     if (cu_ok(cudaSetDevice(j->x->device), "cudaSetDevice")) return K3_EDEVICE;
     cudaError_t e = cudaEventQuery(j->slot->done);
-    if (e == cudaErrorNotReady) return 0;
+    if (e == cudaErrorNotReady) { /* not an error: never leave it for a later launch check */
+      if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+      return 0;
+    }
     finish(j, e);
   }
   if (j->state == J_FAILED) return K3_EDEVICE;

@@ -37,20 +37,32 @@ static uint64_t W[32][XW_STEPS][4];
 static uint64_t warp_emulate(const xw_chunk *ch) {
   uint8_t stage[XW_STAGE];
   memset(stage, 0xEE, sizeof stage); /* a read of an unstaged byte changes the digest */
-  for (int l = 0; l < 32; l++) xw_lane_read(ch, l, W[l]);
-  for (int l = 0; l < 32; l++) xw_lane_write(ch, l, W[l]);
-  for (int l = 0; l < 32; l++)
-    for (uint32_t k = 0; k < XW_STEPS; k++) xw_stage(stage, ch->len, XW_STEP * k + 32 * l, W[l][k]);
-  if (ch->len <= XW_MIDSIZE) return xw_short(stage, ch->len, C.secret);
+  xw_cur wcu[32];
+  for (int l = 0; l < 32; l++) {
+    xw_lane_read(ch, l, W[l]);
+    xw_cur_init(ch, &wcu[l]);
+  }
+  const uint32_t ns = xw_nsteps(ch->len);
+  if (ch->len <= XW_MIDSIZE) {
+    for (int l = 0; l < 32 && ns; l++) {
+      xw_lane_write_step(ch, &wcu[l], l, 0, W[l][0]);
+      xw_stage(stage, ch->len, 32 * l, W[l][0]);
+    }
+    return xw_short(stage, ch->len, C.secret); /* after __syncwarp */
+  }
   uint64_t key[32][4], kscr[32], acc[32];
   for (int l = 0; l < 32; l++) {
     xw_lane_keys(C.k64, l, key[l], &kscr[l]);
     acc[l] = C.init[xw_lane_acc(l)];
   }
-  const uint32_t ns = xw_nsteps(ch->len);
   for (uint32_t k = 0; k < XW_STEPS; k++) {
     if (k >= ns) continue;
     uint64_t p[32][4], keep[32][2], send[32][2], q[32][2], kb[32], sb[32], v1[32], v2[32], v3[32];
+    for (int l = 0; l < 32; l++) {
+      xw_lane_write_step(ch, &wcu[l], l, k, W[l][k]);
+      xw_stage(stage, ch->len, XW_STEP * k + 32 * l, W[l][k]);
+    }
+    /* the kernel's __syncwarp() before the last step's reads of the stage */
     for (int l = 0; l < 32; l++) {
       xw_lane_contrib(&C, ch->len, k, l, W[l][k], key[l], stage, p[l]);
       xw_red_a(l, p[l], keep[l], send[l]);
