@@ -236,6 +236,7 @@ XW_FN uint64_t xw_ld64_al(const uint8_t *p) {
 #ifdef __CUDA_ARCH__
   return *(const uint64_t *)p;
 #else
+  if ((uintptr_t)p & 7) __builtin_trap();
   uint64_t v;
   memcpy(&v, p, 8);
   return v;
@@ -251,6 +252,7 @@ XW_FN void xw_stage(uint8_t *stage, uint32_t len, uint32_t o, const uint64_t w[4
 #ifdef __CUDA_ARCH__
     *(uint64_t *)(stage + (o - base) + 8 * j) = w[j];
 #else
+    if ((uintptr_t)(stage + (o - base) + 8 * j) & 7) __builtin_trap();
     memcpy(stage + (o - base) + 8 * j, &w[j], 8);
 #endif
   }
@@ -393,6 +395,7 @@ XW_FN void xw_ld16(uint64_t a, uint64_t w[2]) {
   w[0] = v.x | (uint64_t)v.y << 32;
   w[1] = v.z | (uint64_t)v.w << 32;
 #else
+  if (a & 15) __builtin_trap(); /* the device's 16-byte loads need it: the emulation checks */
   memcpy(w, (const void *)(uintptr_t)a, 16);
 #endif
 }
@@ -400,6 +403,7 @@ XW_FN void xw_st16(uint64_t a, const uint64_t w[2]) {
 #ifdef __CUDA_ARCH__
   __stwb((uint4 *)a, make_uint4((uint32_t)w[0], (uint32_t)(w[0] >> 32), (uint32_t)w[1], (uint32_t)(w[1] >> 32)));
 #else
+  if (a & 15) __builtin_trap();
   memcpy((void *)(uintptr_t)a, w, 16);
 #endif
 }

@@ -5,7 +5,7 @@
  *   copy ceiling: cudaMemcpyAsync device to device of the same bytes (one contiguous copy)
  *     — the floor of a copy + digest job, which must read and write every byte once.
  * Method: CUDA events on the xdev's stream around each operation, the stream kept busy by a
- * 50 us spin kernel before the first event (so host launch and planning time stay out unless
+ * 200 us spin kernel before the first event (so host launch and planning time stay out unless
  * the GPU would wait for them), 5 warm-ups, then the median of 25 runs; inputs rotated over
  * >= 512 MiB of sources and destinations so the 60 MB L2 never holds the next run's bytes.
  * A job's time covers everything it queues: the table upload when it has one, the kernel and
@@ -87,7 +87,7 @@ static double time_op(xg *g, pcase *P, op_t op) {
   double ms[RUNS];
   for (int i = -WARM; i < RUNS; i++) {
     k3k_xjob_t *j = NULL;
-    if (k3k_cu_spin(P->st, 50000)) return -1;
+    if (k3k_cu_spin(P->st, 200000)) return -1; /* 200 us: longer than any submit */
     if (cudaEventRecord(P->a, P->st) != cudaSuccess) return -1;
     if (queue_op(g, P, op, i, &j)) return -1;
     if (cudaEventRecord(P->b, P->st) != cudaSuccess || cudaEventSynchronize(P->b) != cudaSuccess) {
@@ -191,7 +191,7 @@ void xg_perf(xg *g, k3k_xdev_t *x) {
     if (rc) goto out;
     nrows++;
   }
-  printf("perf: median of %d runs after %d warm-ups; CUDA events on the job stream behind a 50 us spin;\n"
+  printf("perf: median of %d runs after %d warm-ups; CUDA events on the job stream behind a 200 us spin;\n"
          "perf: inputs rotated over 512 MiB (L2 60 MB); GB/s = payload bytes / time (copies move 2x);\n"
          "perf: read ceiling = read-only XOR kernel, copy ceiling = cudaMemcpyAsync D2D, same bytes\n",
          RUNS, WARM);

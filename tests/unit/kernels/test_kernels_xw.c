@@ -35,7 +35,7 @@ static uint64_t W[32][XW_STEPS][4];
 
 /* The kernel's per-warp body for one resolved chunk (xdev_kernel in xdev.cu, same order). */
 static uint64_t warp_emulate(const xw_chunk *ch) {
-  uint8_t stage[XW_STAGE];
+  _Alignas(16) uint8_t stage[XW_STAGE]; /* as the kernel's shared buffer */
   memset(stage, 0xEE, sizeof stage); /* a read of an unstaged byte changes the digest */
   xw_cur wcu[32];
   for (int l = 0; l < 32; l++) {
