@@ -1,11 +1,14 @@
 /* Model runner lifecycle: options, weight binding (every tensor is a k3k view onto the
- * k3_weights_t memory, uploaded once on device backends), accessors.
+ * k3_weights_t memory on host backends; on device backends every tensor sits in ONE weights
+ * arena, uploaded or generated once, or imported from another process: share.c), accessors.
  * Not here: the forward pass (forward.c and the layer files) and state export (state.c). */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "k3pd/err.h"
 #include "k3pd/util.h"
@@ -31,14 +34,27 @@ void rn_seterr(char *err, size_t errlen, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* ---- weight binding: k3k views onto the k3_weights_t memory ------------------------------ */
+/* ---- weight binding --------------------------------------------------------------------
+ * Host backends: every tensor is a k3k view onto the k3_weights_t memory (zero copy), or for a
+ * host copy of a device runner (r->src) its own allocation filled from the source.
+ * Device backends: every tensor lives in the weights arena at a bump offset in bind order
+ * (256-byte aligned). Binding runs twice there: a PLAN pass (b->plan) that only looks the
+ * tensors up, checks them and records the layout (r->wl, r->wl_hash, the arena size), then,
+ * once the arena exists (be->alloc, or share.c's shared allocation), the FILL pass that binds
+ * each tensor at its offset and generates (rn_syn_tensor) or uploads its bytes there; with
+ * weights imported from another process the fill pass binds without writing anything. */
 
 typedef struct {
   k3_runner_t *r;
   char *err;
   size_t errlen;
   int rc;
+  bool plan;    /* device backends: first pass, layout only */
+  size_t off;   /* next free byte of the weights arena */
+  int idx;      /* tensors bound so far in this pass */
 } binder_t;
+
+#define RN_WALIGN 256 /* weights arena alignment of every tensor */
 
 static k3k_dtype_t map_dtype(k3_dtype_t d) {
   switch (d) {
@@ -49,9 +65,7 @@ static k3k_dtype_t map_dtype(k3_dtype_t d) {
   }
 }
 
-/* Tensor `name` (without prefix) as a contiguous [rows, cols] view (cols 0: 1-D of rows
- * elements; rows*cols must equal the stored element count). Uploads it on device backends. */
-/* Room for one more entry in r->uploads (the device copies the runner owns). */
+/* Room for one more entry in r->uploads (the bound tensors' device addresses). */
 static int uploads_reserve(k3_runner_t *r) {
   if (r->n_uploads < r->cap_uploads) return 0;
   int cap = r->cap_uploads ? 2 * r->cap_uploads : 256;
@@ -78,75 +92,131 @@ static int check_elems(binder_t *b, const char *name, int64_t n, k3_dtype_t dtyp
   return 0;
 }
 
+/* Records one tensor of the weights arena's layout (plan pass). */
+static int wl_add(k3_runner_t *r, const char *name, k3_dtype_t dtype, int ndim, const int64_t *shape,
+                  uint64_t bytes, uint64_t off) {
+  if (r->n_wl == r->cap_wl) {
+    int cap = r->cap_wl ? 2 * r->cap_wl : 256;
+    rn_wl_t *p = realloc(r->wl, (size_t)cap * sizeof *p);
+    if (!p) return K3_ENOMEM;
+    r->wl = p;
+    r->cap_wl = cap;
+  }
+  rn_wl_t *e = &r->wl[r->n_wl];
+  memset(e, 0, sizeof *e);
+  if (!(e->name = strdup(name))) return K3_ENOMEM;
+  e->dtype = (int)dtype;
+  e->ndim = ndim > 4 ? 4 : ndim;
+  for (int i = 0; i < e->ndim; i++) e->shape[i] = shape[i];
+  e->bytes = bytes;
+  e->off = off;
+  r->n_wl++;
+  return 0;
+}
+
+/* XXH3-64 of the layout: a version tag, then per tensor "name\0" and dtype, ndim, shape[4],
+ * bytes, offset as little-endian u64. */
+static uint64_t wl_hash(const k3_runner_t *r) {
+  XXH3_state_t *st = XXH3_createState();
+  if (!st) return 0;
+  XXH3_64bits_reset(st);
+  static const char tag[] = "k3 weights layout v1";
+  XXH3_64bits_update(st, tag, sizeof tag);
+  for (int i = 0; i < r->n_wl; i++) {
+    const rn_wl_t *e = &r->wl[i];
+    uint64_t v[8] = {(uint64_t)e->dtype, (uint64_t)e->ndim, (uint64_t)e->shape[0], (uint64_t)e->shape[1],
+                     (uint64_t)e->shape[2], (uint64_t)e->shape[3], e->bytes, e->off};
+    uint8_t le[64];
+    for (int k = 0; k < 64; k++) le[k] = (uint8_t)(v[k / 8] >> (8 * (k % 8)));
+    XXH3_64bits_update(st, e->name, strlen(e->name) + 1);
+    XXH3_64bits_update(st, le, sizeof le);
+  }
+  uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+/* Tensor `name` (without prefix) as a contiguous [rows, cols] view (cols 0: 1-D of rows
+ * elements; rows*cols must equal the stored element count). */
 static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t cols) {
   k3k_tensor_t t;
   memset(&t, 0, sizeof t);
   if (b->rc) return t;
-  if (b->r->syn || b->r->src) { /* generated on the device, or copied from such a runner */
-    const k3_tmap_entry_t *e = NULL;
-    void *dev = NULL;
-    k3_runner_t *r = b->r;
-    if (uploads_reserve(r)) {
-      b->rc = K3_ENOMEM;
+  k3_runner_t *r = b->r;
+  k3k_backend_t *be = r->be;
+  /* look the tensor up: in the plan (device generation, or a copy of such a runner) or in w */
+  const k3_tmap_entry_t *e = NULL;
+  const k3_tensor_view_t *v = NULL;
+  int ndim;
+  const int64_t *shape;
+  k3_dtype_t dtype;
+  uint64_t nbytes;
+  if (r->syn || r->src) {
+    e = rn_syn_find(r->src ? r->src : r, name);
+    if (!e) {
+      rn_seterr(b->err, b->errlen, "runner: tensor %s is not in the plan of this config", name);
+      b->rc = K3_ENOENT;
       return t;
     }
-    if (r->src) {
-      /* bind order is the same for the same config: this is the source's upload number n */
-      const k3_runner_t *src = r->src;
-      e = rn_syn_find(src, name);
-      if (!e || r->n_uploads >= src->n_uploads) {
-        rn_seterr(b->err, b->errlen, "runner: tensor %s not found in the source runner", name);
-        b->rc = K3_ENOENT;
-        return t;
-      }
-      if ((b->rc = r->be->alloc(r->be, e->nbytes ? e->nbytes : 64, &dev))) return t;
-      b->rc = src->be->copy_to_host(src->be, dev, src->uploads[r->n_uploads], e->nbytes);
-      if (b->rc) {
-        r->be->free(r->be, dev);
-        rn_seterr(b->err, b->errlen, "runner: cannot copy tensor %s from the source runner", name);
-        return t;
-      }
-    } else if ((b->rc = rn_syn_tensor(r, name, &e, &dev, b->err, b->errlen))) {
+    ndim = e->ndim, shape = e->shape, dtype = e->dtype, nbytes = e->nbytes;
+  } else {
+    v = k3_weights_get(r->w, name);
+    if (!v) {
+      rn_seterr(b->err, b->errlen, "runner: tensor %s is missing", name);
+      b->rc = K3_ENOENT;
       return t;
     }
-    r->uploads[r->n_uploads++] = dev;
-    int64_t n = 1;
-    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
-    k3k_dtype_t dt;
-    if (check_elems(b, name, n, e->dtype, cols, &rows, &dt)) return t;
-    return cols ? k3k_tensor_2d(r->be, dt, dev, rows, cols) : k3k_tensor_1d(r->be, dt, dev, rows);
+    ndim = v->ndim, shape = v->shape, dtype = v->dtype, nbytes = v->nbytes;
   }
-  const k3_tensor_view_t *v = k3_weights_get(b->r->w, name);
-  if (!v) {
-    rn_seterr(b->err, b->errlen, "runner: tensor %s is missing", name);
-    b->rc = K3_ENOENT;
-    return t;
-  }
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
   k3k_dtype_t dt;
-  if (check_elems(b, name, k3_tensor_numel(v), v->dtype, cols, &rows, &dt)) return t;
-  void *data = (void *)v->data;
-  k3k_backend_t *be = b->r->be;
-  if (!be->host_memory) {
-    k3_runner_t *r = b->r;
-    if (uploads_reserve(r)) {
-      b->rc = K3_ENOMEM;
+  if (check_elems(b, name, n, dtype, cols, &rows, &dt)) return t;
+  void *data = NULL;
+  if (r->wa.on) { /* device backend: the tensor's slot of the weights arena */
+    size_t off = (b->off + RN_WALIGN - 1) / RN_WALIGN * RN_WALIGN;
+    b->off = off + (size_t)nbytes;
+    if (b->plan) {
+      if ((b->rc = wl_add(r, name, dtype, ndim, shape, nbytes, off))) return t;
+    } else {
+      if (b->idx >= r->n_wl || r->wl[b->idx].off != off || strcmp(r->wl[b->idx].name, name)) {
+        rn_seterr(b->err, b->errlen, "runner: tensor %s bound out of plan order", name);
+        b->rc = K3_EINTERNAL;
+        return t;
+      }
+      data = (char *)r->wa.base + off;
+      if ((b->rc = uploads_reserve(r))) return t;
+      if (r->wa.imported) {
+        /* another process's weights: already there, read-only */
+      } else if (r->syn) {
+        if ((b->rc = rn_syn_tensor(r, name, &e, data, b->err, b->errlen))) return t;
+      } else if (nbytes && (b->rc = be->copy_from_host(be, data, v->data, nbytes))) {
+        rn_seterr(b->err, b->errlen, "runner: cannot upload tensor %s to backend %s", name, be->name);
+        return t;
+      }
+      r->uploads[r->n_uploads++] = data;
+    }
+    b->idx++;
+  } else if (r->src) { /* a host copy of a device-generated runner: bind order = source's */
+    const k3_runner_t *src = r->src;
+    if ((b->rc = uploads_reserve(r))) return t;
+    if (r->n_uploads >= src->n_uploads) {
+      rn_seterr(b->err, b->errlen, "runner: tensor %s not found in the source runner", name);
+      b->rc = K3_ENOENT;
       return t;
     }
-    void *dev = NULL;
-    if (be->alloc(be, v->nbytes, &dev) || be->copy_from_host(be, dev, v->data, v->nbytes)) {
-      if (dev) be->free(be, dev);
-      rn_seterr(b->err, b->errlen, "runner: cannot upload tensor %s to backend %s", name, be->name);
-      b->rc = K3_ENOMEM;
+    if ((b->rc = be->alloc(be, nbytes ? nbytes : 64, &data))) return t;
+    b->rc = src->be->copy_to_host(src->be, data, src->uploads[r->n_uploads], nbytes);
+    if (b->rc) {
+      be->free(be, data);
+      rn_seterr(b->err, b->errlen, "runner: cannot copy tensor %s from the source runner", name);
       return t;
     }
-    r->uploads[r->n_uploads++] = dev;
-    data = dev;
+    r->uploads[r->n_uploads++] = data;
+  } else {
+    data = (void *)v->data; /* host backend: zero copy */
   }
-  if (cols)
-    t = k3k_tensor_2d(be, dt, data, rows, cols);
-  else
-    t = k3k_tensor_1d(be, dt, data, rows);
-  return t;
+  return cols ? k3k_tensor_2d(be, dt, data, rows, cols) : k3k_tensor_1d(be, dt, data, rows);
 }
 
 static int bind_layer(binder_t *b, int l) {
@@ -257,11 +327,7 @@ static int bind_layer(binder_t *b, int l) {
   return b->rc;
 }
 
-static void free_weights(k3_runner_t *r) {
-  for (int i = 0; i < r->n_uploads; i++) r->be->free(r->be, r->uploads[i]);
-  free(r->uploads);
-  r->uploads = NULL;
-  r->n_uploads = 0;
+static void free_layers(k3_runner_t *r) {
   if (r->layers) {
     for (int l = 0; l < r->cfg.num_layers; l++) {
       free(r->layers[l].w1);
@@ -273,9 +339,27 @@ static void free_weights(k3_runner_t *r) {
   r->layers = NULL;
 }
 
-static int bind_all(k3_runner_t *r, char *err, size_t errlen) {
+static void free_weights(k3_runner_t *r) {
+  if (r->uploads_owned)
+    for (int i = 0; i < r->n_uploads; i++) r->be->free(r->be, r->uploads[i]);
+  free(r->uploads);
+  r->uploads = NULL;
+  r->n_uploads = 0;
+  rn_share_free(r); /* shared weights: server, fds, mapping, lock */
+  if (r->wa.be_owned && r->wa.base) r->be->free(r->be, r->wa.base);
+  memset(&r->wa, 0, sizeof r->wa);
+  for (int i = 0; i < r->n_wl; i++) free(r->wl[i].name);
+  free(r->wl);
+  r->wl = NULL;
+  r->n_wl = r->cap_wl = 0;
+  free_layers(r);
+}
+
+/* One binding pass over every tensor of the model (see the top of this section). */
+static int bind_pass(k3_runner_t *r, bool plan, size_t *arena_bytes, char *err, size_t errlen) {
   const k3_model_config_t *c = &r->cfg;
-  binder_t b = {r, err, errlen, 0};
+  binder_t b = {r, err, errlen, 0, plan, 0, 0};
+  free_layers(r);
   r->layers = calloc((size_t)c->num_layers, sizeof(rn_layer_t));
   if (!r->layers) return K3_ENOMEM;
   r->embed = view(&b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size);
@@ -286,28 +370,54 @@ static int bind_all(k3_runner_t *r, char *err, size_t errlen) {
     r->out_res_proj = view(&b, "model.output_attn_res_proj.weight", c->hidden_size, 0);
   }
   for (int l = 0; l < c->num_layers && !b.rc; l++) bind_layer(&b, l);
-  if (!b.rc) {
-    for (int l = 0; l < c->num_layers; l++) {
-      const rn_layer_t *L = &r->layers[l];
-      if (L->kind == K3_LAYER_KDA && c->kda_gate == K3_KDA_GATE_LOWER_BOUND) {
-        char n[128];
-        snprintf(n, sizeof n, "model.layers.%d.self_attn.A_log", l);
-        int64_t len = -1;
-        if (r->syn || r->src) {
-          const k3_tmap_entry_t *e = rn_syn_find(r->src ? r->src : r, n);
-          if (e) len = e->shape[0];
-        } else {
-          const k3_tensor_view_t *v = k3_weights_get(r->w, n);
-          if (v) len = k3_tensor_numel(v);
-        }
-        if (len < c->kda_num_heads) {
-          rn_seterr(err, errlen, "runner: %s shorter than num_heads (%d)", n, c->kda_num_heads);
-          return K3_EFORMAT;
-        }
+  if (arena_bytes) *arena_bytes = b.off;
+  return b.rc;
+}
+
+static int bind_all(k3_runner_t *r, const char *identity, char *err, size_t errlen) {
+  const k3_model_config_t *c = &r->cfg;
+  int rc;
+  r->uploads_owned = r->src != NULL && r->be->host_memory;
+  r->wa.on = !r->be->host_memory;
+  if (r->wa.on) {
+    size_t bytes = 0;
+    if ((rc = bind_pass(r, true, &bytes, err, errlen))) return rc;
+    r->wa.bytes = bytes ? bytes : RN_WALIGN;
+    r->wl_hash = wl_hash(r);
+    if (r->opts.share_weights_dir) {
+      rc = rn_share_begin(r, identity, err, errlen);
+    } else {
+      rc = r->be->alloc(r->be, r->wa.bytes, &r->wa.base);
+      r->wa.be_owned = !rc;
+      if (rc)
+        rn_seterr(err, errlen, "runner: no device memory for the weights (%.2f GiB in one allocation)",
+                  (double)r->wa.bytes / (1 << 30));
+    }
+    if (rc) return rc;
+  }
+  if ((rc = bind_pass(r, false, NULL, err, errlen))) return rc;
+  for (int l = 0; l < c->num_layers; l++) {
+    const rn_layer_t *L = &r->layers[l];
+    if (L->kind == K3_LAYER_KDA && c->kda_gate == K3_KDA_GATE_LOWER_BOUND) {
+      char n[128];
+      snprintf(n, sizeof n, "model.layers.%d.self_attn.A_log", l);
+      int64_t len = -1;
+      if (r->syn || r->src) {
+        const k3_tmap_entry_t *e = rn_syn_find(r->src ? r->src : r, n);
+        if (e) len = e->shape[0];
+      } else {
+        const k3_tensor_view_t *v = k3_weights_get(r->w, n);
+        if (v) len = k3_tensor_numel(v);
+      }
+      if (len < c->kda_num_heads) {
+        rn_seterr(err, errlen, "runner: %s shorter than num_heads (%d)", n, c->kda_num_heads);
+        return K3_EFORMAT;
       }
     }
   }
-  return b.rc;
+  /* shared weights: the arena is complete; serve it and let the next process in */
+  if (r->share && (rc = rn_share_publish(r, err, errlen))) return rc;
+  return 0;
 }
 
 /* ---- lifecycle -------------------------------------------------------------------------- */
@@ -368,6 +478,7 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
     rn_seterr(err, errlen, "runner: backend '%s' is not available", be);
     rc = K3_ENOTSUP;
   }
+  if (!rc) rc = rn_state_check_opts(r, err, errlen);
   uint64_t t0 = k3_now_ns();
   if (!rc && src && !r->be->host_memory) {
     rn_seterr(err, errlen, "runner: a copy of a device-generated runner needs a host backend");
@@ -381,8 +492,23 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
       rc = rn_syn_begin(r, seed, verify_kib, err, errlen);
     }
   }
-  if (!rc) rc = bind_all(r, err, errlen);
-  if (!rc && !w && !src) {
+  /* the weights' identity for sharing: the loader's text, or the synthetic seed */
+  char ident[128];
+  const char *identity = o.weights_source;
+  if (!identity && !w && !src) {
+    snprintf(ident, sizeof ident, "synthetic seed=%llu", (unsigned long long)seed);
+    identity = ident;
+  }
+  if (!rc && o.share_weights_dir && !identity) {
+    rn_seterr(err, errlen, "runner: shared weights need opts.weights_source (what the weights are)");
+    rc = K3_EINVAL;
+  }
+  if (!rc && o.share_weights_dir && r->be->host_memory) {
+    rn_seterr(err, errlen, "runner: shared weights (%s) need a device backend, not %s", o.share_weights_dir, be);
+    rc = K3_ENOTSUP;
+  }
+  if (!rc) rc = bind_all(r, identity, err, errlen);
+  if (!rc && !w && !src && !r->wa.imported) {
     uint64_t patched, verified;
     rn_syn_summary(r, &patched, &verified);
     fprintf(stderr, "runner: %.1f GiB of synthetic weights generated on the device in %.1f s "
@@ -394,6 +520,9 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
   if (!rc) rc = rn_dev_init(r, err, errlen);
   if (!rc) rn_dev_kda_init(r);
   if (!rc) rc = rn_gd_init(r, err, errlen);
+  /* the caller's strings need not outlive init (share.c keeps what it needs) */
+  r->opts.share_weights_dir = NULL;
+  r->opts.weights_source = NULL;
   if (rc) {
     if (rc == K3_ENOMEM && err && !err[0]) rn_seterr(err, errlen, "runner: out of memory");
     k3_runner_free(r);
@@ -434,6 +563,14 @@ void k3_runner_free(k3_runner_t *r) {
   if (r->be) rn_syn_end(r);
   free(r);
 }
+
+void k3_runner_weights_arena(const k3_runner_t *r, void **base, size_t *bytes, uint64_t *layout_hash) {
+  if (base) *base = r->wa.on ? r->wa.base : NULL;
+  if (bytes) *bytes = r->wa.on ? r->wa.bytes : 0;
+  if (layout_hash) *layout_hash = r->wl_hash;
+}
+
+int k3_runner_weights_shared(const k3_runner_t *r) { return !r->share ? 0 : r->wa.imported ? 2 : 1; }
 
 const k3_model_config_t *k3_runner_config(const k3_runner_t *r) { return &r->cfg; }
 const k3_runner_opts_t *k3_runner_opts(const k3_runner_t *r) { return &r->opts; }
