@@ -117,8 +117,9 @@ struct k3_runner {
   struct rn_share *share;  /* share.c, NULL without shared weights */
   /* State arena (state.c): every pool tensor inside one allocation at 256-aligned offsets. */
   struct {
-    void *base;
+    void *base;            /* 256-byte aligned */
     size_t bytes;
+    void *raw;             /* the backend's allocation (base rounded up from it), to free */
     struct k3k_vmm *vmm;   /* opts.state.vmm */
     bool user;             /* opts.state.alloc'd */
   } sa;

@@ -105,9 +105,13 @@ static int arena_alloc(k3_runner_t *r, size_t bytes, char *err, size_t errlen) {
       return rc;
     }
     p = k3k_vmm_ptr(r->sa.vmm);
-  } else if ((rc = r->be->alloc(r->be, bytes, &p))) {
-    rn_seterr(err, errlen, "runner: no memory for the state pools (%zu bytes in one allocation)", bytes);
-    return rc;
+  } else {
+    /* host backends align to 64 bytes only: take 256 more and align the base up */
+    if ((rc = r->be->alloc(r->be, bytes + RN_SALIGN, &r->sa.raw))) {
+      rn_seterr(err, errlen, "runner: no memory for the state pools (%zu bytes in one allocation)", bytes);
+      return rc;
+    }
+    p = (void *)(((uintptr_t)r->sa.raw + RN_SALIGN - 1) / RN_SALIGN * RN_SALIGN);
   }
   r->sa.base = p;
   r->sa.bytes = bytes;
@@ -203,8 +207,8 @@ void rn_state_free(k3_runner_t *r) {
     r->opts.state.free(r->opts.state.ud, r->sa.base);
   else if (r->sa.vmm)
     k3k_vmm_free(r->sa.vmm);
-  else if (r->sa.base && r->be)
-    r->be->free(r->be, r->sa.base);
+  else if (r->sa.raw && r->be)
+    r->be->free(r->be, r->sa.raw);
   memset(&r->sa, 0, sizeof r->sa);
   free(r->kda_S);
   free(r->kda_conv);
