@@ -198,11 +198,18 @@ static int find_holder(k3_runner_t *r, struct rn_share *sh, const sh_meta_t *our
   }
   int rc = 1;
   struct dirent *de;
-  while (rc == 1 && (de = readdir(d))) {
+  while (rc >= 0 && (de = readdir(d))) {
     size_t n = strlen(de->d_name);
     if (n < 6 || strcmp(de->d_name + n - 5, ".sock")) continue;
     char path[sizeof sh->dir + 300];
     snprintf(path, sizeof path, "%s/%s", sh->dir, de->d_name);
+    if (rc == 0) { /* found: only tidy up the sockets of dead processes */
+      if (sock_dead(path)) {
+        K3_INFO("--share-weights %s: removing the stale socket %s (its process is gone)", sh->dir, de->d_name);
+        unlink(path);
+      }
+      continue;
+    }
     int fd = -1;
     void *meta = NULL;
     size_t ml = 0;

@@ -6,6 +6,8 @@
  * k3_model_config_stop_ids — the config's eos_token_id plus the tokenizer's [EOS] and
  * <|end_of_msg|>/<|im_end|> specials mapped into the vocabulary (the router uses the same
  * rule); --ignore-eos disables stopping.
+ * --hold keeps the process (its model and any shared weights) alive after the run until stdin
+ * ends, generating again for every line read (scripts/gpu/share.sh).
  * Greedy unless --temperature > 0. The prompt is token ids, text or a chat file (prompt.c: the
  * same tokenizer path as the router). The timing summary gives wall time and the process CPU
  * time of each phase (the CPU figure stays meaningful on a loaded machine).
@@ -41,7 +43,7 @@ typedef struct {
   int max_new, top_k, perf_batch;
   double temperature, top_p;
   int64_t seed;
-  bool ignore_eos, all_logits, perf;
+  bool ignore_eos, all_logits, perf, hold;
 } gen_args_t;
 
 /* The model's default stop ids (k3_model_config_stop_ids: the same rule the router uses). */
@@ -70,6 +72,41 @@ static double median_of(double *v, int n) {
   if (n <= 0) return 0;
   qsort(v, (size_t)n, sizeof *v, cmp_double);
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* --hold: the same generation again into `seq` (released first), printing only its "ids:"
+ * line. Returns 0 or 1 (message printed). */
+static int generate_again(k3_runner_t *r, const gen_args_t *a, const int32_t *prompt, size_t n_prompt,
+                          int64_t total, k3_seq_t *seq, float *logits, int32_t *out_ids) {
+  char err[1024];
+  const int64_t V = k3_runner_vocab(r);
+  k3_runner_seq_release(r, seq);
+  int rc = k3_runner_seq_reserve(r, seq, total);
+  k3_prefill_item_t it = {seq, prompt, (int64_t)n_prompt, logits, false};
+  if (rc || (rc = k3_runner_prefill(r, &it, 1, NULL, NULL, err, sizeof err))) {
+    fprintf(stderr, "k3pd-generate: again: %s\n", rc == K3_ECAPACITY ? "cannot reserve state" : err);
+    return 1;
+  }
+  k3k_sample_cfg_t sc = {.temperature = (float)a->temperature, .top_k = a->top_k,
+                         .top_p = (float)a->top_p, .seed = (uint64_t)a->seed};
+  int n = 0;
+  for (int step = 0; step < a->max_new; step++) {
+    int32_t id;
+    sc.step = (uint64_t)step;
+    if (k3k_sample_row(logits, V, &sc, &id)) return 1;
+    out_ids[n++] = id;
+    if ((!a->ignore_eos && is_stop(k3_runner_config(r), id)) || step + 1 == a->max_new) break;
+    k3_decode_item_t d = {seq, id, logits};
+    if (k3_runner_decode_step(r, &d, 1, err, sizeof err)) {
+      fprintf(stderr, "k3pd-generate: again: decode: %s\n", err);
+      return 1;
+    }
+  }
+  printf("ids:");
+  for (int i = 0; i < n; i++) printf(" %d", out_ids[i]);
+  printf("\n");
+  fflush(stdout);
+  return 0;
 }
 
 static int run(const gen_args_t *a) {
@@ -214,7 +251,13 @@ static int run(const gen_args_t *a) {
     printf("ids:");
     for (int i = 0; i < n_out; i++) printf(" %d", out_ids[i]);
     printf("\n");
+    fflush(stdout);
   }
+  /* --hold: keep the model (and shared weights) until stdin ends; every line read runs the
+   * same generation again */
+  char line[256];
+  while (!rc && a->hold && fgets(line, sizeof line, stdin))
+    rc = generate_again(r, a, prompt, n_prompt, total, &seq, logits, out_ids);
 done_r:
   if (lf.fp) lf_close(&lf);
   k3_runner_seq_release(r, &seq);
@@ -247,6 +290,7 @@ int main(int argc, char **argv) {
       {"logits-out", K3_FLAG_STR, &a.logits_out, "FILE", "write float32 logits of every computed position (format: docs/model-runner.md)", false},
       {"all-logits", K3_FLAG_BOOL, &a.all_logits, NULL, "with --logits-out: also every prompt position", false},
       {"perf", K3_FLAG_BOOL, &a.perf, NULL, "also print the decode step time against its weight-read floor and a second prefill of the prompt against its FLOP floor (ceilings measured in the same run)", false},
+      {"hold", K3_FLAG_BOOL, &a.hold, NULL, "after generating, keep the model loaded (and --share-weights served) until stdin ends; each line read generates again (prints another 'ids:' line)", false},
       {"perf-batch", K3_FLAG_INT, &a.perf_batch, "B", "with --perf: also decode tokens/s at batch B (B sequences prefilled with the prompt's first <= 128 tokens, 10 timed steps) against its weight-read floor (default 0: off)", false},
   };
   k3_flag_t flags[K3_LOAD_NFLAGS + sizeof own / sizeof own[0]];
