@@ -170,6 +170,12 @@ int rn_share_begin(k3_runner_t *r, const char *identity, char *err, size_t errle
 int rn_share_publish(k3_runner_t *r, char *err, size_t errlen);
 void rn_share_free(k3_runner_t *r);
 
+/* bind.c: rn_bind_all binds every weight tensor (host views, or the weights arena on device
+ * backends; `identity` names the weights for sharing); rn_free_weights undoes it (runner
+ * teardown; also releases shared weights). */
+int rn_bind_all(k3_runner_t *r, const char *identity, char *err, size_t errlen);
+void rn_free_weights(k3_runner_t *r);
+
 /* state.c: rn_state_check_opts validates opts.state against the backend before anything is
  * allocated; rn_state_init builds the manifest and the pools inside the state arena. */
 int rn_state_check_opts(const k3_runner_t *r, char *err, size_t errlen);
