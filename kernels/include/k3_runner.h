@@ -93,7 +93,11 @@ typedef struct k3_runner k3_runner_t;
 /* Builds a runner over `w` (file-backed or synthetic; NOT owned, must outlive the runner) and
  * allocates the pools. Errors: K3_EINVAL (bad option, named in err), K3_ENOTSUP (unknown
  * backend / model feature), K3_ENOENT/K3_EFORMAT (a tensor missing or malformed, named),
- * K3_ENOMEM. On error *out is untouched. */
+ * K3_ENOMEM; with shared weights also K3_EFINGERPRINT (a holder with other weights, both
+ * identities named), K3_ETIMEDOUT (share_wait_ms), K3_EIO. On error *out is untouched and
+ * everything allocated (fds, mappings, the caller's state memory) was handed back. The strings
+ * of opts (backend, share_weights_dir, weights_source) are read during init only
+ * (k3_runner_opts returns the two sharing strings as NULL). */
 int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
                    char *err, size_t errlen);
 /* Same over weights generated directly in device memory: every tensor of cfg's plan with the

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Shared weights on one GPU (--share-weights DIR, docs/gpu-cluster.md §4), end to end with
-# k3pd-generate on the real-shape 4-layer config (tests/gpu/data/k3-medium-4l16e.json, bf16,
-# weights generated on the GPU):
+# Shared weights on one GPU (--share-weights DIR, docs/gpu-cluster.md §4). First, when BIN has
+# it, k3k-gpu-vmm (tests/gpu/gpu_vmm.c: VMM in one process, the VMM state arena). Then end to
+# end with k3pd-generate on the real-shape 4-layer config (tests/gpu/data/k3-medium-4l16e.json,
+# bf16, weights generated on the GPU):
 #   a. A generates the weights into a VMM allocation, serves them, generates ids, and stays up
 #      (--hold: the process lives until its stdin closes; each line generates again);
 #   b. B, same flags: imports A's weights read-only (its log says "imported", and it never says
@@ -15,11 +16,12 @@
 #
 #   scripts/gpu/share.sh BIN LOGDIR
 #
-# BIN holds k3pd-generate (built with -DK3PD_CUDA=ON, e.g. -DK3PD_KERNELS_ONLY=ON) and, when
-# the host lacks them, libjansson.so.4 and libxxhash.so.0. GPU: $GPU (default 0).
+# BIN holds k3pd-generate (built with -DK3PD_CUDA=ON, e.g. -DK3PD_KERNELS_ONLY=ON), optionally
+# k3k-gpu-vmm, and, when the host lacks them, libjansson.so.4 and libxxhash.so.0.
+# GPU: $GPU (default 0).
 # Run it alone on the GPU (the memory figures read the whole device). Takes about a minute.
 # Output: one PASS/FAIL line per check, the memory figures, and "share: N passed, M failed".
-# Logs: LOGDIR/{a,b,c,d}.{out,err}. Exit status 0 when every check passed.
+# Logs: LOGDIR/vmm.log, LOGDIR/{a,b,c,d}.{out,err}. Exit status 0 when every check passed.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=$(cd "${1:?usage: scripts/gpu/share.sh BIN LOGDIR}" && pwd)
@@ -58,6 +60,15 @@ cleanup() {
 trap cleanup EXIT
 rm -f "$logdir/a.in" "$logdir/b.in"
 mkfifo "$logdir/a.in" "$logdir/b.in"
+
+# 0. in one process first (when BIN has it): VMM alloc/export/import, a VMM state arena, shared
+#    weights between two runners (tests/gpu/gpu_vmm.c)
+if [ -x "$bin/k3k-gpu-vmm" ]; then
+  K3PD_CUDA_DEVICE=$gpu timeout 300 "$bin/k3k-gpu-vmm" > "$logdir/vmm.log" 2>&1
+  st=$?
+  grep -E "^(PASS|FAIL)" "$logdir/vmm.log" | sed 's/^/  k3k-gpu-vmm /'
+  check "k3k-gpu-vmm (exit $st)" test $st -eq 0
+fi
 
 m0=$(mem)
 # a. A makes the weights and holds them
