@@ -104,6 +104,11 @@ void k3k_vmm_free(k3k_vmm_t *v);
 int k3k_device_uuid(k3k_backend_t *be, uint8_t uuid[16]);
 /* Bytes of device memory free and total on be's device (cudaMemGetInfo); K3_ENOTSUP on host. */
 int k3k_device_mem(k3k_backend_t *be, size_t *free_bytes, size_t *total_bytes);
+/* Copies n bytes between any two addresses of be's device and the host (host memory pageable
+ * or pinned), synchronously, on be's device but NOT on the backend's stream: callable from
+ * another thread than the one running the backend's ops (the staged transfer path's device to
+ * host copies run on the loop thread). Host backends: memcpy. Returns 0, K3_EINVAL, K3_EDEVICE. */
+int k3k_dev_copy(k3k_backend_t *be, void *dst, const void *src, size_t n);
 
 #ifdef __cplusplus
 }

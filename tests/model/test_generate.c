@@ -228,6 +228,48 @@ START_TEST(test_perf) {
 }
 END_TEST
 
+/* --requests: one process, several requests; a free request equals its own run; a request
+ * teacher-forced on its own ids has no divergence; one forced on other ids reports every step
+ * (tiny's logits are far from ties: NOT-near-tie) and the first token as different. */
+START_TEST(test_requests) {
+  res_t a = gen("--synthetic tiny --prompt-ids 5,6,7 --max-new-tokens 4 --ignore-eos");
+  res_t b = gen("--synthetic tiny --prompt-ids 9,10 --max-new-tokens 3 --ignore-eos --temperature 0.8 --seed 11");
+  ck_assert_msg(a.status == 0 && b.status == 0, "%s\n%s", a.out, b.out);
+  char *ia = ids_line(a.out), *ib = ids_line(b.out);
+  char teach[256], path[512], args[1024];
+  snprintf(teach, sizeof teach, "%s", ia + 5);
+  for (char *c = teach; *c; c++)
+    if (*c == ' ') *c = ',';
+  snprintf(path, sizeof path, "%s/reqs.txt", g_tmp);
+  char file[1024];
+  int n = snprintf(file, sizeof file, "# comment\n5,6,7\n9,10\t\t3\t11\n5,6,7\t%s\n5,6,7\t1,2,3,4\n", teach);
+  ck_assert_int_eq(k3_write_file(path, file, (size_t)n), 0);
+  snprintf(args, sizeof args, "--synthetic tiny --requests %s --max-new-tokens 4 --ignore-eos --temperature 0.8", path);
+  res_t r = gen(args);
+  ck_assert_msg(r.status == 0, "%s", r.out);
+  /* request 0 at temperature 0.8 seed 0 differs from the greedy run; run it greedy separately */
+  char want[512];
+  snprintf(want, sizeof want, "req 1 %s\n", ib);
+  ck_assert_msg(strstr(r.out, want), "want '%s' in: %s", want, r.out);
+  ck_assert_msg(strstr(r.out, "req 3 diverge step 0 mono"), "%s", r.out);
+  ck_assert_msg(strstr(r.out, "req 3 teacher: steps 4 divergences 4 near_ties 0 first_token DIFFERENT"), "%s", r.out);
+  ck_assert_msg(strstr(r.out, "requests: 4 teacher_forced 2 "), "%s", r.out);
+  free(r.out);
+  snprintf(args, sizeof args, "--synthetic tiny --requests %s --max-new-tokens 4 --ignore-eos", path);
+  r = gen(args); /* greedy: the self-taught request agrees at every step */
+  ck_assert_msg(strstr(r.out, "req 2 teacher: steps 4 divergences 0 near_ties 0 first_token same"), "%s", r.out);
+  snprintf(want, sizeof want, "req 0 %s\n", ia);
+  ck_assert_msg(strstr(r.out, want), "want '%s' in: %s", want, r.out);
+  free(r.out);
+  n = snprintf(file, sizeof file, "5,6,7\t1,2,x\n");
+  ck_assert_int_eq(k3_write_file(path, file, (size_t)n), 0);
+  snprintf(args, sizeof args, "--synthetic tiny --requests %s", path);
+  expect_fail(args, "--requests line 1: teacher tokens");
+  expect_fail("--synthetic tiny --requests /nonexistent/r.txt", "cannot read");
+  free(ia), free(ib), free(a.out), free(b.out);
+}
+END_TEST
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char *bd = getenv("K3PD_BUILD_DIR");
@@ -246,6 +288,7 @@ int main(void) {
   tcase_add_test(tc, test_errors);
   tcase_add_test(tc, test_device);
   tcase_add_test(tc, test_perf);
+  tcase_add_test(tc, test_requests);
   suite_add_tcase(su, tc);
   SRunner *sr = srunner_create(su);
   srunner_run_all(sr, CK_NORMAL);

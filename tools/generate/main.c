@@ -36,12 +36,13 @@
 #include "logits_file.h"
 #include "perf.h"
 #include "prompt.h"
+#include "requests.h"
 
 typedef struct {
   k3_load_opts_t lo; /* the model: the loader's flags */
-  const char *prompt_ids, *prompt, *chat, *tokenizer, *logits_out;
+  const char *prompt_ids, *prompt, *chat, *tokenizer, *logits_out, *requests;
   int max_new, top_k, perf_batch;
-  double temperature, top_p;
+  double temperature, top_p, near_tie;
   int64_t seed;
   bool ignore_eos, all_logits, perf, hold;
 } gen_args_t;
@@ -53,6 +54,41 @@ static bool is_stop(const k3_model_config_t *c, int32_t id) {
   for (int i = 0; i < n; i++)
     if (ids[i] == id) return true;
   return false;
+}
+
+static bool stop_id(const k3_runner_t *r, int32_t id) { return is_stop(k3_runner_config(r), id); }
+
+/* --requests FILE: one model load, every request of the file (requests.h). */
+static int run_requests(const gen_args_t *a) {
+  char err[1024] = "";
+  k3_model_config_t cfg;
+  k3_weights_t *w = NULL;
+  k3_load_opts_t lo = a->lo;
+  int rc = k3_load_config(&lo, &cfg, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "k3pd-generate: cannot load the model: %s (%s)\n", err, k3_strerror(rc));
+    return 1;
+  }
+  gen_reqs_t q;
+  if ((rc = gen_reqs_load(a->requests, a->max_new, (uint64_t)a->seed, cfg.vocab_size, &q, err, sizeof err))) {
+    fprintf(stderr, "k3pd-generate: %s\n", err);
+    return 2;
+  }
+  if (!lo.num_slots) lo.num_slots = 1;
+  if (!lo.max_batch) lo.max_batch = 1;
+  if (!lo.num_pages) lo.num_pages = (int)((q.max_total + lo.page_tokens - 1) / lo.page_tokens) + 2;
+  k3_runner_t *r = NULL;
+  if ((rc = k3_load_model(&lo, &w, &r, err, sizeof err))) {
+    fprintf(stderr, "k3pd-generate: %s (%s)\n", err, k3_strerror(rc));
+    gen_reqs_free(&q);
+    return 1;
+  }
+  k3k_sample_cfg_t sc = {.temperature = (float)a->temperature, .top_k = a->top_k, .top_p = (float)a->top_p};
+  rc = gen_reqs_run(r, &q, &sc, a->near_tie, a->ignore_eos ? NULL : stop_id);
+  k3_runner_free(r);
+  k3_weights_free(w);
+  gen_reqs_free(&q);
+  return rc;
 }
 
 /* CPU time of the whole process (all threads), ns. */
@@ -272,7 +308,7 @@ done_r:
 }
 
 int main(int argc, char **argv) {
-  gen_args_t a = {.max_new = 16, .temperature = 0.0, .top_p = 1.0, .seed = 0};
+  gen_args_t a = {.max_new = 16, .temperature = 0.0, .top_p = 1.0, .seed = 0, .near_tie = 0.02};
   k3_load_opts_default(&a.lo);
   a.lo.device_alias = true; /* --device NAME, --backend its alias */
   a.lo.num_pages = a.lo.num_slots = a.lo.max_batch = 0; /* what the prompt needs */
@@ -291,6 +327,8 @@ int main(int argc, char **argv) {
       {"all-logits", K3_FLAG_BOOL, &a.all_logits, NULL, "with --logits-out: also every prompt position", false},
       {"perf", K3_FLAG_BOOL, &a.perf, NULL, "also print the decode step time against its weight-read floor and a second prefill of the prompt against its FLOP floor (ceilings measured in the same run)", false},
       {"hold", K3_FLAG_BOOL, &a.hold, NULL, "after generating, keep the model loaded (and --share-weights served) until stdin ends; each line read generates again (prints another 'ids:' line)", false},
+      {"requests", K3_FLAG_STR, &a.requests, "FILE", "run every request of FILE in this process (one model load), optionally teacher-forced on another engine's tokens: lines PROMPT_IDS[<TAB>TEACHER_IDS[<TAB>MAX_NEW[<TAB>SEED]]]; prints per-request ids and every divergence with its logit gap (tools/generate/requests.h)", false},
+      {"near-tie", K3_FLAG_DOUBLE, &a.near_tie, "REL", "with --requests: a divergence whose logit gap is at most REL of the top logit is a near tie (default 0.02)", false},
       {"perf-batch", K3_FLAG_INT, &a.perf_batch, "B", "with --perf: also decode tokens/s at batch B (B sequences prefilled with the prompt's first <= 128 tokens, 10 timed steps) against its weight-read floor (default 0: off)", false},
   };
   k3_flag_t flags[K3_LOAD_NFLAGS + sizeof own / sizeof own[0]];
@@ -309,8 +347,16 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-generate: %s\n", err);
     return 2;
   }
-  if (!!a.prompt_ids + !!a.prompt + !!a.chat != 1) {
-    fprintf(stderr, "k3pd-generate: give exactly one of --prompt-ids, --prompt or --chat\n");
+  if (!!a.prompt_ids + !!a.prompt + !!a.chat + !!a.requests != 1) {
+    fprintf(stderr, "k3pd-generate: give exactly one of --prompt-ids, --prompt, --chat or --requests\n");
+    return 2;
+  }
+  if (a.requests && (a.perf || a.hold || a.logits_out)) {
+    fprintf(stderr, "k3pd-generate: --requests does not combine with --perf, --hold or --logits-out\n");
+    return 2;
+  }
+  if (!(a.near_tie >= 0)) {
+    fprintf(stderr, "k3pd-generate: --near-tie must be >= 0\n");
     return 2;
   }
   if ((a.prompt || a.chat) && !gen_prompt_have_tokenizer()) {
@@ -331,7 +377,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-generate: --all-logits needs --logits-out FILE\n");
     return 2;
   }
-  rc = run(&a);
+  rc = a.requests ? run_requests(&a) : run(&a);
   k3k_backends_shutdown();
   return rc;
 }
