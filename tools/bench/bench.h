@@ -168,6 +168,10 @@ typedef struct {
 void bn_report_print(const bn_report_in_t *in, const bn_run_t *run);
 /* Appends one compact JSON line to path. Returns 0 or a negative K3_E* code. */
 int bn_report_json(const bn_report_in_t *in, const bn_run_t *run, const char *path, char *err, size_t errlen);
+/* Writes every complete measured request (token-id mode) as a k3pd-generate --requests line:
+ * prompt ids TAB generated ids TAB their count TAB sampling seed (the cluster's tokens become
+ * the monolithic run's teacher, tools/generate/requests.h). Returns 0 or K3_EIO. */
+int bn_report_ids(const bn_workload_t *w, const bn_run_t *run, const char *path, char *err, size_t errlen);
 /* p-th percentile (0..100) of v[0..n) by linear interpolation; sorts v. NAN when n == 0. */
 double bn_percentile(double *v, size_t n, double p);
 

@@ -32,7 +32,7 @@ static int tokenize_cb(void *ctx, const char *text, uint32_t **ids, size_t *n, c
 int main(int argc, char **argv) {
   const char *router = NULL, *prompt_len = "16", *output_len = "16", *prompt_file = NULL, *json_path = NULL;
   const char *generate = NULL, *model = NULL, *backend = "cpu", *precision = "fp32", *label = NULL;
-  const char *log_level = "warn";
+  const char *log_level = "warn", *ids_out = NULL;
   int concurrency = 4, max_inflight = 1024, top_k = 0, id_max = 0, timeout_ms = 60000, mono_timeout_ms = 120000;
   int64_t requests = 0, warmup = 0, seed = 1, sample_seed = 0;
   double rate = 0, duration = 0, temperature = 0, top_p = 1;
@@ -64,6 +64,7 @@ int main(int argc, char **argv) {
       {"mono-backend", K3_FLAG_STR, &backend, "NAME", "k3pd-generate --backend (default cpu, as the workers)", false},
       {"mono-precision", K3_FLAG_STR, &precision, "P", "k3pd-generate --precision (default fp32)", false},
       {"mono-timeout-ms", K3_FLAG_INT, &mono_timeout_ms, "MS", "deadline of one k3pd-generate run (default 120000)", false},
+      {"ids-out", K3_FLAG_STR, &ids_out, "FILE", "write each completed request's prompt and generated ids as k3pd-generate --requests lines (the cluster's tokens as the monolithic run's teacher)", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug (default warn)", false},
   };
   k3_flags_info_t info = {.prog = "k3pd-bench",
@@ -104,6 +105,7 @@ int main(int argc, char **argv) {
   if (verify && !generate) BAD("--verify-monolithic needs --compare-monolithic PATH");
   if (generate && !model) BAD("--compare-monolithic needs --model DIR");
   if (id_max < 0) BAD("--id-max: must be >= 1");
+  if (ids_out && prompt_file) BAD("--ids-out needs token-id prompts (not --prompt-file)");
 
   bn_workload_t w = {.seed = (uint64_t)seed, .temperature = temperature, .top_p = top_p, .top_k = top_k,
                      .sample_seed = (uint64_t)sample_seed, .ignore_eos = ignore_eos};
@@ -134,7 +136,7 @@ int main(int argc, char **argv) {
 
   bn_load_opts_t lo = {.router = router, .concurrency = concurrency, .rate = rate, .max_inflight = max_inflight,
                        .requests = (uint64_t)requests, .duration_s = duration, .warmup = (uint64_t)warmup,
-                       .timeout_ms = (uint32_t)timeout_ms, .keep_ids = verify};
+                       .timeout_ms = (uint32_t)timeout_ms, .keep_ids = verify || ids_out};
   if (bn_load_run(&w, &lo, &run, err, sizeof err)) goto fail;
   if (generate) {
     bn_mono_opts_t mo = {.generate = generate, .model = model, .backend = backend, .precision = precision,
@@ -146,6 +148,7 @@ int main(int argc, char **argv) {
                        .output_len_spec = output_len, .mono = have_mono ? &mono : NULL, .verified = verify};
   bn_report_print(&in, &run);
   if (json_path && bn_report_json(&in, &run, json_path, err, sizeof err)) goto fail;
+  if (ids_out && bn_report_ids(&w, &run, ids_out, err, sizeof err)) goto fail;
   size_t ok = 0;
   for (size_t i = 0; i < run.n_res; i++) ok += run.res[i].complete;
   exit_code = ok == run.n_res && run.dropped == 0 && run.n_res > 0 ? 0 : 1;

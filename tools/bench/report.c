@@ -296,3 +296,30 @@ int bn_report_json(const bn_report_in_t *in, const bn_run_t *run, const char *pa
   }
   return 0;
 }
+
+int bn_report_ids(const bn_workload_t *w, const bn_run_t *run, const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    snprintf(err, errlen, "--ids-out: cannot write %s", path);
+    return K3_EIO;
+  }
+  int rc = 0;
+  for (size_t i = 0; i < run->n_res && !rc; i++) {
+    const bn_result_t *r = &run->res[i];
+    if (!r->complete || !r->ids) continue;
+    bn_req_spec_t s;
+    if ((rc = bn_spec_make(w, r->index, &s))) break;
+    if (!s.ids) { /* text mode: the prompt's ids are the router's business */
+      bn_spec_free(&s);
+      continue;
+    }
+    for (size_t k = 0; k < s.n_ids; k++) fprintf(f, "%s%u", k ? "," : "", s.ids[k]);
+    fputc('\t', f);
+    for (uint32_t k = 0; k < r->n_tokens; k++) fprintf(f, "%s%u", k ? "," : "", r->ids[k]);
+    fprintf(f, "\t%u\t%llu\n", r->n_tokens, (unsigned long long)s.seed);
+    bn_spec_free(&s);
+  }
+  if (fclose(f) && !rc) rc = K3_EIO;
+  if (rc) snprintf(err, errlen, "--ids-out: writing %s failed: %s", path, k3_strerror(rc));
+  return rc;
+}

@@ -4,7 +4,8 @@
 #   greedy    8 requests, concurrency 4, mixed lengths, 1 warm-up: every greedy stream must equal
 #             k3pd-generate's, and the JSON line must report 8 ok, no errors, real latencies
 #   sampled   open loop (Poisson) with seeded top-k/top-p sampling: the streams must still equal
-#             k3pd-generate's for the same seeds
+#             k3pd-generate's for the same seeds, and teacher-forced on them (--ids-out +
+#             k3pd-generate --requests) every step agrees
 #   mismatch  the replay uses a checkpoint with different weights: k3pd-bench must exit 1 and
 #             say "verification FAILED" (the check can fail)
 set -euo pipefail
@@ -40,7 +41,16 @@ EOF
     ;;
   sampled)
     "${run[@]}" --verify -- --requests 4 --rate 20 --prompt-len 3..16 --output-len 5 \
-      --temperature 0.9 --top-k 40 --top-p 0.95 --sample-seed 77 || fail "k3pd-bench exited $?"
+      --temperature 0.9 --top-k 40 --top-p 0.95 --sample-seed 77 --ids-out "$work/ids.txt" \
+      || fail "k3pd-bench exited $?"
+    # the cluster's streams as teachers of k3pd-generate --requests (what scripts/gpu/cluster.sh
+    # does on a GPU): on the CPU backend every step agrees
+    [ "$(wc -l < "$work/ids.txt")" = 4 ] || fail "--ids-out wrote $(wc -l < "$work/ids.txt") lines, not 4"
+    "$build/tools/generate/k3pd-generate" --model "$work/logs/ckpt-tiny" --requests "$work/ids.txt" \
+      --temperature 0.9 --top-k 40 --top-p 0.95 > "$work/teacher.txt" 2>"$work/teacher.err" \
+      || { cat "$work/teacher.err" >&2; fail "k3pd-generate --requests exited $?"; }
+    grep -q "^requests: 4 teacher_forced 4 first_tokens_equal 4/4 divergences 0 " "$work/teacher.txt" \
+      || { cat "$work/teacher.txt" >&2; fail "teacher-forced replay disagrees"; }
     ;;
   mismatch)
     "$build/tools/mkckpt/k3pd-mkckpt" --preset tiny --out "$work/other" --seed 2 >/dev/null
