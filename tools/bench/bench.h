@@ -153,6 +153,22 @@ typedef int (*bn_tokenize_fn)(void *ctx, const char *text, uint32_t **ids, size_
 int bn_mono_run(const bn_mono_opts_t *o, const bn_workload_t *w, const bn_run_t *run, bool verify,
                 bn_tokenize_fn tokenize, void *tok_ctx, bn_mono_t *m, char *err, size_t errlen);
 
+/* ---- the monolithic twin from k3pd-generate --perf (monoperf.c) ---- */
+
+typedef struct {
+  long long prefill_tokens; /* the prompt of its "perf: prefill" line */
+  double prefill_ms;        /* its second-pass prefill time; 0 = absent */
+  double step_ms[2];        /* decode step at batch 1 and at batch `batch`; 0 = absent */
+  int batch;                /* the --perf-batch figure's batch (0 = absent) */
+} bn_monoperf_t;
+
+/* Reads the perf lines of a saved `k3pd-generate --perf` output. Returns 0, K3_EIO, K3_EINVAL
+ * (no figure in it; err names the file). */
+int bn_monoperf_load(const char *path, bn_monoperf_t *m, char *err, size_t errlen);
+/* The decode step of the batch equal to `concurrency` (1, or the --perf-batch B figure): its ms,
+ * with *batch set; 0 and *batch 0 when the file has no such figure. */
+double bn_monoperf_step(const bn_monoperf_t *m, int concurrency, int *batch);
+
 /* ---- report (report.c) ---- */
 
 typedef struct {
@@ -161,6 +177,7 @@ typedef struct {
   const char *label;
   const char *prompt_len_spec, *output_len_spec;
   const bn_mono_t *mono;   /* NULL when not run */
+  const bn_monoperf_t *mono_perf; /* NULL without --mono-perf */
   bool verified;
 } bn_report_in_t;
 

@@ -32,7 +32,7 @@ static int tokenize_cb(void *ctx, const char *text, uint32_t **ids, size_t *n, c
 int main(int argc, char **argv) {
   const char *router = NULL, *prompt_len = "16", *output_len = "16", *prompt_file = NULL, *json_path = NULL;
   const char *generate = NULL, *model = NULL, *backend = "cpu", *precision = "fp32", *label = NULL;
-  const char *log_level = "warn", *ids_out = NULL;
+  const char *log_level = "warn", *ids_out = NULL, *mono_perf = NULL;
   int concurrency = 4, max_inflight = 1024, top_k = 0, id_max = 0, timeout_ms = 60000, mono_timeout_ms = 120000;
   int64_t requests = 0, warmup = 0, seed = 1, sample_seed = 0;
   double rate = 0, duration = 0, temperature = 0, top_p = 1;
@@ -64,6 +64,7 @@ int main(int argc, char **argv) {
       {"mono-backend", K3_FLAG_STR, &backend, "NAME", "k3pd-generate --backend (default cpu, as the workers)", false},
       {"mono-precision", K3_FLAG_STR, &precision, "P", "k3pd-generate --precision (default fp32)", false},
       {"mono-timeout-ms", K3_FLAG_INT, &mono_timeout_ms, "MS", "deadline of one k3pd-generate run (default 120000)", false},
+      {"mono-perf", K3_FLAG_STR, &mono_perf, "FILE", "print TTFT and inter-token latency next to their monolithic twins read from a saved `k3pd-generate --perf [--perf-batch B]` output (prefill; decode step at batch 1 or B = --concurrency)", false},
       {"ids-out", K3_FLAG_STR, &ids_out, "FILE", "write each completed request's prompt and generated ids as k3pd-generate --requests lines (the cluster's tokens as the monolithic run's teacher)", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug (default warn)", false},
   };
@@ -114,10 +115,12 @@ int main(int argc, char **argv) {
   bn_run_t run = {0};
   bn_mono_t mono;
   bool have_mono = false;
+  bn_monoperf_t mperf;
   if (bn_dist_parse(prompt_len, "prompt-len", &w.prompt_len, err, sizeof err) ||
       bn_dist_parse(output_len, "output-len", &w.output_len, err, sizeof err))
     goto fail;
   if (prompt_file && bn_workload_load_texts(&w, prompt_file, err, sizeof err)) goto fail;
+  if (mono_perf && bn_monoperf_load(mono_perf, &mperf, err, sizeof err)) goto fail;
   if (model) {
     char path[4096];
     k3_model_config_t cfg;
@@ -145,7 +148,8 @@ int main(int argc, char **argv) {
     have_mono = true;
   }
   bn_report_in_t in = {.w = &w, .load = &lo, .label = label, .prompt_len_spec = prompt_len,
-                       .output_len_spec = output_len, .mono = have_mono ? &mono : NULL, .verified = verify};
+                       .output_len_spec = output_len, .mono = have_mono ? &mono : NULL, .verified = verify,
+                       .mono_perf = mono_perf ? &mperf : NULL};
   bn_report_print(&in, &run);
   if (json_path && bn_report_json(&in, &run, json_path, err, sizeof err)) goto fail;
   if (ids_out && bn_report_ids(&w, &run, ids_out, err, sizeof err)) goto fail;

@@ -197,6 +197,20 @@ void bn_report_print(const bn_report_in_t *in, const bn_run_t *run) {
   print_row("decode (us)", &a.s[S_DECODE], 1);
   printf("  cluster per-request rates: prefill %.1f tokens/s, decode %.1f tokens/s per sequence\n",
          per_s((double)a.prompt_tokens, a.prefill_s_sum), per_s((double)a.decode_tokens, a.decode_s_sum));
+  const bn_monoperf_t *mp = in->mono_perf;
+  if (mp) {
+    int b = 0;
+    double step = o->rate > 0 ? 0 : bn_monoperf_step(mp, o->concurrency, &b);
+    printf("  vs monolithic (k3pd-generate --perf on the same device):\n");
+    if (mp->prefill_ms > 0 && a.s[S_TTFT].n)
+      printf("    TTFT p50 %.3f ms vs its prefill of %lld tokens %.3f ms = %.3fx\n", a.s[S_TTFT].p50,
+             mp->prefill_tokens, mp->prefill_ms, a.s[S_TTFT].p50 / mp->prefill_ms);
+    if (step > 0 && a.s[S_ITL].n)
+      printf("    inter-token p50 %.3f ms vs its decode step at batch %d %.3f ms = %.3fx (mean %.3f ms = %.3fx)\n",
+             a.s[S_ITL].p50, b, step, a.s[S_ITL].p50 / step, a.s[S_ITL].mean, a.s[S_ITL].mean / step);
+    else if (a.s[S_ITL].n)
+      printf("    inter-token: no monolithic decode figure at this concurrency\n");
+  }
   const bn_mono_t *m = in->mono;
   if (m) {
     printf("  monolithic k3pd-generate (sequential, %llu runs, %llu failed): prefill %.1f tokens/s, decode %.1f "
@@ -255,6 +269,19 @@ int bn_report_json(const bn_report_in_t *in, const bn_run_t *run, const char *pa
   json_object_set_new(root, "prompt_tokens", json_integer((json_int_t)a.prompt_tokens));
   json_object_set_new(root, "output_tokens_per_s", jnum(per_s((double)a.out_tokens, a.wall_s)));
   json_object_set_new(root, "prompt_tokens_per_s", jnum(per_s((double)a.prompt_tokens, a.wall_s)));
+  if (in->mono_perf) {
+    const bn_monoperf_t *mp = in->mono_perf;
+    int b = 0;
+    double step = o->rate > 0 ? 0 : bn_monoperf_step(mp, o->concurrency, &b);
+    json_t *v = json_object();
+    json_object_set_new(v, "prefill_tokens", json_integer(mp->prefill_tokens));
+    json_object_set_new(v, "prefill_ms", jnum(mp->prefill_ms));
+    json_object_set_new(v, "ttft_p50_ratio", jnum(mp->prefill_ms > 0 && a.s[S_TTFT].n ? a.s[S_TTFT].p50 / mp->prefill_ms : NAN));
+    json_object_set_new(v, "decode_batch", json_integer(b));
+    json_object_set_new(v, "step_ms", jnum(step > 0 ? step : NAN));
+    json_object_set_new(v, "itl_p50_ratio", jnum(step > 0 && a.s[S_ITL].n ? a.s[S_ITL].p50 / step : NAN));
+    json_object_set_new(root, "vs_monolithic", v);
+  }
   json_object_set_new(root, "cluster_prefill_tokens_per_s", jnum(per_s((double)a.prompt_tokens, a.prefill_s_sum)));
   json_object_set_new(root, "cluster_decode_tokens_per_s_per_seq",
                       jnum(per_s((double)a.decode_tokens, a.decode_s_sum)));
