@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "k3pd/err.h"
 #include "k3pd/log.h"
@@ -36,8 +37,22 @@ static void post_out(pf_worker_t *w, pf_msg_t *o) {
   if (o) k3_inbox_post(&w->outbox, &o->link);
 }
 
+/* K3PD_TEST_LAYER_SLEEP_MS (fault tests only, never in production): sleep this long after every
+ * layer's state is final, so a test can kill the worker while a transfer is surely running
+ * whatever the device's speed (scripts/gpu/cluster.sh "faults"). */
+static int test_layer_sleep_ms(void) {
+  static int v = -1;
+  if (v < 0) {
+    const char *e = getenv("K3PD_TEST_LAYER_SLEEP_MS");
+    v = e ? atoi(e) : 0;
+    if (v < 0 || v > 60000) v = 0;
+  }
+  return v;
+}
+
 static int on_layer(int layer, void *ctx) {
   layer_ctx_t *lc = ctx;
+  if (test_layer_sleep_ms()) usleep((useconds_t)test_layer_sleep_ms() * 1000u);
   for (int i = 0; i < lc->n; i++) {
     pf_msg_t *o = new_out(lc->jobs[i], PF_MSG_LAYER);
     if (!o) return K3_ENOMEM;

@@ -1,0 +1,311 @@
+#!/usr/bin/env bash
+# The cluster on one GPU host (issue 17): starts real routers, prefill and decode workers on
+# the CUDA backend (bf16), serves requests, checks them against k3pd-generate on the same GPU,
+# injects faults, runs the handoff and load benchmarks, and writes every log under LOGDIR.
+#
+#   scripts/gpu/cluster.sh BUNDLE LOGDIR PART...
+#
+# BUNDLE: the tarball scripts/gpu/pack.sh wrote (or a directory it unpacked to). PARTS:
+#   xfer     k3pd-xfer-bench --device cuda: the state of one 8K-token K3 sequence (the real
+#            manifest: 428.6 MiB of KDA state + 24 MLA layers of pages) moved device to device
+#            on one GPU by each path (cuda-ipc, ucx-cuda, staged) vs a cudaMemcpy of the bytes
+#   correct  each request alone equals k3pd-generate --device cuda (the tiny presets, the 4-layer
+#            K3 real-shape config, the Kimi-Linear-48B 4-layer shapes); every handoff verified
+#            (digests on the GPU), no rejected DONE; P and D share one copy of the weights
+#   conc     32 concurrent requests over 2 prefill + 2 decode workers (4-layer config): every
+#            first token equal to the monolithic one, later divergences only at near ties
+#   faults   decode pools full -> RESOURCE_EXHAUSTED; prefill killed mid-transfer -> the decode
+#            worker's pages and slots all free again; the weights' exporter killed -> the other
+#            role keeps serving and a restarted worker imports from it
+#   medium   the full medium preset (85.3 GiB of weights, one shared copy): correctness, TTFT of
+#            an 8K prompt, inter-token latency at 1 and 32 streams next to k3pd-generate --perf,
+#            a mixed Poisson load at three rates with each worker's GPU memory
+# Output: PASS/FAIL lines, figures, a summary; exit status 0 when every check passed.
+# Environment: K3PD_GPU (device, default 0), K3PD_BACKEND (default cuda; cpu-fast runs the
+# correct/conc/faults parts on the CPU to check this script itself), K3PD_MIXED_S (seconds per
+# mixed-load rate, default 40).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+bundle=${1:?usage: scripts/gpu/cluster.sh BUNDLE LOGDIR PART...}
+logdir=${2:?usage: scripts/gpu/cluster.sh BUNDLE LOGDIR PART...}
+shift 2
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(xfer correct conc faults)
+mkdir -p "$logdir"
+logdir=$(cd "$logdir" && pwd)
+gpu=${K3PD_GPU:-0}
+backend=${K3PD_BACKEND:-cuda}
+prec=bf16
+[ "$backend" = cuda ] || prec=fp32
+work=$(mktemp -d /tmp/k3pd-cluster.XXXXXX)
+if [ -d "$bundle" ]; then k=$(cd "$bundle" && pwd); else k=$work/k; mkdir -p "$k"; tar -xJf "$bundle" -C "$k"; fi
+B=$k/bin
+[ -x "$B/k3pd-router" ] || B=$k # a build tree's layout: pass each binary's directory in PATH
+export PATH=$B:$PATH:/usr/local/cuda/bin
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
+cfg4=$root/tests/gpu/data/k3-medium-4l16e.json
+cfg48=$root/tests/gpu/data/kl48b-4l.json
+pass=0 failed=0
+ok() { echo "PASS: $*"; pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+pids=()
+stop_all() { # SIGTERM everything, then SIGKILL what is left after 20 s
+  local p
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for _ in $(seq 200); do
+    local alive=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break
+    sleep 0.1
+  done
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  pids=()
+}
+cleanup() { stop_all; rm -rf "$work"; }
+trap cleanup EXIT
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader -i "$gpu" \
+  > "$logdir/gpu.txt" 2>&1 || echo "no nvidia-smi" > "$logdir/gpu.txt"
+echo "gpu: $(cat "$logdir/gpu.txt"); bundle: $(head -1 "$k/VERSION" 2>/dev/null); backend $backend $prec"
+
+# ---- cluster helpers ------------------------------------------------------------------------
+# model_args CFG: the loader flags naming a model: tiny / tiny-48b (checkpoint + tokenizer
+# written by k3pd-mkckpt: the router tokenizes), or a config file (token ids only).
+model_args() {
+  case $1 in
+    tiny | tiny-48b)
+      [ -d "$work/$1" ] || k3pd-mkckpt --preset "$1" --out "$work/$1" --seed 1 > "$work/$1.mkckpt.log" 2>&1
+      echo "--model $work/$1" ;;
+    medium) echo "--synthetic medium" ;;
+    *) echo "--synthetic-config $1" ;;
+  esac
+}
+# up NAME MODEL NP ND [worker args...]: router + NP prefill + ND decode workers, every worker
+# sharing one copy of the weights (DIR $work/NAME.share). Sets ROUTER, DEC_METRICS (ports).
+up() {
+  local name=$1 model=$2 np=$3 nd=$4
+  shift 4
+  local ma; ma=$(model_args "$model")
+  local d=$logdir/$name
+  mkdir -p "$d" "$work/$name.share" "$work/$name.ipc"
+  # shellcheck disable=SC2086
+  k3pd-router $ma --listen 127.0.0.1:0 --port-file "$work/$name.port" --drain-grace-ms 2000 \
+    > "$d/router.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 300); do [ -s "$work/$name.port" ] && break; sleep 0.1; done
+  [ -s "$work/$name.port" ] || { bad "$name: the router did not start ($d/router.log)"; return 1; }
+  ROUTER=127.0.0.1:$(cat "$work/$name.port")
+  DEC_METRICS=()
+  local common="$ma --backend $backend --precision $prec --gpu $gpu --router $ROUTER --listen 127.0.0.1:0"
+  [ "$backend" = cuda ] && common="$common --share-weights $work/$name.share"
+  local i port
+  for ((i = 0; i < nd; i++)); do
+    port=$((19200 + RANDOM % 4000))
+    # shellcheck disable=SC2086
+    k3pd-decode $common --worker-id "decode-$i" --ipc-dir "$work/$name.ipc" --metrics-port "$port" \
+      --metrics-host 127.0.0.1 "$@" > "$d/decode-$i.log" 2>&1 &
+    pids+=($!)
+    DEC_METRICS+=("$port")
+  done
+  for ((i = 0; i < np; i++)); do
+    # shellcheck disable=SC2086
+    k3pd-prefill $common --worker-id "prefill-$i" "$@" > "$d/prefill-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  local want=$((np + nd)) got=0
+  for _ in $(seq 3000); do # model loads: up to 300 s (the medium preset is generated on the GPU)
+    got=$(cat "$d"/prefill-*.log "$d"/decode-*.log 2>/dev/null | grep -c "registered with router")
+    [ "$got" -ge "$want" ] && break
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { bad "$name: a process exited during start-up"; tail -3 "$d"/*.log; return 1; }; done
+    sleep 0.1
+  done
+  [ "$got" -ge "$want" ] || { bad "$name: $got of $want workers registered in 300 s"; return 1; }
+  echo "$name: cluster up at $ROUTER ($np prefill + $nd decode, $model); paths: $(grep -ho 'path [a-z-]*' "$d"/decode-*.log | sort -u | tr '\n' ' ')"
+}
+metric() { # metric PORT NAME[{labels}]: sum of the series
+  curl -s "http://127.0.0.1:$1/metrics" | awk -v n="$2" 'index($0, n) == 1 {s += $NF} END {print s + 0}'
+}
+# teacher NAME MODEL IDSFILE: k3pd-generate --requests teacher-forced on the cluster's ids
+teacher() {
+  local name=$1 model=$2 ids=$3
+  local ma; ma=$(model_args "$model")
+  local share=""
+  [ "$backend" = cuda ] && share="--share-weights $work/$name.share"
+  # shellcheck disable=SC2086
+  k3pd-generate $ma --device "$backend" --precision "$prec" --gpu "$gpu" $share --requests "$ids" \
+    --ignore-eos > "$logdir/$name/teacher.txt" 2> "$logdir/$name/teacher.err"
+}
+
+# ---- parts ----------------------------------------------------------------------------------
+part_xfer() {
+  local p
+  for p in cuda-ipc ucx-cuda staged; do
+    timeout 240 k3pd-xfer-bench --device cuda --gpu "$gpu" --manifest k3 --tokens 8192 --path "$p" --repeat 5 \
+      > "$logdir/xfer-$p.log" 2>&1
+    local rc=$? line; line=$(grep '^RESULT' "$logdir/xfer-$p.log" | tail -1)
+    if [ $rc = 0 ] && [ -n "$line" ]; then ok "xfer $p: $line"; else bad "xfer $p (exit $rc): $(tail -2 "$logdir/xfer-$p.log" | tr '\n' ' ')"; fi
+  done
+}
+
+# alone NAME MODEL: 8 requests one at a time; each equals k3pd-generate's ids on the same GPU
+alone() {
+  local name=$1 model=$2 idmax=$3
+  up "$name" "$model" 1 1 || { stop_all; return; }
+  k3pd-bench --router "$ROUTER" --requests 8 --concurrency 1 --prompt-len 8..300 --output-len 8..40 \
+    --id-max "$idmax" --seed 3 --ids-out "$logdir/$name/ids.txt" --json "$logdir/$name/bench.json" \
+    > "$logdir/$name/bench.txt" 2>&1 || bad "$name: k3pd-bench failed ($(tail -1 "$logdir/$name/bench.txt"))"
+  local acc rej
+  acc=$(metric "${DEC_METRICS[0]}" k3pd_decode_requests_total)
+  rej=$(metric "${DEC_METRICS[0]}" k3pd_decode_rejected_dones_total)
+  [ "$rej" = 0 ] && [ "$acc" -ge 8 ] && ok "$name: $acc handoffs verified, 0 rejected" || bad "$name: $acc requests, $rej rejected DONEs"
+  stop_all
+  if teacher "$name" "$model" "$logdir/$name/ids.txt"; then
+    local s; s=$(tail -1 "$logdir/$name/teacher.txt")
+    if echo "$s" | grep -q "first_tokens_equal 8/8 divergences 0 "; then ok "$name: 8 requests alone equal k3pd-generate ($s)"
+    else bad "$name: cluster vs k3pd-generate: $s"; fi
+  else bad "$name: k3pd-generate --requests failed ($(tail -2 "$logdir/$name/teacher.err" | tr '\n' ' '))"; fi
+}
+
+part_correct() {
+  alone tiny tiny 4000
+  alone tiny-48b tiny-48b 4000
+  alone k3-4l "$cfg4" 150000
+  alone kl48b-4l "$cfg48" 150000
+}
+
+part_conc() {
+  local name=conc
+  up "$name" "$cfg4" 2 2 --num-slots 32 || { stop_all; return; }
+  k3pd-bench --router "$ROUTER" --requests 32 --concurrency 32 --prompt-len 16..600 --output-len 16..64 \
+    --id-max 150000 --seed 5 --ids-out "$logdir/$name/ids.txt" --json "$logdir/$name/bench.json" \
+    > "$logdir/$name/bench.txt" 2>&1 && ok "conc: 32 concurrent requests over 2P+2D completed" \
+    || bad "conc: k3pd-bench failed ($(tail -1 "$logdir/$name/bench.txt"))"
+  local rej=0 p
+  for p in "${DEC_METRICS[@]}"; do rej=$((rej + $(metric "$p" k3pd_decode_rejected_dones_total))); done
+  [ "$rej" = 0 ] && ok "conc: no rejected DONE" || bad "conc: $rej rejected DONEs"
+  stop_all
+  teacher "$name" "$cfg4" "$logdir/$name/ids.txt" || bad "conc: k3pd-generate --requests failed"
+  local s; s=$(tail -1 "$logdir/$name/teacher.txt")
+  echo "conc: $s"
+  grep "diverge" "$logdir/$name/teacher.txt" | head -20
+  echo "$s" | grep -q "first_tokens_equal 32/32 " && ok "conc: every first token equals the monolithic one" \
+    || bad "conc: first tokens differ ($s)"
+  echo "$s" | grep -q "not_near_ties 0$" && ok "conc: every later divergence is at a near tie" \
+    || bad "conc: divergences that are not near ties ($s)"
+}
+
+part_faults() {
+  local name=faults
+  # 1. decode pools full: 2 KDA slots, 4 concurrent requests -> RESOURCE_EXHAUSTED, never a crash
+  up "$name" "$cfg4" 1 1 --num-slots 2 || { stop_all; return; }
+  K3PD_TEST_LAYER_SLEEP_MS=0 k3pd-bench --router "$ROUTER" --requests 6 --concurrency 6 --prompt-len 2000 \
+    --output-len 200 --id-max 150000 --json "$logdir/$name/full.json" > "$logdir/$name/full.txt" 2>&1
+  if grep -q RESOURCE_EXHAUSTED "$logdir/$name/full.txt" && kill -0 "${pids[1]}" 2>/dev/null; then
+    ok "faults: full decode pools answer RESOURCE_EXHAUSTED and the worker lives ($(grep 'requests:' "$logdir/$name/full.txt" | head -1))"
+  else bad "faults: full pools: $(grep 'requests:' "$logdir/$name/full.txt")"; fi
+  stop_all
+  # 2. the prefill worker killed mid-transfer (its layers slowed to 200 ms each): the decode
+  #    worker's pages and slots all come back (lease/quarantine), counted through /metrics
+  name=faults2
+  K3PD_TEST_LAYER_SLEEP_MS=200 up "$name" "$cfg4" 1 1 || { stop_all; return; }
+  local ppid=${pids[2]} dport=${DEC_METRICS[0]}
+  (k3pd-bench --router "$ROUTER" --requests 1 --concurrency 1 --prompt-len 3000 --output-len 8 --id-max 150000 \
+    --timeout-ms 20000 > "$logdir/$name/bench.txt" 2>&1 &)
+  local reserved=0
+  for _ in $(seq 100); do
+    reserved=$(metric "$dport" 'k3pd_decode_kv_pages{state="reserved"}')
+    [ "${reserved%.*}" -gt 0 ] && break
+    sleep 0.05
+  done
+  sleep 0.3 # a layer or two into the transfer
+  kill -KILL "$ppid"
+  local used free_s total_s
+  for _ in $(seq 200); do # lease expiry / router release + quarantine (2 s)
+    used=$(metric "$dport" 'k3pd_decode_kv_pages{state="reserved"}')
+    used=$(( ${used%.*} + $(metric "$dport" 'k3pd_decode_kv_pages{state="in_use"}' | cut -d. -f1) ))
+    free_s=$(metric "$dport" 'k3pd_decode_kda_slots{state="free"}')
+    total_s=$(metric "$dport" 'k3pd_decode_kda_slots')
+    [ "$used" = 0 ] && [ "${free_s%.*}" = "${total_s%.*}" ] && break
+    sleep 0.1
+  done
+  if [ "${reserved%.*}" -gt 0 ] && [ "$used" = 0 ] && [ "${free_s%.*}" = "${total_s%.*}" ]; then
+    ok "faults: prefill killed mid-transfer ($reserved pages reserved): every page and slot free again"
+  else bad "faults: after the prefill's death: reserved seen $reserved, pages used $used, slots free $free_s of $total_s"; fi
+  stop_all
+  # 3. the weights' exporter dies: the surviving worker keeps its mapping; a new worker imports
+  [ "$backend" = cuda ] || return
+  name=faults3
+  up "$name" "$cfg4" 1 1 || { stop_all; return; }
+  local maker
+  maker=$(grep -l "made here" "$logdir/$name"/*.log | head -1)
+  local victim=${pids[1]} # the decode worker (started first: it made the weights)
+  [ "$(basename "$maker")" = decode-0.log ] || victim=${pids[2]}
+  kill -KILL "$victim"
+  sleep 1
+  local alive=0
+  for p in "${pids[@]:1}"; do [ "$p" != "$victim" ] && kill -0 "$p" 2>/dev/null && alive=1; done
+  [ $alive = 1 ] && ok "faults: the weights' exporter ($(basename "$maker" .log)) killed, the other worker lives" \
+    || bad "faults: the surviving worker died with the exporter"
+  local ma; ma=$(model_args "$cfg4")
+  local role=decode; [ "$victim" = "${pids[2]}" ] && role=prefill
+  # shellcheck disable=SC2086
+  k3pd-$role $ma --backend cuda --precision bf16 --gpu "$gpu" --router "$ROUTER" --listen 127.0.0.1:0 \
+    --share-weights "$work/$name.share" --worker-id "$role-again" --ipc-dir "$work/$name.ipc" \
+    > "$logdir/$name/$role-again.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 600); do grep -q "registered with router" "$logdir/$name/$role-again.log" && break; sleep 0.1; done
+  grep -q "imported" "$logdir/$name/$role-again.log" && ok "faults: the restarted $role imported the weights from the survivor" \
+    || bad "faults: the restarted $role did not import ($(grep -i weights "$logdir/$name/$role-again.log" | tail -1))"
+  k3pd-bench --router "$ROUTER" --requests 4 --concurrency 2 --prompt-len 64 --output-len 16 --id-max 150000 \
+    > "$logdir/$name/bench.txt" 2>&1 && ok "faults: the cluster serves again after the exporter's death" \
+    || bad "faults: no service after the exporter's death ($(tail -1 "$logdir/$name/bench.txt"))"
+  stop_all
+}
+
+part_medium() {
+  local name=medium d=$logdir/medium
+  mkdir -p "$d"
+  local t0; t0=$(date +%s)
+  up "$name" medium 1 1 --prefill-chunk 8192 --num-slots 40 --num-pages 4096 || { stop_all; return; }
+  echo "medium: cluster up in $(( $(date +%s) - t0 )) s; GPU memory: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader -i "$gpu")"
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader > "$d/mem-idle.txt" 2>&1
+  # the monolithic twin, on the same weights (imported): 8K prefill, decode at batch 1 and 32
+  k3pd-generate --synthetic medium --device cuda --gpu "$gpu" --share-weights "$work/$name.share" \
+    --prefill-chunk 8192 --prompt-ids "$(seq -s, 1000 9191)" --max-new-tokens 32 --ignore-eos --perf \
+    --perf-batch 32 > "$d/mono.out" 2> "$d/mono.perf" || bad "medium: k3pd-generate --perf failed"
+  grep "perf:" "$d/mono.perf"
+  # correctness: 4 requests alone equal the monolithic path (teacher-forced replay below)
+  k3pd-bench --router "$ROUTER" --requests 4 --concurrency 1 --prompt-len 64..1024 --output-len 32 \
+    --id-max 150000 --seed 9 --ids-out "$d/ids.txt" > "$d/alone.txt" 2>&1 || bad "medium: requests failed"
+  # TTFT of an 8K prompt; inter-token latency at 1 and 32 streams
+  k3pd-bench --router "$ROUTER" --label ttft-8k --requests 3 --concurrency 1 --prompt-len 8192 --output-len 4 \
+    --id-max 150000 --mono-perf "$d/mono.perf" --json "$d/bench.json" > "$d/ttft.txt" 2>&1
+  k3pd-bench --router "$ROUTER" --label itl-1 --requests 2 --concurrency 1 --prompt-len 128 --output-len 256 \
+    --id-max 150000 --mono-perf "$d/mono.perf" --json "$d/bench.json" > "$d/itl1.txt" 2>&1
+  k3pd-bench --router "$ROUTER" --label itl-32 --requests 64 --concurrency 32 --warmup 32 --prompt-len 128 \
+    --output-len 128 --id-max 150000 --mono-perf "$d/mono.perf" --json "$d/bench.json" > "$d/itl32.txt" 2>&1
+  grep -hE "^k3pd-bench|TTFT|inter-token|vs monolithic|requests:" "$d/ttft.txt" "$d/itl1.txt" "$d/itl32.txt"
+  # mixed load: prompts 1K-8K, outputs 128-512, Poisson arrivals at three rates
+  local r
+  for r in ${K3PD_MIXED_RATES:-0.25 0.5 1}; do
+    k3pd-bench --router "$ROUTER" --label "mixed-$r" --rate "$r" --duration "${K3PD_MIXED_S:-40}" \
+      --prompt-len 1024..8192 --output-len 128..512 --id-max 150000 --timeout-ms 300000 --max-inflight 64 \
+      --json "$d/bench.json" > "$d/mixed-$r.txt" 2>&1
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader > "$d/mem-$r.txt" 2>&1
+    grep -hE "^k3pd-bench|throughput|TTFT|inter-token|requests:" "$d/mixed-$r.txt"
+  done
+  echo "medium: GPU memory per process (pid, used): $(tr '\n' ';' < "$d/mem-1.txt")"
+  ps -o pid,args -p "$(printf '%s,' "${pids[@]}" | sed 's/,$//')" > "$d/pids.txt" 2>&1
+  stop_all
+  teacher "$name" medium "$d/ids.txt" || bad "medium: k3pd-generate --requests failed"
+  local s; s=$(tail -1 "$d/teacher.txt")
+  echo "$s" | grep -q "first_tokens_equal 4/4 divergences 0 " && ok "medium: 4 requests alone equal k3pd-generate ($s)" \
+    || bad "medium: cluster vs k3pd-generate: $s"
+}
+
+for p in "${parts[@]}"; do
+  echo "== $p"
+  "part_$p"
+done
+echo "cluster: $pass passed, $failed failed"
+[ "$failed" = 0 ]
