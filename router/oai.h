@@ -23,6 +23,7 @@ typedef struct rt_oai {
   rt_router_t *rt;
   bool chat;             /* /v1/chat/completions (else /v1/completions) */
   bool stream, include_usage, want_logprobs, thinking;
+  bool want_ids;         /* extension return_token_ids: choices[].token_ids */
   const char *max_field; /* the field the client used for the length limit, for errors */
   char id[160];          /* chatcmpl-<request id> | cmpl-<request id> */
   char model[256];
@@ -37,6 +38,8 @@ typedef struct rt_oai {
   rt_jw_t lp;            /* logprob entries not yet sent: chat objects, completions tokens */
   rt_jw_t lp_vals, lp_offs; /* completions: token_logprobs, text_offset */
   size_t n_lp;
+  rt_jw_t ids;           /* token ids not yet sent (want_ids) */
+  size_t n_ids;
   uint64_t text_chars;   /* completions: code points of the completion so far (text_offset) */
 } rt_oai_t;
 

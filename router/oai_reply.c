@@ -40,6 +40,7 @@ void rt_oai_free(void *p) {
   free(o->lp.s.data);
   free(o->lp_vals.s.data);
   free(o->lp_offs.s.data);
+  free(o->ids.s.data);
   free(o);
 }
 
@@ -157,6 +158,16 @@ static void logprobs(rt_oai_t *o, rt_jw_t *w) {
   o->n_lp = 0;
 }
 
+/* The pending token ids as ,"token_ids":[...] (return_token_ids), then reset. */
+static void token_ids(rt_oai_t *o, rt_jw_t *w) {
+  if (!o->want_ids) return;
+  rt_jw_raw(w, ",\"token_ids\":[");
+  rt_jw_rawn(w, o->ids.s.data, o->ids.s.len);
+  rt_jw_raw(w, "]");
+  o->ids.s.len = 0;
+  o->n_ids = 0;
+}
+
 /* One SSE event: data: <json>\n\n. delta: the chat delta object or the completion text (raw
  * JSON pieces), finish: NULL or the finish reason. */
 static void chunk(rt_oai_t *o, const char *delta, size_t dlen, const char *finish) {
@@ -175,6 +186,7 @@ static void chunk(rt_oai_t *o, const char *delta, size_t dlen, const char *finis
   logprobs(o, &w);
   rt_jw_raw(&w, ",\"finish_reason\":");
   rt_jw_strz(&w, finish);
+  token_ids(o, &w);
   rt_jw_raw(&w, o->include_usage ? "}],\"usage\":null}\n\n" : "}]}\n\n");
   if (!w.err) rt_hreq_stream_write(o->hr, w.s.data, w.s.len);
   free(w.s.data);
@@ -185,10 +197,11 @@ static void begin_stream(rt_oai_t *o) {
   rt_hreq_stream_begin(o->hr);
   if (o->chat) {
     static const char role[] = "{\"role\":\"assistant\",\"content\":\"\"}";
-    bool lp = o->want_logprobs;
-    o->want_logprobs = false; /* entries go with the first delta that has text */
+    bool lp = o->want_logprobs, ids = o->want_ids;
+    o->want_logprobs = o->want_ids = false; /* entries go with the first delta that has text */
     chunk(o, role, sizeof role - 1, NULL);
     o->want_logprobs = lp;
+    o->want_ids = ids;
   }
 }
 
@@ -306,7 +319,7 @@ static void completion_text(rt_oai_t *o, const char *text, size_t len, const cha
     k3_tok_str_append(&o->content, text, len);
     return;
   }
-  if (!len && !finish && !(o->want_logprobs && o->n_lp)) return;
+  if (!len && !finish && !(o->want_logprobs && o->n_lp) && !o->n_ids) return;
   rt_jw_t t = {{0}, 0};
   rt_jw_str(&t, text, len);
   if (!t.err) chunk(o, t.s.data, t.s.len, finish);
@@ -319,6 +332,10 @@ static void on_tokens(rt_req_t *q, void *ctx, const uint32_t *ids, size_t n, con
   rt_oai_t *o = ctx;
   if (o->stream && !o->started) begin_stream(o);
   if (o->want_logprobs) add_logprobs(o, ids, n, lps, n_lps);
+  for (size_t i = 0; o->want_ids && i < n; i++) {
+    if (o->n_ids++) rt_jw_raw(&o->ids, ",");
+    rt_jw_i64(&o->ids, ids[i]);
+  }
   if (o->chat) {
     rt_xtml_feed(&o->xo, text, len);
     if (o->stream) flush_delta(o);
@@ -361,6 +378,7 @@ static void whole_chat(rt_oai_t *o, const rt_req_t *q, rt_jw_t *w, const char *f
   logprobs(o, w);
   rt_jw_raw(w, ",\"finish_reason\":");
   rt_jw_strz(w, fr);
+  token_ids(o, w);
   rt_jw_raw(w, "}],\"usage\":");
   usage(w, q);
   rt_jw_raw(w, "}\n");
@@ -374,6 +392,7 @@ static void whole_completion(rt_oai_t *o, const rt_req_t *q, rt_jw_t *w, const c
   logprobs(o, w);
   rt_jw_raw(w, ",\"finish_reason\":");
   rt_jw_strz(w, fr);
+  token_ids(o, w);
   rt_jw_raw(w, "}],\"usage\":");
   usage(w, q);
   rt_jw_raw(w, "}\n");

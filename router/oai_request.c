@@ -200,6 +200,7 @@ static int parse_common(rt_oai_t *o, const json_t *root, params_t *p) {
     }
   }
   p->st.stop_token_ids = p->stop_ids;
+  if (get_bool(r, root, "return_token_ids", &o->want_ids) < 0) return -1;
   b = false;
   if (get_bool(r, root, "ignore_eos", &b) < 0) return -1;
   p->st.ignore_eos = b;
