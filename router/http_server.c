@@ -72,6 +72,7 @@ struct rt_hreq {
   char *rbody;
   size_t rlen;
   const char *ctype;
+  const char *allow;      /* Allow header of a 405 */
   bool stream_start;
   /* the stream */
   k3_tok_str_t out;
@@ -102,6 +103,8 @@ struct rt_http {
   void (*done)(void *);
   void *done_arg;
   k3_mseries_t *count[5][12]; /* k3pd_router_http_requests_total{route,code} */
+  k3_mseries_t *io;           /* k3pd_router_http_io_seconds_total */
+  uint64_t handler_ns;        /* time in route handlers during the current MHD_run */
 };
 
 static const unsigned CODES[12] = {200, 400, 404, 405, 409, 413, 415, 429, 499, 500, 503, 504};
@@ -129,7 +132,12 @@ static void on_mhd_poll(uv_poll_t *p, int status, int events) {
 
 static void run_mhd(rt_http_t *h) {
   if (!h->d) return;
+  uint64_t t0 = k3_now_ns();
+  h->handler_ns = 0;
   MHD_run(h->d);
+  /* libmicrohttpd's own work: the route handlers (timed in the request path) excluded */
+  uint64_t dt = k3_now_ns() - t0;
+  if (h->io) k3_counter_add(h->io, (double)(dt > h->handler_ns ? dt - h->handler_ns : 0) / 1e9);
   MHD_UNSIGNED_LONG_LONG t;
   if (MHD_get_timeout(h->d, &t) == MHD_YES) {
     if (t == 0) uv_idle_start(&h->kick, on_kick);
@@ -419,7 +427,7 @@ static enum MHD_Result flush(rt_hreq_t *r) {
     r->have_reply = false;
     char *b = r->rbody;
     r->rbody = NULL;
-    return queue(r, r->status, r->ctype, b, r->rlen, NULL);
+    return queue(r, r->status, r->ctype, b, r->rlen, r->allow);
   }
   if (r->stream_start) {
     r->stream_start = false;
@@ -457,38 +465,44 @@ static enum MHD_Result serve_ops(rt_hreq_t *r, const char *url) {
   return queue(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
 }
 
+/* The first call (headers complete). Answers only an oversized body announced with
+ * Expect: 100-continue (the client waits before sending it); every other verdict is kept as the
+ * pending reply and sent after the body was read (discarded), because libmicrohttpd closes the
+ * connection of a response queued before the body. */
 static enum MHD_Result first_call(rt_hreq_t *r, const char *url, const char *method) {
   bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
   bool post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
-  bool models_id = strncmp(url, "/v1/models/", 11) == 0 && url[11];
   if (strcmp(url, "/v1/chat/completions") == 0) r->route = RT_ROUTE_CHAT;
   else if (strcmp(url, "/v1/completions") == 0) r->route = RT_ROUTE_COMPLETIONS;
-  else if (strcmp(url, "/v1/models") == 0 || models_id) r->route = RT_ROUTE_MODELS;
+  else if (strcmp(url, "/v1/models") == 0 || (strncmp(url, "/v1/models/", 11) == 0 && url[11])) r->route = RT_ROUTE_MODELS;
   else if (!strcmp(url, "/healthz") || !strcmp(url, "/readyz") || !strcmp(url, "/health") || !strcmp(url, "/metrics"))
     r->route = RT_ROUTE_OPS;
   else {
     r->route = RT_ROUTE_OTHER;
-    return queue_error(r, 404, "invalid_request_error", NULL, "not_found", NULL,
-                       "no such endpoint: %.200s %.200s (this server has POST /v1/chat/completions, POST "
-                       "/v1/completions, GET /v1/models)", method, url);
+    rt_hreq_error(r, 404, "invalid_request_error", NULL, "not_found",
+                  "no such endpoint: %.200s %.200s (this server has POST /v1/chat/completions, POST /v1/completions, "
+                  "GET /v1/models)", method, url);
+    return MHD_YES;
   }
   bool wants_post = r->route == RT_ROUTE_CHAT || r->route == RT_ROUTE_COMPLETIONS;
-  if (wants_post ? !post : !get)
-    return queue_error(r, 405, "invalid_request_error", NULL, "method_not_allowed", wants_post ? "POST" : "GET, HEAD",
-                       "method %.32s is not allowed on %.200s (use %s)", method, url, wants_post ? "POST" : "GET");
-  if (r->route == RT_ROUTE_OPS) return serve_ops(r, url);
-  if (r->route == RT_ROUTE_MODELS) {
-    r->phase = P_RUN;
-    rt_oai_models(r, models_id ? url + 11 : NULL);
-    return flush(r);
+  if (wants_post ? !post : !get) {
+    r->allow = wants_post ? "POST" : "GET, HEAD";
+    rt_hreq_error(r, 405, "invalid_request_error", NULL, "method_not_allowed",
+                  "method %.32s is not allowed on %.200s (use %s)", method, url, wants_post ? "POST" : "GET");
+    return MHD_YES;
   }
-  if (r->h->closing || r->h->rt->draining)
-    return queue_error(r, 503, "service_unavailable_error", NULL, "draining", NULL,
-                       "the router is draining (shutting down); retry on another replica");
+  if (!wants_post) return MHD_YES;
+  if (r->h->closing || r->h->rt->draining) {
+    rt_hreq_error(r, 503, "service_unavailable_error", NULL, "draining",
+                  "the router is draining (shutting down); retry on another replica");
+    return MHD_YES;
+  }
   const char *ct = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-  if (!json_ctype(ct))
-    return queue_error(r, 415, "invalid_request_error", NULL, "unsupported_media_type", NULL,
-                       "Content-Type must be application/json, got \"%.100s\"", ct);
+  if (!json_ctype(ct)) {
+    rt_hreq_error(r, 415, "invalid_request_error", NULL, "unsupported_media_type",
+                  "Content-Type must be application/json, got \"%.100s\"", ct);
+    return MHD_YES;
+  }
   const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
   if (cl) {
     char *end;
@@ -528,7 +542,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     return first_call(r, url, method);
   }
   if (*up_size) {
-    if (r->phase == P_READ) {
+    if (r->phase == P_READ && !r->have_reply) {
       r->body_seen += *up_size;
       if (r->body_seen > h->o.max_body_bytes) {
         r->too_large = true;
@@ -550,12 +564,19 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
   if (r->phase == P_READ) {
     r->phase = P_RUN;
     r->t_arrive = k3_now_ns(); /* the request is complete: the router's work starts here */
+    if (r->have_reply) return flush(r); /* decided at the first call */
+    uint64_t t0 = k3_now_ns();
     if (r->too_large)
       return queue_error(r, 413, "invalid_request_error", NULL, "request_too_large", NULL,
                          "request body of %llu bytes exceeds the limit of %llu bytes (--http-max-body-bytes)",
                          (unsigned long long)r->body_seen, (unsigned long long)h->o.max_body_bytes);
-    if (r->route == RT_ROUTE_CHAT) rt_oai_chat(r, r->body.data ? r->body.data : "", r->body.len);
-    else rt_oai_completions(r, r->body.data ? r->body.data : "", r->body.len);
+    switch (r->route) {
+      case RT_ROUTE_OPS: return serve_ops(r, url);
+      case RT_ROUTE_MODELS: rt_oai_models(r, url[10] == '/' ? url + 11 : NULL); break;
+      case RT_ROUTE_CHAT: rt_oai_chat(r, r->body.data ? r->body.data : "", r->body.len); break;
+      default: rt_oai_completions(r, r->body.data ? r->body.data : "", r->body.len);
+    }
+    h->handler_ns += k3_now_ns() - t0;
     free(r->body.data);
     memset(&r->body, 0, sizeof r->body);
   }
@@ -638,6 +659,7 @@ int rt_http_start(rt_router_t *rt, const rt_http_opts_t *o, rt_http_t **out) {
       const char *lv[2] = {routes[a], codes[b]};
       if (rt->m.http_requests_total) k3_metric_series(rt->m.http_requests_total, lv, &h->count[a][b]);
     }
+  if (rt->m.http_io_seconds_total) h->io = k3_metric_default(rt->m.http_io_seconds_total);
   run_mhd(h);
   *out = h;
   return 0;

@@ -105,6 +105,8 @@ static const row_t ROWS[] = {
      "Prefills re-dispatched to another worker after a worker failed or drained."},
     {R_ROUTER, "k3pd_router_http_requests_total", C, L("route", HTTP_ROUTE_VALUES), NOB, RT(http_requests_total),
      "HTTP API requests answered, by route and HTTP status code."},
+    {R_ROUTER, "k3pd_router_http_io_seconds_total", C, NOL, NOB, RT(http_io_seconds_total),
+     "Time the router's loop spent inside libmicrohttpd (reading and parsing HTTP, writing responses)."},
     /* prefill */
     {R_PREFILL, K3PD_M_PREFILL_QUEUED_PROMPT_TOKENS, G, NOL, NOB, PF(queued_prompt_tokens),
      "Prompt tokens waiting for a prefill batch (the prefill autoscaling signal)."},
