@@ -1,7 +1,7 @@
 /* k3pd-router's HTTP server: libmicrohttpd (MHD) in external-polling mode on the router's libuv
- * loop, the connection and request lifecycle, routing, limits, responses, and the watch that
- * cancels a generation whose client went away. The OpenAI semantics live in oai_*.c; see
- * http.h for the layout and why MHD runs on the loop thread.
+ * loop, the request lifecycle, routing and limits, metrics, start and shutdown. Replies, streams
+ * and the client watch are in http_reply.c; the OpenAI semantics in oai_*.c; see http.h for the
+ * layout and why MHD runs on the loop thread.
  *
  * Driving MHD from libuv: MHD_USE_EPOLL gives one epoll fd for the listen socket and every
  * connection; a uv_poll on it runs MHD_run when something is ready, a uv_timer follows
@@ -9,7 +9,9 @@
  * resumed or when MHD has work pending (timeout 0).
  *
  * Request lifecycle (one rt_hreq_t per HTTP request, MHD's per-request pointer):
- *   first call      route, method, content type and declared size checked; GET routes answer;
+ *   first call      route, method, content type and declared size checked; a verdict is kept
+ *                   as the pending reply (only an oversized body announced with Expect:
+ *                   100-continue is answered at once: MHD closes a connection answered early);
  *   body calls      the body accumulates up to --http-max-body-bytes, the rest is discarded;
  *   last call       the route handler runs; it replies at once or calls rt_hreq_wait: the
  *                   connection is then suspended until the reply (or the stream's start) is
@@ -33,79 +35,11 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "http.h"
-#include "jsonw.h"
+#include "http_int.h"
 #include "k3pd/err.h"
 #include "k3pd/log.h"
 #include "k3pd/util.h"
 #include "req.h"
-
-#define STREAM_BLOCK_BYTES (16 * 1024)
-#define DISCARD_LIMIT_BYTES ((uint64_t)64 << 20) /* bytes past the limit we read to answer 413 */
-#define SHUTDOWN_FLUSH_MS 2000
-
-enum { P_READ = 0, P_RUN, P_WAIT, P_REPLIED, P_STREAM };
-
-typedef struct hwatch {
-  uv_poll_t poll;   /* the client's socket: UV_DISCONNECT */
-  uv_timer_t timer; /* the request's deadline */
-  int open;         /* handles not yet closed */
-  bool poll_on;
-  rt_hreq_t *r;     /* NULL once stopped */
-} hwatch_t;
-
-struct rt_hreq {
-  rt_http_t *h;
-  struct MHD_Connection *conn;
-  rt_hreq_t *prev, *next; /* h->live */
-  int refs;               /* MHD's request + the stream response */
-  rt_route_t route;
-  int phase;
-  bool suspended, mhd_done, gone, waiting;
-  uint64_t t_arrive;
-  k3_tok_str_t body;
-  uint64_t body_seen;     /* bytes received, kept or not */
-  bool too_large;
-  /* the reply, until it is queued */
-  bool have_reply;
-  unsigned status;        /* last status queued (0 = none) */
-  char *rbody;
-  size_t rlen;
-  const char *ctype;
-  const char *allow;      /* Allow header of a 405 */
-  bool stream_start;
-  /* the stream */
-  k3_tok_str_t out;
-  size_t out_off;
-  bool out_end;
-  struct rt_req *gen;
-  char rid[130];
-  void *front;
-  void (*front_free)(void *);
-  hwatch_t *watch;
-};
-
-struct rt_http {
-  rt_router_t *rt;
-  struct MHD_Daemon *d;
-  uv_poll_t poll;
-  uv_timer_t timer, drain;
-  uv_idle_t kick;
-  rt_http_opts_t o;
-  int port;
-  int64_t started_unix;
-  char fingerprint[40];
-  rt_hreq_t *live;
-  size_t n_live;
-  bool closing;
-  uint64_t drain_until_ns;
-  int open_handles;
-  void (*done)(void *);
-  void *done_arg;
-  k3_mseries_t *count[5][12]; /* k3pd_router_http_requests_total{route,code} */
-  k3_mseries_t *io;           /* k3pd_router_http_io_seconds_total */
-  uint64_t handler_ns;        /* time in route handlers during the current MHD_run */
-};
 
 static const unsigned CODES[12] = {200, 400, 404, 405, 409, 413, 415, 429, 499, 500, 503, 504};
 
@@ -118,7 +52,7 @@ static void on_kick(uv_idle_t *i) {
   run_mhd(i->data);
 }
 
-static void kick(rt_http_t *h) {
+void rt_http_kick(rt_http_t *h) {
   if (h->d) uv_idle_start(&h->kick, on_kick);
 }
 
@@ -159,30 +93,6 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
 
 /* ---- request objects ---- */
 
-static void watch_stop(rt_hreq_t *r);
-
-static void hreq_unref(rt_hreq_t *r) {
-  if (--r->refs > 0) return;
-  rt_http_t *h = r->h;
-  if (r->prev) r->prev->next = r->next;
-  else h->live = r->next;
-  if (r->next) r->next->prev = r->prev;
-  h->n_live--;
-  watch_stop(r);
-  if (r->front_free) r->front_free(r->front);
-  free(r->body.data);
-  free(r->rbody);
-  free(r->out.data);
-  free(r);
-}
-
-static void resume(rt_hreq_t *r) {
-  if (!r->suspended) return;
-  r->suspended = false;
-  MHD_resume_connection(r->conn);
-  kick(r->h);
-}
-
 static void count(rt_http_t *h, rt_route_t route, unsigned status) {
   for (int i = 0; i < 12; i++)
     if (CODES[i] == status) {
@@ -190,256 +100,6 @@ static void count(rt_http_t *h, rt_route_t route, unsigned status) {
       return;
     }
   if (h->count[route][9]) k3_counter_inc(h->count[route][9]); /* anything else counts as 500 */
-}
-
-/* ---- the client's socket and the deadline ---- */
-
-static void watch_closed(uv_handle_t *hd) {
-  hwatch_t *w = hd->data;
-  if (--w->open == 0) free(w);
-}
-
-static void watch_stop(rt_hreq_t *r) {
-  hwatch_t *w = r->watch;
-  if (!w) return;
-  r->watch = NULL;
-  w->r = NULL;
-  if (w->poll_on) uv_close((uv_handle_t *)&w->poll, watch_closed);
-  else w->open--;
-  uv_close((uv_handle_t *)&w->timer, watch_closed);
-}
-
-static void client_gone(rt_hreq_t *r, k3_rpc_code_t code, const char *why) {
-  if (code == K3_RPC_CANCELLED) r->gone = true;
-  watch_stop(r);
-  if (r->gen) rt_req_cancel(r->gen, code, "%s", why);
-  resume(r); /* let MHD find the closed socket (or send the error) */
-}
-
-static void on_watch_poll(uv_poll_t *p, int status, int events) {
-  hwatch_t *w = p->data;
-  if (!w->r) return;
-  if (status < 0 || (events & UV_DISCONNECT)) client_gone(w->r, K3_RPC_CANCELLED, "client disconnected");
-}
-
-static void on_watch_timer(uv_timer_t *t) {
-  hwatch_t *w = t->data;
-  if (!w->r) return;
-  char why[96];
-  snprintf(why, sizeof why, "deadline exceeded (--http-timeout-ms %u)", w->r->h->o.request_timeout_ms);
-  client_gone(w->r, K3_RPC_DEADLINE_EXCEEDED, why);
-}
-
-static void watch_start(rt_hreq_t *r) {
-  if (r->watch || r->mhd_done) return;
-  hwatch_t *w = calloc(1, sizeof *w);
-  if (!w) return; /* no watch: the request still ends by its worker-call deadlines */
-  rt_http_t *h = r->h;
-  w->r = r;
-  w->open = 2;
-  uv_timer_init(h->rt->loop, &w->timer);
-  w->timer.data = w;
-  uint64_t elapsed_ms = (k3_now_ns() - r->t_arrive) / 1000000;
-  uint64_t left = h->o.request_timeout_ms > elapsed_ms ? h->o.request_timeout_ms - elapsed_ms : 1;
-  uv_timer_start(&w->timer, on_watch_timer, left, 0);
-  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-  if (ci && uv_poll_init(h->rt->loop, &w->poll, ci->connect_fd) == 0) {
-    w->poll.data = w;
-    w->poll_on = true;
-    uv_poll_start(&w->poll, UV_DISCONNECT, on_watch_poll);
-  }
-  r->watch = w;
-}
-
-/* ---- the API for oai_*.c ---- */
-
-rt_router_t *rt_hreq_router(const rt_hreq_t *r) { return r->h->rt; }
-uint64_t rt_hreq_arrival_ns(const rt_hreq_t *r) { return r->t_arrive; }
-uint32_t rt_hreq_timeout_ms(const rt_hreq_t *r) { return r->h->o.request_timeout_ms; }
-const char *rt_http_fingerprint(const rt_hreq_t *r) { return r->h->fingerprint; }
-int64_t rt_http_started_unix(const rt_hreq_t *r) { return r->h->started_unix; }
-bool rt_hreq_gone(const rt_hreq_t *r) { return r->gone || r->mhd_done; }
-
-const char *rt_hreq_header(const rt_hreq_t *r, const char *name) {
-  return r->mhd_done ? NULL : MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
-}
-
-void rt_hreq_set_gen(rt_hreq_t *r, struct rt_req *q) {
-  r->gen = q;
-  if (q) snprintf(r->rid, sizeof r->rid, "%s", q->id);
-  else watch_stop(r); /* nothing left to cancel */
-}
-
-void rt_hreq_set_front(rt_hreq_t *r, void *p, void (*free_fn)(void *)) {
-  r->front = p;
-  r->front_free = free_fn;
-}
-
-void rt_hreq_wait(rt_hreq_t *r) {
-  r->waiting = true;
-  watch_start(r);
-}
-
-void rt_hreq_reply(rt_hreq_t *r, unsigned status, const char *ctype, char *body, size_t len) {
-  if (r->mhd_done || r->have_reply || r->phase >= P_REPLIED) {
-    free(body);
-    return;
-  }
-  r->have_reply = true;
-  r->status = status;
-  r->ctype = ctype;
-  r->rbody = body;
-  r->rlen = len;
-  resume(r);
-}
-
-void rt_hreq_error(rt_hreq_t *r, unsigned status, const char *type, const char *param, const char *code,
-                   const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  rt_jw_t w = {{0}, 0};
-  rt_jw_raw(&w, "{\"error\":{\"message\":");
-  rt_jw_strz(&w, msg);
-  rt_jw_raw(&w, ",\"type\":");
-  rt_jw_strz(&w, type);
-  rt_jw_raw(&w, ",\"param\":");
-  rt_jw_strz(&w, param);
-  rt_jw_raw(&w, ",\"code\":");
-  rt_jw_strz(&w, code);
-  rt_jw_raw(&w, "}}\n");
-  if (w.err) {
-    free(w.s.data);
-    rt_hreq_reply(r, 500, "text/plain; charset=utf-8", NULL, 0);
-    return;
-  }
-  rt_hreq_reply(r, status, "application/json", w.s.data, w.s.len);
-}
-
-void rt_hreq_stream_begin(rt_hreq_t *r) {
-  if (r->mhd_done || r->have_reply || r->phase >= P_REPLIED) return;
-  r->stream_start = true;
-  r->status = 200;
-  resume(r);
-}
-
-void rt_hreq_stream_write(rt_hreq_t *r, const char *s, size_t n) {
-  if (rt_hreq_gone(r) || r->out_end) return;
-  if (k3_tok_str_append(&r->out, s, n)) {
-    r->out_end = true; /* out of memory: end the stream rather than lose bytes silently */
-    K3_WARN("http: request %s: out of memory buffering the stream; ending it", r->rid);
-  }
-  if (r->phase == P_STREAM) resume(r);
-}
-
-void rt_hreq_stream_end(rt_hreq_t *r) {
-  r->out_end = true;
-  if (r->phase == P_STREAM) resume(r);
-}
-
-/* ---- responses ---- */
-
-static enum MHD_Result queue(rt_hreq_t *r, unsigned status, const char *ctype, char *body, size_t len,
-                             const char *allow) {
-  struct MHD_Response *res = MHD_create_response_from_buffer(len, len ? body : (void *)"",
-                                                             len ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-  if (!res) {
-    free(body);
-    return MHD_NO;
-  }
-  if (!len) free(body);
-  if (ctype) MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-  if (allow) MHD_add_response_header(res, MHD_HTTP_HEADER_ALLOW, allow);
-  if (r->rid[0]) MHD_add_response_header(res, "X-Request-Id", r->rid);
-  if (status == 429 || status == 503) MHD_add_response_header(res, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-  if (r->too_large) MHD_add_response_header(res, MHD_HTTP_HEADER_CONNECTION, "close");
-  enum MHD_Result ret = MHD_queue_response(r->conn, status, res);
-  MHD_destroy_response(res);
-  r->status = status;
-  r->phase = P_REPLIED;
-  return ret;
-}
-
-static enum MHD_Result queue_text(rt_hreq_t *r, unsigned status, const char *text) {
-  char *b = strdup(text);
-  return queue(r, status, "text/plain; charset=utf-8", b, b ? strlen(b) : 0, NULL);
-}
-
-static enum MHD_Result queue_error(rt_hreq_t *r, unsigned status, const char *type, const char *param,
-                                   const char *code, const char *allow, const char *fmt, ...)
-    __attribute__((format(printf, 7, 8)));
-static enum MHD_Result queue_error(rt_hreq_t *r, unsigned status, const char *type, const char *param,
-                                   const char *code, const char *allow, const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  rt_hreq_error(r, status, type, param, code, "%s", msg);
-  if (!r->have_reply) return MHD_NO;
-  r->have_reply = false;
-  char *b = r->rbody;
-  r->rbody = NULL;
-  return queue(r, r->status, r->ctype, b, r->rlen, allow);
-}
-
-static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
-  (void)pos;
-  rt_hreq_t *r = cls;
-  if (r->gone) return MHD_CONTENT_READER_END_WITH_ERROR;
-  size_t avail = r->out.len - r->out_off;
-  if (avail) {
-    size_t n = avail < max ? avail : max;
-    memcpy(buf, r->out.data + r->out_off, n);
-    r->out_off += n;
-    if (r->out_off == r->out.len) r->out.len = r->out_off = 0;
-    return (ssize_t)n;
-  }
-  if (r->out_end) return MHD_CONTENT_READER_END_OF_STREAM;
-  MHD_suspend_connection(r->conn); /* the next write resumes it */
-  r->suspended = true;
-  return 0;
-}
-
-static void stream_free(void *cls) { hreq_unref(cls); }
-
-static enum MHD_Result queue_stream(rt_hreq_t *r) {
-  struct MHD_Response *res =
-      MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK_BYTES, stream_read, r, stream_free);
-  if (!res) return MHD_NO;
-  r->refs++;
-  MHD_add_response_header(res, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
-  MHD_add_response_header(res, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-  MHD_add_response_header(res, "X-Accel-Buffering", "no");
-  if (r->rid[0]) MHD_add_response_header(res, "X-Request-Id", r->rid);
-  enum MHD_Result ret = MHD_queue_response(r->conn, 200, res);
-  MHD_destroy_response(res);
-  r->status = 200;
-  r->phase = P_STREAM;
-  return ret;
-}
-
-/* After the route handler (or a resume): send what is ready, or wait for it. */
-static enum MHD_Result flush(rt_hreq_t *r) {
-  if (r->have_reply) {
-    r->have_reply = false;
-    char *b = r->rbody;
-    r->rbody = NULL;
-    return queue(r, r->status, r->ctype, b, r->rlen, r->allow);
-  }
-  if (r->stream_start) {
-    r->stream_start = false;
-    return queue_stream(r);
-  }
-  if (r->waiting && !r->gone) {
-    MHD_suspend_connection(r->conn);
-    r->suspended = true;
-    return MHD_YES;
-  }
-  return queue_error(r, r->gone ? 499 : 500, "server_error", NULL, "internal_error", NULL,
-                     "the request ended without a response");
 }
 
 /* ---- routing ---- */
@@ -456,13 +116,13 @@ static bool json_ctype(const char *ct) {
 static enum MHD_Result serve_ops(rt_hreq_t *r, const char *url) {
   rt_router_t *rt = r->h->rt;
   bool ready = !rt->draining && !r->h->closing;
-  if (strcmp(url, "/healthz") == 0) return queue_text(r, 200, "ok\n");
+  if (strcmp(url, "/healthz") == 0) return rt_hreq_queue_text(r, 200, "ok\n");
   if (strcmp(url, "/readyz") == 0 || strcmp(url, "/health") == 0)
-    return queue_text(r, ready ? 200 : 503, ready ? "ready\n" : "not ready\n");
+    return rt_hreq_queue_text(r, ready ? 200 : 503, ready ? "ready\n" : "not ready\n");
   char *text;
   size_t len;
-  if (k3_metrics_render(rt->mreg, &text, &len)) return queue_text(r, 500, "out of memory\n");
-  return queue(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
+  if (k3_metrics_render(rt->mreg, &text, &len)) return rt_hreq_queue_text(r, 500, "out of memory\n");
+  return rt_hreq_queue(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
 }
 
 /* The first call (headers complete). Answers only an oversized body announced with
@@ -514,7 +174,7 @@ static enum MHD_Result first_call(rt_hreq_t *r, const char *url, const char *met
        * (and drop) it first, so the client is reading when we answer, not writing into a
        * closed socket; past DISCARD_LIMIT_BYTES we answer anyway. */
       if ((ex && strcasecmp(ex, "100-continue") == 0) || n > r->h->o.max_body_bytes + DISCARD_LIMIT_BYTES)
-        return queue_error(r, 413, "invalid_request_error", NULL, "request_too_large", NULL,
+        return rt_hreq_queue_error(r, 413, "invalid_request_error", NULL, "request_too_large", NULL,
                            "request body of %llu bytes exceeds the limit of %llu bytes (--http-max-body-bytes)", n,
                            (unsigned long long)r->h->o.max_body_bytes);
     }
@@ -553,7 +213,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
       }
       if (r->body_seen > h->o.max_body_bytes + DISCARD_LIMIT_BYTES) {
         *up_size = 0;
-        return queue_error(r, 413, "invalid_request_error", NULL, "request_too_large", NULL,
+        return rt_hreq_queue_error(r, 413, "invalid_request_error", NULL, "request_too_large", NULL,
                            "request body exceeds the limit of %llu bytes (--http-max-body-bytes)",
                            (unsigned long long)h->o.max_body_bytes);
       }
@@ -564,10 +224,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
   if (r->phase == P_READ) {
     r->phase = P_RUN;
     r->t_arrive = k3_now_ns(); /* the request is complete: the router's work starts here */
-    if (r->have_reply) return flush(r); /* decided at the first call */
+    if (r->have_reply) return rt_hreq_flush(r); /* decided at the first call */
     uint64_t t0 = k3_now_ns();
     if (r->too_large)
-      return queue_error(r, 413, "invalid_request_error", NULL, "request_too_large", NULL,
+      return rt_hreq_queue_error(r, 413, "invalid_request_error", NULL, "request_too_large", NULL,
                          "request body of %llu bytes exceeds the limit of %llu bytes (--http-max-body-bytes)",
                          (unsigned long long)r->body_seen, (unsigned long long)h->o.max_body_bytes);
     switch (r->route) {
@@ -580,7 +240,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     free(r->body.data);
     memset(&r->body, 0, sizeof r->body);
   }
-  return flush(r);
+  return rt_hreq_flush(r);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -594,9 +254,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
   bool cut = r->gone || (r->phase == P_STREAM && !r->out_end) || r->status == 0;
   count(r->h, r->route, cut ? (toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN && !r->status ? 503 : 499) : r->status);
   if (r->gen) rt_req_cancel(r->gen, K3_RPC_CANCELLED, "client disconnected");
-  watch_stop(r);
+  rt_hreq_watch_stop(r);
   r->suspended = false;
-  hreq_unref(r);
+  rt_hreq_unref(r);
 }
 
 /* ---- start / shutdown ---- */
@@ -679,7 +339,7 @@ static void on_handle_closed(uv_handle_t *hd) {
 static void finish_shutdown(rt_http_t *h) {
   uv_timer_stop(&h->drain);
   for (rt_hreq_t *r = h->live; r; r = r->next) {
-    watch_stop(r);
+    rt_hreq_watch_stop(r);
     if (r->suspended) { /* MHD_stop_daemon must not find a suspended connection */
       r->suspended = false;
       r->gone = true;
@@ -711,7 +371,7 @@ void rt_http_shutdown(rt_http_t *h, void (*done)(void *), void *arg) {
     if (r->gen) rt_req_cancel(r->gen, K3_RPC_UNAVAILABLE, "router shutting down");
   MHD_socket ls = MHD_quiesce_daemon(h->d);
   if (ls != MHD_INVALID_SOCKET) close(ls);
-  kick(h);
+  rt_http_kick(h);
   h->drain_until_ns = k3_now_ns() + (uint64_t)SHUTDOWN_FLUSH_MS * 1000000;
   uv_timer_start(&h->drain, on_drain_tick, 10, 20);
 }
