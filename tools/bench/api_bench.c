@@ -9,19 +9,20 @@
  *    SSE events, the "token_ids" of return_token_ids).
  * Both send the same prompt ids, greedy, ignore_eos, so both generate the same tokens (checked).
  * Requests go in blocks of --block per API, the APIs alternating block by block (slow drift of
- * the shared VM hits both); between blocks the router's /metrics (on its HTTP port) is read for
- * k3pd_router_added_latency_seconds (the router's own time per request: intake, placement,
- * relaying) and k3pd_router_http_io_seconds_total (its time inside libmicrohttpd: HTTP parsing
- * and socket writes), which attributes the router loop's time to each API. gRPC's socket work
- * runs on gRPC core's own threads and is not in the loop figure; the end-to-end figures have
- * everything.
+ * the shared VM hits both).
+ *
+ * With --router-pid the router's CPU time over each block (every thread, and the loop thread
+ * alone, from /proc schedstat: immune to the preemption that inflates wall-clock figures on a
+ * shared machine) gives what each API costs the router per request and per streamed token. The
+ * HTTP front runs entirely on the loop thread; gRPC's framing runs on gRPC core's threads.
  *
  * Figures, per API: request latency with 1 generated token (send → last byte), TTFT and the mean
- * inter-token gap of streams of --stream-tokens tokens, router time per request and per token;
+ * inter-token gap of streams of --stream-tokens tokens, router CPU per request and per token;
  * then the HTTP − gRPC differences (of the medians, and the median of block-paired differences).
  * Exit status: 0 = every request succeeded with equal tokens; 1 = a failure or a mismatch;
  * 2 = bad flags. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -284,32 +285,36 @@ broken:
   return -1;
 }
 
-/* k3pd_router_added_latency_seconds {sum, count} + k3pd_router_http_io_seconds_total (added to
- * sum: the loop's time in libmicrohttpd) from the router's /metrics. */
-static int added_latency(http_t *h, double *sum, double *count) {
-  const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
-  if (h_connect(h) || send(h->fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) {
-    fprintf(stderr, "k3pd-api-bench: cannot send GET /metrics\n");
-    return -1;
+/* CPU time (ns) the router process's threads have run, from /proc/PID/task/TID/schedstat
+ * (nanosecond resolution, unlike the 10 ms ticks of /proc/PID/stat); 0 when unavailable. */
+static uint64_t router_cpu_ns(int pid, bool loop_only) {
+  if (pid <= 0) return 0;
+  if (loop_only) { /* the main thread runs the uv loop: the HTTP server, intake, relay */
+    char f[64];
+    snprintf(f, sizeof f, "/proc/%d/task/%d/schedstat", pid, pid);
+    FILE *fp = fopen(f, "r");
+    unsigned long long ns = 0;
+    if (fp && fscanf(fp, "%llu", &ns) != 1) ns = 0;
+    if (fp) fclose(fp);
+    return ns;
   }
-  char *he;
-  while (!(he = strstr(h->buf ? h->buf : "", "\r\n\r\n")))
-    if (h_fill(h) <= 0) return -1;
-  const char *cl = strcasestr(h->buf, "content-length:");
-  size_t clen = cl ? strtoul(cl + 15, NULL, 10) : 0, hl = (size_t)(he + 4 - h->buf);
-  while (h->len < hl + clen)
-    if (h_fill(h) <= 0) return -1;
-  const char *s = strstr(h->buf + hl, "\nk3pd_router_added_latency_seconds_sum ");
-  const char *c = strstr(h->buf + hl, "\nk3pd_router_added_latency_seconds_count ");
-  int rc = s && c ? 0 : -1;
-  if (rc) fprintf(stderr, "k3pd-api-bench: no k3pd_router_added_latency_seconds in /metrics\n");
-  const char *io = strstr(h->buf + hl, "\nk3pd_router_http_io_seconds_total ");
-  if (!rc) {
-    *sum = strtod(s + 39, NULL) + (io ? strtod(io + 35, NULL) : 0);
-    *count = strtod(c + 41, NULL);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/task", pid);
+  DIR *d = opendir(path);
+  if (!d) return 0;
+  uint64_t sum = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char f[384];
+    snprintf(f, sizeof f, "/proc/%d/task/%.255s/schedstat", pid, e->d_name);
+    FILE *fp = fopen(f, "r");
+    unsigned long long ns;
+    if (fp && fscanf(fp, "%llu", &ns) == 1) sum += ns;
+    if (fp) fclose(fp);
   }
-  h_consume(h, hl + clen);
-  return rc;
+  closedir(d);
+  return sum;
 }
 
 static bool same(const run_t *a, const run_t *b) {
@@ -317,12 +322,15 @@ static bool same(const run_t *a, const run_t *b) {
 }
 
 typedef struct {
-  vec_t lat, ttft, gap, router_req, router_tok;
+  vec_t lat, ttft, gap;
+  uint64_t cpu1_ns, cpun_ns;   /* router CPU (all threads) over the 1-token blocks / the stream blocks */
+  uint64_t loop1_ns, loopn_ns; /* the same, the loop thread only */
+  uint64_t n1, nn;             /* requests in them */
 } stats_t;
 
 int main(int argc, char **argv) {
   const char *router = NULL, *http_addr = NULL, *prompt_s = "17,250,3001,42,7,999,1234,5", *json_path = NULL;
-  int rounds = 20, block = 10, stream_tokens = 64, warmup = 10;
+  int rounds = 20, block = 10, stream_tokens = 64, warmup = 10, router_pid = 0;
   k3_flag_t flags[] = {
       {"router", K3_FLAG_STR, &router, "HOST:PORT", "the router's gRPC address", true},
       {"http", K3_FLAG_STR, &http_addr, "HOST:PORT", "the router's HTTP API address (--http-port)", true},
@@ -332,6 +340,8 @@ int main(int argc, char **argv) {
       {"warmup", K3_FLAG_INT, &warmup, "N", "unmeasured requests per API first (default 10)", false},
       {"prompt-ids", K3_FLAG_STR, &prompt_s, "IDS", "prompt token ids (default 8 fixed ids)", false},
       {"json", K3_FLAG_STR, &json_path, "FILE", "append the figures as one JSON line", false},
+      {"router-pid", K3_FLAG_INT, &router_pid, "PID", "the router's pid: report its CPU time (all threads) per request "
+       "and per token for each API", false},
   };
   k3_flags_info_t info = {"k3pd-api-bench",
                           "Measures what the OpenAI-compatible HTTP API adds per request and per streamed token "
@@ -356,7 +366,6 @@ int main(int argc, char **argv) {
   http_t h = {.fd = -1};
   snprintf(h.host, sizeof h.host, "%.*s", (int)(colon - http_addr), http_addr);
   h.port = atoi(colon + 1);
-  http_t hm = h; /* metrics on their own connection */
   grpc_t g = {.target = router};
   uv_loop_init(&g.loop);
   if (k3_rpc_client_init(&g.loop, NULL, &g.cli)) return 2;
@@ -382,10 +391,9 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 2; k++) {
       int api = (round + k) % 2; /* 0 = gRPC, 1 = HTTP */
       stats_t *s = &st[api];
-      double s0, c0, s1, c1;
       /* one block of 1-token requests */
-      if (added_latency(&hm, &s0, &c0)) failed = 1;
       vec_t tmp = {0};
+      uint64_t cpu0 = router_cpu_ns(router_pid, false), loop0 = router_cpu_ns(router_pid, true);
       for (int i = 0; i < block; i++) {
         int e = api ? http_run(&h, prompt, n_prompt, 1, false, a) : (grpc_run(&g, prompt, n_prompt, 1, a), 0);
         if (e || !a->ok || !same(a, ref1)) {
@@ -397,12 +405,15 @@ int main(int argc, char **argv) {
         vpush(&s->lat, us);
         vpush(&tmp, us);
       }
+      s->cpu1_ns += router_cpu_ns(router_pid, false) - cpu0;
+      s->loop1_ns += router_cpu_ns(router_pid, true) - loop0;
+      s->n1 += (uint64_t)block;
       blk_lat[api] = pct(&tmp, 0.5);
       free(tmp.v);
-      if (added_latency(&hm, &s1, &c1)) failed = 1;
-      if (c1 > c0) vpush(&s->router_req, (s1 - s0) / (c1 - c0) * 1e6);
       /* one block of streams */
       vec_t tg = {0};
+      cpu0 = router_cpu_ns(router_pid, false);
+      loop0 = router_cpu_ns(router_pid, true);
       for (int i = 0; i < block; i++) {
         int e = api ? http_run(&h, prompt, n_prompt, (uint32_t)stream_tokens, true, a)
                     : (grpc_run(&g, prompt, n_prompt, (uint32_t)stream_tokens, a), 0);
@@ -415,53 +426,58 @@ int main(int argc, char **argv) {
         vpush(&s->gap, gap);
         vpush(&tg, gap);
       }
+      s->cpun_ns += router_cpu_ns(router_pid, false) - cpu0;
+      s->loopn_ns += router_cpu_ns(router_pid, true) - loop0;
+      s->nn += (uint64_t)block;
       blk_gap[api] = pct(&tg, 0.5);
       free(tg.v);
-      if (added_latency(&hm, &s0, &c0)) failed = 1;
-      if (c0 > c1) {
-        /* router time per stream minus the 1-token request's, spread over the extra tokens */
-        double per_req = (s0 - s1) / (c0 - c1) * 1e6;
-        double base = s->router_req.n ? s->router_req.v[s->router_req.n - 1] : 0;
-        vpush(&s->router_tok, (per_req - base) / (double)(stream_tokens - 1));
-      }
     }
     vpush(&d_lat, blk_lat[1] - blk_lat[0]);
     vpush(&d_gap, blk_gap[1] - blk_gap[0]);
   }
   const char *name[2] = {"gRPC Generate", "HTTP /v1/completions"};
-  double v[2][7];
+  double v[2][9];
   for (int api = 0; api < 2; api++) {
     stats_t *s = &st[api];
+    double n1 = s->n1 ? (double)s->n1 : 1, nn = s->nn ? (double)s->nn : 1, extra = (double)(stream_tokens - 1);
     v[api][0] = pct(&s->lat, 0.5);
     v[api][1] = pct(&s->lat, 0.9);
     v[api][2] = pct(&s->ttft, 0.5);
     v[api][3] = pct(&s->gap, 0.5);
-    v[api][4] = pct(&s->router_req, 0.5);
-    v[api][5] = pct(&s->router_tok, 0.5);
-    v[api][6] = (double)s->lat.n;
+    /* router CPU (means): per 1-token request, and per extra token of a stream */
+    v[api][4] = (double)s->cpu1_ns / n1 / 1e3;
+    v[api][5] = ((double)s->cpun_ns / nn / 1e3 - v[api][4]) / extra;
+    v[api][6] = (double)s->loop1_ns / n1 / 1e3;
+    v[api][7] = ((double)s->loopn_ns / nn / 1e3 - v[api][6]) / extra;
   }
   double dl = pct(&d_lat, 0.5), dg = pct(&d_gap, 0.5);
   printf("k3pd-api-bench: %d rounds x %d requests per API and kind, prompt %zu tokens, streams of %d tokens, "
          "equal tokens on both APIs: %s\n",
          rounds, block, n_prompt, stream_tokens, failed ? "NO" : "yes");
-  printf("%-44s %16s %22s %12s\n", "figure (µs, p50 unless noted)", name[0], name[1], "HTTP - gRPC");
-  static const char *rows[] = {"request, 1 token (send -> last byte)", "request, 1 token, p90",
-                               "TTFT of a stream", "inter-token gap of a stream",
-                               "router loop time per request", "router loop time per extra streamed token"};
-  for (int i = 0; i < 6; i++) printf("%-44s %16.1f %22.1f %+12.1f\n", rows[i], v[0][i], v[1][i], v[1][i] - v[0][i]);
-  printf("%-44s %16s %22s %+12.1f\n", "block-paired median difference, request", "", "", dl);
-  printf("%-44s %16s %22s %+12.2f\n", "block-paired median difference, per token", "", "", dg);
+  printf("%-46s %14s %21s %12s\n", "figure (µs)", name[0], name[1], "HTTP - gRPC");
+  static const char *rows[] = {"request, 1 token, send -> last byte, p50", "request, 1 token, p90",
+                               "TTFT of a 64-token stream, p50", "inter-token gap of a stream, p50",
+                               "router CPU per request, all threads", "router CPU per extra token, all threads",
+                               "router CPU per request, loop thread", "router CPU per extra token, loop thread"};
+  int nrows = router_pid > 0 ? 8 : 4;
+  for (int i = 0; i < nrows; i++)
+    printf("%-46s %14.1f %21.1f %+12.1f\n", rows[i], v[0][i], v[1][i], v[1][i] - v[0][i]);
+  printf("%-46s %14s %21s %+12.1f\n", "block-paired median difference, request", "", "", dl);
+  printf("%-46s %14s %21s %+12.1f\n", "block-paired median difference, token gap", "", "", dg);
   if (json_path) {
     FILE *f = fopen(json_path, "a");
     if (f) {
       fprintf(f,
-              "{\"bench\":\"api\",\"rounds\":%d,\"block\":%d,\"stream_tokens\":%d,\"grpc\":{\"req_p50_us\":%.1f,"
-              "\"req_p90_us\":%.1f,\"ttft_p50_us\":%.1f,\"itl_p50_us\":%.2f,\"router_req_us\":%.1f,"
-              "\"router_tok_us\":%.2f},\"http\":{\"req_p50_us\":%.1f,\"req_p90_us\":%.1f,\"ttft_p50_us\":%.1f,"
-              "\"itl_p50_us\":%.2f,\"router_req_us\":%.1f,\"router_tok_us\":%.2f},\"paired_req_us\":%.1f,"
-              "\"paired_tok_us\":%.2f,\"equal_tokens\":%s}\n",
-              rounds, block, stream_tokens, v[0][0], v[0][1], v[0][2], v[0][3], v[0][4], v[0][5], v[1][0], v[1][1],
-              v[1][2], v[1][3], v[1][4], v[1][5], dl, dg, failed ? "false" : "true");
+              "{\"bench\":\"api\",\"rounds\":%d,\"block\":%d,\"stream_tokens\":%d,\"equal_tokens\":%s,"
+              "\"paired_req_us\":%.1f,\"paired_tok_us\":%.2f",
+              rounds, block, stream_tokens, failed ? "false" : "true", dl, dg);
+      for (int api = 0; api < 2; api++)
+        fprintf(f,
+                ",\"%s\":{\"req_p50_us\":%.1f,\"req_p90_us\":%.1f,\"ttft_p50_us\":%.1f,\"itl_p50_us\":%.2f,"
+                "\"cpu_req_us\":%.1f,\"cpu_tok_us\":%.2f,\"loop_req_us\":%.1f,\"loop_tok_us\":%.2f}",
+                api ? "http" : "grpc", v[api][0], v[api][1], v[api][2], v[api][3], v[api][4], v[api][5], v[api][6],
+                v[api][7]);
+      fprintf(f, "}\n");
       fclose(f);
     }
   }
