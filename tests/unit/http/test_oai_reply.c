@@ -71,9 +71,15 @@ typedef struct {
   rt_req_t q;
 } run_t;
 
-static void start(run_t *x, bool stream, bool usage) {
+static void clear(void) {
+  free(g_stream.data);
+  free(g_body.data);
   memset(&g_stream, 0, sizeof g_stream);
   memset(&g_body, 0, sizeof g_body);
+}
+
+static void start(run_t *x, bool stream, bool usage) {
+  clear();
   g_status = 0;
   g_ended = false;
   memset(&x->q, 0, sizeof x->q);
@@ -217,7 +223,7 @@ START_TEST(test_whole_tool_calls) {
   ck_assert_int_eq(json_integer_value(json_object_get(u, "completion_tokens")), 1);
   ck_assert_int_eq(json_integer_value(json_object_get(u, "total_tokens")), 12);
   json_decref(r);
-  free(g_body.data);
+  clear();
 }
 END_TEST
 
@@ -232,7 +238,7 @@ START_TEST(test_content_null_and_length) {
   ck_assert(json_is_null(json_object_get(m, "reasoning_content")));
   ck_assert_str_eq(json_string_value(json_object_get(c0, "finish_reason")), "length");
   json_decref(r);
-  free(g_body.data);
+  clear();
 }
 END_TEST
 
@@ -242,7 +248,6 @@ START_TEST(test_stream_matches_whole) {
   feed(&x, TOOL_OUTPUT, NULL, 0, K3PD__V1__FINISH_REASON__FINISH_REASON_STOP);
   json_t *whole = json_loads(g_body.data, 0, NULL);
   json_t *wm = json_object_get(json_array_get(json_object_get(whole, "choices"), 0), "message");
-  free(g_body.data);
   size_t len = strlen(TOOL_OUTPUT);
   for (size_t step = 1; step <= 23; step += 11) { /* pieces of 1, 12 and 23 bytes */
     size_t cuts[512], n = 0;
@@ -266,9 +271,9 @@ START_TEST(test_stream_matches_whole) {
                            json_object_get(json_array_get(wc, i), "function")));
     json_decref(usage);
     json_decref(sm);
-    free(g_stream.data);
   }
   json_decref(whole);
+  clear();
 }
 END_TEST
 
@@ -284,7 +289,7 @@ START_TEST(test_malformed_is_content) {
   ck_assert(json_object_get(m, "tool_calls") == NULL);
   ck_assert_str_eq(json_string_value(json_object_get(c0, "finish_reason")), "stop");
   json_decref(r);
-  free(g_body.data);
+  clear();
 }
 END_TEST
 
