@@ -14,7 +14,7 @@
 #define DISCARD_LIMIT_BYTES ((uint64_t)64 << 20) /* bytes past the limit we read to answer 413 */
 #define SHUTDOWN_FLUSH_MS 2000
 
-enum { P_READ = 0, P_RUN, P_WAIT, P_REPLIED, P_STREAM };
+enum { P_READ = 0, P_RUN, P_REPLIED, P_STREAM }; /* reading the body, handling, answered, streaming */
 
 typedef struct hwatch {
   uv_poll_t poll;   /* the client's socket: UV_DISCONNECT */
