@@ -19,7 +19,7 @@
 #include "k3pd/log.h"
 #include "k3pd/netaddr.h"
 #include "k3pd/util.h"
-#include "k3pd/wmodel.h"
+#include "k3_load.h"
 
 typedef struct {
   dc_worker_t w;
@@ -145,14 +145,14 @@ int main(int argc, char **argv) {
   static app_t app;
   app_t *a = &app;
   dc_worker_t *w = &a->w;
-  k3_wmodel_opts_t mo;
-  k3_wmodel_opts_default(&mo);
+  k3_load_opts_t mo;
+  k3_load_opts_default(&mo);
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
   const char *log_level = NULL, *metrics_host = NULL;
   int max_context = 0, metrics_port = -1;
   a->drain_grace_ms = 30000;
-  k3_flag_t flags[K3_WMODEL_NFLAGS + 10];
-  k3_wmodel_flags(&mo, flags);
+  k3_flag_t flags[K3_LOAD_NFLAGS + 10];
+  size_t nflags = k3_load_flags(&mo, flags);
   k3_flag_t own[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
       {"router", K3_FLAG_STR, &router, "HOST:PORT", "router to register with", true},
@@ -168,14 +168,16 @@ int main(int argc, char **argv) {
        false},
       {"metrics-host", K3_FLAG_STR, &metrics_host, "IP", "address the metrics server binds (default all)", false},
   };
-  memcpy(flags + K3_WMODEL_NFLAGS, own, sizeof own);
+  memcpy(flags + nflags, own, sizeof own);
+  nflags += sizeof own / sizeof own[0];
   k3_flags_info_t info = {"k3pd-decode",
                           "Decode worker: reserves KV pages and KDA slots for requests, receives their state from "
                           "prefill workers over UCX, and runs continuous-batching decode steps, streaming tokens "
                           "to the router.",
                           NULL};
   char err[1024];
-  int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
+  int rc = k3_flags_parse(&info, flags, nflags, argc, argv, NULL, err, sizeof err);
+  if (!rc && (rc = k3_load_check(&mo, err, sizeof err))) rc = K3_EINVAL;
   if (rc == K3_FLAGS_EXIT) return 0;
   if (rc) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
@@ -186,7 +188,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: --page-tokens, --num-pages, --num-slots and --max-batch must be >= 1\n");
     return 2;
   }
-  rc = k3_wmodel_load(&mo, &a->weights, &w->runner, err, sizeof err);
+  rc = k3_load_model(&mo, &a->weights, &w->runner, err, sizeof err);
   if (rc) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
     return 1;
@@ -250,7 +252,7 @@ int main(int argc, char **argv) {
                             .ucx_address = ua,
                             .ucx_address_len = ual,
                             .fingerprint = w->fingerprint,
-                            .model_name = mo.model_dir ? mo.model_dir : mo.synthetic,
+                            .model_name = k3_load_model_name(&mo),
                             .get_load = dc_fill_load,
                             .ud = w};
   k3pd__v1__worker_capacity__init(&rg.capacity);

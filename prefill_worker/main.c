@@ -17,7 +17,7 @@
 #include "k3pd/log.h"
 #include "k3pd/netaddr.h"
 #include "k3pd/util.h"
-#include "k3pd/wmodel.h"
+#include "k3_load.h"
 #include "pf.h"
 
 typedef struct {
@@ -79,16 +79,16 @@ int main(int argc, char **argv) {
   static app_t app;
   app_t *a = &app;
   pf_worker_t *w = &a->w;
-  k3_wmodel_opts_t mo;
-  k3_wmodel_opts_default(&mo);
+  k3_load_opts_t mo;
+  k3_load_opts_default(&mo);
   mo.num_slots = 8;
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
   const char *log_level = NULL, *metrics_host = NULL;
   int metrics_port = -1;
   int64_t max_batch_tokens = 4096, send_deadline_ms = 120000;
   a->drain_grace_ms = 30000;
-  k3_flag_t flags[K3_WMODEL_NFLAGS + 11];
-  k3_wmodel_flags(&mo, flags);
+  k3_flag_t flags[K3_LOAD_NFLAGS + 11];
+  size_t nflags = k3_load_flags(&mo, flags);
   k3_flag_t own[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
       {"router", K3_FLAG_STR, &router, "HOST:PORT", "router to register with", true},
@@ -106,7 +106,8 @@ int main(int argc, char **argv) {
        false},
       {"metrics-host", K3_FLAG_STR, &metrics_host, "IP", "address the metrics server binds (default all)", false},
   };
-  memcpy(flags + K3_WMODEL_NFLAGS, own, sizeof own);
+  memcpy(flags + nflags, own, sizeof own);
+  nflags += sizeof own / sizeof own[0];
   k3_flags_info_t info = {"k3pd-prefill",
                           "Prefill worker: runs prompts through the model in batches and pushes every layer's "
                           "final state (MLA latent pages, KDA recurrent + conv state) into the decode worker's "
@@ -114,7 +115,8 @@ int main(int argc, char **argv) {
                           "sampled token.",
                           NULL};
   char err[1024];
-  int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
+  int rc = k3_flags_parse(&info, flags, nflags, argc, argv, NULL, err, sizeof err);
+  if (!rc && (rc = k3_load_check(&mo, err, sizeof err))) rc = K3_EINVAL;
   if (rc == K3_FLAGS_EXIT) return 0;
   if (rc) {
     fprintf(stderr, "k3pd-prefill: %s\n", err);
@@ -125,7 +127,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-prefill: --max-batch, --max-batch-tokens and --send-deadline-ms must be >= 1\n");
     return 2;
   }
-  rc = k3_wmodel_load(&mo, &a->weights, &w->runner, err, sizeof err);
+  rc = k3_load_model(&mo, &a->weights, &w->runner, err, sizeof err);
   if (rc) {
     fprintf(stderr, "k3pd-prefill: %s\n", err);
     return 1;
@@ -178,7 +180,7 @@ int main(int argc, char **argv) {
                             .worker_id = wid,
                             .grpc_address = adv,
                             .fingerprint = w->fingerprint,
-                            .model_name = mo.model_dir ? mo.model_dir : mo.synthetic,
+                            .model_name = k3_load_model_name(&mo),
                             .get_load = pf_fill_load,
                             .ud = w};
   k3pd__v1__worker_capacity__init(&rg.capacity);

@@ -43,6 +43,21 @@
 
 typedef enum { K3_RUNNER_FP32 = 0, K3_RUNNER_BF16 = 1 } k3_runner_precision_t;
 
+/* Where the state arena comes from (k3_runner_opts_t.state). Zero-initialised = the backend's
+ * own allocator. At most one of alloc / vmm:
+ *   alloc/free/ud - host backends only: the caller's memory (e.g. UCX-allocated, so a
+ *                   same-host sender can map it). alloc(ud, bytes) is called ONCE at init and
+ *                   must return 256-byte-aligned memory or NULL (K3_ENOMEM); free(ud, p) once
+ *                   at k3_runner_free (or when init fails after the call). The runner zeroes it.
+ *   vmm           - backend "cuda" only: the arena is one k3k_vmm allocation (k3k_xdev.h),
+ *                   exportable as a file descriptor (k3_runner_state_vmm). */
+typedef struct {
+  void *(*alloc)(void *ud, size_t bytes);
+  void (*free)(void *ud, void *p);
+  void *ud;
+  bool vmm;
+} k3_runner_arena_opts_t;
+
 typedef struct {
   k3_runner_precision_t precision;
   const char *backend;      /* "cpu" (reference), "cpu-fast" or "cuda" (bf16 only); NULL = "cpu" */
@@ -53,9 +68,24 @@ typedef struct {
   int max_batch_seqs;       /* most sequences in one prefill / decode_step call */
   int prefill_chunk_tokens; /* per-sequence tokens per forward pass inside prefill; rounded up
                                to a multiple of 64 (KDA chunk); <= 0 = 256 */
+  k3_runner_arena_opts_t state; /* the state arena's memory (see above); zero = backend alloc */
+  /* Shared weights (docs/gpu-cluster.md §4; device backends): NULL = this runner's own copy.
+   * Else the directory through which processes on this host share ONE read-only copy of the
+   * weights (created 0700 when missing): the first process generates/uploads them into a
+   * k3k_vmm allocation and serves it on DIR/<pid>-<tag>.sock; later ones import it. Waiting for
+   * DIR/.lock is bounded by share_wait_ms (<= 0: 600000). A holder with other weights is an
+   * error naming both identities (never a silent second copy). */
+  const char *share_weights_dir;
+  int share_wait_ms;
+  /* Names where the weights come from, for the shared weights' identity (with the config's
+   * canonical text): e.g. "synthetic seed=1" or "checkpoint <hash of its safetensors headers and
+   * file sizes>". NULL: "synthetic seed=N" for k3_runner_init_synth; k3_runner_init with
+   * share_weights_dir needs it (K3_EINVAL). The loader (k3_load.h) sets it. */
+  const char *weights_source;
 } k3_runner_opts_t;
 
-/* Defaults: fp32, "cpu", 1 thread, 64-token pages, 64 pages, 4 slots, 8 seqs, 256 tokens. */
+/* Defaults: fp32, "cpu", 1 thread, 64-token pages, 64 pages, 4 slots, 8 seqs, 256 tokens, state
+ * arena from the backend, own weights. */
 void k3_runner_opts_default(k3_runner_opts_t *o);
 
 typedef struct k3_runner k3_runner_t;
@@ -63,7 +93,11 @@ typedef struct k3_runner k3_runner_t;
 /* Builds a runner over `w` (file-backed or synthetic; NOT owned, must outlive the runner) and
  * allocates the pools. Errors: K3_EINVAL (bad option, named in err), K3_ENOTSUP (unknown
  * backend / model feature), K3_ENOENT/K3_EFORMAT (a tensor missing or malformed, named),
- * K3_ENOMEM. On error *out is untouched. */
+ * K3_ENOMEM; with shared weights also K3_EFINGERPRINT (a holder with other weights, both
+ * identities named), K3_ETIMEDOUT (share_wait_ms), K3_EIO. On error *out is untouched and
+ * everything allocated (fds, mappings, the caller's state memory) was handed back. The strings
+ * of opts (backend, share_weights_dir, weights_source) are read during init only
+ * (k3_runner_opts returns the two sharing strings as NULL). */
 int k3_runner_init(const k3_weights_t *w, const k3_runner_opts_t *opts, k3_runner_t **out,
                    char *err, size_t errlen);
 /* Same over weights generated directly in device memory: every tensor of cfg's plan with the
@@ -228,5 +262,24 @@ int k3_runner_import_region(k3_runner_t *r, k3_seq_t *seq, int i, const void *sr
  * manifest->regions[i].bytes long; count = pool size. K3_EINVAL for a bad i. */
 int k3_runner_pool_mem(const k3_runner_t *r, int i, void **base, size_t *stride_bytes,
                        size_t *count);
+
+/* ---- memory layout (docs/gpu-cluster.md §2, §4) ----------------------------------------------
+ * State arena: every state pool tensor (per KDA layer S and conv q/k/v, per MLA layer the page
+ * pool) lives in ONE allocation, each at its own 256-byte-aligned offset with the layout
+ * documented above ([num_slots|num_pages, ...]), so every k3_runner_pool_mem base lies inside
+ * [base, base + bytes). Backend memory (device addresses on cuda). */
+void k3_runner_state_arena(const k3_runner_t *r, void **base, size_t *bytes);
+/* The state arena as a k3k_vmm allocation (opts.state.vmm), NULL otherwise. Owned by the
+ * runner (export it with k3k_vmm_export; do not free). */
+struct k3k_vmm *k3_runner_state_vmm(const k3_runner_t *r);
+/* Weights arena (device backends): every weight tensor bound inside one allocation, at bump
+ * offsets in bind order, 256-byte aligned; *bytes 0 and *base NULL on host backends (their
+ * weights are views onto the checkpoint's mapping). `layout_hash`: XXH3 over (name, dtype, shape,
+ * bytes, offset) of every bound tensor (the same for the same config on any process). Any
+ * pointer may be NULL. */
+void k3_runner_weights_arena(const k3_runner_t *r, void **base, size_t *bytes, uint64_t *layout_hash);
+/* Where this runner's weights came from with shared weights: 0 own copy (no sharing), 1 made
+ * here and served to others, 2 imported read-only from another process (nothing generated). */
+int k3_runner_weights_shared(const k3_runner_t *r);
 
 #endif

@@ -53,7 +53,9 @@ typedef struct k3k_xjob k3k_xjob_t;
  * calling thread; a stream, pinned staging and device scratch of its own). Returns 0,
  * K3_ENOMEM or K3_EDEVICE. */
 int k3k_xdev_open(k3k_backend_t *be, k3k_xdev_t **out);
-/* Waits for the jobs still running (bounded by the device), frees everything. NULL: no-op. */
+/* Waits for the jobs still running (bounded by the device; their notify calls have run when
+ * it returns), frees everything. Jobs not freed yet stay valid: they poll their result (or
+ * K3_EDEVICE) and are still freed with k3k_xdev_job_free. NULL: no-op. */
 void k3k_xdev_close(k3k_xdev_t *x);
 /* True when jobs run on a GPU (addresses are device addresses). */
 bool k3k_xdev_on_device(const k3k_xdev_t *x);

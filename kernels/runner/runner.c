@@ -1,5 +1,6 @@
-/* Model runner lifecycle: options, weight binding (every tensor is a k3k view onto the
- * k3_weights_t memory, uploaded once on device backends), accessors.
+/* Model runner lifecycle: options, init / free, accessors, roofline figures.
+ * Weight binding is bind.c (views onto host weights, or one weights arena on device backends,
+ * possibly shared with other processes: share.c); the state pools are state.c.
  * Not here: the forward pass (forward.c and the layer files) and state export (state.c). */
 #include <math.h>
 #include <stdarg.h>
@@ -29,285 +30,6 @@ void rn_seterr(char *err, size_t errlen, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(err, errlen, fmt, ap);
   va_end(ap);
-}
-
-/* ---- weight binding: k3k views onto the k3_weights_t memory ------------------------------ */
-
-typedef struct {
-  k3_runner_t *r;
-  char *err;
-  size_t errlen;
-  int rc;
-} binder_t;
-
-static k3k_dtype_t map_dtype(k3_dtype_t d) {
-  switch (d) {
-    case K3_DT_F32: return K3K_F32;
-    case K3_DT_BF16: return K3K_BF16;
-    case K3_DT_U8: return K3K_U8;
-    default: return (k3k_dtype_t)-1;
-  }
-}
-
-/* Tensor `name` (without prefix) as a contiguous [rows, cols] view (cols 0: 1-D of rows
- * elements; rows*cols must equal the stored element count). Uploads it on device backends. */
-/* Room for one more entry in r->uploads (the device copies the runner owns). */
-static int uploads_reserve(k3_runner_t *r) {
-  if (r->n_uploads < r->cap_uploads) return 0;
-  int cap = r->cap_uploads ? 2 * r->cap_uploads : 256;
-  void **p = realloc(r->uploads, (size_t)cap * sizeof *p);
-  if (!p) return K3_ENOMEM;
-  r->uploads = p;
-  r->cap_uploads = cap;
-  return 0;
-}
-
-/* A bound tensor must have a k3k dtype and rows*cols elements (rows alone when cols is 0; any
- * count when both are 0, and then *rows becomes it). Sets b->rc/err and returns it on mismatch. */
-static int check_elems(binder_t *b, const char *name, int64_t n, k3_dtype_t dtype, int64_t cols, int64_t *rows,
-                       k3k_dtype_t *dt) {
-  int64_t want = cols ? *rows * cols : *rows;
-  *dt = map_dtype(dtype);
-  if ((int)*dt < 0 || (want && n != want)) {
-    rn_seterr(b->err, b->errlen, "runner: tensor %s has %lld elements of %s, expected %lld", name, (long long)n,
-              k3_dtype_name(dtype), (long long)want);
-    b->rc = K3_EFORMAT;
-    return b->rc;
-  }
-  if (!want) *rows = n;
-  return 0;
-}
-
-static k3k_tensor_t view(binder_t *b, const char *name, int64_t rows, int64_t cols) {
-  k3k_tensor_t t;
-  memset(&t, 0, sizeof t);
-  if (b->rc) return t;
-  if (b->r->syn || b->r->src) { /* generated on the device, or copied from such a runner */
-    const k3_tmap_entry_t *e = NULL;
-    void *dev = NULL;
-    k3_runner_t *r = b->r;
-    if (uploads_reserve(r)) {
-      b->rc = K3_ENOMEM;
-      return t;
-    }
-    if (r->src) {
-      /* bind order is the same for the same config: this is the source's upload number n */
-      const k3_runner_t *src = r->src;
-      e = rn_syn_find(src, name);
-      if (!e || r->n_uploads >= src->n_uploads) {
-        rn_seterr(b->err, b->errlen, "runner: tensor %s not found in the source runner", name);
-        b->rc = K3_ENOENT;
-        return t;
-      }
-      if ((b->rc = r->be->alloc(r->be, e->nbytes ? e->nbytes : 64, &dev))) return t;
-      b->rc = src->be->copy_to_host(src->be, dev, src->uploads[r->n_uploads], e->nbytes);
-      if (b->rc) {
-        r->be->free(r->be, dev);
-        rn_seterr(b->err, b->errlen, "runner: cannot copy tensor %s from the source runner", name);
-        return t;
-      }
-    } else if ((b->rc = rn_syn_tensor(r, name, &e, &dev, b->err, b->errlen))) {
-      return t;
-    }
-    r->uploads[r->n_uploads++] = dev;
-    int64_t n = 1;
-    for (int i = 0; i < e->ndim; i++) n *= e->shape[i];
-    k3k_dtype_t dt;
-    if (check_elems(b, name, n, e->dtype, cols, &rows, &dt)) return t;
-    return cols ? k3k_tensor_2d(r->be, dt, dev, rows, cols) : k3k_tensor_1d(r->be, dt, dev, rows);
-  }
-  const k3_tensor_view_t *v = k3_weights_get(b->r->w, name);
-  if (!v) {
-    rn_seterr(b->err, b->errlen, "runner: tensor %s is missing", name);
-    b->rc = K3_ENOENT;
-    return t;
-  }
-  k3k_dtype_t dt;
-  if (check_elems(b, name, k3_tensor_numel(v), v->dtype, cols, &rows, &dt)) return t;
-  void *data = (void *)v->data;
-  k3k_backend_t *be = b->r->be;
-  if (!be->host_memory) {
-    k3_runner_t *r = b->r;
-    if (uploads_reserve(r)) {
-      b->rc = K3_ENOMEM;
-      return t;
-    }
-    void *dev = NULL;
-    if (be->alloc(be, v->nbytes, &dev) || be->copy_from_host(be, dev, v->data, v->nbytes)) {
-      if (dev) be->free(be, dev);
-      rn_seterr(b->err, b->errlen, "runner: cannot upload tensor %s to backend %s", name, be->name);
-      b->rc = K3_ENOMEM;
-      return t;
-    }
-    r->uploads[r->n_uploads++] = dev;
-    data = dev;
-  }
-  if (cols)
-    t = k3k_tensor_2d(be, dt, data, rows, cols);
-  else
-    t = k3k_tensor_1d(be, dt, data, rows);
-  return t;
-}
-
-static int bind_layer(binder_t *b, int l) {
-  k3_runner_t *r = b->r;
-  const k3_model_config_t *c = &r->cfg;
-  rn_layer_t *L = &r->layers[l];
-  char n[256];
-  const int64_t H = c->hidden_size;
-#define NM(...) (snprintf(n, sizeof n, __VA_ARGS__), n)
-  L->kind = c->layer_kind[l];
-  L->moe = c->layer_is_moe[l];
-  L->boundary = c->attn_res_block_size > 0 && c->attn_res_boundary[l];
-  L->in_ln = view(b, NM("model.layers.%d.input_layernorm.weight", l), H, 0);
-  L->post_ln = view(b, NM("model.layers.%d.post_attention_layernorm.weight", l), H, 0);
-  if (c->attn_res_block_size > 0) {
-    L->sa_res_norm = view(b, NM("model.layers.%d.self_attention_res_norm.weight", l), H, 0);
-    L->sa_res_proj = view(b, NM("model.layers.%d.self_attention_res_proj.weight", l), H, 0);
-    L->mlp_res_norm = view(b, NM("model.layers.%d.mlp_res_norm.weight", l), H, 0);
-    L->mlp_res_proj = view(b, NM("model.layers.%d.mlp_res_proj.weight", l), H, 0);
-  }
-  const char *sa = "self_attn";
-  if (L->kind == K3_LAYER_KDA) {
-    const int64_t P = c->kda_proj_dim, NH = c->kda_num_heads, DK = c->kda_head_dim;
-    const int64_t W = c->conv_kernel, R = DK; /* f/g low rank = head_dim */
-    L->q = view(b, NM("model.layers.%d.%s.q_proj.weight", l, sa), P, H);
-    L->k = view(b, NM("model.layers.%d.%s.k_proj.weight", l, sa), P, H);
-    L->v = view(b, NM("model.layers.%d.%s.v_proj.weight", l, sa), P, H);
-    L->fa = view(b, NM("model.layers.%d.%s.f_a_proj.weight", l, sa), R, H);
-    L->fb = view(b, NM("model.layers.%d.%s.f_b_proj.weight", l, sa), P, R);
-    L->b = view(b, NM("model.layers.%d.%s.b_proj.weight", l, sa), NH, H);
-    if (c->use_full_rank_gate) {
-      L->g = view(b, NM("model.layers.%d.%s.g_proj.weight", l, sa), P, H);
-    } else {
-      L->ga = view(b, NM("model.layers.%d.%s.g_a_proj.weight", l, sa), R, H);
-      L->gb = view(b, NM("model.layers.%d.%s.g_b_proj.weight", l, sa), P, R);
-    }
-    L->o = view(b, NM("model.layers.%d.%s.o_proj.weight", l, sa), H, P);
-    static const char *cv[3] = {"q", "k", "v"};
-    for (int j = 0; j < 3; j++)
-      L->conv[j] = view(b, NM("model.layers.%d.%s.%s_conv1d.weight", l, sa, cv[j]), P, W);
-    L->a_log = view(b, NM("model.layers.%d.%s.A_log", l, sa), 0, 0);
-    L->dt_bias = view(b, NM("model.layers.%d.%s.dt_bias", l, sa), P, 0);
-    L->o_norm = view(b, NM("model.layers.%d.%s.o_norm.weight", l, sa), DK, 0);
-  } else {
-    const int64_t NH = c->num_heads, DQK = c->mla_qk_head_dim, DV = c->v_head_dim;
-    const int64_t CL = c->kv_lora_rank, CD = c->mla_cache_dim;
-    if (c->q_lora_rank > 0) {
-      L->qa = view(b, NM("model.layers.%d.%s.q_a_proj.weight", l, sa), c->q_lora_rank, H);
-      L->qa_ln = view(b, NM("model.layers.%d.%s.q_a_layernorm.weight", l, sa), c->q_lora_rank, 0);
-      L->qb = view(b, NM("model.layers.%d.%s.q_b_proj.weight", l, sa), NH * DQK, c->q_lora_rank);
-    } else {
-      L->qp = view(b, NM("model.layers.%d.%s.q_proj.weight", l, sa), NH * DQK, H);
-    }
-    L->kva = view(b, NM("model.layers.%d.%s.kv_a_proj_with_mqa.weight", l, sa), CD, H);
-    L->kva_ln = view(b, NM("model.layers.%d.%s.kv_a_layernorm.weight", l, sa), CL, 0);
-    L->kvb = view(b, NM("model.layers.%d.%s.kv_b_proj.weight", l, sa),
-                     NH * (c->qk_nope_head_dim + DV), CL);
-    L->mo = view(b, NM("model.layers.%d.%s.o_proj.weight", l, sa), H, NH * DV);
-    if (c->mla_use_output_gate)
-      L->mg = view(b, NM("model.layers.%d.%s.g_proj.weight", l, sa), NH * DV, H);
-  }
-  if (!L->moe) {
-    const int64_t F = c->intermediate_size;
-    L->d_gate = view(b, NM("model.layers.%d.mlp.gate_proj.weight", l), F, H);
-    L->d_up = view(b, NM("model.layers.%d.mlp.up_proj.weight", l), F, H);
-    L->d_down = view(b, NM("model.layers.%d.mlp.down_proj.weight", l), H, F);
-  } else {
-    const int64_t E = c->num_experts, F = c->moe_intermediate_size, D = c->expert_in_dim;
-    const int64_t S = c->shared_expert_width;
-    const char *m = "block_sparse_moe";
-    L->router = view(b, NM("model.layers.%d.%s.gate.weight", l, m), E, H);
-    L->router_bias = view(b, NM("model.layers.%d.%s.gate.e_score_correction_bias", l, m), E, 0);
-    if (c->routed_expert_hidden_size > 0) {
-      L->lat_down = view(b, NM("model.layers.%d.%s.routed_expert_down_proj.weight", l, m), D, H);
-      L->lat_up = view(b, NM("model.layers.%d.%s.routed_expert_up_proj.weight", l, m), H, D);
-      if (c->latent_moe_use_norm)
-        L->lat_norm = view(b, NM("model.layers.%d.%s.routed_expert_norm.weight", l, m), D, 0);
-    }
-    if (S > 0) {
-      L->sh_gate = view(b, NM("model.layers.%d.%s.shared_experts.gate_proj.weight", l, m), S, H);
-      L->sh_up = view(b, NM("model.layers.%d.%s.shared_experts.up_proj.weight", l, m), S, H);
-      L->sh_down = view(b, NM("model.layers.%d.%s.shared_experts.down_proj.weight", l, m), H, S);
-    }
-    L->w1 = calloc((size_t)E, sizeof(rn_expw_t));
-    L->w3 = calloc((size_t)E, sizeof(rn_expw_t));
-    L->w2 = calloc((size_t)E, sizeof(rn_expw_t));
-    if (!L->w1 || !L->w3 || !L->w2) return b->rc = K3_ENOMEM;
-    for (int e = 0; e < E && !b->rc; e++) {
-      if (c->experts_mxfp4) {
-        static const char *wn[3] = {"w1", "w3", "w2"};
-        rn_expw_t *dst[3] = {&L->w1[e], &L->w3[e], &L->w2[e]};
-        for (int j = 0; j < 3; j++) {
-          int64_t rows = j < 2 ? F : D, cols = j < 2 ? D : F;
-          dst[j]->mx = true;
-          dst[j]->packed = view(b, NM("model.layers.%d.%s.experts.%d.%s.weight_packed", l, m, e, wn[j]),
-                                rows, cols / 2);
-          dst[j]->scale = view(b, NM("model.layers.%d.%s.experts.%d.%s.weight_scale", l, m, e, wn[j]),
-                               rows, cols / K3_MXFP4_GROUP);
-        }
-      } else {
-        L->w1[e].w = view(b, NM("model.layers.%d.%s.experts.%d.w1.weight", l, m, e), F, D);
-        L->w3[e].w = view(b, NM("model.layers.%d.%s.experts.%d.w3.weight", l, m, e), F, D);
-        L->w2[e].w = view(b, NM("model.layers.%d.%s.experts.%d.w2.weight", l, m, e), D, F);
-      }
-    }
-  }
-#undef NM
-  return b->rc;
-}
-
-static void free_weights(k3_runner_t *r) {
-  for (int i = 0; i < r->n_uploads; i++) r->be->free(r->be, r->uploads[i]);
-  free(r->uploads);
-  r->uploads = NULL;
-  r->n_uploads = 0;
-  if (r->layers) {
-    for (int l = 0; l < r->cfg.num_layers; l++) {
-      free(r->layers[l].w1);
-      free(r->layers[l].w3);
-      free(r->layers[l].w2);
-    }
-  }
-  free(r->layers);
-  r->layers = NULL;
-}
-
-static int bind_all(k3_runner_t *r, char *err, size_t errlen) {
-  const k3_model_config_t *c = &r->cfg;
-  binder_t b = {r, err, errlen, 0};
-  r->layers = calloc((size_t)c->num_layers, sizeof(rn_layer_t));
-  if (!r->layers) return K3_ENOMEM;
-  r->embed = view(&b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size);
-  r->lm_head = view(&b, "lm_head.weight", c->vocab_size, c->hidden_size);
-  r->final_norm = view(&b, "model.norm.weight", c->hidden_size, 0);
-  if (c->attn_res_block_size > 0) {
-    r->out_res_norm = view(&b, "model.output_attn_res_norm.weight", c->hidden_size, 0);
-    r->out_res_proj = view(&b, "model.output_attn_res_proj.weight", c->hidden_size, 0);
-  }
-  for (int l = 0; l < c->num_layers && !b.rc; l++) bind_layer(&b, l);
-  if (!b.rc) {
-    for (int l = 0; l < c->num_layers; l++) {
-      const rn_layer_t *L = &r->layers[l];
-      if (L->kind == K3_LAYER_KDA && c->kda_gate == K3_KDA_GATE_LOWER_BOUND) {
-        char n[128];
-        snprintf(n, sizeof n, "model.layers.%d.self_attn.A_log", l);
-        int64_t len = -1;
-        if (r->syn || r->src) {
-          const k3_tmap_entry_t *e = rn_syn_find(r->src ? r->src : r, n);
-          if (e) len = e->shape[0];
-        } else {
-          const k3_tensor_view_t *v = k3_weights_get(r->w, n);
-          if (v) len = k3_tensor_numel(v);
-        }
-        if (len < c->kda_num_heads) {
-          rn_seterr(err, errlen, "runner: %s shorter than num_heads (%d)", n, c->kda_num_heads);
-          return K3_EFORMAT;
-        }
-      }
-    }
-  }
-  return b.rc;
 }
 
 /* ---- lifecycle -------------------------------------------------------------------------- */
@@ -368,6 +90,7 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
     rn_seterr(err, errlen, "runner: backend '%s' is not available", be);
     rc = K3_ENOTSUP;
   }
+  if (!rc) rc = rn_state_check_opts(r, err, errlen);
   uint64_t t0 = k3_now_ns();
   if (!rc && src && !r->be->host_memory) {
     rn_seterr(err, errlen, "runner: a copy of a device-generated runner needs a host backend");
@@ -381,8 +104,23 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
       rc = rn_syn_begin(r, seed, verify_kib, err, errlen);
     }
   }
-  if (!rc) rc = bind_all(r, err, errlen);
-  if (!rc && !w && !src) {
+  /* the weights' identity for sharing: the loader's text, or the synthetic seed */
+  char ident[128];
+  const char *identity = o.weights_source;
+  if (!identity && !w && !src) {
+    snprintf(ident, sizeof ident, "synthetic seed=%llu", (unsigned long long)seed);
+    identity = ident;
+  }
+  if (!rc && o.share_weights_dir && !identity) {
+    rn_seterr(err, errlen, "runner: shared weights need opts.weights_source (what the weights are)");
+    rc = K3_EINVAL;
+  }
+  if (!rc && o.share_weights_dir && r->be->host_memory) {
+    rn_seterr(err, errlen, "runner: shared weights (%s) need a device backend, not %s", o.share_weights_dir, be);
+    rc = K3_ENOTSUP;
+  }
+  if (!rc) rc = rn_bind_all(r, identity, err, errlen);
+  if (!rc && !w && !src && !r->wa.imported) {
     uint64_t patched, verified;
     rn_syn_summary(r, &patched, &verified);
     fprintf(stderr, "runner: %.1f GiB of synthetic weights generated on the device in %.1f s "
@@ -394,6 +132,9 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
   if (!rc) rc = rn_dev_init(r, err, errlen);
   if (!rc) rn_dev_kda_init(r);
   if (!rc) rc = rn_gd_init(r, err, errlen);
+  /* the caller's strings need not outlive init (share.c keeps what it needs) */
+  r->opts.share_weights_dir = NULL;
+  r->opts.weights_source = NULL;
   if (rc) {
     if (rc == K3_ENOMEM && err && !err[0]) rn_seterr(err, errlen, "runner: out of memory");
     k3_runner_free(r);
@@ -430,10 +171,18 @@ void k3_runner_free(k3_runner_t *r) {
   rn_ws_destroy(r);
   rn_state_free(r);
   if (r->be) rn_dev_free(r);
-  if (r->be) free_weights(r);
+  if (r->be) rn_free_weights(r);
   if (r->be) rn_syn_end(r);
   free(r);
 }
+
+void k3_runner_weights_arena(const k3_runner_t *r, void **base, size_t *bytes, uint64_t *layout_hash) {
+  if (base) *base = r->wa.on ? r->wa.base : NULL;
+  if (bytes) *bytes = r->wa.on ? r->wa.bytes : 0;
+  if (layout_hash) *layout_hash = r->wl_hash;
+}
+
+int k3_runner_weights_shared(const k3_runner_t *r) { return !r->share ? 0 : r->wa.imported ? 2 : 1; }
 
 const k3_model_config_t *k3_runner_config(const k3_runner_t *r) { return &r->cfg; }
 const k3_runner_opts_t *k3_runner_opts(const k3_runner_t *r) { return &r->opts; }

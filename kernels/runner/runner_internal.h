@@ -95,8 +95,34 @@ struct k3_runner {
   k3k_dtype_t sdt;         /* MLA latent / conv state dtype (same rule) */
   bool bf16;
 
-  void **uploads;          /* device copies of weights (non-host backends) */
+  /* Bound weight tensors' device addresses in bind order (k3_runner_init_copy reads a source
+   * runner's by index). Device backends: pointers into the weights arena (not owned); a host
+   * copy of a device runner (r->src): separate backend allocations (owned, uploads_owned). */
+  void **uploads;
   int n_uploads, cap_uploads;
+  bool uploads_owned;
+  /* Weights arena (device backends, runner.c bind): one allocation holding every bound tensor
+   * at wl[i].off; from the backend (be_owned), or share.c's (shared weights: made here or
+   * imported read-only, then nothing is generated or uploaded). */
+  struct {
+    bool on;               /* device backend: weights live in the arena */
+    void *base;
+    size_t bytes;
+    bool be_owned;         /* base came from be->alloc (free it) */
+    bool imported;         /* another process's weights, mapped read-only */
+  } wa;
+  struct rn_wl *wl;        /* layout: one entry per bound tensor, bind order */
+  int n_wl, cap_wl;
+  uint64_t wl_hash;        /* XXH3 of the layout (k3_runner_weights_arena) */
+  struct rn_share *share;  /* share.c, NULL without shared weights */
+  /* State arena (state.c): every pool tensor inside one allocation at 256-aligned offsets. */
+  struct {
+    void *base;            /* 256-byte aligned */
+    size_t bytes;
+    void *raw;             /* the backend's allocation (base rounded up from it), to free */
+    struct k3k_vmm *vmm;   /* opts.state.vmm */
+    bool user;             /* opts.state.alloc'd */
+  } sa;
   k3k_tensor_t embed, lm_head, final_norm, out_res_norm, out_res_proj;
   rn_layer_t *layers;
   int n_kda, n_mla;
@@ -123,7 +149,36 @@ struct k3_runner {
 /* Common error text helper (snprintf into err when not NULL). */
 void rn_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-/* state.c */
+/* One bound weight tensor of the weights arena (runner.c). */
+typedef struct rn_wl {
+  char *name;              /* short name (owned) */
+  int dtype;               /* k3_dtype_t */
+  int ndim;
+  int64_t shape[4];
+  uint64_t bytes, off;
+} rn_wl_t;
+
+/* share.c: shared weights (opts.share_weights_dir). rn_share_begin runs with the layout known
+ * (r->wl, r->wl_hash, r->wa.bytes): creates DIR, takes DIR/.lock (bounded wait), looks for a
+ * live holder; with a matching one imports its arena read-only (r->wa.base, r->wa.imported),
+ * else allocates a k3k_vmm arena (r->wa.base); a holder with other weights is K3_EFINGERPRINT
+ * naming both identities. The lock stays held until rn_share_publish (after the tensors are
+ * filled), which starts this process's own server for the arena and releases the lock.
+ * rn_share_free (runner teardown, or any error) stops the server (removing its socket), closes
+ * every fd, unmaps and releases the lock if still held: no leak on any path. */
+int rn_share_begin(k3_runner_t *r, const char *identity, char *err, size_t errlen);
+int rn_share_publish(k3_runner_t *r, char *err, size_t errlen);
+void rn_share_free(k3_runner_t *r);
+
+/* bind.c: rn_bind_all binds every weight tensor (host views, or the weights arena on device
+ * backends; `identity` names the weights for sharing); rn_free_weights undoes it (runner
+ * teardown; also releases shared weights). */
+int rn_bind_all(k3_runner_t *r, const char *identity, char *err, size_t errlen);
+void rn_free_weights(k3_runner_t *r);
+
+/* state.c: rn_state_check_opts validates opts.state against the backend before anything is
+ * allocated; rn_state_init builds the manifest and the pools inside the state arena. */
+int rn_state_check_opts(const k3_runner_t *r, char *err, size_t errlen);
 int rn_state_init(k3_runner_t *r, char *err, size_t errlen);
 void rn_state_free(k3_runner_t *r);
 
@@ -291,14 +346,14 @@ static inline int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, con
 #endif
 
 /* synth_dev.c (CUDA builds): device-generated weights for k3_runner_init_synth. rn_syn_begin
- * plans the tensors (sets r->tmap), rn_syn_tensor generates one by short name into a new device
- * allocation (exactly k3_synth_fill's bytes; verify_kib > 0 compares two slices of that many
+ * plans the tensors (sets r->tmap), rn_syn_tensor generates one by short name into dst (its
+ * slot of the weights arena, e->nbytes bytes) (exactly k3_synth_fill's bytes; verify_kib > 0 compares two slices of that many
  * KiB per tensor with the host generator, < 0 whole tensors), rn_syn_find looks an entry up,
  * rn_syn_end frees the generator state and the plan (runner teardown: r->tmap points into it). */
 #ifdef K3_RUNNER_CUDA
 int rn_syn_begin(k3_runner_t *r, uint64_t seed, int verify_kib, char *err, size_t errlen);
 int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t **e,
-                  void **dev, char *err, size_t errlen);
+                  void *dst, char *err, size_t errlen);
 const k3_tmap_entry_t *rn_syn_find(const k3_runner_t *r, const char *short_name);
 void rn_syn_summary(const k3_runner_t *r, uint64_t *patched, uint64_t *verified);
 void rn_syn_end(k3_runner_t *r);
@@ -309,7 +364,7 @@ static inline int rn_syn_begin(k3_runner_t *r, uint64_t seed, int verify_kib, ch
   return K3_ENOTSUP;
 }
 static inline int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t **e,
-                                void **dev, char *err, size_t errlen) {
+                                void *dst, char *err, size_t errlen) {
   return K3_ENOTSUP;
 }
 static inline const k3_tmap_entry_t *rn_syn_find(const k3_runner_t *r, const char *short_name) {

@@ -8,12 +8,18 @@
  * re-derives the fingerprint: xxhash64 of "k3_runner state v1", the precision, ckpt's
  * fingerprint and one line per adjusted region. It is re-derived in bf16 mode too, so the
  * precision is always part of it.
+ * State arena: every pool tensor (per KDA layer S + conv q/k/v, per MLA layer the page pool)
+ * sits at its own 256-byte-aligned offset of ONE allocation (docs/gpu-cluster.md §2): the
+ * backend's, the caller's (opts.state.alloc, host backends: e.g. UCX-allocated memory a
+ * same-host sender maps) or a k3k_vmm allocation (opts.state.vmm, cuda: exportable). Each
+ * tensor keeps the layout [num_slots|num_pages, ...], so no kernel sees a difference.
  * Export/import copy through the backend (copy_to_host / copy_from_host), so they work the
  * same for host and device pools. Region bytes: KDA = per slot; MLA = n_pages(len) pages. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "k3k_xdev.h"
 #include "k3pd/err.h"
 #include "k3pd/util.h"
 #include "runner_internal.h"
@@ -49,16 +55,67 @@ static int adjust_manifest(k3_runner_t *r) {
   return 0;
 }
 
-static int pool_tensor(k3_runner_t *r, k3k_dtype_t dt, int ndim, const int64_t *shape,
-                       k3k_tensor_t *t) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; i++) n *= shape[i];
-  size_t bytes = (size_t)n * k3k_dtype_size(dt);
-  void *p = NULL;
-  if (r->be->alloc(r->be, bytes ? bytes : 64, &p)) return K3_ENOMEM;
-  r->be->memset(r->be, p, 0, bytes);
-  *t = k3k_tensor_make(r->be, dt, p, ndim, shape);
+#define RN_SALIGN 256 /* state arena alignment of every pool tensor */
+
+int rn_state_check_opts(const k3_runner_t *r, char *err, size_t errlen) {
+  const k3_runner_arena_opts_t *a = &r->opts.state;
+  if (a->alloc && a->vmm) {
+    rn_seterr(err, errlen, "runner: state arena: give a caller allocator or vmm, not both");
+    return K3_EINVAL;
+  }
+  if ((a->alloc != NULL) != (a->free != NULL)) {
+    rn_seterr(err, errlen, "runner: state arena: a caller allocator needs both alloc and free");
+    return K3_EINVAL;
+  }
+  if (a->alloc && !r->be->host_memory) {
+    rn_seterr(err, errlen, "runner: state arena: a caller allocator is for host backends (backend %s: use vmm)",
+              r->backend_name);
+    return K3_EINVAL;
+  }
+  if (a->vmm && r->be->host_memory) {
+    rn_seterr(err, errlen, "runner: state arena: vmm needs backend cuda (not %s)", r->backend_name);
+    return K3_ENOTSUP;
+  }
   return 0;
+}
+
+/* Allocates the state arena (r->sa) of `bytes` from where opts.state says, and zeroes it. On
+ * error r->sa holds whatever must still be handed back (rn_state_free does). */
+static int arena_alloc(k3_runner_t *r, size_t bytes, char *err, size_t errlen) {
+  const k3_runner_arena_opts_t *a = &r->opts.state;
+  void *p = NULL;
+  int rc = 0;
+  if (a->alloc) {
+    p = a->alloc(a->ud, bytes);
+    if (!p) {
+      rn_seterr(err, errlen, "runner: state arena: the caller's allocator failed (%zu bytes)", bytes);
+      return K3_ENOMEM;
+    }
+    r->sa.user = true;
+    r->sa.base = p;
+    if ((uintptr_t)p % RN_SALIGN) {
+      rn_seterr(err, errlen, "runner: state arena: the caller's allocator returned memory not aligned to %d bytes",
+                RN_SALIGN);
+      return K3_EINVAL;
+    }
+  } else if (a->vmm) {
+    if ((rc = k3k_vmm_alloc(r->be, bytes, &r->sa.vmm))) {
+      rn_seterr(err, errlen, "runner: state arena: no shareable (VMM) device memory of %zu bytes: %s (the log "
+                "says why)", bytes, k3_strerror(rc));
+      return rc;
+    }
+    p = k3k_vmm_ptr(r->sa.vmm);
+  } else {
+    /* host backends align to 64 bytes only: take 256 more and align the base up */
+    if ((rc = r->be->alloc(r->be, bytes + RN_SALIGN, &r->sa.raw))) {
+      rn_seterr(err, errlen, "runner: no memory for the state pools (%zu bytes in one allocation)", bytes);
+      return rc;
+    }
+    p = (void *)(((uintptr_t)r->sa.raw + RN_SALIGN - 1) / RN_SALIGN * RN_SALIGN);
+  }
+  r->sa.base = p;
+  r->sa.bytes = bytes;
+  return r->be->memset(r->be, p, 0, bytes);
 }
 
 int rn_state_init(k3_runner_t *r, char *err, size_t errlen) {
@@ -80,18 +137,47 @@ int rn_state_init(k3_runner_t *r, char *err, size_t errlen) {
     return K3_ENOMEM;
   r->free_slots = o->num_slots;
   r->free_pages = o->num_pages;
+  /* every pool tensor at its own 256-byte-aligned offset of one arena, in the order KDA layers
+   * (S, conv q, k, v) then MLA layers; each keeps its [num_slots|num_pages, ...] layout */
   const int64_t NH = c->kda_num_heads, DK = c->kda_head_dim, P = c->kda_proj_dim;
+  const int n_t = 4 * r->n_kda + r->n_mla;
+  struct {
+    k3k_tensor_t *t;
+    k3k_dtype_t dt;
+    int ndim;
+    int64_t shape[4];
+    size_t off;
+  } *pl = calloc((size_t)n_t + 1, sizeof *pl);
+  if (!pl) return K3_ENOMEM;
+  int k = 0;
   for (int i = 0; i < r->n_kda; i++) {
-    int64_t s_shape[4] = {o->num_slots, NH, DK, DK};
-    int64_t c_shape[3] = {o->num_slots, P, c->conv_kernel - 1};
-    if (pool_tensor(r, K3K_F32, 4, s_shape, &r->kda_S[i])) return K3_ENOMEM;
-    for (int j = 0; j < 3; j++)
-      if (pool_tensor(r, r->sdt, 3, c_shape, &r->kda_conv[i][j])) return K3_ENOMEM;
+    pl[k].t = &r->kda_S[i], pl[k].dt = K3K_F32, pl[k].ndim = 4;
+    pl[k].shape[0] = o->num_slots, pl[k].shape[1] = NH, pl[k].shape[2] = DK, pl[k].shape[3] = DK;
+    k++;
+    for (int j = 0; j < 3; j++, k++) {
+      pl[k].t = &r->kda_conv[i][j], pl[k].dt = r->sdt, pl[k].ndim = 3;
+      pl[k].shape[0] = o->num_slots, pl[k].shape[1] = P, pl[k].shape[2] = c->conv_kernel - 1;
+    }
   }
-  for (int i = 0; i < r->n_mla; i++) {
-    int64_t shape[3] = {o->num_pages, o->page_tokens, c->mla_cache_dim};
-    if (pool_tensor(r, r->sdt, 3, shape, &r->mla_cache[i])) return K3_ENOMEM;
+  for (int i = 0; i < r->n_mla; i++, k++) {
+    pl[k].t = &r->mla_cache[i], pl[k].dt = r->sdt, pl[k].ndim = 3;
+    pl[k].shape[0] = o->num_pages, pl[k].shape[1] = o->page_tokens, pl[k].shape[2] = c->mla_cache_dim;
   }
+  size_t total = 0;
+  for (k = 0; k < n_t; k++) {
+    int64_t n = 1;
+    for (int d = 0; d < pl[k].ndim; d++) n *= pl[k].shape[d];
+    pl[k].off = (total + RN_SALIGN - 1) / RN_SALIGN * RN_SALIGN;
+    total = pl[k].off + (size_t)n * k3k_dtype_size(pl[k].dt);
+  }
+  total = (total + RN_SALIGN - 1) / RN_SALIGN * RN_SALIGN;
+  if ((rc = arena_alloc(r, total ? total : RN_SALIGN, err, errlen))) {
+    free(pl);
+    return rc;
+  }
+  for (k = 0; k < n_t; k++)
+    *pl[k].t = k3k_tensor_make(r->be, pl[k].dt, (char *)r->sa.base + pl[k].off, pl[k].ndim, pl[k].shape);
+  free(pl);
   for (size_t i = 0; i < r->man.n; i++) {
     const k3_region_t *g = &r->man.regions[i];
     const k3k_tensor_t *t;
@@ -116,15 +202,14 @@ int rn_state_init(k3_runner_t *r, char *err, size_t errlen) {
 }
 
 void rn_state_free(k3_runner_t *r) {
-  if (r->be) {
-    for (int i = 0; r->kda_S && i < r->n_kda; i++) {
-      if (r->kda_S[i].data) r->be->free(r->be, r->kda_S[i].data);
-      for (int j = 0; j < 3; j++)
-        if (r->kda_conv[i][j].data) r->be->free(r->be, r->kda_conv[i][j].data);
-    }
-    for (int i = 0; r->mla_cache && i < r->n_mla; i++)
-      if (r->mla_cache[i].data) r->be->free(r->be, r->mla_cache[i].data);
-  }
+  /* one arena holds every pool tensor: hand it back to where it came from */
+  if (r->sa.user && r->sa.base)
+    r->opts.state.free(r->opts.state.ud, r->sa.base);
+  else if (r->sa.vmm)
+    k3k_vmm_free(r->sa.vmm);
+  else if (r->sa.raw && r->be)
+    r->be->free(r->be, r->sa.raw);
+  memset(&r->sa, 0, sizeof r->sa);
   free(r->kda_S);
   free(r->kda_conv);
   free(r->mla_cache);
@@ -200,6 +285,13 @@ int k3_runner_import_region(k3_runner_t *r, k3_seq_t *seq, int i, const void *sr
   }
   return be->copy_from_host(be, base + (size_t)seq->slot * stride, src, g->bytes);
 }
+
+void k3_runner_state_arena(const k3_runner_t *r, void **base, size_t *bytes) {
+  if (base) *base = r->sa.base;
+  if (bytes) *bytes = r->sa.bytes;
+}
+
+struct k3k_vmm *k3_runner_state_vmm(const k3_runner_t *r) { return r->sa.vmm; }
 
 int k3_runner_pool_mem(const k3_runner_t *r, int i, void **base, size_t *stride_bytes,
                        size_t *count) {

@@ -5,11 +5,11 @@
  * What it is for: the medium preset is 91.6 GB, more than the GPU host's disk, and takes ~20 min
  * to generate on its 16 cores (MXFP4 masters: two Box-Muller normals each, generated once for
  * the packed codes and again for the scales). On the GPU (kernels/cuda/synth_gpu.cu) it takes
- * seconds. Per tensor: allocate, generate on the device, patch the few "uncertain" elements
+ * seconds. Per tensor: generate on the device into its slot of the runner's weights arena, patch the few "uncertain" elements
  * (values within 256 double ulps of a float rounding midpoint, where the device's log/cos may
  * round differently from glibc's) with k3_synth_fill on the host, optionally compare slices with
  * the host generator, bind.
- * What it is not: a weights object. The runner owns the device tensors (like uploads) and the
+ * What it is not: a weights object. The runner owns the device memory (the weights arena) and the
  * plan (k3_tmap_plan); there is no host copy, so a CPU reference cannot share these weights.
  * Invariants: after rn_syn_tensor returns 0 the tensor's device bytes equal k3_synth_fill's for
  * the same (config, entry, seed); a verification mismatch is K3_EINTERNAL naming the tensor. */
@@ -149,7 +149,7 @@ static int verify_range(k3_runner_t *r, const k3_tmap_entry_t *e, const uint8_t 
 }
 
 int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t **e_out,
-                  void **dev_out, char *err, size_t errlen) {
+                  void *dev, char *err, size_t errlen) {
   struct rn_syn *y = r->syn;
   k3k_backend_t *be = r->be;
   cudaStream_t st = k3k_cuda_ctx_of(be)->stream;
@@ -158,13 +158,7 @@ int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t 
     rn_seterr(err, errlen, "runner: tensor %s is not in the plan of this config", short_name);
     return K3_ENOENT;
   }
-  void *dev = NULL;
-  int rc = be->alloc(be, e->nbytes ? e->nbytes : 64, &dev);
-  if (rc) {
-    rn_seterr(err, errlen, "runner: no device memory for %s (%llu bytes)", e->name,
-              (unsigned long long)e->nbytes);
-    return rc;
-  }
+  int rc = 0;
   const bool mx = e->role == K3_ROLE_EXPERT_PACKED || e->role == K3_ROLE_EXPERT_SCALE;
   const bool scale = e->role == K3_ROLE_EXPERT_SCALE;
   if (!rc) rc = be->memset(be, y->d_n, 0, sizeof(unsigned));
@@ -212,7 +206,6 @@ int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t 
     if (err && !err[0])
       rn_seterr(err, errlen, "runner: device generation of %s failed: %s%s", e->name, k3_strerror(rc),
                 nf > SYN_CAP ? " (too many uncertain values)" : "");
-    be->free(be, dev);
     return rc;
   }
   y->done += e->nbytes;
@@ -223,7 +216,6 @@ int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t 
     y->next_report += (uint64_t)8 << 30;
   }
   *e_out = e;
-  *dev_out = dev;
   return 0;
 }
 

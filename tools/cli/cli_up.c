@@ -260,7 +260,7 @@ static void on_router_timer(uv_timer_t *t) {
 static int run_up(int argc, char **argv) {
   const char *model = NULL, *bindir = NULL, *ready_file = NULL, *backend = "cpu-fast", *precision = "fp32";
   const char *host = "127.0.0.1";
-  int n_prefill = 1, n_decode = 1, port = 50051, threads = 1, page_tokens = 16, num_pages = 1024, num_slots = 16;
+  int n_prefill = 1, n_decode = 1, port = 50051, threads = 1, page_tokens = 64, num_pages = 1024, num_slots = 16;
   int http_port = -1;
   int64_t stop_timeout_ms = 30000, start_timeout_ms = 120000;
   k3_flag_t flags[] = {
@@ -273,7 +273,7 @@ static int run_up(int argc, char **argv) {
       {"backend", K3_FLAG_STR, &backend, "NAME", "kernel backend of the workers (cpu, cpu-fast, cuda)", false},
       {"precision", K3_FLAG_STR, &precision, "fp32|bf16", "numeric mode of the workers", false},
       {"threads", K3_FLAG_INT, &threads, "N", "backend threads per worker", false},
-      {"page-tokens", K3_FLAG_INT, &page_tokens, "N", "MLA page size", false},
+      {"page-tokens", K3_FLAG_INT, &page_tokens, "N", "MLA page size (the workers' default)", false},
       {"num-pages", K3_FLAG_INT, &num_pages, "N", "KV pages per worker", false},
       {"num-slots", K3_FLAG_INT, &num_slots, "N", "KDA slots per worker", false},
       {"bindir", K3_FLAG_STR, &bindir, "DIR", "where k3pd-router/-prefill/-decode are", false},

@@ -1,0 +1,518 @@
+/* k3k_xdev on CUDA (k3k_xdev.h): digest and copy jobs over device memory on a stream of their
+ * own; the kernel is kernels/core/xxh3_warp.h glued with warp shuffles.
+ *
+ * A job: the host plans the chunk table (kernels/core/xdev_plan.h) into pinned staging; one
+ * kernel launch hashes every chunk (a warp per 4096-byte chunk, 8 warps a block) and copies it
+ * when its segment has a dst, in the same pass; the chunk digests go straight to mapped pinned
+ * host memory (a block's 8 digests as one 64-byte write); an event marks the end; notify is
+ * queued behind it with cudaLaunchHostFunc; k3k_xdev_poll sees the event and combines each
+ * region's chunk digests on the host (k3_digest_combine).
+ * Why no copies around the kernel: a 6 MiB job's copy takes ~3 us on an H200; a host-to-device
+ * upload of the table plus a device-to-host copy of the digests would add ~4 us of copy-engine
+ * latency. So the table travels as a kernel parameter (__grid_constant__: no local copy; each
+ * block copies it to shared memory with register-indexed parameter loads) when it has <= 8
+ * entries (small launch) or <= 120 (4 KB, the classic parameter limit), and only bigger tables
+ * (a 1M-token MLA layer: one entry per page) are uploaded, where the upload is small next to
+ * the job.
+ * Buffers: each job takes a slot (pinned table staging, device table, mapped digests, event)
+ * from the xdev's pool and returns it when it is seen finished, so jobs in flight at once never
+ * share memory and steady state allocates nothing.
+ * What it is not: thread-safe (k3k_xdev.h: one thread at a time), or ordered with the backend's
+ * stream (the caller orders the producer of src before submit, e.g. by synchronising it).
+ * Invariants: every CUDA call is checked; on an error before anything was queued nothing
+ * changed; a job's slot is reused only after its event completed. */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+#include "xdev_cuda.h"
+extern "C" {
+#include "core/xdev_int.h"
+#include "k3pd/digest.h"
+}
+#include "core/xxh3_warp.h"
+
+#define XK_WARPS 8     /* chunks (warps) per block */
+#define XK_NI_SMALL 8  /* table entries passed in a small parameter block */
+#define XK_NI_BIG 120  /* ... in a 4 KB one; beyond, the table is uploaded */
+
+__constant__ k3k_xw_consts c_xw;
+
+template <int NI>
+struct xk_args {
+  uint32_t n_chunks, n_groups;
+  uint32_t n_ent;       /* NI > 0: entries in inl */
+  const k3k_xent *gtab; /* NI == 0: the table in device memory */
+  uint64_t *out;        /* [n_chunks] chunk digests (device view of mapped host memory) */
+  k3k_xent inl[NI > 0 ? NI : 1];
+};
+static_assert(sizeof(xk_args<XK_NI_BIG>) <= 4096, "the inline table fits the 4 KB parameter block");
+
+/* Word t of the inline table, read straight from the parameter block (ld.param with a register
+ * offset: no generic pointer into parameter space, whose loads the table walk would pay). */
+template <int NI>
+__device__ __forceinline__ uint64_t inl_word(const xk_args<NI> &a, uint32_t t) {
+  const k3k_xent &e = a.inl[t >> 2];
+  switch (t & 3) {
+  case 0: return e.src;
+  case 1: return e.dst;
+  case 2: return e.chunk | (uint64_t)e.n << 32;
+  default: return e.len | (uint64_t)e.flags << 32;
+  }
+}
+static_assert(sizeof(k3k_xent) == 32 && offsetof(k3k_xent, chunk) == 16 && offsetof(k3k_xent, len) == 24,
+              "inl_word's layout");
+
+/* Grid: ceil(n_chunks / 8) blocks of 8 warps; warp w of block b hashes chunk 8 b + w.
+ * Shapes per warp: lane l holds bytes [1024 k + 32 l, +32) of its chunk for k < 4 (32 regs).
+ * An inline table is first copied to shared memory by the block. */
+template <int NI>
+__global__ void __launch_bounds__(XK_WARPS * 32, 3) xdev_kernel(const __grid_constant__ xk_args<NI> a) {
+  __shared__ uint64_t sk64[24];
+  __shared__ __align__(16) uint8_t sstage[XK_WARPS][XW_STAGE];
+  __shared__ uint64_t sdig[XK_WARPS];
+  __shared__ __align__(16) k3k_xent stab[NI > 0 ? NI : 1];
+  const int l = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  if (threadIdx.x < 24) sk64[threadIdx.x] = c_xw.k64[threadIdx.x]; /* lanes index it freely */
+  if (NI > 0)
+    for (uint32_t t = threadIdx.x; t < 4 * a.n_ent; t += XK_WARPS * 32) ((uint64_t *)stab)[t] = inl_word(a, t);
+  __syncthreads();
+  const uint32_t c = blockIdx.x * XK_WARPS + wi;
+  if (c < a.n_chunks) {
+    const k3k_xent *tab = NI > 0 ? stab : a.gtab;
+    uint32_t lo = 0, hi = a.n_groups;
+    while (hi - lo > 1) {
+      uint32_t step = xw_search_step(lo, hi);
+      uint32_t k = __popc(__ballot_sync(0xffffffffu, xw_probe(tab, lo, hi, step, l, c)));
+      xw_narrow(&lo, &hi, step, k);
+    }
+    xw_chunk ch;
+    xw_resolve(tab, lo, c, &ch);
+    uint64_t w[XW_STEPS][4];
+    xw_lane_read(&ch, l, w); /* every load in flight before the first use */
+    xw_cur wcu;
+    xw_cur_init(&ch, &wcu);
+    uint8_t *stage = sstage[wi];
+    const uint32_t ns = xw_nsteps(ch.len);
+    uint64_t h;
+    if (ch.len <= XW_MIDSIZE) { /* one step */
+      if (ns) {
+        xw_lane_write_step(&ch, &wcu, l, 0, w[0]);
+        xw_stage(stage, ch.len, 32 * l, w[0]);
+      }
+      __syncwarp();
+      h = xw_short(stage, ch.len, c_xw.secret); /* every lane, same bytes: no divergence */
+    } else {
+      uint64_t key[4], kscr;
+      xw_lane_keys(sk64, l, key, &kscr);
+      uint64_t acc = c_xw.init[xw_lane_acc(l)];
+      XW_UNROLL
+      for (uint32_t k = 0; k < XW_STEPS; k++) {
+        if (k < ns) { /* store, stage and hash step k: waits for w[k] only */
+          uint64_t p[4], keep[2], send[2], q[2], kb, sb;
+          xw_lane_write_step(&ch, &wcu, l, k, w[k]);
+          xw_stage(stage, ch.len, XW_STEP * k + 32 * l, w[k]);
+          if (k + 1 == ns) __syncwarp(); /* the last stripe's bytes are staged */
+          xw_lane_contrib(&c_xw, ch.len, k, l, w[k], key, stage, p);
+          xw_red_a(l, p, keep, send);
+          q[0] = keep[0] + __shfl_xor_sync(0xffffffffu, send[0], 2);
+          q[1] = keep[1] + __shfl_xor_sync(0xffffffffu, send[1], 2);
+          xw_red_b(l, q, &kb, &sb);
+          uint64_t v = kb + __shfl_xor_sync(0xffffffffu, sb, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          v += __shfl_xor_sync(0xffffffffu, v, 16);
+          acc = xw_acc_step(ch.len, k, acc, v, kscr);
+        }
+      }
+      uint64_t accs[8];
+      XW_UNROLL
+      for (int m = 0; m < 8; m++) accs[m] = __shfl_sync(0xffffffffu, acc, xw_acc_lane(m));
+      h = xw_merge(&c_xw, accs, ch.len);
+    }
+    if (l == 0) sdig[wi] = h;
+  }
+  __syncthreads();
+  if (threadIdx.x < XK_WARPS) { /* one 64-byte write per block over PCIe */
+    uint32_t cc = blockIdx.x * XK_WARPS + threadIdx.x;
+    if (cc < a.n_chunks) a.out[cc] = sdig[threadIdx.x];
+  }
+}
+
+template <int NI>
+static int launch_t(cudaStream_t st, uint32_t n_chunks, uint32_t n_groups, const k3k_xent *ent,
+                    size_t n_ent, const k3k_xent *gtab, uint64_t *out) {
+  xk_args<NI> a;
+  memset(&a, 0, sizeof a);
+  a.n_chunks = n_chunks;
+  a.n_groups = n_groups;
+  a.n_ent = NI > 0 ? (uint32_t)n_ent : 0;
+  a.gtab = gtab;
+  a.out = out;
+  if (NI > 0) memcpy(a.inl, ent, n_ent * sizeof *ent);
+  unsigned grid = (unsigned)((n_chunks + XK_WARPS - 1) / XK_WARPS);
+  xdev_kernel<NI><<<grid, XK_WARPS * 32, 0, st>>>(a);
+  K3K_LAUNCHED("xdev_kernel");
+  return 0;
+}
+
+/* ---- jobs and their buffers ---- */
+
+typedef struct xslot {
+  struct xslot *next;   /* free list */
+  struct xslot *anext;  /* every slot of the xdev */
+  k3k_xent *hent;       /* pinned: the table as planned, hent_cap entries */
+  size_t hent_cap;
+  k3k_xent *dent;       /* device copy for tables over XK_NI_BIG entries, dent_cap entries */
+  size_t dent_cap;
+  uint64_t *hdig, *ddig; /* mapped pinned chunk digests (host / device view), dig_cap */
+  size_t dig_cap;
+  uint32_t *rchunk;     /* [n_regions + 1] first chunk of each region (malloc) */
+  size_t rchunk_cap;
+  cudaEvent_t done;     /* recorded after the kernel */
+} xslot;
+
+enum { J_RUNNING = 0, J_DONE = 1, J_FAILED = 2 };
+
+typedef struct cu_xjob {
+  k3k_xjob_t base;
+  struct cu_xdev *x;
+  struct cu_xjob *prev, *next; /* the xdev's unfreed jobs */
+  xslot *slot;                 /* while running */
+  int state;
+  uint32_t n_regions;
+  uint64_t *dig;               /* [n_regions] region digests once done */
+} cu_xjob;
+
+typedef struct cu_xdev {
+  k3k_xdev_t base;
+  int device;
+  cudaStream_t st;
+  xslot *free_slots, *all_slots;
+  size_t n_slots;
+  cu_xjob *jobs;
+  size_t live;  /* jobs not freed yet; a closed xdev is freed with the last one */
+  bool closed;
+  int last_path;
+} cu_xdev;
+
+typedef struct {
+  void (*fn)(void *ud);
+  void *ud;
+} notify_rec;
+
+/* Logs a failed call and returns K3_EDEVICE (0 on success), for paths that clean up. */
+static int cu_ok(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return 0;
+  K3_ERROR("cuda xdev: %s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  return K3_EDEVICE;
+}
+
+static void CUDART_CB run_notify(void *p) {
+  notify_rec r = *(notify_rec *)p;
+  free(p);
+  r.fn(r.ud);
+}
+
+static size_t grow(size_t want, size_t floor) { return want < floor ? floor : want + want / 4; }
+
+/* Makes s hold a job of n_ent entries, n_chunks chunks, n_regions regions. Buffers are
+ * replaced only when too small; s is free, so no queued work uses them. */
+static int slot_fit(xslot *s, size_t n_ent, uint64_t n_chunks, uint32_t n_regions) {
+  if (s->hent_cap < n_ent) {
+    size_t cap = grow(n_ent, 256);
+    void *p = NULL;
+    if (s->hent && cu_ok(cudaFreeHost(s->hent), "cudaFreeHost")) return K3_EDEVICE;
+    s->hent = NULL;
+    s->hent_cap = 0;
+    if (cudaMallocHost(&p, cap * sizeof(k3k_xent)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      K3_ERROR("cuda xdev: pinned table staging of %zu entries unavailable", cap);
+      return K3_ENOMEM;
+    }
+    s->hent = (k3k_xent *)p;
+    s->hent_cap = cap;
+  }
+  if (n_ent > XK_NI_BIG && s->dent_cap < n_ent) {
+    size_t cap = grow(n_ent, 1024);
+    void *p = NULL;
+    if (s->dent && cu_ok(cudaFree(s->dent), "cudaFree")) return K3_EDEVICE;
+    s->dent = NULL;
+    s->dent_cap = 0;
+    if (cudaMalloc(&p, cap * sizeof(k3k_xent)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      K3_ERROR("cuda xdev: device table of %zu entries unavailable", cap);
+      return K3_ENOMEM;
+    }
+    s->dent = (k3k_xent *)p;
+    s->dent_cap = cap;
+  }
+  if (s->dig_cap < n_chunks) {
+    size_t cap = grow((size_t)n_chunks, 4096);
+    void *h = NULL, *d = NULL;
+    if (s->hdig && cu_ok(cudaFreeHost(s->hdig), "cudaFreeHost")) return K3_EDEVICE;
+    s->hdig = s->ddig = NULL;
+    s->dig_cap = 0;
+    if (cudaHostAlloc(&h, cap * sizeof(uint64_t), cudaHostAllocMapped) != cudaSuccess) {
+      (void)cudaGetLastError();
+      K3_ERROR("cuda xdev: mapped digest buffer of %zu chunks unavailable", cap);
+      return K3_ENOMEM;
+    }
+    if (cu_ok(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer")) {
+      cudaFreeHost(h);
+      return K3_EDEVICE;
+    }
+    s->hdig = (uint64_t *)h;
+    s->ddig = (uint64_t *)d;
+    s->dig_cap = cap;
+  }
+  if (s->rchunk_cap < (size_t)n_regions + 1) {
+    size_t cap = grow((size_t)n_regions + 1, 64);
+    uint32_t *p = (uint32_t *)realloc(s->rchunk, cap * sizeof *p);
+    if (!p) return K3_ENOMEM;
+    s->rchunk = p;
+    s->rchunk_cap = cap;
+  }
+  return 0;
+}
+
+static void slot_put(cu_xdev *x, xslot *s) {
+  s->next = x->free_slots;
+  x->free_slots = s;
+}
+
+static int slot_get(cu_xdev *x, size_t n_ent, uint64_t n_chunks, uint32_t n_regions, xslot **out) {
+  xslot *s = x->free_slots;
+  if (s) {
+    x->free_slots = s->next;
+  } else {
+    s = (xslot *)calloc(1, sizeof *s);
+    if (!s) return K3_ENOMEM;
+    if (cu_ok(cudaEventCreate(&s->done), "cudaEventCreate")) { /* timing on: the perf table reads it */
+      free(s);
+      return K3_EDEVICE;
+    }
+    s->anext = x->all_slots;
+    x->all_slots = s;
+    x->n_slots++;
+  }
+  int rc = slot_fit(s, n_ent, n_chunks, n_regions);
+  if (rc) {
+    slot_put(x, s);
+    return rc;
+  }
+  *out = s;
+  return 0;
+}
+
+static void slot_destroy(xslot *s) {
+  if (s->hent) cudaFreeHost(s->hent);
+  if (s->dent) cudaFree(s->dent);
+  if (s->hdig) cudaFreeHost(s->hdig);
+  if (s->done) cudaEventDestroy(s->done);
+  free(s->rchunk);
+  free(s);
+}
+
+/* The job's slot is no longer used by the device (its event completed, or failed): collect
+ * the region digests and give the slot back. */
+static void finish(cu_xjob *j, cudaError_t e) {
+  xslot *s = j->slot;
+  if (e == cudaSuccess) {
+    for (uint32_t r = 0; r < j->n_regions; r++)
+      j->dig[r] = k3_digest_combine(s->hdig + s->rchunk[r], s->rchunk[r + 1] - s->rchunk[r]);
+    j->state = J_DONE;
+  } else {
+    K3_ERROR("cuda xdev: job failed: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+    j->state = J_FAILED;
+  }
+  slot_put(j->x, s);
+  j->slot = NULL;
+}
+
+/* ---- the API ---- */
+
+extern "C" int k3k_cuda_xdev_open(k3k_backend_t *be, k3k_xdev_t **out) {
+  k3k_cuda_ctx *cx = k3k_cuda_ctx_of(be);
+  if (!cx) return K3_EINVAL;
+  cu_xdev *x = (cu_xdev *)calloc(1, sizeof *x);
+  if (!x) return K3_ENOMEM;
+  x->base.device = true;
+  x->device = cx->device;
+  k3k_xw_consts cs;
+  uint8_t secret[192];
+  k3k_xxh3_secret(secret);
+  xw_consts_init(&cs, secret);
+  xslot *s = NULL;
+  int rc = cu_ok(cudaSetDevice(x->device), "cudaSetDevice");
+  if (!rc) rc = cu_ok(cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (!rc) rc = cu_ok(cudaMemcpyToSymbolAsync(c_xw, &cs, sizeof cs, 0, cudaMemcpyHostToDevice, x->st),
+                      "cudaMemcpyToSymbolAsync");
+  if (!rc) rc = cu_ok(cudaStreamSynchronize(x->st), "cudaStreamSynchronize");
+  if (!rc) rc = slot_get(x, XK_NI_BIG, 16384, 64, &s); /* one slot ready: 64 MiB jobs */
+  if (rc) {
+    k3k_cuda_xdev_close(&x->base);
+    return rc;
+  }
+  slot_put(x, s);
+  *out = &x->base;
+  return 0;
+}
+
+extern "C" void k3k_cuda_xdev_close(k3k_xdev_t *xb) {
+  cu_xdev *x = (cu_xdev *)xb;
+  cudaError_t e = cudaSetDevice(x->device);
+  if (e == cudaSuccess && x->st) e = cudaStreamSynchronize(x->st); /* jobs and their notifies */
+  for (cu_xjob *j = x->jobs; j; j = j->next)
+    if (j->state == J_RUNNING) finish(j, e == cudaSuccess ? cudaEventQuery(j->slot->done) : e);
+  (void)cudaGetLastError();
+  while (x->all_slots) {
+    xslot *s = x->all_slots;
+    x->all_slots = s->anext;
+    slot_destroy(s);
+  }
+  x->free_slots = NULL;
+  if (x->st) cudaStreamDestroy(x->st);
+  x->st = NULL;
+  x->closed = true;
+  if (!x->live) free(x);
+}
+
+static int launch(cu_xdev *x, xslot *s, const k3k_xplan_size_t *sz) {
+  size_t n_ent = (size_t)(sz->n_groups + sz->n_pieces);
+  uint32_t nc = (uint32_t)sz->n_chunks, ng = (uint32_t)sz->n_groups;
+  if (!nc) {
+    x->last_path = 0;
+    return 0;
+  }
+  (void)cudaGetLastError(); /* a non-sticky error left by an earlier call is not ours */
+  if (n_ent <= XK_NI_SMALL) {
+    x->last_path = 1;
+    return launch_t<XK_NI_SMALL>(x->st, nc, ng, s->hent, n_ent, NULL, s->ddig);
+  }
+  if (n_ent <= XK_NI_BIG) {
+    x->last_path = 2;
+    return launch_t<XK_NI_BIG>(x->st, nc, ng, s->hent, n_ent, NULL, s->ddig);
+  }
+  x->last_path = 3;
+  K3K_CU(cudaMemcpyAsync(s->dent, s->hent, n_ent * sizeof(k3k_xent), cudaMemcpyHostToDevice, x->st));
+  return launch_t<0>(x->st, nc, ng, NULL, 0, s->dent, s->ddig);
+}
+
+extern "C" int k3k_cuda_xdev_submit(k3k_xdev_t *xb, const k3k_xseg_t *segs, const uint32_t *first,
+                                    uint32_t n_regions, void (*notify)(void *ud), void *ud,
+                                    k3k_xjob_t **out) {
+  cu_xdev *x = (cu_xdev *)xb;
+  if (x->closed) return K3_EINVAL;
+  k3k_xplan_size_t sz;
+  k3k_xplan_measure(segs, first, n_regions, &sz);
+  size_t n_ent = (size_t)(sz.n_groups + sz.n_pieces);
+  cu_xjob *j = (cu_xjob *)calloc(1, sizeof *j);
+  uint64_t *dig = (uint64_t *)malloc(((size_t)n_regions + 1) * sizeof *dig);
+  notify_rec *rec = notify ? (notify_rec *)malloc(sizeof *rec) : NULL;
+  if (!j || !dig || (notify && !rec)) {
+    free(j);
+    free(dig);
+    free(rec);
+    return K3_ENOMEM;
+  }
+  xslot *s = NULL;
+  int rc = cu_ok(cudaSetDevice(x->device), "cudaSetDevice");
+  if (!rc) rc = slot_get(x, n_ent, sz.n_chunks, n_regions, &s);
+  if (rc) {
+    free(j);
+    free(dig);
+    free(rec);
+    return rc;
+  }
+  k3k_xplan_fill(segs, first, n_regions, &sz, s->hent, s->rchunk);
+  rc = launch(x, s, &sz);
+  if (!rc) rc = cu_ok(cudaEventRecord(s->done, x->st), "cudaEventRecord");
+  if (!rc && rec) {
+    rec->fn = notify;
+    rec->ud = ud;
+    rc = cu_ok(cudaLaunchHostFunc(x->st, run_notify, rec), "cudaLaunchHostFunc");
+  }
+  if (rc) { /* something may be queued: let it end before the slot can be reused */
+    if (cudaStreamSynchronize(x->st) != cudaSuccess) (void)cudaGetLastError();
+    slot_put(x, s);
+    free(j);
+    free(dig);
+    free(rec);
+    return rc;
+  }
+  j->base.device = true;
+  j->x = x;
+  j->slot = s;
+  j->state = J_RUNNING;
+  j->n_regions = n_regions;
+  j->dig = dig;
+  j->next = x->jobs;
+  if (x->jobs) x->jobs->prev = j;
+  x->jobs = j;
+  x->live++;
+  *out = &j->base;
+  return 0;
+}
+
+extern "C" int k3k_cuda_xdev_poll(k3k_xjob_t *jb, uint64_t *digests) {
+  cu_xjob *j = (cu_xjob *)jb;
+  if (j->n_regions && !digests) return K3_EINVAL;
+  if (j->state == J_RUNNING) {
+    if (cu_ok(cudaSetDevice(j->x->device), "cudaSetDevice")) return K3_EDEVICE;
+    cudaError_t e = cudaEventQuery(j->slot->done);
+    if (e == cudaErrorNotReady) { /* not an error: never leave it for a later launch check */
+      if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+      return 0;
+    }
+    finish(j, e);
+  }
+  if (j->state == J_FAILED) return K3_EDEVICE;
+  if (j->n_regions) memcpy(digests, j->dig, (size_t)j->n_regions * sizeof *digests);
+  return 1;
+}
+
+extern "C" void k3k_cuda_xdev_job_free(k3k_xjob_t *jb) {
+  cu_xjob *j = (cu_xjob *)jb;
+  cu_xdev *x = j->x;
+  if (j->state == J_RUNNING) { /* only while x is open: close finished every job */
+    cudaError_t e = cudaSetDevice(x->device);
+    if (e == cudaSuccess) e = cudaEventSynchronize(j->slot->done);
+    finish(j, e);
+  }
+  if (j->prev) j->prev->next = j->next;
+  else x->jobs = j->next;
+  if (j->next) j->next->prev = j->prev;
+  free(j->dig);
+  free(j);
+  if (--x->live == 0 && x->closed) free(x);
+}
+
+extern "C" int k3k_cuda_device_uuid(k3k_backend_t *be, uint8_t uuid[16]) {
+  k3k_cuda_ctx *cx = k3k_cuda_ctx_of(be);
+  if (!cx) return K3_ENOTSUP;
+  cudaDeviceProp p;
+  K3K_CU(cudaGetDeviceProperties(&p, cx->device));
+  memcpy(uuid, p.uuid.bytes, 16);
+  return 0;
+}
+
+extern "C" int k3k_cuda_device_mem(k3k_backend_t *be, size_t *free_bytes, size_t *total_bytes) {
+  k3k_cuda_ctx *cx = k3k_cuda_ctx_of(be);
+  if (!cx) return K3_ENOTSUP;
+  K3K_CU(cudaSetDevice(cx->device));
+  K3K_CU(cudaMemGetInfo(free_bytes, total_bytes));
+  return 0;
+}
+
+/* ---- hooks (xdev_cuda.h) ---- */
+
+extern "C" cudaStream_t k3k_cuda_xdev_stream(k3k_xdev_t *xb) {
+  return xb && xb->device ? ((cu_xdev *)xb)->st : NULL;
+}
+extern "C" size_t k3k_cuda_xdev_slots(k3k_xdev_t *xb) {
+  return xb && xb->device ? ((cu_xdev *)xb)->n_slots : 0;
+}
+extern "C" int k3k_cuda_xdev_last_path(k3k_xdev_t *xb) {
+  return xb && xb->device ? ((cu_xdev *)xb)->last_path : 0;
+}
