@@ -48,7 +48,7 @@ void rt_oai_free(void *p) {
 
 unsigned rt_http_status_of(k3_rpc_code_t code, const char **type, const char **ecode) {
   switch (code) {
-    case K3_RPC_INVALID_ARGUMENT: *type = "invalid_request_error"; *ecode = NULL; return 400;
+    case K3_RPC_INVALID_ARGUMENT: *type = "invalid_request_error"; *ecode = "invalid_value"; return 400;
     case K3_RPC_NOT_FOUND: *type = "invalid_request_error"; *ecode = "not_found"; return 404;
     case K3_RPC_ALREADY_EXISTS: *type = "invalid_request_error"; *ecode = "request_id_in_use"; return 409;
     case K3_RPC_RESOURCE_EXHAUSTED: *type = "rate_limit_error"; *ecode = "capacity_exhausted"; return 429;
