@@ -16,6 +16,7 @@
 #include "k3pd/lifecycle.h"
 #include "k3pd/log.h"
 #include "k3pd/util.h"
+#include "http.h"
 #include "rt.h"
 
 typedef struct {
@@ -26,6 +27,8 @@ typedef struct {
 
 static void on_client_closed(void *arg) { (void)arg; }
 
+static void on_http_done(void *arg) { ((app_t *)arg)->rt.http = NULL; }
+
 static void on_server_done(void *arg) {
   app_t *a = arg;
   k3_rpc_client_close(a->rt.cli, on_client_closed, NULL);
@@ -34,6 +37,7 @@ static void on_server_done(void *arg) {
 
 static void begin_shutdown(void *ud) {
   app_t *a = ud;
+  if (a->rt.http) rt_http_shutdown(a->rt.http, on_http_done, a); /* cancels what still runs */
   k3_rpc_server_shutdown(a->rt.srv, on_server_done, a);
 }
 
@@ -53,8 +57,9 @@ int main(int argc, char **argv) {
   app_t *a = &app;
   rt_router_t *rt = &a->rt;
   const char *listen = "127.0.0.1:50051", *model = NULL, *model_name = NULL, *port_file = NULL, *log_level = NULL;
-  const char *metrics_host = NULL;
-  int metrics_port = -1;
+  const char *metrics_host = NULL, *http_host = NULL, *http_port_file = NULL;
+  int metrics_port = -1, http_port = -1, http_max_conns = 1024, http_idle_s = 60, http_timeout_ms = 600000;
+  int64_t http_max_body = (int64_t)32 << 20;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, lease_ms = 120000, max_new_limit = 4096, retries = 2;
   a->drain_grace_ms = 30000;
   k3_flag_t flags[] = {
@@ -76,6 +81,18 @@ int main(int argc, char **argv) {
       {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
        false},
       {"metrics-host", K3_FLAG_STR, &metrics_host, "IP", "address the metrics server binds (default all)", false},
+      {"http-port", K3_FLAG_INT, &http_port, "N", "OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+       "/v1/models, /healthz /readyz /health /metrics) on this port (0 = ephemeral, -1 = off, the default: the "
+       "manifests and `k3pd-cli up --http-port` turn it on)", false},
+      {"http-host", K3_FLAG_STR, &http_host, "IP", "address the HTTP API binds (default all)", false},
+      {"http-port-file", K3_FLAG_STR, &http_port_file, "FILE", "write the bound HTTP port here once serving", false},
+      {"http-max-body-bytes", K3_FLAG_I64, &http_max_body, "N", "largest HTTP request body (413 above; default 32M)",
+       false},
+      {"http-max-connections", K3_FLAG_INT, &http_max_conns, "N", "concurrent HTTP connections (default 1024)", false},
+      {"http-idle-timeout-s", K3_FLAG_INT, &http_idle_s, "S", "close an HTTP connection silent this long while "
+       "sending its request or between keep-alive requests (default 60)", false},
+      {"http-timeout-ms", K3_FLAG_INT, &http_timeout_ms, "MS", "deadline of an HTTP generation request (504 when it "
+       "passes; default 600000)", false},
   };
   k3_flags_info_t info = {"k3pd-router",
                           "The cluster's public endpoint (k3pd.v1.Generation). Tokenizes requests, picks a decode "
@@ -90,6 +107,11 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (k3_app_log_setup("k3pd-router", log_level)) return 2;
+  if (http_max_body < 1 || http_max_conns < 1 || http_idle_s < 1 || http_timeout_ms < 1) {
+    fprintf(stderr, "k3pd-router: need --http-max-body-bytes, --http-max-connections, --http-idle-timeout-s and "
+                    "--http-timeout-ms >= 1\n");
+    return 2;
+  }
   if (heartbeat_ms < 10 || heartbeat_timeout_ms <= heartbeat_ms || lease_ms < 1 || max_new_limit < 1 ||
       retries < 0) {
     fprintf(stderr, "k3pd-router: need --heartbeat-ms >= 10 < --heartbeat-timeout-ms, --lease-ms >= 1, "
@@ -149,6 +171,21 @@ int main(int argc, char **argv) {
     return 1;
   }
   rt_expiry_start(rt);
+  if (http_port >= 0) {
+    rt_http_opts_t ho = {.host = http_host,
+                         .port = http_port,
+                         .max_body_bytes = (uint64_t)http_max_body,
+                         .max_connections = (unsigned)http_max_conns,
+                         .idle_timeout_s = (unsigned)http_idle_s,
+                         .request_timeout_ms = (uint32_t)http_timeout_ms};
+    if (rt_http_start(rt, &ho, &rt->http)) return 1;
+    K3_INFO("HTTP API (OpenAI-compatible) on port %d", rt_http_port(rt->http));
+    if (http_port_file) {
+      char buf[32];
+      int n = snprintf(buf, sizeof buf, "%d\n", rt_http_port(rt->http));
+      if (k3_write_file(http_port_file, buf, (size_t)n)) K3_WARN("cannot write --http-port-file %s", http_port_file);
+    }
+  }
   k3_lifecycle_opts_t lo = {.prog = "k3pd-router",
                             .grace_ms = a->drain_grace_ms,
                             .on_drain = on_drain,

@@ -1,7 +1,7 @@
-/* k3pd-router, one request's lifetime and output: relaying tokens to the client with
- * incremental detokenisation and stop strings, finishing (final chunk with finish reason, usage
- * and timings) or failing it (propagating cancel to both workers), metrics and the one log line
- * per request, and freeing it. See req.h. */
+/* k3pd-router, one request's lifetime and output: relaying tokens to the front's sink with
+ * incremental detokenisation and stop strings, finishing (the sink writes the final chunk with
+ * finish reason, usage and timings) or failing it (propagating cancel to both workers), metrics
+ * and the one log line per request, and freeing it. Front-neutral: see req.h. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,9 +78,9 @@ void rt_req_free(rt_req_t *q) {
   free(q);
 }
 
-/* The request's memory goes once no call of ours is in flight and the client call ended. */
+/* The request's memory goes once no call of ours is in flight and the sink was detached. */
 void rt_req_maybe_free(rt_req_t *q) {
-  if (q->busy || q->call || q->reserve_call || q->prefill_call || q->attach_call) return;
+  if (q->busy || q->sink || q->reserve_call || q->prefill_call || q->attach_call) return;
   rt_req_free(q);
 }
 
@@ -162,52 +162,16 @@ void rt_req_fail(rt_req_t *q, k3_rpc_code_t code, const char *fmt, ...) {
     q->rt->n_failed++;
   rt_req_account_end(q, code);
   log_done(q, k3_rpc_code_name(code));
-  if (q->call) {
-    k3_rpc_call_t *c = q->call;
-    q->call = NULL;
-    k3_rpc_call_finish(c, code, msg);
+  if (q->sink) {
+    const rt_sink_t *sk = q->sink;
+    q->sink = NULL;
+    sk->fail(q, q->sink_ctx, code, msg);
   }
   q->busy--;
   rt_req_maybe_free(q);
 }
 
 /* ---- output ---- */
-
-static void send_chunk(rt_req_t *q, const uint32_t *ids, size_t n, const char *text, size_t text_len,
-                       const K3pd__V1__TokenLogprob *const *lps, size_t n_lps, bool final) {
-  if (!q->call) return;
-  K3pd__V1__GenerateResponse r = K3PD__V1__GENERATE_RESPONSE__INIT;
-  K3pd__V1__Usage usage = K3PD__V1__USAGE__INIT;
-  K3pd__V1__Timings tm = K3PD__V1__TIMINGS__INIT;
-  char *txt = malloc(text_len + 1);
-  if (!txt) return;
-  memcpy(txt, text, text_len);
-  txt[text_len] = 0;
-  r.token_ids = (uint32_t *)ids;
-  r.n_token_ids = n;
-  r.text = txt;
-  r.logprobs = (K3pd__V1__TokenLogprob **)lps;
-  r.n_logprobs = n_lps;
-  if (q->completion_tokens == n && n > 0) r.request_id = q->id; /* first chunk */
-  if (final) {
-    r.request_id = q->id;
-    r.finish_reason = q->finish_reason;
-    usage.prompt_tokens = (uint32_t)q->n_prompt;
-    usage.completion_tokens = q->completion_tokens;
-    r.usage = &usage;
-    uint64_t now = k3_now_ns();
-    tm.queue_us = q->t_reserved ? (q->t_reserved - q->t_arrive) / 1000 : 0;
-    tm.prefill_us = q->t_prefill_done ? (q->t_prefill_done - q->t_prefill_start) / 1000 : 0;
-    tm.handoff_us = q->handoff_us;
-    tm.first_token_us = q->t_first ? (q->t_first - q->t_arrive) / 1000 : 0;
-    tm.decode_us = q->t_first ? (now - q->t_first) / 1000 : 0;
-    tm.total_us = (now - q->t_arrive) / 1000;
-    r.timings = &tm;
-    r.seed = q->sampling.seed;
-  }
-  k3_rpc_call_write(q->call, &r.base);
-  free(txt);
-}
 
 void rt_req_finish_ok(rt_req_t *q) {
   if (q->phase == RQ_DONE) return;
@@ -217,16 +181,15 @@ void rt_req_finish_ok(rt_req_t *q) {
   drop_inflight(q);
   k3_tok_str_t tail = {0};
   if (!q->stopped_by_string) k3_detok_finish(q->detok, &tail);
-  send_chunk(q, NULL, 0, tail.data ? tail.data : "", tail.len, NULL, 0, true);
-  free(tail.data);
   q->rt->n_ok++;
   rt_req_account_end(q, K3_RPC_OK);
   log_done(q, "ok");
-  if (q->call) {
-    k3_rpc_call_t *c = q->call;
-    q->call = NULL;
-    k3_rpc_call_finish(c, K3_RPC_OK, NULL);
+  if (q->sink) {
+    const rt_sink_t *sk = q->sink;
+    q->sink = NULL;
+    sk->finish(q, q->sink_ctx, tail.data ? tail.data : "", tail.len);
   }
+  free(tail.data);
   if (q->attach_call) k3_rpc_ccall_cancel(q->attach_call); /* stop string: decode frees */
   q->busy--;
   rt_req_maybe_free(q);
@@ -276,7 +239,8 @@ void rt_req_relay(rt_req_t *q, uint32_t first_index, const uint32_t *ids, size_t
     out_lps = (const K3pd__V1__TokenLogprob *const *)lps;
     out_n_lps = n_lps < n_send ? n_lps : n_send;
   }
-  if (n_send) send_chunk(q, ids, n_send, text.data ? text.data : "", text.len, out_lps, out_n_lps, false);
+  if (n_send && q->sink)
+    q->sink->tokens(q, q->sink_ctx, ids, n_send, text.data ? text.data : "", text.len, out_lps, out_n_lps);
   free(text.data);
   if (stop_str) {
     q->stopped_by_string = true;

@@ -1,16 +1,27 @@
-/* k3pd-router: one Generate request (rt_req_t) and the functions its three files share:
- *   generate.c - intake: validation, tokenisation / chat rendering, placement, Reserve;
- *   flow.c     - the worker calls: Reserve → Prefill (with re-issue) ‖ Attach;
- *   req.c      - lifetime and output: relaying tokens to the client, finishing or failing the
- *                request, accounting (metrics + one log line), freeing.
+/* k3pd-router: one generation request (rt_req_t), the same object whichever front received it
+ * (gRPC Generate in generate.c, the OpenAI-compatible HTTP API in http_*.c / oai_*.c), and the
+ * functions of the one request path behind both fronts:
+ *   intake.c - front-neutral intake: request id, sampling and stop parameters, tokenisation or
+ *              chat rendering, then placement and the Reserve that starts the flow;
+ *   flow.c   - the worker calls: Reserve → Prefill (with re-issue) ‖ Attach;
+ *   req.c    - lifetime and output: relaying tokens (incremental detokenisation, stop strings)
+ *              to the front's sink, finishing or failing the request, accounting (metrics + one
+ *              log line), freeing.
+ * A front turns its wire request into calls of intake.c and receives the output through an
+ * rt_sink_t; nothing below the sink knows which front it serves, so both APIs give the same
+ * tokens for the same request.
  * Everything runs on the router's loop thread. A request is freed only when no call of ours is
- * in flight, the client call ended and no function up the stack still uses it (`busy`). */
+ * in flight, the sink was detached (the request ended) and no function up the stack still uses
+ * it (`busy`). */
 #ifndef K3PD_ROUTER_REQ_H
 #define K3PD_ROUTER_REQ_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
+#include "k3pd/chat.h"
 #include "k3pd/detok.h"
 #include "k3pd/rpc.h"
 #include "k3pd/rpc_client.h"
@@ -21,10 +32,30 @@
 
 typedef enum { RQ_RESERVING = 0, RQ_RUNNING, RQ_DONE } rq_phase_t;
 
+struct rt_req;
+
+/* Where a request's output goes: implemented by each front. Every callback runs on the loop
+ * thread, from inside the request path (the front must not free the request in them).
+ *  - tokens: newly generated ids (and their log probabilities when asked for; lps may be NULL)
+ *    with the text they completed (complete UTF-8, stop strings removed; may be empty);
+ *  - finish: the request ended normally; `tail` is the text the detokeniser held back until
+ *    the end (may be empty); q->finish_reason, q->completion_tokens, q->n_prompt and the
+ *    timings are final;
+ *  - fail: the request ended with `code` and a message naming the field or resource.
+ * After finish or fail the sink is detached and never called again; the request may be freed
+ * as soon as the callback returns, so the front drops its pointer to it there. */
+typedef struct rt_sink {
+  void (*tokens)(struct rt_req *q, void *ctx, const uint32_t *ids, size_t n, const char *text, size_t len,
+                 const K3pd__V1__TokenLogprob *const *lps, size_t n_lps);
+  void (*finish)(struct rt_req *q, void *ctx, const char *tail, size_t len);
+  void (*fail)(struct rt_req *q, void *ctx, k3_rpc_code_t code, const char *msg);
+} rt_sink_t;
+
 typedef struct rt_req {
   struct rt_req *next;
   rt_router_t *rt;
-  k3_rpc_call_t *call;    /* client's Generate; NULL once finished */
+  const rt_sink_t *sink;  /* the front's output; NULL before launch and once ended */
+  void *sink_ctx;
   char id[129];
   rq_phase_t phase;
   int32_t *prompt;
@@ -68,6 +99,41 @@ typedef struct rt_req {
 /* Time the router itself spends on a request, summed over its handlers. */
 #define RT_TIMED_BEGIN uint64_t rt_t0_ = k3_now_ns()
 #define RT_TIMED_END(q) ((q)->router_ns += k3_now_ns() - rt_t0_)
+
+/* intake.c: the front-neutral intake. A front calls, in this order (each failure is reported in
+ * err as "<field path>: <problem>" with the status it maps to; the front may rename the path):
+ *   rt_req_new → rt_req_set_params → rt_prompt_* + rt_req_set_prompt → rt_req_launch,
+ * and rt_req_reject on an error before launch. */
+
+/* Creates a request and counts it as started. rid: the client's id (NULL/"" = assign one);
+ * rid_field names it in errors ("request_id", "x-request-id (metadata, ...)"); deadline_left_ms
+ * INT64_MAX = none. Fails (nothing created) with INVALID_ARGUMENT for a bad id or
+ * ALREADY_EXISTS when a request with that id is in flight. */
+int rt_req_new(rt_router_t *rt, const char *rid, const char *rid_field, int64_t deadline_left_ms, rt_req_t **out,
+               k3_rpc_code_t *code, char *err, size_t errlen);
+/* Sampling (unset seed: the router picks one), stop conditions (the model's EOS ids are added
+ * unless ignore_eos) and logprobs. K3_EINVAL naming "sampling.*" / "stop.*", or K3_ENOMEM. */
+int rt_req_set_params(rt_req_t *q, const K3pd__V1__SamplingParams *s, const K3pd__V1__StopConditions *st,
+                      bool logprobs, char *err, size_t errlen);
+/* Prompt builders shared by the fronts; each APPENDS to out (k3_tok_ids_t) and fails with
+ * K3_EINVAL and a message naming the field ("text: ...", "messages[1].content: ...",
+ * "token_ids.ids[3]: ..."), leaving out as it was on entry. */
+int rt_prompt_text(rt_router_t *rt, const char *text, size_t len, k3_tok_ids_t *out, char *err, size_t errlen);
+int rt_prompt_chat(rt_router_t *rt, const json_t *messages, const k3_chat_opts_t *opts, k3_tok_ids_t *out, char *err,
+                   size_t errlen);
+int rt_prompt_ids(rt_router_t *rt, const uint32_t *ids, size_t n, const char *field, k3_tok_ids_t *out, char *err,
+                  size_t errlen);
+/* Takes ownership of the prompt (ids->ids; ids is zeroed). K3_EINVAL for an empty prompt. */
+int rt_req_set_prompt(rt_req_t *q, k3_tok_ids_t *ids, char *err, size_t errlen);
+/* Largest prompt + max_new_tokens a decode worker takes now (0 = no decode worker reports one). */
+int64_t rt_context_limit(rt_router_t *rt);
+/* Ends a request that was never launched: accounting with `code`, one log line, free. */
+void rt_req_reject(rt_req_t *q, k3_rpc_code_t code, const char *msg);
+/* Attaches the sink and starts the flow: detokeniser, context check, placement, Reserve. Any
+ * failure from here on is reported through sink->fail, possibly before this returns. */
+void rt_req_launch(rt_req_t *q, const rt_sink_t *sink, void *ctx);
+/* Ends a running request on the front's behalf (client cancel, disconnect, deadline). */
+#define rt_req_cancel rt_req_fail
 
 /* req.c */
 uint32_t rt_req_timeout(rt_req_t *q); /* ms left of the client's deadline for a worker call (0 = none) */

@@ -40,6 +40,7 @@ typedef struct rt_router {
   k3_metrics_t *mreg;
   k3_router_metrics_t m;
   k3_metrics_http_t *mhttp;
+  struct rt_http *http;     /* the OpenAI-compatible HTTP API (NULL when --http-port is off) */
 } rt_router_t;
 
 /* cluster_svc.c: registered_workers{role} from the registry. */

@@ -11,6 +11,11 @@ PKGS=(build-essential cmake pkg-config git ca-certificates
 # kubectl renders the Kubernetes manifests offline; some images ship it already (from another
 # package), and installing Debian's kubernetes-client over it would conflict.
 command -v kubectl >/dev/null 2>&1 || PKGS+=(kubernetes-client)
+# Node.js + npm run the HTTP API test with the official OpenAI client library (tests/http, which
+# installs the pinned `openai` package with npm ci at test time). A Node from another source
+# (e.g. NodeSource, which bundles npm) is used as it is: Debian's npm would conflict with it.
+command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -33,6 +33,10 @@ static const char *const REJECT_VALUES[] = {K3PD_REJECT_STALE_EPOCH, K3PD_REJECT
                                             K3PD_REJECT_UNKNOWN_REQUEST};
 static const char *const FAIL_VALUES[] = {K3PD_HANDOFF_FAIL_TRANSPORT, K3PD_HANDOFF_FAIL_TIMEOUT,
                                           K3PD_HANDOFF_FAIL_REJECTED};
+static const char *const HTTP_ROUTE_VALUES[] = {K3PD_HTTP_ROUTE_CHAT, K3PD_HTTP_ROUTE_COMPLETIONS,
+                                                K3PD_HTTP_ROUTE_MODELS, K3PD_HTTP_ROUTE_OPS,
+                                                K3PD_HTTP_ROUTE_OTHER};
+static const char *const HTTP_CODE_VALUES[] = {K3PD_HTTP_CODES};
 #define N(a) (sizeof(a) / sizeof((a)[0]))
 
 enum { R_ALL, R_ROUTER, R_PREFILL, R_DECODE };
@@ -50,6 +54,14 @@ typedef struct {
   size_t offset; /* of the k3_metric_t * in the role struct */
   const char *help;
 } row_t;
+
+/* Families with a second label (its presets are crossed with the first label's). */
+typedef struct {
+  const char *name;
+  const char *label2;
+  const char *const *presets2;
+  size_t npresets2;
+} row2_t;
 
 #define C K3_METRIC_COUNTER
 #define G K3_METRIC_GAUGE
@@ -91,6 +103,10 @@ static const row_t ROWS[] = {
      RT(registered_workers), "Workers registered and ready, by role."},
     {R_ROUTER, "k3pd_router_prefill_retries_total", C, NOL, NOB, RT(prefill_retries_total),
      "Prefills re-dispatched to another worker after a worker failed or drained."},
+    {R_ROUTER, "k3pd_router_http_requests_total", C, L("route", HTTP_ROUTE_VALUES), NOB, RT(http_requests_total),
+     "HTTP API requests answered, by route and HTTP status code."},
+    {R_ROUTER, "k3pd_router_http_io_seconds_total", C, NOL, NOB, RT(http_io_seconds_total),
+     "Time the router's loop spent inside libmicrohttpd (reading and parsing HTTP, writing responses)."},
     /* prefill */
     {R_PREFILL, K3PD_M_PREFILL_QUEUED_PROMPT_TOKENS, G, NOL, NOB, PF(queued_prompt_tokens),
      "Prompt tokens waiting for a prefill batch (the prefill autoscaling signal)."},
@@ -135,6 +151,16 @@ static const row_t ROWS[] = {
      DC(requests_total), "Decode requests finished, by final status."},
 };
 
+static const row2_t SECOND_LABELS[] = {
+    {"k3pd_router_http_requests_total", L("code", HTTP_CODE_VALUES)},
+};
+
+static const row2_t *second_label(const char *name) {
+  for (size_t i = 0; i < N(SECOND_LABELS); i++)
+    if (strcmp(SECOND_LABELS[i].name, name) == 0) return &SECOND_LABELS[i];
+  return NULL;
+}
+
 static int register_role(k3_metrics_t *m, int role, const char *version, void *out,
                          k3_metric_t **build_info) {
   for (size_t i = 0; i < N(ROWS); i++) {
@@ -143,9 +169,24 @@ static int register_role(k3_metrics_t *m, int role, const char *version, void *o
     k3_metric_desc_t d = {.name = r->name, .help = r->help, .type = r->type,
                           .buckets = r->buckets, .nbuckets = r->nbuckets};
     static const char *const build_labels[] = {"role", "version"};
+    const row2_t *r2 = r->label ? second_label(r->name) : NULL;
+    const char *names[2] = {r->label, r2 ? r2->label2 : NULL};
+    const char *pairs[2 * K3_METRIC_MAX_SERIES]; /* copied by k3_metrics_register */
     if (r->role == R_ALL) {
       d.label_names = build_labels;
       d.nlabels = 2;
+    } else if (r2) {
+      /* every (first, second) pair, so each series renders from the first scrape */
+      if (r->npresets * r2->npresets2 > K3_METRIC_MAX_SERIES) return K3_ECAPACITY;
+      for (size_t a = 0; a < r->npresets; a++)
+        for (size_t b = 0; b < r2->npresets2; b++) {
+          pairs[2 * (a * r2->npresets2 + b)] = r->presets[a];
+          pairs[2 * (a * r2->npresets2 + b) + 1] = r2->presets2[b];
+        }
+      d.label_names = names;
+      d.nlabels = 2;
+      d.presets = pairs;
+      d.npresets = r->npresets * r2->npresets2;
     } else if (r->label) {
       d.label_names = &r->label;
       d.nlabels = 1;

@@ -261,12 +261,15 @@ static int run_up(int argc, char **argv) {
   const char *model = NULL, *bindir = NULL, *ready_file = NULL, *backend = "cpu-fast", *precision = "fp32";
   const char *host = "127.0.0.1";
   int n_prefill = 1, n_decode = 1, port = 50051, threads = 1, page_tokens = 64, num_pages = 1024, num_slots = 16;
+  int http_port = -1;
   int64_t stop_timeout_ms = 30000, start_timeout_ms = 120000;
   k3_flag_t flags[] = {
       {"model", K3_FLAG_STR, &model, "DIR", "model directory (checkpoint + tokenizer)", true},
       {"prefill", K3_FLAG_INT, &n_prefill, "N", "prefill workers", false},
       {"decode", K3_FLAG_INT, &n_decode, "M", "decode workers", false},
       {"port", K3_FLAG_INT, &port, "P", "router port on 127.0.0.1 (0 = ephemeral)", false},
+      {"http-port", K3_FLAG_INT, &http_port, "P", "the router's OpenAI-compatible HTTP API on 127.0.0.1:P (0 = "
+       "ephemeral, -1 = off, the default)", false},
       {"backend", K3_FLAG_STR, &backend, "NAME", "kernel backend of the workers (cpu, cpu-fast, cuda)", false},
       {"precision", K3_FLAG_STR, &precision, "fp32|bf16", "numeric mode of the workers", false},
       {"threads", K3_FLAG_INT, &threads, "N", "backend threads per worker", false},
@@ -292,7 +295,8 @@ static int run_up(int argc, char **argv) {
     fprintf(stderr, "k3pd-cli up: %s\n", err);
     return 2;
   }
-  if (n_prefill < 1 || n_decode < 1 || n_prefill + n_decode > UP_MAX_PROCS - 1 || port < 0 || port > 65535) {
+  if (n_prefill < 1 || n_decode < 1 || n_prefill + n_decode > UP_MAX_PROCS - 1 || port < 0 || port > 65535 ||
+      http_port < -1 || http_port > 65535) {
     fprintf(stderr, "k3pd-cli up: need 1 <= --prefill, --decode (at most %d workers) and 0 <= --port <= 65535\n",
             UP_MAX_PROCS - 1);
     return 2;
@@ -327,7 +331,10 @@ static int run_up(int argc, char **argv) {
   }
   close(pfd);
   snprintf(listen, sizeof listen, "%s:%d", host, port);
-  char *rargv[] = {router_bin, "--model", (char *)model, "--listen", listen, "--port-file", portfile, NULL};
+  char hport[16];
+  snprintf(hport, sizeof hport, "%d", http_port);
+  char *rargv[] = {router_bin, "--model", (char *)model, "--listen", listen, "--port-file", portfile,
+                   "--http-port", hport, "--http-host", (char *)host, NULL};
   if (spawn(&s, "router", true, rargv)) return 1;
   /* wait for the router's port (bounded) */
   uint64_t deadline = k3_now_ns() + 20ull * 1000000000ull;

@@ -47,6 +47,14 @@
 #define K3PD_HANDOFF_FAIL_TRANSPORT "transport"
 #define K3PD_HANDOFF_FAIL_TIMEOUT "timeout"
 #define K3PD_HANDOFF_FAIL_REJECTED "rejected"
+/* route of an HTTP request to the router's OpenAI-compatible port (code: the HTTP status) */
+#define K3PD_HTTP_ROUTE_CHAT "chat_completions" /* POST /v1/chat/completions */
+#define K3PD_HTTP_ROUTE_COMPLETIONS "completions" /* POST /v1/completions */
+#define K3PD_HTTP_ROUTE_MODELS "models"         /* GET /v1/models[/ID] */
+#define K3PD_HTTP_ROUTE_OPS "ops"               /* /healthz /readyz /health /metrics */
+#define K3PD_HTTP_ROUTE_OTHER "other"           /* anything else (404, 405) */
+/* HTTP status codes the router answers with ("499": the client went away before a response) */
+#define K3PD_HTTP_CODES "200", "400", "404", "405", "409", "413", "415", "429", "499", "500", "503", "504"
 
 /* ---- metric names used outside C (HPA rules, alerts, e2e tests) ---- */
 #define K3PD_M_PREFILL_QUEUED_PROMPT_TOKENS "k3pd_prefill_queued_prompt_tokens"
@@ -76,6 +84,8 @@ typedef struct {
   k3_metric_t *active_streams;          /* gauge */
   k3_metric_t *registered_workers;      /* gauge {role} */
   k3_metric_t *prefill_retries_total;   /* counter: prefills re-dispatched to another worker */
+  k3_metric_t *http_requests_total;     /* counter {route, code}: HTTP API requests answered */
+  k3_metric_t *http_io_seconds_total;   /* counter: loop time in libmicrohttpd (HTTP parsing, writes) */
 } k3_router_metrics_t;
 
 typedef struct {

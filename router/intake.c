@@ -1,0 +1,269 @@
+/* k3pd-router, the front-neutral intake of a generation request: the part of the one request
+ * path that both fronts (gRPC Generate in generate.c, the OpenAI HTTP API in oai_request.c)
+ * call after decoding their wire format. It owns the rules that must not differ between the
+ * fronts: request ids, sampling and stop parameters (the EOS ids, the router-chosen seed),
+ * tokenisation and chat rendering, the context check, placement and the Reserve that starts
+ * the worker flow (flow.c). Errors are "<field path>: <problem>" in k3pd.v1 names; a front may
+ * rename the path for its own clients (the HTTP front says "max_tokens" where this file says
+ * "stop.max_new_tokens").
+ *
+ * Not here: wire decoding or encoding (the fronts), the worker calls (flow.c), output (req.c). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3pd/err.h"
+#include "k3pd/log.h"
+#include "k3pd/util.h"
+#include "k3pd/v1/decode.pb-c.h"
+#include "req.h"
+
+int rt_req_new(rt_router_t *rt, const char *rid, const char *rid_field, int64_t deadline_left_ms, rt_req_t **out,
+               k3_rpc_code_t *code, char *err, size_t errlen) {
+  rt_req_t *q = calloc(1, sizeof *q);
+  if (!q) {
+    *code = K3_RPC_RESOURCE_EXHAUSTED;
+    snprintf(err, errlen, "router out of memory");
+    return K3_ENOMEM;
+  }
+  q->rt = rt;
+  q->t_arrive = k3_now_ns();
+  q->deadline_left_ms = deadline_left_ms;
+  if (rid && *rid) {
+    size_t n = strlen(rid);
+    bool ok = n <= 128;
+    for (size_t i = 0; ok && i < n; i++) ok = rid[i] > 32 && rid[i] < 127;
+    if (!ok) {
+      free(q);
+      *code = K3_RPC_INVALID_ARGUMENT;
+      snprintf(err, errlen, "%s: at most 128 printable ASCII characters", rid_field);
+      return K3_EINVAL;
+    }
+    snprintf(q->id, sizeof q->id, "%s", rid);
+  } else {
+    snprintf(q->id, sizeof q->id, "r%llx-%llu", (unsigned long long)(k3_wall_ms() & 0xffffffffff),
+             (unsigned long long)++rt->next_req);
+  }
+  for (rt_req_t *o = rt->reqs; o; o = o->next) {
+    if (strcmp(o->id, q->id) == 0) {
+      free(q);
+      *code = K3_RPC_ALREADY_EXISTS;
+      snprintf(err, errlen, "request_id: a request with this id is in flight");
+      return K3_EEXIST;
+    }
+  }
+  q->next = rt->reqs;
+  rt->reqs = q;
+  rt->n_started++;
+  k3_counter_inc(k3_metric_default(rt->m.requests_started_total));
+  *out = q;
+  return 0;
+}
+
+int rt_req_set_params(rt_req_t *q, const K3pd__V1__SamplingParams *s, const K3pd__V1__StopConditions *st,
+                      bool logprobs, char *err, size_t errlen) {
+  rt_router_t *rt = q->rt;
+  k3pd__v1__sampling_params__init(&q->sampling);
+  if (s) {
+    if (s->temperature_opt_case == K3PD__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE) {
+      if (!isfinite(s->temperature) || s->temperature < 0 || s->temperature > 100) {
+        snprintf(err, errlen, "sampling.temperature: must be in [0, 100]");
+        return K3_EINVAL;
+      }
+      q->sampling.temperature_opt_case = s->temperature_opt_case;
+      q->sampling.temperature = s->temperature;
+    }
+    if (s->top_p_opt_case == K3PD__V1__SAMPLING_PARAMS__TOP_P_OPT_TOP_P) {
+      if (!(s->top_p > 0 && s->top_p <= 1)) {
+        snprintf(err, errlen, "sampling.top_p: must be in (0, 1]");
+        return K3_EINVAL;
+      }
+      q->sampling.top_p_opt_case = s->top_p_opt_case;
+      q->sampling.top_p = s->top_p;
+    }
+    if (s->top_k < 0) {
+      snprintf(err, errlen, "sampling.top_k: must be >= 0");
+      return K3_EINVAL;
+    }
+    q->sampling.top_k = s->top_k;
+  }
+  q->sampling.seed_opt_case = K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED;
+  if (s && s->seed_opt_case == K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED)
+    q->sampling.seed = s->seed;
+  else
+    q->sampling.seed = k3_hash64(q->id, strlen(q->id), k3_now_ns() ^ (uint64_t)k3_wall_ms());
+  if (!st || st->max_new_tokens < 1) {
+    snprintf(err, errlen, "stop.max_new_tokens: must be >= 1");
+    return K3_EINVAL;
+  }
+  if (st->max_new_tokens > rt->max_new_tokens_limit) {
+    snprintf(err, errlen, "stop.max_new_tokens: %u exceeds the limit %u", st->max_new_tokens,
+             rt->max_new_tokens_limit);
+    return K3_EINVAL;
+  }
+  q->max_new = st->max_new_tokens;
+  if (st->n_stop_strings > 16) {
+    snprintf(err, errlen, "stop.stop_strings: at most 16");
+    return K3_EINVAL;
+  }
+  q->stop_strs = calloc(st->n_stop_strings + 1, sizeof *q->stop_strs);
+  q->stop_ids = calloc(st->n_stop_token_ids + (size_t)rt->n_eos_ids + 1, sizeof *q->stop_ids);
+  if (!q->stop_strs || !q->stop_ids) return K3_ENOMEM;
+  for (size_t i = 0; i < st->n_stop_strings; i++) {
+    const char *x = st->stop_strings[i];
+    if (!x || !*x || k3_tok_utf8_valid_prefix(x, strlen(x)) != strlen(x)) {
+      snprintf(err, errlen, "stop.stop_strings[%zu]: must be non-empty valid UTF-8", i);
+      return K3_EINVAL;
+    }
+    if (!(q->stop_strs[q->n_stop_strs] = strdup(x))) return K3_ENOMEM;
+    q->n_stop_strs++;
+  }
+  for (size_t i = 0; i < st->n_stop_token_ids; i++) {
+    if ((int64_t)st->stop_token_ids[i] >= rt->cfg.vocab_size) {
+      snprintf(err, errlen, "stop.stop_token_ids[%zu]: %u is outside the vocabulary", i, st->stop_token_ids[i]);
+      return K3_EINVAL;
+    }
+    q->stop_ids[q->n_stop_ids++] = st->stop_token_ids[i];
+  }
+  if (!st->ignore_eos)
+    for (int i = 0; i < rt->n_eos_ids; i++) q->stop_ids[q->n_stop_ids++] = (uint32_t)rt->eos_ids[i];
+  q->want_logprobs = logprobs;
+  return 0;
+}
+
+/* Prepends `prefix` to the message in err (truncating its end if needed). */
+static void prefix_err(char *err, size_t errlen, const char *prefix) {
+  size_t pl = strlen(prefix), ml = strlen(err);
+  if (pl >= errlen) return;
+  if (pl + ml >= errlen) ml = errlen - pl - 1;
+  memmove(err + pl, err, ml);
+  memcpy(err, prefix, pl);
+  err[pl + ml] = 0;
+}
+
+int rt_prompt_text(rt_router_t *rt, const char *text, size_t len, k3_tok_ids_t *out, char *err, size_t errlen) {
+  if (len == 0) {
+    snprintf(err, errlen, "text: must not be empty");
+    return K3_EINVAL;
+  }
+  size_t n0 = out->n;
+  int rc = k3_tok_encode(rt->tok, text, len, 0, out, err, errlen);
+  if (rc) {
+    out->n = n0;
+    if (strncmp(err, "text", 4) != 0) prefix_err(err, errlen, "text: ");
+    return rc == K3_ENOMEM ? K3_ENOMEM : K3_EINVAL;
+  }
+  return 0;
+}
+
+int rt_prompt_chat(rt_router_t *rt, const json_t *messages, const k3_chat_opts_t *opts, k3_tok_ids_t *out, char *err,
+                   size_t errlen) {
+  int rc = k3_chat_render(rt->tok, messages, opts, out, err, errlen);
+  return rc == 0 ? 0 : rc == K3_ENOMEM ? K3_ENOMEM : K3_EINVAL;
+}
+
+int rt_prompt_ids(rt_router_t *rt, const uint32_t *ids, size_t n, const char *field, k3_tok_ids_t *out, char *err,
+                  size_t errlen) {
+  if (n == 0) {
+    snprintf(err, errlen, "%s: at least one token is required", field);
+    return K3_EINVAL;
+  }
+  size_t n0 = out->n;
+  for (size_t i = 0; i < n; i++) {
+    if ((int64_t)ids[i] >= rt->cfg.vocab_size) {
+      snprintf(err, errlen, "%s[%zu]: %u is outside the vocabulary (%lld)", field, i, ids[i],
+               (long long)rt->cfg.vocab_size);
+      out->n = n0;
+      return K3_EINVAL;
+    }
+    if (k3_tok_ids_push(out, (int32_t)ids[i])) {
+      out->n = n0;
+      return K3_ENOMEM;
+    }
+  }
+  return 0;
+}
+
+int rt_req_set_prompt(rt_req_t *q, k3_tok_ids_t *ids, char *err, size_t errlen) {
+  if (ids->n == 0) {
+    snprintf(err, errlen, "prompt: encodes to zero tokens");
+    return K3_EINVAL;
+  }
+  free(q->prompt);
+  q->prompt = ids->ids;
+  q->n_prompt = ids->n;
+  memset(ids, 0, sizeof *ids);
+  return 0;
+}
+
+int64_t rt_context_limit(rt_router_t *rt) { return rt_max_context(&rt->reg, 0); }
+
+void rt_req_reject(rt_req_t *q, k3_rpc_code_t code, const char *msg) {
+  q->rt->n_failed++;
+  rt_req_account_end(q, code);
+  K3_INFO("request %s %s: %s", q->id, k3_rpc_code_name(code), msg);
+  rt_req_free(q);
+}
+
+void rt_req_launch(rt_req_t *q, const rt_sink_t *sink, void *ctx) {
+  rt_router_t *rt = q->rt;
+  q->sink = sink;
+  q->sink_ctx = ctx;
+  q->counted = true;
+  k3_gauge_add(k3_metric_default(rt->m.active_streams), 1);
+  q->busy++; /* a synchronous failure below must not free q under our feet */
+  k3_detok_opts_t dopt = {.stop_ids = (const int32_t *)q->stop_ids,
+                          .n_stop_ids = q->n_stop_ids,
+                          .stop_strs = (const char *const *)q->stop_strs,
+                          .n_stop_strs = q->n_stop_strs,
+                          .skip_special = false};
+  int rc;
+  size_t di, pi;
+  int64_t max_ctx = rt_max_context(&rt->reg, 0);
+  if (k3_detok_init(rt->tok, &dopt, &q->detok)) {
+    rt_req_fail(q, K3_RPC_INVALID_ARGUMENT, "stop.stop_strings: invalid");
+    goto out;
+  }
+  if (max_ctx > 0 && (int64_t)q->n_prompt + q->max_new > max_ctx) {
+    rt_req_fail(q, K3_RPC_INVALID_ARGUMENT,
+                "prompt: %zu tokens + stop.max_new_tokens %u exceed the context limit of %lld tokens", q->n_prompt,
+                q->max_new, (long long)max_ctx);
+    goto out;
+  }
+  rc = rt_choose_decode(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, &di);
+  if (rc == K3_ECAPACITY) rc = rt_choose_decode_optimistic(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, &di);
+  if (rc == K3_EUNAVAIL) {
+    rt_req_fail(q, K3_RPC_UNAVAILABLE, "no decode worker is registered");
+    goto out;
+  }
+  if (rc == K3_ECAPACITY) {
+    rt_req_fail(q, K3_RPC_RESOURCE_EXHAUSTED,
+                "no decode worker has capacity for %zu prompt + %u new tokens right now (retry later)", q->n_prompt,
+                q->max_new);
+    goto out;
+  }
+  rt_worker_t *dw = &rt->reg.workers[di];
+  if (rt_choose_prefill(&rt->reg, dw->info.fingerprint, NULL, 0, &pi)) {
+    rt_req_fail(q, K3_RPC_UNAVAILABLE, "no prefill worker is registered for this model");
+    goto out;
+  }
+  snprintf(q->decode_id, sizeof q->decode_id, "%s", dw->info.id);
+  snprintf(q->decode_addr, sizeof q->decode_addr, "%s", dw->info.address);
+  q->pending_pages = rt_pages_needed((int64_t)q->n_prompt, q->max_new, dw->info.page_tokens);
+  rt_worker_add_inflight(dw, q->pending_pages, 1);
+  q->decode_gen = dw->incarnation;
+  K3pd__V1__ReserveRequest rr = K3PD__V1__RESERVE_REQUEST__INIT;
+  rr.request_id = q->id;
+  rr.n_prompt_tokens = (uint32_t)q->n_prompt;
+  rr.max_new_tokens = q->max_new;
+  rr.lease_ms = rt->lease_ms;
+  k3_rpc_call_opts_t o = {.timeout_ms = rt_req_timeout(q), .request_id = q->id};
+  q->router_ns += k3_now_ns() - q->t_arrive; /* intake: validation, tokenisation and placement */
+  rc = k3_rpc_unary(rt->cli, q->decode_addr, "/k3pd.v1.Decode/Reserve", &rr.base, &k3pd__v1__reservation__descriptor,
+                    &o, rt_req_on_reserve_done, q, &q->reserve_call);
+  if (rc) rt_req_fail(q, K3_RPC_INTERNAL, "starting the reservation: %s", k3_strerror(rc));
+out:
+  q->busy--;
+  rt_req_maybe_free(q);
+}
