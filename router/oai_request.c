@@ -117,7 +117,7 @@ static int parse_common(rt_oai_t *o, const json_t *root, params_t *p) {
   rt_hreq_t *r = o->hr;
   rt_router_t *rt = o->rt;
   int64_t n = 1, i64;
-  double d;
+  double d = 0;
   bool b;
   if (get_int(r, root, "n", INT64_MIN, INT64_MAX, &n) < 0) return -1;
   if (n != 1) return bad(r, "n", "unsupported_value", "only 1 is supported (one choice per request), got %lld", (long long)n);
