@@ -147,6 +147,10 @@ int rt_prompt_text(rt_router_t *rt, const char *text, size_t len, k3_tok_ids_t *
     snprintf(err, errlen, "text: must not be empty");
     return K3_EINVAL;
   }
+  if (!rt->tok) {
+    snprintf(err, errlen, "text: this router has no tokenizer (started with --synthetic): send token ids");
+    return K3_EINVAL;
+  }
   size_t n0 = out->n;
   int rc = k3_tok_encode(rt->tok, text, len, 0, out, err, errlen);
   if (rc) {
@@ -159,6 +163,10 @@ int rt_prompt_text(rt_router_t *rt, const char *text, size_t len, k3_tok_ids_t *
 
 int rt_prompt_chat(rt_router_t *rt, const json_t *messages, const k3_chat_opts_t *opts, k3_tok_ids_t *out, char *err,
                    size_t errlen) {
+  if (!rt->tok) {
+    snprintf(err, errlen, "messages: this router has no tokenizer (started with --synthetic): send token ids");
+    return K3_EINVAL;
+  }
   int rc = k3_chat_render(rt->tok, messages, opts, out, err, errlen);
   return rc == 0 ? 0 : rc == K3_ENOMEM ? K3_ENOMEM : K3_EINVAL;
 }
@@ -221,7 +229,12 @@ void rt_req_launch(rt_req_t *q, const rt_sink_t *sink, void *ctx) {
   int rc;
   size_t di, pi;
   int64_t max_ctx = rt_max_context(&rt->reg, 0);
-  if (k3_detok_init(rt->tok, &dopt, &q->detok)) {
+  if (!rt->tok && q->n_stop_strs) {
+    rt_req_fail(q, K3_RPC_INVALID_ARGUMENT,
+                "stop.stop_strings: this router has no tokenizer (started with --synthetic): use stop token ids");
+    goto out;
+  }
+  if (rt->tok && k3_detok_init(rt->tok, &dopt, &q->detok)) {
     rt_req_fail(q, K3_RPC_INVALID_ARGUMENT, "stop.stop_strings: invalid");
     goto out;
   }

@@ -57,6 +57,7 @@ int main(int argc, char **argv) {
   app_t *a = &app;
   rt_router_t *rt = &a->rt;
   const char *listen = "127.0.0.1:50051", *model = NULL, *model_name = NULL, *port_file = NULL, *log_level = NULL;
+  const char *synthetic = NULL, *synthetic_config = NULL;
   const char *metrics_host = NULL, *http_host = NULL, *http_port_file = NULL;
   int metrics_port = -1, http_port = -1, http_max_conns = 1024, http_idle_s = 60, http_timeout_ms = 600000;
   int64_t http_max_body = (int64_t)32 << 20;
@@ -65,7 +66,11 @@ int main(int argc, char **argv) {
   k3_flag_t flags[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "public gRPC address (port 0 = ephemeral)", false},
       {"model", K3_FLAG_STR, &model, "DIR", "model directory (config.json, tiktoken.model, tokenizer_config.json)",
-       true},
+       false},
+      {"synthetic", K3_FLAG_STR, &synthetic, "PRESET", "instead of --model: the config of a preset (tiny, tiny-48b, "
+       "medium) with NO tokenizer: token-id requests only (the workers' --synthetic weights; benchmarks)", false},
+      {"synthetic-config", K3_FLAG_STR, &synthetic_config, "FILE", "instead of --model: this config.json with NO "
+       "tokenizer: token-id requests only", false},
       {"model-name", K3_FLAG_STR, &model_name, "NAME", "name clients may put in GenerateRequest.model (default: "
        "the directory's name)", false},
       {"port-file", K3_FLAG_STR, &port_file, "FILE", "write the bound port here once serving", false},
@@ -118,34 +123,55 @@ int main(int argc, char **argv) {
                     "--max-new-tokens-limit >= 1, --prefill-retries >= 0\n");
     return 2;
   }
-  char path[4096];
-  snprintf(path, sizeof path, "%s/config.json", model);
-  rc = k3_model_config_load(path, &rt->cfg, err, sizeof err);
+  if ((model != NULL) + (synthetic != NULL) + (synthetic_config != NULL) != 1) {
+    fprintf(stderr, "k3pd-router: give exactly one of --model DIR, --synthetic PRESET or --synthetic-config FILE\n");
+    return 2;
+  }
+  if (model) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model);
+    rc = k3_model_config_load(path, &rt->cfg, err, sizeof err);
+  } else if (synthetic_config) {
+    rc = k3_model_config_load(synthetic_config, &rt->cfg, err, sizeof err);
+  } else {
+    const char *json = k3_model_config_preset(synthetic);
+    if (!json) {
+      fprintf(stderr, "k3pd-router: --synthetic: unknown preset \"%s\" (known: %s)\n", synthetic,
+              k3_model_config_preset_names());
+      return 2;
+    }
+    rc = k3_model_config_parse(json, strlen(json), &rt->cfg, err, sizeof err);
+  }
   if (rc) {
     fprintf(stderr, "k3pd-router: %s\n", err);
     return 1;
   }
-  rc = k3_tok_load(model, NULL, &rt->tok, err, sizeof err);
-  if (rc) {
-    fprintf(stderr, "k3pd-router: tokenizer: %s\n", err);
-    return 1;
-  }
-  /* The default stop ids follow the one rule k3pd-generate uses too (k3_model_config_stop_ids);
-   * the tokenizer's own stop pair is the same two specials, which the check below asserts. */
+  /* The default stop ids follow the one rule k3pd-generate uses too (k3_model_config_stop_ids). */
   rt->n_eos_ids = k3_model_config_stop_ids(&rt->cfg, rt->eos_ids);
-  int32_t stops[2];
-  int ns = k3_tok_stop_ids(rt->tok, stops);
-  for (int i = 0; i < ns; i++) {
-    bool have = false;
-    for (int j = 0; j < rt->n_eos_ids; j++) have |= rt->eos_ids[j] == stops[i];
-    if (!have) {
-      fprintf(stderr, "k3pd-router: tokenizer stop id %d is not a model stop id: tokenizer and config disagree\n",
-              stops[i]);
+  if (model) {
+    rc = k3_tok_load(model, NULL, &rt->tok, err, sizeof err);
+    if (rc) {
+      fprintf(stderr, "k3pd-router: tokenizer: %s\n", err);
       return 1;
     }
+    /* the tokenizer's own stop pair is the same two specials, which the check below asserts */
+    int32_t stops[2];
+    int ns = k3_tok_stop_ids(rt->tok, stops);
+    for (int i = 0; i < ns; i++) {
+      bool have = false;
+      for (int j = 0; j < rt->n_eos_ids; j++) have |= rt->eos_ids[j] == stops[i];
+      if (!have) {
+        fprintf(stderr, "k3pd-router: tokenizer stop id %d is not a model stop id: tokenizer and config disagree\n",
+                stops[i]);
+        return 1;
+      }
+    }
+  } else {
+    K3_WARN("no tokenizer (--%s): serving token-id requests only; text, chat and stop strings are refused",
+            synthetic ? "synthetic" : "synthetic-config");
   }
   char mcopy[4096];
-  snprintf(mcopy, sizeof mcopy, "%s", model);
+  snprintf(mcopy, sizeof mcopy, "%s", model ? model : synthetic ? synthetic : synthetic_config);
   snprintf(rt->model_name, sizeof rt->model_name, "%s", model_name ? model_name : basename(mcopy));
   rt->heartbeat_ms = (uint32_t)heartbeat_ms;
   rt->heartbeat_timeout_ms = (uint32_t)heartbeat_timeout_ms;

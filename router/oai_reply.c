@@ -284,7 +284,7 @@ static void add_logprobs(rt_oai_t *o, const uint32_t *ids, size_t n, const K3pd_
   for (size_t i = 0; i < n; i++) {
     const uint8_t *b = NULL;
     size_t bl = 0;
-    if (k3_tok_id_bytes(tok, (int32_t)ids[i], &b, &bl)) bl = 0;
+    if (!tok || k3_tok_id_bytes(tok, (int32_t)ids[i], &b, &bl)) bl = 0;
     double lpv = i < n_lps && lps[i] ? (double)lps[i]->logprob : 0.0 / 0.0;
     if (o->n_lp) {
       rt_jw_raw(&o->lp, ",");

@@ -180,7 +180,7 @@ void rt_req_finish_ok(rt_req_t *q) {
   q->t_end = k3_now_ns();
   drop_inflight(q);
   k3_tok_str_t tail = {0};
-  if (!q->stopped_by_string) k3_detok_finish(q->detok, &tail);
+  if (!q->stopped_by_string && q->detok) k3_detok_finish(q->detok, &tail);
   q->rt->n_ok++;
   rt_req_account_end(q, K3_RPC_OK);
   log_done(q, "ok");
@@ -211,7 +211,9 @@ void rt_req_relay(rt_req_t *q, uint32_t first_index, const uint32_t *ids, size_t
   size_t n_send = 0;
   bool stop_str = false;
   for (size_t i = 0; i < n && !stop_str; i++) {
-    int st = k3_detok_feed(q->detok, (int32_t)ids[i], &text);
+    /* no tokenizer (token-only router): ids only, no text, no stop strings */
+    int st = q->detok ? k3_detok_feed(q->detok, (int32_t)ids[i], &text)
+                      : (int64_t)ids[i] < q->rt->cfg.vocab_size ? 0 : -1;
     n_send++;
     if (st == K3_DETOK_STOP_STR) stop_str = true;
     if (st < 0) {
