@@ -120,6 +120,9 @@ void k3_runner_free(k3_runner_t *r);
 
 const k3_model_config_t *k3_runner_config(const k3_runner_t *r);
 const k3_runner_opts_t *k3_runner_opts(const k3_runner_t *r);
+/* The backend the runner computes on (its device for k3k_xdev / k3k_vmm / k3k_dev_copy, which
+ * other threads may use; the backend's own ops stay the runner thread's). */
+struct k3k_backend *k3_runner_backend(const k3_runner_t *r);
 int64_t k3_runner_vocab(const k3_runner_t *r);
 
 /* ---- sequences and pools ------------------------------------------------------------------

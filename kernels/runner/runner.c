@@ -186,6 +186,7 @@ int k3_runner_weights_shared(const k3_runner_t *r) { return !r->share ? 0 : r->w
 
 const k3_model_config_t *k3_runner_config(const k3_runner_t *r) { return &r->cfg; }
 const k3_runner_opts_t *k3_runner_opts(const k3_runner_t *r) { return &r->opts; }
+struct k3k_backend *k3_runner_backend(const k3_runner_t *r) { return r->be; }
 int64_t k3_runner_vocab(const k3_runner_t *r) { return r->cfg.vocab_size; }
 
 void k3_runner_get_stats(const k3_runner_t *r, k3_runner_stats_t *out) { *out = r->stats; }
