@@ -154,6 +154,10 @@ int xf_send_choose_path(k3_xfer_send_t *s) {
     k3_fmt(why, sizeof why, "host%s sources into device pools: no path (needs device sources "
            "and device hooks)", s->staged ? " (staged)" : "");
     rc = K3_ENOTSUP;
+  } else if (want == K3_XFER_PATH_HOST || want == K3_XFER_PATH_STAGED) {
+    k3_fmt(why, sizeof why, "path %s forced, but device sources into device pools take cuda-ipc "
+           "or ucx-cuda", k3_xfer_path_name(want));
+    rc = K3_ENOTSUP;
   } else if (!s->dev.submit || !s->dev.poll || !s->dev.release) {
     k3_fmt(why, sizeof why, "device sources without submit/poll/release hooks");
     rc = K3_ENOTSUP;
