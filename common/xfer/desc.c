@@ -13,6 +13,7 @@
 #include "k3pd/err.h"
 #include "k3pd/util.h"
 #include "k3pd/xfer_desc.h"
+#include "xfer_int.h"
 
 #define DESC_MAGIC 0x4458334bu /* "K3XD" little-endian */
 #define REGION_WIRE_BYTES 48   /* 4 x u32 + 4 x u64 */
@@ -123,6 +124,21 @@ void k3_xfer_region_locate(const k3_xfer_desc_t *d, uint32_t region, uint64_t of
   *pool_off = rg->offset_bytes + (uint64_t)li->idx[i] * rg->stride_bytes + in;
   uint64_t left_in_unit = rg->unit_bytes - in, left = rg->len_bytes - off;
   *contig = left < left_in_unit ? left : left_in_unit;
+}
+
+uint64_t xf_region_run(const k3_xfer_desc_t *d, uint32_t region, uint64_t off, uint64_t max,
+                       uint64_t *pool_off) {
+  const k3_xfer_region_t *rg = &d->regions[region];
+  uint64_t n;
+  k3_xfer_region_locate(d, region, off, pool_off, &n);
+  if (rg->stride_bytes == rg->unit_bytes) { /* units back to back: consecutive indices merge */
+    const uint32_t *idx = d->lists[rg->list].idx;
+    for (uint64_t i = off / rg->unit_bytes; n < max && off + n < rg->len_bytes && idx[i + 1] == idx[i] + 1u; i++) {
+      uint64_t left = rg->len_bytes - (off + n);
+      n += left < rg->unit_bytes ? left : rg->unit_bytes;
+    }
+  }
+  return n < max ? n : max;
 }
 
 /* ---- encoding ---------------------------------------------------------------------------- */

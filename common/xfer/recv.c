@@ -257,8 +257,7 @@ int xf_for_extents(const resv_t *v, uint32_t reg, int (*fn)(void *, uint64_t, ui
   const k3_xfer_region_t *rg = &v->desc->regions[reg];
   uintptr_t base = (uintptr_t)v->pools[rg->pool]->base;
   for (uint64_t off = 0; off < rg->len_bytes;) {
-    uint64_t pool_off, n;
-    k3_xfer_region_locate(v->desc, reg, off, &pool_off, &n);
+    uint64_t pool_off, n = xf_region_run(v->desc, reg, off, UINT64_MAX, &pool_off);
     int rc = fn(arg, off, base + pool_off, n);
     if (rc) return rc;
     off += n;

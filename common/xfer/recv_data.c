@@ -67,7 +67,7 @@ void xf_recv_on_data(k3_xfer_ctx_t *ctx, const void *hdr, size_t hdr_len, void *
   bool ok = h.region < d->n_regions && h.offset < d->regions[h.region].len_bytes &&
             len <= d->regions[h.region].len_bytes - h.offset;
   if (ok) {
-    k3_xfer_region_locate(d, h.region, h.offset, &pool_off, &contig);
+    contig = xf_region_run(d, h.region, h.offset, len, &pool_off);
     ok = contig >= len;
   }
   if (!ok) {

@@ -193,7 +193,7 @@ int xf_send_choose_path(k3_xfer_send_t *s) {
 /* ---- device jobs ------------------------------------------------------------------------- */
 
 /* Segments of one layer: region by region in the layer's order, each region's byte stream cut
- * wherever the source's unit or (cuda-ipc) the destination's unit ends. */
+ * wherever the source or (cuda-ipc) the destination stops being contiguous. */
 static int build_segs(k3_xfer_send_t *s, const xf_layer_st_t *ly, k3_xfer_seg_t **segs_out,
                       uint32_t **first_out, uint32_t *n_out, uint64_t *bytes_out) {
   const k3_xfer_desc_t *d = s->desc;
@@ -208,12 +208,9 @@ static int build_segs(k3_xfer_send_t *s, const xf_layer_st_t *ly, k3_xfer_seg_t 
     const k3_xfer_region_t *rg = &d->regions[r];
     first[k] = n;
     for (uint64_t off = 0; off < rg->len_bytes;) {
-      uint64_t scontig, pool_off, dcontig = UINT64_MAX;
-      uintptr_t src = xf_src_addr(&s->srcs[r], off, &scontig);
-      uint64_t len = rg->len_bytes - off;
-      if (copy) k3_xfer_region_locate(d, r, off, &pool_off, &dcontig);
-      if (scontig < len) len = scontig;
-      if (dcontig < len) len = dcontig;
+      uint64_t pool_off = 0, len = rg->len_bytes - off;
+      if (copy) len = xf_region_run(d, r, off, len, &pool_off);
+      uintptr_t src = xf_src_addr(&s->srcs[r], off, len, &len);
       if (n == cap) {
         k3_xfer_seg_t *ns = realloc(segs, 2 * (size_t)cap * sizeof *segs);
         if (!ns) goto oom;

@@ -90,17 +90,22 @@ static inline uint32_t xf_kind_of(const k3_xfer_region_t *rg) {
   return rg->kind < K3_XFER_KIND_COUNT ? rg->kind : K3_XFER_KIND_OTHER;
 }
 
-/* Address of source byte `off` of region source sr and the bytes contiguous from there
- * (UINT64_MAX without an index list). Pure arithmetic: never dereferences (device sources). */
-static inline uintptr_t xf_src_addr(const k3_xfer_src_t *sr, uint64_t off, uint64_t *contig) {
+/* Address of source byte `off` of region source sr and the bytes contiguous from there, up to
+ * max (units back to back with consecutive indices merge, as in xf_region_run). Pure
+ * arithmetic: never dereferences (device sources). */
+static inline uintptr_t xf_src_addr(const k3_xfer_src_t *sr, uint64_t off, uint64_t max, uint64_t *contig) {
   uintptr_t b = (uintptr_t)sr->base;
   if (!sr->idx) {
-    *contig = UINT64_MAX;
+    *contig = max;
     return b + sr->offset_bytes + off;
   }
-  uint64_t i = off / sr->unit_bytes, in = off % sr->unit_bytes;
-  *contig = sr->unit_bytes - in;
-  return b + sr->offset_bytes + (uint64_t)sr->idx[i] * sr->stride_bytes + in;
+  uint64_t i = off / sr->unit_bytes, in = off % sr->unit_bytes, n = sr->unit_bytes - in;
+  uintptr_t a = b + sr->offset_bytes + (uint64_t)sr->idx[i] * sr->stride_bytes + in;
+  if (sr->stride_bytes == sr->unit_bytes)
+    for (uint64_t j = i; n < max && j + 1 < sr->n_idx && sr->idx[j + 1] == sr->idx[j] + 1u; j++)
+      n += sr->unit_bytes;
+  *contig = n < max ? n : max;
+  return a;
 }
 
 /* send_push.c: hands queued region bytes on (direct copy, DATA messages or puts) while there is

@@ -8,8 +8,9 @@
  * before every chunk. am: DATA active messages the receiver places itself (tcp, where Debian
  * UCX emulates puts; and ucx-cuda, from device memory, always rendezvous). put: ucp_put_nbx
  * (puts_only). staged: each chunk is first copied from the device by stage.d2h into a host
- * buffer, then handled as above. A chunk never crosses a unit (page/slot) boundary on either
- * side, and the digest covers exactly the bytes handed on, one region at a time.
+ * buffer, then handled as above. A chunk is contiguous on both sides (it crosses a unit boundary
+ * only where units sit back to back: xf_region_run), and the digest covers exactly the bytes
+ * handed on, one region at a time.
  *
  * What it is not: the fencing (per-layer flush + LAYER, final flush + DONE: send.c) or the
  * device jobs (send_dev.c). With device sources (ucx-cuda) nothing here dereferences a source:
@@ -48,9 +49,7 @@ static const uint8_t *chunk_src(k3_xfer_send_t *s, uint32_t r, uint8_t *stage, u
     }
     return stage;
   }
-  uint64_t contig;
-  uintptr_t a = xf_src_addr(&s->srcs[r], s->cur_off, &contig);
-  if (contig < *n) *n = contig;
+  uintptr_t a = xf_src_addr(&s->srcs[r], s->cur_off, *n, n);
   return (const uint8_t *)a;
 }
 
@@ -79,9 +78,7 @@ static uint32_t issue_direct(k3_xfer_send_t *s) {
     if (s->ep->closed || k3_now_ns() >= s->deadline_ns) break; /* pump_one fails the send */
     uint32_t r = s->queue[s->q_pos];
     const k3_xfer_region_t *rg = &d->regions[r];
-    uint64_t pool_off, n;
-    k3_xfer_region_locate(d, r, s->cur_off, &pool_off, &n);
-    if (s->opts.chunk_bytes < n) n = s->opts.chunk_bytes;
+    uint64_t pool_off, n = xf_region_run(d, r, s->cur_off, s->opts.chunk_bytes, &pool_off);
     const uint8_t *ptr = chunk_src(s, r, s->slots[0].stage, &n);
     if (!ptr) break;
     uint32_t kind = xf_kind_of(rg);
@@ -114,9 +111,7 @@ uint32_t xf_send_issue(k3_xfer_send_t *s) {
     if (!sl) break;
     uint32_t r = s->queue[s->q_pos];
     const k3_xfer_region_t *rg = &d->regions[r];
-    uint64_t pool_off, n;
-    k3_xfer_region_locate(d, r, s->cur_off, &pool_off, &n);
-    if (s->opts.chunk_bytes < n) n = s->opts.chunk_bytes;
+    uint64_t pool_off, n = xf_region_run(d, r, s->cur_off, s->opts.chunk_bytes, &pool_off);
     const uint8_t *ptr = chunk_src(s, r, sl->stage, &n);
     if (!ptr) break;
     if (!dev_data) {

@@ -100,6 +100,12 @@ struct k3_xfer_pool {
   uint32_t blob_len;
 };
 
+/* desc.c: like k3_xfer_region_locate, but a run goes on across consecutive indices whose
+ * units sit back to back (stride == unit, e.g. a request's pages inside an arena tensor), up to
+ * max bytes: fewer, larger copies, segments and DATA messages. Returns the run's bytes (> 0). */
+uint64_t xf_region_run(const k3_xfer_desc_t *d, uint32_t region, uint64_t off, uint64_t max,
+                       uint64_t *pool_off);
+
 /* ctx.c; endpoints, rkeys and eager AMs: ep.c */
 void xf_drive(k3_xfer_ctx_t *ctx);        /* run now unless already inside a drive */
 void xf_drive_api(k3_xfer_ctx_t *ctx);    /* from API calls: moves data, fires nothing */

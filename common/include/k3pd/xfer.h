@@ -70,8 +70,8 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
 
 /* Tears down: fails every send still running with K3_ESHUTDOWN (their callbacks run now),
  * waits for their device jobs (dev->release), closes endpoints, destroys the worker and context
- * and closes the loop handles. Every pool and receiver must have been freed first. The ctx memory is freed in the handle's close callback,
- * so run the loop once more (uv_run) after calling this. */
+ * and closes the loop handles. Every pool and receiver must have been freed first. The ctx
+ * memory is freed in the handles' close callbacks, so run the loop once more (uv_run) after. */
 void k3_xfer_ctx_close(k3_xfer_ctx_t *ctx);
 
 /* The worker address for the control plane (bytes owned by ctx, valid until close). */
@@ -89,7 +89,7 @@ void k3_xfer_ctx_wake(k3_xfer_ctx_t *ctx);
 /* Counters (monotonic, for metrics). */
 typedef struct {
   uint64_t sends_ok, sends_failed, sends_timed_out;
-  uint64_t bytes_put;
+  uint64_t bytes_put; /* sender: bytes handed on by finished sends, all paths */
   uint64_t done_accepted;
   uint64_t done_rejected_unknown;     /* K3_ENOENT: no live reservation for the request */
   uint64_t done_rejected_stale;       /* K3_ESTALE: epoch differs */
@@ -181,7 +181,8 @@ typedef struct k3_xfer_dev {
 
 typedef struct {
   /* Sender: copy `len` bytes of region `region` starting at region byte `off` from device
-   * memory into the pinned host buffer `dst`; must be complete when it returns 0. */
+   * memory into the pinned host buffer `dst` (the range may span several of the source's
+   * units: it is cut by the receiver's units and chunk_bytes); complete when it returns 0. */
   int (*d2h)(void *ud, uint32_t region, uint64_t off, void *dst, uint64_t len);
   /* Receiver: copy `len` verified bytes (region byte `off`) from host `src` into device
    * memory. Called for every extent of every region after digests matched, before on_ready. */

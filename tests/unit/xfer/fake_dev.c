@@ -109,6 +109,7 @@ static int submit(void *ud, const k3_xfer_seg_t *segs, const uint32_t *first, ui
   j->notify = notify;
   j->arg = arg;
   f->jobs++;
+  f->segs += (int)n_segs;
   if (f->async_us > 0 && pthread_create(&j->th, NULL, job_thread, j) == 0) {
     j->has_thread = 1;
   } else {

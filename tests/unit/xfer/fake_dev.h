@@ -39,7 +39,7 @@ typedef struct {
   fake_area_t areas[FAKE_MAX_AREAS];
   int n_areas;
   int async_us;         /* 0: jobs complete inside submit; > 0: on a thread after this delay */
-  int jobs, maps;       /* counters */
+  int jobs, maps, segs; /* counters: jobs submitted, peer pools mapped, segments submitted */
   int refuse_map;       /* map returns K3_ENOTSUP */
 } fake_dev_t;
 

@@ -5,8 +5,8 @@
  * test_xfer_e2e.c. The receiver keeps its state in ONE fake-device arena holding every layer's
  * own tensor (MLA: [128 pages, 1024 B] per layer; KDA: [20 slots, 4096 B] S and [20, 384] conv
  * per layer), registered as K3_XFER_MEM_CUDA with a mapping blob (no rkey: this UCX has no CUDA).
- * The sender's sources are fake device memory too, MLA ones scattered (units of 512 B in reverse
- * order, stride 1024) so segments split at unit boundaries on both sides. cuda-ipc: the sender
+ * The sender's sources are fake device memory too, MLA ones scattered (units of 512 B out of
+ * order) so segments split, and merge, at unit boundaries on both sides. cuda-ipc: the sender
  * maps the arena through the blob and its device jobs copy + hash; the receiver verifies each
  * layer with a hash-only job. Contents are pseudo-random from a seed both sides know, so the
  * receiver checks bit identity through its shadow view independently of the digests. */
@@ -56,7 +56,7 @@ typedef struct { /* sender → test */
   int path[MAX_REQ];
   uint64_t t_done[MAX_REQ];
   k3_xfer_stats_t st;
-  int maps;
+  int maps, segs;
 } sres_t;
 
 static void regions(k3_xfer_region_t *rg) {
@@ -66,8 +66,10 @@ static void regions(k3_xfer_region_t *rg) {
     rg[4 + l] = (k3_xfer_region_t){K3_XFER_KIND_MLA_KV, 0, 0, 2 + l, A_MLA(l), PAGE_B, PAGE_B, N_TOK * TOK_B};
   }
 }
+/* Pages 0 and 1 of a request are consecutive: inside the arena's tensor (stride == unit) they
+ * form one run (one segment, one copy); page 2 is elsewhere. */
 static void pages_of(int i, uint32_t p[3]) {
-  p[0] = (uint32_t)(3 * i + 7), p[1] = (uint32_t)(R_PAGES - 1 - i), p[2] = (uint32_t)(3 * i + 8);
+  p[0] = (uint32_t)(3 * i + 7), p[1] = (uint32_t)(3 * i + 8), p[2] = (uint32_t)(R_PAGES - 1 - i);
 }
 
 static uint8_t expect_byte(uint64_t req, uint32_t reg, uint64_t off) {
@@ -88,12 +90,13 @@ static uint64_t recv_off(const k3_xfer_region_t *rg, int i, uint32_t reg, uint64
 }
 
 /* Where the sender keeps byte `off` of region `reg` of request i (offset into its source
- * arena): MLA regions in 512-byte units in reverse order with stride 1024. */
-static const uint32_t SRC_IDX[5] = {4, 3, 2, 1, 0};
+ * arena): MLA regions in 512-byte units, back to back, in the order 0 1 3 2 4 (units 0-1 are
+ * one run, the others single): segments split wherever either side stops being contiguous. */
+static const uint32_t SRC_IDX[5] = {0, 1, 3, 2, 4};
 static uint64_t src_off(int i, uint32_t reg, uint64_t off) {
   uint64_t block = ((uint64_t)i * N_REG + reg) * BLOCK;
   if (reg < 4) return block + off;
-  return block + SRC_IDX[off / SRC_UNIT] * 1024ull + off % SRC_UNIT;
+  return block + SRC_IDX[off / SRC_UNIT] * (uint64_t)SRC_UNIT + off % SRC_UNIT;
 }
 
 static void wr(int fd, const void *p, size_t n) {
@@ -294,7 +297,7 @@ static int sender(cfg_t c, int rfd, pid_t victim, sres_t *out, uint64_t *t_start
         g_src_shadow[src_off(i, r, b)] = expect_byte((uint64_t)i, r, b);
       uintptr_t block = (uintptr_t)src_dev + ((uint64_t)i * N_REG + r) * BLOCK;
       src[i][r] = r < 4 ? (k3_xfer_src_t){.base = (const void *)block}
-                        : (k3_xfer_src_t){.base = (const void *)block, .stride_bytes = 1024,
+                        : (k3_xfer_src_t){.base = (const void *)block, .stride_bytes = SRC_UNIT,
                                           .idx = SRC_IDX, .n_idx = 5, .unit_bytes = SRC_UNIT};
     }
   }
@@ -333,6 +336,7 @@ static int sender(cfg_t c, int rfd, pid_t victim, sres_t *out, uint64_t *t_start
   uv_close((uv_handle_t *)&t, NULL);
   k3_xfer_ctx_stats(ctx, &out->st);
   out->maps = fd->maps;
+  out->segs = fd->segs;
   k3_xfer_ctx_close(ctx);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
@@ -398,6 +402,10 @@ static void expect_ok(int mode, int n, int async_us) {
     ck_assert_uint_eq(sr.st.dev_jobs, 4u * (uint64_t)n);
     ck_assert_uint_eq(rr.st.dev_jobs, 4u * (uint64_t)n);
     ck_assert_int_eq(sr.maps, 1);
+    /* Per request: S and conv one segment each (x2 layers); each MLA region 4: source runs
+     * [0,1024) [1024,1536) [1536,2048) [2048,2368) inside destination runs [0,2048) (pages 0-1
+     * back to back) and [2048,2368). */
+    ck_assert_int_eq(sr.segs, 12 * n);
     ck_assert_uint_eq(sr.st.path_bytes[K3_XFER_PATH_CUDA_IPC], (uint64_t)n * (S_B + CONV_B + N_TOK * TOK_B) * 2);
     ck_assert_uint_eq(rr.st.data_eager + rr.st.data_rndv + rr.st.data_dropped, 0);
   }
