@@ -83,7 +83,7 @@ static ucs_status_t am_layer_cb(void *arg, const void *h, size_t hl, void *d, si
   return am_cb(arg, h, hl, d, l, p, &((k3_xfer_ctx_t *)arg)->layer_tail);
 }
 /* DATA is the exception to "record only": a rendezvous receive has to be started (or the data
- * copied) inside the callback. recv.c does that and nothing else (no user callback). */
+ * copied) inside the callback. recv_data.c does that and nothing else (no user callback). */
 static ucs_status_t am_data_cb(void *arg, const void *h, size_t hl, void *d, size_t l,
                                const ucp_am_recv_param_t *p) {
   k3_xfer_ctx_t *ctx = arg;
