@@ -6,8 +6,8 @@
  * region's source bytes sit on the sender; a bench_mem_t says where memory comes from and how
  * k3_xfer reaches it. "host" (mem_host.c) is built in. A device mode ("--device cuda", the
  * lead's: k3k_xdev jobs + k3k_vmm arena) is one more bench_mem_t: allocate device sources and
- * the receiver's arena, fill the sources, give the k3_xfer_dev_t hooks and a same-device copy
- * baseline; main.c needs no other change.
+ * the receiver's arena, fill the sources, give the k3_xfer_dev_t hooks, a device-to-host copy
+ * (staged) and a same-device copy baseline; main.c needs no other change.
  *
  * What it is not: a test (tests/unit/xfer check correctness; this measures). */
 #ifndef K3PD_XFER_BENCH_H
@@ -61,6 +61,9 @@ typedef struct bench_mem {
   /* Device hooks for both processes (NULL: host memory, no hooks). Valid until the process
    * exits. */
   const k3_xfer_dev_t *(*dev)(void *self);
+  /* --path staged: copy len bytes of source memory at src into the host buffer dst (device:
+   * cudaMemcpy device-to-host; host: memcpy). The receiver then uses host pools. */
+  int (*d2h)(void *self, void *dst, const void *src, uint64_t len);
   /* The baseline: one copy of `bytes` from src to a destination of the same kind, best of 3;
    * returns GB/s and the CPU ms of the fastest (host: a single-threaded memcpy). */
   double (*copy_gbps)(void *self, const void *src, uint64_t bytes, double *cpu_ms);

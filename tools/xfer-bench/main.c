@@ -76,9 +76,13 @@ static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
   k3_xfer_ctx_t *ctx;
   k3_xfer_ctx_opts_t o = {.tls = tls};
   if (k3_xfer_ctx_init(&loop, &o, &ctx)) return 2;
+  /* staged: the receiver's pools are host memory whatever the mode (device sources, d2h). */
+  bool staged = g_path == K3_XFER_PATH_STAGED;
   k3_xfer_pool_t *pools[2] = {NULL, NULL};
   for (uint32_t i = 0; i < p->n_pools; i++)
-    if (g_mem.pool_make(g_mem.self, ctx, p->pool_bytes[i], &pools[i])) return 2;
+    if (staged ? k3_xfer_pool_alloc_host(ctx, p->pool_bytes[i], &pools[i])
+               : g_mem.pool_make(g_mem.self, ctx, p->pool_bytes[i], &pools[i]))
+      return 2;
   k3_xfer_recv_opts_t ro = {.on_ready = on_ready, .dev = g_mem.dev(g_mem.self)};
   k3_xfer_recv_t *r;
   if (k3_xfer_recv_init(ctx, &ro, &r)) return 2;
@@ -117,7 +121,10 @@ static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
          (unsigned long long)st.done_accepted, (unsigned long long)st.dev_jobs, rcpu / (1 + g_repeat));
   fflush(stdout);
   k3_xfer_recv_free(r);
-  for (uint32_t i = 0; i < p->n_pools; i++) g_mem.pool_free(g_mem.self, pools[i]);
+  for (uint32_t i = 0; i < p->n_pools; i++) {
+    if (staged) k3_xfer_pool_free(pools[i]);
+    else g_mem.pool_free(g_mem.self, pools[i]);
+  }
   k3_xfer_ctx_close(ctx);
   uv_close((uv_handle_t *)&t, NULL);
   uv_close((uv_handle_t *)&dl, NULL);
@@ -153,12 +160,21 @@ static void layer_tick(uv_timer_t *t) {
   }
 }
 
+/* --path staged: region r's source is contiguous at g_src_mem + src_off[r] (plan.c). */
+static const bench_plan_t *g_plan;
+static uint8_t *g_src_mem;
+static int stage_d2h(void *ud, uint32_t region, uint64_t off, void *dst, uint64_t len) {
+  return g_mem.d2h(g_mem.self, dst, g_src_mem + g_plan->src_off[region] + off, len);
+}
+
 static int one_send(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *d, const k3_xfer_src_t *src,
                     uint32_t delay_us, sstate_t *st) {
   memset(st, 0, sizeof *st);
   st->n_layers = d->n_layers;
+  static const k3_xfer_stage_t stage = {.d2h = stage_d2h};
   k3_xfer_send_opts_t so = {.deadline_ms = 120000, .chunk_bytes = g_chunk_bytes, .puts_only = g_puts_only,
-                            .dev = g_mem.dev(g_mem.self), .path = g_path};
+                            .dev = g_mem.dev(g_mem.self), .path = g_path,
+                            .stage = g_path == K3_XFER_PATH_STAGED ? &stage : NULL};
   int rc = k3_xfer_send_start(ctx, d, src, &so, sent, st, &st->s);
   if (rc) return rc;
   st->mode = k3_xfer_send_mode(st->s);
@@ -260,6 +276,8 @@ static int run_tls(const bench_plan_t *p, const char *tls, uint32_t delay_us, fi
   k3_xfer_src_t *src = calloc(p->n_regions, sizeof *src);
   void *mem = NULL;
   int rc = g_mem.src_alloc(g_mem.self, p->total_bytes, &mem);
+  g_plan = p;
+  g_src_mem = mem;
   for (uint32_t r = 0; !rc && r < p->n_regions; r++)
     src[r] = (k3_xfer_src_t){.base = (const void *)((uintptr_t)mem + p->src_off[r])};
   sstate_t st;
@@ -301,6 +319,7 @@ static int run_tls(const bench_plan_t *p, const char *tls, uint32_t delay_us, fi
   free(g), free(m), free(ratio), free(cr);
   k3_xfer_ctx_close(ctx);
   uv_run(uv_default_loop(), UV_RUN_DEFAULT);
+  if (rc) kill(pid, SIGKILL); /* it would wait out its 120 s for transfers that never come */
   int ws;
   waitpid(pid, &ws, 0);
   for (int i = 0; i < n_d; i++) k3_xfer_desc_free(d[i]);
