@@ -16,7 +16,17 @@
  * Manifests: tiny (2 KDA layers of 64 KiB + 1 KiB, 2 MLA layers of 64 B/token) and k3 (spec
  * §10.2: 69 KDA layers of S 6,291,456 B + conv 221,184 B, 24 MLA layers of 1,152 B/token).
  * Last line: RESULT gbps=<x> memcpy_gbps=<y> ratio=<x/y> cpu_ratio=<baseline cpu / sender cpu>
- * path=<path> for the first --tls entry (medians). */
+ * path=<path> for the first --tls entry (medians).
+ *
+ * On the GPU host, once a device mode exists (bench.h: "--device cuda", one bench_mem_t):
+ *   cuda-ipc:  k3pd-xfer-bench --device cuda --path cuda-ipc --layout arena --manifest k3 \
+ *                --tokens 1024 --repeat 5 --tls shm
+ *   ucx-cuda:  LD_LIBRARY_PATH=<ucx-cuda>/lib UCX_MODULE_DIR=<ucx-cuda>/lib/ucx \
+ *              UCX_TLS=cuda_ipc,cuda_copy,tcp k3pd-xfer-bench --device cuda --path ucx-cuda \
+ *                --layout arena --manifest k3 --tokens 1024 --repeat 5 --tls default
+ *              (--tls default = UCX_TLS from the environment; a --tls list is one run per entry)
+ *   staged:    k3pd-xfer-bench --device cuda --path staged --manifest k3 --tokens 1024 --repeat 5 \
+ *                --tls shm */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
