@@ -118,17 +118,20 @@ static int setup_pools(dc_worker_t *w, char *err, size_t errlen) {
       off_kda += m->regions[i].bytes;
     }
   }
-  /* A model without MLA (or KDA) layers still gets a one-slot pool so descriptors stay uniform. */
-  int rc = k3_xfer_pool_init(w->xfer, off_kv ? (uint64_t)w->num_pages : 1, off_kv ? off_kv : 64, &w->kv_pool);
-  if (!rc) rc = k3_xfer_pool_init(w->xfer, (uint64_t)w->num_slots, off_kda ? off_kda : 64, &w->kda_pool);
+  /* Page-major receive area: page p holds every MLA layer's rows for its tokens (region i at
+   * region_off[i] inside the page), slot s every KDA layer's state. A model without MLA (or
+   * KDA) layers still gets a one-row pool so descriptors stay uniform. */
+  w->kv_stride = off_kv ? off_kv : 64;
+  w->kda_stride = off_kda ? off_kda : 64;
+  uint64_t kv_rows = off_kv ? (uint64_t)w->num_pages : 1;
+  int rc = k3_xfer_pool_alloc_host(w->xfer, kv_rows * w->kv_stride, &w->kv_pool);
+  if (!rc) rc = k3_xfer_pool_alloc_host(w->xfer, (uint64_t)w->num_slots * w->kda_stride, &w->kda_pool);
   if (rc) {
     snprintf(err, errlen, "registering receive pools with UCX: %s", k3_strerror(rc));
     return rc;
   }
   w->kv_base = k3_xfer_pool_base(w->kv_pool);
-  w->kv_stride = k3_xfer_pool_stride(w->kv_pool);
   w->kda_base = k3_xfer_pool_base(w->kda_pool);
-  w->kda_stride = k3_xfer_pool_stride(w->kda_pool);
   w->free_pages = malloc((size_t)w->num_pages * sizeof *w->free_pages);
   w->free_slots = malloc((size_t)w->num_slots * sizeof *w->free_slots);
   if (!w->free_pages || !w->free_slots) return K3_ENOMEM;

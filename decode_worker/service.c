@@ -75,7 +75,7 @@ static int build_layout(dc_worker_t *w, dc_req_t *q, k3_xfer_layout_t *lay, k3_x
   slot_idx[0] = (uint32_t)q->slot;
   lay->lists[1].n = 1;
   lay->lists[1].idx = slot_idx;
-  uint64_t off_kv = 0, off_kda = 0;
+  /* Region i of page/slot id lives at base + region_off[i] + id * stride (setup_pools). */
   uint32_t n = 0;
   for (size_t i = 0; i < m->n; i++) {
     const k3_region_t *rg = &m->regions[i];
@@ -83,20 +83,19 @@ static int build_layout(dc_worker_t *w, dc_req_t *q, k3_xfer_layout_t *lay, k3_x
     memset(x, 0, sizeof *x);
     x->layer = (uint32_t)rg->layer;
     x->unit_bytes = rg->bytes;
+    x->offset_bytes = w->region_off[i];
     if (rg->kind == K3_REGION_MLA_LATENT) {
       x->kind = K3_XFER_KIND_MLA_KV;
       x->pool = 0;
       x->list = 0;
-      x->offset_bytes = off_kv;
+      x->stride_bytes = w->kv_stride;
       x->len_bytes = (uint64_t)prompt_pages * rg->bytes;
-      off_kv += rg->bytes;
     } else {
       x->kind = rg->kind == K3_REGION_KDA_STATE ? K3_XFER_KIND_KDA_S : K3_XFER_KIND_KDA_CONV;
       x->pool = 1;
       x->list = 1;
-      x->offset_bytes = off_kda;
+      x->stride_bytes = w->kda_stride;
       x->len_bytes = rg->bytes;
-      off_kda += rg->bytes;
     }
   }
   lay->n_regions = n;

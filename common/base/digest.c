@@ -13,6 +13,17 @@
 #include <string.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack in k3_digest_combine */
 #include <xxhash.h>
+#if defined(K3PD_HAVE_XXH_DISPATCH)
+/* The chunk hash through libxxhash's runtime dispatch (AVX2/AVX-512 when the CPU has them):
+ * the plain XXH3_64bits entry point is the library's baseline build, measured 5x slower per
+ * 4 KiB chunk from L1 here, which made the fused copy cost 2x a memcpy's CPU instead of ~1x
+ * (docs/transfer.md). Same values. */
+#define XXH_DISPATCH_DISABLE_REPLACE
+#include <xxh_x86dispatch.h>
+#define chunk_hash XXH3_64bits_dispatch
+#else
+#define chunk_hash XXH3_64bits
+#endif
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -52,7 +63,7 @@ static size_t top_up(k3_digest_t *d, void *dst, const uint8_t *s, size_t n) {
   if (dst) memcpy(dst, s, take);
   d->fill += (uint32_t)take;
   if (d->fill == K3_DIGEST_CHUNK) {
-    put_chunk(d, XXH3_64bits(d->part, K3_DIGEST_CHUNK));
+    put_chunk(d, chunk_hash(d->part, K3_DIGEST_CHUNK));
     d->fill = 0;
   }
   return take;
@@ -67,7 +78,7 @@ void k3_digest_update(k3_digest_t *d, const void *p, size_t n) {
     n -= t;
   }
   for (; n >= K3_DIGEST_CHUNK; s += K3_DIGEST_CHUNK, n -= K3_DIGEST_CHUNK)
-    put_chunk(d, XXH3_64bits(s, K3_DIGEST_CHUNK));
+    put_chunk(d, chunk_hash(s, K3_DIGEST_CHUNK));
   if (n) top_up(d, NULL, s, n);
 }
 
@@ -119,7 +130,7 @@ void k3_digest_copy(k3_digest_t *d, void *dstv, const void *p, size_t n) {
   }
   /* Hash the chunk from DRAM, then copy it out of L1. */
   for (; n >= K3_DIGEST_CHUNK; s += K3_DIGEST_CHUNK, dst += K3_DIGEST_CHUNK, n -= K3_DIGEST_CHUNK) {
-    put_chunk(d, XXH3_64bits(s, K3_DIGEST_CHUNK));
+    put_chunk(d, chunk_hash(s, K3_DIGEST_CHUNK));
     copy_chunk(dst, s, K3_DIGEST_CHUNK);
   }
   if (n) top_up(d, dst, s, n);
@@ -131,13 +142,13 @@ void k3_digest_copy(k3_digest_t *d, void *dstv, const void *p, size_t n) {
 
 uint64_t k3_digest_final(k3_digest_t *d) {
   if (d->fill) {
-    put_chunk(d, XXH3_64bits(d->part, d->fill));
+    put_chunk(d, chunk_hash(d->part, d->fill));
     d->fill = 0;
   }
   return XXH3_64bits_digest(d->outer);
 }
 
-uint64_t k3_digest_chunk(const void *p, size_t n) { return XXH3_64bits(p, n); }
+uint64_t k3_digest_chunk(const void *p, size_t n) { return chunk_hash(p, n); }
 
 uint64_t k3_digest_combine(const uint64_t *c, size_t n) {
   XXH3_state_t st;

@@ -26,7 +26,8 @@ static const char *const STATUS_VALUES[] = {
     K3PD_STATUS_INTERNAL};
 static const char *const ROLE_VALUES[] = {K3PD_ROLE_PREFILL, K3PD_ROLE_DECODE};
 static const char *const REGION_VALUES[] = {K3PD_REGION_MLA_PAGES, K3PD_REGION_KDA_STATE};
-static const char *const PATH_VALUES[] = {K3PD_PATH_HOST, K3PD_PATH_STAGED, K3PD_PATH_CUDA_DIRECT};
+static const char *const PATH_VALUES[] = {K3PD_PATH_HOST, K3PD_PATH_STAGED, K3PD_PATH_CUDA_IPC,
+                                            K3PD_PATH_UCX_CUDA};
 static const char *const POOL_VALUES[] = {K3PD_POOL_RESERVED, K3PD_POOL_USED, K3PD_POOL_FREE};
 static const char *const REJECT_VALUES[] = {K3PD_REJECT_STALE_EPOCH, K3PD_REJECT_DIGEST_MISMATCH,
                                             K3PD_REJECT_FINGERPRINT_MISMATCH,

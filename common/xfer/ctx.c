@@ -1,13 +1,20 @@
-/* UCX context + worker on a libuv loop, the endpoint cache and the active-message dispatch.
+/* The transfer context: UCX context + worker on a libuv loop, the drive loop, and the
+ * active-message dispatch.
  *
  * What it is for: one per process/loop. Progress is event driven (C-STACK.md §4): the worker's
  * event fd is polled by uv_poll; on readiness we progress until idle, then pump the senders and
  * the receiver, then ucp_worker_arm; UCS_ERR_BUSY means more events arrived, so go round again.
  * A bounded number of rounds runs per callback; if work remains an idle handle keeps the loop
- * spinning so other handles still get turns.
+ * spinning so other handles still get turns. Device jobs finish on other threads: their notify
+ * only calls k3_xfer_ctx_wake (uv_async_send), and the async handle drives like the poll does.
+ * A timer covers the earliest deadline and a 10 ms tick while anything waits on a peer or a job.
  *
- * What it is not: the sender or receiver logic (send.c, recv.c). Endpoints are created with
- * peer error handling so a dead peer surfaces as an error callback, never a hang. */
+ * What it is not: the sender or receiver logic (send*.c, recv*.c), endpoints (ep.c), pools
+ * (pool.c) or the message codecs (wire.c).
+ *
+ * Invariants: xf_drive never nests (a drive requested inside one sets drive_again); user
+ * callbacks run only from drives the loop started (never from xf_drive_api); the ctx memory is
+ * freed in the last loop handle's close callback. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -24,12 +31,17 @@ static void timer_cb(uv_timer_t *h);
 
 const char *xf_ucs_str(ucs_status_t st) { return ucs_status_string(st); }
 
+static const char *const PATH_NAMES[K3_XFER_PATH_COUNT] = {"auto", "host", "staged", "cuda-ipc",
+                                                          "ucx-cuda"};
+
 const char *k3_xfer_path_name(k3_xfer_path_t path) {
-  switch (path) {
-  case K3_XFER_PATH_STAGED: return "staged";
-  case K3_XFER_PATH_CUDA_DIRECT: return "cuda-direct";
-  default: return "host";
-  }
+  return (unsigned)path < K3_XFER_PATH_COUNT ? PATH_NAMES[path] : "?";
+}
+
+int k3_xfer_path_parse(const char *s) {
+  for (int i = 0; s && i < K3_XFER_PATH_COUNT; i++)
+    if (strcmp(s, PATH_NAMES[i]) == 0) return i;
+  return -1;
 }
 
 static void msg_push(xf_msg_t ***tail, const void *data, size_t len) {
@@ -71,7 +83,7 @@ static ucs_status_t am_layer_cb(void *arg, const void *h, size_t hl, void *d, si
   return am_cb(arg, h, hl, d, l, p, &((k3_xfer_ctx_t *)arg)->layer_tail);
 }
 /* DATA is the exception to "record only": a rendezvous receive has to be started (or the data
- * copied) inside the callback. recv.c does that and nothing else (no user callback). */
+ * copied) inside the callback. recv_data.c does that and nothing else (no user callback). */
 static ucs_status_t am_data_cb(void *arg, const void *h, size_t hl, void *d, size_t l,
                                const ucp_am_recv_param_t *p) {
   k3_xfer_ctx_t *ctx = arg;
@@ -195,6 +207,10 @@ static void poll_cb(uv_poll_t *h, int status, int events) {
 }
 static void idle_cb(uv_idle_t *h) { xf_drive(h->data); }
 static void timer_cb(uv_timer_t *h) { xf_drive(h->data); }
+static void async_cb(uv_async_t *h) { xf_drive(h->data); }
+
+void k3_xfer_ctx_wake(k3_xfer_ctx_t *ctx) { uv_async_send(&ctx->async); }
+void xf_notify_wake(void *arg) { k3_xfer_ctx_wake(arg); }
 
 int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ctx_t **out) {
   k3_xfer_ctx_t *ctx = calloc(1, sizeof *ctx);
@@ -263,8 +279,9 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
   }
   uv_idle_init(loop, &ctx->idle);
   uv_timer_init(loop, &ctx->timer);
-  ctx->poll.data = ctx->idle.data = ctx->timer.data = ctx;
-  ctx->handles_open = 3;
+  uv_async_init(loop, &ctx->async, async_cb);
+  ctx->poll.data = ctx->idle.data = ctx->timer.data = ctx->async.data = ctx;
+  ctx->handles_open = 4;
   uv_poll_start(&ctx->poll, UV_READABLE, poll_cb);
   xf_drive(ctx); /* arms the worker before the first uv_run */
   K3_INFO("xfer: UCX worker ready (tls=%s, address %zu bytes, cuda memory %s)",
@@ -289,38 +306,6 @@ static void close_cb(uv_handle_t *h) {
   if (--ctx->handles_open == 0) free(ctx);
 }
 
-/* Closes the UCP endpoint (forced: queued operations complete as cancelled) without freeing
- * the struct, which sends may still reference. Bounded wait, so teardown never hangs. */
-static void ep_close_ucp(xf_ep_t *e) {
-  if (e->closed) return;
-  e->closed = true;
-  for (xf_rkey_t *k = e->rkeys; k; k = k->next)
-    if (k->h) {
-      ucp_rkey_destroy(k->h);
-      k->h = NULL;
-    }
-  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
-  ucs_status_ptr_t req = ucp_ep_close_nbx(e->ep, &p);
-  if (UCS_PTR_IS_PTR(req)) {
-    uint64_t until = k3_now_ns() + 1000000000ull;
-    while (ucp_request_check_status(req) == UCS_INPROGRESS && k3_now_ns() < until)
-      ucp_worker_progress(e->ctx->worker);
-    ucp_request_free(req);
-  }
-}
-
-static void ep_destroy(xf_ep_t *e) {
-  ep_close_ucp(e);
-  while (e->rkeys) {
-    xf_rkey_t *k = e->rkeys;
-    e->rkeys = k->next;
-    free(k->packed);
-    free(k);
-  }
-  free(e->addr);
-  free(e);
-}
-
 void k3_xfer_ctx_close(k3_xfer_ctx_t *ctx) {
   if (!ctx || ctx->closing) return;
   K3_ASSERT(ctx->recv == NULL);
@@ -343,6 +328,7 @@ void k3_xfer_ctx_close(k3_xfer_ctx_t *ctx) {
   uv_close((uv_handle_t *)&ctx->poll, close_cb);
   uv_close((uv_handle_t *)&ctx->idle, close_cb);
   uv_close((uv_handle_t *)&ctx->timer, close_cb);
+  uv_close((uv_handle_t *)&ctx->async, close_cb); /* no job can notify any more: all released */
 }
 
 void k3_xfer_ctx_address(const k3_xfer_ctx_t *ctx, const uint8_t **addr, size_t *len) {
@@ -352,163 +338,3 @@ void k3_xfer_ctx_address(const k3_xfer_ctx_t *ctx, const uint8_t **addr, size_t 
 bool k3_xfer_ctx_cuda_capable(const k3_xfer_ctx_t *ctx) { return ctx->cuda_capable; }
 void k3_xfer_ctx_stats(const k3_xfer_ctx_t *ctx, k3_xfer_stats_t *out) { *out = ctx->stats; }
 
-/* ---- endpoints ---------------------------------------------------------------------------- */
-
-static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t st) {
-  xf_ep_t *e = arg;
-  K3_WARN("xfer: endpoint to peer failed: %s", xf_ucs_str(st));
-  e->ctx->stats.ep_errors++;
-  e->ctx->drive_again = true;
-  /* Only record it here; sends are failed and the ep closed from xf_ep_fail on the loop. */
-  if (!e->failed) {
-    e->failed = true;
-    xf_send_on_ep_failed(e->ctx, e);
-  }
-}
-
-xf_ep_t *xf_ep_get(k3_xfer_ctx_t *ctx, const uint8_t *addr, size_t len) {
-  for (xf_ep_t *e = ctx->eps; e; e = e->next)
-    if (!e->failed && e->addr_len == len && memcmp(e->addr, addr, len) == 0) {
-      e->refs++;
-      return e;
-    }
-  xf_ep_t *e = calloc(1, sizeof *e);
-  if (!e) return NULL;
-  e->addr = malloc(len);
-  if (!e->addr) {
-    free(e);
-    return NULL;
-  }
-  memcpy(e->addr, addr, len);
-  e->addr_len = len;
-  e->ctx = ctx;
-  ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-                        .address = (const ucp_address_t *)e->addr,
-                        .err_mode = ctx->no_peer_mode ? UCP_ERR_HANDLING_MODE_NONE
-                                                      : UCP_ERR_HANDLING_MODE_PEER,
-                        .err_handler = {.cb = ep_err_cb, .arg = e}};
-  ucs_status_t st = ucp_ep_create(ctx->worker, &ep, &e->ep);
-  if (st == UCS_ERR_UNREACHABLE && !ctx->no_peer_mode) {
-    ctx->no_peer_mode = true; /* learned once per process: UCX logs the refusal once */
-    /* UCX 1.13 shm transports (posix/sysv) have no peer-failure support, so peer error mode
-     * leaves no AM transport. Fall back to no error handling: a dead peer then surfaces as the
-     * send's deadline (the ACK never comes), still never a hang. */
-    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    st = ucp_ep_create(ctx->worker, &ep, &e->ep);
-    if (st == UCS_OK) K3_DEBUG("xfer: endpoint without peer failure detection (shm)");
-  }
-  if (st != UCS_OK) {
-    K3_ERROR("xfer: ucp_ep_create: %s", xf_ucs_str(st));
-    free(e->addr);
-    free(e);
-    return NULL;
-  }
-  e->refs = 1;
-  e->in_cache = true;
-  e->next = ctx->eps;
-  ctx->eps = e;
-  return e;
-}
-
-static void ep_unlink(xf_ep_t *e) {
-  if (!e->in_cache) return;
-  for (xf_ep_t **pp = &e->ctx->eps; *pp; pp = &(*pp)->next)
-    if (*pp == e) {
-      *pp = e->next;
-      break;
-    }
-  e->in_cache = false;
-}
-
-void xf_ep_put(xf_ep_t *e) {
-  K3_ASSERT(e->refs > 0);
-  if (--e->refs == 0 && (e->failed || e->ctx->closing)) {
-    ep_unlink(e);
-    ep_destroy(e);
-  }
-}
-
-void xf_ep_fail(xf_ep_t *e) {
-  ep_unlink(e);
-  if (!e->failed) {
-    e->failed = true;
-    xf_send_on_ep_failed(e->ctx, e);
-  }
-  ep_close_ucp(e);
-  if (e->refs == 0) ep_destroy(e);
-}
-
-static void am_send_cb(void *req, ucs_status_t st, void *ud) {
-  if (st != UCS_OK && st != UCS_ERR_CANCELED) K3_WARN("xfer: active message send: %s", xf_ucs_str(st));
-  free(ud);
-  ucp_request_free(req);
-}
-
-int xf_am_send(xf_ep_t *e, unsigned id, void *data, size_t len) {
-  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS |
-                                           UCP_OP_ATTR_FIELD_USER_DATA,
-                           .cb.send = am_send_cb,
-                           .user_data = data,
-                           .flags = UCP_AM_SEND_FLAG_EAGER};
-  ucs_status_ptr_t req = ucp_am_send_nbx(e->ep, id, NULL, 0, data, len, &p);
-  if (UCS_PTR_IS_ERR(req)) {
-    K3_WARN("xfer: ucp_am_send_nbx: %s", xf_ucs_str(UCS_PTR_STATUS(req)));
-    free(data);
-    return K3_ETRANSPORT;
-  }
-  if (req == NULL) free(data); /* completed inline: UCX no longer needs the buffer */
-  return 0;
-}
-
-/* ---- rkey cache --------------------------------------------------------------------------- */
-
-xf_rkey_t *xf_rkey_get(xf_ep_t *e, const uint8_t *packed, size_t len, ucs_status_t *st) {
-  *st = UCS_OK;
-  if (e->closed) {
-    *st = UCS_ERR_CANCELED;
-    return NULL;
-  }
-  for (xf_rkey_t *k = e->rkeys; k; k = k->next)
-    if (k->h && k->len == len && memcmp(k->packed, packed, len) == 0) {
-      k->refs++;
-      return k;
-    }
-  xf_rkey_t *k = calloc(1, sizeof *k);
-  if (!k || !(k->packed = malloc(len))) {
-    free(k);
-    *st = UCS_ERR_NO_MEMORY;
-    return NULL;
-  }
-  memcpy(k->packed, packed, len);
-  k->len = len;
-  *st = ucp_ep_rkey_unpack(e->ep, packed, &k->h);
-  if (*st != UCS_OK) {
-    free(k->packed);
-    free(k);
-    return NULL;
-  }
-  k->refs = 1;
-  k->next = e->rkeys;
-  e->rkeys = k;
-  return k;
-}
-
-void xf_rkey_put(xf_ep_t *e, xf_rkey_t *k) {
-  K3_ASSERT(k->refs > 0);
-  k->refs--;
-  /* Keep at most XF_RKEY_CACHE entries; drop unreferenced ones beyond that (oldest last). */
-  uint32_t n = 0;
-  for (xf_rkey_t **pp = &e->rkeys; *pp;) {
-    xf_rkey_t *x = *pp;
-    if (++n > XF_RKEY_CACHE && x->refs == 0) {
-      *pp = x->next;
-      if (x->h) ucp_rkey_destroy(x->h);
-      free(x->packed);
-      free(x);
-      continue;
-    }
-    pp = &x->next;
-  }
-}

@@ -1,4 +1,4 @@
-/* Reservation descriptor: validation, addressing and the v1 binary encoding.
+/* Reservation descriptor: validation, addressing and the v2 binary encoding.
  *
  * What it is for: the only code that turns a k3_xfer_desc_t into bytes and back. Decoding is
  * written for hostile input (it is fuzzed): every read is bounds-checked through a cursor,
@@ -13,8 +13,18 @@
 #include "k3pd/err.h"
 #include "k3pd/util.h"
 #include "k3pd/xfer_desc.h"
+#include "xfer_int.h"
 
 #define DESC_MAGIC 0x4458334bu /* "K3XD" little-endian */
+#define REGION_WIRE_BYTES 48   /* 4 x u32 + 4 x u64 */
+
+const char *k3_xfer_mem_name(uint32_t mem) {
+  switch (mem) {
+  case K3_XFER_MEM_HOST: return "host";
+  case K3_XFER_MEM_CUDA: return "cuda";
+  default: return "?";
+  }
+}
 
 const char *k3_xfer_kind_name(uint32_t kind) {
   switch (kind) {
@@ -30,7 +40,7 @@ k3_xfer_desc_t *k3_xfer_desc_new(void) { return calloc(1, sizeof(k3_xfer_desc_t)
 void k3_xfer_desc_free(k3_xfer_desc_t *d) {
   if (!d) return;
   free(d->worker_addr);
-  for (uint32_t i = 0; i < K3_XFER_MAX_POOLS; i++) free(d->pools[i].rkey);
+  for (uint32_t i = 0; i < K3_XFER_MAX_POOLS; i++) free(d->pools[i].rkey), free(d->pools[i].blob);
   for (uint32_t i = 0; i < K3_XFER_MAX_LISTS; i++) free(d->lists[i].idx);
   free(d->regions);
   free(d);
@@ -51,17 +61,21 @@ int k3_xfer_desc_validate(k3_xfer_desc_t *d, char *err, size_t errlen) {
     BAD("n_regions %u out of range 1..%u", d->n_regions, K3_XFER_MAX_REGIONS);
   for (uint32_t p = 0; p < d->n_pools; p++) {
     const k3_xfer_pool_desc_t *pl = &d->pools[p];
-    if (pl->stride_bytes == 0) BAD("pool %u: stride_bytes is 0", p);
-    if (pl->n_slots == 0) BAD("pool %u: n_slots is 0", p);
-    if (pl->n_slots > UINT64_MAX / pl->stride_bytes ||
-        pl->base_addr > UINT64_MAX - pl->n_slots * pl->stride_bytes)
-      BAD("pool %u: base + n_slots * stride overflows", p);
-    if (pl->rkey_len == 0 || pl->rkey_len > K3_XFER_MAX_RKEY_BYTES || !pl->rkey)
-      BAD("pool %u: rkey_len %u out of range", p, pl->rkey_len);
+    if (pl->size_bytes == 0) BAD("pool %u: size_bytes is 0", p);
+    if (pl->base_addr > UINT64_MAX - pl->size_bytes) BAD("pool %u: base + size_bytes overflows", p);
+    if (pl->mem != K3_XFER_MEM_HOST && pl->mem != K3_XFER_MEM_CUDA) BAD("pool %u: mem %u unknown", p, pl->mem);
+    if (pl->rkey_len > K3_XFER_MAX_RKEY_BYTES || (pl->rkey_len && !pl->rkey))
+      BAD("pool %u: rkey_len %u out of range 0..%u", p, pl->rkey_len, K3_XFER_MAX_RKEY_BYTES);
+    if (pl->blob_len > K3_XFER_MAX_BLOB_BYTES || (pl->blob_len && !pl->blob))
+      BAD("pool %u: blob_len %u out of range 0..%u", p, pl->blob_len, K3_XFER_MAX_BLOB_BYTES);
   }
+  uint32_t max_idx[K3_XFER_MAX_LISTS];
   for (uint32_t l = 0; l < d->n_lists; l++) {
     if (d->lists[l].n == 0 || d->lists[l].n > K3_XFER_MAX_INDICES || !d->lists[l].idx)
       BAD("list %u: n %u out of range 1..%u", l, d->lists[l].n, K3_XFER_MAX_INDICES);
+    max_idx[l] = 0;
+    for (uint32_t i = 0; i < d->lists[l].n; i++)
+      if (d->lists[l].idx[i] > max_idx[l]) max_idx[l] = d->lists[l].idx[i];
   }
   uint32_t max_layer = 0;
   for (uint32_t r = 0; r < d->n_regions; r++) {
@@ -71,23 +85,23 @@ int k3_xfer_desc_validate(k3_xfer_desc_t *d, char *err, size_t errlen) {
     const k3_xfer_pool_desc_t *pl = &d->pools[rg->pool];
     const k3_xfer_index_list_t *li = &d->lists[rg->list];
     if (rg->unit_bytes == 0) BAD("region %u: unit_bytes is 0", r);
-    if (rg->offset_bytes > pl->stride_bytes || rg->unit_bytes > pl->stride_bytes - rg->offset_bytes)
-      BAD("region %u: offset %llu + unit %llu > pool %u stride %llu", r,
-          (unsigned long long)rg->offset_bytes, (unsigned long long)rg->unit_bytes, rg->pool,
-          (unsigned long long)pl->stride_bytes);
-    /* len must cover exactly the listed indices: (n-1)*unit < len <= n*unit. unit <= stride and
-     * n*stride fits in 64 bits for any valid index, but n itself is bounded only by 2^22, so
-     * compute in 128 bits to stay exact. */
+    if (li->n > 1 && rg->unit_bytes > rg->stride_bytes)
+      BAD("region %u: unit %llu > stride %llu (list %u has %u entries)", r,
+          (unsigned long long)rg->unit_bytes, (unsigned long long)rg->stride_bytes, rg->list, li->n);
+    /* len must cover exactly the listed indices: (n-1)*unit < len <= n*unit. Every product is
+     * taken in 128 bits: unit, stride and off are attacker-chosen u64s. */
     unsigned __int128 cap = (unsigned __int128)li->n * rg->unit_bytes;
     unsigned __int128 low = (unsigned __int128)(li->n - 1) * rg->unit_bytes;
     if (rg->len_bytes == 0 || (unsigned __int128)rg->len_bytes > cap ||
         (unsigned __int128)rg->len_bytes <= low)
       BAD("region %u: len %llu does not match %u indices of %llu bytes", r,
           (unsigned long long)rg->len_bytes, li->n, (unsigned long long)rg->unit_bytes);
-    for (uint32_t i = 0; i < li->n; i++)
-      if (li->idx[i] >= pl->n_slots)
-        BAD("region %u: index %u >= pool %u n_slots %llu", r, li->idx[i], rg->pool,
-            (unsigned long long)pl->n_slots);
+    unsigned __int128 end = (unsigned __int128)rg->offset_bytes +
+                            (unsigned __int128)max_idx[rg->list] * rg->stride_bytes + rg->unit_bytes;
+    if (end > pl->size_bytes)
+      BAD("region %u: index %u reaches byte %llu%s > pool %u size %llu", r, max_idx[rg->list],
+          end >> 64 ? 0xffffffffffffffffull : (unsigned long long)end, end >> 64 ? "+" : "",
+          rg->pool, (unsigned long long)pl->size_bytes);
     if (rg->layer > 65535) BAD("region %u: layer %u > 65535", r, rg->layer);
     if (rg->layer > max_layer) max_layer = rg->layer;
   }
@@ -107,9 +121,24 @@ void k3_xfer_region_locate(const k3_xfer_desc_t *d, uint32_t region, uint64_t of
   const k3_xfer_region_t *rg = &d->regions[region];
   const k3_xfer_index_list_t *li = &d->lists[rg->list];
   uint64_t i = off / rg->unit_bytes, in = off % rg->unit_bytes;
-  *pool_off = (uint64_t)li->idx[i] * d->pools[rg->pool].stride_bytes + rg->offset_bytes + in;
+  *pool_off = rg->offset_bytes + (uint64_t)li->idx[i] * rg->stride_bytes + in;
   uint64_t left_in_unit = rg->unit_bytes - in, left = rg->len_bytes - off;
   *contig = left < left_in_unit ? left : left_in_unit;
+}
+
+uint64_t xf_region_run(const k3_xfer_desc_t *d, uint32_t region, uint64_t off, uint64_t max,
+                       uint64_t *pool_off) {
+  const k3_xfer_region_t *rg = &d->regions[region];
+  uint64_t n;
+  k3_xfer_region_locate(d, region, off, pool_off, &n);
+  if (rg->stride_bytes == rg->unit_bytes) { /* units back to back: consecutive indices merge */
+    const uint32_t *idx = d->lists[rg->list].idx;
+    for (uint64_t i = off / rg->unit_bytes; n < max && off + n < rg->len_bytes && idx[i + 1] == idx[i] + 1u; i++) {
+      uint64_t left = rg->len_bytes - (off + n);
+      n += left < rg->unit_bytes ? left : rg->unit_bytes;
+    }
+  }
+  return n < max ? n : max;
 }
 
 /* ---- encoding ---------------------------------------------------------------------------- */
@@ -155,7 +184,7 @@ int k3_xfer_desc_encode(const k3_xfer_desc_t *desc, uint8_t **out, size_t *out_l
   wbuf_t w = {0};
   w_u32(&w, DESC_MAGIC);
   w_u16(&w, K3_XFER_DESC_VERSION);
-  w_u16(&w, 0); /* flags: none defined in v1; decoders reject unknown bits */
+  w_u16(&w, 0); /* flags: none defined in v2; decoders reject unknown bits */
   w_u64(&w, desc->request_id);
   w_u64(&w, desc->epoch);
   w_u64(&w, (uint64_t)desc->lease_expiry_ms);
@@ -166,10 +195,12 @@ int k3_xfer_desc_encode(const k3_xfer_desc_t *desc, uint8_t **out, size_t *out_l
   for (uint32_t p = 0; p < desc->n_pools; p++) {
     const k3_xfer_pool_desc_t *pl = &desc->pools[p];
     w_u64(&w, pl->base_addr);
-    w_u64(&w, pl->stride_bytes);
-    w_u64(&w, pl->n_slots);
+    w_u64(&w, pl->size_bytes);
+    w_u32(&w, pl->mem);
     w_u32(&w, pl->rkey_len);
-    w_bytes(&w, pl->rkey, pl->rkey_len);
+    if (pl->rkey_len) w_bytes(&w, pl->rkey, pl->rkey_len);
+    w_u32(&w, pl->blob_len);
+    if (pl->blob_len) w_bytes(&w, pl->blob, pl->blob_len);
   }
   w_u32(&w, desc->n_lists);
   for (uint32_t l = 0; l < desc->n_lists; l++) {
@@ -198,6 +229,7 @@ int k3_xfer_desc_encode(const k3_xfer_desc_t *desc, uint8_t **out, size_t *out_l
     w_u32(&w, rg->list);
     w_u32(&w, rg->layer);
     w_u64(&w, rg->offset_bytes);
+    w_u64(&w, rg->stride_bytes);
     w_u64(&w, rg->unit_bytes);
     w_u64(&w, rg->len_bytes);
   }
@@ -244,14 +276,16 @@ static uint64_t r_u64(rbuf_t *r, const char *f) {
   r_bytes(r, &v, 8, f);
   return v;
 }
-/* Reads a length-prefixed blob of 1..max bytes into a new allocation. */
-static uint8_t *r_blob(rbuf_t *r, uint32_t *len, uint32_t max, const char *f, int *oom) {
+/* Reads a length-prefixed blob of min..max bytes (min 0 or 1) into a new allocation; a
+ * zero-length blob gives NULL. */
+static uint8_t *r_blob(rbuf_t *r, uint32_t *len, uint32_t min, uint32_t max, const char *f, int *oom) {
   *len = r_u32(r, f);
   if (r->fail) return NULL;
-  if (*len == 0 || *len > max || *len > r->len - r->pos) {
+  if (*len < min || *len > max || *len > r->len - r->pos) {
     r->fail = f;
     return NULL;
   }
+  if (*len == 0) return NULL;
   uint8_t *b = malloc(*len);
   if (!b) {
     *oom = 1;
@@ -284,15 +318,17 @@ int k3_xfer_desc_decode(const uint8_t *buf, size_t len, k3_xfer_desc_t **out, ch
   d->epoch = r_u64(&r, "epoch");
   d->lease_expiry_ms = (int64_t)r_u64(&r, "lease_expiry_ms");
   d->fingerprint = r_u64(&r, "fingerprint");
-  d->worker_addr = r_blob(&r, &d->worker_addr_len, K3_XFER_MAX_ADDR_BYTES, "worker_addr", &oom);
+  d->worker_addr = r_blob(&r, &d->worker_addr_len, 1, K3_XFER_MAX_ADDR_BYTES, "worker_addr", &oom);
   d->n_pools = r_u32(&r, "n_pools");
   if (!r.fail && (d->n_pools == 0 || d->n_pools > K3_XFER_MAX_POOLS)) r.fail = "n_pools";
   for (uint32_t p = 0; !r.fail && !oom && p < d->n_pools; p++) {
     k3_xfer_pool_desc_t *pl = &d->pools[p];
     pl->base_addr = r_u64(&r, "pool.base_addr");
-    pl->stride_bytes = r_u64(&r, "pool.stride_bytes");
-    pl->n_slots = r_u64(&r, "pool.n_slots");
-    pl->rkey = r_blob(&r, &pl->rkey_len, K3_XFER_MAX_RKEY_BYTES, "pool.rkey", &oom);
+    pl->size_bytes = r_u64(&r, "pool.size_bytes");
+    pl->mem = r_u32(&r, "pool.mem");
+    if (!r.fail && pl->mem != K3_XFER_MEM_HOST && pl->mem != K3_XFER_MEM_CUDA) r.fail = "pool.mem";
+    pl->rkey = r_blob(&r, &pl->rkey_len, 0, K3_XFER_MAX_RKEY_BYTES, "pool.rkey", &oom);
+    if (!oom) pl->blob = r_blob(&r, &pl->blob_len, 0, K3_XFER_MAX_BLOB_BYTES, "pool.blob", &oom);
   }
   d->n_lists = r_u32(&r, "n_lists");
   if (!r.fail && (d->n_lists == 0 || d->n_lists > K3_XFER_MAX_LISTS)) r.fail = "n_lists";
@@ -326,7 +362,7 @@ int k3_xfer_desc_decode(const uint8_t *buf, size_t len, k3_xfer_desc_t **out, ch
   }
   d->n_regions = r_u32(&r, "n_regions");
   if (!r.fail && (d->n_regions == 0 || d->n_regions > K3_XFER_MAX_REGIONS ||
-                  (uint64_t)d->n_regions * 40 > r.len - r.pos))
+                  (uint64_t)d->n_regions * REGION_WIRE_BYTES > r.len - r.pos))
     r.fail = "n_regions";
   if (!r.fail && !oom) {
     d->regions = calloc(d->n_regions, sizeof(k3_xfer_region_t));
@@ -339,6 +375,7 @@ int k3_xfer_desc_decode(const uint8_t *buf, size_t len, k3_xfer_desc_t **out, ch
     rg->list = r_u32(&r, "region.list");
     rg->layer = r_u32(&r, "region.layer");
     rg->offset_bytes = r_u64(&r, "region.offset_bytes");
+    rg->stride_bytes = r_u64(&r, "region.stride_bytes");
     rg->unit_bytes = r_u64(&r, "region.unit_bytes");
     rg->len_bytes = r_u64(&r, "region.len_bytes");
   }
@@ -368,7 +405,7 @@ int k3_xfer_desc_clone(const k3_xfer_desc_t *src, k3_xfer_desc_t **out) {
   *d = *src;
   d->worker_addr = NULL;
   d->regions = NULL;
-  for (uint32_t i = 0; i < K3_XFER_MAX_POOLS; i++) d->pools[i].rkey = NULL;
+  for (uint32_t i = 0; i < K3_XFER_MAX_POOLS; i++) d->pools[i].rkey = d->pools[i].blob = NULL;
   for (uint32_t i = 0; i < K3_XFER_MAX_LISTS; i++) d->lists[i].idx = NULL;
   int oom = 0;
   if (src->worker_addr_len) {
@@ -377,9 +414,11 @@ int k3_xfer_desc_clone(const k3_xfer_desc_t *src, k3_xfer_desc_t **out) {
     else oom = 1;
   }
   for (uint32_t p = 0; p < src->n_pools && !oom; p++) {
-    d->pools[p].rkey = malloc(src->pools[p].rkey_len ? src->pools[p].rkey_len : 1);
-    if (d->pools[p].rkey) memcpy(d->pools[p].rkey, src->pools[p].rkey, src->pools[p].rkey_len);
-    else oom = 1;
+    const k3_xfer_pool_desc_t *sp = &src->pools[p];
+    if (sp->rkey_len && !(d->pools[p].rkey = malloc(sp->rkey_len))) oom = 1;
+    else if (sp->rkey_len) memcpy(d->pools[p].rkey, sp->rkey, sp->rkey_len);
+    if (!oom && sp->blob_len && !(d->pools[p].blob = malloc(sp->blob_len))) oom = 1;
+    else if (!oom && sp->blob_len) memcpy(d->pools[p].blob, sp->blob, sp->blob_len);
   }
   for (uint32_t l = 0; l < src->n_lists && !oom; l++) {
     d->lists[l].idx = malloc((size_t)(src->lists[l].n ? src->lists[l].n : 1) * sizeof(uint32_t));

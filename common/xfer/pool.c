@@ -1,12 +1,20 @@
-/* Registered memory pools and the DONE/ACK wire codec.
+/* Registered memory pools: host memory UCX allocates, or memory someone else allocated (host or
+ * device) registered as it is.
  *
- * Pools: memory is allocated by UCX itself (UCP_MEM_MAP_ALLOCATE) rather than malloc'd and
- * registered: with Debian's UCX 1.13 a put into malloc'd memory is emulated and only completes
- * when the target progresses (C-STACK.md P9); UCX-allocated memory sits in a shared segment so
- * shm puts are true one-sided copies. The pool is touched once at creation so the page faults
- * are paid at start-up, not during the first transfer.
+ * What it is for: the receiver's side of a descriptor's pools (xfer_desc.h): base, size, memory
+ * type, packed rkey (when UCX registered it) and the opaque mapping blob the workers' device
+ * hooks produce. Why UCX allocates host pools (k3_xfer_pool_alloc_host) instead of registering
+ * malloc'd memory: with Debian's UCX 1.13 a put into malloc'd memory is emulated and completes
+ * only when the target progresses (C-STACK.md P9), while UCX-allocated memory sits in a shared
+ * segment that a same-host sender maps (ucp_rkey_ptr) and writes one-sidedly. Such a pool is
+ * touched once at creation so its page faults are paid at start-up, not by the first transfer.
  *
- * Wire messages are little-endian, fixed layout, versioned, and decoded strictly. */
+ * What it is not: an allocator of device memory (the workers allocate it, e.g. a runner's state
+ * arena, and register it here), or a slot/page allocator (the owner's). Nothing here reads or
+ * writes a K3_XFER_MEM_CUDA pool's bytes.
+ *
+ * Invariants: memh != NULL iff rkey_len > 0 (UCX registered the pool); an alloc_host pool owns
+ * its memory (freed by ucp_mem_unmap), a registered one never does. On error nothing is left. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,212 +22,130 @@
 #include "k3pd/log.h"
 #include "xfer_int.h"
 
-int k3_xfer_pool_init(k3_xfer_ctx_t *ctx, uint64_t n_slots, uint64_t stride_bytes,
-                      k3_xfer_pool_t **out) {
-  if (n_slots == 0 || stride_bytes == 0 || n_slots > UINT64_MAX / stride_bytes) {
-    K3_ERROR("xfer: pool of %llu slots x %llu bytes is invalid", (unsigned long long)n_slots,
-             (unsigned long long)stride_bytes);
+static void pool_destroy(k3_xfer_pool_t *p) {
+  if (p->rkey) ucp_rkey_buffer_release(p->rkey);
+  if (p->memh) ucp_mem_unmap(p->ctx->ucp, p->memh);
+  free(p->blob);
+  free(p);
+}
+
+static k3_xfer_pool_t *pool_new(k3_xfer_ctx_t *ctx, k3_xfer_mem_t mem, const uint8_t *blob,
+                                uint32_t blob_len) {
+  k3_xfer_pool_t *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->ctx = ctx;
+  p->mem = mem;
+  if (blob_len) {
+    if (!(p->blob = malloc(blob_len))) {
+      free(p);
+      return NULL;
+    }
+    memcpy(p->blob, blob, blob_len);
+    p->blob_len = blob_len;
+  }
+  return p;
+}
+
+/* ucp_mem_map with the given params, then the rkey. On error the pool is untouched except that
+ * memh/rkey stay NULL. */
+static ucs_status_t map_and_pack(k3_xfer_pool_t *p, const ucp_mem_map_params_t *mp) {
+  ucs_status_t st = ucp_mem_map(p->ctx->ucp, mp, &p->memh);
+  if (st != UCS_OK) {
+    p->memh = NULL;
+    return st;
+  }
+  st = ucp_rkey_pack(p->ctx->ucp, p->memh, &p->rkey, &p->rkey_len);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(p->ctx->ucp, p->memh);
+    p->memh = NULL;
+    p->rkey = NULL;
+    p->rkey_len = 0;
+  }
+  return st;
+}
+
+int k3_xfer_pool_alloc_host(k3_xfer_ctx_t *ctx, uint64_t bytes, k3_xfer_pool_t **out) {
+  if (!ctx || bytes == 0 || bytes > SIZE_MAX) {
+    K3_ERROR("xfer: host pool of %llu bytes is invalid", (unsigned long long)bytes);
     return K3_EINVAL;
   }
-  k3_xfer_pool_t *p = calloc(1, sizeof *p);
+  k3_xfer_pool_t *p = pool_new(ctx, K3_XFER_MEM_HOST, NULL, 0);
   if (!p) return K3_ENOMEM;
-  p->ctx = ctx;
-  p->n_slots = n_slots;
-  p->stride_bytes = stride_bytes;
   ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
                                            UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                                            UCP_MEM_MAP_PARAM_FIELD_FLAGS,
                              .address = NULL,
-                             .length = n_slots * stride_bytes,
+                             .length = bytes,
                              .flags = UCP_MEM_MAP_ALLOCATE};
-  ucs_status_t st = ucp_mem_map(ctx->ucp, &mp, &p->memh);
-  if (st != UCS_OK) goto err;
-  ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
-  st = ucp_mem_query(p->memh, &ma);
-  if (st != UCS_OK) goto err_unmap;
-  if (ma.length < mp.length) {
-    st = UCS_ERR_NO_MEMORY;
-    goto err_unmap;
+  ucs_status_t st = map_and_pack(p, &mp);
+  if (st == UCS_OK) {
+    ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+    st = ucp_mem_query(p->memh, &ma);
+    if (st == UCS_OK && ma.length < bytes) st = UCS_ERR_NO_MEMORY;
+    p->base = ma.address;
   }
-  p->base = ma.address;
-  st = ucp_rkey_pack(ctx->ucp, p->memh, &p->rkey, &p->rkey_len);
-  if (st != UCS_OK) goto err_unmap;
-  memset(p->base, 0, mp.length); /* fault every page in now */
+  if (st != UCS_OK) {
+    K3_ERROR("xfer: allocating a %llu-byte host pool through UCX failed: %s",
+             (unsigned long long)bytes, xf_ucs_str(st));
+    pool_destroy(p);
+    return st == UCS_ERR_NO_MEMORY ? K3_ENOMEM : K3_ETRANSPORT;
+  }
+  p->size = bytes;
+  memset(p->base, 0, bytes); /* fault every page in now */
   *out = p;
   return 0;
-err_unmap:
-  ucp_mem_unmap(ctx->ucp, p->memh);
-err:
-  K3_ERROR("xfer: registering a %llu-byte pool failed: %s",
-           (unsigned long long)(n_slots * stride_bytes), xf_ucs_str(st));
-  free(p);
-  return st == UCS_ERR_NO_MEMORY ? K3_ENOMEM : K3_ETRANSPORT;
+}
+
+int k3_xfer_pool_register(k3_xfer_ctx_t *ctx, void *base, uint64_t bytes, k3_xfer_mem_t mem,
+                          const uint8_t *blob, uint32_t blob_len, k3_xfer_pool_t **out) {
+  if (!ctx || !base || bytes == 0 || (uintptr_t)base > UINTPTR_MAX - bytes ||
+      (mem != K3_XFER_MEM_HOST && mem != K3_XFER_MEM_CUDA) || blob_len > K3_XFER_MAX_BLOB_BYTES ||
+      (blob_len && !blob)) {
+    K3_ERROR("xfer: registering %llu bytes of %s memory (blob %u bytes): invalid arguments",
+             (unsigned long long)bytes, k3_xfer_mem_name(mem), blob_len);
+    return K3_EINVAL;
+  }
+  k3_xfer_pool_t *p = pool_new(ctx, mem, blob, blob_len);
+  if (!p) return K3_ENOMEM;
+  p->base = base;
+  p->size = bytes;
+  ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                           UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                             .address = base,
+                             .length = bytes};
+  bool with_ucx = mem == K3_XFER_MEM_HOST || ctx->cuda_capable;
+  if (mem == K3_XFER_MEM_CUDA && with_ucx) {
+    /* Tell UCX what it is: without the memory type it would probe the pointer. */
+    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
+  if (with_ucx) {
+    ucs_status_t st = map_and_pack(p, &mp);
+    if (st != UCS_OK) {
+      K3_ERROR("xfer: registering %llu bytes of %s memory with UCX failed: %s",
+               (unsigned long long)bytes, k3_xfer_mem_name(mem), xf_ucs_str(st));
+      pool_destroy(p);
+      return st == UCS_ERR_NO_MEMORY ? K3_ENOMEM : K3_ETRANSPORT;
+    }
+  }
+  K3_DEBUG("xfer: registered %llu bytes of %s memory (rkey %zu bytes, blob %u bytes)",
+           (unsigned long long)bytes, k3_xfer_mem_name(mem), p->rkey_len, blob_len);
+  *out = p;
+  return 0;
 }
 
 void k3_xfer_pool_free(k3_xfer_pool_t *p) {
-  if (!p) return;
-  ucp_rkey_buffer_release(p->rkey);
-  ucp_mem_unmap(p->ctx->ucp, p->memh);
-  free(p);
+  if (p) pool_destroy(p);
 }
 
 void *k3_xfer_pool_base(const k3_xfer_pool_t *p) { return p->base; }
-uint64_t k3_xfer_pool_stride(const k3_xfer_pool_t *p) { return p->stride_bytes; }
-uint64_t k3_xfer_pool_slots(const k3_xfer_pool_t *p) { return p->n_slots; }
+uint64_t k3_xfer_pool_size(const k3_xfer_pool_t *p) { return p->size; }
+k3_xfer_mem_t k3_xfer_pool_mem(const k3_xfer_pool_t *p) { return p->mem; }
 void k3_xfer_pool_rkey(const k3_xfer_pool_t *p, const uint8_t **rkey, size_t *len) {
   *rkey = p->rkey;
   *len = p->rkey_len;
 }
-
-/* ---- DONE / ACK ------------------------------------------------------------------------- */
-
-#define DONE_HDR 64
-#define ACK_LEN 40
-
-static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint16_t get16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-
-/* DONE layout: magic u32 | version u16 | type u16 (1) | request_id u64 | epoch u64 |
- * fingerprint u64 | send_id u64 | first_token u32 | logprob f32 | n_digests u32 | addr_len u32 |
- * flags u32 | reserved u32 | addr bytes | digests u64[n]. */
-uint8_t *xf_done_encode(const xf_done_t *d, const uint64_t *digests, size_t *len) {
-  size_t n = DONE_HDR + d->addr_len + 8 * (size_t)d->n_digests;
-  uint8_t *b = calloc(1, n);
-  if (!b) return NULL;
-  put32(b, XF_WIRE_MAGIC);
-  put16(b + 4, XF_WIRE_VERSION);
-  put16(b + 6, 1);
-  put64(b + 8, d->request_id);
-  put64(b + 16, d->epoch);
-  put64(b + 24, d->fingerprint);
-  put64(b + 32, d->send_id);
-  put32(b + 40, d->first_token);
-  memcpy(b + 44, &d->first_logprob, 4);
-  put32(b + 48, d->n_digests);
-  put32(b + 52, d->addr_len);
-  put32(b + 56, d->flags);
-  memcpy(b + DONE_HDR, d->addr, d->addr_len);
-  for (uint32_t i = 0; i < d->n_digests; i++) put64(b + DONE_HDR + d->addr_len + 8 * (size_t)i, digests[i]);
-  *len = n;
-  return b;
-}
-
-int xf_done_decode(const uint8_t *b, size_t len, xf_done_t *d) {
-  if (len < DONE_HDR || get32(b) != XF_WIRE_MAGIC || get16(b + 4) != XF_WIRE_VERSION ||
-      get16(b + 6) != 1)
-    return K3_EPROTO;
-  d->request_id = get64(b + 8);
-  d->epoch = get64(b + 16);
-  d->fingerprint = get64(b + 24);
-  d->send_id = get64(b + 32);
-  d->first_token = get32(b + 40);
-  memcpy(&d->first_logprob, b + 44, 4);
-  d->n_digests = get32(b + 48);
-  d->addr_len = get32(b + 52);
-  d->flags = get32(b + 56);
-  if (d->addr_len == 0 || d->addr_len > K3_XFER_MAX_ADDR_BYTES || d->n_digests == 0 ||
-      d->n_digests > K3_XFER_MAX_REGIONS ||
-      len != DONE_HDR + (size_t)d->addr_len + 8 * (size_t)d->n_digests)
-    return K3_EPROTO;
-  d->addr = b + DONE_HDR;
-  d->digests = b + DONE_HDR + d->addr_len;
-  return 0;
-}
-
-/* LAYER layout: magic u32 | version u16 | type u16 (3) | request_id u64 | epoch u64 |
- * fingerprint u64 | send_id u64 | layer u32 | n_digests u32 | flags u32 | reserved u32 |
- * digests u64[n]. */
-#define LAYER_HDR 56
-uint8_t *xf_layer_encode(const xf_layer_t *m, const uint64_t *digests, size_t *len) {
-  size_t n = LAYER_HDR + 8 * (size_t)m->n_digests;
-  uint8_t *b = calloc(1, n);
-  if (!b) return NULL;
-  put32(b, XF_WIRE_MAGIC);
-  put16(b + 4, XF_WIRE_VERSION);
-  put16(b + 6, 3);
-  put64(b + 8, m->request_id);
-  put64(b + 16, m->epoch);
-  put64(b + 24, m->fingerprint);
-  put64(b + 32, m->send_id);
-  put32(b + 40, m->layer);
-  put32(b + 44, m->n_digests);
-  put32(b + 48, m->flags);
-  for (uint32_t i = 0; i < m->n_digests; i++) put64(b + LAYER_HDR + 8 * (size_t)i, digests[i]);
-  *len = n;
-  return b;
-}
-
-int xf_layer_decode(const uint8_t *b, size_t len, xf_layer_t *m) {
-  if (len < LAYER_HDR || get32(b) != XF_WIRE_MAGIC || get16(b + 4) != XF_WIRE_VERSION ||
-      get16(b + 6) != 3)
-    return K3_EPROTO;
-  m->request_id = get64(b + 8);
-  m->epoch = get64(b + 16);
-  m->fingerprint = get64(b + 24);
-  m->send_id = get64(b + 32);
-  m->layer = get32(b + 40);
-  m->n_digests = get32(b + 44);
-  m->flags = get32(b + 48);
-  if (m->n_digests == 0 || m->n_digests > K3_XFER_MAX_REGIONS ||
-      len != LAYER_HDR + 8 * (size_t)m->n_digests)
-    return K3_EPROTO;
-  m->digests = b + LAYER_HDR;
-  return 0;
-}
-
-/* DATA header: magic u32 | version u16 | type u16 (4) | request_id u64 | epoch u64 |
- * region u32 | reserved u32 | offset u64. */
-void xf_data_encode(const xf_data_t *d, uint8_t b[XF_DATA_HDR]) {
-  memset(b, 0, XF_DATA_HDR);
-  put32(b, XF_WIRE_MAGIC);
-  put16(b + 4, XF_WIRE_VERSION);
-  put16(b + 6, 4);
-  put64(b + 8, d->request_id);
-  put64(b + 16, d->epoch);
-  put32(b + 24, d->region);
-  put64(b + 32, d->offset);
-}
-
-int xf_data_decode(const void *buf, size_t len, xf_data_t *d) {
-  const uint8_t *b = buf;
-  if (len != XF_DATA_HDR || get32(b) != XF_WIRE_MAGIC || get16(b + 4) != XF_WIRE_VERSION ||
-      get16(b + 6) != 4)
-    return K3_EPROTO;
-  d->request_id = get64(b + 8);
-  d->epoch = get64(b + 16);
-  d->region = get32(b + 24);
-  d->offset = get64(b + 32);
-  return 0;
-}
-
-/* ACK layout: magic u32 | version u16 | type u16 (2) | request_id u64 | epoch u64 |
- * send_id u64 | status i32 | reserved u32. */
-uint8_t *xf_ack_encode(const xf_ack_t *a, size_t *len) {
-  uint8_t *b = calloc(1, ACK_LEN);
-  if (!b) return NULL;
-  put32(b, XF_WIRE_MAGIC);
-  put16(b + 4, XF_WIRE_VERSION);
-  put16(b + 6, 2);
-  put64(b + 8, a->request_id);
-  put64(b + 16, a->epoch);
-  put64(b + 24, a->send_id);
-  put32(b + 32, (uint32_t)a->status);
-  *len = ACK_LEN;
-  return b;
-}
-
-int xf_ack_decode(const uint8_t *b, size_t len, xf_ack_t *a) {
-  if (len != ACK_LEN || get32(b) != XF_WIRE_MAGIC || get16(b + 4) != XF_WIRE_VERSION ||
-      get16(b + 6) != 2)
-    return K3_EPROTO;
-  a->request_id = get64(b + 8);
-  a->epoch = get64(b + 16);
-  a->send_id = get64(b + 24);
-  a->status = (int32_t)get32(b + 32);
-  if (a->status > 0) return K3_EPROTO;
-  return 0;
+void k3_xfer_pool_blob(const k3_xfer_pool_t *p, const uint8_t **blob, size_t *len) {
+  *blob = p->blob;
+  *len = p->blob_len;
 }

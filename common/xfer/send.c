@@ -1,20 +1,24 @@
 /* Sender: pushes a request's regions into the receiver's reserved memory, layer by layer.
  *
- * What it is for: k3_xfer_send_start → k3_xfer_send_layer_ready (per layer, as compute
- * finishes it) → k3_xfer_send_finish. Regions of a signalled layer are queued and handed on in
- * chunks by send_push.c (direct copy into the mapped pool, DATA messages, or puts), hashing
- * exactly those bytes. When all of a layer's chunks completed, the endpoint is flushed and LAYER
- * (that layer's digests) is sent so the receiver verifies it while later layers stream. After
- * every layer was announced it flushes again, and only after that flush completed does it send
- * DONE: neither LAYER nor DONE can overtake data (flush-first by construction). It then waits
- * for the receiver's ACK, whose status is the send's result.
+ * What it is for: k3_xfer_send_start (path choice: send_dev.c) → k3_xfer_send_layer_ready (per
+ * layer, as compute finishes it) → k3_xfer_send_finish. Regions of a signalled layer are handed
+ * on in chunks by send_push.c (direct copy into the mapped pool, DATA messages, or puts),
+ * hashing exactly those bytes, and/or by a device job (send_dev.c: cuda-ipc copies and hashes,
+ * ucx-cuda hashes while DATA messages move the bytes). When all of a layer's chunks and its job
+ * completed, the endpoint is flushed (UCX data only) and LAYER (that layer's digests) is sent so
+ * the receiver verifies it while later layers stream. After every layer was announced it flushes
+ * again, and only after that flush completed does it send DONE: neither LAYER nor DONE can
+ * overtake data (flush-first by construction). It then waits for the receiver's ACK, whose
+ * status is the send's result.
  *
  * What it is not: a retry engine. Any failure (deadline, endpoint error, receiver rejection)
  * completes the send with an error; a failed send with operations in flight tears its endpoint
  * down so nothing queued lands later (other sends to that peer fail too: the peer is suspect).
  *
- * Lifetime: the callback fires once (from the pump, on the loop, never inside an API call); the
- * struct lives on until every UCX request that points at it has completed, then it is freed. */
+ * Lifetime: the callback fires once (from the pump, on the loop, never inside an API call); after
+ * it the descriptor and sources are the caller's again and are never touched. The struct lives
+ * on until every UCX request that points at it has completed and every device job it submitted
+ * was released (jobs cannot be cancelled), then it is freed. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,23 +31,64 @@ static void send_free(k3_xfer_send_t *s) {
   for (uint32_t p = 0; p < K3_XFER_MAX_POOLS; p++)
     if (s->rkeys[p]) xf_rkey_put(s->ep, s->rkeys[p]);
   if (s->ep) xf_ep_put(s->ep);
-  if (s->hash)
-    for (uint32_t r = 0; r < s->desc->n_regions; r++) XXH3_freeState(s->hash[r]);
-  free(s->layers);
+  if (s->dg_ready) k3_digest_free(&s->dg);
   if (s->slots)
     for (uint32_t i = 0; i < s->opts.max_inflight; i++) {
       if (!s->slots[i].stage) continue;
       if (s->stage.host_free) s->stage.host_free(s->stage.ud, s->slots[i].stage);
       else free(s->slots[i].stage);
     }
+  free(s->layers);
+  free(s->order);
+  free(s->job_digests);
   free(s->slots);
-  free(s->hash);
   free(s->digest);
   free(s->queue);
   free(s->layer_ready);
   free(s);
 }
 
+/* Sources must be able to supply every region byte (never dereferenced here). */
+static int check_sources(const k3_xfer_desc_t *desc, const k3_xfer_src_t *srcs, bool staged) {
+  for (uint32_t r = 0; r < desc->n_regions; r++) {
+    const k3_xfer_src_t *sr = &srcs[r];
+    const k3_xfer_region_t *rg = &desc->regions[r];
+    bool ok = staged || sr->base;
+    if (ok && sr->idx) {
+      unsigned __int128 cap = (unsigned __int128)sr->n_idx * sr->unit_bytes;
+      ok = sr->unit_bytes > 0 && sr->n_idx > 0 && cap >= rg->len_bytes &&
+           (sr->n_idx == 1 || sr->unit_bytes <= sr->stride_bytes);
+    }
+    if (!ok) {
+      K3_ERROR("xfer: send of request %llu: source %u cannot supply %llu bytes",
+               (unsigned long long)desc->request_id, r, (unsigned long long)rg->len_bytes);
+      return K3_EINVAL;
+    }
+  }
+  return 0;
+}
+
+/* Groups the regions by layer (order[], each layer's slice) and sizes the per-layer state. */
+static int build_layers(k3_xfer_send_t *s) {
+  const k3_xfer_desc_t *d = s->desc;
+  uint32_t max_n = 0;
+  for (uint32_t r = 0; r < d->n_regions; r++) s->layers[d->regions[r].layer].n_regions++;
+  for (uint32_t l = 0, at = 0; l < s->n_layers; l++) {
+    xf_layer_st_t *ly = &s->layers[l];
+    ly->s = s;
+    ly->layer = l;
+    ly->first_region = at;
+    at += ly->n_regions;
+    if (ly->n_regions > max_n) max_n = ly->n_regions;
+    ly->n_regions = 0; /* refilled below */
+  }
+  for (uint32_t r = 0; r < d->n_regions; r++) {
+    xf_layer_st_t *ly = &s->layers[d->regions[r].layer];
+    s->order[ly->first_region + ly->n_regions++] = r;
+  }
+  s->job_digests = calloc(max_n ? max_n : 1, sizeof(uint64_t));
+  return s->job_digests ? 0 : K3_ENOMEM;
+}
 
 int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_xfer_src_t *srcs,
                        const k3_xfer_send_opts_t *opts, k3_xfer_send_cb cb, void *ud,
@@ -57,27 +102,10 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   }
   k3_xfer_send_opts_t o = opts ? *opts : (k3_xfer_send_opts_t){0};
   if (!o.deadline_ms) o.deadline_ms = 30000;
-  /* 1 MiB: each chunk is hashed right before it is put, so the put's read hits the cache
-   * (docs/transfer.md, figures); larger chunks made the put re-read DRAM. */
-  if (!o.chunk_bytes) o.chunk_bytes = 1u << 20;
   if (!o.max_inflight) o.max_inflight = 32;
+  if ((unsigned)o.path >= K3_XFER_PATH_COUNT) return K3_EINVAL;
   bool staged = o.stage && o.stage->d2h;
-  /* Sources must be able to supply every region byte. */
-  for (uint32_t r = 0; r < desc->n_regions; r++) {
-    const k3_xfer_src_t *sr = &srcs[r];
-    const k3_xfer_region_t *rg = &desc->regions[r];
-    bool ok = staged || sr->base;
-    if (ok && sr->idx) {
-      unsigned __int128 cap = (unsigned __int128)sr->n_idx * sr->unit_bytes;
-      ok = sr->unit_bytes > 0 && sr->n_idx > 0 && cap >= rg->len_bytes &&
-           sr->offset_bytes + sr->unit_bytes <= (sr->stride_bytes ? sr->stride_bytes : UINT64_MAX);
-    }
-    if (!ok) {
-      K3_ERROR("xfer: send of request %llu: source %u cannot supply %llu bytes",
-               (unsigned long long)desc->request_id, r, (unsigned long long)rg->len_bytes);
-      return K3_EINVAL;
-    }
-  }
+  if (check_sources(desc, srcs, staged)) return K3_EINVAL;
   int64_t left_ms = desc->lease_expiry_ms - k3_wall_ms();
   if (left_ms <= 0) {
     K3_WARN("xfer: send of request %llu: lease already expired", (unsigned long long)desc->request_id);
@@ -94,69 +122,51 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   s->staged = staged;
   if (staged) s->stage = *o.stage;
   s->opts.stage = NULL;
+  if (o.dev) {
+    s->dev = *o.dev;
+    s->dev_src = true;
+  }
+  s->opts.dev = NULL;
   s->cb = cb;
   s->ud = ud;
   s->n_layers = chk.n_layers;
   s->layer_ready = calloc(chk.n_layers, 1);
   s->queue = calloc(desc->n_regions, sizeof(uint32_t));
-  s->hash = calloc(desc->n_regions, sizeof(xf_hash_t *));
+  s->order = calloc(desc->n_regions, sizeof(uint32_t));
   s->layers = calloc(chk.n_layers, sizeof(xf_layer_st_t));
   s->digest = calloc(desc->n_regions, sizeof(uint64_t));
   s->slots = calloc(o.max_inflight, sizeof(xf_slot_t));
   int rc = K3_ENOMEM;
-  if (!s->layer_ready || !s->queue || !s->hash || !s->digest || !s->slots || !s->layers) goto fail;
-  for (uint32_t r = 0; r < desc->n_regions; r++) {
-    s->hash[r] = XXH3_createState();
-    if (!s->hash[r]) goto fail;
-    XXH3_64bits_reset(s->hash[r]);
-    s->layers[desc->regions[r].layer].regions_left++;
-  }
-  for (uint32_t l = 0; l < chk.n_layers; l++) {
-    s->layers[l].s = s;
-    s->layers[l].layer = l;
-  }
-  for (uint32_t i = 0; i < o.max_inflight; i++) {
-    s->slots[i].s = s;
-    if (!staged) continue;
-    s->slots[i].stage = s->stage.host_alloc ? s->stage.host_alloc(s->stage.ud, o.chunk_bytes)
-                                            : aligned_alloc(4096, (o.chunk_bytes + 4095) & ~4095ull);
-    if (!s->slots[i].stage) goto fail;
-  }
+  if (!s->layer_ready || !s->queue || !s->order || !s->digest || !s->slots || !s->layers) goto fail;
+  if (build_layers(s)) goto fail;
   s->ep = xf_ep_get(ctx, desc->worker_addr, desc->worker_addr_len);
   if (!s->ep) {
     rc = K3_EUNAVAIL;
     goto fail;
   }
-  for (uint32_t p = 0; p < desc->n_pools; p++) {
-    ucs_status_t st;
-    s->rkeys[p] = xf_rkey_get(s->ep, desc->pools[p].rkey, desc->pools[p].rkey_len, &st);
-    if (!s->rkeys[p]) {
-      K3_ERROR("xfer: send of request %llu: rkey of pool %u rejected: %s",
-               (unsigned long long)desc->request_id, p, xf_ucs_str(st));
-      rc = K3_EPROTO;
-      goto fail;
-    }
+  rc = xf_send_choose_path(s);
+  if (rc) goto fail;
+  rc = K3_ENOMEM;
+  /* 1 MiB on the host paths: each chunk is hashed right before it is handed on, so the copy or
+   * put reads it from cache. 64 MiB on ucx-cuda: every rendezvous costs ~23 us (C-STACK §4). */
+  if (!s->opts.chunk_bytes) s->opts.chunk_bytes = s->path == K3_XFER_PATH_UCX_CUDA ? 64ull << 20 : 1ull << 20;
+  bool host_hash = !s->dev_src || s->staged;
+  if (host_hash) {
+    if (k3_digest_init(&s->dg)) goto fail;
+    s->dg_ready = true;
   }
-  s->direct = !o.puts_only;
-  for (uint32_t p = 0; p < desc->n_pools && s->direct; p++) {
-    /* Same host and a shm pool: UCX maps the receiver's segment; the whole pool must be one
-     * contiguous mapping (it is: one ucp_mem_map allocation). */
-    uint64_t last = desc->pools[p].n_slots * desc->pools[p].stride_bytes - 1;
-    void *p0 = NULL, *p1 = NULL;
-    if (ucp_rkey_ptr(s->rkeys[p]->h, desc->pools[p].base_addr, &p0) != UCS_OK ||
-        ucp_rkey_ptr(s->rkeys[p]->h, desc->pools[p].base_addr + last, &p1) != UCS_OK ||
-        (uint8_t *)p1 != (uint8_t *)p0 + last)
-      s->direct = false;
-    else
-      s->dbase[p] = p0;
+  for (uint32_t i = 0; i < o.max_inflight; i++) {
+    s->slots[i].s = s;
+    if (!staged) continue;
+    uint64_t cb_bytes = s->opts.chunk_bytes;
+    s->slots[i].stage = s->stage.host_alloc ? s->stage.host_alloc(s->stage.ud, cb_bytes)
+                                            : aligned_alloc(4096, (cb_bytes + 4095) & ~4095ull);
+    if (!s->slots[i].stage) goto fail;
   }
-  /* No mapping (tcp, another host): Debian's UCX emulates puts on tcp (~1.4 GB/s, needs
-   * target progress, C-STACK.md P9) while AM rendezvous moves 5-9 GB/s, so send DATA messages
-   * the receiver places itself. puts_only keeps one-sided puts (e.g. on an RDMA fabric). */
-  s->am_data = !s->direct && !o.puts_only;
   s->send_id = ctx->next_send_id++;
   s->res.request_id = desc->request_id;
   s->res.epoch = desc->epoch;
+  s->res.path = s->path;
   s->res.t_start_ns = k3_now_ns();
   s->deadline_ns = s->res.t_start_ns + (uint64_t)o.deadline_ms * 1000000ull;
   s->next = ctx->sends;
@@ -169,12 +179,15 @@ fail:
   return rc;
 }
 
-k3_xfer_path_t k3_xfer_send_path(const k3_xfer_send_t *s) {
-  return s->staged ? K3_XFER_PATH_STAGED : K3_XFER_PATH_HOST;
-}
-bool k3_xfer_send_direct(const k3_xfer_send_t *s) { return s->direct; }
+k3_xfer_path_t k3_xfer_send_path(const k3_xfer_send_t *s) { return s->path; }
+bool k3_xfer_send_direct(const k3_xfer_send_t *s) { return s->mode == XM_DIRECT; }
 const char *k3_xfer_send_mode(const k3_xfer_send_t *s) {
-  return s->direct ? "direct" : s->am_data ? "am" : "put";
+  switch (s->mode) {
+  case XM_DIRECT: return "direct";
+  case XM_AM: return "am";
+  case XM_PUT: return "put";
+  default: return "job";
+  }
 }
 
 int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
@@ -183,9 +196,13 @@ int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
   if (layer >= n_layers || s->layer_ready[layer]) return K3_EINVAL;
   s->layer_ready[layer] = 1;
   s->layers_signalled++;
-  s->layers[layer].state = LY_PUSHING;
-  for (uint32_t r = 0; r < s->desc->n_regions; r++)
-    if (s->desc->regions[r].layer == layer) s->queue[s->q_len++] = r;
+  xf_layer_st_t *ly = &s->layers[layer];
+  ly->state = LY_PUSHING;
+  if (s->dev_src && !s->staged) ly->job_state = XJ_DUE; /* copy+hash or hash-only job */
+  if (s->mode != XM_JOB) { /* the host movers hand the regions on (ucx-cuda: DATA) */
+    ly->regions_left = ly->n_regions;
+    for (uint32_t k = 0; k < ly->n_regions; k++) s->queue[s->q_len++] = s->order[ly->first_region + k];
+  }
   if (s->layers_signalled == n_layers) s->res.t_last_layer_ns = k3_now_ns();
   xf_drive_api(s->ctx);
   return 0;
@@ -193,7 +210,7 @@ int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
 
 int k3_xfer_send_finish(k3_xfer_send_t *s, uint32_t first_token, float first_logprob) {
   if (s->phase == PH_FIRED) return s->status ? s->status : K3_EINVAL;
-  if (s->finish_called || s->q_len != s->desc->n_regions) return K3_EINVAL;
+  if (s->finish_called || s->layers_signalled != s->n_layers) return K3_EINVAL;
   s->finish_called = true;
   s->first_token = first_token;
   s->first_logprob = first_logprob;
@@ -241,6 +258,7 @@ static void fire(k3_xfer_send_t *s, int status) {
   else if (status == K3_ETIMEDOUT) ctx->stats.sends_timed_out++;
   else ctx->stats.sends_failed++;
   ctx->stats.bytes_put += s->res.bytes;
+  ctx->stats.path_bytes[s->path] += s->res.bytes;
   if (status && (s->inflight || s->flush_pending || s->layer_flushes_out)) xf_ep_fail(s->ep); /* cancel what is queued */
   s->cb(s->ud, &s->res);
 }
@@ -256,7 +274,7 @@ static int send_done_msg(k3_xfer_send_t *s) {
                   .send_id = s->send_id,
                   .first_token = s->first_token,
                   .first_logprob = s->first_logprob,
-                  .flags = s->am_data ? XF_MSG_FLAG_AM_DATA : 0,
+                  .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : 0,
                   .n_digests = s->desc->n_regions,
                   .addr_len = (uint32_t)addr_len,
                   .addr = addr};
@@ -266,31 +284,30 @@ static int send_done_msg(k3_xfer_send_t *s) {
   return xf_am_send(s->ep, XF_AM_DONE, msg, len);
 }
 
-static int send_layer_msg(k3_xfer_send_t *s, uint32_t layer) {
+static int send_layer_msg(k3_xfer_send_t *s, const xf_layer_st_t *ly) {
   const k3_xfer_desc_t *d = s->desc;
-  uint32_t n = 0;
-  for (uint32_t r = 0; r < d->n_regions; r++) n += d->regions[r].layer == layer;
-  uint64_t *dg = malloc((size_t)n * sizeof(uint64_t));
-  if (!dg) return K3_ENOMEM;
-  n = 0;
-  for (uint32_t r = 0; r < d->n_regions; r++)
-    if (d->regions[r].layer == layer) dg[n++] = s->digest[r];
+  uint64_t *dg = s->job_digests; /* scratch: no job of this send is being polled right now */
+  for (uint32_t k = 0; k < ly->n_regions; k++) dg[k] = s->digest[s->order[ly->first_region + k]];
   xf_layer_t m = {.request_id = d->request_id, .epoch = d->epoch, .fingerprint = d->fingerprint,
-                  .send_id = s->send_id, .layer = layer, .n_digests = n,
-                  .flags = s->am_data ? XF_MSG_FLAG_AM_DATA : 0};
+                  .send_id = s->send_id, .layer = ly->layer, .n_digests = ly->n_regions,
+                  .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : 0};
   size_t len;
   uint8_t *msg = xf_layer_encode(&m, dg, &len);
-  free(dg);
   if (!msg) return K3_ENOMEM;
   return xf_am_send(s->ep, XF_AM_LAYER, msg, len);
 }
 
-/* Flushes every layer whose puts all completed, and announces every flushed layer. */
+/* Flushes every layer whose bytes were all handed on and completed (and whose device job
+ * completed), and announces every flushed layer. cuda-ipc moves no UCX data: no flush. */
 static uint64_t advance_layers(k3_xfer_send_t *s) {
   uint64_t work = 0;
   for (uint32_t l = 0; l < s->n_layers && !s->status; l++) {
     xf_layer_st_t *ly = &s->layers[l];
-    if (ly->state == LY_PUSHING && ly->regions_left == 0 && ly->puts_out == 0) {
+    bool complete = ly->regions_left == 0 && ly->puts_out == 0 &&
+                    (ly->job_state == XJ_NONE || ly->job_state == XJ_DONE);
+    if (ly->state == LY_PUSHING && complete && s->mode == XM_JOB) {
+      ly->state = LY_FLUSHING;
+    } else if (ly->state == LY_PUSHING && complete) {
       ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                .cb.send = layer_flush_cb,
                                .user_data = ly};
@@ -307,7 +324,7 @@ static uint64_t advance_layers(k3_xfer_send_t *s) {
       work++;
     }
     if (ly->state == LY_FLUSHING && !ly->flush_out) {
-      int rc = send_layer_msg(s, l);
+      int rc = send_layer_msg(s, ly);
       if (rc) {
         s->status = rc;
         break;
@@ -335,6 +352,8 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
     return 1;
   }
   if (s->phase == PH_PUSH) {
+    work += xf_send_dev_pump(s, now);
+    if (s->status) return work + 1;
     work += xf_send_issue(s);
     if (s->status) return work + 1;
     work += advance_layers(s);
@@ -377,12 +396,16 @@ uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now, uint64_t *next_deadline)
   for (k3_xfer_send_t **pp = &ctx->sends; *pp;) {
     k3_xfer_send_t *s = *pp;
     if (s->phase != PH_FIRED) work += pump_one(s, now);
-    if (s->phase == PH_FIRED && s->inflight == 0 && !s->flush_pending && !s->layer_flushes_out) {
+    else if (s->jobs_out) work += xf_send_dev_pump(s, now); /* only polls: jobs cannot be cancelled */
+    if (s->phase == PH_FIRED && s->inflight == 0 && !s->flush_pending && !s->layer_flushes_out &&
+        s->jobs_out == 0) {
       *pp = s->next;
       send_free(s);
       continue;
     }
-    if (s->phase != PH_FIRED) {
+    if (s->phase == PH_FIRED) { /* draining jobs: their notify wakes us; tick as a backstop */
+      if (now + XF_TICK_NS < *next_deadline) *next_deadline = now + XF_TICK_NS;
+    } else {
       uint64_t due = s->deadline_ns < now + XF_TICK_NS ? s->deadline_ns : now + XF_TICK_NS;
       if (due < *next_deadline) *next_deadline = due;
     }
@@ -427,7 +450,8 @@ void xf_send_shutdown_all(k3_xfer_ctx_t *ctx) {
     ctx->sends = s->next;
     if (s->inflight || s->flush_pending || s->layer_flushes_out)
       K3_WARN("xfer: shutdown with %u requests outstanding on request %llu", s->inflight,
-              (unsigned long long)s->desc->request_id);
+              (unsigned long long)s->res.request_id);
+    xf_send_dev_release_all(s); /* waits for running device jobs (dev->release) */
     send_free(s);
   }
 }

@@ -1,5 +1,12 @@
-/* Private to the sender (send.c: API, layers, fences, DONE/ACK; send_push.c: moving the
- * bytes). Not part of the public API. */
+/* Private to the sender: send.c (API, path choice, layer fences, DONE/ACK), send_push.c (the
+ * host data movement: direct copy, DATA messages, puts, staging) and send_dev.c (the device
+ * paths' jobs). Not part of the public API.
+ *
+ * Per-layer life: LY_WAIT (not signalled) → LY_PUSHING (its regions are queued for the host
+ * movers and/or its device job is due) → once every region was handed on, every put/DATA of the
+ * layer completed and its device job (if any) completed: LY_FLUSHING (endpoint flush) →
+ * LY_ANNOUNCED (LAYER sent with the layer's digests). DONE follows the last announcement and a
+ * final flush. */
 #ifndef K3PD_XFER_SEND_INT_H
 #define K3PD_XFER_SEND_INT_H
 
@@ -7,51 +14,68 @@
 
 enum { PH_PUSH, PH_FLUSH, PH_WAIT_ACK, PH_FIRED };
 
+/* How the bytes move (k3_xfer_send_mode). */
+typedef enum {
+  XM_DIRECT, /* host: k3_digest_copy into the receiver's pool mapped with ucp_rkey_ptr */
+  XM_AM,     /* host/staged: DATA messages; ucx-cuda: DATA rendezvous from device memory */
+  XM_PUT,    /* host/staged: ucp_put_nbx (puts_only) */
+  XM_JOB,    /* cuda-ipc: device jobs copy into the mapped pools */
+} xf_mode_t;
+
 typedef struct {
   k3_xfer_send_t *s;
   uint32_t kind, layer;
   bool busy;
   uint8_t *stage; /* staging buffer (staged path only) */
-  uint8_t hdr[XF_DATA_HDR]; /* DATA header (rendezvous path): must live until completion */
+  uint8_t hdr[XF_DATA_HDR]; /* DATA header: must live until completion */
 } xf_slot_t;
 
-/* Per-layer progress: once every region of the layer has been handed to UCX and all its puts
- * completed, the endpoint is flushed and LAYER (the layer's digests) is sent, so the receiver
- * verifies it while later layers stream. */
 enum { LY_WAIT, LY_PUSHING, LY_FLUSHING, LY_ANNOUNCED };
+/* Device job of a layer: none (host paths), due, running, completed. */
+enum { XJ_NONE, XJ_DUE, XJ_OUT, XJ_DONE };
 typedef struct {
   k3_xfer_send_t *s;
   uint32_t layer;
-  uint32_t regions_left; /* regions of the layer not yet fully issued */
-  uint32_t puts_out;     /* its puts still in flight */
+  uint32_t regions_left; /* regions of the layer not yet fully handed to the host movers */
+  uint32_t puts_out;     /* its puts / DATA messages still in flight */
   uint8_t state;
+  uint8_t job_state;     /* XJ_* */
   bool flush_out;        /* a flush request for it is outstanding */
+  void *job;             /* dev job while XJ_OUT */
+  uint32_t first_region, n_regions; /* its regions: order[first_region .. + n_regions) */
 } xf_layer_st_t;
 
 struct k3_xfer_send {
   k3_xfer_send_t *next;
   k3_xfer_ctx_t *ctx;
-  const k3_xfer_desc_t *desc;
-  const k3_xfer_src_t *srcs;
+  const k3_xfer_desc_t *desc;   /* borrowed until the callback; never touched after it */
+  const k3_xfer_src_t *srcs;    /* likewise */
   k3_xfer_send_opts_t opts;
   k3_xfer_stage_t stage;
-  bool staged;
+  k3_xfer_dev_t dev;            /* copy of opts.dev (device sources) */
+  bool staged, dev_src;
+  k3_xfer_path_t path;
+  xf_mode_t mode;
   k3_xfer_send_cb cb;
   void *ud;
   uint64_t send_id, deadline_ns;
   xf_ep_t *ep;
   xf_rkey_t *rkeys[K3_XFER_MAX_POOLS];
-  bool direct;                      /* writes through dbase (see k3_xfer_send_direct) */
-  bool am_data;                     /* DATA active messages (rendezvous) instead of puts */
-  uint8_t *dbase[K3_XFER_MAX_POOLS]; /* local mapping of each receiver pool's base_addr */
+  /* Local address of each receiver pool's first byte: the host mapping (direct) or the device
+   * mapping from dev.map (cuda-ipc). */
+  uint8_t *dbase[K3_XFER_MAX_POOLS];
   xf_layer_st_t *layers;
+  uint32_t *order;        /* region ids grouped by layer, ascending inside a layer */
+  uint64_t *job_digests;  /* scratch for dev.poll, max regions of a layer */
+  uint32_t jobs_out;      /* device jobs not yet released: the struct lives while > 0 */
   uint32_t layer_flushes_out, layers_announced;
   uint8_t *layer_ready;
   uint32_t layers_signalled, n_layers;
-  uint32_t *queue, q_len, q_pos; /* regions in push order */
+  uint32_t *queue, q_len, q_pos; /* regions for the host movers, in push order */
   uint64_t cur_off;              /* next byte of region queue[q_pos] */
-  xf_hash_t **hash;
-  uint64_t *digest;
+  k3_digest_t dg;                /* the host movers hash one region at a time */
+  bool dg_ready;
+  uint64_t *digest;              /* per region, as announced */
   xf_slot_t *slots;
   uint32_t inflight;
   int phase, status;
@@ -66,8 +90,36 @@ static inline uint32_t xf_kind_of(const k3_xfer_region_t *rg) {
   return rg->kind < K3_XFER_KIND_COUNT ? rg->kind : K3_XFER_KIND_OTHER;
 }
 
+/* Address of source byte `off` of region source sr and the bytes contiguous from there, up to
+ * max (units back to back with consecutive indices merge, as in xf_region_run). Pure
+ * arithmetic: never dereferences (device sources). */
+static inline uintptr_t xf_src_addr(const k3_xfer_src_t *sr, uint64_t off, uint64_t max, uint64_t *contig) {
+  uintptr_t b = (uintptr_t)sr->base;
+  if (!sr->idx) {
+    *contig = max;
+    return b + sr->offset_bytes + off;
+  }
+  uint64_t i = off / sr->unit_bytes, in = off % sr->unit_bytes, n = sr->unit_bytes - in;
+  uintptr_t a = b + sr->offset_bytes + (uint64_t)sr->idx[i] * sr->stride_bytes + in;
+  if (sr->stride_bytes == sr->unit_bytes)
+    for (uint64_t j = i; n < max && j + 1 < sr->n_idx && sr->idx[j + 1] == sr->idx[j] + 1u; j++)
+      n += sr->unit_bytes;
+  *contig = n < max ? n : max;
+  return a;
+}
+
 /* send_push.c: hands queued region bytes on (direct copy, DATA messages or puts) while there is
  * room; returns the number of chunks handed on and sets s->status on error. */
 uint32_t xf_send_issue(k3_xfer_send_t *s);
+
+/* send_dev.c */
+/* Chooses the path and mode for a send whose opts/desc/srcs/ep/rkeys are set; maps device
+ * pools (cuda-ipc) into s->dbase. Returns 0 or K3_ENOTSUP (reason logged). */
+int xf_send_choose_path(k3_xfer_send_t *s);
+/* Submits the device jobs of signalled layers (never after the deadline) and polls the running
+ * ones; returns work done. Runs for fired sends too (only polling). */
+uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now_ns);
+/* Waits for and releases every running job (ctx close). */
+void xf_send_dev_release_all(k3_xfer_send_t *s);
 
 #endif

@@ -1,20 +1,22 @@
-/* Sender data movement: hands the queued regions' bytes on, one chunk at a time.
+/* Sender data movement on the host side: hands the queued regions' bytes on, one chunk at a
+ * time.
  *
- * What it is for: the three data paths of a send (docs/transfer.md, "Data paths"). direct: the
- * receiver's pool is mapped here (ucp_rkey_ptr), so each chunk is hashed and copied in 64 KiB
- * blocks with streaming stores, synchronously, checking the deadline before every chunk. am:
- * DATA active messages the receiver places itself (tcp, where Debian UCX emulates puts). put:
- * ucp_put_nbx (puts_only). A chunk never crosses a page/slot boundary on either side, and the
- * digest covers exactly the bytes handed on.
+ * What it is for: the movers of the host and staged paths, and the DATA messages of ucx-cuda
+ * (docs/transfer.md, "Data paths"). direct: the receiver's pool is mapped here (ucp_rkey_ptr),
+ * so each chunk is hashed and copied in one pass (k3_digest_copy: every 4 KiB chunk is hashed
+ * from DRAM, then copied out of L1 with streaming stores), synchronously, checking the deadline
+ * before every chunk. am: DATA active messages the receiver places itself (tcp, where Debian
+ * UCX emulates puts; and ucx-cuda, from device memory, always rendezvous). put: ucp_put_nbx
+ * (puts_only). staged: each chunk is first copied from the device by stage.d2h into a host
+ * buffer, then handled as above. A chunk is contiguous on both sides (it crosses a unit boundary
+ * only where units sit back to back: xf_region_run), and the digest covers exactly the bytes
+ * handed on, one region at a time.
  *
- * What it is not: the fencing (per-layer flush + LAYER, final flush + DONE: send.c). */
-#include <stdatomic.h>
+ * What it is not: the fencing (per-layer flush + LAYER, final flush + DONE: send.c) or the
+ * device jobs (send_dev.c). With device sources (ucx-cuda) nothing here dereferences a source:
+ * the addresses go to UCX with the CUDA memory type and the digests come from the hash job. */
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #include "k3pd/err.h"
 #include "k3pd/log.h"
@@ -33,63 +35,40 @@ static void put_cb(void *req, ucs_status_t st, void *ud) {
   ucp_request_free(req);
 }
 
-
-static const void *src_ptr(const k3_xfer_src_t *sr, uint64_t off, uint64_t *contig) {
-  const uint8_t *b = sr->base;
-  if (!sr->idx) {
-    *contig = UINT64_MAX;
-    return b + sr->offset_bytes + off;
+/* Where the next chunk of region r comes from: a host pointer into the sources, the staging
+ * buffer after d2h, or (ucx-cuda) a device address that is only handed to UCX. Shortens *n to
+ * the source's contiguity. NULL with s->status set on a staging failure. */
+static const uint8_t *chunk_src(k3_xfer_send_t *s, uint32_t r, uint8_t *stage, uint64_t *n) {
+  if (s->staged) {
+    int rc = s->stage.d2h(s->stage.ud, r, s->cur_off, stage, *n);
+    if (rc) {
+      K3_ERROR("xfer: request %llu: staging copy of region %u failed: %s",
+               (unsigned long long)s->desc->request_id, r, k3_strerror(rc));
+      s->status = K3_EDEVICE;
+      return NULL;
+    }
+    return stage;
   }
-  uint64_t i = off / sr->unit_bytes, in = off % sr->unit_bytes;
-  *contig = sr->unit_bytes - in;
-  return b + (uint64_t)sr->idx[i] * sr->stride_bytes + sr->offset_bytes + in;
+  uintptr_t a = xf_src_addr(&s->srcs[r], s->cur_off, *n, n);
+  return (const uint8_t *)a;
+}
+
+/* Bookkeeping after n bytes of region queue[q_pos] were handed on. */
+static void advance(k3_xfer_send_t *s, const k3_xfer_region_t *rg, uint32_t r, uint64_t n) {
+  s->res.kind_bytes[xf_kind_of(rg)] += n;
+  s->res.bytes += n;
+  s->cur_off += n;
+  if (s->cur_off == rg->len_bytes) {
+    if (s->dg_ready) s->digest[r] = k3_digest_final(&s->dg);
+    s->layers[rg->layer].regions_left--;
+    s->q_pos++;
+    s->cur_off = 0;
+  }
 }
 
 /* ---- direct path: hash and copy in one pass ---------------------------------------------- */
 
-/* Copies with streaming (non-temporal) stores: the destination is another process's memory
- * that this core will not read, so a normal store's read-for-ownership would double the DRAM
- * traffic; measured 7.0 → 8.4 GB/s for hash+copy on this VM (docs/transfer.md). Ends with a
- * store fence, so the bytes are globally visible before any later message announces them. */
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) static void copy_stream_avx2(uint8_t *dst, const uint8_t *src, size_t n) {
-  size_t head = (32 - ((uintptr_t)dst & 31)) & 31;
-  if (head > n) head = n;
-  memcpy(dst, src, head);
-  dst += head, src += head, n -= head;
-  for (; n >= 128; n -= 128, dst += 128, src += 128) {
-    __m256i a = _mm256_loadu_si256((const __m256i *)src), b = _mm256_loadu_si256((const __m256i *)(src + 32));
-    __m256i c = _mm256_loadu_si256((const __m256i *)(src + 64)), e = _mm256_loadu_si256((const __m256i *)(src + 96));
-    _mm256_stream_si256((__m256i *)dst, a);
-    _mm256_stream_si256((__m256i *)(dst + 32), b);
-    _mm256_stream_si256((__m256i *)(dst + 64), c);
-    _mm256_stream_si256((__m256i *)(dst + 96), e);
-  }
-  memcpy(dst, src, n);
-  _mm_sfence();
-}
-#endif
-
-/* Hashes then copies in 64 KiB blocks, so the copy reads the block from L1/L2, not DRAM. */
-static void hash_copy(xf_hash_t *h, uint8_t *dst, const uint8_t *src, uint64_t n) {
-#if defined(__x86_64__)
-  static int avx2 = -1;
-  if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-#endif
-  for (uint64_t off = 0; off < n;) {
-    size_t b = n - off < (64u << 10) ? (size_t)(n - off) : (64u << 10);
-    XXH3_64bits_update(h, src + off, b);
-#if defined(__x86_64__)
-    if (avx2) copy_stream_avx2(dst + off, src + off, b);
-    else
-#endif
-      memcpy(dst + off, src + off, b);
-    off += b;
-  }
-  atomic_thread_fence(memory_order_seq_cst); /* visible before LAYER/DONE is sent */
-}
-
-/* Writes up to DIRECT_BUDGET bytes per call (then lets the loop breathe). Returns blocks done. */
+/* Writes up to DIRECT_BUDGET bytes per call (then lets the loop breathe). Returns chunks done. */
 #define DIRECT_BUDGET (16u << 20)
 static uint32_t issue_direct(k3_xfer_send_t *s) {
   const k3_xfer_desc_t *d = s->desc;
@@ -99,47 +78,28 @@ static uint32_t issue_direct(k3_xfer_send_t *s) {
     if (s->ep->closed || k3_now_ns() >= s->deadline_ns) break; /* pump_one fails the send */
     uint32_t r = s->queue[s->q_pos];
     const k3_xfer_region_t *rg = &d->regions[r];
-    uint64_t pool_off, rcontig, lcontig = UINT64_MAX;
-    k3_xfer_region_locate(d, r, s->cur_off, &pool_off, &rcontig);
-    uint64_t n = s->opts.chunk_bytes < rcontig ? s->opts.chunk_bytes : rcontig;
-    const uint8_t *ptr;
-    if (s->staged) {
-      int rc = s->stage.d2h(s->stage.ud, r, s->cur_off, s->slots[0].stage, n);
-      if (rc) {
-        K3_ERROR("xfer: request %llu: staging copy of region %u failed: %s",
-                 (unsigned long long)d->request_id, r, k3_strerror(rc));
-        s->status = K3_EDEVICE;
-        break;
-      }
-      ptr = s->slots[0].stage;
-    } else {
-      ptr = src_ptr(&s->srcs[r], s->cur_off, &lcontig);
-      if (lcontig < n) n = lcontig;
-    }
+    uint64_t pool_off, n = xf_region_run(d, r, s->cur_off, s->opts.chunk_bytes, &pool_off);
+    const uint8_t *ptr = chunk_src(s, r, s->slots[0].stage, &n);
+    if (!ptr) break;
     uint32_t kind = xf_kind_of(rg);
-    uint64_t t0 = k3_now_ns();
-    if (!s->kind_first[kind]) s->kind_first[kind] = t0;
-    hash_copy(s->hash[r], s->dbase[rg->pool] + pool_off, ptr, n);
+    if (!s->kind_first[kind]) s->kind_first[kind] = k3_now_ns();
+    if (s->cur_off == 0) k3_digest_reset(&s->dg);
+    k3_digest_copy(&s->dg, s->dbase[rg->pool] + pool_off, ptr, n); /* ends with a store fence */
     s->kind_last[kind] = k3_now_ns();
-    s->res.kind_bytes[kind] += n;
-    s->res.bytes += n;
     budget = n < budget ? budget - n : 0;
     done++;
-    s->cur_off += n;
-    if (s->cur_off == rg->len_bytes) {
-      s->digest[r] = XXH3_64bits_digest(s->hash[r]);
-      s->layers[rg->layer].regions_left--;
-      s->q_pos++;
-      s->cur_off = 0;
-    }
+    advance(s, rg, r, n);
   }
   return done;
 }
 
-/* Issues puts while slots are free. Returns the number issued; sets s->status on error. */
+/* ---- am / put: UCX operations, up to max_inflight in flight ------------------------------- */
+
 uint32_t xf_send_issue(k3_xfer_send_t *s) {
-  if (s->direct) return issue_direct(s);
+  if (s->mode == XM_DIRECT) return issue_direct(s);
+  if (s->mode == XM_JOB) return 0; /* cuda-ipc: device jobs move everything (send_dev.c) */
   const k3_xfer_desc_t *d = s->desc;
+  bool dev_data = s->dev_src && !s->staged; /* ucx-cuda: device addresses, no host hashing */
   uint32_t issued = 0;
   while (!s->status && s->q_pos < s->q_len) {
     xf_slot_t *sl = NULL;
@@ -151,43 +111,39 @@ uint32_t xf_send_issue(k3_xfer_send_t *s) {
     if (!sl) break;
     uint32_t r = s->queue[s->q_pos];
     const k3_xfer_region_t *rg = &d->regions[r];
-    uint64_t pool_off, rcontig, lcontig = UINT64_MAX;
-    k3_xfer_region_locate(d, r, s->cur_off, &pool_off, &rcontig);
-    uint64_t n = s->opts.chunk_bytes < rcontig ? s->opts.chunk_bytes : rcontig;
-    const void *ptr;
-    if (s->staged) {
-      int rc = s->stage.d2h(s->stage.ud, r, s->cur_off, sl->stage, n);
-      if (rc) {
-        K3_ERROR("xfer: request %llu: staging copy of region %u failed: %s",
-                 (unsigned long long)d->request_id, r, k3_strerror(rc));
-        s->status = K3_EDEVICE;
-        break;
-      }
-      ptr = sl->stage;
-    } else {
-      ptr = src_ptr(&s->srcs[r], s->cur_off, &lcontig);
-      if (lcontig < n) n = lcontig;
+    uint64_t pool_off, n = xf_region_run(d, r, s->cur_off, s->opts.chunk_bytes, &pool_off);
+    const uint8_t *ptr = chunk_src(s, r, sl->stage, &n);
+    if (!ptr) break;
+    if (!dev_data) {
+      if (s->cur_off == 0) k3_digest_reset(&s->dg);
+      k3_digest_update(&s->dg, ptr, n);
     }
-    XXH3_64bits_update(s->hash[r], ptr, n);
     uint32_t kind = xf_kind_of(rg);
     if (!s->kind_first[kind]) s->kind_first[kind] = k3_now_ns();
-    s->res.kind_bytes[kind] += n;
     sl->kind = kind;
+    sl->layer = rg->layer;
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.send = put_cb,
                              .user_data = sl};
-    sl->layer = rg->layer;
     ucs_status_ptr_t req;
-    if (s->am_data) {
+    if (s->mode == XM_AM) {
       xf_data_t h = {.request_id = d->request_id, .epoch = d->epoch, .region = r, .offset = s->cur_off};
       xf_data_encode(&h, sl->hdr);
+      if (dev_data) {
+        /* Device memory: always rendezvous (the receiver never memcpy's into device memory),
+         * and tell UCX the memory type instead of letting it probe the pointer. */
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+        p.flags = UCP_AM_SEND_FLAG_RNDV;
+        p.memory_type = UCS_MEMORY_TYPE_CUDA;
+      }
       req = ucp_am_send_nbx(s->ep->ep, XF_AM_DATA, sl->hdr, XF_DATA_HDR, ptr, n, &p);
     } else {
-      req = ucp_put_nbx(s->ep->ep, ptr, n, d->pools[rg->pool].base_addr + pool_off, s->rkeys[rg->pool]->h, &p);
+      req = ucp_put_nbx(s->ep->ep, ptr, n, d->pools[rg->pool].base_addr + pool_off,
+                        s->rkeys[rg->pool]->h, &p);
     }
     if (UCS_PTR_IS_ERR(req)) {
-      K3_WARN("xfer: request %llu: put failed: %s", (unsigned long long)d->request_id,
-              xf_ucs_str(UCS_PTR_STATUS(req)));
+      K3_WARN("xfer: request %llu: %s failed: %s", (unsigned long long)d->request_id,
+              s->mode == XM_AM ? "DATA send" : "put", xf_ucs_str(UCS_PTR_STATUS(req)));
       s->status = K3_ETRANSPORT;
       break;
     }
@@ -198,15 +154,8 @@ uint32_t xf_send_issue(k3_xfer_send_t *s) {
     } else {
       s->kind_last[kind] = k3_now_ns();
     }
-    s->res.bytes += n;
     issued++;
-    s->cur_off += n;
-    if (s->cur_off == rg->len_bytes) {
-      s->digest[r] = XXH3_64bits_digest(s->hash[r]);
-      s->layers[rg->layer].regions_left--;
-      s->q_pos++;
-      s->cur_off = 0;
-    }
+    advance(s, rg, r, n);
   }
   return issued;
 }

@@ -1,13 +1,14 @@
-/* Private to k3_xfer: the structs shared by ctx.c, pool.c, send.c, recv.c and the small wire
- * codec for the two active messages (DONE: sender → receiver; ACK: receiver → sender).
+/* Private to k3_xfer: the structs shared by ctx.c, ep.c, pool.c, send*.c and recv*.c.
  *
- * Driving model: every UCX callback only records facts (counters, statuses, queued messages).
- * All decisions — issuing more puts, flushing, verifying a DONE, calling user callbacks —
- * happen in xf_drive(), which runs on the loop outside any UCX callback: from the worker's
- * event-fd poll, from an idle handle while work is pending, and after API calls. This keeps
- * UCX callbacks re-entrancy free and lets user callbacks call back into the API. The one
- * exception is DATA (recv.c): a rendezvous receive must be started inside the AM callback; it
- * writes only into a live reservation's own memory and calls no user callback. */
+ * Driving model: every UCX callback and every device-job notify only records facts (counters,
+ * statuses, queued messages, a wake-up). All decisions — issuing more bytes, submitting and
+ * polling device jobs, flushing, verifying a DONE, calling user callbacks — happen in
+ * xf_drive(), which runs on the loop outside any UCX callback: from the worker's event-fd poll,
+ * from the async handle device jobs wake, from an idle handle while work is pending, from a
+ * timer, and after API calls. This keeps UCX callbacks re-entrancy free and lets user callbacks
+ * call back into the API. The one exception is DATA (recv_data.c): a rendezvous receive must be
+ * started inside the AM callback; it writes only into a live reservation's own memory and calls
+ * no user callback. */
 #ifndef K3PD_XFER_INT_H
 #define K3PD_XFER_INT_H
 
@@ -17,24 +18,15 @@
 #include <ucp/api/ucp.h>
 #include <uv.h>
 
+#include "k3pd/digest.h"
 #include "k3pd/xfer.h"
+#include "wire.h"
 
-#define XF_AM_DONE 17
-#define XF_AM_ACK 18
-#define XF_AM_LAYER 19
-#define XF_AM_DATA 20 /* rendezvous data path (no mapped pointer, e.g. tcp): header + chunk */
-#define XF_WIRE_MAGIC 0x4e58334bu /* "K3XN" */
-#define XF_WIRE_VERSION 2 /* 2: digests are XXH3-64 (seed 0); LAYER message added */
 #define XF_RKEY_CACHE 16  /* unreferenced unpacked rkeys kept per endpoint */
 /* While a send or a live reservation is waiting for the peer, the loop also progresses the
  * worker at least this often: under load a shm wake-up was seen lost once in a few dozen
  * bench runs (UCX 1.13 mm transports), which stalled a transfer until its deadline. */
 #define XF_TICK_NS (10ull * 1000000ull)
-
-/* The region digest: XXH3-64, seed 0, over the region's bytes in region order. Streaming
- * state per region on the sender; one state reused per region on the receiver. */
-#include <xxhash.h>
-typedef XXH3_state_t xf_hash_t;
 
 /* An unpacked remote key, cached per endpoint: unpacking a shm rkey attaches (maps) the
  * receiver's segment, and destroying it detaches it again, so a fresh unpack per send paid a
@@ -75,6 +67,7 @@ struct k3_xfer_ctx {
   uv_poll_t poll;  /* worker event fd */
   uv_idle_t idle;  /* keeps driving while work is pending, without blocking in epoll */
   uv_timer_t timer; /* earliest deadline of sends and reservations */
+  uv_async_t async; /* k3_xfer_ctx_wake: device jobs completing on other threads */
   ucp_context_h ucp;
   ucp_worker_h worker;
   ucp_address_t *addr;
@@ -91,23 +84,33 @@ struct k3_xfer_ctx {
   xf_msg_t *done_q, **done_tail; /* DONE messages for recv */
   xf_msg_t *ack_q, **ack_tail;   /* ACK messages for sends */
   xf_msg_t *layer_q, **layer_tail; /* LAYER messages for recv (per-layer digests) */
-  struct xf_rx *rx;             /* rendezvous receives in flight (recv.c), freed at close */
+  struct xf_rx *rx;             /* rendezvous receives in flight (recv_data.c), freed at close */
   uint64_t next_send_id;
 };
 
 struct k3_xfer_pool {
   k3_xfer_ctx_t *ctx;
-  ucp_mem_h memh;
-  void *base;
-  uint64_t n_slots, stride_bytes;
-  void *rkey;
+  ucp_mem_h memh; /* NULL when UCX did not register it (device memory without CUDA UCX) */
+  void *base;     /* a device address when mem is K3_XFER_MEM_CUDA: never dereferenced */
+  uint64_t size;
+  k3_xfer_mem_t mem;
+  void *rkey; /* packed, from ucp_rkey_pack; NULL when memh is NULL */
   size_t rkey_len;
+  uint8_t *blob; /* owned copy of the mapping blob, or NULL */
+  uint32_t blob_len;
 };
 
-/* ctx.c */
+/* desc.c: like k3_xfer_region_locate, but a run goes on across consecutive indices whose
+ * units sit back to back (stride == unit, e.g. a request's pages inside an arena tensor), up to
+ * max bytes: fewer, larger copies, segments and DATA messages. Returns the run's bytes (> 0). */
+uint64_t xf_region_run(const k3_xfer_desc_t *d, uint32_t region, uint64_t off, uint64_t max,
+                       uint64_t *pool_off);
+
+/* ctx.c; endpoints, rkeys and eager AMs: ep.c */
 void xf_drive(k3_xfer_ctx_t *ctx);        /* run now unless already inside a drive */
 void xf_drive_api(k3_xfer_ctx_t *ctx);    /* from API calls: moves data, fires nothing */
 void xf_rearm_timer(k3_xfer_ctx_t *ctx);  /* after any deadline changed */
+void xf_notify_wake(void *arg);           /* device-job notify: arg is the ctx; any thread */
 /* Returns a referenced endpoint for addr (cached or new) or NULL (error logged). */
 xf_ep_t *xf_ep_get(k3_xfer_ctx_t *ctx, const uint8_t *addr, size_t len);
 void xf_ep_put(xf_ep_t *e);          /* drop a reference; closes a failed ep at zero */
@@ -122,69 +125,22 @@ void xf_rkey_put(xf_ep_t *e, xf_rkey_t *k);
 int xf_am_send(xf_ep_t *e, unsigned id, void *data, size_t len);
 const char *xf_ucs_str(ucs_status_t st);
 
-/* send.c, called by ctx.c */
+/* send*.c, called by ctx.c */
 uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now_ns, uint64_t *next_deadline_ns); /* work done */
 void xf_send_on_ack(k3_xfer_ctx_t *ctx, const uint8_t *msg, size_t len);
 void xf_send_on_ep_failed(k3_xfer_ctx_t *ctx, xf_ep_t *e);
 void xf_send_shutdown_all(k3_xfer_ctx_t *ctx);
 
-/* recv.c, called by ctx.c */
+/* recv*.c, called by ctx.c */
 uint64_t xf_recv_pump(k3_xfer_recv_t *r, uint64_t now_ns, uint64_t *next_deadline_ns);
 int xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len);
-/* LAYER/DONE return 1 when the message must wait (its data is still landing), else 0. */
+/* LAYER/DONE return 1 when the message must wait (its data is still landing, or device
+ * verification of the reservation is running), else 0. */
 int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len);
 /* DATA, called from inside the UCX AM callback (it must start the rendezvous receive there):
  * writes the chunk into the live reservation's own memory or drops it. No user callback. */
 void xf_recv_on_data(k3_xfer_ctx_t *ctx, const void *hdr, size_t hdr_len, void *data, size_t len,
                      const ucp_am_recv_param_t *param);
 void xf_recv_rx_free_all(k3_xfer_ctx_t *ctx); /* ctx close: records of cancelled receives */
-
-/* ---- wire messages --------------------------------------------------------------------- */
-
-#define XF_MSG_FLAG_AM_DATA 1u /* the data came as DATA messages: wait until it all landed */
-
-typedef struct {
-  uint64_t request_id, epoch, fingerprint, send_id;
-  uint32_t first_token;
-  float first_logprob;
-  uint32_t flags; /* XF_MSG_FLAG_* */
-  uint32_t n_digests;
-  uint32_t addr_len;
-  const uint8_t *addr;     /* points into the message */
-  const uint8_t *digests;  /* n_digests little-endian u64, points into the message */
-} xf_done_t;
-
-typedef struct {
-  uint64_t request_id, epoch, send_id;
-  int32_t status;
-} xf_ack_t;
-
-/* DONE: header 64 bytes + addr + 8 * n_digests. Returns a malloc'd buffer or NULL. */
-uint8_t *xf_done_encode(const xf_done_t *d, const uint64_t *digests, size_t *len);
-int xf_done_decode(const uint8_t *buf, size_t len, xf_done_t *out); /* 0 or K3_EPROTO */
-/* LAYER (sender → receiver, after that layer's puts were flushed): the digests of the layer's
- * regions in ascending region order, so the receiver verifies the layer while later layers
- * stream and DONE only has what is left. Header 56 bytes + 8 * n_digests. */
-typedef struct {
-  uint64_t request_id, epoch, fingerprint, send_id;
-  uint32_t layer, n_digests;
-  uint32_t flags; /* XF_MSG_FLAG_* */
-  const uint8_t *digests; /* points into the message */
-} xf_layer_t;
-
-/* DATA header (the AM's user header; the chunk is the AM's data): the receiver places the
- * chunk by (region, offset) in its own descriptor, never by an address from the message. */
-typedef struct {
-  uint64_t request_id, epoch;
-  uint32_t region;
-  uint64_t offset;
-} xf_data_t;
-#define XF_DATA_HDR 40
-void xf_data_encode(const xf_data_t *d, uint8_t out[XF_DATA_HDR]);
-int xf_data_decode(const void *buf, size_t len, xf_data_t *out); /* 0 or K3_EPROTO */
-uint8_t *xf_layer_encode(const xf_layer_t *m, const uint64_t *digests, size_t *len);
-int xf_layer_decode(const uint8_t *buf, size_t len, xf_layer_t *out); /* 0 or K3_EPROTO */
-uint8_t *xf_ack_encode(const xf_ack_t *a, size_t *len); /* malloc'd or NULL */
-int xf_ack_decode(const uint8_t *buf, size_t len, xf_ack_t *out); /* 0 or K3_EPROTO */
 
 #endif

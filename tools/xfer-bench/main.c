@@ -1,18 +1,32 @@
 /* k3pd-xfer-bench: two processes move a state manifest's worth of regions over k3_xfer and
- * compare the bandwidth with a single-threaded memcpy of the same bytes.
+ * compare the bandwidth with a copy of the same bytes (host: one single-threaded memcpy).
  *
- * The receiver (forked child, its own UCX context) registers a KV page pool and a KDA slot pool
- * shaped like the manifest, reserves 1 + --repeat requests (a warm-up and the measured ones)
- * and sends the descriptors over a pipe. The sender (parent) pushes layer by layer; with
- * --layer-delay-us each layer is signalled that long after the previous one (simulated
- * compute), and the bench reports how long after the last layer's signal the transfer finished.
- * The measured time runs from k3_xfer_send_start to the receiver's ACK (digests verified).
- * Every measured transfer is preceded by its own memcpy baseline (best of 3); with --repeat > 1
- * a summary line gives min/median/max and RESULT carries the medians. The library picks the
- * data path (direct mapping on shm, DATA messages on tcp); --puts-only forces ucp_put_nbx.
+ * The receiver (forked child, its own UCX context) makes its pools from the plan (plan.c:
+ * --layout paged = page-major KV pool + slot-major KDA pool; arena = every layer's tensor in one
+ * pool), reserves 1 + --repeat requests (a warm-up and the measured ones) and sends the
+ * descriptors over a pipe. The sender (parent) pushes layer by layer; with --layer-delay-us each
+ * layer is signalled that long after the previous one (simulated compute), and the bench
+ * reports how long after the last layer's signal the transfer finished. The measured time runs
+ * from k3_xfer_send_start to the receiver's ACK (digests verified). Every measured transfer is
+ * preceded by its own copy baseline (best of 3) and reports the sender's CPU time against the
+ * baseline's; with --repeat > 1 a summary line gives min/median/max and RESULT carries the
+ * medians. The library picks the data path (--path forces one) and the mode (direct mapping on
+ * shm, DATA messages on tcp; --puts-only forces ucp_put_nbx). Memory and device hooks come from
+ * one bench_mem_t (bench.h): --device host is built in; a device mode plugs in there.
  * Manifests: tiny (2 KDA layers of 64 KiB + 1 KiB, 2 MLA layers of 64 B/token) and k3 (spec
  * §10.2: 69 KDA layers of S 6,291,456 B + conv 221,184 B, 24 MLA layers of 1,152 B/token).
- * Last line: RESULT gbps=<x> memcpy_gbps=<y> ratio=<x/y> for the first --tls entry. */
+ * Last line: RESULT gbps=<x> memcpy_gbps=<y> ratio=<x/y> cpu_ratio=<baseline cpu / sender cpu>
+ * path=<path> for the first --tls entry (medians).
+ *
+ * On the GPU host, once a device mode exists (bench.h: "--device cuda", one bench_mem_t):
+ *   cuda-ipc:  k3pd-xfer-bench --device cuda --path cuda-ipc --layout arena --manifest k3 \
+ *                --tokens 1024 --repeat 5 --tls shm
+ *   ucx-cuda:  LD_LIBRARY_PATH=<ucx-cuda>/lib UCX_MODULE_DIR=<ucx-cuda>/lib/ucx \
+ *              UCX_TLS=cuda_ipc,cuda_copy,tcp k3pd-xfer-bench --device cuda --path ucx-cuda \
+ *                --layout arena --manifest k3 --tokens 1024 --repeat 5 --tls default
+ *              (--tls default = UCX_TLS from the environment; a --tls list is one run per entry)
+ *   staged:    k3pd-xfer-bench --device cuda --path staged --manifest k3 --tokens 1024 --repeat 5 \
+ *                --tls shm */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,55 +36,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
 #include "k3pd/log.h"
 #include "k3pd/util.h"
-#include "k3pd/xfer.h"
 
-#define PAGE_TOK 64
-
-typedef struct {
-  uint32_t n_kda, n_mla;
-  uint64_t s_bytes, conv_bytes, tok_bytes; /* per layer */
-} manifest_t;
-
-static const manifest_t M_TINY = {2, 2, 65536, 1024, 64};
-static const manifest_t M_K3 = {69, 24, 6291456, 221184, 1152};
-
-typedef struct {
-  manifest_t m;
-  uint32_t tokens, n_pages, n_regions, n_layers;
-  uint64_t kv_stride, kda_stride;
-  k3_xfer_region_t *rg;
-} plan_t;
-
-/* Layer order as in K3: every 4th layer is MLA (plus the last), the rest KDA. */
-static void plan_build(plan_t *p, manifest_t m, uint32_t tokens) {
-  p->m = m;
-  p->tokens = tokens;
-  p->n_pages = (tokens + PAGE_TOK - 1) / PAGE_TOK;
-  p->n_layers = m.n_kda + m.n_mla;
-  p->kv_stride = (uint64_t)m.n_mla * PAGE_TOK * m.tok_bytes;
-  p->kda_stride = (uint64_t)m.n_kda * (m.s_bytes + m.conv_bytes);
-  p->n_regions = 2 * m.n_kda + m.n_mla;
-  p->rg = calloc(p->n_regions, sizeof(k3_xfer_region_t));
-  uint32_t r = 0, kda = 0, mla = 0;
-  for (uint32_t l = 0; l < p->n_layers; l++) {
-    bool is_mla = (mla < m.n_mla) && ((l % 4 == 3) || (m.n_kda - kda == 0) || (l == p->n_layers - 1));
-    if (is_mla) {
-      p->rg[r++] = (k3_xfer_region_t){K3_XFER_KIND_MLA_KV, 0, 0, l, (uint64_t)mla * PAGE_TOK * m.tok_bytes,
-                                      PAGE_TOK * m.tok_bytes, (uint64_t)tokens * m.tok_bytes};
-      mla++;
-    } else {
-      uint64_t o = (uint64_t)kda * (m.s_bytes + m.conv_bytes);
-      p->rg[r++] = (k3_xfer_region_t){K3_XFER_KIND_KDA_S, 1, 1, l, o, m.s_bytes, m.s_bytes};
-      p->rg[r++] = (k3_xfer_region_t){K3_XFER_KIND_KDA_CONV, 1, 1, l, o + m.s_bytes, m.conv_bytes, m.conv_bytes};
-      kda++;
-    }
-  }
-  p->n_regions = r;
-}
+static const bench_manifest_t M_TINY = {2, 2, 65536, 1024, 64};
+static const bench_manifest_t M_K3 = {69, 24, 6291456, 221184, 1152};
 
 static void wr(int fd, const void *b, size_t n) {
   for (size_t d = 0; d < n;) {
@@ -88,30 +61,45 @@ static int rd(int fd, void *b, size_t n) {
   return 0;
 }
 
+static double cpu_ms_now(void) {
+  struct timespec c;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c);
+  return (double)c.tv_sec * 1e3 + (double)c.tv_nsec / 1e6;
+}
+
 /* ---- receiver process ---- */
 static int g_ready, g_repeat = 1; /* transfers: 1 warm-up + g_repeat measured */
+static uint64_t g_chunk_bytes;    /* 0 = library default */
+static bool g_puts_only;
+static k3_xfer_path_t g_path;
+static bench_mem_t g_mem;
+
 static void on_ready(void *ud, const k3_xfer_ready_t *r) { g_ready++; }
 static void rstop(uv_timer_t *t) {
-  if (g_ready >= 1 + g_repeat || t->data) uv_stop(t->loop);
+  if (g_ready >= 1 + g_repeat) uv_stop(t->loop);
 }
 static void rdeadline(uv_timer_t *t) { uv_stop(t->loop); }
 
-static int receiver(const plan_t *p, const char *tls, int wfd) {
+static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   k3_xfer_ctx_t *ctx;
   k3_xfer_ctx_opts_t o = {.tls = tls};
   if (k3_xfer_ctx_init(&loop, &o, &ctx)) return 2;
-  k3_xfer_pool_t *kv, *kda;
-  if (k3_xfer_pool_init(ctx, p->n_pages, p->kv_stride, &kv) || k3_xfer_pool_init(ctx, 1, p->kda_stride, &kda))
-    return 2;
-  k3_xfer_recv_opts_t ro = {.on_ready = on_ready};
+  /* staged: the receiver's pools are host memory whatever the mode (device sources, d2h). */
+  bool staged = g_path == K3_XFER_PATH_STAGED;
+  k3_xfer_pool_t *pools[2] = {NULL, NULL};
+  for (uint32_t i = 0; i < p->n_pools; i++)
+    if (staged ? k3_xfer_pool_alloc_host(ctx, p->pool_bytes[i], &pools[i])
+               : g_mem.pool_make(g_mem.self, ctx, p->pool_bytes[i], &pools[i]))
+      return 2;
+  k3_xfer_recv_opts_t ro = {.on_ready = on_ready, .dev = g_mem.dev(g_mem.self)};
   k3_xfer_recv_t *r;
-  k3_xfer_recv_init(ctx, &ro, &r);
-  uint32_t *pages = malloc(p->n_pages * sizeof(uint32_t)), slot = 0;
+  if (k3_xfer_recv_init(ctx, &ro, &r)) return 2;
+  uint32_t *pages = malloc((p->n_pages ? p->n_pages : 1) * sizeof(uint32_t)), slot = p->n_slots - 1;
   for (uint32_t i = 0; i < p->n_pages; i++) pages[i] = i;
   for (uint64_t id = 0; id < (uint64_t)(1 + g_repeat); id++) {
-    k3_xfer_layout_t lay = {.n_pools = 2, .pools = {kv, kda}, .n_lists = 2,
+    k3_xfer_layout_t lay = {.n_pools = p->n_pools, .pools = {pools[0], pools[1]}, .n_lists = 2,
                             .lists = {{p->n_pages, pages}, {1, &slot}},
                             .n_regions = p->n_regions, .regions = p->rg};
     k3_xfer_desc_t *d;
@@ -128,26 +116,25 @@ static int receiver(const plan_t *p, const char *tls, int wfd) {
   uv_timer_t t, dl;
   uv_timer_init(&loop, &t);
   uv_timer_init(&loop, &dl);
-  t.data = NULL;
   uv_timer_start(&t, rstop, 1, 1);
   uv_timer_start(&dl, rdeadline, 120000, 0);
-  struct timespec c0, c1;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0); /* after the pools were faulted in */
+  double c0 = cpu_ms_now(); /* after the pools were faulted in */
   uv_run(&loop, UV_RUN_DEFAULT);
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+  double rcpu = cpu_ms_now() - c0;
   /* Give the last ACK a moment to leave before tearing down. */
   for (int i = 0; i < 50; i++) uv_run(&loop, UV_RUN_NOWAIT), usleep(1000);
   k3_xfer_stats_t st;
   k3_xfer_ctx_stats(ctx, &st);
-  double rcpu = ((double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec)) / 1e6;
   printf("  receiver: %llu of %u layers verified as they landed (%d transfers), %llu accepted, "
-         "cpu %.2f ms per transfer\n",
+         "%llu device jobs, cpu %.2f ms per transfer\n",
          (unsigned long long)st.layers_verified, (1 + g_repeat) * p->n_layers, 1 + g_repeat,
-         (unsigned long long)st.done_accepted, rcpu / (1 + g_repeat));
+         (unsigned long long)st.done_accepted, (unsigned long long)st.dev_jobs, rcpu / (1 + g_repeat));
   fflush(stdout);
   k3_xfer_recv_free(r);
-  k3_xfer_pool_free(kv);
-  k3_xfer_pool_free(kda);
+  for (uint32_t i = 0; i < p->n_pools; i++) {
+    if (staged) k3_xfer_pool_free(pools[i]);
+    else g_mem.pool_free(g_mem.self, pools[i]);
+  }
   k3_xfer_ctx_close(ctx);
   uv_close((uv_handle_t *)&t, NULL);
   uv_close((uv_handle_t *)&dl, NULL);
@@ -183,14 +170,21 @@ static void layer_tick(uv_timer_t *t) {
   }
 }
 
-static uint64_t g_chunk_bytes; /* 0 = library default */
-static bool g_puts_only;
+/* --path staged: region r's source is contiguous at g_src_mem + src_off[r] (plan.c). */
+static const bench_plan_t *g_plan;
+static uint8_t *g_src_mem;
+static int stage_d2h(void *ud, uint32_t region, uint64_t off, void *dst, uint64_t len) {
+  return g_mem.d2h(g_mem.self, dst, g_src_mem + g_plan->src_off[region] + off, len);
+}
 
 static int one_send(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *d, const k3_xfer_src_t *src,
                     uint32_t delay_us, sstate_t *st) {
   memset(st, 0, sizeof *st);
   st->n_layers = d->n_layers;
-  k3_xfer_send_opts_t so = {.deadline_ms = 120000, .chunk_bytes = g_chunk_bytes, .puts_only = g_puts_only};
+  static const k3_xfer_stage_t stage = {.d2h = stage_d2h};
+  k3_xfer_send_opts_t so = {.deadline_ms = 120000, .chunk_bytes = g_chunk_bytes, .puts_only = g_puts_only,
+                            .dev = g_mem.dev(g_mem.self), .path = g_path,
+                            .stage = g_path == K3_XFER_PATH_STAGED ? &stage : NULL};
   int rc = k3_xfer_send_start(ctx, d, src, &so, sent, st, &st->s);
   if (rc) return rc;
   st->mode = k3_xfer_send_mode(st->s);
@@ -212,44 +206,29 @@ static int one_send(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *d, const k3_xfer_s
 }
 
 typedef struct {
-  double gbps, memcpy_gbps;
+  double gbps, memcpy_gbps, ratio, cpu_ratio;
+  const char *path;
 } fig_t;
 
 static int cmp_dbl(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
 }
-static double median(double *v, int n) {
+/* Median and range of v[0..n) (sorts v). */
+static double stats3(double *v, int n, double *lo, double *hi) {
   qsort(v, (size_t)n, sizeof *v, cmp_dbl);
+  *lo = v[0];
+  *hi = v[n - 1];
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static double cpu_ms_now(void) {
-  struct timespec c;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c);
-  return (double)c.tv_sec * 1e3 + (double)c.tv_nsec / 1e6;
-}
-
-/* Single-threaded memcpy of the same bytes, destination already faulted in, best of 3 (wall);
- * *cpu_ms gets the CPU time of the fastest. */
-static double memcpy_gbps(uint8_t *dst, const uint8_t *src, uint64_t total, double *cpu_ms) {
-  double best = 1e30;
-  for (int i = 0; i < 3; i++) {
-    double c0 = cpu_ms_now();
-    uint64_t t0 = k3_now_ns();
-    memcpy(dst, src, total);
-    double s = (double)(k3_now_ns() - t0) / 1e9;
-    if (s < best) best = s, *cpu_ms = cpu_ms_now() - c0;
-  }
-  return (double)total / best / 1e9;
-}
-
-static void report(const plan_t *p, const char *tls, uint64_t total, const sstate_t *st, double mc,
+static void report(const bench_plan_t *p, const char *tls, const sstate_t *st, double mc,
                    double mc_cpu_ms, double cpu_ms, long faults, uint32_t delay_us, double *gbps) {
   double secs = (double)(st->res.t_done_ns - st->res.t_start_ns) / 1e9;
-  *gbps = (double)total / secs / 1e9;
-  printf("tls=%-8s mode=%s bytes=%llu time_ms=%.2f gbps=%.2f memcpy_gbps=%.2f ratio=%.2f\n",
-         tls ? tls : "default", st->mode, (unsigned long long)total, secs * 1e3, *gbps, mc, *gbps / mc);
+  *gbps = (double)p->total_bytes / secs / 1e9;
+  printf("tls=%-8s path=%s mode=%s bytes=%llu time_ms=%.2f gbps=%.2f memcpy_gbps=%.2f ratio=%.2f\n",
+         tls ? tls : "default", k3_xfer_path_name(st->res.path), st->mode,
+         (unsigned long long)p->total_bytes, secs * 1e3, *gbps, mc, *gbps / mc);
   for (int k = 1; k < K3_XFER_KIND_COUNT; k++)
     if (st->res.kind_bytes[k])
       printf("  %-9s bytes=%llu push_ms=%.2f gbps=%.2f\n", k3_xfer_kind_name((uint32_t)k),
@@ -257,8 +236,8 @@ static void report(const plan_t *p, const char *tls, uint64_t total, const sstat
              st->res.kind_ns[k] ? (double)st->res.kind_bytes[k] / (double)st->res.kind_ns[k] : 0.0);
   printf("  flush+DONE+verify+ACK after the last byte: %.2f ms\n",
          (double)(st->res.t_done_ns - st->res.t_flushed_ns) / 1e6);
-  printf("  sender: cpu %.2f ms for %.2f ms wall, %ld minor faults; memcpy cpu %.2f ms "
-         "(cpu ratio memcpy/sender %.2f)\n",
+  printf("  sender: cpu %.2f ms for %.2f ms wall, %ld minor faults; copy baseline cpu %.2f ms "
+         "(cpu ratio baseline/sender %.2f)\n",
          cpu_ms, secs * 1e3, faults, mc_cpu_ms, cpu_ms > 0 ? mc_cpu_ms / cpu_ms : 0.0);
   if (delay_us)
     printf("  overlap: layer delay %u us x %u layers; finished %.2f ms after the last layer's "
@@ -267,9 +246,25 @@ static void report(const plan_t *p, const char *tls, uint64_t total, const sstat
            ((delay_us + 999) / 1000) * 1.0);
 }
 
-static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *fig) {
+static int read_descs(int fd, int n, k3_xfer_desc_t **d) {
+  for (int i = 0; i < n; i++) {
+    uint32_t len;
+    uint8_t *buf = NULL;
+    if (rd(fd, &len, 4) || !(buf = malloc(len)) || rd(fd, buf, len) ||
+        k3_xfer_desc_decode(buf, len, &d[i], NULL, 0)) {
+      free(buf);
+      for (int j = 0; j < i; j++) k3_xfer_desc_free(d[j]);
+      return K3_EUNAVAIL;
+    }
+    free(buf);
+  }
+  return 0;
+}
+
+static int run_tls(const bench_plan_t *p, const char *tls, uint32_t delay_us, fig_t *fig) {
   int pp[2];
   if (pipe(pp)) return K3_EIO;
+  fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
     close(pp[0]);
@@ -278,96 +273,86 @@ static int run_tls(const plan_t *p, const char *tls, uint32_t delay_us, fig_t *f
   close(pp[1]);
   int n_d = 1 + g_repeat;
   k3_xfer_desc_t **d = calloc((size_t)n_d, sizeof *d);
-  for (int i = 0; i < n_d; i++) {
-    uint32_t len;
-    uint8_t *buf;
-    if (rd(pp[0], &len, 4) || !(buf = malloc(len)) || rd(pp[0], buf, len) ||
-        k3_xfer_desc_decode(buf, len, &d[i], NULL, 0)) {
-      fprintf(stderr, "receiver failed to start (tls=%s)\n", tls ? tls : "default");
-      kill(pid, SIGKILL);
-      waitpid(pid, NULL, 0);
-      for (int j = 0; j < i; j++) k3_xfer_desc_free(d[j]);
-      free(d);
-      return K3_EUNAVAIL;
-    }
-    free(buf);
+  if (read_descs(pp[0], n_d, d)) {
+    fprintf(stderr, "receiver failed to start (tls=%s)\n", tls ? tls : "default");
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    free(d);
+    return K3_EUNAVAIL;
   }
   k3_xfer_ctx_t *ctx;
   k3_xfer_ctx_opts_t o = {.tls = tls};
   if (k3_xfer_ctx_init(uv_default_loop(), &o, &ctx)) return K3_ETRANSPORT;
-  uint64_t total = k3_xfer_desc_total_bytes(d[0]);
   k3_xfer_src_t *src = calloc(p->n_regions, sizeof *src);
-  uint8_t *mem = malloc(total), *dst = malloc(total);
-  uint64_t off = 0;
-  for (uint32_t r = 0; r < p->n_regions; r++) {
-    for (uint64_t b = 0; b < p->rg[r].len_bytes; b += 4096) mem[off + b] = (uint8_t)(r + b / 4096);
-    src[r] = (k3_xfer_src_t){.base = mem + off};
-    off += p->rg[r].len_bytes;
-  }
-  memset(dst, 0, total);
+  void *mem = NULL;
+  int rc = g_mem.src_alloc(g_mem.self, p->total_bytes, &mem);
+  g_plan = p;
+  g_src_mem = mem;
+  for (uint32_t r = 0; !rc && r < p->n_regions; r++)
+    src[r] = (k3_xfer_src_t){.base = (const void *)((uintptr_t)mem + p->src_off[r])};
   sstate_t st;
-  int rc = one_send(ctx, d[0], src, 0, &st); /* warm-up: endpoint, rkeys, transport caches */
-  /* Each measured transfer is paired with a memcpy baseline taken just before it, so drift in
-   * the machine's load hits both; the figures are the medians over --repeat runs. */
+  if (!rc) rc = one_send(ctx, d[0], src, 0, &st); /* warm-up: endpoint, rkeys, transport caches */
+  /* Each measured transfer is paired with a copy baseline taken just before it, so drift in the
+   * machine's load hits both; the figures are the medians over --repeat runs. */
   double *g = calloc((size_t)g_repeat, sizeof(double)), *m = calloc((size_t)g_repeat, sizeof(double));
-  double *ratio = calloc((size_t)g_repeat, sizeof(double));
+  double *ratio = calloc((size_t)g_repeat, sizeof(double)), *cr = calloc((size_t)g_repeat, sizeof(double));
   int done = 0;
   for (int i = 0; i < g_repeat && !rc; i++) {
     double mc_cpu = 0;
-    m[i] = memcpy_gbps(dst, mem, total, &mc_cpu);
+    m[i] = g_mem.copy_gbps(g_mem.self, mem, p->total_bytes, &mc_cpu);
     struct rusage ru0, ru1;
-    struct timespec c0, c1;
     getrusage(RUSAGE_SELF, &ru0);
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    double c0 = cpu_ms_now();
     rc = one_send(ctx, d[1 + i], src, delay_us, &st);
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    double cpu_ms = cpu_ms_now() - c0;
     getrusage(RUSAGE_SELF, &ru1);
     if (rc) break;
-    double cpu_ms = ((double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec)) / 1e6;
-    report(p, tls, total, &st, m[i], mc_cpu, cpu_ms, ru1.ru_minflt - ru0.ru_minflt, delay_us, &g[i]);
+    report(p, tls, &st, m[i], mc_cpu, cpu_ms, ru1.ru_minflt - ru0.ru_minflt, delay_us, &g[i]);
     ratio[i] = g[i] / m[i];
+    cr[i] = cpu_ms > 0 ? mc_cpu / cpu_ms : 0;
+    fig->path = k3_xfer_path_name(st.res.path);
     done++;
   }
   if (rc) fprintf(stderr, "transfer failed (tls=%s): %s\n", tls ? tls : "default", k3_errname(rc));
   if (done) {
-    double gmax = 0, gmin = 1e30, rmax = 0, rmin = 1e30;
-    for (int i = 0; i < done; i++) {
-      gmax = g[i] > gmax ? g[i] : gmax, gmin = g[i] < gmin ? g[i] : gmin;
-      rmax = ratio[i] > rmax ? ratio[i] : rmax, rmin = ratio[i] < rmin ? ratio[i] : rmin;
-    }
-    fig->gbps = median(g, done);
-    fig->memcpy_gbps = median(m, done);
+    double glo, ghi, rlo, rhi, clo, chi, mlo, mhi;
+    fig->gbps = stats3(g, done, &glo, &ghi);
+    fig->memcpy_gbps = stats3(m, done, &mlo, &mhi);
+    fig->ratio = stats3(ratio, done, &rlo, &rhi);
+    fig->cpu_ratio = stats3(cr, done, &clo, &chi);
     if (done > 1)
-      printf("summary tls=%s runs=%d gbps min/median/max=%.2f/%.2f/%.2f memcpy median=%.2f "
-             "ratio min/median/max=%.2f/%.2f/%.2f\n",
-             tls ? tls : "default", done, gmin, fig->gbps, gmax, fig->memcpy_gbps, rmin,
-             median(ratio, done), rmax);
+      printf("summary tls=%s path=%s runs=%d gbps min/median/max=%.2f/%.2f/%.2f memcpy median=%.2f "
+             "ratio min/median/max=%.2f/%.2f/%.2f cpu_ratio min/median/max=%.2f/%.2f/%.2f\n",
+             tls ? tls : "default", fig->path, done, glo, fig->gbps, ghi, fig->memcpy_gbps, rlo,
+             fig->ratio, rhi, clo, fig->cpu_ratio, chi);
   }
-  free(g);
-  free(m);
-  free(ratio);
+  free(g), free(m), free(ratio), free(cr);
   k3_xfer_ctx_close(ctx);
   uv_run(uv_default_loop(), UV_RUN_DEFAULT);
+  if (rc) kill(pid, SIGKILL); /* it would wait out its 120 s for transfers that never come */
   int ws;
   waitpid(pid, &ws, 0);
   for (int i = 0; i < n_d; i++) k3_xfer_desc_free(d[i]);
   free(d);
   free(src);
-  free(mem);
-  free(dst);
+  if (mem) g_mem.src_free(g_mem.self, mem, p->total_bytes);
   return rc;
 }
 
 int main(int argc, char **argv) {
-  const char *manifest = "tiny", *tls = "shm,tcp,default";
+  const char *manifest = "tiny", *tls = "shm,tcp,default", *layout = "paged", *path = "auto";
+  const char *device = "host";
   int tokens = 1024, delay_us = 0, chunk_kib = 0, repeat = 1;
   bool puts_only = false;
   k3_flag_t flags[] = {
       {"manifest", K3_FLAG_STR, &manifest, "tiny|k3", "state manifest sizes to move", false},
       {"tokens", K3_FLAG_INT, &tokens, "N", "prompt tokens (MLA pages)", false},
+      {"layout", K3_FLAG_STR, &layout, "paged|arena", "receiver pools: page/slot-major, or one arena of per-layer tensors", false},
       {"tls", K3_FLAG_STR, &tls, "LIST", "comma-separated UCX_TLS runs; 'default' = UCX's choice", false},
+      {"device", K3_FLAG_STR, &device, "host", "memory and device hooks (bench.h bench_mem_t)", false},
+      {"path", K3_FLAG_STR, &path, "auto|host|staged|cuda-ipc|ucx-cuda", "force a data path", false},
       {"layer-delay-us", K3_FLAG_INT, &delay_us, "N", "simulated compute per layer (0 = all at once)", false},
-      {"chunk-kib", K3_FLAG_INT, &chunk_kib, "N", "bytes per put in KiB (0 = library default)", false},
+      {"chunk-kib", K3_FLAG_INT, &chunk_kib, "N", "bytes per put/DATA message in KiB (0 = library default)", false},
       {"repeat", K3_FLAG_INT, &repeat, "N", "measured transfers per transport (figures are medians)", false},
       {"puts-only", K3_FLAG_BOOL, &puts_only, NULL, "always ucp_put_nbx (no mapped pointer, no DATA messages)", false},
   };
@@ -379,11 +364,21 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-xfer-bench: %s\n", err);
     return 2;
   }
-  manifest_t m;
+  bench_manifest_t m;
   if (!strcmp(manifest, "tiny")) m = M_TINY;
   else if (!strcmp(manifest, "k3")) m = M_K3;
   else {
     fprintf(stderr, "k3pd-xfer-bench: --manifest must be tiny or k3, got '%s'\n", manifest);
+    return 2;
+  }
+  bench_layout_t lay = !strcmp(layout, "arena") ? LAYOUT_ARENA : LAYOUT_PAGED;
+  if (strcmp(layout, "arena") && strcmp(layout, "paged")) {
+    fprintf(stderr, "k3pd-xfer-bench: --layout must be paged or arena, got '%s'\n", layout);
+    return 2;
+  }
+  int pi = k3_xfer_path_parse(path);
+  if (pi < 0) {
+    fprintf(stderr, "k3pd-xfer-bench: --path must be auto|host|staged|cuda-ipc|ucx-cuda, got '%s'\n", path);
     return 2;
   }
   if (tokens < 1 || tokens > (1 << 20) || delay_us < 0 || chunk_kib < 0 || chunk_kib > (1 << 20)) {
@@ -395,14 +390,22 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-xfer-bench: --repeat must be 1..100, got %d\n", repeat);
     return 2;
   }
+  if (strcmp(device, "host")) {
+    fprintf(stderr, "k3pd-xfer-bench: --device %s is not built in (host only; a device mode is "
+                    "one bench_mem_t, bench.h)\n", device);
+    return 2;
+  }
+  if (bench_mem_host(&g_mem)) return 2;
   g_repeat = repeat;
   g_chunk_bytes = (uint64_t)chunk_kib << 10;
   g_puts_only = puts_only;
+  g_path = (k3_xfer_path_t)pi;
   k3_log_set_level(K3_LOG_WARN);
-  plan_t p;
-  plan_build(&p, m, (uint32_t)tokens);
-  printf("manifest=%s tokens=%d regions=%u layers=%u kda_bytes=%llu mla_bytes=%llu\n", manifest, tokens,
-         p.n_regions, p.n_layers, (unsigned long long)(m.n_kda * (m.s_bytes + m.conv_bytes)),
+  bench_plan_t p;
+  if (bench_plan_build(&p, m, lay, (uint32_t)tokens)) return 2;
+  printf("manifest=%s tokens=%d layout=%s device=%s regions=%u layers=%u kda_bytes=%llu "
+         "mla_bytes=%llu\n", manifest, tokens, layout, g_mem.name, p.n_regions, p.n_layers,
+         (unsigned long long)(m.n_kda * (m.s_bytes + m.conv_bytes)),
          (unsigned long long)((uint64_t)m.n_mla * m.tok_bytes * (uint64_t)tokens));
   char *list = strdup(tls), *save = NULL;
   fig_t first = {0};
@@ -418,8 +421,9 @@ int main(int argc, char **argv) {
     }
   }
   free(list);
-  free(p.rg);
-  printf("RESULT gbps=%.2f memcpy_gbps=%.2f ratio=%.2f\n", first.gbps, first.memcpy_gbps,
-         first.memcpy_gbps > 0 ? first.gbps / first.memcpy_gbps : 0.0);
+  bench_plan_free(&p);
+  if (g_mem.close) g_mem.close(g_mem.self);
+  printf("RESULT gbps=%.2f memcpy_gbps=%.2f ratio=%.2f cpu_ratio=%.2f path=%s\n", first.gbps,
+         first.memcpy_gbps, first.ratio, first.cpu_ratio, first.path ? first.path : "none");
   return fails ? 1 : 0;
 }

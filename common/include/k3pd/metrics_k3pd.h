@@ -30,10 +30,12 @@
 /* region kind of handed-off state */
 #define K3PD_REGION_MLA_PAGES "mla_pages"
 #define K3PD_REGION_KDA_STATE "kda_state"
-/* transfer path chosen by the prefill worker's transport */
+/* transfer path chosen by the prefill worker's transport (k3_xfer_path_t: the names of
+ * k3_xfer_path_name with '_' for '-') */
 #define K3PD_PATH_HOST "host"
 #define K3PD_PATH_STAGED "staged"
-#define K3PD_PATH_CUDA_DIRECT "cuda_direct"
+#define K3PD_PATH_CUDA_IPC "cuda_ipc"
+#define K3PD_PATH_UCX_CUDA "ucx_cuda"
 /* pool state of KV pages / KDA slots on a decode worker */
 #define K3PD_POOL_RESERVED "reserved" /* held for a handoff whose data has not landed */
 #define K3PD_POOL_USED "used"         /* holding a live sequence's state */

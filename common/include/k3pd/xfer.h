@@ -1,20 +1,25 @@
 /* k3_xfer: moves a sequence's state regions from a prefill worker into a decode worker's
- * registered memory over UCX (one-sided puts), then fences and verifies it.
+ * registered memory (host or device), then fences and verifies it.
  *
  * What it is for: the data plane of the handoff (ARCHITECTURE.md §2). One k3_xfer_ctx_t per
  * process (per libuv loop): a UCX context + worker with RMA, AM and WAKEUP, progressed from the
- * loop through the worker's event fd. The decode side registers pools once (k3_xfer_pool_init),
- * reserves regions per request (k3_xfer_recv_reserve → descriptor bytes for the control plane),
- * and gets on_ready after a verified DONE. The prefill side starts a send from a decoded
- * descriptor, signals each layer as it becomes final (puts overlap the remaining compute), then
- * finishes: flush, DONE active message, wait for the receiver's ACK.
+ * loop through the worker's event fd. The decode side registers pools once
+ * (k3_xfer_pool_alloc_host, k3_xfer_pool_register), reserves regions per request
+ * (k3_xfer_recv_reserve → descriptor bytes for the control plane), and gets on_ready after a
+ * verified DONE. The prefill side starts a send from a decoded descriptor, signals each layer as
+ * it becomes final (its bytes move while later layers compute), then finishes: fence, DONE
+ * active message, wait for the receiver's ACK. Four data paths (k3_xfer_path_t), chosen per
+ * send and reported, never silent.
  *
  * What it is not: model code (regions are generic, see xfer_desc.h), the control plane (the
- * descriptor and the outcome travel over gRPC elsewhere), or a device allocator (GPU memory is
- * reached through the caller's staging callbacks, k3_xfer_stage_t).
+ * descriptor and the outcome travel over gRPC elsewhere), or a device library: device memory is
+ * reached only through the caller's hooks (k3_xfer_dev_t, k3_xfer_stage_t). k3_xfer never
+ * links CUDA and never dereferences an address in a K3_XFER_MEM_CUDA pool or a device source.
  *
- * Threads: everything here runs on the loop thread that owns the ctx; nothing is thread-safe.
- * Callbacks are called from the loop, never from inside the function that registered them.
+ * Threads: everything here runs on the loop thread that owns the ctx; nothing is thread-safe
+ * except k3_xfer_ctx_wake. Callbacks are called from the loop, never from inside the function
+ * that registered them (device hooks are called from the loop; only their notify may run on
+ * another thread).
  * Contract (STYLE.md): a function that takes a callback and returns an error never calls it;
  * on error nothing changed.
  *
@@ -35,13 +40,22 @@ typedef struct k3_xfer_pool k3_xfer_pool_t;
 typedef struct k3_xfer_send k3_xfer_send_t;
 typedef struct k3_xfer_recv k3_xfer_recv_t;
 
-/* Which memory path moves the bytes (logged and exported, never silent). */
+/* Which memory path moves the bytes (chosen per send, logged, reported in the send result and
+ * exported by the workers as the transfer-path metric; docs/transfer.md "Data paths"). */
 typedef enum {
-  K3_XFER_PATH_HOST = 0,        /* host memory on both sides (CPU builds) */
-  K3_XFER_PATH_STAGED = 1,      /* device→pinned host per chunk, put, host→device on receive */
-  K3_XFER_PATH_CUDA_DIRECT = 2, /* UCX with CUDA memory support puts device memory directly */
+  K3_XFER_PATH_AUTO = 0,     /* send option only: let k3_xfer choose */
+  K3_XFER_PATH_HOST = 1,     /* host sources into host pools: direct (shm map), am or put */
+  K3_XFER_PATH_STAGED = 2,   /* device sources (k3_xfer_stage_t d2h) into host pools */
+  K3_XFER_PATH_CUDA_IPC = 3, /* device sources, device pools mapped here (k3_xfer_dev_t map):
+                                one device job per layer copies and hashes; no UCX data */
+  K3_XFER_PATH_UCX_CUDA = 4, /* device sources, device pools, UCX with CUDA memory: a hash job
+                                plus DATA rendezvous messages from device memory */
+  K3_XFER_PATH_COUNT = 5
 } k3_xfer_path_t;
-const char *k3_xfer_path_name(k3_xfer_path_t path); /* "host", "staged", "cuda-direct" */
+/* "auto", "host", "staged", "cuda-ipc", "ucx-cuda" ("?" for other values). */
+const char *k3_xfer_path_name(k3_xfer_path_t path);
+/* The path named s (as above), or -1. */
+int k3_xfer_path_parse(const char *s);
 
 /* ---- context ------------------------------------------------------------------------ */
 
@@ -55,57 +69,120 @@ typedef struct {
 int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ctx_t **out);
 
 /* Tears down: fails every send still running with K3_ESHUTDOWN (their callbacks run now),
- * closes endpoints, destroys the worker and context and closes the poll handle. Every pool and
- * receiver must have been freed first. The ctx memory is freed in the handle's close callback,
- * so run the loop once more (uv_run) after calling this. */
+ * waits for their device jobs (dev->release), closes endpoints, destroys the worker and context
+ * and closes the loop handles. Every pool and receiver must have been freed first. The ctx
+ * memory is freed in the handles' close callbacks, so run the loop once more (uv_run) after. */
 void k3_xfer_ctx_close(k3_xfer_ctx_t *ctx);
 
 /* The worker address for the control plane (bytes owned by ctx, valid until close). */
 void k3_xfer_ctx_address(const k3_xfer_ctx_t *ctx, const uint8_t **addr, size_t *len);
 
-/* True when this UCX build reports CUDA memory support (then the cuda-direct path is possible
- * for pools registered from device memory by the caller; Debian's UCX says false). */
+/* True when this UCX build reports CUDA memory support (then device pools are registered with
+ * UCX and the ucx-cuda path is possible; Debian's UCX says false). */
 bool k3_xfer_ctx_cuda_capable(const k3_xfer_ctx_t *ctx);
+
+/* Thread-safe (the only such function here): wakes the loop (uv_async_send), which then drives
+ * the ctx: polls device jobs, advances sends and verifications. This is what device-job notify
+ * callbacks call. Must not be called after k3_xfer_ctx_close returned. */
+void k3_xfer_ctx_wake(k3_xfer_ctx_t *ctx);
 
 /* Counters (monotonic, for metrics). */
 typedef struct {
   uint64_t sends_ok, sends_failed, sends_timed_out;
-  uint64_t bytes_put;
+  uint64_t bytes_put; /* sender: bytes handed on by finished sends, all paths */
   uint64_t done_accepted;
   uint64_t done_rejected_unknown;     /* K3_ENOENT: no live reservation for the request */
   uint64_t done_rejected_stale;       /* K3_ESTALE: epoch differs */
   uint64_t done_rejected_fingerprint; /* K3_EFINGERPRINT */
   uint64_t done_rejected_digest;      /* K3_EDIGEST */
   uint64_t done_rejected_malformed;   /* K3_EPROTO */
+  uint64_t done_rejected_device;      /* K3_EDEVICE: a device job, or h2d (staged), failed */
   uint64_t leases_expired, reservations_cancelled, reservations_released;
   uint64_t slots_quarantined, slots_poisoned;
   uint64_t ep_errors;
   uint64_t layers_verified; /* layers verified as they landed (LAYER), before DONE */
   uint64_t data_dropped;    /* DATA chunks (rendezvous path) for no live reservation/epoch */
   uint64_t data_eager, data_rndv; /* DATA chunks placed from the message / by a rendezvous */
+  uint64_t data_rejected_dev; /* eager DATA aimed at device memory: rejected, never memcpy'd */
+  uint64_t dev_jobs;          /* device jobs submitted (sender copies/hashes, receiver hashes) */
+  uint64_t dev_jobs_failed;   /* submit or job errors (the send / DONE fails with K3_EDEVICE) */
+  uint64_t path_bytes[K3_XFER_PATH_COUNT]; /* sender: bytes handed on by finished sends, by path */
+  uint64_t poison_skipped;    /* quarantined reservations in device pools, not poisoned */
 } k3_xfer_stats_t;
 void k3_xfer_ctx_stats(const k3_xfer_ctx_t *ctx, k3_xfer_stats_t *out);
 
-/* ---- registered pools (receiver side; also usable as registered send sources) ----------- */
+/* ---- registered pools (receiver side) -------------------------------------------------- */
 
-/* Allocates n_slots * stride_bytes of memory through UCX (UCP_MEM_MAP_ALLOCATE: one-sided puts
- * on shm need no target progress, C-STACK.md P9) and packs its rkey. Register pools once at
- * start-up: mapping costs ~170 ms per 256 MiB. Returns 0, K3_EINVAL, K3_ETRANSPORT, K3_ENOMEM. */
-int k3_xfer_pool_init(k3_xfer_ctx_t *ctx, uint64_t n_slots, uint64_t stride_bytes,
-                      k3_xfer_pool_t **out);
-/* Unmaps the pool. No reservation that references it may be live. NULL is a no-op. */
+/* Allocates `bytes` of host memory through UCX (UCP_MEM_MAP_ALLOCATE: one-sided puts on shm need
+ * no target progress, C-STACK.md P9, and a same-host sender maps it with ucp_rkey_ptr), faults
+ * every page in and packs its rkey. Register pools once at start-up: this costs ~170 ms per
+ * 256 MiB. Returns 0, K3_EINVAL (bytes 0), K3_ETRANSPORT, K3_ENOMEM; on error nothing is left. */
+int k3_xfer_pool_alloc_host(k3_xfer_ctx_t *ctx, uint64_t bytes, k3_xfer_pool_t **out);
+/* Registers memory someone else allocated (and keeps owning; it must outlive the pool):
+ * - K3_XFER_MEM_HOST: ucp_mem_map of [base, base+bytes) and a packed rkey. Note (C-STACK P9):
+ *   puts into such memory over shm/tcp need the receiver's progress; the am path does not care.
+ * - K3_XFER_MEM_CUDA: device memory, never touched by k3_xfer. Registered with UCX (memory type
+ *   CUDA, rkey packed) only when k3_xfer_ctx_cuda_capable(ctx); otherwise the pool has no rkey
+ *   and only the blob lets a same-host sender reach it (cuda-ipc).
+ * blob (0..K3_XFER_MAX_BLOB_BYTES, copied) is the opaque mapping blob every descriptor of this
+ * pool carries (k3_xfer_dev_t map interprets it on the sender). Returns 0, K3_EINVAL,
+ * K3_ETRANSPORT (UCX refused the registration, logged), K3_ENOMEM. */
+int k3_xfer_pool_register(k3_xfer_ctx_t *ctx, void *base, uint64_t bytes, k3_xfer_mem_t mem,
+                          const uint8_t *blob, uint32_t blob_len, k3_xfer_pool_t **out);
+/* Unregisters (and, for alloc_host, frees) the pool. No reservation that references it may be
+ * live. NULL is a no-op. */
 void k3_xfer_pool_free(k3_xfer_pool_t *pool);
-void *k3_xfer_pool_base(const k3_xfer_pool_t *pool); /* host address of slot 0 */
-uint64_t k3_xfer_pool_stride(const k3_xfer_pool_t *pool);
-uint64_t k3_xfer_pool_slots(const k3_xfer_pool_t *pool);
-/* Packed rkey bytes (owned by the pool). */
+void *k3_xfer_pool_base(const k3_xfer_pool_t *pool); /* first byte (a device address for CUDA) */
+uint64_t k3_xfer_pool_size(const k3_xfer_pool_t *pool);
+k3_xfer_mem_t k3_xfer_pool_mem(const k3_xfer_pool_t *pool);
+/* Packed rkey bytes (owned by the pool; len 0 when not registered with UCX). */
 void k3_xfer_pool_rkey(const k3_xfer_pool_t *pool, const uint8_t **rkey, size_t *len);
+/* The mapping blob (owned by the pool; len 0 when none). */
+void k3_xfer_pool_blob(const k3_xfer_pool_t *pool, const uint8_t **blob, size_t *len);
+
+/* ---- device hooks (supplied by the workers over their device services) ----------------- */
+
+/* One piece of a region's byte stream: len bytes read at src (device address); when dst is not
+ * NULL the same bytes are written to dst (device address, possibly a peer pool mapped here). */
+typedef struct {
+  const void *src;
+  void *dst;
+  uint64_t len;
+} k3_xfer_seg_t;
+
+/* How k3_xfer reaches device memory without touching it. Filled by the worker (over k3k_xdev,
+ * fdshare and k3k_vmm, common/worker/xdev_hooks.c); k3_xfer copies the struct. All hooks are
+ * called on the loop thread. */
+typedef struct k3_xfer_dev {
+  void *ud;
+  /* Queues a job: region r's byte stream is segs[first[r]] .. segs[first[r+1] - 1] in order
+   * (first has n_regions + 1 entries, first[0] == 0); computes each region's K3 digest
+   * (k3pd/digest.h) of the bytes read at src, writing them to dst where dst is set. The arrays
+   * are copied before return. notify(arg) runs once when the job is complete and its writes
+   * are visible to other processes; it may run on another thread (k3_xfer passes a function
+   * that only calls k3_xfer_ctx_wake). Returns 0 or K3_E*; on error notify never runs. */
+  int (*submit)(void *ud, const k3_xfer_seg_t *segs, const uint32_t *first, uint32_t n_regions,
+                void (*notify)(void *arg), void *arg, void **job);
+  /* Non-blocking: 1 done (digests[n_regions] filled), 0 running, < 0 failed (K3_EDEVICE). */
+  int (*poll)(void *ud, void *job, uint64_t *digests);
+  /* Frees a job after poll returned non-zero; a job still running is waited for first, and
+   * its notify has run (or never will) when release returns. */
+  void (*release)(void *ud, void *job);
+  /* Maps a receiver pool on this host from its descriptor blob: *base = a local device pointer
+   * to the pool's first byte (the hook caches mappings; they stay valid until the hook's owner
+   * tears it down, after k3_xfer_ctx_close). Called from k3_xfer_send_start on the loop: a
+   * cached answer must be fast (the first mapping of a peer may block briefly, bounded).
+   * Returns 0, K3_ENOTSUP / K3_EUNAVAIL (not mappable here: another host or GPU, ...). NULL =
+   * never mappable. */
+  int (*map)(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size_bytes, void **base);
+} k3_xfer_dev_t;
 
 /* ---- staging hooks for device memory (supplied by the model runner) -------------------- */
 
 typedef struct {
   /* Sender: copy `len` bytes of region `region` starting at region byte `off` from device
-   * memory into the pinned host buffer `dst`; must be complete when it returns 0. */
+   * memory into the pinned host buffer `dst` (the range may span several of the source's
+   * units: it is cut by the receiver's units and chunk_bytes); complete when it returns 0. */
   int (*d2h)(void *ud, uint32_t region, uint64_t off, void *dst, uint64_t len);
   /* Receiver: copy `len` verified bytes (region byte `off`) from host `src` into device
    * memory. Called for every extent of every region after digests matched, before on_ready. */
@@ -121,8 +198,9 @@ typedef struct {
 /* ---- sender ----------------------------------------------------------------------------- */
 
 /* Where a region's bytes are on the sender (same addressing as xfer_desc.h):
- * byte b is at base + idx[b / unit] * stride + offset + b % unit, or base + offset + b when idx
- * is NULL. With a staging d2h hook, `base` is never dereferenced. */
+ * byte b is at base + offset + idx[b / unit] * stride + b % unit, or base + offset + b when idx
+ * is NULL. With device sources (opts dev) or a staging d2h hook, `base` is never dereferenced
+ * by k3_xfer: device jobs or d2h read it. */
 typedef struct {
   const void *base;
   uint64_t stride_bytes;
@@ -133,12 +211,18 @@ typedef struct {
 } k3_xfer_src_t;
 
 typedef struct {
-  uint32_t deadline_ms;   /* whole operation, from start to ACK; 0 = 30000 */
-  uint64_t chunk_bytes;   /* max bytes per put; 0 = 4 MiB */
-  uint32_t max_inflight;  /* puts in flight; 0 = 16 */
+  uint32_t deadline_ms;   /* whole operation, from start to ACK; 0 = 30000; clamped to the lease */
+  uint64_t chunk_bytes;   /* max bytes per put/DATA message; 0 = 1 MiB (64 MiB on ucx-cuda) */
+  uint32_t max_inflight;  /* puts/DATA messages in flight; 0 = 32 */
   const k3_xfer_stage_t *stage; /* non-NULL with d2h: staged path (copied) */
-  /* Always ucp_put_nbx: never a mapped pointer nor DATA messages (one-sided puts on an RDMA
-   * fabric; tests and comparisons). */
+  /* Sources are device memory reached through these hooks (copied; the hooks' ud must outlive
+   * the send). NULL: host sources (or staged through stage->d2h). */
+  const k3_xfer_dev_t *dev;
+  /* K3_XFER_PATH_AUTO (0) chooses; anything else forces that path or fails the start with
+   * K3_ENOTSUP (logged with the reason) when it cannot serve this descriptor. */
+  k3_xfer_path_t path;
+  /* Host path: always ucp_put_nbx, never a mapped pointer nor DATA messages (one-sided puts on
+   * an RDMA fabric; tests and comparisons). */
   bool puts_only;
 } k3_xfer_send_opts_t;
 
@@ -148,7 +232,8 @@ typedef struct {
                            K3_ESTALE/K3_ENOENT/K3_EFINGERPRINT/K3_EDIGEST, or K3_ETIMEDOUT,
                            K3_ETRANSPORT, K3_ECANCELED, K3_ESHUTDOWN) */
   uint64_t request_id, epoch;
-  uint64_t bytes;       /* bytes put */
+  k3_xfer_path_t path;  /* the path this send used (for the transfer-path metric) */
+  uint64_t bytes;       /* bytes handed on (copied, put, sent, or submitted to device jobs) */
   uint64_t t_start_ns, t_last_layer_ns, t_flushed_ns, t_done_ns; /* k3_now_ns stamps */
   uint64_t kind_bytes[K3_XFER_KIND_COUNT];
   uint64_t kind_ns[K3_XFER_KIND_COUNT]; /* first put issued → last put completed, per kind */
@@ -156,10 +241,19 @@ typedef struct {
 
 typedef void (*k3_xfer_send_cb)(void *ud, const k3_xfer_send_result_t *res);
 
-/* Starts a send of `desc` (borrowed until completion) from srcs[desc->n_regions] (borrowed).
+/* Starts a send of `desc` (borrowed until completion) from srcs[desc->n_regions] (borrowed),
+ * choosing the data path (logged at debug, k3_xfer_send_path):
+ *   host sources (no dev):   HOST into host pools, STAGED with stage->d2h;
+ *   device sources (dev):    STAGED into host pools (needs stage->d2h); into device pools
+ *                            CUDA_IPC when every pool has a blob that dev->map maps, else
+ *                            UCX_CUDA when this ctx is cuda capable and every pool has an rkey;
+ *   anything else (e.g. device to device with no mapping and no CUDA UCX, host sources into
+ *   device pools, pools of mixed memory types): K3_ENOTSUP, with a log line saying why.
  * No bytes move until k3_xfer_send_layer_ready. The callback runs exactly once, after which
- * the handle is gone. Returns 0, K3_EINVAL (descriptor/sources mismatch, message logged),
- * K3_EUNAVAIL (cannot reach the receiver's address), K3_ENOMEM. */
+ * the handle is gone (device jobs cannot be cancelled: a failed send's memory lives on inside
+ * the ctx until its jobs completed; none is submitted after the deadline). Returns 0, K3_EINVAL
+ * (descriptor/sources mismatch, message logged), K3_ENOTSUP, K3_ETIMEDOUT (lease over),
+ * K3_EUNAVAIL (cannot reach the receiver's address), K3_EPROTO (rkey rejected), K3_ENOMEM. */
 int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_xfer_src_t *srcs,
                        const k3_xfer_send_opts_t *opts, k3_xfer_send_cb cb, void *ud,
                        k3_xfer_send_t **out);
@@ -174,12 +268,13 @@ int k3_xfer_send_finish(k3_xfer_send_t *s, uint32_t first_token, float first_log
 void k3_xfer_send_cancel(k3_xfer_send_t *s);
 k3_xfer_path_t k3_xfer_send_path(const k3_xfer_send_t *s);
 /* True when this send writes the receiver's pools directly through a UCX-mapped pointer
- * (ucp_rkey_ptr: same host, shm pools), hashing and copying each block in one pass with
- * streaming stores; false when it uses ucp_put_nbx (tcp, other hosts, puts_only). */
+ * (ucp_rkey_ptr: same host, shm pools), hashing and copying each 4 KiB chunk in one pass with
+ * streaming stores; false otherwise. */
 bool k3_xfer_send_direct(const k3_xfer_send_t *s);
 /* How the bytes move: "direct" (mapped pointer), "am" (DATA active messages: eager or
- * rendezvous, placed by the receiver; chosen when there is no mapping, e.g. tcp) or "put"
- * (ucp_put_nbx; only with puts_only). */
+ * rendezvous, placed by the receiver; host path without mapping, e.g. tcp, and ucx-cuda),
+ * "put" (ucp_put_nbx; only with puts_only) or "job" (cuda-ipc: device jobs write the mapped
+ * pools). */
 const char *k3_xfer_send_mode(const k3_xfer_send_t *s);
 
 /* ---- receiver: registered pools + reservation table with leases ------------------------ */
@@ -198,17 +293,26 @@ typedef struct {
   void (*on_release)(void *ud, uint64_t request_id, void *owner);
   void *ud;
   uint32_t quarantine_ms; /* after expiry/cancel of an unfinished reservation; 0 = 2000 */
-  bool poison;            /* fill quarantined memory with 0xFF before release (default off) */
+  /* Fill quarantined host memory with 0xFF before release (default off). Regions in device
+   * pools are not poisoned (k3_xfer has no device memset; counted in poison_skipped): epochs
+   * and digests already keep a stale state from being admitted. */
+  bool poison;
   const k3_xfer_stage_t *stage; /* non-NULL with h2d: staged path (copied) */
+  /* Hooks for reservations in K3_XFER_MEM_CUDA pools (copied; ud must outlive the receiver):
+   * they are verified by hash-only device jobs over the receiver's own memory (submit, poll,
+   * release; map is not used). Reserving device pools without them is K3_EINVAL. */
+  const k3_xfer_dev_t *dev;
   /* Test hook: called before each verification step of a live reservation whose epoch and
-   * fingerprint matched (each LAYER announcement, then DONE if anything is left to hash); may
-   * modify memory (to prove corruption is detected). NULL in production. */
+   * fingerprint matched (each LAYER announcement, then DONE if anything is left to hash; for
+   * device pools, before the verification job is submitted); may modify memory (to prove
+   * corruption is detected). NULL in production. */
   void (*test_before_verify)(void *ud, uint64_t request_id);
 } k3_xfer_recv_opts_t;
 
 /* One receiver per ctx (it owns the DONE handler). Returns 0, K3_EEXIST, K3_ENOMEM. */
 int k3_xfer_recv_init(k3_xfer_ctx_t *ctx, const k3_xfer_recv_opts_t *opts, k3_xfer_recv_t **out);
-/* Cancels every reservation (released immediately: the ctx is going away) and frees. */
+/* Cancels every reservation (released immediately: the ctx is going away; device verification
+ * jobs still running are waited for through dev->release) and frees. */
 void k3_xfer_recv_free(k3_xfer_recv_t *r);
 
 /* What a reservation covers: the receiver's pools, the request's index lists (copied) and the
@@ -233,8 +337,9 @@ int k3_xfer_recv_reserve(k3_xfer_recv_t *r, const k3_xfer_layout_t *layout, uint
  * descriptor. Only before ready. Returns 0, K3_ENOENT, K3_EINVAL (already ready), K3_ENOMEM. */
 int k3_xfer_recv_reissue(k3_xfer_recv_t *r, uint64_t request_id, uint32_t lease_ms,
                          k3_xfer_desc_t **out_desc);
-/* Cancels: an unfinished reservation goes to quarantine (on_release later); a ready one is
- * released now. Returns 0 or K3_ENOENT. */
+/* Cancels: an unfinished reservation goes to quarantine (on_release later, not before its
+ * device verification jobs and rendezvous receives finished); a ready one is released now.
+ * Returns 0 or K3_ENOENT. */
 int k3_xfer_recv_cancel(k3_xfer_recv_t *r, uint64_t request_id);
 /* Decode finished with a ready sequence: release now (on_release runs before this returns).
  * Returns 0, K3_ENOENT, K3_EINVAL (not ready: use cancel). */
@@ -242,6 +347,8 @@ int k3_xfer_recv_release(k3_xfer_recv_t *r, uint64_t request_id);
 /* Reservations live + in quarantine (for leak checks). */
 uint32_t k3_xfer_recv_live(const k3_xfer_recv_t *r);
 uint32_t k3_xfer_recv_quarantined(const k3_xfer_recv_t *r);
+/* STAGED when the receiver copies verified extents to the device (stage->h2d), else HOST;
+ * the sender's path is the authoritative one (k3_xfer_send_result_t.path). */
 k3_xfer_path_t k3_xfer_recv_path(const k3_xfer_recv_t *r);
 
 #endif

@@ -442,7 +442,7 @@ START_TEST(test_roles_register) {
   k3_decode_metrics_set_pools(&d, 0, 0, 0, 0, 0, 0);
   ck_assert_double_eq(k3_mseries_value(k3_metric_default(d.kv_utilization_ratio)), 0);
   k3_decode_metrics_set_pools(&d, 5, 90, 5, 0, 4, 4);
-  ck_assert_int_eq(k3_prefill_metrics_set_path(&p, K3PD_PATH_CUDA_DIRECT), 0);
+  ck_assert_int_eq(k3_prefill_metrics_set_path(&p, K3PD_PATH_CUDA_IPC), 0);
   ck_assert_int_eq(k3_prefill_metrics_set_path(&p, "carrier_pigeon"), K3_EINVAL);
   const char *reason[] = {K3PD_REJECT_DIGEST_MISMATCH};
   ck_assert_int_eq(k3_metric_inc(d.rejected_dones_total, reason), 0);
@@ -454,7 +454,7 @@ START_TEST(test_roles_register) {
   ck_assert_ptr_nonnull(strstr(tr, "k3pd_router_requests_total{status=\"unavailable\"} 0\n"));
   ck_assert_ptr_nonnull(strstr(tr, "k3pd_router_registered_workers{role=\"decode\"} 0\n"));
   ck_assert_ptr_nonnull(strstr(tp, "k3pd_prefill_transfer_path{path=\"host\"} 0\n"));
-  ck_assert_ptr_nonnull(strstr(tp, "k3pd_prefill_transfer_path{path=\"cuda_direct\"} 1\n"));
+  ck_assert_ptr_nonnull(strstr(tp, "k3pd_prefill_transfer_path{path=\"cuda_ipc\"} 1\n"));
   ck_assert_ptr_nonnull(
       strstr(tp, "k3pd_prefill_handoff_seconds_bucket{region=\"mla_pages\",le=\"+Inf\"} 0\n"));
   ck_assert_ptr_nonnull(strstr(td, "k3pd_decode_kv_pages{state=\"used\"} 90\n"));

@@ -1,4 +1,6 @@
-/* Descriptor codec: round trip, strict rejection of truncated/corrupted bytes, validation. */
+/* Descriptor codec (v2): round trip, strict rejection of truncated/corrupted bytes, validation
+ * of the region addressing (pool.base + off + idx[b / unit] * stride + b % unit) in overflow-free
+ * arithmetic, pools with memory types, optional rkeys and mapping blobs. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,15 +18,20 @@ static k3_xfer_desc_t *mk(void) {
   d->worker_addr_len = 37;
   d->worker_addr = malloc(37);
   for (int i = 0; i < 37; i++) d->worker_addr[i] = (uint8_t)(i * 7);
+  /* Pool 0: host, page-major (1000 pages of 2048 B), rkey, no blob. Pool 1: device, slot
+   * pools of 40 slots x 8960 B, no rkey, a mapping blob. */
   d->n_pools = 2;
   for (int p = 0; p < 2; p++) {
     d->pools[p].base_addr = 0x7f0000000000ull + (uint64_t)p * 0x10000000ull;
-    d->pools[p].stride_bytes = p ? 8960 : 2048;
-    d->pools[p].n_slots = p ? 40 : 1000;
-    d->pools[p].rkey_len = 12 + p;
-    d->pools[p].rkey = malloc(13);
-    memset(d->pools[p].rkey, 0xA0 + p, 13);
+    d->pools[p].size_bytes = p ? 40 * 8960 : 1000 * 2048;
+    d->pools[p].mem = p ? K3_XFER_MEM_CUDA : K3_XFER_MEM_HOST;
   }
+  d->pools[0].rkey_len = 12;
+  d->pools[0].rkey = malloc(12);
+  memset(d->pools[0].rkey, 0xA0, 12);
+  d->pools[1].blob_len = 21;
+  d->pools[1].blob = malloc(21);
+  memcpy(d->pools[1].blob, "/proc/1234/fd/7 36000", 21);
   d->n_lists = 2;
   uint32_t pages[] = {5, 6, 7, 100, 3, 4, 999};
   d->lists[0].n = 7;
@@ -35,9 +42,9 @@ static k3_xfer_desc_t *mk(void) {
   d->lists[1].idx[0] = 39;
   d->n_regions = 3;
   d->regions = calloc(3, sizeof(k3_xfer_region_t));
-  d->regions[0] = (k3_xfer_region_t){K3_XFER_KIND_MLA_KV, 0, 0, 2, 1024, 1024, 6 * 1024 + 64};
-  d->regions[1] = (k3_xfer_region_t){K3_XFER_KIND_KDA_S, 1, 1, 0, 4480, 4096, 4096};
-  d->regions[2] = (k3_xfer_region_t){K3_XFER_KIND_KDA_CONV, 1, 1, 1, 8576, 384, 384};
+  d->regions[0] = (k3_xfer_region_t){K3_XFER_KIND_MLA_KV, 0, 0, 2, 1024, 2048, 1024, 6 * 1024 + 64};
+  d->regions[1] = (k3_xfer_region_t){K3_XFER_KIND_KDA_S, 1, 1, 0, 4480, 8960, 4096, 4096};
+  d->regions[2] = (k3_xfer_region_t){K3_XFER_KIND_KDA_CONV, 1, 1, 1, 8576, 8960, 384, 384};
   return d;
 }
 
@@ -60,11 +67,15 @@ START_TEST(test_roundtrip) {
   ck_assert_uint_eq(e->n_pools, 2);
   for (int p = 0; p < 2; p++) {
     ck_assert_uint_eq(e->pools[p].base_addr, d->pools[p].base_addr);
-    ck_assert_uint_eq(e->pools[p].stride_bytes, d->pools[p].stride_bytes);
-    ck_assert_uint_eq(e->pools[p].n_slots, d->pools[p].n_slots);
+    ck_assert_uint_eq(e->pools[p].size_bytes, d->pools[p].size_bytes);
+    ck_assert_uint_eq(e->pools[p].mem, d->pools[p].mem);
     ck_assert_uint_eq(e->pools[p].rkey_len, d->pools[p].rkey_len);
-    ck_assert_mem_eq(e->pools[p].rkey, d->pools[p].rkey, d->pools[p].rkey_len);
+    if (d->pools[p].rkey_len) ck_assert_mem_eq(e->pools[p].rkey, d->pools[p].rkey, d->pools[p].rkey_len);
+    ck_assert_uint_eq(e->pools[p].blob_len, d->pools[p].blob_len);
+    if (d->pools[p].blob_len) ck_assert_mem_eq(e->pools[p].blob, d->pools[p].blob, d->pools[p].blob_len);
   }
+  ck_assert_ptr_null(e->pools[0].blob);
+  ck_assert_ptr_null(e->pools[1].rkey);
   ck_assert_uint_eq(e->lists[0].n, 7);
   ck_assert_mem_eq(e->lists[0].idx, d->lists[0].idx, 7 * 4);
   ck_assert_uint_eq(e->lists[1].idx[0], 39);
@@ -103,7 +114,7 @@ START_TEST(test_compact_runs) {
   d->lists[0].n = 16384;
   d->lists[0].idx = malloc(16384 * 4);
   for (uint32_t i = 0; i < 16384; i++) d->lists[0].idx[i] = 2000 + i;
-  d->pools[0].n_slots = 20000;
+  d->pools[0].size_bytes = 20000ull * 2048;
   d->regions[0].len_bytes = 16384ull * 1024;
   uint8_t *buf;
   size_t len;
@@ -144,9 +155,9 @@ START_TEST(test_truncated_and_corrupt) {
   ck_assert_int_eq(k3_xfer_desc_decode(cp, len + 1, &e, err, sizeof err), K3_EPROTO);
   ck_assert_ptr_nonnull(strstr(err, "trailing"));
   /* A well-formed message whose region points outside its pool fails validation by name:
-   * patch region 0's pool from 0 to 1 (offset 1024 + unit 1024 fits, index 999 >= 40 does not). */
+   * patch region 0's pool from 0 to 1 (index 999 reaches far beyond pool 1's 358,400 bytes). */
   memcpy(cp, buf, len);
-  size_t regs = len - 8 - 3 * 40; /* regions are the last 3*40 bytes before the checksum */
+  size_t regs = len - 8 - 3 * 48; /* regions are the last 3*48 bytes before the checksum */
   uint32_t one = 1;
   memcpy(cp + regs + 4, &one, 4);
   h = k3_hash64(cp, len - 8, 0);
@@ -169,20 +180,127 @@ START_TEST(test_validate_errors) {
   d->regions[0].len_bytes = 5 * 1024; /* leaves the 7th page unused */
   ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
   d->regions[0].len_bytes = 6 * 1024 + 64;
-  d->regions[2].offset_bytes = 8960 - 383; /* crosses the slot stride */
+  d->regions[0].stride_bytes = 1023; /* units of 7 pages would overlap */
   ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
   ck_assert_ptr_nonnull(strstr(err, "stride"));
+  d->regions[0].stride_bytes = 2048;
+  d->regions[2].stride_bytes = 0; /* one slot: any stride, even 0 */
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), 0);
+  d->regions[2].stride_bytes = 8960;
+  d->regions[2].offset_bytes = 8960 - 383; /* slot 39's conv would end 1 byte past the pool */
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "size"));
   d->regions[2].offset_bytes = 8576;
-  d->lists[1].idx[0] = 40; /* == n_slots */
+  d->lists[1].idx[0] = 40; /* slot 40 of a 40-slot pool */
   ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
   ck_assert_ptr_nonnull(strstr(err, "index 40"));
   d->lists[1].idx[0] = 39;
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), 0);
+  /* Overflow: off + idx*stride + unit computed in 128 bits, never wrapping into range. */
+  d->regions[0].stride_bytes = 1ull << 62; /* 999 * 2^62 wraps 64 bits */
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  d->regions[0].stride_bytes = 2048;
+  d->regions[1].offset_bytes = UINT64_MAX - 100;
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  d->regions[1].offset_bytes = 4480;
+  d->pools[1].base_addr = UINT64_MAX - 1000;
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "pool 1"));
+  d->pools[1].base_addr = 0x7f0010000000ull;
+  d->pools[1].mem = 7;
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "mem"));
+  d->pools[1].mem = K3_XFER_MEM_CUDA;
+  d->pools[1].blob_len = K3_XFER_MAX_BLOB_BYTES + 1;
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "blob"));
+  d->pools[1].blob_len = 21;
+  d->pools[0].size_bytes = 0;
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  d->pools[0].size_bytes = 1000 * 2048;
   ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), 0);
   uint8_t *buf;
   size_t len;
   d->n_pools = 0;
   ck_assert_int_eq(k3_xfer_desc_encode(d, &buf, &len), K3_EINVAL);
   d->n_pools = 2;
+  k3_xfer_desc_free(d);
+}
+END_TEST
+
+/* An arena: every layer's pool is its own [n, bytes] tensor at its own offset inside ONE
+ * allocation; regions point straight into it (off = tensor offset, stride = row bytes). */
+START_TEST(test_arena_layout) {
+  k3_xfer_desc_t *d = mk();
+  d->n_pools = 1;
+  free(d->pools[1].blob);
+  d->pools[1] = (k3_xfer_pool_desc_t){0};
+  /* layer-2 MLA tensor: 1000 pages x 2048 B at 0; KDA S tensor: 40 x 4096 at 2,048,000; conv:
+   * 40 x 384 at 2,211,840; arena 2,227,200 B. */
+  d->pools[0].size_bytes = 2048000 + 40 * 4096 + 40 * 384;
+  d->regions[0] = (k3_xfer_region_t){K3_XFER_KIND_MLA_KV, 0, 0, 2, 0, 2048, 2048, 6 * 2048 + 64};
+  d->regions[1] = (k3_xfer_region_t){K3_XFER_KIND_KDA_S, 0, 1, 0, 2048000, 4096, 4096, 4096};
+  d->regions[2] = (k3_xfer_region_t){K3_XFER_KIND_KDA_CONV, 0, 1, 1, 2048000 + 40 * 4096, 384, 384, 384};
+  char err[200];
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), 0);
+  uint64_t off, contig;
+  k3_xfer_region_locate(d, 0, 3 * 2048 + 5, &off, &contig); /* 4th page = index 100 */
+  ck_assert_uint_eq(off, 100ull * 2048 + 5);
+  ck_assert_uint_eq(contig, 2048 - 5);
+  k3_xfer_region_locate(d, 2, 10, &off, &contig); /* slot 39's conv row */
+  ck_assert_uint_eq(off, 2048000 + 40 * 4096 + 39 * 384 + 10);
+  ck_assert_uint_eq(contig, 374);
+  /* The last conv row ends exactly at the arena's end; one byte less is refused. */
+  d->pools[0].size_bytes--;
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  ck_assert_ptr_nonnull(strstr(err, "region 2"));
+  d->pools[0].size_bytes++;
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(k3_xfer_desc_encode(d, &buf, &len), 0);
+  k3_xfer_desc_t *e;
+  ck_assert_int_eq(k3_xfer_desc_decode(buf, len, &e, err, sizeof err), 0);
+  ck_assert_mem_eq(e->regions, d->regions, 3 * sizeof(k3_xfer_region_t));
+  free(buf);
+  k3_xfer_desc_free(e);
+  k3_xfer_desc_free(d);
+}
+END_TEST
+
+/* Bytes a hostile peer might send: length fields beyond their limits are refused by name
+ * before anything is allocated, even with a valid checksum. */
+START_TEST(test_hostile_lengths) {
+  k3_xfer_desc_t *d = mk();
+  uint8_t *buf;
+  size_t len;
+  ck_assert_int_eq(k3_xfer_desc_encode(d, &buf, &len), 0);
+  /* Pool 0 starts after magic..fingerprint (40 B), worker_addr (4 + 37) and n_pools (4):
+   * base u64, size u64, mem u32, rkey_len u32 @ +20. */
+  size_t pool0 = 40 + 4 + 37 + 4;
+  struct {
+    size_t at;
+    uint32_t val;
+    const char *field;
+  } cases[] = {
+      {pool0 + 16, 2, "pool.mem"},
+      {pool0 + 20, K3_XFER_MAX_RKEY_BYTES + 1, "pool.rkey"},
+      {pool0 + 20, 0xffffffffu, "pool.rkey"},
+      {pool0 + 24 + 12, K3_XFER_MAX_BLOB_BYTES + 1, "pool.blob"}, /* pool 0's blob_len */
+  };
+  uint8_t *cp = malloc(len);
+  char err[200];
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    memcpy(cp, buf, len);
+    memcpy(cp + cases[c].at, &cases[c].val, 4);
+    uint64_t h = k3_hash64(cp, len - 8, 0);
+    memcpy(cp + len - 8, &h, 8);
+    k3_xfer_desc_t *e = NULL;
+    ck_assert_int_eq(k3_xfer_desc_decode(cp, len, &e, err, sizeof err), K3_EPROTO);
+    ck_assert_ptr_null(e);
+    ck_assert_msg(strstr(err, cases[c].field), "case %zu: '%s' does not name %s", c, err, cases[c].field);
+  }
+  free(cp);
+  free(buf);
   k3_xfer_desc_free(d);
 }
 END_TEST
@@ -194,6 +312,8 @@ int main(void) {
   tcase_add_test(tc, test_compact_runs);
   tcase_add_test(tc, test_truncated_and_corrupt);
   tcase_add_test(tc, test_validate_errors);
+  tcase_add_test(tc, test_arena_layout);
+  tcase_add_test(tc, test_hostile_lengths);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

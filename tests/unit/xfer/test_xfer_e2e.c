@@ -41,9 +41,10 @@ typedef struct { /* receiver → test */
 
 static void regions(k3_xfer_region_t *rg) {
   for (uint32_t l = 0; l < 2; l++) {
-    rg[l * 2] = (k3_xfer_region_t){K3_XFER_KIND_KDA_S, 1, 1, l, l * (S_B + CONV_B), S_B, S_B};
-    rg[l * 2 + 1] = (k3_xfer_region_t){K3_XFER_KIND_KDA_CONV, 1, 1, l, l * (S_B + CONV_B) + S_B, CONV_B, CONV_B};
-    rg[4 + l] = (k3_xfer_region_t){K3_XFER_KIND_MLA_KV, 0, 0, 2 + l, l * PAGE_TOK * TOK_B,
+    rg[l * 2] = (k3_xfer_region_t){K3_XFER_KIND_KDA_S, 1, 1, l, l * (S_B + CONV_B), KDA_STRIDE, S_B, S_B};
+    rg[l * 2 + 1] = (k3_xfer_region_t){K3_XFER_KIND_KDA_CONV, 1, 1, l, l * (S_B + CONV_B) + S_B,
+                                       KDA_STRIDE, CONV_B, CONV_B};
+    rg[4 + l] = (k3_xfer_region_t){K3_XFER_KIND_MLA_KV, 0, 0, 2 + l, l * PAGE_TOK * TOK_B, KV_STRIDE,
                                    PAGE_TOK * TOK_B, N_TOK * TOK_B};
   }
 }
@@ -125,7 +126,8 @@ static int receiver(cfg_t c, int wfd, int resfd) {
   k3_xfer_ctx_t *ctx;
   k3_xfer_ctx_opts_t o = {.tls = c.tls};
   if (k3_xfer_ctx_init(&loop, &o, &ctx)) return 10;
-  if (k3_xfer_pool_init(ctx, N_PAGES, KV_STRIDE, &x.kv) || k3_xfer_pool_init(ctx, N_SLOTS, KDA_STRIDE, &x.kda))
+  if (k3_xfer_pool_alloc_host(ctx, (uint64_t)N_PAGES * KV_STRIDE, &x.kv) ||
+      k3_xfer_pool_alloc_host(ctx, (uint64_t)N_SLOTS * KDA_STRIDE, &x.kda))
     return 11;
   x.dev = calloc(N_REG, 4096);
   k3_xfer_stage_t stage = {.h2d = h2d, .ud = &x};

@@ -1,0 +1,374 @@
+/* Receiver: verification of LAYER and DONE over our own memory, verdicts and ACKs.
+ *
+ * What it is for: a DONE is accepted only for a live reservation of the same epoch and
+ * fingerprint, and only after every region's K3 digest (k3pd/digest.h), recomputed over our own
+ * memory at the reservation's own addresses (never addresses taken from a message), matches the
+ * sender's. Every outcome is ACKed to the sender and counted.
+ *
+ * Incremental verification: the sender announces each layer (LAYER: that layer's digests) once
+ * its bytes are complete and visible, and we verify the layer then, while later layers stream;
+ * DONE only re-checks the recorded digests and hashes what no LAYER covered. Host regions are
+ * hashed here, on the loop; regions in device pools by hash-only jobs through the receiver's
+ * device hooks (their notify wakes the loop; xf_recv_jobs_pump records the result). A LAYER for
+ * anything but a live reservation of the same epoch and fingerprint is ignored (DONE gives the
+ * verdict); a mismatch is remembered and becomes DONE's verdict. A LAYER or DONE whose bytes are
+ * still landing (DATA path), or a DONE while verification jobs run, is re-queued by the caller
+ * (ctx.c) and looked at again on a later drive; the lease bounds the wait (an expired
+ * reservation is quarantined, and the DONE then finds no live reservation).
+ *
+ * What it is not: the reservation table (recv.c) or DATA placement (recv_data.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3pd/err.h"
+#include "k3pd/log.h"
+#include "k3pd/util.h"
+#include "recv_int.h"
+
+static int hash_extent(void *arg, uint64_t off, uintptr_t p, uint64_t n) {
+  k3_digest_update(arg, (const void *)p, n);
+  return 0;
+}
+
+/* Host regions only: k3_digest over the region's extents in our memory. */
+static uint64_t host_digest(k3_xfer_recv_t *r, const resv_t *v, uint32_t reg) {
+  k3_digest_reset(&r->dg);
+  xf_for_extents(v, reg, hash_extent, &r->dg);
+  return k3_digest_final(&r->dg);
+}
+
+static void log_mismatch(const resv_t *v, uint32_t i, uint64_t want, uint64_t got) {
+  K3_WARN("xfer: request %llu epoch %llu: digest mismatch in region %u (%s, layer %u): "
+          "sender %016llx, memory %016llx",
+          (unsigned long long)v->desc->request_id, (unsigned long long)v->desc->epoch, i,
+          k3_xfer_kind_name(v->desc->regions[i].kind), v->desc->regions[i].layer,
+          (unsigned long long)want, (unsigned long long)got);
+}
+
+/* ---- device verification jobs ------------------------------------------------------------ */
+
+typedef struct {
+  k3_xfer_seg_t *segs;
+  uint32_t n, cap;
+} segv_t;
+
+static int seg_extent(void *arg, uint64_t off, uintptr_t p, uint64_t n) {
+  segv_t *sv = arg;
+  if (sv->n == sv->cap) {
+    uint32_t cap = sv->cap ? 2 * sv->cap : 64;
+    k3_xfer_seg_t *ns = realloc(sv->segs, cap * sizeof *ns);
+    if (!ns) return K3_ENOMEM;
+    sv->segs = ns;
+    sv->cap = cap;
+  }
+  sv->segs[sv->n++] = (k3_xfer_seg_t){.src = (const void *)p, .dst = NULL, .len = n};
+  return 0;
+}
+
+static void vjob_free(xf_vjob_t *j) {
+  free(j->regions);
+  free(j->want);
+  free(j->got);
+  free(j);
+}
+
+/* Submits a hash-only job over regions[0..n) of v (our own addresses). want: the digests to
+ * compare with (copied) or NULL. Returns 0 or K3_E*; on error nothing is queued. */
+static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, uint32_t n,
+                         const uint64_t *want, bool is_layer, uint32_t layer) {
+  xf_vjob_t *j = calloc(1, sizeof *j);
+  segv_t sv = {0};
+  uint32_t *first = malloc(((size_t)n + 1) * sizeof *first);
+  int rc = K3_ENOMEM;
+  if (!j || !first || !(j->regions = malloc((size_t)n * sizeof(uint32_t))) ||
+      !(j->got = calloc(n, sizeof(uint64_t))) || (want && !(j->want = malloc((size_t)n * 8))))
+    goto out;
+  memcpy(j->regions, regions, (size_t)n * sizeof(uint32_t));
+  if (want) memcpy(j->want, want, (size_t)n * 8);
+  for (uint32_t k = 0; k < n; k++) {
+    first[k] = sv.n;
+    if ((rc = xf_for_extents(v, regions[k], seg_extent, &sv))) goto out;
+  }
+  first[n] = sv.n;
+  rc = r->dev.submit(r->dev.ud, sv.segs, first, n, xf_notify_wake, r->ctx, &j->job);
+  if (rc) {
+    r->ctx->stats.dev_jobs_failed++;
+    K3_ERROR("xfer: request %llu: device verification job refused: %s",
+             (unsigned long long)v->desc->request_id, k3_errname(rc));
+    goto out;
+  }
+  r->ctx->stats.dev_jobs++;
+  j->v = v;
+  j->epoch = v->desc->epoch;
+  j->n = n;
+  j->is_layer = is_layer;
+  j->layer = layer;
+  v->jobs_out++;
+  j->next = r->jobs;
+  r->jobs = j;
+  j = NULL;
+out:
+  if (j) vjob_free(j);
+  free(sv.segs);
+  free(first);
+  return rc;
+}
+
+/* A finished job: record digests (and compare with LAYER's) if the reservation is still live
+ * in the job's epoch; anything else is stale and only releases the memory. */
+static void job_done(k3_xfer_recv_t *r, xf_vjob_t *j, int prc) {
+  resv_t *v = j->v;
+  v->jobs_out--;
+  r->ctx->drive_again = true; /* a re-queued DONE may be ready now */
+  if (v->state != RS_LIVE || v->desc->epoch != j->epoch || v->verdict) return;
+  if (prc < 0) {
+    r->ctx->stats.dev_jobs_failed++;
+    K3_ERROR("xfer: request %llu: device verification job failed: %s",
+             (unsigned long long)v->desc->request_id, k3_errname(prc));
+    v->verdict = K3_EDEVICE;
+    return;
+  }
+  for (uint32_t k = 0; k < j->n; k++) {
+    uint32_t i = j->regions[k];
+    if (j->want && j->got[k] != j->want[k]) {
+      log_mismatch(v, i, j->want[k], j->got[k]);
+      v->verdict = K3_EDIGEST;
+      return;
+    }
+    v->known[i] = 1;
+    v->vdigest[i] = j->got[k];
+  }
+  if (j->is_layer) r->ctx->stats.layers_verified++;
+}
+
+uint64_t xf_recv_jobs_pump(k3_xfer_recv_t *r) {
+  uint64_t work = 0;
+  for (xf_vjob_t **pp = &r->jobs; *pp;) {
+    xf_vjob_t *j = *pp;
+    int rc = r->dev.poll(r->dev.ud, j->job, j->got);
+    if (rc == 0) {
+      pp = &j->next;
+      continue;
+    }
+    r->dev.release(r->dev.ud, j->job);
+    *pp = j->next;
+    job_done(r, j, rc);
+    vjob_free(j);
+    work++;
+  }
+  return work;
+}
+
+void xf_recv_jobs_release_all(k3_xfer_recv_t *r) {
+  while (r->jobs) {
+    xf_vjob_t *j = r->jobs;
+    r->jobs = j->next;
+    r->dev.release(r->dev.ud, j->job); /* waits for it */
+    j->v->jobs_out--;
+    vjob_free(j);
+  }
+}
+
+/* ---- LAYER -------------------------------------------------------------------------------- */
+
+/* Rendezvous path: true while any byte of the regions selected by (layer or all) has not landed
+ * yet, or a receive into this memory (of any epoch) is still in flight. */
+static bool still_landing(const resv_t *v, bool all, uint32_t layer) {
+  if (v->rx_pending) return true;
+  for (uint32_t i = 0; i < v->desc->n_regions; i++)
+    if ((all || v->desc->regions[i].layer == layer) && v->landed[i] < v->desc->regions[i].len_bytes)
+      return true;
+  return false;
+}
+
+int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
+  xf_layer_t m;
+  if (xf_layer_decode(msg, len, &m)) {
+    K3_WARN("xfer: malformed LAYER (%zu bytes) dropped", len);
+    return 0;
+  }
+  resv_t *v = xf_resv_find(r, m.request_id);
+  if (!v || v->state != RS_LIVE || v->desc->epoch != m.epoch ||
+      v->desc->fingerprint != m.fingerprint || v->verdict) {
+    K3_DEBUG("xfer: LAYER %u for request %llu epoch %llu ignored", m.layer,
+             (unsigned long long)m.request_id, (unsigned long long)m.epoch);
+    return 0;
+  }
+  if ((m.flags & XF_MSG_FLAG_AM_DATA) && still_landing(v, false, m.layer)) return 1;
+  const k3_xfer_desc_t *d = v->desc;
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < d->n_regions; i++) n += d->regions[i].layer == m.layer;
+  if (n != m.n_digests) {
+    K3_WARN("xfer: request %llu: LAYER %u carries %u digests, the layer has %u regions",
+            (unsigned long long)m.request_id, m.layer, m.n_digests, n);
+    v->verdict = K3_EPROTO;
+    return 0;
+  }
+  if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, m.request_id);
+  uint32_t *dev_regions = malloc((size_t)n * sizeof(uint32_t));
+  uint64_t *dev_want = malloc((size_t)n * sizeof(uint64_t));
+  uint32_t n_dev = 0, k = 0;
+  bool ok = dev_regions && dev_want;
+  for (uint32_t i = 0; i < d->n_regions && ok; i++) {
+    if (d->regions[i].layer != m.layer) continue;
+    uint64_t want;
+    memcpy(&want, m.digests + 8 * (size_t)k++, 8);
+    if (xf_region_dev(v, i)) { /* hashed by a device job below */
+      dev_regions[n_dev] = i;
+      dev_want[n_dev++] = want;
+      continue;
+    }
+    uint64_t got = host_digest(r, v, i);
+    if (got != want) {
+      log_mismatch(v, i, want, got);
+      v->verdict = K3_EDIGEST;
+      ok = false;
+      break;
+    }
+    v->known[i] = 1;
+    v->vdigest[i] = got;
+  }
+  /* The device part completes in xf_recv_jobs_pump (which counts the layer). Out of memory or a
+   * refused job: not verified now; DONE hashes what is left. */
+  if (ok && n_dev) submit_verify(r, v, dev_regions, n_dev, dev_want, true, m.layer);
+  else if (ok) r->ctx->stats.layers_verified++;
+  free(dev_regions);
+  free(dev_want);
+  return 0;
+}
+
+/* ---- DONE -------------------------------------------------------------------------------- */
+
+typedef struct {
+  k3_xfer_recv_t *r;
+  uint64_t request_id;
+  uint32_t region;
+} h2d_arg_t;
+
+static int h2d_extent(void *arg, uint64_t off, uintptr_t p, uint64_t n) {
+  h2d_arg_t *a = arg;
+  return a->r->stage.h2d(a->r->stage.ud, a->request_id, a->region, off, (const void *)p, n);
+}
+
+static void ack(k3_xfer_recv_t *r, const xf_done_t *dm, int status) {
+  xf_ep_t *e = xf_ep_get(r->ctx, dm->addr, dm->addr_len);
+  if (!e) return; /* sender unreachable: it will time out */
+  xf_ack_t a = {.request_id = dm->request_id, .epoch = dm->epoch, .send_id = dm->send_id, .status = status};
+  size_t len;
+  uint8_t *msg = xf_ack_encode(&a, &len);
+  if (msg) xf_am_send(e, XF_AM_ACK, msg, len);
+  xf_ep_put(e);
+}
+
+/* Decides on one DONE. Returns 0 (accepted) or the rejection code; counters are updated. */
+static int judge(k3_xfer_recv_t *r, const xf_done_t *dm, resv_t **out) {
+  k3_xfer_stats_t *st = &r->ctx->stats;
+  resv_t *v = xf_resv_find(r, dm->request_id);
+  if (!v) {
+    st->done_rejected_unknown++;
+    return K3_ENOENT;
+  }
+  if (v->desc->epoch != dm->epoch || v->state != RS_LIVE) { /* not ours, or a duplicate */
+    st->done_rejected_stale++;
+    return K3_ESTALE;
+  }
+  if (v->desc->fingerprint != dm->fingerprint) {
+    st->done_rejected_fingerprint++;
+    return K3_EFINGERPRINT;
+  }
+  if (dm->n_digests != v->desc->n_regions) {
+    st->done_rejected_malformed++;
+    return K3_EPROTO;
+  }
+  if (v->verdict) { /* a LAYER, a DATA or a job of this epoch already failed */
+    if (v->verdict == K3_EDIGEST) st->done_rejected_digest++;
+    else if (v->verdict == K3_EDEVICE) st->done_rejected_device++;
+    else st->done_rejected_malformed++;
+    return v->verdict;
+  }
+  bool hooked = false;
+  for (uint32_t i = 0; i < v->desc->n_regions; i++) {
+    uint64_t want, got;
+    memcpy(&want, dm->digests + 8 * (size_t)i, 8);
+    if (v->known[i]) {
+      got = v->vdigest[i]; /* hashed over our memory when its LAYER came (or for this DONE) */
+    } else if (xf_region_dev(v, i)) { /* on_done hashed every device region first */
+      st->done_rejected_device++;
+      return K3_EDEVICE;
+    } else {
+      if (!hooked && r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, dm->request_id);
+      hooked = true;
+      got = host_digest(r, v, i);
+    }
+    if (got != want) {
+      log_mismatch(v, i, want, got);
+      st->done_rejected_digest++;
+      return K3_EDIGEST;
+    }
+  }
+  if (r->staged) {
+    for (uint32_t i = 0; i < v->desc->n_regions; i++) {
+      h2d_arg_t a = {r, dm->request_id, i};
+      int rc = xf_for_extents(v, i, h2d_extent, &a);
+      if (rc) {
+        K3_ERROR("xfer: request %llu: host-to-device copy of region %u failed: %s",
+                 (unsigned long long)dm->request_id, i, k3_strerror(rc));
+        st->done_rejected_device++;
+        return K3_EDEVICE;
+      }
+    }
+  }
+  st->done_accepted++;
+  *out = v;
+  return 0;
+}
+
+/* Before judging a DONE that would reach the digests: wait for landing bytes and running jobs,
+ * and hash the device regions no LAYER covered (one job). 1 = wait, 0 = judge now. */
+static int must_wait(k3_xfer_recv_t *r, const xf_done_t *dm) {
+  resv_t *v = xf_resv_find(r, dm->request_id);
+  if (!v || v->state != RS_LIVE || v->desc->epoch != dm->epoch ||
+      v->desc->fingerprint != dm->fingerprint || dm->n_digests != v->desc->n_regions || v->verdict)
+    return 0;
+  if ((dm->flags & XF_MSG_FLAG_AM_DATA) && still_landing(v, true, 0)) return 1;
+  if (v->jobs_out) return 1;
+  if (!v->any_dev) return 0;
+  uint32_t *left = malloc((size_t)v->desc->n_regions * sizeof(uint32_t)), n = 0;
+  if (!left) return 0; /* judge rejects the unhashed device regions (K3_EDEVICE) */
+  for (uint32_t i = 0; i < v->desc->n_regions; i++)
+    if (!v->known[i] && xf_region_dev(v, i)) left[n++] = i;
+  int wait = 0;
+  if (n) {
+    if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, dm->request_id);
+    if (submit_verify(r, v, left, n, NULL, false, 0)) v->verdict = K3_EDEVICE;
+    else wait = 1;
+  }
+  free(left);
+  return wait;
+}
+
+int xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
+  xf_done_t dm;
+  if (xf_done_decode(msg, len, &dm)) {
+    r->ctx->stats.done_rejected_malformed++;
+    K3_WARN("xfer: malformed DONE (%zu bytes) dropped", len);
+    return 0;
+  }
+  if (must_wait(r, &dm)) return 1;
+  resv_t *v = NULL;
+  int rc = judge(r, &dm, &v);
+  ack(r, &dm, rc);
+  if (rc) {
+    K3_WARN("xfer: DONE for request %llu epoch %llu rejected: %s",
+            (unsigned long long)dm.request_id, (unsigned long long)dm.epoch, k3_errname(rc));
+    return 0;
+  }
+  v->state = RS_READY;
+  K3_DEBUG("xfer: request %llu epoch %llu ready", (unsigned long long)dm.request_id,
+           (unsigned long long)dm.epoch);
+  k3_xfer_ready_t rd = {.request_id = dm.request_id, .epoch = dm.epoch,
+                        .first_token = dm.first_token, .first_logprob = dm.first_logprob,
+                        .owner = v->owner};
+  if (r->opts.on_ready) r->opts.on_ready(r->opts.ud, &rd);
+  return 0;
+}

@@ -1,0 +1,321 @@
+/* Sender: the choice of data path, and the device jobs of the cuda-ipc and ucx-cuda paths.
+ *
+ * What it is for: xf_send_choose_path decides, once per send, how the bytes move (the table in
+ * xfer.h, k3_xfer_send_start) and logs it; a forced path that cannot serve the descriptor, or a
+ * combination no path serves, fails the start with K3_ENOTSUP and a line saying why. For the
+ * device paths, xf_send_dev_pump submits one job per signalled layer through the caller's hooks
+ * (k3_xfer_dev_t):
+ *   cuda-ipc: segments src → mapped destination for all the layer's regions (split wherever
+ *             either side's unit ends); the job copies and hashes; its digests go into LAYER.
+ *             No UCX data moves at all.
+ *   ucx-cuda: a hash-only job over the layer's sources (dst NULL); the bytes travel as DATA
+ *             rendezvous messages from device memory (send_push.c) in parallel; the layer is
+ *             announced after both finished (send.c).
+ * and polls the running ones (their notify wakes the loop through k3_xfer_ctx_wake).
+ *
+ * What it is not: device code. Nothing here dereferences a source or destination address: they
+ * are computed (uintptr_t arithmetic) and handed to the hooks.
+ *
+ * Invariants: a job is never submitted once the send has a status or its deadline passed (the
+ * deadline is clamped to the lease); a submitted job is always polled to completion and released
+ * (jobs cannot be cancelled), for a fired send too, so s->jobs_out == 0 before the send is freed;
+ * after the callback fired, nothing here touches the descriptor or the sources. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "k3pd/err.h"
+#include "k3pd/log.h"
+#include "k3pd/util.h"
+#include "send_int.h"
+
+/* ---- path choice ------------------------------------------------------------------------ */
+
+typedef struct {
+  bool used[K3_XFER_MAX_POOLS];
+  bool any_host, any_cuda;
+} pools_seen_t;
+
+static void seen_pools(const k3_xfer_desc_t *d, pools_seen_t *ps) {
+  memset(ps, 0, sizeof *ps);
+  for (uint32_t r = 0; r < d->n_regions; r++) ps->used[d->regions[r].pool] = true;
+  for (uint32_t p = 0; p < d->n_pools; p++) {
+    if (!ps->used[p]) continue;
+    if (d->pools[p].mem == K3_XFER_MEM_CUDA) ps->any_cuda = true;
+    else ps->any_host = true;
+  }
+}
+
+/* Host and staged paths: direct when every used pool maps here as one contiguous block (same
+ * host, shm), else DATA messages, or puts when asked. Unpacks the rkeys it needs. */
+static int choose_host_mode(k3_xfer_send_t *s, const pools_seen_t *ps, char *why, size_t wl) {
+  const k3_xfer_desc_t *d = s->desc;
+  bool all_rkeys = true;
+  for (uint32_t p = 0; p < d->n_pools; p++) {
+    if (!ps->used[p]) continue;
+    if (!d->pools[p].rkey_len) {
+      all_rkeys = false;
+      continue;
+    }
+    ucs_status_t st;
+    s->rkeys[p] = xf_rkey_get(s->ep, d->pools[p].rkey, d->pools[p].rkey_len, &st);
+    if (!s->rkeys[p]) {
+      K3_ERROR("xfer: send of request %llu: rkey of pool %u rejected: %s",
+               (unsigned long long)d->request_id, p, xf_ucs_str(st));
+      return K3_EPROTO;
+    }
+  }
+  if (s->opts.puts_only) {
+    if (!all_rkeys) {
+      k3_fmt(why, wl, "puts_only, but a pool has no rkey");
+      return K3_ENOTSUP;
+    }
+    s->mode = XM_PUT;
+    return 0;
+  }
+  bool direct = all_rkeys;
+  for (uint32_t p = 0; p < d->n_pools && direct; p++) {
+    if (!ps->used[p]) continue;
+    uint64_t last = d->pools[p].size_bytes - 1;
+    void *p0 = NULL, *p1 = NULL;
+    if (ucp_rkey_ptr(s->rkeys[p]->h, d->pools[p].base_addr, &p0) != UCS_OK ||
+        ucp_rkey_ptr(s->rkeys[p]->h, d->pools[p].base_addr + last, &p1) != UCS_OK ||
+        (uint8_t *)p1 != (uint8_t *)p0 + last)
+      direct = false;
+    else
+      s->dbase[p] = p0;
+  }
+  /* No mapping (tcp, another host): Debian's UCX emulates puts on tcp (~1.4 GB/s, needs target
+   * progress, C-STACK.md P9) while AM rendezvous moves 5-9 GB/s, so send DATA messages the
+   * receiver places itself. */
+  s->mode = direct ? XM_DIRECT : XM_AM;
+  return 0;
+}
+
+/* cuda-ipc is possible when the hooks map every used pool from its blob. */
+static bool try_map(k3_xfer_send_t *s, const pools_seen_t *ps, char *why, size_t wl) {
+  const k3_xfer_desc_t *d = s->desc;
+  if (!s->dev.map) {
+    k3_fmt(why, wl, "no map hook");
+    return false;
+  }
+  for (uint32_t p = 0; p < d->n_pools; p++) {
+    if (!ps->used[p]) continue;
+    if (!d->pools[p].blob_len) {
+      k3_fmt(why, wl, "pool %u has no mapping blob", p);
+      return false;
+    }
+    void *base = NULL;
+    int rc = s->dev.map(s->dev.ud, d->pools[p].blob, d->pools[p].blob_len, d->pools[p].size_bytes, &base);
+    if (rc || !base) {
+      k3_fmt(why, wl, "pool %u not mappable here (%s)", p, rc ? k3_errname(rc) : "NULL base");
+      return false;
+    }
+    s->dbase[p] = base;
+  }
+  return true;
+}
+
+static bool ucx_cuda_ok(const k3_xfer_send_t *s, const pools_seen_t *ps, char *why, size_t wl) {
+  if (!s->ctx->cuda_capable) {
+    k3_fmt(why, wl, "this UCX has no CUDA memory support");
+    return false;
+  }
+  for (uint32_t p = 0; p < s->desc->n_pools; p++)
+    if (ps->used[p] && !s->desc->pools[p].rkey_len) {
+      k3_fmt(why, wl, "pool %u was not registered with CUDA UCX by the receiver (no rkey)", p);
+      return false;
+    }
+  return true;
+}
+
+int xf_send_choose_path(k3_xfer_send_t *s) {
+  const k3_xfer_desc_t *d = s->desc;
+  k3_xfer_path_t want = s->opts.path;
+  pools_seen_t ps;
+  seen_pools(d, &ps);
+  char why[200] = "", why2[200] = "";
+  int rc = 0;
+  if (ps.any_host && ps.any_cuda) {
+    k3_fmt(why, sizeof why, "the receiver's pools mix host and device memory");
+    rc = K3_ENOTSUP;
+  } else if (ps.any_host) { /* into host pools: host sources, or device sources staged */
+    s->path = s->staged ? K3_XFER_PATH_STAGED : K3_XFER_PATH_HOST;
+    if (s->dev_src && !s->staged) {
+      k3_fmt(why, sizeof why, "device sources into host pools need staging hooks (stage d2h)");
+      rc = K3_ENOTSUP;
+    } else if (want != K3_XFER_PATH_AUTO && want != s->path) {
+      k3_fmt(why, sizeof why, "path %s forced, but these sources into host pools take %s",
+             k3_xfer_path_name(want), k3_xfer_path_name(s->path));
+      rc = K3_ENOTSUP;
+    } else {
+      rc = choose_host_mode(s, &ps, why, sizeof why);
+    }
+  } else if (!s->dev_src || s->staged) {
+    k3_fmt(why, sizeof why, "host%s sources into device pools: no path (needs device sources "
+           "and device hooks)", s->staged ? " (staged)" : "");
+    rc = K3_ENOTSUP;
+  } else if (want == K3_XFER_PATH_HOST || want == K3_XFER_PATH_STAGED) {
+    k3_fmt(why, sizeof why, "path %s forced, but device sources into device pools take cuda-ipc "
+           "or ucx-cuda", k3_xfer_path_name(want));
+    rc = K3_ENOTSUP;
+  } else if (!s->dev.submit || !s->dev.poll || !s->dev.release) {
+    k3_fmt(why, sizeof why, "device sources without submit/poll/release hooks");
+    rc = K3_ENOTSUP;
+  } else if ((want == K3_XFER_PATH_AUTO || want == K3_XFER_PATH_CUDA_IPC) &&
+             try_map(s, &ps, why, sizeof why)) {
+    s->path = K3_XFER_PATH_CUDA_IPC;
+    s->mode = XM_JOB;
+  } else if ((want == K3_XFER_PATH_AUTO || want == K3_XFER_PATH_UCX_CUDA) &&
+             ucx_cuda_ok(s, &ps, why2, sizeof why2)) {
+    s->path = K3_XFER_PATH_UCX_CUDA;
+    s->mode = XM_AM;
+  } else {
+    char tmp[200];
+    k3_fmt(tmp, sizeof tmp, "%s", why);
+    k3_fmt(why, sizeof why, "device to device%s%s: cuda-ipc: %s; ucx-cuda: %s",
+           want ? ", forced " : "", want ? k3_xfer_path_name(want) : "",
+           want == K3_XFER_PATH_UCX_CUDA ? "not allowed" : tmp[0] ? tmp : "not tried",
+           want == K3_XFER_PATH_CUDA_IPC ? "not allowed" : why2[0] ? why2 : "not tried");
+    rc = K3_ENOTSUP;
+  }
+  if (rc) {
+    if (rc == K3_ENOTSUP)
+      K3_ERROR("xfer: send of request %llu: no data path: %s", (unsigned long long)d->request_id, why);
+    return rc;
+  }
+  K3_DEBUG("xfer: send of request %llu epoch %llu: path %s, mode %s%s%s",
+           (unsigned long long)d->request_id, (unsigned long long)d->epoch,
+           k3_xfer_path_name(s->path), k3_xfer_send_mode(s), why[0] ? " (cuda-ipc: " : "",
+           why[0] ? why : "");
+  return 0;
+}
+
+/* ---- device jobs ------------------------------------------------------------------------- */
+
+/* Segments of one layer: region by region in the layer's order, each region's byte stream cut
+ * wherever the source or (cuda-ipc) the destination stops being contiguous. */
+static int build_segs(k3_xfer_send_t *s, const xf_layer_st_t *ly, k3_xfer_seg_t **segs_out,
+                      uint32_t **first_out, uint32_t *n_out, uint64_t *bytes_out) {
+  const k3_xfer_desc_t *d = s->desc;
+  bool copy = s->mode == XM_JOB;
+  uint32_t cap = 64, n = 0;
+  k3_xfer_seg_t *segs = malloc(cap * sizeof *segs);
+  uint32_t *first = malloc(((size_t)ly->n_regions + 1) * sizeof *first);
+  uint64_t bytes = 0;
+  if (!segs || !first) goto oom;
+  for (uint32_t k = 0; k < ly->n_regions; k++) {
+    uint32_t r = s->order[ly->first_region + k];
+    const k3_xfer_region_t *rg = &d->regions[r];
+    first[k] = n;
+    for (uint64_t off = 0; off < rg->len_bytes;) {
+      uint64_t pool_off = 0, len = rg->len_bytes - off;
+      if (copy) len = xf_region_run(d, r, off, len, &pool_off);
+      uintptr_t src = xf_src_addr(&s->srcs[r], off, len, &len);
+      if (n == cap) {
+        k3_xfer_seg_t *ns = realloc(segs, 2 * (size_t)cap * sizeof *segs);
+        if (!ns) goto oom;
+        segs = ns;
+        cap *= 2;
+      }
+      segs[n++] = (k3_xfer_seg_t){.src = (const void *)src,
+                                  .dst = copy ? (void *)((uintptr_t)s->dbase[rg->pool] + pool_off) : NULL,
+                                  .len = len};
+      off += len;
+    }
+    bytes += rg->len_bytes;
+    s->res.kind_bytes[xf_kind_of(rg)] += copy ? rg->len_bytes : 0; /* ucx-cuda: counted as sent */
+  }
+  first[ly->n_regions] = n;
+  *segs_out = segs;
+  *first_out = first;
+  *n_out = n;
+  *bytes_out = bytes;
+  return 0;
+oom:
+  free(segs);
+  free(first);
+  return K3_ENOMEM;
+}
+
+static int submit_layer(k3_xfer_send_t *s, xf_layer_st_t *ly) {
+  k3_xfer_seg_t *segs;
+  uint32_t *first, n;
+  uint64_t bytes;
+  int rc = build_segs(s, ly, &segs, &first, &n, &bytes);
+  if (rc) return rc;
+  void *job = NULL;
+  rc = s->dev.submit(s->dev.ud, segs, first, ly->n_regions, xf_notify_wake, s->ctx, &job);
+  free(segs);
+  free(first);
+  if (rc) {
+    s->ctx->stats.dev_jobs_failed++;
+    K3_ERROR("xfer: request %llu: device job for layer %u (%u segments) refused: %s",
+             (unsigned long long)s->desc->request_id, ly->layer, n, k3_errname(rc));
+    return K3_EDEVICE;
+  }
+  s->ctx->stats.dev_jobs++;
+  ly->job = job;
+  ly->job_state = XJ_OUT;
+  s->jobs_out++;
+  if (s->mode == XM_JOB) s->res.bytes += bytes; /* ucx-cuda counts the DATA it sends instead */
+  uint64_t now = k3_now_ns();
+  for (uint32_t k = 0; k < ly->n_regions; k++) {
+    uint32_t kind = xf_kind_of(&s->desc->regions[s->order[ly->first_region + k]]);
+    if (!s->kind_first[kind]) s->kind_first[kind] = now;
+  }
+  return 0;
+}
+
+/* Polls the layer's job; 1 when it finished (released). Digests are kept unless fired. */
+static int poll_layer(k3_xfer_send_t *s, xf_layer_st_t *ly) {
+  int rc = s->dev.poll(s->dev.ud, ly->job, s->job_digests);
+  if (rc == 0) return 0;
+  s->dev.release(s->dev.ud, ly->job);
+  ly->job = NULL;
+  ly->job_state = XJ_DONE;
+  s->jobs_out--;
+  if (s->phase == PH_FIRED) return 1; /* desc may be gone: record nothing */
+  if (rc < 0) {
+    s->ctx->stats.dev_jobs_failed++;
+    K3_ERROR("xfer: request %llu: device job for layer %u failed: %s",
+             (unsigned long long)s->desc->request_id, ly->layer, k3_errname(rc));
+    if (!s->status) s->status = K3_EDEVICE;
+    return 1;
+  }
+  uint64_t now = k3_now_ns();
+  for (uint32_t k = 0; k < ly->n_regions; k++) {
+    uint32_t r = s->order[ly->first_region + k];
+    s->digest[r] = s->job_digests[k];
+    s->kind_last[xf_kind_of(&s->desc->regions[r])] = now;
+  }
+  return 1;
+}
+
+uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now) {
+  uint64_t work = 0;
+  if (!s->dev_src || s->staged) return 0;
+  for (uint32_t l = 0; l < s->n_layers; l++) {
+    xf_layer_st_t *ly = &s->layers[l];
+    if (ly->job_state == XJ_OUT) work += (uint64_t)poll_layer(s, ly);
+    if (ly->job_state != XJ_DUE || s->phase == PH_FIRED || s->status) continue;
+    if (now >= s->deadline_ns) break; /* pump_one fails the send; never submit late */
+    int rc = submit_layer(s, ly);
+    if (rc) {
+      s->status = rc;
+      break;
+    }
+    work++;
+  }
+  return work;
+}
+
+void xf_send_dev_release_all(k3_xfer_send_t *s) {
+  for (uint32_t l = 0; l < s->n_layers && s->jobs_out; l++) {
+    xf_layer_st_t *ly = &s->layers[l];
+    if (ly->job_state != XJ_OUT) continue;
+    s->dev.release(s->dev.ud, ly->job); /* waits for it */
+    ly->job = NULL;
+    ly->job_state = XJ_DONE;
+    s->jobs_out--;
+  }
+}
