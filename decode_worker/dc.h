@@ -21,14 +21,17 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "k3_load.h"
 #include "k3_runner.h"
 #include "k3k.h"
+#include "k3pd/fdshare.h"
 #include "k3pd/metrics.h"
 #include "k3pd/metrics_k3pd.h"
 #include "k3pd/msgq.h"
 #include "k3pd/registrar.h"
 #include "k3pd/rpc.h"
 #include "k3pd/rpc_client.h"
+#include "k3pd/xdev_hooks.h"
 #include "k3pd/xfer.h"
 
 typedef enum { DC_RESERVED = 0, DC_READY, DC_RUNNING, DC_FINISHED } dc_state_t;
@@ -95,7 +98,6 @@ struct dc_worker {
   k3_registrar_t *reg;
   k3_xfer_ctx_t *xfer;
   k3_xfer_recv_t *recv;
-  k3_xfer_pool_t *kv_pool, *kda_pool;
   k3_runner_t *runner;      /* engine thread's after dc_engine_start */
   const k3_manifest_t *manifest;
   uint64_t fingerprint;
@@ -113,10 +115,17 @@ struct dc_worker {
   /* engine thread */
   k3_engine_t engine;         /* engine thread + its inbound queue */
   k3_inbox_t outbox;
-  /* receive area (xfer pools): region i of page/slot id lives at base + id*stride + region_off[i] */
-  uint64_t *region_off;     /* owned, manifest->n entries */
-  uint8_t *kv_base, *kda_base;
-  uint64_t kv_stride, kda_stride;
+  /* where states land (pools.c): manifest region i of page/slot id lives at
+   * pools[rpool[i]] base + roff[i] + id * rstride[i] */
+  int recv_mode;              /* DC_RECV_* */
+  k3_xfer_pool_t *pools[2];   /* arena: [0]; staged: [0] pages, [1] slots */
+  uint32_t n_pools;
+  uint8_t *rpool;             /* owned, manifest->n entries */
+  uint64_t *roff, *rstride;   /* owned, manifest->n entries */
+  uint64_t kv_stride, kda_stride; /* staged receive area */
+  char ipc_dir[256];          /* device arena: where its fdshare socket lives ("" = none) */
+  k3_fdshare_t *fds;          /* serves the device arena's file descriptor */
+  k3_xhooks_t *hooks;         /* device digest jobs (cuda arena), NULL otherwise */
   /* counters */
   uint64_t n_admitted, n_finished, n_leases_expired, n_reserve_rejected;
   uint32_t n_running;
@@ -127,6 +136,27 @@ struct dc_worker {
   k3_xfer_stats_t last_xs;   /* transfer-layer counters already exported */
   int health;                /* last readiness reported: -1 unknown, 0 not serving, 1 serving */
 };
+
+/* pools.c: where states land. */
+enum { DC_RECV_ARENA_HOST = 1, DC_RECV_ARENA_DEVICE, DC_RECV_STAGED };
+const char *dc_receive_name(int mode);
+/* Before the model loads: chooses the layout from --xfer-receive / --ipc-dir and the backend,
+ * and sets mo->state (the runner's arena from UCX on host backends; VMM on cuda with an ipc
+ * dir). The xfer ctx must exist. */
+int dc_pools_plan(dc_worker_t *w, k3_load_opts_t *mo, const char *receive, const char *ipc_dir, char *err,
+                  size_t errlen);
+/* After the model loaded: the pools, the region placement, the free lists; on cuda the device
+ * hooks (w->hooks) and the exported arena. */
+int dc_pools_setup(dc_worker_t *w, char *err, size_t errlen);
+/* The reservation's layout (slot_idx: one u32 of storage that must live as long as lay). */
+int dc_pools_layout(dc_worker_t *w, const dc_req_t *q, uint32_t *slot_idx, k3_xfer_layout_t *lay,
+                    k3_xfer_region_t *regs);
+/* Staged layout: copy the verified state into the runner (engine thread). */
+int dc_pools_import(dc_worker_t *w, k3_seq_t *seq, uint8_t **buf, size_t *cap);
+/* Unregisters the pools and stops the fdshare server (after the receiver is freed). */
+void dc_pools_free(dc_worker_t *w);
+/* Closes the device hooks (after k3_xfer_ctx_close). */
+void dc_pools_close_hooks(dc_worker_t *w);
 
 /* main.c: refresh pool gauges and transfer-derived counters (loop thread). */
 void dc_metrics_refresh(dc_worker_t *w);

@@ -80,37 +80,15 @@ static bool emit_first(dc_worker_t *w, eseq_t *s) {
   return stop || a->max_new <= 1;
 }
 
-/* Copies the verified state from the receive area (transfer pools) into the runner's pools:
- * MLA regions page by page (the prompt's pages), KDA regions from the slot. The runner's pools
- * use the same page/slot ids as the receive area. */
+/* Admission: the runner adopts the reserved page and slot ids. In the zero-copy layouts the
+ * state already sits in its pools (written there by the prefill worker, verified); in the staged
+ * one it is copied in from the receive area first. */
 static int import_state(dc_worker_t *w, dc_msg_t *a, uint8_t **buf, size_t *cap) {
-  const k3_manifest_t *m = w->manifest;
-  int crc = k3_runner_seq_claim(w->runner, &a->seq);
-  if (crc) return crc;
-  for (size_t i = 0; i < m->n; i++) {
-    const k3_region_t *rg = &m->regions[i];
-    uint64_t need = k3_runner_region_bytes(w->runner, (int)i, a->seq.len);
-    if (need > *cap) {
-      uint8_t *nb = realloc(*buf, need);
-      if (!nb) return K3_ENOMEM;
-      *buf = nb;
-      *cap = need;
-    }
-    if (rg->kind == K3_REGION_MLA_LATENT) {
-      uint64_t np = need / rg->bytes;
-      for (uint64_t p = 0; p < np; p++)
-        memcpy(*buf + p * rg->bytes, w->kv_base + (uint64_t)a->seq.pages[p] * w->kv_stride + w->region_off[i],
-               rg->bytes);
-    } else {
-      memcpy(*buf, w->kda_base + (uint64_t)a->seq.slot * w->kda_stride + w->region_off[i], rg->bytes);
-    }
-    int rc = k3_runner_import_region(w->runner, &a->seq, (int)i, *buf, need);
-    if (rc) {
-      k3_runner_seq_release(w->runner, &a->seq);
-      return rc;
-    }
-  }
-  return 0;
+  int rc = k3_runner_seq_claim(w->runner, &a->seq);
+  if (rc || w->recv_mode != DC_RECV_STAGED) return rc;
+  rc = dc_pools_import(w, &a->seq, buf, cap);
+  if (rc) k3_runner_seq_release(w->runner, &a->seq);
+  return rc;
 }
 
 static void *engine_main(void *arg) {

@@ -92,8 +92,10 @@ static void on_server_done(void *arg) {
   k3_inbox_close(&w->outbox, NULL);
   k3_xfer_recv_free(w->recv);
   w->recv = NULL;
-  k3_xfer_pool_free(w->kv_pool);
-  k3_xfer_pool_free(w->kda_pool);
+  /* The runner's state arena may be UCX memory (host backends): free it while UCX lives. */
+  k3_runner_free(w->runner);
+  w->runner = NULL;
+  dc_pools_free(w);
   k3_xfer_ctx_close(w->xfer);
   k3_registrar_stop(w->reg, true, on_registrar_done, a);
   uv_close((uv_handle_t *)&a->metrics_timer, NULL);
@@ -104,45 +106,6 @@ static void begin_shutdown(void *ud) {
   k3_rpc_server_shutdown(a->w.srv, on_server_done, a);
 }
 
-static int setup_pools(dc_worker_t *w, char *err, size_t errlen) {
-  const k3_manifest_t *m = w->manifest;
-  w->region_off = calloc(m->n ? m->n : 1, sizeof *w->region_off);
-  if (!w->region_off) return K3_ENOMEM;
-  uint64_t off_kv = 0, off_kda = 0;
-  for (size_t i = 0; i < m->n; i++) {
-    if (m->regions[i].kind == K3_REGION_MLA_LATENT) {
-      w->region_off[i] = off_kv;
-      off_kv += m->regions[i].bytes;
-    } else {
-      w->region_off[i] = off_kda;
-      off_kda += m->regions[i].bytes;
-    }
-  }
-  /* Page-major receive area: page p holds every MLA layer's rows for its tokens (region i at
-   * region_off[i] inside the page), slot s every KDA layer's state. A model without MLA (or
-   * KDA) layers still gets a one-row pool so descriptors stay uniform. */
-  w->kv_stride = off_kv ? off_kv : 64;
-  w->kda_stride = off_kda ? off_kda : 64;
-  uint64_t kv_rows = off_kv ? (uint64_t)w->num_pages : 1;
-  int rc = k3_xfer_pool_alloc_host(w->xfer, kv_rows * w->kv_stride, &w->kv_pool);
-  if (!rc) rc = k3_xfer_pool_alloc_host(w->xfer, (uint64_t)w->num_slots * w->kda_stride, &w->kda_pool);
-  if (rc) {
-    snprintf(err, errlen, "registering receive pools with UCX: %s", k3_strerror(rc));
-    return rc;
-  }
-  w->kv_base = k3_xfer_pool_base(w->kv_pool);
-  w->kda_base = k3_xfer_pool_base(w->kda_pool);
-  w->free_pages = malloc((size_t)w->num_pages * sizeof *w->free_pages);
-  w->free_slots = malloc((size_t)w->num_slots * sizeof *w->free_slots);
-  if (!w->free_pages || !w->free_slots) return K3_ENOMEM;
-  /* Hand out low ids first (stack: push in reverse). */
-  for (int i = 0; i < w->num_pages; i++) w->free_pages[i] = w->num_pages - 1 - i;
-  w->n_free_pages = w->num_pages;
-  for (int i = 0; i < w->num_slots; i++) w->free_slots[i] = w->num_slots - 1 - i;
-  w->n_free_slots = w->num_slots;
-  return 0;
-}
-
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   static app_t app;
@@ -151,10 +114,13 @@ int main(int argc, char **argv) {
   k3_load_opts_t mo;
   k3_load_opts_default(&mo);
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
-  const char *log_level = NULL, *metrics_host = NULL;
+  const char *log_level = NULL, *metrics_host = NULL, *receive = "auto", *ipc_dir = NULL;
   int max_context = 0, metrics_port = -1;
   a->drain_grace_ms = 30000;
-  k3_flag_t flags[K3_LOAD_NFLAGS + 10];
+  char ipc_default[64];
+  snprintf(ipc_default, sizeof ipc_default, "/tmp/k3pd-ipc-%u", (unsigned)getuid());
+  ipc_dir = ipc_default;
+  k3_flag_t flags[K3_LOAD_NFLAGS + 12];
   size_t nflags = k3_load_flags(&mo, flags);
   k3_flag_t own[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
@@ -166,6 +132,13 @@ int main(int argc, char **argv) {
       {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long running sequences may finish",
        false},
       {"ucx-tls", K3_FLAG_STR, &ucx_tls, "LIST", "UCX transports (UCX_TLS), e.g. shm,tcp", false},
+      {"xfer-receive", K3_FLAG_STR, &receive, "auto|arena|staged", "where handed-off state lands: arena = straight in "
+       "the model's pools (zero copy; on cuda reachable by same-host senders through --ipc-dir and over a UCX with "
+       "CUDA), staged = a host area copied to the GPU at admission (cuda only); auto = arena when reachable",
+       false},
+      {"ipc-dir", K3_FLAG_STR, &ipc_dir, "DIR", "cuda: directory of this worker's socket that hands its state pools "
+       "to prefill workers on the same host and GPU (created 0700; share it with them, e.g. an emptyDir; \"none\" "
+       "= off) (default /tmp/k3pd-ipc-<uid>)", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
       {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
        false},
@@ -191,6 +164,24 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: --page-tokens, --num-pages, --num-slots and --max-batch must be >= 1\n");
     return 2;
   }
+  uv_loop_t *loop = uv_default_loop();
+  w->loop = loop;
+  if (k3_metrics_init(&w->mreg) || k3_decode_metrics_register(w->mreg, K3PD_VERSION, &w->m)) {
+    fprintf(stderr, "k3pd-decode: cannot set up metrics\n");
+    return 1;
+  }
+  if (k3_app_metrics_http(w->mreg, "k3pd-decode", metrics_host, metrics_port, &w->mhttp)) return 1;
+  /* UCX first: on host backends the runner's state arena is memory UCX allocates */
+  k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
+  rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
+  if (rc) {
+    fprintf(stderr, "k3pd-decode: UCX initialisation failed: %s\n", k3_strerror(rc));
+    return 1;
+  }
+  if ((rc = dc_pools_plan(w, &mo, receive, ipc_dir, err, sizeof err))) {
+    fprintf(stderr, "k3pd-decode: %s\n", err);
+    return 2;
+  }
   rc = k3_load_model(&mo, &a->weights, &w->runner, err, sizeof err);
   if (rc) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
@@ -203,25 +194,13 @@ int main(int argc, char **argv) {
   w->num_slots = mo.num_slots;
   w->max_batch = mo.max_batch;
   w->max_context = max_context > 0 ? (uint32_t)max_context : (uint32_t)(mo.num_pages * mo.page_tokens);
-  uv_loop_t *loop = uv_default_loop();
-  w->loop = loop;
-  if (k3_metrics_init(&w->mreg) || k3_decode_metrics_register(w->mreg, K3PD_VERSION, &w->m)) {
-    fprintf(stderr, "k3pd-decode: cannot set up metrics\n");
-    return 1;
-  }
-  if (k3_app_metrics_http(w->mreg, "k3pd-decode", metrics_host, metrics_port, &w->mhttp)) return 1;
-  k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
-  rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
-  if (rc) {
-    fprintf(stderr, "k3pd-decode: UCX initialisation failed: %s\n", k3_strerror(rc));
-    return 1;
-  }
-  rc = setup_pools(w, err, sizeof err);
+  rc = dc_pools_setup(w, err, sizeof err);
   if (rc) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
     return 1;
   }
-  k3_xfer_recv_opts_t ro = {.on_ready = dc_on_xfer_ready, .on_release = dc_on_xfer_release, .ud = w};
+  k3_xfer_recv_opts_t ro = {.on_ready = dc_on_xfer_ready, .on_release = dc_on_xfer_release, .ud = w,
+                            .dev = w->hooks ? k3_xhooks_dev(w->hooks) : NULL};
   rc = k3_xfer_recv_init(w->xfer, &ro, &w->recv);
   if (!rc) rc = k3_inbox_init(loop, &w->outbox, dc_on_engine_msg, w);
   if (!rc) rc = k3_rpc_server_init(loop, NULL, &w->srv);
@@ -286,8 +265,8 @@ int main(int argc, char **argv) {
   w->health = -1;
   k3_rpc_server_set_health(w->srv, "", K3_RPC_HEALTH_NOT_SERVING);
   k3_rpc_server_set_health(w->srv, "liveness", K3_RPC_HEALTH_SERVING);
-  K3_INFO("serving on %s (advertised %s) as %s: %d pages x %d tokens, %d slots, batch %d, path %s", listen, adv, wid,
-          w->num_pages, w->page_tokens, w->num_slots, w->max_batch, k3_xfer_path_name(k3_xfer_recv_path(w->recv)));
+  K3_INFO("serving on %s (advertised %s) as %s: %d pages x %d tokens, %d slots, batch %d, receive %s", listen, adv,
+          wid, w->num_pages, w->page_tokens, w->num_slots, w->max_batch, dc_receive_name(w->recv_mode));
   uv_run(loop, UV_RUN_DEFAULT);
   /* Everything is closed: free what the loop no longer references. */
   while (w->reqs) {
@@ -297,7 +276,10 @@ int main(int argc, char **argv) {
     free(q->stop_ids);
     free(q);
   }
-  free(w->region_off);
+  dc_pools_close_hooks(w);
+  free(w->rpool);
+  free(w->roff);
+  free(w->rstride);
   free(w->free_pages);
   free(w->free_slots);
   k3_runner_free(w->runner);

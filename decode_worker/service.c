@@ -61,48 +61,6 @@ static void finish_attach(dc_req_t *q, k3_rpc_code_t code, const char *msg) {
 
 /* ---- Reserve ---- */
 
-static int build_layout(dc_worker_t *w, dc_req_t *q, k3_xfer_layout_t *lay, k3_xfer_region_t *regs) {
-  const k3_manifest_t *m = w->manifest;
-  memset(lay, 0, sizeof *lay);
-  lay->n_pools = 2;
-  lay->pools[0] = w->kv_pool;
-  lay->pools[1] = w->kda_pool;
-  uint32_t prompt_pages = (uint32_t)((q->n_prompt + (uint32_t)w->page_tokens - 1) / (uint32_t)w->page_tokens);
-  static uint32_t slot_idx[1];
-  lay->n_lists = 2;
-  lay->lists[0].n = prompt_pages;
-  lay->lists[0].idx = (uint32_t *)q->pages; /* copied by reserve */
-  slot_idx[0] = (uint32_t)q->slot;
-  lay->lists[1].n = 1;
-  lay->lists[1].idx = slot_idx;
-  /* Region i of page/slot id lives at base + region_off[i] + id * stride (setup_pools). */
-  uint32_t n = 0;
-  for (size_t i = 0; i < m->n; i++) {
-    const k3_region_t *rg = &m->regions[i];
-    k3_xfer_region_t *x = &regs[n++];
-    memset(x, 0, sizeof *x);
-    x->layer = (uint32_t)rg->layer;
-    x->unit_bytes = rg->bytes;
-    x->offset_bytes = w->region_off[i];
-    if (rg->kind == K3_REGION_MLA_LATENT) {
-      x->kind = K3_XFER_KIND_MLA_KV;
-      x->pool = 0;
-      x->list = 0;
-      x->stride_bytes = w->kv_stride;
-      x->len_bytes = (uint64_t)prompt_pages * rg->bytes;
-    } else {
-      x->kind = rg->kind == K3_REGION_KDA_STATE ? K3_XFER_KIND_KDA_S : K3_XFER_KIND_KDA_CONV;
-      x->pool = 1;
-      x->list = 1;
-      x->stride_bytes = w->kda_stride;
-      x->len_bytes = rg->bytes;
-    }
-  }
-  lay->n_regions = n;
-  lay->regions = regs;
-  return 0;
-}
-
 static void reply_reservation(k3_rpc_call_t *call, dc_req_t *q, k3_xfer_desc_t *desc) {
   uint8_t *buf = NULL;
   size_t len = 0;
@@ -204,7 +162,8 @@ static void on_reserve(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
   q->slot = w->free_slots[--w->n_free_slots];
   q->t_reserved_ns = k3_now_ns();
   k3_xfer_layout_t lay;
-  build_layout(w, q, &lay, regs);
+  uint32_t slot_idx[1];
+  dc_pools_layout(w, q, slot_idx, &lay, regs);
   k3_xfer_desc_t *desc = NULL;
   int rc = k3_xfer_recv_reserve(w->recv, &lay, q->handle, w->fingerprint, rq->lease_ms, q, &desc);
   free(regs);

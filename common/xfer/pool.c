@@ -121,7 +121,14 @@ int k3_xfer_pool_register(k3_xfer_ctx_t *ctx, void *base, uint64_t bytes, k3_xfe
   }
   if (with_ucx) {
     ucs_status_t st = map_and_pack(p, &mp);
-    if (st != UCS_OK) {
+    if (st != UCS_OK && mem == K3_XFER_MEM_CUDA && blob_len) {
+      /* Device memory UCX's cuda transports cannot export (e.g. a CUDA VMM allocation, which
+       * cuIpcGetMemHandle refuses): the blob still lets a same-host sender map it (cuda-ipc);
+       * only the ucx-cuda path is lost, and send_start says so if it is ever asked for. */
+      K3_WARN("xfer: UCX cannot register this %llu-byte device pool (%s): it is reachable through its "
+              "mapping blob only (cuda-ipc), not over ucx-cuda",
+              (unsigned long long)bytes, xf_ucs_str(st));
+    } else if (st != UCS_OK) {
       K3_ERROR("xfer: registering %llu bytes of %s memory with UCX failed: %s",
                (unsigned long long)bytes, k3_xfer_mem_name(mem), xf_ucs_str(st));
       pool_destroy(p);
