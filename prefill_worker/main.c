@@ -24,7 +24,7 @@ typedef struct {
   pf_worker_t w;
   k3_weights_t *weights;
   k3_lifecycle_t *lc;
-  uv_timer_t metrics_timer;
+  uv_timer_t metrics_timer, gc_timer;
   int64_t drain_grace_ms;
 } app_t;
 
@@ -38,6 +38,10 @@ void pf_metrics_refresh(pf_worker_t *w) {
 }
 
 static void on_metrics_tick(uv_timer_t *t) { pf_metrics_refresh(t->data); }
+
+/* Peer pools whose decode worker went away are unmapped (their arenas would stay allocated on
+ * the GPU as long as this process maps them). */
+static void on_gc_tick(uv_timer_t *t) { k3_xhooks_gc(t->data); }
 
 static uint32_t live_jobs(void *ud) {
   app_t *a = ud;
@@ -67,6 +71,7 @@ static void on_server_done(void *arg) {
   k3_xfer_ctx_close(w->xfer); /* fails sends still running; their callbacks free the jobs */
   k3_registrar_stop(w->reg, true, on_registrar_done, a);
   uv_close((uv_handle_t *)&a->metrics_timer, NULL);
+  if (w->hooks) uv_close((uv_handle_t *)&a->gc_timer, NULL);
 }
 
 static void begin_shutdown(void *ud) {
@@ -83,11 +88,11 @@ int main(int argc, char **argv) {
   k3_load_opts_default(&mo);
   mo.num_slots = 8;
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
-  const char *log_level = NULL, *metrics_host = NULL;
+  const char *log_level = NULL, *metrics_host = NULL, *xfer_path = "auto";
   int metrics_port = -1;
   int64_t max_batch_tokens = 4096, send_deadline_ms = 120000;
   a->drain_grace_ms = 30000;
-  k3_flag_t flags[K3_LOAD_NFLAGS + 11];
+  k3_flag_t flags[K3_LOAD_NFLAGS + 12];
   size_t nflags = k3_load_flags(&mo, flags);
   k3_flag_t own[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
@@ -101,6 +106,9 @@ int main(int argc, char **argv) {
       {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long queued prompts may finish",
        false},
       {"ucx-tls", K3_FLAG_STR, &ucx_tls, "LIST", "UCX transports (UCX_TLS), e.g. shm,tcp", false},
+      {"xfer-path", K3_FLAG_STR, &xfer_path, "PATH", "how state moves to decode workers: auto (per send: cuda-ipc "
+       "to a same-host GPU decode worker, else ucx-cuda, else staged; host on CPU backends), or force one of host, "
+       "staged, cuda-ipc, ucx-cuda (a send that cannot take it fails)", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
       {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
        false},
@@ -138,6 +146,13 @@ int main(int argc, char **argv) {
   w->max_batch = mo.max_batch;
   w->max_batch_tokens = max_batch_tokens;
   w->send_deadline_ms = (uint32_t)send_deadline_ms;
+  int pth = k3_xfer_path_parse(xfer_path);
+  if (pth < 0) {
+    fprintf(stderr, "k3pd-prefill: --xfer-path: expected auto, host, staged, cuda-ipc or ucx-cuda, got \"%s\"\n",
+            xfer_path);
+    return 2;
+  }
+  w->path = (k3_xfer_path_t)pth;
   uv_loop_t *loop = uv_default_loop();
   w->loop = loop;
   if (k3_metrics_init(&w->mreg) || k3_prefill_metrics_register(w->mreg, K3PD_VERSION, &w->m)) {
@@ -150,6 +165,16 @@ int main(int argc, char **argv) {
   if (rc) {
     fprintf(stderr, "k3pd-prefill: UCX initialisation failed: %s\n", k3_strerror(rc));
     return 1;
+  }
+  if (!k3_runner_backend(w->runner)->host_memory) { /* device pools: device jobs move them */
+    rc = k3_xhooks_open(k3_runner_backend(w->runner), &w->hooks);
+    if (rc) {
+      fprintf(stderr, "k3pd-prefill: device transfer services on the GPU: %s\n", k3_strerror(rc));
+      return 1;
+    }
+    uv_timer_init(loop, &a->gc_timer);
+    a->gc_timer.data = w->hooks;
+    uv_timer_start(&a->gc_timer, on_gc_tick, 5000, 5000);
   }
   rc = k3_inbox_init(loop, &w->outbox, pf_on_engine_msg, w);
   if (!rc) rc = k3_rpc_server_init(loop, NULL, &w->srv);
@@ -224,6 +249,7 @@ int main(int argc, char **argv) {
     free(j->src_idx);
     free(j);
   }
+  k3_xhooks_close(w->hooks);
   k3_runner_free(w->runner);
   k3_weights_free(a->weights);
   k3_metrics_http_stop(w->mhttp);

@@ -21,6 +21,7 @@
 #include "k3pd/registrar.h"
 #include "k3pd/rpc.h"
 #include "k3pd/rpc_client.h"
+#include "k3pd/xdev_hooks.h"
 #include "k3pd/xfer.h"
 
 typedef enum { PF_QUEUED = 0, PF_RUNNING, PF_SENDING, PF_DONE } pf_state_t;
@@ -79,6 +80,8 @@ typedef struct pf_worker {
   int max_batch;
   int64_t max_batch_tokens;
   uint32_t send_deadline_ms;
+  k3_xfer_path_t path;        /* --xfer-path (AUTO: k3_xfer chooses per send) */
+  k3_xhooks_t *hooks;         /* device digest/copy jobs and peer mappings (cuda), else NULL */
   pf_job_t *jobs;
   bool draining;
   k3_engine_t engine;         /* engine thread + its inbound queue */

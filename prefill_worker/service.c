@@ -108,6 +108,16 @@ static void fail(pf_worker_t *w, pf_job_t *j, int status, const char *msg) {
   else answer(w, j);
 }
 
+/* The transfer-path metric's label for a path (k3_xfer's names use '-'). */
+static const char *path_label(k3_xfer_path_t p) {
+  switch (p) {
+  case K3_XFER_PATH_STAGED: return K3PD_PATH_STAGED;
+  case K3_XFER_PATH_CUDA_IPC: return K3PD_PATH_CUDA_IPC;
+  case K3_XFER_PATH_UCX_CUDA: return K3PD_PATH_UCX_CUDA;
+  default: return K3PD_PATH_HOST;
+  }
+}
+
 /* The loop-side worker for callbacks that only carry the job (one worker per process). */
 static pf_worker_t *g_w;
 
@@ -127,6 +137,7 @@ static void on_send_done_cb(void *ud, const k3_xfer_send_result_t *res) {
     j->status = res->status;
     snprintf(j->err, sizeof j->err, "state transfer to the decode worker failed: %s", k3_strerror(res->status));
   }
+  if (res->status == 0) k3_prefill_metrics_set_path(&g_w->m, path_label(res->path));
   if (j->status == 0) {
     g_w->bytes_sent += res->bytes;
     const char *mla = K3PD_REGION_MLA_PAGES, *kda = K3PD_REGION_KDA_STATE;
@@ -151,6 +162,12 @@ static void on_send_done_cb(void *ud, const k3_xfer_send_result_t *res) {
   answer(g_w, j);
   if (j->engine_has) post_free(g_w, j);
   maybe_drop(g_w, j);
+}
+
+/* Staged path (device sources into a host receive area): region bytes from device memory. */
+static int job_d2h(void *ud, uint32_t region, uint64_t off, void *dst, uint64_t len) {
+  pf_job_t *j = ud;
+  return k3_xhooks_d2h(k3_runner_backend(g_w->runner), &j->srcs[region], off, dst, len);
 }
 
 /* Builds the local sources of every descriptor region from the runner's pool memory. */
@@ -183,7 +200,12 @@ static int start_send(pf_worker_t *w, pf_job_t *j, const k3_seq_t *seq) {
   int64_t left = k3_rpc_call_deadline_left_ms(j->call);
   uint32_t dl = w->send_deadline_ms;
   if (left > 0 && left < (int64_t)dl) dl = (uint32_t)left;
-  k3_xfer_send_opts_t so = {.deadline_ms = dl};
+  k3_xfer_send_opts_t so = {.deadline_ms = dl, .path = w->path};
+  k3_xfer_stage_t st = {.d2h = job_d2h, .ud = j};
+  if (w->hooks) { /* the runner's pools are device memory */
+    so.dev = k3_xhooks_dev(w->hooks);
+    so.stage = &st;
+  }
   return k3_xfer_send_start(w->xfer, j->desc, j->srcs, &so, on_send_done_cb, j, &j->send);
 }
 
