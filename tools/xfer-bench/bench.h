@@ -72,5 +72,8 @@ typedef struct bench_mem {
 
 /* mem_host.c: host memory, no hooks. */
 int bench_mem_host(bench_mem_t *out);
+/* mem_cuda.c: device sources and a device arena (vmm_pool: exported VMM for cuda-ipc; else
+ * plain device memory UCX can register, for ucx-cuda); the workers' device hooks. */
+int bench_mem_cuda(bench_mem_t *out, bool vmm_pool);
 
 #endif

@@ -140,6 +140,7 @@ static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
   uv_close((uv_handle_t *)&dl, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
   free(pages);
+  if (g_mem.close) g_mem.close(g_mem.self); /* this (forked) process's share of the mode */
   return g_ready == 1 + g_repeat ? 0 : 4;
 }
 
@@ -342,6 +343,7 @@ static int run_tls(const bench_plan_t *p, const char *tls, uint32_t delay_us, fi
 int main(int argc, char **argv) {
   const char *manifest = "tiny", *tls = "shm,tcp,default", *layout = "paged", *path = "auto";
   const char *device = "host";
+  int gpu = 0;
   int tokens = 1024, delay_us = 0, chunk_kib = 0, repeat = 1;
   bool puts_only = false;
   k3_flag_t flags[] = {
@@ -349,7 +351,10 @@ int main(int argc, char **argv) {
       {"tokens", K3_FLAG_INT, &tokens, "N", "prompt tokens (MLA pages)", false},
       {"layout", K3_FLAG_STR, &layout, "paged|arena", "receiver pools: page/slot-major, or one arena of per-layer tensors", false},
       {"tls", K3_FLAG_STR, &tls, "LIST", "comma-separated UCX_TLS runs; 'default' = UCX's choice", false},
-      {"device", K3_FLAG_STR, &device, "host", "memory and device hooks (bench.h bench_mem_t)", false},
+      {"device", K3_FLAG_STR, &device, "host|cuda", "memory and device hooks (bench.h bench_mem_t): cuda = device "
+       "sources and a device arena (VMM exported over fdshare for cuda-ipc, plain device memory for ucx-cuda); one "
+       "--tls entry per run", false},
+      {"gpu", K3_FLAG_INT, &gpu, "N", "CUDA device (--device cuda)", false},
       {"path", K3_FLAG_STR, &path, "auto|host|staged|cuda-ipc|ucx-cuda", "force a data path", false},
       {"layer-delay-us", K3_FLAG_INT, &delay_us, "N", "simulated compute per layer (0 = all at once)", false},
       {"chunk-kib", K3_FLAG_INT, &chunk_kib, "N", "bytes per put/DATA message in KiB (0 = library default)", false},
@@ -390,12 +395,26 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-xfer-bench: --repeat must be 1..100, got %d\n", repeat);
     return 2;
   }
-  if (strcmp(device, "host")) {
-    fprintf(stderr, "k3pd-xfer-bench: --device %s is not built in (host only; a device mode is "
-                    "one bench_mem_t, bench.h)\n", device);
+  if (!strcmp(device, "cuda")) {
+    if (strchr(tls, ',')) {
+      fprintf(stderr, "k3pd-xfer-bench: --device cuda takes one --tls entry (CUDA does not survive the fork "
+                      "of a second receiver)\n");
+      return 2;
+    }
+    if (pi != K3_XFER_PATH_STAGED && lay != LAYOUT_ARENA) {
+      fprintf(stderr, "k3pd-xfer-bench: --device cuda receives into one device arena: use --layout arena\n");
+      return 2;
+    }
+    char g[16];
+    snprintf(g, sizeof g, "%d", gpu);
+    setenv("K3PD_CUDA_DEVICE", g, 1);
+    if (bench_mem_cuda(&g_mem, pi != K3_XFER_PATH_UCX_CUDA)) return 2;
+  } else if (!strcmp(device, "host")) {
+    if (bench_mem_host(&g_mem)) return 2;
+  } else {
+    fprintf(stderr, "k3pd-xfer-bench: --device must be host or cuda, got '%s'\n", device);
     return 2;
   }
-  if (bench_mem_host(&g_mem)) return 2;
   g_repeat = repeat;
   g_chunk_bytes = (uint64_t)chunk_kib << 10;
   g_puts_only = puts_only;
