@@ -8,15 +8,15 @@
  * only when bigger (a 1M-token MLA layer: one entry per page), where the upload is small next to
  * the job. Why no copies around the kernel: a 6 MiB job's copy takes ~3 us on an H200; an upload
  * of the table plus a download of the digests would add ~4 us of copy-engine latency. Chunk
- * digests go straight to mapped pinned host memory, 64 bytes per store.
+ * digests go straight to mapped pinned host memory, up to 64 bytes per store.
  *
  * Kernel 1 (a warp per chunk, 8 warps a block, 80 registers): every 1 KiB step of a chunk ends
  * in a warp-wide reduce-scatter before the scramble (xxh3_warp.h). Kept selectable
  * (K3PD_XDEV_KERNEL=1) as the reference design and a fallback.
  * Kernel 2 (a half-warp per chunk, a warp hashes 1..4 chunk pairs, 4 warps a block): lanes own
  * accumulator pairs, one exchange pair per 1 KiB block, the whole chunk's 16 loads in flight
- * per lane (xxh3_half.h). Per lane and 2 chunks ~380 instructions against ~1,000 per chunk for
- * kernel 1 (docs/kernels.md has the estimates and the measurements).
+ * per lane (xxh3_half.h). ~470 instructions a lane per 2 chunks against ~500 per chunk for
+ * kernel 1, 6x fewer shuffles (docs/kernels.md has the estimates and the measurements).
  * Invariants: every launch is checked; the constants are uploaded once per xdev (idempotent). */
 #include <stddef.h>
 #include <string.h>
