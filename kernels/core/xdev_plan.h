@@ -12,7 +12,8 @@
  *     entries after the groups.
  * Groups are sorted by their first chunk id (chunk ids are global over the job: region r owns
  * ids region_chunk[r] .. region_chunk[r+1]-1), so a warp finds its group by searching `chunk`.
- * What it is not: the kernel (kernels/core/xxh3_warp.h + kernels/cuda/xdev.cu) or the job API.
+ * What it is not: the kernels (kernels/core/xxh3_warp.h, xxh3_half.h + kernels/cuda/xdev_kernels.cu)
+ * or the job API.
  * Invariants: empty segments are skipped (never a piece); every chunk is 1..4096 bytes; a RUN's
  * VEC flag means src and dst (when set) are 16-byte aligned; a MULTI's VEC flag means every
  * piece's src/dst is 16-byte aligned and every piece but the last has a length that is a

@@ -1,6 +1,8 @@
 /* XXH3-64 (seed 0, the default 192-byte secret) of one <= 4096-byte chunk by one GPU warp, as
- * per-lane functions shared by the CUDA kernel (kernels/cuda/xdev.cu) and its CPU emulation
- * (tests/unit/kernels/test_kernels_xw.c).
+ * per-lane functions shared by the first CUDA kernel (xdev_kernel in kernels/cuda/xdev_kernels.cu,
+ * K3PD_XDEV_KERNEL=1) and its CPU emulation (tests/unit/kernels/test_kernels_xw.c); the helpers
+ * before "the long path" (scalar math, short paths) and after it (table search, chunk
+ * resolution, cursor reads and writes) serve the second kernel too (xxh3_half.h).
  *
  * What it is for: the kernel is these functions glued together with warp shuffles; the CPU test
  * runs the same functions for 32 lanes in loops, with the shuffles written as explicit sums

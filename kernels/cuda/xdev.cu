@@ -1,19 +1,13 @@
 /* k3k_xdev on CUDA (k3k_xdev.h): digest and copy jobs over device memory on a stream of their
- * own; the kernel is kernels/core/xxh3_warp.h glued with warp shuffles.
+ * own; the kernels and the way a job's table reaches them are kernels/cuda/xdev_kernels.cu.
  *
  * A job: the host plans the chunk table (kernels/core/xdev_plan.h) into pinned staging; one
- * kernel launch hashes every chunk (a warp per 4096-byte chunk, 8 warps a block) and copies it
- * when its segment has a dst, in the same pass; the chunk digests go straight to mapped pinned
- * host memory (a block's 8 digests as one 64-byte write); an event marks the end; notify is
+ * kernel launch hashes every chunk and copies it when its segment has a dst, in the same pass;
+ * the chunk digests go straight to mapped pinned host memory; an event marks the end; notify is
  * queued behind it with cudaLaunchHostFunc; k3k_xdev_poll sees the event and combines each
  * region's chunk digests on the host (k3_digest_combine).
- * Why no copies around the kernel: a 6 MiB job's copy takes ~3 us on an H200; a host-to-device
- * upload of the table plus a device-to-host copy of the digests would add ~4 us of copy-engine
- * latency. So the table travels as a kernel parameter (__grid_constant__: no local copy; each
- * block copies it to shared memory with register-indexed parameter loads) when it has <= 8
- * entries (small launch) or <= 120 (4 KB, the classic parameter limit), and only bigger tables
- * (a 1M-token MLA layer: one entry per page) are uploaded, where the upload is small next to
- * the job.
+ * Kernel choice: K3PD_XDEV_KERNEL=1 (a warp per chunk) or 2 (a half-warp per chunk, the
+ * default), read at open; both give the same digests bit for bit (xdev_kernels.h).
  * Buffers: each job takes a slot (pinned table staging, device table, mapped digests, event)
  * from the xdev's pool and returns it when it is seen finished, so jobs in flight at once never
  * share memory and steady state allocates nothing.
@@ -27,133 +21,10 @@
 
 #include "cuda_common.cuh"
 #include "xdev_cuda.h"
+#include "xdev_kernels.h"
 extern "C" {
 #include "core/xdev_int.h"
 #include "k3pd/digest.h"
-}
-#include "core/xxh3_warp.h"
-
-#define XK_WARPS 8     /* chunks (warps) per block */
-#define XK_NI_SMALL 8  /* table entries passed in a small parameter block */
-#define XK_NI_BIG 120  /* ... in a 4 KB one; beyond, the table is uploaded */
-
-__constant__ k3k_xw_consts c_xw;
-
-template <int NI>
-struct xk_args {
-  uint32_t n_chunks, n_groups;
-  uint32_t n_ent;       /* NI > 0: entries in inl */
-  const k3k_xent *gtab; /* NI == 0: the table in device memory */
-  uint64_t *out;        /* [n_chunks] chunk digests (device view of mapped host memory) */
-  k3k_xent inl[NI > 0 ? NI : 1];
-};
-static_assert(sizeof(xk_args<XK_NI_BIG>) <= 4096, "the inline table fits the 4 KB parameter block");
-
-/* Word t of the inline table, read straight from the parameter block (ld.param with a register
- * offset: no generic pointer into parameter space, whose loads the table walk would pay). */
-template <int NI>
-__device__ __forceinline__ uint64_t inl_word(const xk_args<NI> &a, uint32_t t) {
-  const k3k_xent &e = a.inl[t >> 2];
-  switch (t & 3) {
-  case 0: return e.src;
-  case 1: return e.dst;
-  case 2: return e.chunk | (uint64_t)e.n << 32;
-  default: return e.len | (uint64_t)e.flags << 32;
-  }
-}
-static_assert(sizeof(k3k_xent) == 32 && offsetof(k3k_xent, chunk) == 16 && offsetof(k3k_xent, len) == 24,
-              "inl_word's layout");
-
-/* Grid: ceil(n_chunks / 8) blocks of 8 warps; warp w of block b hashes chunk 8 b + w.
- * Shapes per warp: lane l holds bytes [1024 k + 32 l, +32) of its chunk for k < 4 (32 regs).
- * An inline table is first copied to shared memory by the block. */
-template <int NI>
-__global__ void __launch_bounds__(XK_WARPS * 32, 3) xdev_kernel(const __grid_constant__ xk_args<NI> a) {
-  __shared__ uint64_t sk64[24];
-  __shared__ __align__(16) uint8_t sstage[XK_WARPS][XW_STAGE];
-  __shared__ uint64_t sdig[XK_WARPS];
-  __shared__ __align__(16) k3k_xent stab[NI > 0 ? NI : 1];
-  const int l = threadIdx.x & 31, wi = threadIdx.x >> 5;
-  if (threadIdx.x < 24) sk64[threadIdx.x] = c_xw.k64[threadIdx.x]; /* lanes index it freely */
-  if (NI > 0)
-    for (uint32_t t = threadIdx.x; t < 4 * a.n_ent; t += XK_WARPS * 32) ((uint64_t *)stab)[t] = inl_word(a, t);
-  __syncthreads();
-  const uint32_t c = blockIdx.x * XK_WARPS + wi;
-  if (c < a.n_chunks) {
-    const k3k_xent *tab = NI > 0 ? stab : a.gtab;
-    uint32_t lo = 0, hi = a.n_groups;
-    while (hi - lo > 1) {
-      uint32_t step = xw_search_step(lo, hi);
-      uint32_t k = __popc(__ballot_sync(0xffffffffu, xw_probe(tab, lo, hi, step, l, c)));
-      xw_narrow(&lo, &hi, step, k);
-    }
-    xw_chunk ch;
-    xw_resolve(tab, lo, c, &ch);
-    uint64_t w[XW_STEPS][4];
-    xw_lane_read(&ch, l, w); /* every load in flight before the first use */
-    xw_cur wcu;
-    xw_cur_init(&ch, &wcu);
-    uint8_t *stage = sstage[wi];
-    const uint32_t ns = xw_nsteps(ch.len);
-    uint64_t h;
-    if (ch.len <= XW_MIDSIZE) { /* one step */
-      if (ns) {
-        xw_lane_write_step(&ch, &wcu, l, 0, w[0]);
-        xw_stage(stage, ch.len, 32 * l, w[0]);
-      }
-      __syncwarp();
-      h = xw_short(stage, ch.len, c_xw.secret); /* every lane, same bytes: no divergence */
-    } else {
-      uint64_t key[4], kscr;
-      xw_lane_keys(sk64, l, key, &kscr);
-      uint64_t acc = c_xw.init[xw_lane_acc(l)];
-      XW_UNROLL
-      for (uint32_t k = 0; k < XW_STEPS; k++) {
-        if (k < ns) { /* store, stage and hash step k: waits for w[k] only */
-          uint64_t p[4], keep[2], send[2], q[2], kb, sb;
-          xw_lane_write_step(&ch, &wcu, l, k, w[k]);
-          xw_stage(stage, ch.len, XW_STEP * k + 32 * l, w[k]);
-          if (k + 1 == ns) __syncwarp(); /* the last stripe's bytes are staged */
-          xw_lane_contrib(&c_xw, ch.len, k, l, w[k], key, stage, p);
-          xw_red_a(l, p, keep, send);
-          q[0] = keep[0] + __shfl_xor_sync(0xffffffffu, send[0], 2);
-          q[1] = keep[1] + __shfl_xor_sync(0xffffffffu, send[1], 2);
-          xw_red_b(l, q, &kb, &sb);
-          uint64_t v = kb + __shfl_xor_sync(0xffffffffu, sb, 4);
-          v += __shfl_xor_sync(0xffffffffu, v, 8);
-          v += __shfl_xor_sync(0xffffffffu, v, 16);
-          acc = xw_acc_step(ch.len, k, acc, v, kscr);
-        }
-      }
-      uint64_t accs[8];
-      XW_UNROLL
-      for (int m = 0; m < 8; m++) accs[m] = __shfl_sync(0xffffffffu, acc, xw_acc_lane(m));
-      h = xw_merge(&c_xw, accs, ch.len);
-    }
-    if (l == 0) sdig[wi] = h;
-  }
-  __syncthreads();
-  if (threadIdx.x < XK_WARPS) { /* one 64-byte write per block over PCIe */
-    uint32_t cc = blockIdx.x * XK_WARPS + threadIdx.x;
-    if (cc < a.n_chunks) a.out[cc] = sdig[threadIdx.x];
-  }
-}
-
-template <int NI>
-static int launch_t(cudaStream_t st, uint32_t n_chunks, uint32_t n_groups, const k3k_xent *ent,
-                    size_t n_ent, const k3k_xent *gtab, uint64_t *out) {
-  xk_args<NI> a;
-  memset(&a, 0, sizeof a);
-  a.n_chunks = n_chunks;
-  a.n_groups = n_groups;
-  a.n_ent = NI > 0 ? (uint32_t)n_ent : 0;
-  a.gtab = gtab;
-  a.out = out;
-  if (NI > 0) memcpy(a.inl, ent, n_ent * sizeof *ent);
-  unsigned grid = (unsigned)((n_chunks + XK_WARPS - 1) / XK_WARPS);
-  xdev_kernel<NI><<<grid, XK_WARPS * 32, 0, st>>>(a);
-  K3K_LAUNCHED("xdev_kernel");
-  return 0;
 }
 
 /* ---- jobs and their buffers ---- */
@@ -194,6 +65,8 @@ typedef struct cu_xdev {
   size_t live;  /* jobs not freed yet; a closed xdev is freed with the last one */
   bool closed;
   int last_path;
+  int kernel;          /* 1 or 2 (xdev_kernels.h) */
+  k3k_xk_caps caps;    /* kernel 2's occupancy, measured at open */
 } cu_xdev;
 
 typedef struct {
@@ -332,6 +205,15 @@ static void finish(cu_xjob *j, cudaError_t e) {
 
 /* ---- the API ---- */
 
+/* K3PD_XDEV_KERNEL: "1" or "2"; unset: 2. Anything else is logged and ignored. */
+static int kernel_from_env(void) {
+  const char *e = getenv("K3PD_XDEV_KERNEL");
+  if (!e || !*e) return 2;
+  if (!strcmp(e, "1") || !strcmp(e, "2")) return e[0] - '0';
+  K3_WARN("cuda xdev: K3PD_XDEV_KERNEL=%s is not 1 or 2: using kernel 2", e);
+  return 2;
+}
+
 extern "C" int k3k_cuda_xdev_open(k3k_backend_t *be, k3k_xdev_t **out) {
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(be);
   if (!cx) return K3_EINVAL;
@@ -339,16 +221,11 @@ extern "C" int k3k_cuda_xdev_open(k3k_backend_t *be, k3k_xdev_t **out) {
   if (!x) return K3_ENOMEM;
   x->base.device = true;
   x->device = cx->device;
-  k3k_xw_consts cs;
-  uint8_t secret[192];
-  k3k_xxh3_secret(secret);
-  xw_consts_init(&cs, secret);
+  x->kernel = kernel_from_env();
   xslot *s = NULL;
   int rc = cu_ok(cudaSetDevice(x->device), "cudaSetDevice");
   if (!rc) rc = cu_ok(cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking), "cudaStreamCreate");
-  if (!rc) rc = cu_ok(cudaMemcpyToSymbolAsync(c_xw, &cs, sizeof cs, 0, cudaMemcpyHostToDevice, x->st),
-                      "cudaMemcpyToSymbolAsync");
-  if (!rc) rc = cu_ok(cudaStreamSynchronize(x->st), "cudaStreamSynchronize");
+  if (!rc) rc = k3k_xk_setup(x->st, x->device, &x->caps);
   if (!rc) rc = slot_get(x, XK_NI_BIG, 16384, 64, &s); /* one slot ready: 64 MiB jobs */
   if (rc) {
     k3k_cuda_xdev_close(&x->base);
@@ -380,23 +257,13 @@ extern "C" void k3k_cuda_xdev_close(k3k_xdev_t *xb) {
 
 static int launch(cu_xdev *x, xslot *s, const k3k_xplan_size_t *sz) {
   size_t n_ent = (size_t)(sz->n_groups + sz->n_pieces);
-  uint32_t nc = (uint32_t)sz->n_chunks, ng = (uint32_t)sz->n_groups;
-  if (!nc) {
-    x->last_path = 0;
+  if (!sz->n_chunks) {
+    x->last_path = XK_PATH_NONE;
     return 0;
   }
   (void)cudaGetLastError(); /* a non-sticky error left by an earlier call is not ours */
-  if (n_ent <= XK_NI_SMALL) {
-    x->last_path = 1;
-    return launch_t<XK_NI_SMALL>(x->st, nc, ng, s->hent, n_ent, NULL, s->ddig);
-  }
-  if (n_ent <= XK_NI_BIG) {
-    x->last_path = 2;
-    return launch_t<XK_NI_BIG>(x->st, nc, ng, s->hent, n_ent, NULL, s->ddig);
-  }
-  x->last_path = 3;
-  K3K_CU(cudaMemcpyAsync(s->dent, s->hent, n_ent * sizeof(k3k_xent), cudaMemcpyHostToDevice, x->st));
-  return launch_t<0>(x->st, nc, ng, NULL, 0, s->dent, s->ddig);
+  return k3k_xk_launch(x->st, &x->caps, x->kernel, (uint32_t)sz->n_chunks, (uint32_t)sz->n_groups, s->hent,
+                       n_ent, s->dent, s->ddig, &x->last_path);
 }
 
 extern "C" int k3k_cuda_xdev_submit(k3k_xdev_t *xb, const k3k_xseg_t *segs, const uint32_t *first,
@@ -515,4 +382,16 @@ extern "C" size_t k3k_cuda_xdev_slots(k3k_xdev_t *xb) {
 }
 extern "C" int k3k_cuda_xdev_last_path(k3k_xdev_t *xb) {
   return xb && xb->device ? ((cu_xdev *)xb)->last_path : 0;
+}
+extern "C" int k3k_cuda_xdev_set_kernel(k3k_xdev_t *xb, int kernel) {
+  if (!xb || !xb->device || (kernel != 1 && kernel != 2)) return K3_EINVAL;
+  ((cu_xdev *)xb)->kernel = kernel;
+  return 0;
+}
+extern "C" int k3k_cuda_xdev_kernel(k3k_xdev_t *xb) {
+  return xb && xb->device ? ((cu_xdev *)xb)->kernel : 0;
+}
+extern "C" uint32_t k3k_cuda_xdev_cap_warps(k3k_xdev_t *xb, int path) {
+  if (!xb || !xb->device || path < 1 || path > 4) return 0;
+  return ((cu_xdev *)xb)->caps.cap_warps[path - 1];
 }

@@ -7,6 +7,8 @@
  * buffer) or the job plumbing (slots, events, notify, close). Every case runs on fresh random
  * data; every destination sits between guard bytes that are checked; digests are compared with
  * k3_digest_bytes over each region's concatenated stream (host, libxxhash).
+ * Every case runs once per kernel (1: a warp per chunk, 2: a half-warp per chunk; the line says
+ * which, "[k1]" or "[k2]"), so the program fails when either disagrees with the reference.
  * Cases: device queries; 300 random layouts (odd lengths and alignments, chunks over many
  * segments, empty regions, 1..3-byte regions, 240/241/4095/4096/4097-byte streams) with and
  * without copies; edge streams cut at every offset near chunk edges; page layouts (2560, 18432,
@@ -34,6 +36,7 @@ void xg_record(xg *g, bool ok, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   printf("%s ", ok ? "PASS" : "FAIL");
+  if (g->kernel) printf("[k%d] ", g->kernel);
   vprintf(fmt, ap);
   printf("\n");
   fflush(stdout);
@@ -214,14 +217,18 @@ static void check_pages(xg *g, k3k_xdev_t *x) {
     uint64_t page;
     int path; /* table path the job must take */
   } cases[] = {
-      {1, 1, 6291456, 1},  /* one KDA state */
-      {4, 1, 6291456, 1},  /* four */
-      {2, 5, 73728, 2},    /* MLA pages of 64 tokens */
-      {1, 128, 73728, 3},  /* an 8K-token MLA layer: 128 runs, device table */
-      {3, 9, 18432, 2},    /* 4.5 chunks a page */
+      {1, 1, 6291456, 1},   /* one KDA state */
+      {4, 1, 6291456, 1},   /* four (kernel 2: 2 units a warp on an H200) */
+      {2, 1, 20971520, 1},  /* 40 MiB (kernel 2: 3 units a warp) */
+      {3, 1, 13635584, 1},  /* 3 x 3329 chunks: an odd count, the last unit half empty */
+      {2, 5, 73728, 2},     /* MLA pages of 64 tokens */
+      {1, 128, 73728, 3},   /* an 8K-token MLA layer: 128 runs, 8 KB parameter */
+      {1, 248, 73728, 3},   /* the largest 8 KB parameter table */
+      {1, 250, 73728, 4},   /* just over it: device table, runs only */
+      {3, 9, 18432, 2},     /* 4.5 chunks a page */
       {2, 40, 18432, 3},
-      {2, 7, 2560, 2},     /* chunks of 2-3 pages */
-      {2, 150, 2560, 3},   /* multi-piece chunks through the device table */
+      {2, 7, 2560, 2},      /* chunks of 2-3 pages */
+      {2, 150, 2560, 4},    /* multi-piece chunks through the device table */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     for (int copy = 0; copy < 2; copy++) {
@@ -331,8 +338,9 @@ static void check_results_kept(xg *g, k3k_xdev_t *x) {
 static void check_close_running(xg *g) {
   enum { N = 6 };
   k3k_xdev_t *x = NULL;
-  if (k3k_xdev_open(g->be, &x)) {
+  if (k3k_xdev_open(g->be, &x) || k3k_cuda_xdev_set_kernel(x, g->kernel)) {
     xg_record(g, false, "second xdev: open");
+    if (x) k3k_xdev_close(x);
     return;
   }
   static dlay D[N];
@@ -444,17 +452,27 @@ int main(int argc, char **argv) {
     printf("FAIL k3k_xdev_open: %s\n0 passed, 1 failed\n", k3_strerror(rc));
     return 1;
   }
-  printf("k3k-gpu-xdev: seed=0x%llx\n", (unsigned long long)g.seed);
-  check_device(&g, x);
-  check_empty(&g, x);
-  check_errors(&g, x);
-  check_random(&g, x);
-  check_edges(&g, x);
-  check_pages(&g, x);
-  check_sequence(&g, x);
-  check_in_flight(&g, x);
-  check_results_kept(&g, x);
-  check_close_running(&g);
+  printf("k3k-gpu-xdev: seed=0x%llx, default kernel %d (K3PD_XDEV_KERNEL)\n", (unsigned long long)g.seed,
+         k3k_cuda_xdev_kernel(x));
+  const int dflt = k3k_cuda_xdev_kernel(x);
+  for (g.kernel = 1; g.kernel <= 2; g.kernel++) { /* every case for both kernels */
+    if (k3k_cuda_xdev_set_kernel(x, g.kernel)) {
+      xg_record(&g, false, "k3k_cuda_xdev_set_kernel(%d)", g.kernel);
+      continue;
+    }
+    check_device(&g, x);
+    check_empty(&g, x);
+    check_errors(&g, x);
+    check_random(&g, x);
+    check_edges(&g, x);
+    check_pages(&g, x);
+    check_sequence(&g, x);
+    check_in_flight(&g, x);
+    check_results_kept(&g, x);
+    check_close_running(&g);
+  }
+  g.kernel = 0;
+  if (k3k_cuda_xdev_set_kernel(x, dflt)) xg_record(&g, false, "k3k_cuda_xdev_set_kernel(%d)", dflt);
   if (perf) xg_perf(&g, x);
   k3k_xdev_close(x);
   k3k_backends_shutdown();

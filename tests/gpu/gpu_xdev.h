@@ -17,6 +17,7 @@ typedef struct {
   int passed, failed;
   uint64_t seed;
   k3k_backend_t *be;
+  int kernel; /* the kernel the checks run (1 or 2, k3k_cuda_xdev_set_kernel); 0: none named */
 } xg;
 
 void xg_record(xg *g, bool ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -48,7 +49,7 @@ bool dlay_check(xg *g, const dlay *D, const uint64_t *got, const char *what);
 /* Polls until done (or ~20 s): 1, or the error / 0 on timeout. */
 int xg_wait(k3k_xjob_t *j, uint64_t *digests);
 
-/* --perf: the table (gpu_xdev_perf.c). */
+/* --perf: the table (gpu_xdev_perf.c), both kernels side by side. */
 void xg_perf(xg *g, k3k_xdev_t *x);
 
 #endif

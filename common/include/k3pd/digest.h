@@ -14,7 +14,7 @@
  *   an empty region: XXH3-64 of zero bytes.
  *
  * The CPU reference is this file's implementation over libxxhash; the GPU kernel
- * (kernels/cuda/xdev.cu) computes the chunk digests and the host finishes with
+ * (kernels/cuda/xdev_kernels.cu) computes the chunk digests and the host finishes with
  * k3_digest_combine. Changing the chunk size or the combination changes the wire version.
  *
  * Threads: a k3_digest_t is used by one thread at a time; the free functions are pure. */
