@@ -72,6 +72,8 @@ static void resv_release(k3_xfer_recv_t *r, resv_t *v) {
   free(v->known);
   free(v->vdigest);
   free(v->landed);
+  free(v->pend_reg);
+  free(v->pend_want);
   free(v);
   if (r->opts.on_release) r->opts.on_release(r->opts.ud, id, owner);
 }
@@ -101,6 +103,7 @@ static int make_desc(k3_xfer_recv_t *r, resv_t *v, uint32_t lease_ms, k3_xfer_de
   /* A new epoch forgets what earlier attempts announced. */
   memset(v->known, 0, v->desc->n_regions);
   memset(v->landed, 0, (size_t)v->desc->n_regions * sizeof(uint64_t));
+  v->pend_n = v->pend_layers = 0;
   v->verdict = 0;
   v->desc->epoch = r->next_epoch++;
   v->desc->lease_expiry_ms = k3_wall_ms() + lease_ms;
@@ -181,6 +184,9 @@ int k3_xfer_recv_reserve(k3_xfer_recv_t *r, const k3_xfer_layout_t *layout, uint
   v->landed = calloc(d->n_regions, sizeof(uint64_t));
   if (!v->known || !v->vdigest || !v->landed) goto fail;
   for (uint32_t i = 0; i < d->n_regions; i++) v->any_dev |= xf_region_dev(v, i);
+  if (v->any_dev && (!(v->pend_reg = calloc(d->n_regions, sizeof(uint32_t))) ||
+                     !(v->pend_want = calloc(d->n_regions, sizeof(uint64_t)))))
+    goto fail;
   v->serial = ++r->next_serial;
   if (make_desc(r, v, lease_ms, out_desc)) goto fail;
   v->state = RS_LIVE;
@@ -190,7 +196,7 @@ int k3_xfer_recv_reserve(k3_xfer_recv_t *r, const k3_xfer_layout_t *layout, uint
   return 0;
 fail:
   k3_xfer_desc_free(d);
-  if (v) free(v->known), free(v->vdigest), free(v->landed);
+  if (v) free(v->known), free(v->vdigest), free(v->landed), free(v->pend_reg), free(v->pend_want);
   free(v);
   return rc;
 }

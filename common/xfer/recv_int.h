@@ -30,6 +30,12 @@ typedef struct resv {
   uint32_t rx_pending; /* rendezvous receives into this memory still in flight (any epoch) */
   uint32_t jobs_out;   /* device verification jobs over this memory still running (any epoch) */
   bool any_dev;        /* some region lies in a K3_XFER_MEM_CUDA pool */
+  /* Device regions announced by LAYERs of the current epoch, not yet submitted: every LAYER
+   * handled in one drive goes out as ONE verification job (a job costs a launch and a round
+   * trip whatever its size; a finished state's layers arrive together). n_regions capacity. */
+  uint32_t *pend_reg;
+  uint64_t *pend_want;
+  uint32_t pend_n, pend_layers;
 } resv_t;
 
 /* A device verification job: hashes some regions of one reservation (its own addresses). With
@@ -39,8 +45,7 @@ typedef struct xf_vjob {
   resv_t *v;
   uint64_t epoch;
   void *job;
-  uint32_t layer;
-  bool is_layer;
+  uint32_t n_layers; /* LAYERs this job verifies (0: DONE's remainder) */
   uint32_t n;
   uint32_t *regions; /* n region ids */
   uint64_t *want;    /* n announced digests (LAYER) or NULL */
@@ -72,6 +77,9 @@ int xf_for_extents(const resv_t *v, uint32_t reg, int (*fn)(void *, uint64_t, ui
 /* recv_verify.c */
 /* Polls the running verification jobs; records digests/verdicts; returns work done. */
 uint64_t xf_recv_jobs_pump(k3_xfer_recv_t *r);
+/* Submits the reservation's pending LAYER verifications as one job (nothing when none). On a
+ * refused job the regions stay unverified: DONE hashes what is left. */
+void xf_recv_flush_pending(k3_xfer_recv_t *r, resv_t *v);
 /* Waits for and frees every job (receiver free). */
 void xf_recv_jobs_release_all(k3_xfer_recv_t *r);
 

@@ -75,7 +75,7 @@ static void vjob_free(xf_vjob_t *j) {
 /* Submits a hash-only job over regions[0..n) of v (our own addresses). want: the digests to
  * compare with (copied) or NULL. Returns 0 or K3_E*; on error nothing is queued. */
 static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, uint32_t n,
-                         const uint64_t *want, bool is_layer, uint32_t layer) {
+                         const uint64_t *want, uint32_t n_layers) {
   xf_vjob_t *j = calloc(1, sizeof *j);
   segv_t sv = {0};
   uint32_t *first = malloc(((size_t)n + 1) * sizeof *first);
@@ -101,8 +101,7 @@ static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, 
   j->v = v;
   j->epoch = v->desc->epoch;
   j->n = n;
-  j->is_layer = is_layer;
-  j->layer = layer;
+  j->n_layers = n_layers;
   v->jobs_out++;
   j->next = r->jobs;
   r->jobs = j;
@@ -138,11 +137,20 @@ static void job_done(k3_xfer_recv_t *r, xf_vjob_t *j, int prc) {
     v->known[i] = 1;
     v->vdigest[i] = j->got[k];
   }
-  if (j->is_layer) r->ctx->stats.layers_verified++;
+  r->ctx->stats.layers_verified += j->n_layers;
+}
+
+void xf_recv_flush_pending(k3_xfer_recv_t *r, resv_t *v) {
+  if (!v->pend_n) return;
+  uint32_t n = v->pend_n, layers = v->pend_layers;
+  v->pend_n = v->pend_layers = 0;
+  if (v->state != RS_LIVE || v->verdict) return;
+  submit_verify(r, v, v->pend_reg, n, v->pend_want, layers); /* refused: DONE hashes the rest */
 }
 
 uint64_t xf_recv_jobs_pump(k3_xfer_recv_t *r) {
   uint64_t work = 0;
+  for (resv_t *v = r->list; v; v = v->next) xf_recv_flush_pending(r, v);
   for (xf_vjob_t **pp = &r->jobs; *pp;) {
     xf_vjob_t *j = *pp;
     int rc = r->dev.poll(r->dev.ud, j->job, j->got);
@@ -228,10 +236,17 @@ int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
     v->known[i] = 1;
     v->vdigest[i] = got;
   }
-  /* The device part completes in xf_recv_jobs_pump (which counts the layer). Out of memory or a
-   * refused job: not verified now; DONE hashes what is left. */
-  if (ok && n_dev) submit_verify(r, v, dev_regions, n_dev, dev_want, true, m.layer);
-  else if (ok) r->ctx->stats.layers_verified++;
+  /* The device part joins the reservation's pending verification (one job for every LAYER of
+   * this drive, submitted by xf_recv_jobs_pump or before a DONE is judged), which counts the
+   * layer when it completes. A refused job: not verified now; DONE hashes what is left. */
+  if (ok && n_dev) {
+    memcpy(v->pend_reg + v->pend_n, dev_regions, (size_t)n_dev * sizeof(uint32_t));
+    memcpy(v->pend_want + v->pend_n, dev_want, (size_t)n_dev * sizeof(uint64_t));
+    v->pend_n += n_dev;
+    v->pend_layers++;
+  } else if (ok) {
+    r->ctx->stats.layers_verified++;
+  }
   free(dev_regions);
   free(dev_want);
   return 0;
@@ -331,6 +346,7 @@ static int must_wait(k3_xfer_recv_t *r, const xf_done_t *dm) {
       v->desc->fingerprint != dm->fingerprint || dm->n_digests != v->desc->n_regions || v->verdict)
     return 0;
   if ((dm->flags & XF_MSG_FLAG_AM_DATA) && still_landing(v, true, 0)) return 1;
+  xf_recv_flush_pending(r, v);
   if (v->jobs_out) return 1;
   if (!v->any_dev) return 0;
   uint32_t *left = malloc((size_t)v->desc->n_regions * sizeof(uint32_t)), n = 0;
@@ -340,7 +356,7 @@ static int must_wait(k3_xfer_recv_t *r, const xf_done_t *dm) {
   int wait = 0;
   if (n) {
     if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, dm->request_id);
-    if (submit_verify(r, v, left, n, NULL, false, 0)) v->verdict = K3_EDEVICE;
+    if (submit_verify(r, v, left, n, NULL, 0)) v->verdict = K3_EDEVICE;
     else wait = 1;
   }
   free(left);

@@ -86,7 +86,8 @@ static int build_layers(k3_xfer_send_t *s) {
     xf_layer_st_t *ly = &s->layers[d->regions[r].layer];
     s->order[ly->first_region + ly->n_regions++] = r;
   }
-  s->job_digests = calloc(max_n ? max_n : 1, sizeof(uint64_t));
+  (void)max_n;
+  s->job_digests = calloc(d->n_regions ? d->n_regions : 1, sizeof(uint64_t)); /* a job may span layers */
   return s->job_digests ? 0 : K3_ENOMEM;
 }
 

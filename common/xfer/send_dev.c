@@ -192,19 +192,19 @@ int xf_send_choose_path(k3_xfer_send_t *s) {
 
 /* ---- device jobs ------------------------------------------------------------------------- */
 
-/* Segments of one layer: region by region in the layer's order, each region's byte stream cut
- * wherever the source or (cuda-ipc) the destination stops being contiguous. */
-static int build_segs(k3_xfer_send_t *s, const xf_layer_st_t *ly, k3_xfer_seg_t **segs_out,
+/* Segments of the regions order[r0 .. r0 + nr) (whole layers): region by region, each region's
+ * byte stream cut wherever the source or (cuda-ipc) the destination stops being contiguous. */
+static int build_segs(k3_xfer_send_t *s, uint32_t r0, uint32_t nr, k3_xfer_seg_t **segs_out,
                       uint32_t **first_out, uint32_t *n_out, uint64_t *bytes_out) {
   const k3_xfer_desc_t *d = s->desc;
   bool copy = s->mode == XM_JOB;
   uint32_t cap = 64, n = 0;
   k3_xfer_seg_t *segs = malloc(cap * sizeof *segs);
-  uint32_t *first = malloc(((size_t)ly->n_regions + 1) * sizeof *first);
+  uint32_t *first = malloc(((size_t)nr + 1) * sizeof *first);
   uint64_t bytes = 0;
   if (!segs || !first) goto oom;
-  for (uint32_t k = 0; k < ly->n_regions; k++) {
-    uint32_t r = s->order[ly->first_region + k];
+  for (uint32_t k = 0; k < nr; k++) {
+    uint32_t r = s->order[r0 + k];
     const k3_xfer_region_t *rg = &d->regions[r];
     first[k] = n;
     for (uint64_t off = 0; off < rg->len_bytes;) {
@@ -225,7 +225,7 @@ static int build_segs(k3_xfer_send_t *s, const xf_layer_st_t *ly, k3_xfer_seg_t 
     bytes += rg->len_bytes;
     s->res.kind_bytes[xf_kind_of(rg)] += copy ? rg->len_bytes : 0; /* ucx-cuda: counted as sent */
   }
-  first[ly->n_regions] = n;
+  first[nr] = n;
   *segs_out = segs;
   *first_out = first;
   *n_out = n;
@@ -237,54 +237,69 @@ oom:
   return K3_ENOMEM;
 }
 
-static int submit_layer(k3_xfer_send_t *s, xf_layer_st_t *ly) {
+/* One job for the consecutive layers l0 .. l0 + nl - 1 (all due): a layer's job costs a launch
+ * and a completion round trip of a few microseconds whatever its size, so layers signalled
+ * together (a transfer of a finished state, or layers that finished while a job was being
+ * submitted) go as one. */
+static int submit_group(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
+  xf_layer_st_t *ly0 = &s->layers[l0], *lyn = &s->layers[l0 + nl - 1];
+  uint32_t r0 = ly0->first_region, nr = lyn->first_region + lyn->n_regions - r0;
   k3_xfer_seg_t *segs;
   uint32_t *first, n;
   uint64_t bytes;
-  int rc = build_segs(s, ly, &segs, &first, &n, &bytes);
+  int rc = build_segs(s, r0, nr, &segs, &first, &n, &bytes);
   if (rc) return rc;
   void *job = NULL;
-  rc = s->dev.submit(s->dev.ud, segs, first, ly->n_regions, xf_notify_wake, s->ctx, &job);
+  rc = s->dev.submit(s->dev.ud, segs, first, nr, xf_notify_wake, s->ctx, &job);
   free(segs);
   free(first);
   if (rc) {
     s->ctx->stats.dev_jobs_failed++;
-    K3_ERROR("xfer: request %llu: device job for layer %u (%u segments) refused: %s",
-             (unsigned long long)s->desc->request_id, ly->layer, n, k3_errname(rc));
+    K3_ERROR("xfer: request %llu: device job for layers %u..%u (%u segments) refused: %s",
+             (unsigned long long)s->desc->request_id, l0, l0 + nl - 1, n, k3_errname(rc));
     return K3_EDEVICE;
   }
   s->ctx->stats.dev_jobs++;
-  ly->job = job;
-  ly->job_state = XJ_OUT;
+  ly0->job = job;
+  ly0->group_n = nl;
+  for (uint32_t i = 0; i < nl; i++) {
+    s->layers[l0 + i].job_state = XJ_OUT;
+    s->layers[l0 + i].group_head = l0;
+  }
   s->jobs_out++;
   if (s->mode == XM_JOB) s->res.bytes += bytes; /* ucx-cuda counts the DATA it sends instead */
   uint64_t now = k3_now_ns();
-  for (uint32_t k = 0; k < ly->n_regions; k++) {
-    uint32_t kind = xf_kind_of(&s->desc->regions[s->order[ly->first_region + k]]);
+  for (uint32_t k = 0; k < nr; k++) {
+    uint32_t kind = xf_kind_of(&s->desc->regions[s->order[r0 + k]]);
     if (!s->kind_first[kind]) s->kind_first[kind] = now;
   }
   return 0;
 }
 
-/* Polls the layer's job; 1 when it finished (released). Digests are kept unless fired. */
-static int poll_layer(k3_xfer_send_t *s, xf_layer_st_t *ly) {
-  int rc = s->dev.poll(s->dev.ud, ly->job, s->job_digests);
+/* Polls the job headed by layer l0; 1 when it finished (released). Digests are kept unless
+ * the send already fired. */
+static int poll_group(k3_xfer_send_t *s, uint32_t l0) {
+  xf_layer_st_t *ly0 = &s->layers[l0];
+  uint32_t nl = ly0->group_n;
+  int rc = s->dev.poll(s->dev.ud, ly0->job, s->job_digests);
   if (rc == 0) return 0;
-  s->dev.release(s->dev.ud, ly->job);
-  ly->job = NULL;
-  ly->job_state = XJ_DONE;
+  s->dev.release(s->dev.ud, ly0->job);
+  ly0->job = NULL;
+  for (uint32_t i = 0; i < nl; i++) s->layers[l0 + i].job_state = XJ_DONE;
   s->jobs_out--;
   if (s->phase == PH_FIRED) return 1; /* desc may be gone: record nothing */
   if (rc < 0) {
     s->ctx->stats.dev_jobs_failed++;
-    K3_ERROR("xfer: request %llu: device job for layer %u failed: %s",
-             (unsigned long long)s->desc->request_id, ly->layer, k3_errname(rc));
+    K3_ERROR("xfer: request %llu: device job for layers %u..%u failed: %s",
+             (unsigned long long)s->desc->request_id, l0, l0 + nl - 1, k3_errname(rc));
     if (!s->status) s->status = K3_EDEVICE;
     return 1;
   }
+  const xf_layer_st_t *lyn = &s->layers[l0 + nl - 1];
+  uint32_t r0 = ly0->first_region, nr = lyn->first_region + lyn->n_regions - r0;
   uint64_t now = k3_now_ns();
-  for (uint32_t k = 0; k < ly->n_regions; k++) {
-    uint32_t r = s->order[ly->first_region + k];
+  for (uint32_t k = 0; k < nr; k++) {
+    uint32_t r = s->order[r0 + k];
     s->digest[r] = s->job_digests[k];
     s->kind_last[xf_kind_of(&s->desc->regions[r])] = now;
   }
@@ -296,15 +311,23 @@ uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now) {
   if (!s->dev_src || s->staged) return 0;
   for (uint32_t l = 0; l < s->n_layers; l++) {
     xf_layer_st_t *ly = &s->layers[l];
-    if (ly->job_state == XJ_OUT) work += (uint64_t)poll_layer(s, ly);
-    if (ly->job_state != XJ_DUE || s->phase == PH_FIRED || s->status) continue;
+    if (ly->job_state == XJ_OUT && ly->group_head == l) work += (uint64_t)poll_group(s, l);
+  }
+  for (uint32_t l = 0; l < s->n_layers;) {
+    if (s->layers[l].job_state != XJ_DUE || s->phase == PH_FIRED || s->status) {
+      l++;
+      continue;
+    }
     if (now >= s->deadline_ns) break; /* pump_one fails the send; never submit late */
-    int rc = submit_layer(s, ly);
+    uint32_t nl = 1;
+    while (l + nl < s->n_layers && s->layers[l + nl].job_state == XJ_DUE) nl++;
+    int rc = submit_group(s, l, nl);
     if (rc) {
       s->status = rc;
       break;
     }
     work++;
+    l += nl;
   }
   return work;
 }
@@ -312,10 +335,10 @@ uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now) {
 void xf_send_dev_release_all(k3_xfer_send_t *s) {
   for (uint32_t l = 0; l < s->n_layers && s->jobs_out; l++) {
     xf_layer_st_t *ly = &s->layers[l];
-    if (ly->job_state != XJ_OUT) continue;
+    if (ly->job_state != XJ_OUT || ly->group_head != l) continue;
     s->dev.release(s->dev.ud, ly->job); /* waits for it */
     ly->job = NULL;
-    ly->job_state = XJ_DONE;
+    for (uint32_t i = 0; i < ly->group_n; i++) s->layers[l + i].job_state = XJ_DONE;
     s->jobs_out--;
   }
 }

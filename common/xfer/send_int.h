@@ -41,7 +41,10 @@ typedef struct {
   uint8_t state;
   uint8_t job_state;     /* XJ_* */
   bool flush_out;        /* a flush request for it is outstanding */
-  void *job;             /* dev job while XJ_OUT */
+  void *job;             /* dev job while XJ_OUT, held by the first layer of its group */
+  uint32_t group_n;      /* on a group's first layer: layers in its job (consecutive layers
+                            signalled before the previous job was submitted share one job) */
+  uint32_t group_head;   /* the first layer of the job this layer is in */
   uint32_t first_region, n_regions; /* its regions: order[first_region .. + n_regions) */
 } xf_layer_st_t;
 
@@ -66,7 +69,7 @@ struct k3_xfer_send {
   uint8_t *dbase[K3_XFER_MAX_POOLS];
   xf_layer_st_t *layers;
   uint32_t *order;        /* region ids grouped by layer, ascending inside a layer */
-  uint64_t *job_digests;  /* scratch for dev.poll, max regions of a layer */
+  uint64_t *job_digests;  /* scratch for dev.poll: every region of the descriptor */
   uint32_t jobs_out;      /* device jobs not yet released: the struct lives while > 0 */
   uint32_t layer_flushes_out, layers_announced;
   uint8_t *layer_ready;

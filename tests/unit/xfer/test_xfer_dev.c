@@ -397,10 +397,14 @@ static void expect_ok(int mode, int n, int async_us) {
     ck_assert_uint_eq(sr.st.dev_jobs, 0);
     ck_assert_uint_eq(sr.st.path_bytes[K3_XFER_PATH_STAGED], (uint64_t)n * (S_B + CONV_B + N_TOK * TOK_B) * 2);
   } else {
-    /* One copy+hash job per layer on the sender, one hash job per layer on the receiver (no
-     * DONE remainder), one mapping of the arena for all sends, nothing through UCX data. */
-    ck_assert_uint_eq(sr.st.dev_jobs, 4u * (uint64_t)n);
-    ck_assert_uint_eq(rr.st.dev_jobs, 4u * (uint64_t)n);
+    /* At most one copy+hash job per layer on the sender and one hash job per layer on the
+     * receiver (layers signalled or announced together share a job; no DONE remainder: every
+     * layer was verified from its LAYER, above), one mapping of the arena for all sends,
+     * nothing through UCX data. */
+    ck_assert_msg(sr.st.dev_jobs >= (uint64_t)n && sr.st.dev_jobs <= 4u * (uint64_t)n, "sender jobs %llu",
+                  (unsigned long long)sr.st.dev_jobs);
+    ck_assert_msg(rr.st.dev_jobs >= (uint64_t)n && rr.st.dev_jobs <= 4u * (uint64_t)n, "receiver jobs %llu",
+                  (unsigned long long)rr.st.dev_jobs);
     ck_assert_int_eq(sr.maps, 1);
     /* Per request: S and conv one segment each (x2 layers); each MLA region 4: source runs
      * [0,1024) [1024,1536) [1536,2048) [2048,2368) inside destination runs [0,2048) (pages 0-1
