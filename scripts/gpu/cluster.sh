@@ -272,7 +272,7 @@ part_medium() {
   local name=medium d=$logdir/medium
   mkdir -p "$d"
   local t0; t0=$(date +%s)
-  up "$name" medium 1 1 --prefill-chunk 8192 --num-slots 40 --num-pages 4096 || { stop_all; return; }
+  up "$name" medium 1 1 --prefill-chunk 8192 --num-slots 40 --num-pages 4096 --max-batch 32 || { stop_all; return; }
   echo "medium: cluster up in $(( $(date +%s) - t0 )) s; GPU memory: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader -i "$gpu")"
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader > "$d/mem-idle.txt" 2>&1
   # the monolithic twin, on the same weights (imported): 8K prefill, decode at batch 1 and 32
