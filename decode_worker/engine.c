@@ -99,11 +99,15 @@ static void *engine_main(void *arg) {
   float *logits = malloc((size_t)maxb * (size_t)V * sizeof(float));
   k3_decode_item_t *items = calloc((size_t)maxb, sizeof *items);
   eseq_t **batch = calloc((size_t)maxb, sizeof *batch);
-  if (!logits || !items || !batch) {
+  k3k_sample_cfg_t *cfgs = calloc((size_t)maxb, sizeof *cfgs);
+  int32_t *sampled = calloc((size_t)maxb, sizeof *sampled);
+  if (!logits || !items || !batch || !cfgs || !sampled) {
     K3_ERROR("decode engine: out of memory for batch buffers");
     free(logits);
     free(items);
     free(batch);
+    free(cfgs);
+    free(sampled);
     return NULL;
   }
   bool stop = false;
@@ -176,10 +180,19 @@ static void *engine_main(void *arg) {
      * is served round-robin. */
     int n = 0;
     for (eseq_t *s = run; s && n < maxb; s = s->next) batch[n++] = s;
+    /* Sampling inside the step (the runner samples on the device: greedy rows never copy their
+     * logits out) unless a row wants its token's logprob, which needs the logits here. */
+    bool want_lp = false;
+    for (int i = 0; i < n; i++) want_lp |= batch[i]->admit->want_logprobs;
     for (int i = 0; i < n; i++) {
-      items[i].seq = &batch[i]->admit->seq;
+      dc_msg_t *a = batch[i]->admit;
+      items[i].seq = &a->seq;
       items[i].token = (int32_t)batch[i]->last_token;
-      items[i].logits = logits + (size_t)i * (size_t)V;
+      items[i].logits = want_lp ? logits + (size_t)i * (size_t)V : NULL;
+      cfgs[i] = a->sample;
+      cfgs[i].step = batch[i]->generated;
+      items[i].sample = want_lp ? NULL : &cfgs[i];
+      items[i].sampled = want_lp ? NULL : &sampled[i];
     }
     uint64_t t0 = k3_now_ns();
     int rc = k3_runner_decode_step(w->runner, items, n, err, sizeof err);
@@ -200,7 +213,7 @@ static void *engine_main(void *arg) {
         k3k_sample_cfg_t cfg = a->sample;
         cfg.step = s->generated;
         int32_t tok = 0;
-        int src = k3k_sample_row(items[i].logits, V, &cfg, &tok);
+        int src = want_lp ? k3k_sample_row(items[i].logits, V, &cfg, &tok) : (tok = sampled[i], 0);
         if (src) {
           if (o) {
             o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR;
@@ -267,6 +280,8 @@ static void *engine_main(void *arg) {
   free(logits);
   free(items);
   free(batch);
+  free(cfgs);
+  free(sampled);
   free(ibuf);
   return NULL;
 }

@@ -191,6 +191,14 @@ typedef struct {
   k3_seq_t *seq;   /* seq->len >= 1 (a decode step continues a prefilled sequence) */
   int32_t token;   /* the token to feed (the previously sampled one) */
   float *logits;   /* out: vocab floats; NULL = none */
+  /* Optional: sample the next token inside the step with this configuration (seed and step as
+   * the caller would give k3k_sample_row) into *sampled. When EVERY item of a call sets it and
+   * none wants logits, a device backend samples on the device (greedy rows never leave it:
+   * n ids come back instead of n x vocab floats; k3k.h SAMPLE is the same pure function as
+   * k3k_sample_row, so the token is the one host sampling would pick); otherwise the runner
+   * samples the rows on the host from their logits. NULL = not sampled here. */
+  const struct k3k_sample_cfg *sample;
+  int32_t *sampled;
 } k3_decode_item_t;
 
 /* One decode step for each of n sequences (recurrent KDA step, absorbed paged MLA decode).

@@ -328,7 +328,7 @@ typedef struct {
  *      last kept one if rounding leaves none).
  * NaN logits count as −inf. Prefill samples step 0, decode continues with steps 1..n: same
  * seed+step → same token. */
-typedef struct {
+typedef struct k3k_sample_cfg {
   float temperature; /* <= 0 → greedy */
   int32_t top_k;     /* <= 0 → no limit */
   float top_p;       /* >= 1 or <= 0 → no limit */

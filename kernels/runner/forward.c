@@ -347,8 +347,46 @@ int k3_runner_decode_step(k3_runner_t *r, k3_decode_item_t *items, int n, char *
     ps.n_tok = n;
     ps.tok = tok;
     ps.decode = true;
-    rc = r->gd ? rn_gd_decode(r, &ps, dst, err, errlen)
-               : rn_forward(r, &ps, dst, NULL, NULL, false, err, errlen);
+    /* Sampling inside the step (k3_decode_item_t.sample): on the device when every item asks
+     * for it and none for logits (rn_gd_decode), else on the host from each row's logits. */
+    bool all_sample = true, any_sample = false;
+    for (int i = 0; i < n; i++) {
+      bool sm = items[i].sample && items[i].sampled;
+      all_sample &= sm && !items[i].logits;
+      any_sample |= sm;
+    }
+    const char *ds = getenv("K3PD_DEVICE_SAMPLE");
+    bool dev_sample = r->gd && all_sample && !(ds && !strcmp(ds, "0"));
+    k3k_sample_cfg_t *cfgs = NULL;
+    int32_t *ids = NULL;
+    float *tmp = NULL;
+    if (dev_sample) {
+      cfgs = malloc((size_t)n * sizeof *cfgs);
+      ids = malloc((size_t)n * sizeof *ids);
+      if (!cfgs || !ids) rc = K3_ENOMEM;
+      for (int i = 0; i < n && !rc; i++) cfgs[i] = *items[i].sample;
+    } else if (any_sample) { /* rows sampled on the host need their logits */
+      for (int i = 0; i < n && !rc; i++)
+        if (items[i].sample && items[i].sampled && !dst[i]) {
+          if (!tmp && !(tmp = malloc((size_t)n * (size_t)k3_runner_vocab(r) * sizeof(float)))) rc = K3_ENOMEM;
+          if (tmp) dst[i] = tmp + (size_t)i * (size_t)k3_runner_vocab(r);
+        }
+    }
+    if (!rc)
+      rc = r->gd ? rn_gd_decode(r, &ps, dst, dev_sample ? cfgs : NULL, ids, err, errlen)
+                 : rn_forward(r, &ps, dst, NULL, NULL, false, err, errlen);
+    for (int i = 0; i < n && !rc && any_sample; i++) {
+      if (!items[i].sample || !items[i].sampled) continue;
+      if (dev_sample) {
+        *items[i].sampled = ids[i];
+      } else {
+        rc = k3k_sample_row(dst[i], k3_runner_vocab(r), items[i].sample, items[i].sampled);
+        if (rc) rn_seterr(err, errlen, "runner: sampling row %d failed: %s", i, k3_strerror(rc));
+      }
+    }
+    free(cfgs);
+    free(ids);
+    free(tmp);
     for (int i = 0; i < n && !rc; i++) items[i].seq->len += 1;
   }
   free(ps.seq);

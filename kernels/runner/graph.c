@@ -44,6 +44,8 @@ typedef struct {
 struct rn_gd {
   int32_t *hmeta;   /* host staging of the metadata block, meta_ints */
   void *dmeta;      /* its fixed device copy */
+  void *dids;       /* sampled ids of one step (device sampling), max_batch_seqs int32: a
+                     * buffer of its own, never the workspace arena a replayed graph owns */
   size_t meta_ints;
   int maxp_cap;     /* widest page table: the whole page pool */
   float *hlog;      /* host staging of the logits of one step, max_batch_seqs x vocab */
@@ -155,8 +157,10 @@ int rn_gd_init(k3_runner_t *r, char *err, size_t errlen) {
   }
   int rc = g->hmeta && g->hlog ? 0 : K3_ENOMEM;
   if (!rc) rc = r->be->alloc(r->be, g->meta_ints * 4, &g->dmeta);
+  if (!rc) rc = r->be->alloc(r->be, (size_t)B * 4 + 64, &g->dids);
   if (rc) {
     rn_seterr(err, errlen, "runner: no memory for the decode metadata (%zu ids)", g->meta_ints);
+    if (g->dmeta) r->be->free(r->be, g->dmeta);
     host_free(g);
     free(g);
     return rc;
@@ -180,6 +184,7 @@ void rn_gd_free(k3_runner_t *r) {
   if (!g) return;
   rn_gd_drop(r);
   if (g->dmeta) r->be->free(r->be, g->dmeta);
+  if (g->dids) r->be->free(r->be, g->dids);
   host_free(g);
   free(g);
   r->gd = NULL;
@@ -300,7 +305,8 @@ static int build_meta(k3_runner_t *r, rn_pass_t *ps, int *ctxb_out) {
   return 0;
 }
 
-int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, char *err, size_t errlen) {
+int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, const k3k_sample_cfg_t *sample_cfgs,
+                 int32_t *sampled_ids, char *err, size_t errlen) {
   struct rn_gd *g = r->gd;
   k3k_backend_t *be = r->be;
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(be);
@@ -351,9 +357,19 @@ int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, char *err
     }
   }
   if (e) e->used = ++g->tick;
-  if (!rc) rc = be->copy_to_host(be, g->hlog, lg.data, (size_t)n * (size_t)V * 4);
-  for (int s = 0; s < n && !rc; s++)
-    if (row_dst && row_dst[s]) memcpy(row_dst[s], g->hlog + (size_t)s * V, (size_t)V * 4);
+  if (!rc && sample_cfgs) {
+    /* Sampled on the device: greedy rows are an argmax there, n ids come back (k3k.h SAMPLE:
+     * the same pure function as k3k_sample_row). */
+    k3k_tensor_t ids = k3k_tensor_1d(be, K3K_I32, g->dids, n);
+    k3k_sample_params_t sp = {.n_rows = n, .rows = sample_cfgs};
+    rc = k3k_sample(be, &sp, &lg, &ids);
+    if (!rc) rc = be->copy_to_host(be, sampled_ids, ids.data, (size_t)n * 4);
+    if (rc && err && !err[0]) rn_seterr(err, errlen, "runner: device sampling failed: %s", k3_strerror(rc));
+  } else {
+    if (!rc) rc = be->copy_to_host(be, g->hlog, lg.data, (size_t)n * (size_t)V * 4);
+    for (int s = 0; s < n && !rc; s++)
+      if (row_dst && row_dst[s]) memcpy(row_dst[s], g->hlog + (size_t)s * V, (size_t)V * 4);
+  }
   if (!rc && be->synchronize) rc = be->synchronize(be);
   rn_trust(r, false);
   if (rc && err && !err[0]) rn_seterr(err, errlen, "runner: decode failed: %s", k3_strerror(rc));

@@ -307,7 +307,10 @@ static inline int rn_dev_kda_decode(k3_runner_t *r, const rn_layer_t *L, int ki,
 int rn_gd_init(k3_runner_t *r, char *err, size_t errlen);
 void rn_gd_free(k3_runner_t *r);
 void rn_gd_drop(k3_runner_t *r); /* destroys every captured graph */
-int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, char *err, size_t errlen);
+/* sample_cfgs (n rows, or NULL): sample every row on the device with the k3k SAMPLE op into
+ * sampled_ids (host) instead of copying the logits out (row_dst is then not used). */
+int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, const k3k_sample_cfg_t *sample_cfgs,
+                 int32_t *sampled_ids, char *err, size_t errlen);
 void rn_trust(k3_runner_t *r, bool on);
 int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t *ids,
                   const k3k_tensor_t *y);
@@ -330,7 +333,8 @@ static inline int rn_dev_add_mix_norm(k3_runner_t *r, const k3k_tensor_t *a, con
 static inline int rn_gd_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
 static inline void rn_gd_free(k3_runner_t *r) {}
 static inline void rn_gd_drop(k3_runner_t *r) {}
-static inline int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, char *err,
+static inline int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst,
+                               const k3k_sample_cfg_t *sample_cfgs, int32_t *sampled_ids, char *err,
                                size_t errlen) {
   return K3_ENOTSUP; /* never called: r->gd stays NULL without the CUDA backend */
 }

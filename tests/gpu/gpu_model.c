@@ -114,7 +114,7 @@ static int prefill(k3_runner_t *r, gseq_t *q, const int32_t *tok, int64_t n, flo
 
 static int decode(k3_runner_t *r, gseq_t *q, int32_t tok, float *logits) {
   char err[512] = "";
-  k3_decode_item_t d = {&q->s, tok, logits};
+  k3_decode_item_t d = {.seq = &q->s, .token = tok, .logits = logits};
   int rc = k3_runner_decode_step(r, &d, 1, err, sizeof err);
   if (rc) fprintf(stderr, "decode: %s (%s)\n", err, k3_strerror(rc));
   return rc;

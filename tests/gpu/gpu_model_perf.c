@@ -78,9 +78,9 @@ static int decode_n(k3_runner_t *r, hseq_t *q, int n, int32_t tok, float *logits
   k3_decode_item_t *d = calloc((size_t)n, sizeof *d);
   if (!d) return K3_ENOMEM;
   for (int i = 0; i < n; i++)
-    d[i] = (k3_decode_item_t){&q[i].s,
-                              (int32_t)(((int64_t)tok + 7919 * (int64_t)i) % (k3_runner_vocab(r) - 1024)),
-                              logits ? logits + (size_t)i * k3_runner_vocab(r) : NULL};
+    d[i] = (k3_decode_item_t){.seq = &q[i].s,
+                              .token = (int32_t)(((int64_t)tok + 7919 * (int64_t)i) % (k3_runner_vocab(r) - 1024)),
+                              .logits = logits ? logits + (size_t)i * k3_runner_vocab(r) : NULL};
   int rc = k3_runner_decode_step(r, d, n, err, sizeof err);
   if (rc) fprintf(stderr, "decode of %d sequences: %s (%s)\n", n, err, k3_strerror(rc));
   free(d);

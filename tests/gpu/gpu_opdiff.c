@@ -165,7 +165,7 @@ static int run_workload(k3_runner_t *r, res_t *o, bool observe) {
   for (int i = 0; i < SPLIT_K && !rc; i++) {
     if (observe) od_shadow_set(OD_ALL, 0, i == 0);
     od_shadow_tag("decode");
-    k3_decode_item_t d = {&q[3].s, stok[SPLIT_T - SPLIT_K + i], o->split};
+    k3_decode_item_t d = {.seq = &q[3].s, .token = stok[SPLIT_T - SPLIT_K + i], .logits = o->split};
     rc = k3_runner_decode_step(r, &d, 1, err, sizeof err);
   }
   if (observe) od_shadow_print_summary("4 decode steps");

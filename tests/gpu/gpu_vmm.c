@@ -86,7 +86,7 @@ static float *run_seq(k3_runner_t *r) {
   int rc = k3_runner_seq_reserve(r, &s, 44);
   if (!rc) rc = k3_runner_prefill(r, &it, 1, NULL, NULL, err, sizeof err);
   for (int i = 0; i < 3 && !rc; i++) {
-    k3_decode_item_t d = {&s, 5 + i, lg};
+    k3_decode_item_t d = {.seq = &s, .token = 5 + i, .logits = lg};
     rc = k3_runner_decode_step(r, &d, 1, err, sizeof err);
   }
   k3_runner_seq_release(r, &s);

@@ -131,7 +131,7 @@ static float *run_seq(k3_runner_t *r) {
   char err[512];
   ck_assert_msg(k3_runner_prefill(r, &it, 1, NULL, NULL, err, sizeof err) == 0, "%s", err);
   for (int i = 0; i < 2; i++) {
-    k3_decode_item_t d = {&s, 40 + i, lg};
+    k3_decode_item_t d = {.seq = &s, .token = 40 + i, .logits = lg};
     ck_assert_msg(k3_runner_decode_step(r, &d, 1, err, sizeof err) == 0, "%s", err);
   }
   k3_runner_seq_release(r, &s);

@@ -101,7 +101,7 @@ static void prefill1(k3_runner_t *r, tseq_t *s, int stream, int64_t from, int64_
 }
 
 static void decode1(k3_runner_t *r, tseq_t *s, int32_t id, float *lg) {
-  k3_decode_item_t d = {&s->seq, id, lg};
+  k3_decode_item_t d = {.seq = &s->seq, .token = id, .logits = lg};
   char err[512];
   int rc = k3_runner_decode_step(r, &d, 1, err, sizeof err);
   ck_assert_msg(rc == 0, "decode: %s", err);
@@ -190,7 +190,7 @@ START_TEST(test_batch_invariance) {
     ids[i] = malloc((size_t)L[i] * 4);
     for (int64_t t = 0; t < L[i]; t++) ids[i][t] = tok(i, t);
     it[i] = (k3_prefill_item_t){&s[i].seq, ids[i], L[i], batch + i * V, false};
-    d[i] = (k3_decode_item_t){&s[i].seq, 5, db + i * V};
+    d[i] = (k3_decode_item_t){.seq = &s[i].seq, .token = 5, .logits = db + i * V};
   }
   char err[512];
   ck_assert_msg(k3_runner_prefill(r, it, 4, NULL, NULL, err, sizeof err) == 0, "%s", err);

@@ -132,7 +132,7 @@ static int generate_again(k3_runner_t *r, const gen_args_t *a, const int32_t *pr
     if (k3k_sample_row(logits, V, &sc, &id)) return 1;
     out_ids[n++] = id;
     if ((!a->ignore_eos && is_stop(k3_runner_config(r), id)) || step + 1 == a->max_new) break;
-    k3_decode_item_t d = {seq, id, logits};
+    k3_decode_item_t d = {.seq = seq, .token = id, .logits = logits};
     if (k3_runner_decode_step(r, &d, 1, err, sizeof err)) {
       fprintf(stderr, "k3pd-generate: again: decode: %s\n", err);
       return 1;
@@ -234,7 +234,7 @@ static int run(const gen_args_t *a) {
     printf("token %d %d\n", step, id);
     fflush(stdout);
     if ((!a->ignore_eos && is_stop(k3_runner_config(r), id)) || step + 1 == a->max_new) break;
-    k3_decode_item_t d = {&seq, id, logits};
+    k3_decode_item_t d = {.seq = &seq, .token = id, .logits = logits};
     uint64_t ts = k3_now_ns();
     if ((rc = k3_runner_decode_step(r, &d, 1, err, sizeof err))) {
       fprintf(stderr, "k3pd-generate: decode: %s\n", err);

@@ -130,7 +130,7 @@ int gen_perf_batch(k3_runner_t *r, const int32_t *prompt, int64_t n, int batch, 
   for (int st = 0; st < steps + 3 && !rc; st++) {
     if (st == 3) t0 = k3_now_ns(); /* 3 untimed steps: graph capture, workspace growth */
     for (int i = 0; i < batch; i++)
-      d[i] = (k3_decode_item_t){&q[i], (int32_t)((st * 7919 + i * 31 + 13) % (V - 1)), NULL};
+      d[i] = (k3_decode_item_t){.seq = &q[i], .token = (int32_t)((st * 7919 + i * 31 + 13) % (V - 1))};
     rc = k3_runner_decode_step(r, d, batch, err, sizeof err);
   }
   if (rc) {

@@ -183,7 +183,7 @@ int gen_reqs_run(k3_runner_t *r, const gen_reqs_t *q, const k3k_sample_cfg_t *sc
         break;
       }
       if (step + 1 == g->max_new) break;
-      k3_decode_item_t d = {&seq, feed, logits};
+      k3_decode_item_t d = {.seq = &seq, .token = feed, .logits = logits};
       if (k3_runner_decode_step(r, &d, 1, err, sizeof err)) {
         fprintf(stderr, "k3pd-generate: request %d: decode: %s\n", i, err);
         rc = 1;
