@@ -213,6 +213,45 @@ START_TEST(test_batch_invariance) {
 }
 END_TEST
 
+/* Sampling inside the decode step (k3_decode_item_t.sample) gives the token k3k_sample_row picks
+ * from the same step's logits, greedy and drawn, for rows with and without logits wanted. */
+START_TEST(test_step_sampling) {
+  int p = _i;
+  k3_runner_t *r = mk(p, K3_RUNNER_FP32, "cpu-fast", 16, 64);
+  int64_t V = k3_runner_vocab(r);
+  float *lg = malloc((size_t)(4 * V) * 4), *lg2 = malloc((size_t)(4 * V) * 4);
+  tseq_t a[4], b[4];
+  k3_decode_item_t da[4], db[4];
+  k3k_sample_cfg_t cfg[4] = {{.temperature = 0}, {.temperature = 0.9f, .top_k = 50, .seed = 7, .step = 3},
+                             {.temperature = 1.2f, .top_p = 0.9f, .seed = 11, .step = 1}, {.temperature = 0}};
+  int32_t got[4] = {-1, -1, -1, -1};
+  for (int i = 0; i < 4; i++) {
+    seq_init(r, &a[i], 40);
+    seq_init(r, &b[i], 40);
+    prefill1(r, &a[i], i, 0, 9 + 5 * i, NULL);
+    prefill1(r, &b[i], i, 0, 9 + 5 * i, NULL);
+    da[i] = (k3_decode_item_t){.seq = &a[i].seq, .token = 7, .logits = lg + i * V};
+    db[i] = (k3_decode_item_t){.seq = &b[i].seq, .token = 7, .logits = i == 3 ? lg2 + i * V : NULL,
+                               .sample = &cfg[i], .sampled = &got[i]};
+  }
+  char err[512];
+  ck_assert_msg(k3_runner_decode_step(r, da, 4, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(k3_runner_decode_step(r, db, 4, err, sizeof err) == 0, "%s", err);
+  for (int i = 0; i < 4; i++) {
+    int32_t want = -2;
+    ck_assert_int_eq(k3k_sample_row(lg + i * V, V, &cfg[i], &want), 0);
+    ck_assert_msg(got[i] == want, "%s row %d: sampled in the step %d, from the logits %d", PRESETS[p], i, got[i],
+                  want);
+    k3_runner_seq_release(r, &a[i].seq);
+    k3_runner_seq_release(r, &b[i].seq);
+  }
+  ck_assert_msg(memcmp(lg + 3 * V, lg2 + 3 * V, (size_t)V * 4) == 0, "row 3's logits differ");
+  k3_runner_free(r);
+  free(lg);
+  free(lg2);
+}
+END_TEST
+
 /* Layer callback: counts calls and checks they come in layer order. */
 typedef struct {
   int calls, next;
@@ -517,6 +556,7 @@ int main(void) {
   } tests[] = {{"prefill_vs_decode_fp32", test_prefill_vs_decode_fp32},
                {"prefill_vs_decode_bf16", test_prefill_vs_decode_bf16},
                {"batch_invariance", test_batch_invariance},
+               {"step_sampling", test_step_sampling},
                {"export_import", test_export_import},
                {"chunked_prefill", test_chunked_prefill},
                {"reference_vs_fast", test_reference_vs_fast},
