@@ -103,8 +103,12 @@ static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, 
   j->n = n;
   j->n_layers = n_layers;
   v->jobs_out++;
-  j->next = r->jobs;
-  r->jobs = j;
+  /* FIFO: jobs complete in submission order (one stream), so the pump stops at the first
+   * still running. */
+  j->next = NULL;
+  xf_vjob_t **tail = &r->jobs;
+  while (*tail) tail = &(*tail)->next;
+  *tail = j;
   j = NULL;
 out:
   if (j) vjob_free(j);
@@ -154,10 +158,7 @@ uint64_t xf_recv_jobs_pump(k3_xfer_recv_t *r) {
   for (xf_vjob_t **pp = &r->jobs; *pp;) {
     xf_vjob_t *j = *pp;
     int rc = r->dev.poll(r->dev.ud, j->job, j->got);
-    if (rc == 0) {
-      pp = &j->next;
-      continue;
-    }
+    if (rc == 0) break; /* the later ones are behind it on the same stream */
     r->dev.release(r->dev.ud, j->job);
     *pp = j->next;
     job_done(r, j, rc);

@@ -105,7 +105,12 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   if (!o.deadline_ms) o.deadline_ms = 30000;
   if (!o.max_inflight) o.max_inflight = 32;
   if ((unsigned)o.path >= K3_XFER_PATH_COUNT) return K3_EINVAL;
-  bool staged = o.stage && o.stage->d2h;
+  /* Staging (d2h through host buffers) is for host receiver pools only: device sources into
+   * device pools go device to device even when the caller also offers staging hooks (a
+   * worker offers both and lets each descriptor decide). */
+  bool dev_pools = false;
+  for (uint32_t p = 0; p < desc->n_pools; p++) dev_pools |= desc->pools[p].mem == K3_XFER_MEM_CUDA;
+  bool staged = o.stage && o.stage->d2h && !(o.dev && dev_pools);
   if (check_sources(desc, srcs, staged)) return K3_EINVAL;
   int64_t left_ms = desc->lease_expiry_ms - k3_wall_ms();
   if (left_ms <= 0) {

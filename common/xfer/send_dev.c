@@ -309,10 +309,19 @@ static int poll_group(k3_xfer_send_t *s, uint32_t l0) {
 uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now) {
   uint64_t work = 0;
   if (!s->dev_src || s->staged) return 0;
+  /* Jobs run in submission order on the hooks' one stream, and groups are submitted in layer
+   * order: poll from the oldest and stop at the first still running (a drive costs one query,
+   * not one per job in flight). */
   for (uint32_t l = 0; l < s->n_layers; l++) {
     xf_layer_st_t *ly = &s->layers[l];
-    if (ly->job_state == XJ_OUT && ly->group_head == l) work += (uint64_t)poll_group(s, l);
+    if (ly->job_state != XJ_OUT || ly->group_head != l) continue;
+    if (!poll_group(s, l)) break;
+    work++;
   }
+  /* Submit from the loop's drive, not inside an API call: layers signalled in one loop
+   * iteration (several engine messages drained together, or a finished state) then go as one
+   * job. xf_drive_api schedules that drive at once (idle handle). */
+  if (s->ctx->api_drive) return work;
   for (uint32_t l = 0; l < s->n_layers;) {
     if (s->layers[l].job_state != XJ_DUE || s->phase == PH_FIRED || s->status) {
       l++;

@@ -9,6 +9,9 @@ extern "C" int k3k_cuda_dev_copy(k3k_backend_t *be, void *dst, const void *src, 
   if (!cx) return K3_EINVAL;
   cudaError_t e = cudaSetDevice(cx->device);
   if (e == cudaSuccess) e = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+  /* device to device, cudaMemcpy returns before the copy finished: wait for it (this stream
+   * only: the backend's and the xdev's streams are non-blocking, so they are not waited for) */
+  if (e == cudaSuccess) e = cudaStreamSynchronize(0);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     K3_ERROR("cuda: copy of %zu bytes (%p -> %p) failed: %s", n, src, dst, cudaGetErrorString(e));

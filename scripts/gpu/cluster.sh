@@ -91,7 +91,8 @@ up() {
   shift 4
   local ma; ma=$(model_args "$model")
   local d=$logdir/$name
-  mkdir -p "$d" "$work/$name.share" "$work/$name.ipc"
+  mkdir -p "$d"
+  mkdir -p -m 700 "$work/$name.share" "$work/$name.ipc"
   # shellcheck disable=SC2086
   k3pd-router $ma --listen 127.0.0.1:0 --port-file "$work/$name.port" --drain-grace-ms 2000 \
     > "$d/router.log" 2>&1 &
@@ -256,7 +257,7 @@ part_faults() {
   local role=decode; [ "$victim" = "${pids[2]}" ] && role=prefill
   # shellcheck disable=SC2086
   k3pd-$role $ma --backend cuda --precision bf16 --gpu "$gpu" --router "$ROUTER" --listen 127.0.0.1:0 \
-    --share-weights "$work/$name.share" --worker-id "$role-again" --ipc-dir "$work/$name.ipc" \
+    --share-weights "$work/$name.share" --worker-id "$role-again" $([ $role = decode ] && echo --ipc-dir "$work/$name.ipc") \
     > "$logdir/$name/$role-again.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 600); do grep -q "registered with router" "$logdir/$name/$role-again.log" && break; sleep 0.1; done
