@@ -42,7 +42,9 @@ if [ -d "$bundle" ]; then k=$(cd "$bundle" && pwd); else k=$work/k; mkdir -p "$k
 B=$k/bin
 [ -x "$B/k3pd-router" ] || B=$k # a build tree's layout: pass each binary's directory in PATH
 export PATH=$B:$PATH:/usr/local/cuda/bin
-export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
+# the bundle's libraries first: its binaries' RUNPATH reaches their direct dependencies only,
+# and the GPU host's own (older, CUDA-less) libuct must not satisfy libucp's
+export LD_LIBRARY_PATH=$k/lib:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 cfg4=$root/tests/gpu/data/k3-medium-4l16e.json
 cfg48=$root/tests/gpu/data/kl48b-4l.json
 # the conc and faults parts run on the 4-layer real-shape config; the CPU self-test of this

@@ -3,8 +3,8 @@
 # the GPU host lacks into one tarball (C-STACK.md §8: the GPU host has CUDA, NCCL and the driver
 # but no grpc, libuv, protobuf-c, check, or a CUDA-enabled UCX, and no network):
 #   bin/  k3pd-router k3pd-prefill k3pd-decode k3pd-cli k3pd-bench k3pd-generate k3pd-mkckpt
-#         k3pd-xfer-bench and the GPU test programs (k3k-gpu-*), every one with RUNPATH
-#         $ORIGIN/../lib
+#         k3pd-xfer-bench and the GPU test programs (k3k-gpu-*), every one with RPATH
+#         $ORIGIN/../lib (DT_RPATH: it also serves their libraries' dependencies)
 #   lib/  the shared-library closure of those binaries except what the GPU host provides (glibc,
 #         libstdc++/libgcc, the CUDA libraries, the driver), with UCX 1.13.1 rebuilt from
 #         Debian's source WITH CUDA (scripts/gpu/build-ucx.sh) in place of Debian's libucp/uct/
@@ -27,8 +27,12 @@ export PATH=$PATH:/usr/local/cuda/bin
 bash scripts/gpu/build-ucx.sh "$work/ucx"
 # RUNPATH $ORIGIN/../lib: the packed binaries find the packed libraries wherever the tarball is
 # unpacked; in the build tree the directory does not exist and the system's libraries are used.
+# DT_RPATH (--disable-new-dtags), not DT_RUNPATH: an executable's RPATH is searched for its
+# libraries' own dependencies too (libgrpc's libcares, libucp's libuct), RUNPATH only for its
+# direct ones, and the GPU host has an older libuct of its own that must not be picked up.
 cmake -S . -B "$work/cmake" -DK3PD_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_BUILD_RPATH='$ORIGIN/../lib' -DCMAKE_SKIP_BUILD_RPATH=OFF >/dev/null
+  -DCMAKE_BUILD_RPATH='$ORIGIN/../lib' -DCMAKE_SKIP_BUILD_RPATH=OFF \
+  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags >/dev/null
 cmake --build "$work/cmake" -j"$jobs"
 stage=$work/stage
 rm -rf "$stage"
