@@ -20,6 +20,8 @@ const double K3PD_OVERHEAD_BUCKETS[K3PD_OVERHEAD_BUCKETS_N] = {
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
     0.005, 0.01, 0.025, 0.05, 0.1, 0.5};
 
+const double K3PD_PASS_BUCKETS[K3PD_PASS_BUCKETS_N] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256};
+
 static const char *const STATUS_VALUES[] = {
     K3PD_STATUS_OK,          K3PD_STATUS_CANCELLED,          K3PD_STATUS_INVALID_ARGUMENT,
     K3PD_STATUS_DEADLINE_EXCEEDED, K3PD_STATUS_RESOURCE_EXHAUSTED, K3PD_STATUS_UNAVAILABLE,
@@ -110,7 +112,7 @@ static const row_t ROWS[] = {
      "Time the router's loop spent inside libmicrohttpd (reading and parsing HTTP, writing responses)."},
     /* prefill */
     {R_PREFILL, K3PD_M_PREFILL_QUEUED_PROMPT_TOKENS, G, NOL, NOB, PF(queued_prompt_tokens),
-     "Prompt tokens waiting for a prefill batch (the prefill autoscaling signal)."},
+     "Prompt tokens of prompts whose prefill has not finished (the prefill autoscaling signal)."},
     {R_PREFILL, "k3pd_prefill_queued_requests", G, NOL, NOB, PF(queued_requests),
      "Requests waiting for a prefill batch."},
     {R_PREFILL, "k3pd_prefill_running_requests", G, NOL, NOB, PF(running_requests),
@@ -119,6 +121,11 @@ static const row_t ROWS[] = {
      "Prompt tokens prefilled."},
     {R_PREFILL, "k3pd_prefill_forward_seconds", H, NOL, NOB, PF(forward_seconds),
      "Duration of one batched prefill forward pass."},
+    {R_PREFILL, "k3pd_prefill_passes_total", C, NOL, NOB, PF(passes_total),
+     "Prefill forward passes (each takes at most one chunk of every prompt in it)."},
+    {R_PREFILL, "k3pd_prefill_first_token_passes", H, NOL, B(K3PD_PASS_BUCKETS), PF(first_token_passes),
+     "Forward passes a prompt's wait for its first token overlapped (the one running at arrival and its own "
+     "last one included)."},
     {R_PREFILL, "k3pd_prefill_requests_total", C, L("status", STATUS_VALUES), NOB,
      PF(requests_total), "Prefill requests finished, by final status."},
     {R_PREFILL, "k3pd_prefill_handoff_bytes_total", C, L("region", REGION_VALUES), NOB,
