@@ -226,8 +226,6 @@ void rt_req_launch(rt_req_t *q, const rt_sink_t *sink, void *ctx) {
                           .stop_strs = (const char *const *)q->stop_strs,
                           .n_stop_strs = q->n_stop_strs,
                           .skip_special = false};
-  int rc;
-  size_t di, pi;
   int64_t max_ctx = rt_max_context(&rt->reg, 0);
   if (!rt->tok && q->n_stop_strs) {
     rt_req_fail(q, K3_RPC_INVALID_ARGUMENT,
@@ -244,38 +242,8 @@ void rt_req_launch(rt_req_t *q, const rt_sink_t *sink, void *ctx) {
                 q->max_new, (long long)max_ctx);
     goto out;
   }
-  rc = rt_choose_decode(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, &di);
-  if (rc == K3_ECAPACITY) rc = rt_choose_decode_optimistic(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, &di);
-  if (rc == K3_EUNAVAIL) {
-    rt_req_fail(q, K3_RPC_UNAVAILABLE, "no decode worker is registered");
-    goto out;
-  }
-  if (rc == K3_ECAPACITY) {
-    rt_req_fail(q, K3_RPC_RESOURCE_EXHAUSTED,
-                "no decode worker has capacity for %zu prompt + %u new tokens right now (retry later)", q->n_prompt,
-                q->max_new);
-    goto out;
-  }
-  rt_worker_t *dw = &rt->reg.workers[di];
-  if (rt_choose_prefill(&rt->reg, dw->info.fingerprint, NULL, 0, &pi)) {
-    rt_req_fail(q, K3_RPC_UNAVAILABLE, "no prefill worker is registered for this model");
-    goto out;
-  }
-  snprintf(q->decode_id, sizeof q->decode_id, "%s", dw->info.id);
-  snprintf(q->decode_addr, sizeof q->decode_addr, "%s", dw->info.address);
-  q->pending_pages = rt_pages_needed((int64_t)q->n_prompt, q->max_new, dw->info.page_tokens);
-  rt_worker_add_inflight(dw, q->pending_pages, 1);
-  q->decode_gen = dw->incarnation;
-  K3pd__V1__ReserveRequest rr = K3PD__V1__RESERVE_REQUEST__INIT;
-  rr.request_id = q->id;
-  rr.n_prompt_tokens = (uint32_t)q->n_prompt;
-  rr.max_new_tokens = q->max_new;
-  rr.lease_ms = rt->lease_ms;
-  k3_rpc_call_opts_t o = {.timeout_ms = rt_req_timeout(q), .request_id = q->id};
   q->router_ns += k3_now_ns() - q->t_arrive; /* intake: validation, tokenisation and placement */
-  rc = k3_rpc_unary(rt->cli, q->decode_addr, "/k3pd.v1.Decode/Reserve", &rr.base, &k3pd__v1__reservation__descriptor,
-                    &o, rt_req_on_reserve_done, q, &q->reserve_call);
-  if (rc) rt_req_fail(q, K3_RPC_INTERNAL, "starting the reservation: %s", k3_strerror(rc));
+  rt_flow_start(q);
 out:
   q->busy--;
   rt_req_maybe_free(q);

@@ -62,6 +62,7 @@ int main(int argc, char **argv) {
   int metrics_port = -1, http_port = -1, http_max_conns = 1024, http_idle_s = 60, http_timeout_ms = 600000;
   int64_t http_max_body = (int64_t)32 << 20;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, lease_ms = 120000, max_new_limit = 4096, retries = 2;
+  int worker_retries = 3;
   a->drain_grace_ms = 30000;
   k3_flag_t flags[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "public gRPC address (port 0 = ephemeral)", false},
@@ -81,6 +82,8 @@ int main(int argc, char **argv) {
       {"max-new-tokens-limit", K3_FLAG_INT, &max_new_limit, "N", "largest max_new_tokens accepted", false},
       {"prefill-retries", K3_FLAG_INT, &retries, "N", "re-issue a failed prefill to another worker up to N times",
        false},
+      {"worker-retries", K3_FLAG_INT, &worker_retries, "N", "run a request again on other workers up to N times "
+       "after a worker failed it (a stream that sent tokens resumes where it was)", false},
       {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long requests may finish", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
       {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
@@ -118,9 +121,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (heartbeat_ms < 10 || heartbeat_timeout_ms <= heartbeat_ms || lease_ms < 1 || max_new_limit < 1 ||
-      retries < 0) {
+      retries < 0 || worker_retries < 0) {
     fprintf(stderr, "k3pd-router: need --heartbeat-ms >= 10 < --heartbeat-timeout-ms, --lease-ms >= 1, "
-                    "--max-new-tokens-limit >= 1, --prefill-retries >= 0\n");
+                    "--max-new-tokens-limit >= 1, --prefill-retries >= 0, --worker-retries >= 0\n");
     return 2;
   }
   if ((model != NULL) + (synthetic != NULL) + (synthetic_config != NULL) != 1) {
@@ -178,6 +181,7 @@ int main(int argc, char **argv) {
   rt->lease_ms = (uint32_t)lease_ms;
   rt->max_new_tokens_limit = (uint32_t)max_new_limit;
   rt->prefill_retries = (uint32_t)retries;
+  rt->worker_retries = (uint32_t)worker_retries;
   rt_registry_init(&rt->reg);
   if (k3_metrics_init(&rt->mreg) || k3_router_metrics_register(rt->mreg, K3PD_VERSION, &rt->m)) {
     fprintf(stderr, "k3pd-router: cannot set up metrics\n");
