@@ -101,6 +101,8 @@ typedef struct rt_req {
   uint64_t handoff_us;
   int64_t deadline_left_ms;
   int busy; /* > 0 while a function up the stack still uses the request: frees are deferred */
+  bool intake_pending;          /* its prompt is being built on the tokenisation pool */
+  k3_rpc_code_t intake_cancel;  /* the client cancelled (or its deadline passed) meanwhile */
   uint64_t t_last_tok;   /* for inter-token latency */
   uint64_t router_ns;    /* time spent in this request's router handlers (added latency) */
   bool counted;          /* counted as an active stream */
@@ -133,6 +135,19 @@ int rt_prompt_chat(rt_router_t *rt, const json_t *messages, const k3_chat_opts_t
                    size_t errlen);
 int rt_prompt_ids(rt_router_t *rt, const uint32_t *ids, size_t n, const char *field, k3_tok_ids_t *out, char *err,
                   size_t errlen);
+/* The same for text and chat, off the loop (router/tokpool.c), with the request's limits:
+ * a text (or chat content) longer than what the context leaves for the prompt times the
+ * vocabulary's longest token cannot fit and is refused before any work (K3_EINVAL, "prompt:
+ * ..." / "messages: ..."), and tokenisation stops once the prompt has more tokens than fit.
+ * max_new: the request's stop.max_new_tokens (0 = not known yet). Returns K3_EINPROGRESS and
+ * later runs done(q, arg, ids, rc, err) on the loop (ids owned by done; rc 0, K3_EINVAL with err
+ * naming the field, K3_ENOMEM or K3_ESHUTDOWN); any other return is a synchronous failure (done
+ * never runs). While pending, q->intake_pending is set and the inputs must stay valid. */
+typedef void (*rt_prompt_done_fn)(rt_req_t *q, void *arg, k3_tok_ids_t *ids, int rc, const char *err);
+int rt_prompt_text_async(rt_req_t *q, const char *text, size_t len, uint32_t max_new, rt_prompt_done_fn done,
+                         void *arg, char *err, size_t errlen);
+int rt_prompt_chat_async(rt_req_t *q, const json_t *messages, const k3_chat_opts_t *opts, uint32_t max_new,
+                         rt_prompt_done_fn done, void *arg, char *err, size_t errlen);
 /* Takes ownership of the prompt (ids->ids; ids is zeroed). K3_EINVAL for an empty prompt. */
 int rt_req_set_prompt(rt_req_t *q, k3_tok_ids_t *ids, char *err, size_t errlen);
 /* Largest prompt + max_new_tokens a decode worker takes now (0 = no decode worker reports one). */

@@ -33,6 +33,8 @@ typedef struct rt_router {
   uint32_t prefill_retries; /* re-issues of a failed prefill to another worker */
   uint32_t worker_retries;  /* attempts of a request on other workers after a worker failed it */
   struct rt_watch *watches; /* liveness watches of registered workers (watch.c) */
+  struct rt_tokpool *tokpool; /* tokenisation off the loop (tokpool.h); NULL without a tokenizer */
+  size_t max_token_bytes;   /* the vocabulary's longest BPE token (early rejection of long texts) */
   uint64_t next_reg_epoch;
   uint64_t next_req;
   struct rt_req *reqs;      /* live requests */

@@ -110,6 +110,8 @@ static const row_t ROWS[] = {
      "Requests run again on other workers after a worker failed them (streams resumed when tokens were sent)."},
     {R_ROUTER, "k3pd_router_workers_lost_total", C, L("role", ROLE_VALUES), NOB, RT(workers_lost_total),
      "Workers dropped as soon as their connection broke (health watch), before any heartbeat timeout."},
+    {R_ROUTER, "k3pd_router_tokenize_seconds", H, NOL, NOB, RT(tokenize_seconds),
+     "Time a text or chat prompt spent on the router's tokenisation pool (queued + encoding), off the loop."},
     {R_ROUTER, "k3pd_router_http_requests_total", C, L("route", HTTP_ROUTE_VALUES), NOB, RT(http_requests_total),
      "HTTP API requests answered, by route and HTTP status code."},
     {R_ROUTER, "k3pd_router_http_io_seconds_total", C, NOL, NOB, RT(http_io_seconds_total),
