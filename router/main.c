@@ -36,6 +36,7 @@ static void on_server_done(void *arg) {
   a->rt.tokpool = NULL;
   k3_rpc_client_close(a->rt.cli, on_client_closed, NULL);
   uv_close((uv_handle_t *)&a->rt.expiry_timer, NULL);
+  rt_lag_stop(&a->rt);
 }
 
 static void begin_shutdown(void *ud) {
@@ -233,6 +234,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   rt_expiry_start(rt);
+  rt_lag_start(rt);
   if (http_port >= 0) {
     rt_http_opts_t ho = {.host = http_host,
                          .port = http_port,

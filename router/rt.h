@@ -35,6 +35,8 @@ typedef struct rt_router {
   struct rt_watch *watches; /* liveness watches of registered workers (watch.c) */
   struct rt_tokpool *tokpool; /* tokenisation off the loop (tokpool.h); NULL without a tokenizer */
   size_t max_token_bytes;   /* the vocabulary's longest BPE token (early rejection of long texts) */
+  uv_timer_t lag_timer;     /* lag.c */
+  uint64_t lag_last_ns;
   uint64_t next_reg_epoch;
   uint64_t next_req;
   struct rt_req *reqs;      /* live requests */
@@ -62,6 +64,10 @@ void rt_expiry_start(rt_router_t *rt);
 void rt_watch_worker(rt_router_t *rt, const char *worker_id);
 /* Drops a worker found dead (also forgets its channel); `why` goes to the log. */
 void rt_worker_lost(rt_router_t *rt, const char *worker_id, const char *why);
+
+/* lag.c: k3pd_router_loop_lag_seconds, how late the loop runs (start once, stop at shutdown). */
+void rt_lag_start(rt_router_t *rt);
+void rt_lag_stop(rt_router_t *rt);
 
 /* generate.c */
 int rt_generate_register(rt_router_t *rt);

@@ -112,6 +112,8 @@ static const row_t ROWS[] = {
      "Workers dropped as soon as their connection broke (health watch), before any heartbeat timeout."},
     {R_ROUTER, "k3pd_router_tokenize_seconds", H, NOL, NOB, RT(tokenize_seconds),
      "Time a text or chat prompt spent on the router's tokenisation pool (queued + encoding), off the loop."},
+    {R_ROUTER, "k3pd_router_loop_lag_seconds", H, NOL, B(K3PD_OVERHEAD_BUCKETS), RT(loop_lag_seconds),
+     "How late the router's event loop runs: a 20 ms timer's delay past its due time, every tick."},
     {R_ROUTER, "k3pd_router_http_requests_total", C, L("route", HTTP_ROUTE_VALUES), NOB, RT(http_requests_total),
      "HTTP API requests answered, by route and HTTP status code."},
     {R_ROUTER, "k3pd_router_http_io_seconds_total", C, NOL, NOB, RT(http_io_seconds_total),

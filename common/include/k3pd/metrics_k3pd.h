@@ -91,6 +91,7 @@ typedef struct {
   k3_metric_t *request_restarts_total;  /* counter: requests moved to other workers (new attempt) */
   k3_metric_t *workers_lost_total;      /* counter {role}: workers dropped as dead before their timeout */
   k3_metric_t *tokenize_seconds;        /* histogram: a prompt's time on the tokenisation pool (queue + work) */
+  k3_metric_t *loop_lag_seconds;        /* histogram: how late a 20 ms timer of the router's loop fires */
   k3_metric_t *http_requests_total;     /* counter {route, code}: HTTP API requests answered */
   k3_metric_t *http_io_seconds_total;   /* counter: loop time in libmicrohttpd (HTTP parsing, writes) */
 } k3_router_metrics_t;
