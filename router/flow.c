@@ -37,13 +37,15 @@
 typedef struct {
   rt_req_t *q;
   uint32_t attempt;
-  char id[RT_ID_MAX];
+  char id[RT_ID_MAX];     /* the worker's */
   char addr[RT_ADDR_MAX];
+  char wid[RT_WID_MAX];   /* the request id it was sent */
 } cctx_t;
 
 static rt_worker_t *worker(rt_req_t *q, const char *id) { return rt_registry_find(&q->rt->reg, id); }
 
 static void start_attempt(rt_req_t *q);
+static void set_wid(rt_req_t *q);
 static void start_prefill(rt_req_t *q);
 static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp);
 
@@ -54,6 +56,7 @@ static cctx_t *cctx_new(rt_req_t *q, const char *id, const char *addr) {
   c->attempt = q->attempt;
   snprintf(c->id, sizeof c->id, "%s", id);
   snprintf(c->addr, sizeof c->addr, "%s", addr);
+  snprintf(c->wid, sizeof c->wid, "%s", q->wid);
   return c;
 }
 
@@ -132,7 +135,7 @@ static void drop_attempt(rt_req_t *q) {
     q->stale_calls++;
   }
   /* A Reserve still out releases what it made from its (now stale) callback. */
-  if (q->decode_addr[0] && q->epoch && !q->released) release_at(q->rt, q->id, q->decode_addr, q->epoch);
+  if (q->decode_addr[0] && q->epoch && !q->released) release_at(q->rt, q->wid, q->decode_addr, q->epoch);
   rt_req_drop_inflight(q);
   q->released = true;
 }
@@ -157,6 +160,9 @@ static void restart(rt_req_t *q, const char *bad, k3_rpc_code_t code, const char
     q->restart_code = code;
     q->restarts++;
     q->attempt++;
+    set_wid(q);
+    q->t_prefill_start = q->t_prefill_done = 0; /* the timings report the last attempt's prefill */
+    q->handoff_us = 0;
     q->epoch = 0;
     q->retries = 0;
     q->prefill_ok = false;
@@ -218,7 +224,7 @@ static void on_attach_done(void *arg, const k3_rpc_status_t *st) {
 static int start_attach(rt_req_t *q) {
   K3pd__V1__AttachRequest ar = K3PD__V1__ATTACH_REQUEST__INIT;
   K3pd__V1__StopConditions stop = K3PD__V1__STOP_CONDITIONS__INIT;
-  ar.request_id = q->id;
+  ar.request_id = q->wid;
   ar.epoch = q->epoch;
   ar.sampling = &q->sampling;
   stop.max_new_tokens = q->max_new;
@@ -253,7 +259,7 @@ static bool reissuable(rt_req_t *q, k3_rpc_code_t c) {
 
 static void reserve(rt_req_t *q) {
   K3pd__V1__ReserveRequest rr = K3PD__V1__RESERVE_REQUEST__INIT;
-  rr.request_id = q->id;
+  rr.request_id = q->wid;
   rr.n_prompt_tokens = (uint32_t)q->n_prompt;
   rr.max_new_tokens = q->max_new;
   rr.lease_ms = q->rt->lease_ms;
@@ -346,7 +352,7 @@ static void start_prefill(rt_req_t *q) {
   }
   rt_worker_add_pending(pw, (int64_t)q->n_prompt);
   for (size_t i = 0; i < q->n_prompt; i++) ids[i] = (uint32_t)q->prompt[i];
-  pr.request_id = q->id;
+  pr.request_id = q->wid;
   pr.epoch = q->epoch;
   pr.token_ids = ids;
   pr.n_token_ids = q->n_prompt;
@@ -388,8 +394,8 @@ static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const Protobuf
   bool cur = cctx_current(c, &q->reserve_call);
   if (!cur || q->phase == RQ_DONE) {
     /* The request moved on or ended while this Reserve was out: give back what it may hold. */
-    if (r) release_at(q->rt, q->id, c->addr, r->epoch);
-    else if (reserve_outcome_unknown(st->code)) release_at(q->rt, q->id, c->addr, 0);
+    if (r) release_at(q->rt, c->wid, c->addr, r->epoch);
+    else if (reserve_outcome_unknown(st->code)) release_at(q->rt, c->wid, c->addr, 0);
     goto out;
   }
   if (st->code == K3_RPC_ALREADY_EXISTS && q->epoch != 0) {
@@ -403,7 +409,7 @@ static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const Protobuf
     if (reserve_outcome_unknown(st->code)) {
       /* The epoch of such a reservation is unknown (a re-issue changed it, or it was the first):
        * release whatever D holds for this request. */
-      release_at(q->rt, q->id, c->addr, 0);
+      release_at(q->rt, c->wid, c->addr, 0);
       q->released = true;
     }
     if (st->code == K3_RPC_DEADLINE_EXCEEDED && q->deadline_left_ms != INT64_MAX && rt_req_timeout(q) <= 1000)
@@ -488,7 +494,22 @@ static void start_attempt(rt_req_t *q) {
   reserve(q);
 }
 
+/* Attempt 1 uses the client's id; attempt n > 1 "id#n" (ids too long for that keep a prefix and
+ * a hash of the whole id: still unique). */
+static void set_wid(rt_req_t *q) {
+  size_t n = strlen(q->id);
+  if (q->attempt <= 1) {
+    snprintf(q->wid, sizeof q->wid, "%s", q->id);
+  } else if (n + 12 < RT_WID_MAX) {
+    snprintf(q->wid, sizeof q->wid, "%s#%u", q->id, q->attempt);
+  } else {
+    snprintf(q->wid, sizeof q->wid, "%.100s#%016llx#%u", q->id, (unsigned long long)k3_hash64(q->id, n, 0),
+             q->attempt);
+  }
+}
+
 void rt_flow_start(rt_req_t *q) {
   q->attempt = 1;
+  set_wid(q);
   start_attempt(q);
 }

@@ -230,7 +230,7 @@ static void send_chunk(rt_req_t *q, k3_rpc_call_t *call, const uint32_t *ids, si
     r.usage = &usage;
     uint64_t now = k3_now_ns();
     tm.queue_us = q->t_reserved ? (q->t_reserved - q->t_arrive) / 1000 : 0;
-    tm.prefill_us = q->t_prefill_done ? (q->t_prefill_done - q->t_prefill_start) / 1000 : 0;
+    tm.prefill_us = q->t_prefill_done > q->t_prefill_start ? (q->t_prefill_done - q->t_prefill_start) / 1000 : 0;
     tm.handoff_us = q->handoff_us;
     tm.first_token_us = q->t_first ? (q->t_first - q->t_arrive) / 1000 : 0;
     tm.decode_us = q->t_first ? (now - q->t_first) / 1000 : 0;

@@ -102,7 +102,7 @@ static void on_release_done(void *arg, const k3_rpc_status_t *st, const Protobuf
 static void send_release(rt_req_t *q, uint64_t epoch) {
   q->released = true;
   K3pd__V1__ReleaseRequest rr = K3PD__V1__RELEASE_REQUEST__INIT;
-  rr.request_id = q->id;
+  rr.request_id = q->wid;
   rr.epoch = epoch;
   k3_rpc_call_opts_t o = {.timeout_ms = 2000, .request_id = q->id};
   k3_rpc_unary(q->rt->cli, q->decode_addr, "/k3pd.v1.Decode/Release", &rr.base,
@@ -123,7 +123,7 @@ void rt_req_release_decode_any(rt_req_t *q) {
 void rt_req_abort_prefill(rt_req_t *q) {
   if (!q->prefill_call) return;
   K3pd__V1__AbortRequest ar = K3PD__V1__ABORT_REQUEST__INIT;
-  ar.request_id = q->id;
+  ar.request_id = q->wid;
   k3_rpc_call_opts_t o = {.timeout_ms = 2000, .request_id = q->id};
   k3_rpc_unary(q->rt->cli, q->prefill_addr, "/k3pd.v1.Prefill/Abort", &ar.base, &k3pd__v1__abort_response__descriptor,
                &o, on_release_done, NULL, NULL);
@@ -137,7 +137,7 @@ static void log_done(rt_req_t *q, const char *outcome) {
           "handoff %.2f ms, first token %.2f ms, total %.2f ms",
           q->id, outcome, q->n_prompt, q->completion_tokens, q->decode_id[0] ? q->decode_id : "-",
           q->prefill_id[0] ? q->prefill_id : "-", q->t_reserved ? (double)(q->t_reserved - q->t_arrive) * ms : 0.0,
-          q->t_prefill_done ? (double)(q->t_prefill_done - q->t_prefill_start) * ms : 0.0,
+          q->t_prefill_done > q->t_prefill_start ? (double)(q->t_prefill_done - q->t_prefill_start) * ms : 0.0,
           (double)q->handoff_us / 1e3, q->t_first ? (double)(q->t_first - q->t_arrive) * ms : 0.0,
           (double)(end - q->t_arrive) * ms);
 }

@@ -29,6 +29,7 @@
 #include "rt.h"
 
 #define RT_MAX_EXCLUDE 16
+#define RT_WID_MAX 129 /* worker-side request ids: <= 128 bytes, as every worker accepts */
 
 typedef enum { RQ_RESERVING = 0, RQ_RUNNING, RQ_DONE } rq_phase_t;
 
@@ -71,6 +72,9 @@ typedef struct rt_req {
    * workers: a new attempt (attempt + 1) with the failed worker excluded; the calls of earlier
    * attempts are cancelled and only counted (stale_calls) until their callbacks ran. */
   uint32_t attempt;       /* current attempt, 1.. */
+  char wid[RT_WID_MAX];   /* the request id the workers see in this attempt: id, then id#2, id#3...
+                             (an earlier attempt's reservation may still be being torn down on
+                             the same worker; distinct ids never collide there) */
   int restarts;           /* attempts after the first (bounded by --worker-retries) */
   k3_rpc_code_t restart_code; /* why the last attempt was given up */
   char decode_id[RT_ID_MAX], decode_addr[RT_ADDR_MAX];
