@@ -3,13 +3,16 @@
  * Threads: the loop thread owns the gRPC calls, the transfer sends and the job table; the
  * engine thread owns the runner (and so the local pages/slots a prompt is computed into).
  * Per job, the engine posts in order: STARTED (local page/slot ids known) → LAYER l for every
- * layer as its state becomes final → FINISHED (first token sampled) or FAILED. The loop starts
- * the UCX send on STARTED, pushes each layer's regions on LAYER (overlapping the remaining
- * layers' compute), and on FINISHED flushes and sends DONE. When the send completes the loop
- * answers the Prefill RPC and posts FREE so the engine returns the local pages/slot. */
+ * layer as its state becomes final (in the pass holding the prompt's last chunk) → FINISHED
+ * (first token sampled) or FAILED. The loop starts the UCX send on STARTED, pushes each layer's
+ * regions on LAYER (overlapping the remaining layers' compute), and on FINISHED flushes and
+ * sends DONE. When the send completes the loop answers the Prefill RPC and posts FREE so the
+ * engine returns the local pages/slot; a FREE for a prompt still computing (cancel, abort)
+ * drops it, and the engine's FREE echo is then the last message for that job. */
 #ifndef K3PD_PREFILL_PF_H
 #define K3PD_PREFILL_PF_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -40,6 +43,11 @@ typedef struct pf_job {
   k3_xfer_src_t *srcs;       /* owned, desc->n_regions entries */
   uint32_t *src_idx;         /* owned: local page ids then the slot id */
   bool cancelled;            /* Abort or the caller went away */
+  bool counted;              /* n_tokens counted in the worker's queued_tokens (until computed) */
+  bool computing;            /* STARTED seen, no FINISHED/FAILED/FREE yet (counted in running) */
+  uint64_t pass_seen;        /* engine passes started when it arrived (pf_worker_t.passes_*) */
+  bool pass_in_progress;     /* a pass was running when it arrived */
+  uint64_t passes;           /* engine passes its wait overlapped, its own last one included */
   bool engine_has;           /* the engine still holds local state for it (until FREE echo) */
   bool free_posted;          /* FREE sent to the engine (exactly once) */
   uint32_t layers_signalled;
@@ -61,6 +69,7 @@ typedef struct {
   /* LAYER */
   int layer;
   /* FINISHED / FAILED */
+  uint64_t pass;   /* FINISHED: index of the pass that held the prompt's last chunk */
   uint32_t token;
   float logprob;
   int status;
@@ -86,7 +95,8 @@ typedef struct pf_worker {
   bool draining;
   k3_engine_t engine;         /* engine thread + its inbound queue */
   k3_inbox_t outbox;
-  uint64_t queued_tokens;    /* tokens of jobs not yet started */
+  uint64_t queued_tokens;    /* prompt tokens of jobs whose prefill has not finished */
+  _Atomic uint64_t passes_started, passes_done; /* engine forward passes (written by the engine) */
   uint32_t running;
   uint64_t n_ok, n_failed, bytes_sent;
   /* metrics (loop thread, and lock-free from the engine thread) */

@@ -79,8 +79,9 @@ static void answer(pf_worker_t *w, pf_job_t *j) {
     w->n_ok++;
     const char *st = K3PD_STATUS_OK;
     k3_metric_inc(w->m.requests_total, &st);
-    K3_INFO("request %s: prefill %u tokens in %.2f ms, handoff %llu bytes finished %.2f ms after compute", j->id,
-            j->n_tokens, (double)tm.prefill_us / 1e3, (unsigned long long)j->bytes, (double)tm.handoff_us / 1e3);
+    K3_INFO("request %s: prefill %u tokens in %.2f ms (first token after %llu passes), handoff %llu bytes finished "
+            "%.2f ms after compute", j->id, j->n_tokens, (double)tm.prefill_us / 1e3, (unsigned long long)j->passes,
+            (unsigned long long)j->bytes, (double)tm.handoff_us / 1e3);
     k3_rpc_call_reply(c, &r.base);
   } else {
     w->n_failed++;
@@ -121,10 +122,21 @@ static const char *path_label(k3_xfer_path_t p) {
 /* The loop-side worker for callbacks that only carry the job (one worker per process). */
 static pf_worker_t *g_w;
 
+/* The job left the queue: the engine gave it local state (STARTED). */
 static void unqueue(pf_worker_t *w, pf_job_t *j) {
-  if (j->state == PF_QUEUED) {
+  (void)w;
+  if (j->state == PF_QUEUED) j->state = PF_RUNNING;
+}
+
+/* The job's compute is over (finished, failed or dropped): its tokens leave the load report. */
+static void compute_over(pf_worker_t *w, pf_job_t *j) {
+  if (j->counted) {
     w->queued_tokens -= j->n_tokens;
-    j->state = PF_RUNNING;
+    j->counted = false;
+  }
+  if (j->computing) {
+    j->computing = false;
+    if (w->running) w->running--;
   }
 }
 
@@ -218,6 +230,7 @@ void pf_on_engine_msg(k3_msg_t *m, void *ud) {
       unqueue(w, j);
       j->engine_has = true;
       j->t_start_ns = k3_now_ns();
+      j->computing = true;
       w->running++;
       if (j->cancelled) break;
       int rc = start_send(w, j, o->seq);
@@ -230,9 +243,13 @@ void pf_on_engine_msg(k3_msg_t *m, void *ud) {
         if (rc == 0) j->layers_signalled++;
       }
       break;
-    case PF_MSG_FINISHED:
+    case PF_MSG_FINISHED: {
       j->t_computed_ns = k3_now_ns();
-      if (w->running) w->running--;
+      compute_over(w, j);
+      /* Passes this prompt's wait overlapped, its own included: the fairness figure
+       * (docs/design.md, "Fair prefill"). */
+      j->passes = o->pass + 1 - j->pass_seen + (j->pass_in_progress ? 1 : 0);
+      k3_histogram_observe(k3_metric_default(w->m.first_token_passes), (double)j->passes);
       j->first_token = o->token;
       j->first_logprob = o->logprob;
       if (j->send && !j->cancelled) {
@@ -244,15 +261,17 @@ void pf_on_engine_msg(k3_msg_t *m, void *ud) {
         if (j->engine_has) post_free(w, j);
       }
       break;
+    }
     case PF_MSG_FAILED:
-      if (j->state == PF_QUEUED) unqueue(w, j);
-      else if (w->running) w->running--;
+      unqueue(w, j);
+      compute_over(w, j);
       fail(w, j, o->status, o->err);
       if (j->engine_has) post_free(w, j);
       else maybe_drop(w, j);
       break;
     case PF_MSG_FREE: /* the engine released (or dropped) the job */
       unqueue(w, j);
+      compute_over(w, j);
       j->engine_has = false;
       maybe_drop(w, j);
       break;
@@ -268,7 +287,7 @@ static void on_prefill_cancel(k3_rpc_call_t *call, void *arg) {
   if (j->call != call) return;
   j->cancelled = true;
   fail(g_w, j, K3_ECANCELED, "prefill cancelled by the caller");
-  if (j->state == PF_QUEUED) post_free(g_w, j); /* drop it from the engine's queue */
+  if (j->engine_has) post_free(g_w, j); /* drop it from the engine's queue or its passes */
 }
 
 static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
@@ -360,6 +379,12 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
   j->next = w->jobs;
   w->jobs = j;
   w->queued_tokens += j->n_tokens;
+  j->counted = true;
+  /* done first: a pass that ends between the two loads then counts as in progress (one pass
+   * more, never less) */
+  uint64_t done = atomic_load(&w->passes_done);
+  j->pass_seen = atomic_load(&w->passes_started);
+  j->pass_in_progress = j->pass_seen > done;
   k3_rpc_call_set_cancel_cb(call, on_prefill_cancel, j);
   m->link.type = PF_MSG_RUN;
   m->job = j;
@@ -378,7 +403,7 @@ static void on_abort(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *use
     K3_INFO("request %s: aborted (epoch %llu)", j->id, (unsigned long long)j->epoch);
     j->cancelled = true;
     fail(w, j, K3_ECANCELED, "prefill aborted");
-    if (j->state == PF_QUEUED) post_free(w, j);
+    if (j->engine_has) post_free(w, j); /* queued or still computing: no more passes for it */
   }
   k3_rpc_call_reply(call, &r.base);
 }

@@ -77,6 +77,7 @@ static void on_register(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
           (unsigned long long)in.fingerprint, is_new ? "" : " (re-registration)");
   k3_rpc_call_reply(call, &r.base);
   rt_metrics_workers(rt);
+  rt_watch_worker(rt, in.id); /* notices its death at once (watch.c) */
 }
 
 static void on_heartbeat(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {

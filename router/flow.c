@@ -1,7 +1,20 @@
 /* k3pd-router, the worker calls of one request (ARCHITECTURE.md §2): D.Reserve, then P.Prefill
- * and D.Attach in parallel; the Attach stream is relayed (req.c). A prefill that fails with a
- * transport-class status is re-issued to another prefill worker against the same reservation
- * (D.Reserve again → new epoch); one whose transfer ran out of lease may go to the same worker. */
+ * and D.Attach in parallel; the Attach stream is relayed (req.c).
+ *
+ * Failures, by where they happen (docs/design.md, "Worker failures"):
+ *  - a prefill that fails with a transport-class status is re-issued to another prefill worker
+ *    against the same reservation (D.Reserve again → new epoch), up to --prefill-retries times;
+ *    one whose transfer ran out of lease may go to the same worker;
+ *  - anything else a worker does wrong — Reserve refused or unanswered, prefill re-issues used
+ *    up, the Attach stream broken (the decode worker died, drained past its grace, lost the
+ *    state) — starts a new ATTEMPT: the request runs again from its prompt on other workers
+ *    (the failed one excluded), up to --worker-retries times. Tokens are a pure function of
+ *    (prompt, sampling, seed, step), so the new attempt reproduces the tokens already streamed:
+ *    they are checked against what was sent and skipped, and the stream continues where it
+ *    was (resumption). When no attempt is left, a request that streamed nothing fails with a
+ *    documented status; one that streamed tokens ends with a final chunk FINISH_REASON_ERROR.
+ * Every call carries a small context naming its attempt; a callback of an earlier attempt only
+ * cleans up (releases a reservation it may have made) and never touches the request's state. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,51 +28,203 @@
 #include "k3pd/v1/prefill.pb-c.h"
 #include "req.h"
 
+/* A Reserve that takes longer than this is given up (its outcome released) and the request
+ * moves on: Reserve is loop-only work on the decode worker, a few ms even under load. */
+#define RT_RESERVE_TIMEOUT_MS 10000u
+
+/* One worker call: which request, which attempt, which worker. Freed by the call's final
+ * callback. */
+typedef struct {
+  rt_req_t *q;
+  uint32_t attempt;
+  char id[RT_ID_MAX];     /* the worker's */
+  char addr[RT_ADDR_MAX];
+  char wid[RT_WID_MAX];   /* the request id it was sent */
+} cctx_t;
+
 static rt_worker_t *worker(rt_req_t *q, const char *id) { return rt_registry_find(&q->rt->reg, id); }
 
+static void start_attempt(rt_req_t *q);
+static void set_wid(rt_req_t *q);
 static void start_prefill(rt_req_t *q);
-static void on_attach_msg_body(rt_req_t *q, const K3pd__V1__AttachResponse *a);
+static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp);
 
-static void on_attach_msg(void *arg, const ProtobufCMessage *msg) {
-  rt_req_t *q = arg;
-  RT_TIMED_BEGIN;
-  q->busy++;
-  on_attach_msg_body(q, (const K3pd__V1__AttachResponse *)msg);
-  RT_TIMED_END(q);
-  q->busy--;
-  rt_req_maybe_free(q);
+static cctx_t *cctx_new(rt_req_t *q, const char *id, const char *addr) {
+  cctx_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->q = q;
+  c->attempt = q->attempt;
+  snprintf(c->id, sizeof c->id, "%s", id);
+  snprintf(c->addr, sizeof c->addr, "%s", addr);
+  snprintf(c->wid, sizeof c->wid, "%s", q->wid);
+  return c;
 }
 
-static void on_attach_msg_body(rt_req_t *q, const K3pd__V1__AttachResponse *a) {
+/* Called first by every final callback: true when the call belongs to the current attempt
+ * (its slot is cleared), false for a call of an earlier attempt (uncounted). */
+static bool cctx_current(cctx_t *c, k3_rpc_ccall_t **slot) {
+  rt_req_t *q = c->q;
+  if (c->attempt == q->attempt) {
+    *slot = NULL;
+    return true;
+  }
+  q->stale_calls--;
+  return false;
+}
+
+static uint32_t call_timeout(rt_req_t *q, uint32_t cap) {
+  uint32_t t = rt_req_timeout(q);
+  return cap && t > cap ? cap : t;
+}
+
+static void on_release_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp) {
+  (void)arg;
+  (void)st;
+  (void)resp;
+}
+
+/* Release on a decode worker by address (epoch 0 = whatever this request holds there). */
+static void release_at(rt_router_t *rt, const char *rid, const char *addr, uint64_t epoch) {
+  K3pd__V1__ReleaseRequest rr = K3PD__V1__RELEASE_REQUEST__INIT;
+  rr.request_id = (char *)rid;
+  rr.epoch = epoch;
+  k3_rpc_call_opts_t o = {.timeout_ms = 2000, .request_id = rid};
+  k3_rpc_unary(rt->cli, addr, "/k3pd.v1.Decode/Release", &rr.base, &k3pd__v1__release_response__descriptor, &o,
+               on_release_done, NULL, NULL);
+}
+
+/* ---- ending or moving on ---- */
+
+/* What a client may see for a worker-side failure (docs/protocol.md's table): capacity and bad
+ * input keep their codes, the client's own deadline too; everything else a worker reports is
+ * UNAVAILABLE (retryable: the request itself was fine). */
+static k3_rpc_code_t client_code(rt_req_t *q, k3_rpc_code_t c) {
+  switch (c) {
+    case K3_RPC_RESOURCE_EXHAUSTED:
+    case K3_RPC_INVALID_ARGUMENT: return c;
+    case K3_RPC_DEADLINE_EXCEEDED: return K3_RPC_DEADLINE_EXCEEDED;
+    default: return K3_RPC_UNAVAILABLE;
+  }
+  (void)q;
+}
+
+/* Ends the request for good: a failure status when nothing was streamed, else the final
+ * FINISH_REASON_ERROR chunk with the tokens so far. */
+static void end_request(rt_req_t *q, k3_rpc_code_t code, const char *msg) {
+  if (q->completion_tokens > 0)
+    rt_req_finish_error(q, "%s", msg);
+  else
+    rt_req_fail(q, client_code(q, code), "%s", msg);
+}
+
+static void exclude(rt_req_t *q, const char *id) {
+  if (!id[0] || q->n_excluded == RT_MAX_EXCLUDE) return;
+  for (int i = 0; i < q->n_excluded; i++)
+    if (strcmp(q->excluded[i], id) == 0) return;
+  snprintf(q->excluded[q->n_excluded++], RT_ID_MAX, "%s", id);
+}
+
+/* Cancels the current attempt's calls (their callbacks become stale) and gives its decode
+ * reservation back. */
+static void drop_attempt(rt_req_t *q) {
+  k3_rpc_ccall_t **calls[3] = {&q->reserve_call, &q->prefill_call, &q->attach_call};
+  for (int i = 0; i < 3; i++) {
+    if (!*calls[i]) continue;
+    k3_rpc_ccall_cancel(*calls[i]);
+    *calls[i] = NULL;
+    q->stale_calls++;
+  }
+  /* A Reserve still out releases what it made from its (now stale) callback. */
+  if (q->decode_addr[0] && q->epoch && !q->released) release_at(q->rt, q->wid, q->decode_addr, q->epoch);
+  rt_req_drop_inflight(q);
+  q->released = true;
+}
+
+/* A worker failed this attempt: run the request again on other workers (`bad`, the failed
+ * worker's id, is excluded), or end it when no attempt is left. */
+static void restart(rt_req_t *q, const char *bad, k3_rpc_code_t code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void restart(rt_req_t *q, const char *bad, k3_rpc_code_t code, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
   if (q->phase == RQ_DONE) return;
-  if (a->finish_reason) q->finish_reason = a->finish_reason;
-  rt_req_relay(q, a->first_index, a->token_ids, a->n_token_ids, a->logprobs, a->n_logprobs);
-}
-
-static void on_attach_done(void *arg, const k3_rpc_status_t *st) {
-  rt_req_t *q = arg;
-  q->attach_call = NULL;
-  q->attach_done = true;
   q->busy++;
-  if (q->phase != RQ_DONE) {
-    if (st->code == K3_RPC_OK && q->finish_reason) {
-      rt_req_finish_ok(q);
-    } else if (st->code == K3_RPC_OK) {
-      rt_req_fail(q, K3_RPC_INTERNAL, "decode stream ended without a finish reason");
-    } else {
-      rt_req_fail(q, st->code == K3_RPC_CANCELLED ? K3_RPC_UNAVAILABLE : st->code, "decode worker %s: %s",
-               q->decode_id, st->details);
-    }
+  drop_attempt(q);
+  if (q->restarts >= (int)q->rt->worker_retries || (q->deadline_left_ms != INT64_MAX && rt_req_timeout(q) <= 1)) {
+    end_request(q, code, msg);
+  } else {
+    exclude(q, bad);
+    q->restart_code = code;
+    q->restarts++;
+    q->attempt++;
+    set_wid(q);
+    q->t_prefill_start = q->t_prefill_done = 0; /* the timings report the last attempt's prefill */
+    q->handoff_us = 0;
+    q->epoch = 0;
+    q->retries = 0;
+    q->prefill_ok = false;
+    q->attach_done = false;
+    q->released = false;
+    q->phase = RQ_RESERVING;
+    free(q->desc);
+    q->desc = NULL;
+    q->desc_len = 0;
+    k3_counter_inc(k3_metric_default(q->rt->m.request_restarts_total));
+    K3_WARN("request %s: %s; attempt %u on other workers (%u tokens already streamed: %s)", q->id, msg, q->attempt,
+            q->completion_tokens, q->completion_tokens ? "replayed, checked and skipped" : "none");
+    start_attempt(q);
   }
   q->busy--;
   rt_req_maybe_free(q);
 }
 
-/* Returns 0, or K3_EINTERNAL after failing the request (which may then be freed). */
+/* ---- Attach ---- */
+
+static void on_attach_msg(void *arg, const ProtobufCMessage *msg) {
+  cctx_t *c = arg;
+  rt_req_t *q = c->q;
+  const K3pd__V1__AttachResponse *a = (const K3pd__V1__AttachResponse *)msg;
+  if (c->attempt != q->attempt || q->phase == RQ_DONE) return;
+  RT_TIMED_BEGIN;
+  q->busy++;
+  /* An ERROR chunk is followed by the stream's failure status, which decides what happens. */
+  if (a->finish_reason && a->finish_reason != K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR)
+    q->finish_reason = a->finish_reason;
+  rt_req_relay(q, a->first_index, a->token_ids, a->n_token_ids, a->logprobs, a->n_logprobs);
+  RT_TIMED_END(q);
+  q->busy--;
+  rt_req_maybe_free(q);
+}
+
+static void on_attach_done(void *arg, const k3_rpc_status_t *st) {
+  cctx_t *c = arg;
+  rt_req_t *q = c->q;
+  q->busy++;
+  if (cctx_current(c, &q->attach_call) && q->phase != RQ_DONE) {
+    q->attach_done = true;
+    if (st->code == K3_RPC_OK && q->finish_reason) {
+      rt_req_finish_ok(q);
+    } else if (st->code == K3_RPC_DEADLINE_EXCEEDED && q->deadline_left_ms != INT64_MAX && rt_req_timeout(q) <= 1000) {
+      rt_req_fail(q, K3_RPC_DEADLINE_EXCEEDED, "deadline exceeded");
+    } else {
+      /* The decode worker died, drained past its grace, lost the state or failed a step. */
+      restart(q, c->id, st->code, "decode worker %s: stream ended (%s: %s)", c->id, k3_rpc_code_name(st->code),
+              st->code == K3_RPC_OK ? "no finish reason" : st->details);
+    }
+  }
+  free(c);
+  q->busy--;
+  rt_req_maybe_free(q);
+}
+
+/* Returns 0, or K3_EINTERNAL after ending the request (which may then be freed). */
 static int start_attach(rt_req_t *q) {
   K3pd__V1__AttachRequest ar = K3PD__V1__ATTACH_REQUEST__INIT;
   K3pd__V1__StopConditions stop = K3PD__V1__STOP_CONDITIONS__INIT;
-  ar.request_id = q->id;
+  ar.request_id = q->wid;
   ar.epoch = q->epoch;
   ar.sampling = &q->sampling;
   stop.max_new_tokens = q->max_new;
@@ -67,37 +232,55 @@ static int start_attach(rt_req_t *q) {
   stop.n_stop_token_ids = q->n_stop_ids;
   ar.stop = &stop;
   ar.return_logprobs = q->want_logprobs;
-  k3_rpc_call_opts_t o = {.timeout_ms = rt_req_timeout(q), .request_id = q->id};
-  int rc = k3_rpc_stream(q->rt->cli, q->decode_addr, "/k3pd.v1.Decode/Attach", &ar.base,
-                         &k3pd__v1__attach_response__descriptor, &o, on_attach_msg, on_attach_done, q, &q->attach_call);
+  cctx_t *c = cctx_new(q, q->decode_id, q->decode_addr);
+  k3_rpc_call_opts_t o = {.timeout_ms = call_timeout(q, 0), .request_id = q->id};
+  int rc = c ? k3_rpc_stream(q->rt->cli, q->decode_addr, "/k3pd.v1.Decode/Attach", &ar.base,
+                             &k3pd__v1__attach_response__descriptor, &o, on_attach_msg, on_attach_done, c,
+                             &q->attach_call)
+             : K3_ENOMEM;
   if (rc) {
-    rt_req_fail(q, K3_RPC_INTERNAL, "starting the decode stream: %s", k3_strerror(rc));
+    free(c);
+    end_request(q, K3_RPC_INTERNAL, "starting the decode stream failed");
     return K3_EINTERNAL;
   }
   return 0;
 }
 
-/* ---- prefill (with retries) ---- */
+/* ---- Prefill (with re-issues into the same reservation) ---- */
 
-/* Prefill failures worth another prefill worker: transport-class errors, and a deadline that
- * was the transfer's (clamped to the reservation lease) rather than the client's own. */
-static bool retryable(rt_req_t *q, k3_rpc_code_t c) {
+/* Prefill failures worth another prefill worker on the same reservation: transport-class
+ * errors, and a deadline that was the transfer's (clamped to the reservation lease) rather
+ * than the client's own. */
+static bool reissuable(rt_req_t *q, k3_rpc_code_t c) {
   if (c == K3_RPC_DEADLINE_EXCEEDED) return q->deadline_left_ms == INT64_MAX || rt_req_timeout(q) > 1000;
   return c == K3_RPC_UNAVAILABLE || c == K3_RPC_INTERNAL || c == K3_RPC_ABORTED || c == K3_RPC_UNKNOWN ||
          c == K3_RPC_CANCELLED;
 }
 
-void rt_req_on_reserve_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp);
+static void reserve(rt_req_t *q) {
+  K3pd__V1__ReserveRequest rr = K3PD__V1__RESERVE_REQUEST__INIT;
+  rr.request_id = q->wid;
+  rr.n_prompt_tokens = (uint32_t)q->n_prompt;
+  rr.max_new_tokens = q->max_new;
+  rr.lease_ms = q->rt->lease_ms;
+  cctx_t *c = cctx_new(q, q->decode_id, q->decode_addr);
+  k3_rpc_call_opts_t o = {.timeout_ms = call_timeout(q, RT_RESERVE_TIMEOUT_MS), .request_id = q->id};
+  int rc = c ? k3_rpc_unary(q->rt->cli, q->decode_addr, "/k3pd.v1.Decode/Reserve", &rr.base,
+                            &k3pd__v1__reservation__descriptor, &o, on_reserve_done, c, &q->reserve_call)
+             : K3_ENOMEM;
+  if (rc) {
+    free(c);
+    end_request(q, K3_RPC_INTERNAL, "starting the reservation failed");
+  }
+}
 
 static void on_prefill_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp) {
-  rt_req_t *q = arg;
-  q->prefill_call = NULL;
-  rt_worker_t *pw = worker(q, q->prefill_id);
+  cctx_t *c = arg;
+  rt_req_t *q = c->q;
+  rt_worker_t *pw = worker(q, c->id);
   if (pw) rt_worker_sub_pending(pw, (int64_t)q->n_prompt);
-  if (q->phase == RQ_DONE) {
-    rt_req_maybe_free(q);
-    return;
-  }
+  q->busy++;
+  if (!cctx_current(c, &q->prefill_call) || q->phase == RQ_DONE) goto out;
   if (st->code == K3_RPC_OK) {
     const K3pd__V1__PrefillResponse *pr = (const K3pd__V1__PrefillResponse *)resp;
     q->prefill_ok = true;
@@ -105,40 +288,39 @@ static void on_prefill_done(void *arg, const k3_rpc_status_t *st, const Protobuf
     if (pr->timings) q->handoff_us = pr->timings->handoff_us;
     /* The first token is known now (decode verified the state before the RPC completed):
      * forward it instead of waiting for the decode worker's next step. The Attach stream's
-     * index 0 is then skipped. */
-    if (q->completion_tokens == 0 && q->phase == RQ_RUNNING) {
+     * index 0 is then skipped (and checked against it). */
+    if (q->phase == RQ_RUNNING) {
       uint32_t tok = pr->first_token;
       K3pd__V1__TokenLogprob lp = K3PD__V1__TOKEN_LOGPROB__INIT, *lpp = &lp;
       lp.token_id = tok;
       lp.logprob = pr->first_logprob;
-      q->busy++;
       rt_req_relay(q, 0, &tok, 1, q->want_logprobs ? &lpp : NULL, q->want_logprobs ? 1 : 0);
-      q->busy--;
-      rt_req_maybe_free(q);
     }
-    return;
+    goto out;
   }
-  /* Retry on another prefill worker into the same reservation (new epoch). */
-  if (retryable(q, st->code) && q->n_excluded < RT_MAX_EXCLUDE && q->retries < (int)q->rt->prefill_retries) {
-    K3_WARN("request %s: prefill on %s failed (%s: %s); re-issuing", q->id, q->prefill_id, k3_rpc_code_name(st->code),
+  /* Another prefill worker into the same reservation (new epoch). */
+  if (reissuable(q, st->code) && q->retries < (int)q->rt->prefill_retries) {
+    K3_WARN("request %s: prefill on %s failed (%s: %s); re-issuing", q->id, c->id, k3_rpc_code_name(st->code),
             st->details);
     q->retries++;
     /* A worker that failed at the transport level is not asked again; one whose transfer ran out
      * of lease (it was merely slow or queued) may be. */
-    if (st->code != K3_RPC_DEADLINE_EXCEEDED) snprintf(q->excluded[q->n_excluded++], RT_ID_MAX, "%s", q->prefill_id);
+    if (st->code != K3_RPC_DEADLINE_EXCEEDED) exclude(q, c->id);
     k3_counter_inc(k3_metric_default(q->rt->m.prefill_retries_total));
-    K3pd__V1__ReserveRequest rr = K3PD__V1__RESERVE_REQUEST__INIT;
-    rr.request_id = q->id;
-    rr.n_prompt_tokens = (uint32_t)q->n_prompt;
-    rr.max_new_tokens = q->max_new;
-    rr.lease_ms = q->rt->lease_ms;
-    k3_rpc_call_opts_t o = {.timeout_ms = rt_req_timeout(q), .request_id = q->id};
-    int rc = k3_rpc_unary(q->rt->cli, q->decode_addr, "/k3pd.v1.Decode/Reserve", &rr.base,
-                          &k3pd__v1__reservation__descriptor, &o, rt_req_on_reserve_done, q, &q->reserve_call);
-    if (rc) rt_req_fail(q, K3_RPC_INTERNAL, "re-reserving: %s", k3_strerror(rc));
-    return;
+    reserve(q);
+    goto out;
   }
-  rt_req_fail(q, st->code, "prefill worker %s: %s", q->prefill_id, st->details);
+  if (st->code == K3_RPC_DEADLINE_EXCEEDED && !reissuable(q, st->code)) {
+    rt_req_fail(q, K3_RPC_DEADLINE_EXCEEDED, "deadline exceeded");
+  } else if (st->code == K3_RPC_INVALID_ARGUMENT) {
+    end_request(q, st->code, st->details);
+  } else {
+    restart(q, c->id, st->code, "prefill worker %s: %s: %s", c->id, k3_rpc_code_name(st->code), st->details);
+  }
+out:
+  free(c);
+  q->busy--;
+  rt_req_maybe_free(q);
 }
 
 static void start_prefill(rt_req_t *q) {
@@ -147,24 +329,30 @@ static void start_prefill(rt_req_t *q) {
   for (int i = 0; i < q->n_excluded; i++) ex[i] = q->excluded[i];
   size_t pi;
   rt_worker_t *dw = worker(q, q->decode_id);
-  int rc = rt_choose_prefill(&rt->reg, dw ? dw->info.fingerprint : 0, ex, (size_t)q->n_excluded, &pi);
+  uint64_t fp = dw ? dw->info.fingerprint : 0;
+  int rc = rt_choose_prefill(&rt->reg, fp, ex, (size_t)q->n_excluded, &pi);
+  if (rc && q->n_excluded) rc = rt_choose_prefill(&rt->reg, fp, NULL, 0, &pi); /* a preference (above) */
   if (rc) {
-    rt_req_fail(q, K3_RPC_UNAVAILABLE, "no prefill worker is available%s",
-             q->n_excluded ? " (the others failed this request)" : "");
+    end_request(q, K3_RPC_UNAVAILABLE,
+                q->n_excluded ? "no prefill worker is available (the others failed this request)"
+                              : "no prefill worker is available");
     return;
   }
   rt_worker_t *pw = &rt->reg.workers[pi];
   snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pw->info.id);
   snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pw->info.address);
-  rt_worker_add_pending(pw, (int64_t)q->n_prompt);
   K3pd__V1__PrefillRequest pr = K3PD__V1__PREFILL_REQUEST__INIT;
   uint32_t *ids = malloc(q->n_prompt * sizeof *ids);
-  if (!ids) {
-    rt_req_fail(q, K3_RPC_RESOURCE_EXHAUSTED, "router out of memory");
+  cctx_t *c = cctx_new(q, q->prefill_id, q->prefill_addr);
+  if (!ids || !c) {
+    free(ids);
+    free(c);
+    end_request(q, K3_RPC_RESOURCE_EXHAUSTED, "router out of memory");
     return;
   }
+  rt_worker_add_pending(pw, (int64_t)q->n_prompt);
   for (size_t i = 0; i < q->n_prompt; i++) ids[i] = (uint32_t)q->prompt[i];
-  pr.request_id = q->id;
+  pr.request_id = q->wid;
   pr.epoch = q->epoch;
   pr.token_ids = ids;
   pr.n_token_ids = q->n_prompt;
@@ -173,15 +361,21 @@ static void start_prefill(rt_req_t *q) {
   pr.reservation.len = q->desc_len;
   pr.return_logprobs = q->want_logprobs;
   pr.decode_worker_id = q->decode_id;
-  k3_rpc_call_opts_t o = {.timeout_ms = rt_req_timeout(q), .request_id = q->id};
+  k3_rpc_call_opts_t o = {.timeout_ms = call_timeout(q, 0), .request_id = q->id};
   q->t_prefill_start = k3_now_ns();
-  if (q->retries == 0)
+  if (q->retries == 0 && q->attempt == 1)
     k3_histogram_observe(k3_metric_default(rt->m.queue_seconds), (double)(q->t_prefill_start - q->t_arrive) / 1e9);
   rc = k3_rpc_unary(rt->cli, q->prefill_addr, "/k3pd.v1.Prefill/Prefill", &pr.base,
-                    &k3pd__v1__prefill_response__descriptor, &o, on_prefill_done, q, &q->prefill_call);
+                    &k3pd__v1__prefill_response__descriptor, &o, on_prefill_done, c, &q->prefill_call);
   free(ids);
-  if (rc) rt_req_fail(q, K3_RPC_INTERNAL, "starting the prefill call: %s", k3_strerror(rc));
+  if (rc) {
+    rt_worker_sub_pending(pw, (int64_t)q->n_prompt);
+    free(c);
+    end_request(q, K3_RPC_INTERNAL, "starting the prefill call failed");
+  }
 }
+
+/* ---- Reserve ---- */
 
 /* Reserve statuses after which D may or may not hold a reservation: the call was cancelled by us
  * (client cancel/deadline while reserving), hit its deadline, or the connection broke after the
@@ -192,55 +386,130 @@ static bool reserve_outcome_unknown(k3_rpc_code_t c) {
          c == K3_RPC_INTERNAL || c == K3_RPC_UNKNOWN || c == K3_RPC_ABORTED;
 }
 
-void rt_req_on_reserve_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp) {
-  rt_req_t *q = arg;
-  q->reserve_call = NULL;
-  if (st->code != K3_RPC_OK && reserve_outcome_unknown(st->code)) {
-    /* The epoch of such a reservation is unknown (a re-issue changed it, or it was the first):
-     * release whatever D holds for this request; it is failing either way. */
-    q->busy++;
-    rt_req_release_decode_any(q);
-    if (q->phase != RQ_DONE) rt_req_fail(q, st->code, "decode worker %s: %s", q->decode_id, st->details);
-    q->busy--;
-    rt_req_maybe_free(q);
-    return;
-  }
-  if (q->phase == RQ_DONE) {
-    if (st->code == K3_RPC_OK) { /* cancelled while reserving: give it back */
-      const K3pd__V1__Reservation *r = (const K3pd__V1__Reservation *)resp;
-      q->epoch = r->epoch;
-      q->released = false;
-      rt_req_release_decode(q);
-    }
-    rt_req_maybe_free(q);
-    return;
+static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp) {
+  cctx_t *c = arg;
+  rt_req_t *q = c->q;
+  const K3pd__V1__Reservation *r = st->code == K3_RPC_OK ? (const K3pd__V1__Reservation *)resp : NULL;
+  q->busy++;
+  bool cur = cctx_current(c, &q->reserve_call);
+  if (!cur || q->phase == RQ_DONE) {
+    /* The request moved on or ended while this Reserve was out: give back what it may hold. */
+    if (r) release_at(q->rt, c->wid, c->addr, r->epoch);
+    else if (reserve_outcome_unknown(st->code)) release_at(q->rt, c->wid, c->addr, 0);
+    goto out;
   }
   if (st->code == K3_RPC_ALREADY_EXISTS && q->epoch != 0) {
     /* A re-issue found the request already admitted: the failed prefill attempt's DONE was
      * accepted just before its deadline fired. The state is on the decode worker and the
      * Attach stream delivers the tokens; nothing to redo. */
-    K3_INFO("request %s: re-issue not needed, decode worker %s already admitted it", q->id, q->decode_id);
-    return;
+    K3_INFO("request %s: re-issue not needed, decode worker %s already admitted it", q->id, c->id);
+    goto out;
   }
-  if (st->code != K3_RPC_OK) {
-    rt_req_fail(q, st->code, "decode worker %s: %s", q->decode_id, st->details);
-    return;
+  if (!r) {
+    if (reserve_outcome_unknown(st->code)) {
+      /* The epoch of such a reservation is unknown (a re-issue changed it, or it was the first):
+       * release whatever D holds for this request. */
+      release_at(q->rt, c->wid, c->addr, 0);
+      q->released = true;
+    }
+    if (st->code == K3_RPC_DEADLINE_EXCEEDED && q->deadline_left_ms != INT64_MAX && rt_req_timeout(q) <= 1000)
+      rt_req_fail(q, K3_RPC_DEADLINE_EXCEEDED, "deadline exceeded");
+    else if (st->code == K3_RPC_INVALID_ARGUMENT)
+      end_request(q, st->code, st->details);
+    else /* unreachable, refused (capacity: another one may have room), or confused */
+      restart(q, c->id, st->code, "decode worker %s: Reserve failed (%s: %s)", c->id, k3_rpc_code_name(st->code),
+              st->details);
+    goto out;
   }
-  const K3pd__V1__Reservation *r = (const K3pd__V1__Reservation *)resp;
   bool first = q->epoch == 0;
   q->epoch = r->epoch;
   free(q->desc);
   q->desc = malloc(r->descriptor.len ? r->descriptor.len : 1);
   if (!q->desc) {
-    rt_req_fail(q, K3_RPC_RESOURCE_EXHAUSTED, "router out of memory");
-    return;
+    end_request(q, K3_RPC_RESOURCE_EXHAUSTED, "router out of memory");
+    goto out;
   }
   memcpy(q->desc, r->descriptor.data, r->descriptor.len);
   q->desc_len = r->descriptor.len;
   if (first) {
-    q->t_reserved = k3_now_ns();
+    if (q->attempt == 1) q->t_reserved = k3_now_ns();
     q->phase = RQ_RUNNING;
-    if (start_attach(q)) return;
+    if (start_attach(q)) goto out;
   }
   start_prefill(q);
+out:
+  free(c);
+  q->busy--;
+  rt_req_maybe_free(q);
+}
+
+/* ---- placement ---- */
+
+static int choose_decode(rt_req_t *q, const char *const *ex, size_t n_ex, size_t *di) {
+  rt_router_t *rt = q->rt;
+  int rc = rt_choose_decode_except(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, true, ex, n_ex, di);
+  if (rc == K3_ECAPACITY)
+    rc = rt_choose_decode_except(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, false, ex, n_ex, di);
+  return rc;
+}
+
+static void start_attempt(rt_req_t *q) {
+  rt_router_t *rt = q->rt;
+  const char *ex[RT_MAX_EXCLUDE];
+  for (int i = 0; i < q->n_excluded; i++) ex[i] = q->excluded[i];
+  size_t n_ex = (size_t)q->n_excluded, di, pi;
+  int rc = choose_decode(q, ex, n_ex, &di);
+  /* Exclusion is a preference: a worker still registered after failing this request (a dead
+   * one is gone from the registry at once, router/watch.c) is better than none, unless it
+   * refused for capacity. */
+  if (rc && n_ex && q->restart_code != K3_RPC_RESOURCE_EXHAUSTED) rc = choose_decode(q, NULL, 0, &di);
+  /* A request whose only candidates refused it for capacity ends the way its first attempt
+   * would have: RESOURCE_EXHAUSTED (retry later). */
+  if (rc == K3_ECAPACITY || (rc == K3_EUNAVAIL && n_ex && q->restart_code == K3_RPC_RESOURCE_EXHAUSTED)) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "no decode worker has capacity for %zu prompt + %u new tokens right now (retry later)",
+             q->n_prompt, q->max_new);
+    end_request(q, K3_RPC_RESOURCE_EXHAUSTED, msg);
+    return;
+  }
+  if (rc) {
+    end_request(q, K3_RPC_UNAVAILABLE,
+                q->attempt > 1 ? "no other decode worker is available (the others failed this request)"
+                               : "no decode worker is registered");
+    return;
+  }
+  rt_worker_t *dw = &rt->reg.workers[di];
+  if (rt_choose_prefill(&rt->reg, dw->info.fingerprint, ex, n_ex, &pi) &&
+      (!n_ex || rt_choose_prefill(&rt->reg, dw->info.fingerprint, NULL, 0, &pi))) {
+    end_request(q, K3_RPC_UNAVAILABLE,
+                q->attempt > 1 ? "no other prefill worker is available (the others failed this request)"
+                               : "no prefill worker is registered for this model");
+    return;
+  }
+  snprintf(q->decode_id, sizeof q->decode_id, "%s", dw->info.id);
+  snprintf(q->decode_addr, sizeof q->decode_addr, "%s", dw->info.address);
+  q->pending_pages = rt_pages_needed((int64_t)q->n_prompt, q->max_new, dw->info.page_tokens);
+  rt_worker_add_inflight(dw, q->pending_pages, 1);
+  q->decode_gen = dw->incarnation;
+  reserve(q);
+}
+
+/* Attempt 1 uses the client's id; attempt n > 1 "id#n" (ids too long for that keep a prefix and
+ * a hash of the whole id: still unique). */
+static void set_wid(rt_req_t *q) {
+  size_t n = strlen(q->id);
+  if (q->attempt <= 1) {
+    snprintf(q->wid, sizeof q->wid, "%s", q->id);
+  } else if (n + 12 < RT_WID_MAX) {
+    snprintf(q->wid, sizeof q->wid, "%s#%u", q->id, q->attempt);
+  } else {
+    snprintf(q->wid, sizeof q->wid, "%.100s#%016llx#%u", q->id, (unsigned long long)k3_hash64(q->id, n, 0),
+             q->attempt);
+  }
+}
+
+void rt_flow_start(rt_req_t *q) {
+  q->attempt = 1;
+  set_wid(q);
+  start_attempt(q);
 }

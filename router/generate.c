@@ -101,13 +101,59 @@ static int chat_to_json(const K3pd__V1__ChatInput *c, json_t **out, char *err, s
   return 0;
 }
 
-static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_req_t *q, char *err, size_t errlen) {
+/* A prompt being built on the tokenisation pool: the call (whose request message holds the text
+ * until the call is finished) and the chat messages given to the renderer. */
+typedef struct {
+  k3_rpc_call_t *call;
+  json_t *messages;
+  bool chat;
+} gpend_t;
+
+static const rt_sink_t grpc_sink;
+static void on_client_cancel(k3_rpc_call_t *call, void *arg);
+
+static void on_prompt(rt_req_t *q, void *arg, k3_tok_ids_t *ids, int rc, const char *err_in) {
+  gpend_t *gp = arg;
+  k3_rpc_call_t *call = gp->call;
+  char err[600];
+  snprintf(err, sizeof err, "%s", err_in);
+  if (gp->chat && rc == K3_EINVAL) chat_err_path(err, sizeof err);
+  json_decref(gp->messages);
+  free(gp);
+  k3_rpc_code_t code = K3_RPC_OK;
+  if (q->intake_cancel) {
+    code = q->intake_cancel;
+    snprintf(err, sizeof err, "%s", code == K3_RPC_DEADLINE_EXCEEDED ? "deadline exceeded" : "cancelled by the client");
+  } else if (rc) {
+    code = rc == K3_ENOMEM ? K3_RPC_RESOURCE_EXHAUSTED : rc == K3_ESHUTDOWN ? K3_RPC_UNAVAILABLE
+                                                                             : K3_RPC_INVALID_ARGUMENT;
+  } else if (rt_req_set_prompt(q, ids, err, sizeof err)) {
+    code = K3_RPC_INVALID_ARGUMENT;
+  }
+  if (code) {
+    rt_req_reject(q, code, err);
+    k3_rpc_call_finish(call, code, err);
+    return;
+  }
+  rt_req_launch(q, &grpc_sink, call);
+}
+
+/* Returns 0 (prompt set), K3_EINPROGRESS (being built off the loop: on_prompt continues) or an
+ * error with err naming the field. */
+static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_req_t *q, k3_rpc_call_t *call,
+                        char *err, size_t errlen) {
   k3_tok_ids_t ids = {0};
   int rc = 0;
   switch (g->input_case) {
-    case K3PD__V1__GENERATE_REQUEST__INPUT_TEXT:
-      rc = rt_prompt_text(rt, g->text ? g->text : "", g->text ? strlen(g->text) : 0, &ids, err, errlen);
-      break;
+    case K3PD__V1__GENERATE_REQUEST__INPUT_TEXT: {
+      gpend_t *gp = calloc(1, sizeof *gp);
+      if (!gp) return K3_ENOMEM;
+      gp->call = call;
+      rc = rt_prompt_text_async(q, g->text ? g->text : "", g->text ? strlen(g->text) : 0, q->max_new, on_prompt, gp,
+                                err, errlen);
+      if (rc != K3_EINPROGRESS) free(gp);
+      return rc;
+    }
     case K3PD__V1__GENERATE_REQUEST__INPUT_CHAT: {
       const K3pd__V1__ChatInput *c = g->chat;
       if (!c || c->n_messages == 0) {
@@ -127,10 +173,21 @@ static int build_prompt(rt_router_t *rt, const K3pd__V1__GenerateRequest *g, rt_
         snprintf(err, errlen, "chat.thinking_effort: must be \"\" (max), low, high, max or none");
         return K3_EINVAL;
       } else if (*eff) co.thinking_effort = eff;
-      rc = rt_prompt_chat(rt, arr, &co, &ids, err, errlen);
-      json_decref(arr);
-      if (rc == K3_EINVAL) chat_err_path(err, errlen);
-      break;
+      gpend_t *gp = calloc(1, sizeof *gp);
+      if (!gp) {
+        json_decref(arr);
+        return K3_ENOMEM;
+      }
+      gp->call = call;
+      gp->messages = arr;
+      gp->chat = true;
+      rc = rt_prompt_chat_async(q, arr, &co, q->max_new, on_prompt, gp, err, errlen);
+      if (rc != K3_EINPROGRESS) {
+        json_decref(arr);
+        free(gp);
+        if (rc == K3_EINVAL) chat_err_path(err, errlen);
+      }
+      return rc;
     }
     case K3PD__V1__GENERATE_REQUEST__INPUT_TOKEN_IDS:
       if (!g->token_ids || g->token_ids->n_ids == 0) {
@@ -173,7 +230,7 @@ static void send_chunk(rt_req_t *q, k3_rpc_call_t *call, const uint32_t *ids, si
     r.usage = &usage;
     uint64_t now = k3_now_ns();
     tm.queue_us = q->t_reserved ? (q->t_reserved - q->t_arrive) / 1000 : 0;
-    tm.prefill_us = q->t_prefill_done ? (q->t_prefill_done - q->t_prefill_start) / 1000 : 0;
+    tm.prefill_us = q->t_prefill_done > q->t_prefill_start ? (q->t_prefill_done - q->t_prefill_start) / 1000 : 0;
     tm.handoff_us = q->handoff_us;
     tm.first_token_us = q->t_first ? (q->t_first - q->t_arrive) / 1000 : 0;
     tm.decode_us = q->t_first ? (now - q->t_first) / 1000 : 0;
@@ -205,8 +262,12 @@ static const rt_sink_t grpc_sink = {grpc_tokens, grpc_finish, grpc_fail};
 
 static void on_client_cancel(k3_rpc_call_t *call, void *arg) {
   rt_req_t *q = arg;
-  if (q->sink_ctx != call || !q->sink) return;
   int64_t left = k3_rpc_call_deadline_left_ms(call);
+  if (q->intake_pending) { /* the prompt is on the tokenisation pool: on_prompt ends it */
+    q->intake_cancel = left <= 0 ? K3_RPC_DEADLINE_EXCEEDED : K3_RPC_CANCELLED;
+    return;
+  }
+  if (q->sink_ctx != call || !q->sink) return;
   rt_req_cancel(q, left <= 0 ? K3_RPC_DEADLINE_EXCEEDED : K3_RPC_CANCELLED,
                 left <= 0 ? "deadline exceeded" : "cancelled by the client");
 }
@@ -241,7 +302,11 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
                          .model_name = rt->model_name};
   int rc = k3_rpc_validate_generate_request(g, &lim, err, sizeof err);
   if (!rc) rc = rt_req_set_params(q, g->sampling, g->stop, g->return_logprobs, err, sizeof err);
-  if (!rc) rc = build_prompt(rt, g, q, err, sizeof err);
+  if (!rc) rc = build_prompt(rt, g, q, call, err, sizeof err);
+  if (rc == K3_EINPROGRESS) {
+    k3_rpc_call_set_cancel_cb(call, on_client_cancel, q);
+    return;
+  }
   if (rc) {
     k3_rpc_code_t c = rc == K3_ENOMEM ? K3_RPC_RESOURCE_EXHAUSTED : K3_RPC_INVALID_ARGUMENT;
     rt_req_reject(q, c, err);

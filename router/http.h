@@ -72,6 +72,10 @@ int64_t rt_http_started_unix(const rt_hreq_t *r);    /* when the router started 
 void rt_hreq_set_gen(rt_hreq_t *r, struct rt_req *q);
 /* Per-request state of the front (freed with the request by free_fn). */
 void rt_hreq_set_front(rt_hreq_t *r, void *p, void (*free_fn)(void *));
+/* A reference that keeps the request (and the front's state) alive across asynchronous work
+ * that is not a generation yet (the prompt on the tokenisation pool); release drops it. */
+void rt_hreq_hold(rt_hreq_t *r);
+void rt_hreq_release(rt_hreq_t *r);
 /* The request continues asynchronously: once the handler returns, the connection waits for a
  * reply or the stream's start (watching for the client going away and the deadline). */
 void rt_hreq_wait(rt_hreq_t *r);

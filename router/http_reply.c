@@ -97,6 +97,10 @@ static void watch_start(rt_hreq_t *r) {
 /* ---- the API for oai_*.c ---- */
 
 rt_router_t *rt_hreq_router(const rt_hreq_t *r) { return r->h->rt; }
+void rt_hreq_hold(rt_hreq_t *r) { r->refs++; }
+
+void rt_hreq_release(rt_hreq_t *r) { rt_hreq_unref(r); }
+
 uint64_t rt_hreq_arrival_ns(const rt_hreq_t *r) { return r->t_arrive; }
 uint32_t rt_hreq_timeout_ms(const rt_hreq_t *r) { return r->h->o.request_timeout_ms; }
 const char *rt_http_fingerprint(const rt_hreq_t *r) { return r->h->fingerprint; }

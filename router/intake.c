@@ -18,6 +18,7 @@
 #include "k3pd/util.h"
 #include "k3pd/v1/decode.pb-c.h"
 #include "req.h"
+#include "tokpool.h"
 
 int rt_req_new(rt_router_t *rt, const char *rid, const char *rid_field, int64_t deadline_left_ms, rt_req_t **out,
                k3_rpc_code_t *code, char *err, size_t errlen) {
@@ -193,6 +194,158 @@ int rt_prompt_ids(rt_router_t *rt, const uint32_t *ids, size_t n, const char *fi
   return 0;
 }
 
+/* ---- prompts built off the loop ---- */
+
+typedef struct {
+  rt_tokjob_t job;
+  rt_req_t *q;
+  rt_prompt_done_fn done;
+  void *arg;
+  int64_t ctx;      /* the context limit the cap came from (0: none registered) */
+  uint32_t max_new;
+} pjob_t;
+
+/* Most prompt tokens a request may have: what the largest decode context leaves after
+ * max_new (0 when nothing can fit). With no decode worker registered (the request fails later
+ * anyway), the model's position limit bounds the work. */
+static int64_t prompt_cap(rt_router_t *rt, uint32_t max_new, int64_t *ctx) {
+  *ctx = rt_max_context(&rt->reg, 0);
+  if (*ctx <= 0) return rt->cfg.max_position_embeddings > 0 ? rt->cfg.max_position_embeddings : (int64_t)1 << 20;
+  return *ctx > (int64_t)max_new ? *ctx - (int64_t)max_new : 0;
+}
+
+static void on_pjob(rt_tokjob_t *job) {
+  pjob_t *pj = job->arg;
+  rt_req_t *q = pj->q;
+  rt_router_t *rt = q->rt;
+  char err[600];
+  q->intake_pending = false;
+  k3_histogram_observe(k3_metric_default(rt->m.tokenize_seconds), (double)(job->wait_ns + job->work_ns) / 1e9);
+  int rc = job->rc;
+  snprintf(err, sizeof err, "%s", job->err);
+  if (rc == K3_ERANGE) {
+    rc = K3_EINVAL;
+    snprintf(err, sizeof err, "prompt: more than %zu tokens + stop.max_new_tokens %u exceed the context limit of %lld "
+             "tokens", job->max_ids, pj->max_new, (long long)(pj->ctx > 0 ? pj->ctx : (int64_t)job->max_ids));
+  } else if (rc && rc != K3_ENOMEM && rc != K3_ESHUTDOWN) {
+    if (job->kind == RT_TOK_TEXT && strncmp(err, "text", 4) != 0) prefix_err(err, sizeof err, "text: ");
+    rc = K3_EINVAL;
+  }
+  if (job->work_ns > 100000000ull)
+    K3_INFO("request %s: prompt of %zu tokens built in %.1f ms on the tokenisation pool (queued %.1f ms)", q->id,
+            job->ids.n, (double)job->work_ns / 1e6, (double)job->wait_ns / 1e6);
+  k3_tok_ids_t ids = job->ids;
+  rt_prompt_done_fn done = pj->done;
+  void *arg = pj->arg;
+  free(pj);
+  done(q, arg, &ids, rc, err);
+  free(ids.ids); /* unless done took it */
+}
+
+static int submit(rt_req_t *q, pjob_t *pj, rt_prompt_done_fn done, void *arg) {
+  pj->q = q;
+  pj->done = done;
+  pj->arg = arg;
+  pj->job.done = on_pjob;
+  pj->job.arg = pj;
+  q->intake_pending = true;
+  q->intake_cancel = K3_RPC_OK;
+  rt_tokpool_submit(q->rt->tokpool, &pj->job);
+  return K3_EINPROGRESS;
+}
+
+/* A context that leaves no room for any prompt: refused now (the launch would refuse it). */
+static int no_room(uint32_t max_new, int64_t ctx, char *err, size_t errlen) {
+  snprintf(err, errlen, "prompt: at least 1 token + stop.max_new_tokens %u exceed the context limit of %lld tokens",
+           max_new, (long long)ctx);
+  return K3_EINVAL;
+}
+
+int rt_prompt_text_async(rt_req_t *q, const char *text, size_t len, uint32_t max_new, rt_prompt_done_fn done,
+                         void *arg, char *err, size_t errlen) {
+  rt_router_t *rt = q->rt;
+  if (len == 0) {
+    snprintf(err, errlen, "text: must not be empty");
+    return K3_EINVAL;
+  }
+  if (!rt->tok || !rt->tokpool) {
+    snprintf(err, errlen, "text: this router has no tokenizer (started with --synthetic): send token ids");
+    return K3_EINVAL;
+  }
+  int64_t ctx, cap = prompt_cap(rt, max_new, &ctx);
+  if (cap == 0) return no_room(max_new, ctx, err, errlen);
+  /* Each id covers at most max_token_bytes of text: a longer text has more ids than fit. */
+  if (ctx > 0 && rt->max_token_bytes && (uint64_t)len > (uint64_t)cap * rt->max_token_bytes) {
+    snprintf(err, errlen, "prompt: a text of %zu bytes is more than %lld tokens (no token covers more than %zu bytes), "
+             "and %lld + stop.max_new_tokens %u exceed the context limit of %lld tokens", len, (long long)cap,
+             rt->max_token_bytes, (long long)cap + 1, max_new, (long long)ctx);
+    return K3_EINVAL;
+  }
+  pjob_t *pj = calloc(1, sizeof *pj);
+  if (!pj) return K3_ENOMEM;
+  pj->job.kind = RT_TOK_TEXT;
+  pj->job.text = text;
+  pj->job.len = len;
+  pj->job.max_ids = (size_t)cap;
+  pj->ctx = ctx;
+  pj->max_new = max_new;
+  return submit(q, pj, done, arg);
+}
+
+/* Bytes of caller text in a messages array (string contents and text parts): a lower bound of
+ * what the rendering encodes. */
+static uint64_t chat_text_bytes(const json_t *messages) {
+  uint64_t n = 0;
+  size_t i;
+  const json_t *m;
+  json_array_foreach(messages, i, m) {
+    const json_t *c = json_object_get(m, "content");
+    if (json_is_string(c)) {
+      n += json_string_length(c);
+    } else if (json_is_array(c)) {
+      size_t k;
+      const json_t *part;
+      json_array_foreach(c, k, part) {
+        const json_t *t = json_object_get(part, "text");
+        if (json_is_string(t)) n += json_string_length(t);
+      }
+    }
+  }
+  return n;
+}
+
+int rt_prompt_chat_async(rt_req_t *q, const json_t *messages, const k3_chat_opts_t *opts, uint32_t max_new,
+                         rt_prompt_done_fn done, void *arg, char *err, size_t errlen) {
+  rt_router_t *rt = q->rt;
+  if (!rt->tok || !rt->tokpool) {
+    snprintf(err, errlen, "messages: this router has no tokenizer (started with --synthetic): send token ids");
+    return K3_EINVAL;
+  }
+  if (!json_is_array(messages)) {
+    snprintf(err, errlen, "messages: expected an array");
+    return K3_EINVAL;
+  }
+  int64_t ctx, cap = prompt_cap(rt, max_new, &ctx);
+  if (cap == 0) return no_room(max_new, ctx, err, errlen);
+  uint64_t bytes = chat_text_bytes(messages);
+  if (ctx > 0 && rt->max_token_bytes && bytes > (uint64_t)cap * rt->max_token_bytes) {
+    snprintf(err, errlen, "messages: %llu bytes of content are more than %lld tokens (no token covers more than %zu "
+             "bytes), and %lld + stop.max_new_tokens %u exceed the context limit of %lld tokens",
+             (unsigned long long)bytes, (long long)cap, rt->max_token_bytes, (long long)cap + 1, max_new,
+             (long long)ctx);
+    return K3_EINVAL;
+  }
+  pjob_t *pj = calloc(1, sizeof *pj);
+  if (!pj) return K3_ENOMEM;
+  pj->job.kind = RT_TOK_CHAT;
+  pj->job.messages = messages;
+  pj->job.chat = *opts;
+  pj->job.max_ids = (size_t)cap;
+  pj->ctx = ctx;
+  pj->max_new = max_new;
+  return submit(q, pj, done, arg);
+}
+
 int rt_req_set_prompt(rt_req_t *q, k3_tok_ids_t *ids, char *err, size_t errlen) {
   if (ids->n == 0) {
     snprintf(err, errlen, "prompt: encodes to zero tokens");
@@ -226,8 +379,6 @@ void rt_req_launch(rt_req_t *q, const rt_sink_t *sink, void *ctx) {
                           .stop_strs = (const char *const *)q->stop_strs,
                           .n_stop_strs = q->n_stop_strs,
                           .skip_special = false};
-  int rc;
-  size_t di, pi;
   int64_t max_ctx = rt_max_context(&rt->reg, 0);
   if (!rt->tok && q->n_stop_strs) {
     rt_req_fail(q, K3_RPC_INVALID_ARGUMENT,
@@ -244,38 +395,8 @@ void rt_req_launch(rt_req_t *q, const rt_sink_t *sink, void *ctx) {
                 q->max_new, (long long)max_ctx);
     goto out;
   }
-  rc = rt_choose_decode(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, &di);
-  if (rc == K3_ECAPACITY) rc = rt_choose_decode_optimistic(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, &di);
-  if (rc == K3_EUNAVAIL) {
-    rt_req_fail(q, K3_RPC_UNAVAILABLE, "no decode worker is registered");
-    goto out;
-  }
-  if (rc == K3_ECAPACITY) {
-    rt_req_fail(q, K3_RPC_RESOURCE_EXHAUSTED,
-                "no decode worker has capacity for %zu prompt + %u new tokens right now (retry later)", q->n_prompt,
-                q->max_new);
-    goto out;
-  }
-  rt_worker_t *dw = &rt->reg.workers[di];
-  if (rt_choose_prefill(&rt->reg, dw->info.fingerprint, NULL, 0, &pi)) {
-    rt_req_fail(q, K3_RPC_UNAVAILABLE, "no prefill worker is registered for this model");
-    goto out;
-  }
-  snprintf(q->decode_id, sizeof q->decode_id, "%s", dw->info.id);
-  snprintf(q->decode_addr, sizeof q->decode_addr, "%s", dw->info.address);
-  q->pending_pages = rt_pages_needed((int64_t)q->n_prompt, q->max_new, dw->info.page_tokens);
-  rt_worker_add_inflight(dw, q->pending_pages, 1);
-  q->decode_gen = dw->incarnation;
-  K3pd__V1__ReserveRequest rr = K3PD__V1__RESERVE_REQUEST__INIT;
-  rr.request_id = q->id;
-  rr.n_prompt_tokens = (uint32_t)q->n_prompt;
-  rr.max_new_tokens = q->max_new;
-  rr.lease_ms = rt->lease_ms;
-  k3_rpc_call_opts_t o = {.timeout_ms = rt_req_timeout(q), .request_id = q->id};
   q->router_ns += k3_now_ns() - q->t_arrive; /* intake: validation, tokenisation and placement */
-  rc = k3_rpc_unary(rt->cli, q->decode_addr, "/k3pd.v1.Decode/Reserve", &rr.base, &k3pd__v1__reservation__descriptor,
-                    &o, rt_req_on_reserve_done, q, &q->reserve_call);
-  if (rc) rt_req_fail(q, K3_RPC_INTERNAL, "starting the reservation: %s", k3_strerror(rc));
+  rt_flow_start(q);
 out:
   q->busy--;
   rt_req_maybe_free(q);

@@ -18,6 +18,7 @@
 #include "k3pd/util.h"
 #include "http.h"
 #include "rt.h"
+#include "tokpool.h"
 
 typedef struct {
   rt_router_t rt;
@@ -31,8 +32,11 @@ static void on_http_done(void *arg) { ((app_t *)arg)->rt.http = NULL; }
 
 static void on_server_done(void *arg) {
   app_t *a = arg;
+  rt_tokpool_close(a->rt.tokpool); /* answers what is left with K3_ESHUTDOWN */
+  a->rt.tokpool = NULL;
   k3_rpc_client_close(a->rt.cli, on_client_closed, NULL);
   uv_close((uv_handle_t *)&a->rt.expiry_timer, NULL);
+  rt_lag_stop(&a->rt);
 }
 
 static void begin_shutdown(void *ud) {
@@ -60,8 +64,10 @@ int main(int argc, char **argv) {
   const char *synthetic = NULL, *synthetic_config = NULL;
   const char *metrics_host = NULL, *http_host = NULL, *http_port_file = NULL;
   int metrics_port = -1, http_port = -1, http_max_conns = 1024, http_idle_s = 60, http_timeout_ms = 600000;
-  int64_t http_max_body = (int64_t)32 << 20;
+  int64_t http_max_body = -1, max_request_bytes = -1;
+  int tokenize_threads = 2;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, lease_ms = 120000, max_new_limit = 4096, retries = 2;
+  int worker_retries = 3;
   a->drain_grace_ms = 30000;
   k3_flag_t flags[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "public gRPC address (port 0 = ephemeral)", false},
@@ -81,6 +87,8 @@ int main(int argc, char **argv) {
       {"max-new-tokens-limit", K3_FLAG_INT, &max_new_limit, "N", "largest max_new_tokens accepted", false},
       {"prefill-retries", K3_FLAG_INT, &retries, "N", "re-issue a failed prefill to another worker up to N times",
        false},
+      {"worker-retries", K3_FLAG_INT, &worker_retries, "N", "run a request again on other workers up to N times "
+       "after a worker failed it (a stream that sent tokens resumes where it was)", false},
       {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long requests may finish", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
       {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
@@ -91,8 +99,13 @@ int main(int argc, char **argv) {
        "manifests and `k3pd-cli up --http-port` turn it on)", false},
       {"http-host", K3_FLAG_STR, &http_host, "IP", "address the HTTP API binds (default all)", false},
       {"http-port-file", K3_FLAG_STR, &http_port_file, "FILE", "write the bound HTTP port here once serving", false},
-      {"http-max-body-bytes", K3_FLAG_I64, &http_max_body, "N", "largest HTTP request body (413 above; default 32M)",
-       false},
+      {"http-max-body-bytes", K3_FLAG_I64, &http_max_body, "N", "largest HTTP request body (413 above; default: "
+       "--max-request-bytes)", false},
+      {"max-request-bytes", K3_FLAG_I64, &max_request_bytes, "N", "largest gRPC request (RESOURCE_EXHAUSTED above, "
+       "refused by the transport before the router sees it); default 8 bytes per token of the model's context, "
+       "clamped to [1M, 64M] (8M for K3's 1M positions)", false},
+      {"tokenize-threads", K3_FLAG_INT, &tokenize_threads, "N", "threads that tokenise text and render chat prompts "
+       "off the event loop (1..64)", false},
       {"http-max-connections", K3_FLAG_INT, &http_max_conns, "N", "concurrent HTTP connections (default 1024)", false},
       {"http-idle-timeout-s", K3_FLAG_INT, &http_idle_s, "S", "close an HTTP connection silent this long while "
        "sending its request or between keep-alive requests (default 60)", false},
@@ -112,15 +125,21 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (k3_app_log_setup("k3pd-router", log_level)) return 2;
-  if (http_max_body < 1 || http_max_conns < 1 || http_idle_s < 1 || http_timeout_ms < 1) {
+  if (http_max_body == 0 || http_max_body < -1 || max_request_bytes == 0 || max_request_bytes < -1 ||
+      max_request_bytes > ((int64_t)1 << 31) - 1 || tokenize_threads < 1 || tokenize_threads > 64) {
+    fprintf(stderr, "k3pd-router: need --http-max-body-bytes and --max-request-bytes >= 1 (at most 2G for gRPC), "
+                    "--tokenize-threads in 1..64\n");
+    return 2;
+  }
+  if (http_max_conns < 1 || http_idle_s < 1 || http_timeout_ms < 1) {
     fprintf(stderr, "k3pd-router: need --http-max-body-bytes, --http-max-connections, --http-idle-timeout-s and "
                     "--http-timeout-ms >= 1\n");
     return 2;
   }
   if (heartbeat_ms < 10 || heartbeat_timeout_ms <= heartbeat_ms || lease_ms < 1 || max_new_limit < 1 ||
-      retries < 0) {
+      retries < 0 || worker_retries < 0) {
     fprintf(stderr, "k3pd-router: need --heartbeat-ms >= 10 < --heartbeat-timeout-ms, --lease-ms >= 1, "
-                    "--max-new-tokens-limit >= 1, --prefill-retries >= 0\n");
+                    "--max-new-tokens-limit >= 1, --prefill-retries >= 0, --worker-retries >= 0\n");
     return 2;
   }
   if ((model != NULL) + (synthetic != NULL) + (synthetic_config != NULL) != 1) {
@@ -146,6 +165,15 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-router: %s\n", err);
     return 1;
   }
+  /* The request size limit follows the context: 8 bytes per position of the model (prompts
+   * average ~4 bytes per token of text; token ids take 1-5 bytes each on the wire), clamped. */
+  if (max_request_bytes < 0) {
+    int64_t ctx = rt->cfg.max_position_embeddings > 0 ? rt->cfg.max_position_embeddings : (int64_t)1 << 20;
+    max_request_bytes = ctx * 8;
+    if (max_request_bytes < ((int64_t)1 << 20)) max_request_bytes = (int64_t)1 << 20;
+    if (max_request_bytes > ((int64_t)64 << 20)) max_request_bytes = (int64_t)64 << 20;
+  }
+  if (http_max_body < 0) http_max_body = max_request_bytes;
   /* The default stop ids follow the one rule k3pd-generate uses too (k3_model_config_stop_ids). */
   rt->n_eos_ids = k3_model_config_stop_ids(&rt->cfg, rt->eos_ids);
   if (model) {
@@ -178,6 +206,7 @@ int main(int argc, char **argv) {
   rt->lease_ms = (uint32_t)lease_ms;
   rt->max_new_tokens_limit = (uint32_t)max_new_limit;
   rt->prefill_retries = (uint32_t)retries;
+  rt->worker_retries = (uint32_t)worker_retries;
   rt_registry_init(&rt->reg);
   if (k3_metrics_init(&rt->mreg) || k3_router_metrics_register(rt->mreg, K3PD_VERSION, &rt->m)) {
     fprintf(stderr, "k3pd-router: cannot set up metrics\n");
@@ -186,7 +215,15 @@ int main(int argc, char **argv) {
   if (k3_app_metrics_http(rt->mreg, "k3pd-router", metrics_host, metrics_port, &rt->mhttp)) return 1;
   uv_loop_t *loop = uv_default_loop();
   rt->loop = loop;
-  rc = k3_rpc_server_init(loop, NULL, &rt->srv);
+  if (rt->tok) {
+    rt->max_token_bytes = k3_tok_max_token_bytes(rt->tok);
+    if (rt_tokpool_init(loop, rt->tok, tokenize_threads, &rt->tokpool)) {
+      fprintf(stderr, "k3pd-router: cannot start the tokenisation pool\n");
+      return 1;
+    }
+  }
+  k3_rpc_server_opts_t so = {.max_msg_bytes = (uint32_t)max_request_bytes};
+  rc = k3_rpc_server_init(loop, &so, &rt->srv);
   if (!rc) rc = rt_cluster_register(rt);
   if (!rc) rc = rt_generate_register(rt);
   int port = 0;
@@ -197,6 +234,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   rt_expiry_start(rt);
+  rt_lag_start(rt);
   if (http_port >= 0) {
     rt_http_opts_t ho = {.host = http_host,
                          .port = http_port,
@@ -232,8 +270,9 @@ int main(int argc, char **argv) {
     int n = snprintf(buf, sizeof buf, "%d\n", port);
     if (k3_write_file(port_file, buf, (size_t)n)) K3_WARN("cannot write --port-file %s", port_file);
   }
-  K3_INFO("serving model \"%s\" (%s) on port %d; eos ids %d", rt->model_name, k3_model_type_name(rt->cfg.type), port,
-          rt->n_eos_ids);
+  K3_INFO("serving model \"%s\" (%s) on port %d; eos ids %d; requests up to %lld bytes, tokenised on %d threads "
+          "(longest token %zu bytes)", rt->model_name, k3_model_type_name(rt->cfg.type), port, rt->n_eos_ids,
+          (long long)max_request_bytes, rt->tokpool ? tokenize_threads : 0, rt->max_token_bytes);
   uv_run(loop, UV_RUN_DEFAULT);
   rt_registry_free(&rt->reg);
   k3_tok_free(rt->tok);

@@ -398,8 +398,16 @@ static void whole_completion(rt_oai_t *o, const rt_req_t *q, rt_jw_t *w, const c
   rt_jw_raw(w, "}\n");
 }
 
+static void on_fail(rt_req_t *q, void *ctx, k3_rpc_code_t code, const char *msg);
+
 static void on_finish(rt_req_t *q, void *ctx, const char *tail, size_t len) {
   rt_oai_t *o = ctx;
+  if (q->finish_reason == K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR) {
+    /* The gRPC API's final chunk with FINISH_REASON_ERROR has no OpenAI equivalent: a stream
+     * that started gets the error event, a whole response 503 (retryable). */
+    on_fail(q, ctx, K3_RPC_UNAVAILABLE, "the cluster lost the workers of this request and could not resume it: retry");
+    return;
+  }
   rt_hreq_set_gen(o->hr, NULL);
   if (o->stream && !o->started) begin_stream(o);
   const char *fr;

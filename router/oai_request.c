@@ -438,16 +438,95 @@ static int check_chat_logprobs(rt_oai_t *o, json_t *root) {
   return 0;
 }
 
+/* One request between its checks and its launch. Its prompt may be built off the loop
+ * (tokpool.h): then this holds the HTTP request (a reference) and the JSON the prompt and the
+ * parameters point into, until after_prompt ran. */
+typedef struct {
+  rt_hreq_t *r;
+  rt_oai_t *o;
+  rt_req_t *q;
+  params_t p;
+  k3_chat_opts_t co;
+  json_t *root, *filtered;
+  bool chat, held;
+} hpend_t;
+
+static void hpend_free(hpend_t *hp) {
+  json_decref(hp->filtered);
+  json_decref(hp->root);
+  if (hp->held) rt_hreq_release(hp->r); /* may free the request and the front's state */
+  free(hp);
+}
+
+/* The rest of the intake once the prompt is known (or failed): the default length, the
+ * parameters, the launch. Frees hp. */
+static void after_prompt(rt_req_t *q, void *arg, k3_tok_ids_t *ids, int rc, const char *err_in) {
+  hpend_t *hp = arg;
+  rt_oai_t *o = hp->o;
+  rt_router_t *rt = o->rt;
+  params_t *p = &hp->p;
+  char err[768];
+  snprintf(err, sizeof err, "%s", err_in ? err_in : "");
+  k3_rpc_code_t code = K3_RPC_OK;
+  if (hp->held && rt_hreq_gone(hp->r)) { /* the client left while the prompt was being built */
+    rt_req_reject(q, K3_RPC_CANCELLED, "client disconnected");
+    hpend_free(hp);
+    return;
+  }
+  if (hp->held && q->deadline_left_ms != INT64_MAX && rt_req_timeout(q) <= 1) {
+    code = K3_RPC_DEADLINE_EXCEEDED;
+    snprintf(err, sizeof err, "deadline exceeded");
+  } else if (rc) {
+    code = rc == K3_ENOMEM ? K3_RPC_RESOURCE_EXHAUSTED : rc == K3_ESHUTDOWN ? K3_RPC_UNAVAILABLE
+                                                                             : K3_RPC_INVALID_ARGUMENT;
+  } else {
+    /* The default length: chat as much as fits (the limit, or what the context leaves);
+     * completions 16 tokens, as OpenAI's. */
+    int64_t max_new = p->max_new ? p->max_new : hp->chat ? (int64_t)rt->max_new_tokens_limit : 16;
+    int64_t ctx = rt_context_limit(rt);
+    if (!p->max_new && ctx > 0 && ctx - (int64_t)ids->n < max_new) max_new = ctx - (int64_t)ids->n;
+    p->st.max_new_tokens = max_new < 1 ? (uint32_t)(p->max_new ? p->max_new : 1) : (uint32_t)max_new;
+    k3_rpc_limits_t lim = {.vocab_size = (uint32_t)rt->cfg.vocab_size, .max_new_tokens = rt->max_new_tokens_limit};
+    rc = k3_rpc_validate_sampling(&p->s, "sampling", err, sizeof err);
+    if (!rc) rc = k3_rpc_validate_stop(&p->st, &lim, "stop", err, sizeof err);
+    if (!rc) rc = rt_req_set_params(q, &p->s, &p->st, o->want_logprobs, err, sizeof err);
+    if (!rc) rc = rt_req_set_prompt(q, ids, err, sizeof err);
+    if (rc) code = rc == K3_ENOMEM ? K3_RPC_RESOURCE_EXHAUSTED : K3_RPC_INVALID_ARGUMENT;
+  }
+  if (code) {
+    rt_req_reject(q, code, err);
+    rt_oai_fail(o, code, err);
+    hpend_free(hp);
+    return;
+  }
+  if (hp->chat) rt_oai_init_parser(o);
+  rt_hreq_set_gen(hp->r, q);
+  rt_hreq_wait(hp->r);
+  rt_req_launch(q, &rt_oai_sink, o); /* a failure here answers through the sink */
+  hpend_free(hp);
+}
+
+/* The text of a completions prompt ("text" or ["text"]), or NULL for token ids. */
+static json_t *completions_text(json_t *root) {
+  json_t *p = json_object_get(root, "prompt");
+  if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
+    p = json_array_get(p, 0);
+  return json_is_string(p) ? p : NULL;
+}
+
 static void handle(rt_hreq_t *r, const char *body, size_t len, bool chat) {
   rt_router_t *rt = rt_hreq_router(r);
   json_error_t je;
-  json_t *root = json_loadb(body, len, 0, &je), *filtered = NULL;
+  json_t *root = json_loadb(body, len, 0, &je);
   if (!root) {
     json_error(r, &je, len);
     return;
   }
   rt_oai_t *o = calloc(1, sizeof *o);
-  if (!o) {
+  hpend_t *hp = calloc(1, sizeof *hp);
+  if (!o || !hp) {
+    free(o);
+    free(hp);
     json_decref(root);
     rt_hreq_error(r, 500, "server_error", NULL, "internal_error", "router out of memory");
     return;
@@ -459,10 +538,13 @@ static void handle(rt_hreq_t *r, const char *body, size_t len, bool chat) {
   o->created = k3_wall_ms() / 1000;
   o->max_field = "max_tokens";
   snprintf(o->model, sizeof o->model, "%s", rt->model_name);
-  params_t p;
-  memset(&p, 0, sizeof p);
-  k3_chat_opts_t co;
-  k3_chat_opts_default(&co);
+  hp->r = r;
+  hp->o = o;
+  hp->root = root;
+  hp->chat = chat;
+  params_t *p = &hp->p;
+  k3_chat_opts_t *co = &hp->co;
+  k3_chat_opts_default(co);
   json_t *messages = NULL;
   k3_tok_ids_t ids = {0};
   char err[768];
@@ -478,8 +560,8 @@ static void handle(rt_hreq_t *r, const char *body, size_t len, bool chat) {
     goto out;
   }
   if (chat ? parse_messages(o, root, &messages) : check_completions_fields(o, root)) goto out;
-  if (parse_common(o, root, &p)) goto out;
-  if (chat && (check_chat_logprobs(o, root) || parse_tools(o, root, &co, &filtered) || parse_thinking(o, root, &co)))
+  if (parse_common(o, root, p)) goto out;
+  if (chat && (check_chat_logprobs(o, root) || parse_tools(o, root, co, &hp->filtered) || parse_thinking(o, root, co)))
     goto out;
   json_t *rf = chat ? json_object_get(root, "response_format") : NULL;
   if (rf && !json_is_null(rf)) {
@@ -492,9 +574,9 @@ static void handle(rt_hreq_t *r, const char *body, size_t len, bool chat) {
       bad(r, "response_format.json_schema", "invalid_value", "required (an object with a schema) for type json_schema");
       goto out;
     }
-    co.response_format = rf;
+    co->response_format = rf;
   }
-  o->thinking = co.thinking;
+  o->thinking = co->thinking;
   /* The request enters the one request path here. */
   rt_req_t *q;
   k3_rpc_code_t code;
@@ -506,36 +588,32 @@ static void handle(rt_hreq_t *r, const char *body, size_t len, bool chat) {
     goto out;
   }
   q->t_arrive = rt_hreq_arrival_ns(r);
+  hp->q = q;
   snprintf(o->id, sizeof o->id, "%s%s", chat ? "chatcmpl-" : "cmpl-", q->id);
-  int rc = chat ? rt_prompt_chat(rt, messages, &co, &ids, err, sizeof err)
-                : prompt_completions(o, root, &ids, err, sizeof err);
-  if (!rc) {
-    /* The default length: chat as much as fits (the limit, or what the context leaves);
-     * completions 16 tokens, as OpenAI's. */
-    int64_t max_new = p.max_new ? p.max_new : chat ? (int64_t)rt->max_new_tokens_limit : 16;
-    int64_t ctx = rt_context_limit(rt);
-    if (!p.max_new && ctx > 0 && ctx - (int64_t)ids.n < max_new) max_new = ctx - (int64_t)ids.n;
-    p.st.max_new_tokens = max_new < 1 ? (uint32_t)(p.max_new ? p.max_new : 1) : (uint32_t)max_new;
-    k3_rpc_limits_t lim = {.vocab_size = (uint32_t)rt->cfg.vocab_size, .max_new_tokens = rt->max_new_tokens_limit};
-    rc = k3_rpc_validate_sampling(&p.s, "sampling", err, sizeof err);
-    if (!rc) rc = k3_rpc_validate_stop(&p.st, &lim, "stop", err, sizeof err);
-    if (!rc) rc = rt_req_set_params(q, &p.s, &p.st, o->want_logprobs, err, sizeof err);
-    if (!rc) rc = rt_req_set_prompt(q, &ids, err, sizeof err);
+  /* Text and chat prompts are built off the loop; token ids are only copied. */
+  json_t *text = chat ? NULL : completions_text(root);
+  int rc;
+  if (chat) rc = rt_prompt_chat_async(q, messages, co, (uint32_t)p->max_new, after_prompt, hp, err, sizeof err);
+  else if (text && json_string_length(text) == 0) {
+    snprintf(err, sizeof err, "prompt: must not be empty");
+    rc = K3_EINVAL;
+  } else if (text)
+    rc = rt_prompt_text_async(q, json_string_value(text), json_string_length(text), (uint32_t)p->max_new, after_prompt,
+                              hp, err, sizeof err);
+  else
+    rc = prompt_completions(o, root, &ids, err, sizeof err);
+  if (rc == K3_EINPROGRESS) {
+    hp->held = true;
+    rt_hreq_hold(r);
+    rt_hreq_wait(r); /* the connection waits; a client that leaves is noticed in after_prompt */
+    return;
   }
-  if (rc) {
-    code = rc == K3_ENOMEM ? K3_RPC_RESOURCE_EXHAUSTED : K3_RPC_INVALID_ARGUMENT;
-    rt_req_reject(q, code, err);
-    rt_oai_fail(o, code, err);
-    goto out;
-  }
-  if (chat) rt_oai_init_parser(o);
-  rt_hreq_set_gen(r, q);
-  rt_hreq_wait(r);
-  rt_req_launch(q, &rt_oai_sink, o); /* a failure here answers through the sink */
+  after_prompt(q, hp, &ids, rc, err);
+  free(ids.ids);
+  return;
 out:
   free(ids.ids);
-  json_decref(filtered);
-  json_decref(root);
+  hpend_free(hp);
 }
 
 void rt_oai_chat(rt_hreq_t *r, const char *body, size_t len) { handle(r, body, len, true); }

@@ -139,8 +139,14 @@ int64_t rt_pages_needed(int64_t prompt_tokens, int64_t max_new_tokens, int32_t p
   return (t + page_tokens - 1) / page_tokens;
 }
 
+static bool excluded(const char *id, const char *const *exclude, size_t n_exclude) {
+  for (size_t k = 0; k < n_exclude; k++)
+    if (strcmp(exclude[k], id) == 0) return true;
+  return false;
+}
+
 static int choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens, uint64_t fingerprint,
-                         bool use_reports, size_t *out) {
+                         bool use_reports, const char *const *exclude, size_t n_exclude, size_t *out) {
   bool any = false;
   double best_util = 2.0;
   int32_t best_running = 0;
@@ -149,6 +155,7 @@ static int choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t 
     const rt_worker_t *w = &r->workers[i];
     if (w->info.role != RT_ROLE_DECODE || w->state != RT_WORKER_ACTIVE) continue;
     if (fingerprint && w->info.fingerprint != fingerprint) continue;
+    if (excluded(w->info.id, exclude, n_exclude)) continue;
     any = true;
     int64_t need = rt_pages_needed(prompt_tokens, max_new_tokens, w->info.page_tokens);
     int64_t rp = use_reports ? w->info.kv_pages_used : 0, rs = use_reports ? w->info.kda_slots_used : 0;
@@ -177,12 +184,18 @@ static int choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t 
 
 int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens, uint64_t fingerprint,
                      size_t *out) {
-  return choose_decode(r, prompt_tokens, max_new_tokens, fingerprint, true, out);
+  return choose_decode(r, prompt_tokens, max_new_tokens, fingerprint, true, NULL, 0, out);
+}
+
+int rt_choose_decode_except(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens,
+                            uint64_t fingerprint, bool use_reports, const char *const *exclude, size_t n_exclude,
+                            size_t *out) {
+  return choose_decode(r, prompt_tokens, max_new_tokens, fingerprint, use_reports, exclude, n_exclude, out);
 }
 
 int rt_choose_decode_optimistic(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens,
                                 uint64_t fingerprint, size_t *out) {
-  return choose_decode(r, prompt_tokens, max_new_tokens, fingerprint, false, out);
+  return choose_decode(r, prompt_tokens, max_new_tokens, fingerprint, false, NULL, 0, out);
 }
 
 int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *const *exclude, size_t n_exclude,
@@ -193,9 +206,7 @@ int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *
     const rt_worker_t *w = &r->workers[i];
     if (w->info.role != RT_ROLE_PREFILL || w->state != RT_WORKER_ACTIVE) continue;
     if (fingerprint && w->info.fingerprint != fingerprint) continue;
-    bool skip = false;
-    for (size_t k = 0; k < n_exclude && !skip; k++) skip = strcmp(exclude[k], w->info.id) == 0;
-    if (skip) continue;
+    if (excluded(w->info.id, exclude, n_exclude)) continue;
     int64_t q = w->info.queued_prompt_tokens + w->pending_prompt_tokens;
     if (best == (size_t)-1 || q < best_q || (q == best_q && strcmp(w->info.id, r->workers[best].info.id) < 0)) {
       best = i;

@@ -101,6 +101,12 @@ int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_
  * worker's Reserve is the final judge, so a stale report never turns away a request that fits. */
 int rt_choose_decode_optimistic(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens,
                                 uint64_t fingerprint, size_t *out);
+/* Either of the two above (use_reports false = optimistic), skipping the decode workers whose
+ * ids are in `exclude` (a request restarted after a decode worker failed it). K3_EUNAVAIL when
+ * no other eligible decode worker exists. */
+int rt_choose_decode_except(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens,
+                            uint64_t fingerprint, bool use_reports, const char *const *exclude, size_t n_exclude,
+                            size_t *out);
 /* Chooses a prefill worker with the fingerprint (0 = any), skipping ids in `exclude` (for
  * retries after a prefill failed). Returns 0 and the index, or K3_EUNAVAIL. */
 int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *const *exclude, size_t n_exclude,

@@ -53,7 +53,7 @@ uint32_t rt_live_requests(const rt_router_t *rt) {
  * soon as the request ends, not when its memory goes: a worker call may still be completing then
  * (e.g. the Prefill reply after the last token), and a client that sends its next request as
  * soon as the previous one ended must not be refused for capacity the router still counted. */
-static void drop_inflight(rt_req_t *q) {
+void rt_req_drop_inflight(rt_req_t *q) {
   if (q->pending_pages <= 0) return;
   rt_worker_t *dw = q->decode_id[0] ? rt_registry_find(&q->rt->reg, q->decode_id) : NULL;
   if (dw && dw->incarnation == q->decode_gen) rt_worker_sub_inflight(dw, q->pending_pages, 1);
@@ -62,7 +62,7 @@ static void drop_inflight(rt_req_t *q) {
 
 void rt_req_free(rt_req_t *q) {
   rt_router_t *rt = q->rt;
-  drop_inflight(q);
+  rt_req_drop_inflight(q);
   for (rt_req_t **pp = &rt->reqs; *pp; pp = &(*pp)->next) {
     if (*pp == q) {
       *pp = q->next;
@@ -74,18 +74,19 @@ void rt_req_free(rt_req_t *q) {
   for (size_t i = 0; i < q->n_stop_strs; i++) free(q->stop_strs[i]);
   free(q->stop_strs);
   free(q->desc);
+  free(q->sent);
   k3_detok_free(q->detok);
   free(q);
 }
 
 /* The request's memory goes once no call of ours is in flight and the sink was detached. */
 void rt_req_maybe_free(rt_req_t *q) {
-  if (q->busy || q->sink || q->reserve_call || q->prefill_call || q->attach_call) return;
+  if (q->busy || q->sink || q->reserve_call || q->prefill_call || q->attach_call || q->stale_calls) return;
   rt_req_free(q);
 }
 
 uint32_t rt_req_timeout(rt_req_t *q) {
-  if (q->deadline_left_ms == INT64_MAX) return 0; /* client default */
+  if (q->deadline_left_ms == INT64_MAX) return RT_NO_DEADLINE_MS;
   int64_t elapsed = (int64_t)((k3_now_ns() - q->t_arrive) / 1000000);
   int64_t left = q->deadline_left_ms - elapsed;
   return left < 1 ? 1 : (uint32_t)left;
@@ -101,7 +102,7 @@ static void on_release_done(void *arg, const k3_rpc_status_t *st, const Protobuf
 static void send_release(rt_req_t *q, uint64_t epoch) {
   q->released = true;
   K3pd__V1__ReleaseRequest rr = K3PD__V1__RELEASE_REQUEST__INIT;
-  rr.request_id = q->id;
+  rr.request_id = q->wid;
   rr.epoch = epoch;
   k3_rpc_call_opts_t o = {.timeout_ms = 2000, .request_id = q->id};
   k3_rpc_unary(q->rt->cli, q->decode_addr, "/k3pd.v1.Decode/Release", &rr.base,
@@ -122,7 +123,7 @@ void rt_req_release_decode_any(rt_req_t *q) {
 void rt_req_abort_prefill(rt_req_t *q) {
   if (!q->prefill_call) return;
   K3pd__V1__AbortRequest ar = K3PD__V1__ABORT_REQUEST__INIT;
-  ar.request_id = q->id;
+  ar.request_id = q->wid;
   k3_rpc_call_opts_t o = {.timeout_ms = 2000, .request_id = q->id};
   k3_rpc_unary(q->rt->cli, q->prefill_addr, "/k3pd.v1.Prefill/Abort", &ar.base, &k3pd__v1__abort_response__descriptor,
                &o, on_release_done, NULL, NULL);
@@ -136,7 +137,7 @@ static void log_done(rt_req_t *q, const char *outcome) {
           "handoff %.2f ms, first token %.2f ms, total %.2f ms",
           q->id, outcome, q->n_prompt, q->completion_tokens, q->decode_id[0] ? q->decode_id : "-",
           q->prefill_id[0] ? q->prefill_id : "-", q->t_reserved ? (double)(q->t_reserved - q->t_arrive) * ms : 0.0,
-          q->t_prefill_done ? (double)(q->t_prefill_done - q->t_prefill_start) * ms : 0.0,
+          q->t_prefill_done > q->t_prefill_start ? (double)(q->t_prefill_done - q->t_prefill_start) * ms : 0.0,
           (double)q->handoff_us / 1e3, q->t_first ? (double)(q->t_first - q->t_arrive) * ms : 0.0,
           (double)(end - q->t_arrive) * ms);
 }
@@ -151,7 +152,7 @@ void rt_req_fail(rt_req_t *q, k3_rpc_code_t code, const char *fmt, ...) {
   q->phase = RQ_DONE;
   q->busy++;
   q->t_end = k3_now_ns();
-  drop_inflight(q);
+  rt_req_drop_inflight(q);
   rt_req_abort_prefill(q);
   if (q->attach_call) k3_rpc_ccall_cancel(q->attach_call);
   if (q->reserve_call) k3_rpc_ccall_cancel(q->reserve_call);
@@ -178,7 +179,7 @@ void rt_req_finish_ok(rt_req_t *q) {
   q->phase = RQ_DONE;
   q->busy++;
   q->t_end = k3_now_ns();
-  drop_inflight(q);
+  rt_req_drop_inflight(q);
   k3_tok_str_t tail = {0};
   if (!q->stopped_by_string && q->detok) k3_detok_finish(q->detok, &tail);
   q->rt->n_ok++;
@@ -195,11 +196,66 @@ void rt_req_finish_ok(rt_req_t *q) {
   rt_req_maybe_free(q);
 }
 
+void rt_req_finish_error(rt_req_t *q, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (q->phase == RQ_DONE) return;
+  q->phase = RQ_DONE;
+  q->busy++;
+  q->t_end = k3_now_ns();
+  q->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR;
+  rt_req_drop_inflight(q);
+  rt_req_abort_prefill(q);
+  if (q->attach_call) k3_rpc_ccall_cancel(q->attach_call);
+  if (q->reserve_call) k3_rpc_ccall_cancel(q->reserve_call);
+  rt_req_release_decode(q);
+  k3_tok_str_t tail = {0};
+  if (!q->stopped_by_string && q->detok) k3_detok_finish(q->detok, &tail);
+  q->rt->n_failed++;
+  rt_req_account_end(q, K3_RPC_UNAVAILABLE);
+  K3_WARN("request %s: ends with FINISH_REASON_ERROR after %u tokens: %s", q->id, q->completion_tokens, msg);
+  log_done(q, "error");
+  if (q->sink) {
+    const rt_sink_t *sk = q->sink;
+    q->sink = NULL;
+    sk->finish(q, q->sink_ctx, tail.data ? tail.data : "", tail.len);
+  }
+  free(tail.data);
+  q->busy--;
+  rt_req_maybe_free(q);
+}
+
+/* Records a relayed id (for the replay check of a resumed attempt). */
+static int remember_sent(rt_req_t *q, uint32_t idx, uint32_t id) {
+  if (idx >= q->cap_sent) {
+    uint32_t nc = q->cap_sent ? q->cap_sent * 2 : 16;
+    if (nc <= idx) nc = idx + 16;
+    uint32_t *ns = realloc(q->sent, nc * sizeof *ns);
+    if (!ns) return K3_ENOMEM;
+    q->sent = ns;
+    q->cap_sent = nc;
+  }
+  q->sent[idx] = id;
+  return 0;
+}
+
 /* Relays tokens [first_index, first_index + n) of the completion; indices already sent (the
- * first token is forwarded from the Prefill reply as soon as it arrives) are skipped. */
+ * first token is forwarded from the Prefill reply as soon as it arrives; a resumed attempt
+ * replays everything streamed before) are skipped after checking they equal what was sent. */
 void rt_req_relay(rt_req_t *q, uint32_t first_index, const uint32_t *ids, size_t n,
                          K3pd__V1__TokenLogprob *const *lps, size_t n_lps) {
   size_t skip = first_index < q->completion_tokens ? q->completion_tokens - first_index : 0;
+  if (skip > n) skip = n;
+  for (size_t i = 0; i < skip; i++) {
+    if (ids[i] != q->sent[first_index + i]) {
+      rt_req_finish_error(q, "decode worker %s replayed token %u at index %zu where %u was streamed", q->decode_id,
+                          ids[i], first_index + i, q->sent[first_index + i]);
+      return;
+    }
+  }
   if (skip >= n) return;
   ids += skip;
   n -= skip;
@@ -214,6 +270,7 @@ void rt_req_relay(rt_req_t *q, uint32_t first_index, const uint32_t *ids, size_t
     /* no tokenizer (token-only router): ids only, no text, no stop strings */
     int st = q->detok ? k3_detok_feed(q->detok, (int32_t)ids[i], &text)
                       : (int64_t)ids[i] < q->rt->cfg.vocab_size ? 0 : -1;
+    if (st >= 0 && remember_sent(q, q->completion_tokens + (uint32_t)n_send, ids[i])) st = K3_ENOMEM;
     n_send++;
     if (st == K3_DETOK_STOP_STR) stop_str = true;
     if (st < 0) {

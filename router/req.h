@@ -28,7 +28,8 @@
 #include "k3pd/v1/common.pb-c.h"
 #include "rt.h"
 
-#define RT_MAX_EXCLUDE 8
+#define RT_MAX_EXCLUDE 16
+#define RT_WID_MAX 129 /* worker-side request ids: <= 128 bytes, as every worker accepts */
 
 typedef enum { RQ_RESERVING = 0, RQ_RUNNING, RQ_DONE } rq_phase_t;
 
@@ -67,23 +68,36 @@ typedef struct rt_req {
   char **stop_strs;
   size_t n_stop_strs;
   bool want_logprobs;
-  /* placement */
+  /* placement: the current attempt (flow.c). A worker failure moves the request to other
+   * workers: a new attempt (attempt + 1) with the failed worker excluded; the calls of earlier
+   * attempts are cancelled and only counted (stale_calls) until their callbacks ran. */
+  uint32_t attempt;       /* current attempt, 1.. */
+  char wid[RT_WID_MAX];   /* the request id the workers see in this attempt: id, then id#2, id#3...
+                             (an earlier attempt's reservation may still be being torn down on
+                             the same worker; distinct ids never collide there) */
+  int restarts;           /* attempts after the first (bounded by --worker-retries) */
+  k3_rpc_code_t restart_code; /* why the last attempt was given up */
   char decode_id[RT_ID_MAX], decode_addr[RT_ADDR_MAX];
   char prefill_id[RT_ID_MAX], prefill_addr[RT_ADDR_MAX];
-  char excluded[RT_MAX_EXCLUDE][RT_ID_MAX];
+  char excluded[RT_MAX_EXCLUDE][RT_ID_MAX]; /* workers (either role) this request avoids */
   int n_excluded;
-  int retries;            /* prefill re-issues so far (bounded by --prefill-retries) */
+  int retries;            /* prefill re-issues in this attempt (bounded by --prefill-retries) */
   int64_t pending_pages;  /* counted in the decode worker's in-flight total until the request ends */
   uint32_t decode_gen;    /* registration the in-flight count was added to */
-  uint64_t epoch;
+  uint64_t epoch;         /* the current reservation's (0 = none yet in this attempt) */
   uint8_t *desc;
   size_t desc_len;
-  /* calls in flight */
+  /* calls in flight of the current attempt, and of earlier ones */
   k3_rpc_ccall_t *reserve_call, *prefill_call, *attach_call;
+  int stale_calls;
   bool prefill_ok, attach_done, released;
   /* output */
   k3_detok_t *detok;
   uint32_t completion_tokens;
+  uint32_t *sent;         /* ids relayed so far (completion_tokens of them): a resumed attempt's
+                             replay of them is checked against these */
+  uint32_t cap_sent;
+  bool replay_mismatch;   /* a resumed attempt produced other tokens than those already sent */
   int finish_reason;
   bool stopped_by_string;
   /* timings (k3_now_ns) */
@@ -91,6 +105,8 @@ typedef struct rt_req {
   uint64_t handoff_us;
   int64_t deadline_left_ms;
   int busy; /* > 0 while a function up the stack still uses the request: frees are deferred */
+  bool intake_pending;          /* its prompt is being built on the tokenisation pool */
+  k3_rpc_code_t intake_cancel;  /* the client cancelled (or its deadline passed) meanwhile */
   uint64_t t_last_tok;   /* for inter-token latency */
   uint64_t router_ns;    /* time spent in this request's router handlers (added latency) */
   bool counted;          /* counted as an active stream */
@@ -123,6 +139,19 @@ int rt_prompt_chat(rt_router_t *rt, const json_t *messages, const k3_chat_opts_t
                    size_t errlen);
 int rt_prompt_ids(rt_router_t *rt, const uint32_t *ids, size_t n, const char *field, k3_tok_ids_t *out, char *err,
                   size_t errlen);
+/* The same for text and chat, off the loop (router/tokpool.c), with the request's limits:
+ * a text (or chat content) longer than what the context leaves for the prompt times the
+ * vocabulary's longest token cannot fit and is refused before any work (K3_EINVAL, "prompt:
+ * ..." / "messages: ..."), and tokenisation stops once the prompt has more tokens than fit.
+ * max_new: the request's stop.max_new_tokens (0 = not known yet). Returns K3_EINPROGRESS and
+ * later runs done(q, arg, ids, rc, err) on the loop (ids owned by done; rc 0, K3_EINVAL with err
+ * naming the field, K3_ENOMEM or K3_ESHUTDOWN); any other return is a synchronous failure (done
+ * never runs). While pending, q->intake_pending is set and the inputs must stay valid. */
+typedef void (*rt_prompt_done_fn)(rt_req_t *q, void *arg, k3_tok_ids_t *ids, int rc, const char *err);
+int rt_prompt_text_async(rt_req_t *q, const char *text, size_t len, uint32_t max_new, rt_prompt_done_fn done,
+                         void *arg, char *err, size_t errlen);
+int rt_prompt_chat_async(rt_req_t *q, const json_t *messages, const k3_chat_opts_t *opts, uint32_t max_new,
+                         rt_prompt_done_fn done, void *arg, char *err, size_t errlen);
 /* Takes ownership of the prompt (ids->ids; ids is zeroed). K3_EINVAL for an empty prompt. */
 int rt_req_set_prompt(rt_req_t *q, k3_tok_ids_t *ids, char *err, size_t errlen);
 /* Largest prompt + max_new_tokens a decode worker takes now (0 = no decode worker reports one). */
@@ -136,10 +165,15 @@ void rt_req_launch(rt_req_t *q, const rt_sink_t *sink, void *ctx);
 #define rt_req_cancel rt_req_fail
 
 /* req.c */
-uint32_t rt_req_timeout(rt_req_t *q); /* ms left of the client's deadline for a worker call (0 = none) */
+/* ms left of the client's deadline for a worker call; RT_NO_DEADLINE_MS when the client set none
+ * (every worker call has a deadline). */
+#define RT_NO_DEADLINE_MS 3600000u
+uint32_t rt_req_timeout(rt_req_t *q);
 void rt_req_free(rt_req_t *q);
 void rt_req_maybe_free(rt_req_t *q);
 void rt_req_release_decode(rt_req_t *q);
+/* Takes the request's pages and slot out of its decode worker's in-flight count (once). */
+void rt_req_drop_inflight(rt_req_t *q);
 /* Release with epoch 0 (any epoch of this request_id): for a Reserve whose outcome is unknown
  * (cancelled, timed out or cut off after it was sent), when D may hold a reservation whose
  * epoch the router never learnt. Without it that reservation would stay until its lease. */
@@ -147,13 +181,17 @@ void rt_req_release_decode_any(rt_req_t *q);
 void rt_req_abort_prefill(rt_req_t *q);
 void rt_req_fail(rt_req_t *q, k3_rpc_code_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void rt_req_finish_ok(rt_req_t *q);
+/* Ends a request that already streamed tokens and cannot go on: the sink's finish runs with
+ * finish_reason ERROR and the tokens so far (common.proto's contract); counted as unavailable. */
+void rt_req_finish_error(rt_req_t *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void rt_req_account_end(rt_req_t *q, k3_rpc_code_t code);
 /* Relays tokens [first_index, first_index + n) of the completion; indices already sent are
  * skipped (the first token is forwarded from the Prefill reply). lps may be NULL. */
 void rt_req_relay(rt_req_t *q, uint32_t first_index, const uint32_t *ids, size_t n,
                   K3pd__V1__TokenLogprob *const *lps, size_t n_lps);
 
-/* flow.c */
-void rt_req_on_reserve_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp);
+/* flow.c: placement and the worker calls. Starts the first attempt (choose D and P, Reserve);
+ * failures go through the sink. */
+void rt_flow_start(rt_req_t *q);
 
 #endif

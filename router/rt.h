@@ -31,6 +31,12 @@ typedef struct rt_router {
   uint32_t lease_ms;        /* decode reservation lease */
   uint32_t max_new_tokens_limit;
   uint32_t prefill_retries; /* re-issues of a failed prefill to another worker */
+  uint32_t worker_retries;  /* attempts of a request on other workers after a worker failed it */
+  struct rt_watch *watches; /* liveness watches of registered workers (watch.c) */
+  struct rt_tokpool *tokpool; /* tokenisation off the loop (tokpool.h); NULL without a tokenizer */
+  size_t max_token_bytes;   /* the vocabulary's longest BPE token (early rejection of long texts) */
+  uv_timer_t lag_timer;     /* lag.c */
+  uint64_t lag_last_ns;
   uint64_t next_reg_epoch;
   uint64_t next_req;
   struct rt_req *reqs;      /* live requests */
@@ -49,6 +55,19 @@ void rt_metrics_workers(rt_router_t *rt);
 /* cluster_svc.c */
 int rt_cluster_register(rt_router_t *rt);
 void rt_expiry_start(rt_router_t *rt);
+
+/* watch.c: the router notices a dead worker at once. Every registered worker gets a
+ * grpc.health.v1.Health/Watch stream; when it breaks (the process died, its connection reset,
+ * its server shut down) the worker is dropped from the registry on the spot instead of at its
+ * heartbeat timeout, so nothing new is placed there. A worker that is in fact alive heartbeats
+ * again, is told to re-register, and comes back. Call after every registration. */
+void rt_watch_worker(rt_router_t *rt, const char *worker_id);
+/* Drops a worker found dead (also forgets its channel); `why` goes to the log. */
+void rt_worker_lost(rt_router_t *rt, const char *worker_id, const char *why);
+
+/* lag.c: k3pd_router_loop_lag_seconds, how late the loop runs (start once, stop at shutdown). */
+void rt_lag_start(rt_router_t *rt);
+void rt_lag_stop(rt_router_t *rt);
 
 /* generate.c */
 int rt_generate_register(rt_router_t *rt);

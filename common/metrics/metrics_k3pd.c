@@ -20,6 +20,8 @@ const double K3PD_OVERHEAD_BUCKETS[K3PD_OVERHEAD_BUCKETS_N] = {
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
     0.005, 0.01, 0.025, 0.05, 0.1, 0.5};
 
+const double K3PD_PASS_BUCKETS[K3PD_PASS_BUCKETS_N] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256};
+
 static const char *const STATUS_VALUES[] = {
     K3PD_STATUS_OK,          K3PD_STATUS_CANCELLED,          K3PD_STATUS_INVALID_ARGUMENT,
     K3PD_STATUS_DEADLINE_EXCEEDED, K3PD_STATUS_RESOURCE_EXHAUSTED, K3PD_STATUS_UNAVAILABLE,
@@ -104,13 +106,21 @@ static const row_t ROWS[] = {
      RT(registered_workers), "Workers registered and ready, by role."},
     {R_ROUTER, "k3pd_router_prefill_retries_total", C, NOL, NOB, RT(prefill_retries_total),
      "Prefills re-dispatched to another worker after a worker failed or drained."},
+    {R_ROUTER, "k3pd_router_request_restarts_total", C, NOL, NOB, RT(request_restarts_total),
+     "Requests run again on other workers after a worker failed them (streams resumed when tokens were sent)."},
+    {R_ROUTER, "k3pd_router_workers_lost_total", C, L("role", ROLE_VALUES), NOB, RT(workers_lost_total),
+     "Workers dropped as soon as their connection broke (health watch), before any heartbeat timeout."},
+    {R_ROUTER, "k3pd_router_tokenize_seconds", H, NOL, NOB, RT(tokenize_seconds),
+     "Time a text or chat prompt spent on the router's tokenisation pool (queued + encoding), off the loop."},
+    {R_ROUTER, "k3pd_router_loop_lag_seconds", H, NOL, B(K3PD_OVERHEAD_BUCKETS), RT(loop_lag_seconds),
+     "How late the router's event loop runs: a 20 ms timer's delay past its due time, every tick."},
     {R_ROUTER, "k3pd_router_http_requests_total", C, L("route", HTTP_ROUTE_VALUES), NOB, RT(http_requests_total),
      "HTTP API requests answered, by route and HTTP status code."},
     {R_ROUTER, "k3pd_router_http_io_seconds_total", C, NOL, NOB, RT(http_io_seconds_total),
      "Time the router's loop spent inside libmicrohttpd (reading and parsing HTTP, writing responses)."},
     /* prefill */
     {R_PREFILL, K3PD_M_PREFILL_QUEUED_PROMPT_TOKENS, G, NOL, NOB, PF(queued_prompt_tokens),
-     "Prompt tokens waiting for a prefill batch (the prefill autoscaling signal)."},
+     "Prompt tokens of prompts whose prefill has not finished (the prefill autoscaling signal)."},
     {R_PREFILL, "k3pd_prefill_queued_requests", G, NOL, NOB, PF(queued_requests),
      "Requests waiting for a prefill batch."},
     {R_PREFILL, "k3pd_prefill_running_requests", G, NOL, NOB, PF(running_requests),
@@ -119,6 +129,11 @@ static const row_t ROWS[] = {
      "Prompt tokens prefilled."},
     {R_PREFILL, "k3pd_prefill_forward_seconds", H, NOL, NOB, PF(forward_seconds),
      "Duration of one batched prefill forward pass."},
+    {R_PREFILL, "k3pd_prefill_passes_total", C, NOL, NOB, PF(passes_total),
+     "Prefill forward passes (each takes at most one chunk of every prompt in it)."},
+    {R_PREFILL, "k3pd_prefill_first_token_passes", H, NOL, B(K3PD_PASS_BUCKETS), PF(first_token_passes),
+     "Forward passes a prompt's wait for its first token overlapped (the one running at arrival and its own "
+     "last one included)."},
     {R_PREFILL, "k3pd_prefill_requests_total", C, L("status", STATUS_VALUES), NOB,
      PF(requests_total), "Prefill requests finished, by final status."},
     {R_PREFILL, "k3pd_prefill_handoff_bytes_total", C, L("region", REGION_VALUES), NOB,

@@ -13,6 +13,7 @@ typedef struct {
   k3_tok_ids_t *out;
   char *err;
   size_t errlen;
+  size_t max_n; /* out->n may not pass this: K3_ERANGE (SIZE_MAX = no limit) */
 } k3_chat_seg_t;
 
 #define CHAT_ERR(sg, ...) ((sg)->err ? (void)snprintf((sg)->err, (sg)->errlen, __VA_ARGS__) : (void)0)

@@ -4,6 +4,7 @@
  * differs in float formatting and in \u escapes, which would change the ids).
  * Not here: the formats themselves (chat_xtml.c, chat_im.c). */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,7 +20,9 @@ void k3_chat_opts_default(k3_chat_opts_t *opts) {
 
 int k3_chat_text(k3_chat_seg_t *sg, const char *text, size_t len) {
   if (len == 0) return 0;
-  return k3_tok_encode(sg->tok, text, len, 0, sg->out, sg->err, sg->errlen);
+  if (sg->max_n == SIZE_MAX) return k3_tok_encode(sg->tok, text, len, 0, sg->out, sg->err, sg->errlen);
+  if (sg->out->n >= sg->max_n) return K3_ERANGE;
+  return k3_tok_encode_max(sg->tok, text, len, 0, sg->max_n - sg->out->n, sg->out, sg->err, sg->errlen);
 }
 
 int k3_chat_special(k3_chat_seg_t *sg, int32_t real_id) {
@@ -232,9 +235,11 @@ int k3_chat_render(const k3_tok_t *tok, const json_t *messages, const k3_chat_op
     return K3_EINVAL;
   }
   size_t n0 = out->n;
-  k3_chat_seg_t sg = {tok, out, err, errlen};
+  k3_chat_seg_t sg = {tok, out, err, errlen, opts->max_ids ? n0 + opts->max_ids : SIZE_MAX};
   int rc = k3_tok_model(tok) == K3_TOK_MODEL_K3 ? k3_chat_render_xtml(&sg, messages, opts)
                                                 : k3_chat_render_im(&sg, messages, opts);
+  if (rc == 0 && out->n > sg.max_n) rc = K3_ERANGE; /* markers alone went over */
+  if (rc == K3_ERANGE && err) snprintf(err, errlen, "messages: more than %zu tokens", opts->max_ids);
   if (rc) out->n = n0;
   return rc;
 }

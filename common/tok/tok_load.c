@@ -330,15 +330,26 @@ int k3_tok_id_bytes(const k3_tok_t *tok, int32_t id, const uint8_t **bytes, size
 typedef struct {
   const k3_tok_t *tok;
   k3_tok_ids_t *out;
+  size_t max_n; /* out->n may not pass this (SIZE_MAX = no limit) */
 } enc_ctx_t;
 
 static int enc_piece(void *ctx, const char *s, size_t off, size_t len) {
   enc_ctx_t *c = ctx;
-  return k3_tok_bpe(&c->tok->ranks, (const uint8_t *)s + off, len, c->out);
+  int rc = k3_tok_bpe(&c->tok->ranks, (const uint8_t *)s + off, len, c->out);
+  return !rc && c->out->n > c->max_n ? K3_ERANGE : rc;
 }
 
-int k3_tok_encode_ex(const k3_tok_t *tok, const char *text, size_t len, unsigned flags,
-                     bool use_fast_path, k3_tok_ids_t *out, char *err, size_t errlen) {
+size_t k3_tok_max_token_bytes(const k3_tok_t *tok) {
+  size_t m = 0;
+  for (int32_t i = 0; i < tok->ranks.n; i++) {
+    size_t l = tok->ranks.off[i + 1] - tok->ranks.off[i];
+    if (l > m) m = l;
+  }
+  return m;
+}
+
+static int encode_max(const k3_tok_t *tok, const char *text, size_t len, unsigned flags, bool use_fast_path,
+                      size_t max_ids, k3_tok_ids_t *out, char *err, size_t errlen) {
   size_t n0 = out->n;
   k3_tok_str_t clean = {0};
   size_t valid = k3_tok_utf8_valid_prefix(text, len);
@@ -355,14 +366,27 @@ int k3_tok_encode_ex(const k3_tok_t *tok, const char *text, size_t len, unsigned
     text = clean.data;
     len = clean.len;
   }
-  enc_ctx_t c = {tok, out};
+  enc_ctx_t c = {tok, out, max_ids ? n0 + max_ids : SIZE_MAX};
   int rc = k3_tok_split(&tok->split, text, len, use_fast_path, enc_piece, &c);
   free(clean.data);
   if (rc) {
     out->n = n0;
-    ERR("text: encoding failed: %s", k3_strerror(rc));
+    if (rc == K3_ERANGE)
+      ERR("text: more than %zu tokens", max_ids);
+    else
+      ERR("text: encoding failed: %s", k3_strerror(rc));
   }
   return rc;
+}
+
+int k3_tok_encode_ex(const k3_tok_t *tok, const char *text, size_t len, unsigned flags,
+                     bool use_fast_path, k3_tok_ids_t *out, char *err, size_t errlen) {
+  return encode_max(tok, text, len, flags, use_fast_path, 0, out, err, errlen);
+}
+
+int k3_tok_encode_max(const k3_tok_t *tok, const char *text, size_t len, unsigned flags, size_t max_ids,
+                      k3_tok_ids_t *out, char *err, size_t errlen) {
+  return encode_max(tok, text, len, flags, true, max_ids, out, err, errlen);
 }
 
 int k3_tok_encode(const k3_tok_t *tok, const char *text, size_t len, unsigned flags,

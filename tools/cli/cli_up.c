@@ -3,7 +3,12 @@
  * It prints "cluster ready: router at HOST:PORT ..." once every worker registered (and writes
  * --ready-file), and on Ctrl-C / SIGTERM stops the workers, then the router, with SIGTERM
  * (each drains), SIGKILLs whatever is still running after --stop-timeout-ms, and exits 0 when
- * every process exited 0. A process that dies on its own stops the whole cluster (exit 1).
+ * every process exited 0.
+ * A worker that dies on its own is restarted with the same arguments (same worker id, a new
+ * port) after a backoff that doubles from --restart-backoff-ms up to --restart-backoff-max-ms
+ * and starts over once the new process registered; the router moves the dead worker's
+ * requests meanwhile. --max-restarts bounds the restarts per worker (then the cluster stops,
+ * exit 1). The router dying stops the cluster (exit 1): clients and workers hold its address.
  * Binaries are looked up in --bindir, next to k3pd-cli, in the build tree, then on PATH. */
 #include <libgen.h>
 #include <limits.h>
@@ -20,15 +25,22 @@
 #include "k3pd/util.h"
 
 #define UP_MAX_PROCS 34
+#define UP_MAX_ARGS 40
 
 typedef struct up_proc {
   struct up_state *st;
   char name[32];
+  char *argv[UP_MAX_ARGS]; /* owned copies, NULL-terminated: a restart reuses them */
   uv_process_t proc;
   uv_pipe_t out;
+  uv_timer_t restart_timer;
   char line[4096];
   size_t line_len;
   bool running, registered, is_router;
+  bool proc_open, out_open;  /* handles not yet closed (a restart waits for both) */
+  bool counted;              /* counted once in n_registered */
+  int restarts;
+  uint64_t backoff_ms;
   int64_t exit_status;
   int term_signal;
 } up_proc_t;
@@ -38,16 +50,23 @@ typedef struct up_state {
   up_proc_t procs[UP_MAX_PROCS];
   int n;
   int n_workers, n_registered;
-  bool ready, stopping;
+  bool ready, stopping, closed;
   int failed;
   const char *ready_file;
   char router_addr[64];
   uv_signal_t sigint, sigterm;
   uv_timer_t kill_timer, router_timer;
   int64_t stop_timeout_ms;
+  int64_t backoff0_ms, backoff_max_ms; /* restart backoff: first and largest */
+  int max_restarts;                    /* per worker; < 0 = no limit */
 } up_state_t;
 
 static void stop_all(up_state_t *s);
+static int spawn_proc(up_state_t *s, up_proc_t *p);
+
+static void on_proc_closed(uv_handle_t *h) { ((up_proc_t *)h->data)->proc_open = false; }
+
+static void on_out_closed(uv_handle_t *h) { ((up_proc_t *)h->data)->out_open = false; }
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)h;
@@ -61,6 +80,13 @@ static void emit_line(up_proc_t *p) {
   if (!p->registered && !p->is_router && strstr(p->line, "registered with router")) {
     p->registered = true;
     up_state_t *s = p->st;
+    p->backoff_ms = (uint64_t)s->backoff0_ms; /* it came up: the next failure restarts quickly again */
+    if (p->restarts) fprintf(stderr, "k3pd-cli up: %s is back (restart %d)\n", p->name, p->restarts);
+    if (p->counted) {
+      p->line_len = 0;
+      return;
+    }
+    p->counted = true;
     if (++s->n_registered == s->n_workers && !s->ready) {
       s->ready = true;
       fprintf(stderr, "cluster ready: router at %s (%d workers registered)\n", s->router_addr, s->n_workers);
@@ -87,7 +113,7 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     }
   } else if (nread < 0) {
     if (p->line_len) emit_line(p);
-    uv_close((uv_handle_t *)stream, NULL);
+    uv_close((uv_handle_t *)stream, on_out_closed);
   }
   free(buf->base);
 }
@@ -98,17 +124,61 @@ static bool all_exited(up_state_t *s) {
   return true;
 }
 
+/* Every handle is closed when the last process is gone (restart timers included). */
+static void close_all(up_state_t *s) {
+  if (s->closed) return;
+  s->closed = true;
+  uv_close((uv_handle_t *)&s->sigint, NULL);
+  uv_close((uv_handle_t *)&s->sigterm, NULL);
+  uv_close((uv_handle_t *)&s->kill_timer, NULL);
+  uv_close((uv_handle_t *)&s->router_timer, NULL);
+  for (int i = 0; i < s->n; i++) uv_close((uv_handle_t *)&s->procs[i].restart_timer, NULL);
+}
+
+static void on_restart_timer(uv_timer_t *t) {
+  up_proc_t *p = t->data;
+  up_state_t *s = p->st;
+  if (s->stopping) return;
+  if (p->proc_open || p->out_open) { /* the old handles are still closing */
+    uv_timer_start(&p->restart_timer, on_restart_timer, 20, 0);
+    return;
+  }
+  p->restarts++;
+  p->registered = false;
+  fprintf(stderr, "k3pd-cli up: restarting %s (restart %d)\n", p->name, p->restarts);
+  if (spawn_proc(s, p)) {
+    s->failed = 1;
+    stop_all(s);
+  }
+}
+
+/* A worker died on its own: restart it after its backoff (doubling, capped). */
+static void schedule_restart(up_state_t *s, up_proc_t *p) {
+  if (s->max_restarts >= 0 && p->restarts >= s->max_restarts) {
+    fprintf(stderr, "k3pd-cli up: %s died %d times: giving up (--max-restarts)\n", p->name, p->restarts + 1);
+    s->failed = 1;
+    stop_all(s);
+    return;
+  }
+  uint64_t wait = p->backoff_ms;
+  fprintf(stderr, "k3pd-cli up: %s will be restarted in %llu ms\n", p->name, (unsigned long long)wait);
+  p->backoff_ms = p->backoff_ms * 2 > (uint64_t)s->backoff_max_ms ? (uint64_t)s->backoff_max_ms : p->backoff_ms * 2;
+  uv_timer_start(&p->restart_timer, on_restart_timer, wait, 0);
+}
+
 static void on_exit_cb(uv_process_t *h, int64_t status, int term_signal) {
   up_proc_t *p = h->data;
   up_state_t *s = p->st;
   p->running = false;
   p->exit_status = status;
   p->term_signal = term_signal;
-  uv_close((uv_handle_t *)h, NULL);
-  if (status != 0 || term_signal) {
+  uv_close((uv_handle_t *)h, on_proc_closed);
+  if (status != 0 || term_signal || !s->stopping) {
     fprintf(stderr, "k3pd-cli up: %s exited with status %lld%s%s\n", p->name, (long long)status,
             term_signal ? ", signal " : "", term_signal ? strsignal(term_signal) : "");
-    if (!s->stopping) {
+    if (!s->stopping && !p->is_router) {
+      schedule_restart(s, p);
+    } else if (!s->stopping) {
       s->failed = 1;
       stop_all(s);
     } else if (term_signal != SIGKILL) {
@@ -123,12 +193,7 @@ static void on_exit_cb(uv_process_t *h, int64_t status, int term_signal) {
       for (int i = 0; i < s->n; i++)
         if (s->procs[i].running && s->procs[i].is_router) uv_process_kill(&s->procs[i].proc, SIGTERM);
   }
-  if (all_exited(s)) {
-    uv_close((uv_handle_t *)&s->sigint, NULL);
-    uv_close((uv_handle_t *)&s->sigterm, NULL);
-    uv_close((uv_handle_t *)&s->kill_timer, NULL);
-    uv_close((uv_handle_t *)&s->router_timer, NULL);
-  }
+  if (all_exited(s) && s->stopping) close_all(s);
 }
 
 static void on_kill_timer(uv_timer_t *t) {
@@ -146,6 +211,7 @@ static void stop_all(up_state_t *s) {
   if (s->stopping) return;
   s->stopping = true;
   fprintf(stderr, "k3pd-cli up: stopping the cluster\n");
+  for (int i = 0; i < s->n; i++) uv_timer_stop(&s->procs[i].restart_timer);
   bool workers = false;
   for (int i = 0; i < s->n; i++) {
     if (s->procs[i].running && !s->procs[i].is_router) {
@@ -157,6 +223,7 @@ static void stop_all(up_state_t *s) {
     for (int i = 0; i < s->n; i++)
       if (s->procs[i].running) uv_process_kill(&s->procs[i].proc, SIGTERM);
   uv_timer_start(&s->kill_timer, on_kill_timer, (uint64_t)s->stop_timeout_ms, 0);
+  if (all_exited(s)) close_all(s); /* nothing was running (every worker between restarts) */
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -169,13 +236,8 @@ static void on_signal(uv_signal_t *h, int signum) {
   stop_all(s);
 }
 
-static int spawn(up_state_t *s, const char *name, bool is_router, char **argv) {
-  if (s->n == UP_MAX_PROCS) return K3_ECAPACITY;
-  up_proc_t *p = &s->procs[s->n];
-  memset(p, 0, sizeof *p);
-  p->st = s;
-  p->is_router = is_router;
-  snprintf(p->name, sizeof p->name, "%s", name);
+/* Starts p->argv in p's slot (a first start or a restart). */
+static int spawn_proc(up_state_t *s, up_proc_t *p) {
   /* One pipe carries both stdout and stderr of the child (its log lines). */
   uv_file fds[2];
   int prc = uv_pipe(fds, 0, 0);
@@ -191,8 +253,8 @@ static int spawn(up_state_t *s, const char *name, bool is_router, char **argv) {
   io[2].data.fd = fds[1];
   uv_process_options_t o;
   memset(&o, 0, sizeof o);
-  o.file = argv[0];
-  o.args = argv;
+  o.file = p->argv[0];
+  o.args = p->argv;
   o.exit_cb = on_exit_cb;
   o.stdio = io;
   o.stdio_count = 3;
@@ -200,17 +262,43 @@ static int spawn(up_state_t *s, const char *name, bool is_router, char **argv) {
   int rc = uv_spawn(s->loop, &p->proc, &o);
   close(fds[1]);
   if (rc) {
-    fprintf(stderr, "k3pd-cli up: cannot start %s (%s): %s\n", name, argv[0], uv_strerror(rc));
+    fprintf(stderr, "k3pd-cli up: cannot start %s (%s): %s\n", p->name, p->argv[0], uv_strerror(rc));
     close(fds[0]);
+    /* a failed uv_spawn still initialised the handle: it is closed like any other */
+    p->proc_open = true;
+    uv_close((uv_handle_t *)&p->proc, on_proc_closed);
     return K3_EIO;
   }
   uv_pipe_init(s->loop, &p->out, 0);
   p->out.data = p;
   uv_pipe_open(&p->out, fds[0]);
+  p->proc_open = p->out_open = true;
   p->running = true;
-  s->n++;
+  p->line_len = 0;
   uv_read_start((uv_stream_t *)&p->out, alloc_cb, read_cb);
   return 0;
+}
+
+static int spawn(up_state_t *s, const char *name, bool is_router, char **argv) {
+  if (s->n == UP_MAX_PROCS) return K3_ECAPACITY;
+  up_proc_t *p = &s->procs[s->n];
+  memset(p, 0, sizeof *p);
+  p->st = s;
+  p->is_router = is_router;
+  p->backoff_ms = (uint64_t)s->backoff0_ms;
+  snprintf(p->name, sizeof p->name, "%s", name);
+  for (int i = 0; argv[i]; i++) {
+    if (i == UP_MAX_ARGS - 1 || !(p->argv[i] = strdup(argv[i]))) {
+      for (int k = 0; k < i; k++) free(p->argv[k]);
+      memset(p->argv, 0, sizeof p->argv);
+      return K3_ENOMEM;
+    }
+  }
+  uv_timer_init(s->loop, &p->restart_timer);
+  p->restart_timer.data = p;
+  s->n++;
+  int rc = spawn_proc(s, p);
+  return rc;
 }
 
 /* Finds a k3pd binary: --bindir, next to k3pd-cli, the build tree (../../<dir>/), PATH. */
@@ -262,7 +350,9 @@ static int run_up(int argc, char **argv) {
   const char *host = "127.0.0.1";
   int n_prefill = 1, n_decode = 1, port = 50051, threads = 1, page_tokens = 64, num_pages = 1024, num_slots = 16;
   int http_port = -1;
-  int64_t stop_timeout_ms = 30000, start_timeout_ms = 120000;
+  int64_t stop_timeout_ms = 30000, start_timeout_ms = 120000, backoff0_ms = 500, backoff_max_ms = 10000;
+  int max_restarts = -1;
+  bool metrics = false;
   k3_flag_t flags[] = {
       {"model", K3_FLAG_STR, &model, "DIR", "model directory (checkpoint + tokenizer)", true},
       {"prefill", K3_FLAG_INT, &n_prefill, "N", "prefill workers", false},
@@ -276,6 +366,8 @@ static int run_up(int argc, char **argv) {
       {"page-tokens", K3_FLAG_INT, &page_tokens, "N", "MLA page size (the workers' default)", false},
       {"num-pages", K3_FLAG_INT, &num_pages, "N", "KV pages per worker", false},
       {"num-slots", K3_FLAG_INT, &num_slots, "N", "KDA slots per worker", false},
+      {"metrics", K3_FLAG_BOOL, &metrics, NULL, "every process serves /metrics on an ephemeral port of 127.0.0.1 "
+       "(each logs \"metrics on port N\")", false},
       {"bindir", K3_FLAG_STR, &bindir, "DIR", "where k3pd-router/-prefill/-decode are", false},
       {"ready-file", K3_FLAG_STR, &ready_file, "FILE", "write the router address here once every worker registered",
        false},
@@ -283,6 +375,11 @@ static int run_up(int argc, char **argv) {
        false},
       {"stop-timeout-ms", K3_FLAG_I64, &stop_timeout_ms, "MS", "SIGKILL processes still running this long after "
        "Ctrl-C", false},
+      {"restart-backoff-ms", K3_FLAG_I64, &backoff0_ms, "MS", "a worker that dies is restarted after this long, "
+       "doubling per death up to --restart-backoff-max-ms (back to this once it registered again)", false},
+      {"restart-backoff-max-ms", K3_FLAG_I64, &backoff_max_ms, "MS", "longest wait before a restart", false},
+      {"max-restarts", K3_FLAG_INT, &max_restarts, "N", "restarts per worker before the cluster stops (-1 = no "
+       "limit, the default; 0 = a dying worker stops the cluster)", false},
   };
   k3_flags_info_t info = {"k3pd-cli up",
                           "Runs a local k3pd cluster (router + prefill + decode workers on 127.0.0.1) in the "
@@ -293,6 +390,10 @@ static int run_up(int argc, char **argv) {
   if (rc == K3_FLAGS_EXIT) return 0;
   if (rc) {
     fprintf(stderr, "k3pd-cli up: %s\n", err);
+    return 2;
+  }
+  if (backoff0_ms < 1 || backoff_max_ms < backoff0_ms) {
+    fprintf(stderr, "k3pd-cli up: need 1 <= --restart-backoff-ms <= --restart-backoff-max-ms\n");
     return 2;
   }
   if (n_prefill < 1 || n_decode < 1 || n_prefill + n_decode > UP_MAX_PROCS - 1 || port < 0 || port > 65535 ||
@@ -315,6 +416,9 @@ static int run_up(int argc, char **argv) {
   s.loop = &loop;
   s.ready_file = ready_file;
   s.stop_timeout_ms = stop_timeout_ms;
+  s.backoff0_ms = backoff0_ms;
+  s.backoff_max_ms = backoff_max_ms;
+  s.max_restarts = max_restarts;
   s.n_workers = n_prefill + n_decode;
   uv_signal_init(&loop, &s.sigint);
   uv_signal_init(&loop, &s.sigterm);
@@ -334,7 +438,8 @@ static int run_up(int argc, char **argv) {
   char hport[16];
   snprintf(hport, sizeof hport, "%d", http_port);
   char *rargv[] = {router_bin, "--model", (char *)model, "--listen", listen, "--port-file", portfile,
-                   "--http-port", hport, "--http-host", (char *)host, NULL};
+                   "--http-port", hport, "--http-host", (char *)host,
+                   metrics ? "--metrics-port" : NULL, "0", "--metrics-host", (char *)host, NULL};
   if (spawn(&s, "router", true, rargv)) return 1;
   /* wait for the router's port (bounded) */
   uint64_t deadline = k3_now_ns() + 20ull * 1000000000ull;
@@ -367,7 +472,8 @@ static int run_up(int argc, char **argv) {
       char *wargv[] = {pre ? prefill_bin : decode_bin, "--model", (char *)model, "--router", s.router_addr,
                        "--listen", "127.0.0.1:0", "--worker-id", id, "--backend", (char *)backend,
                        "--precision", (char *)precision, "--threads", th, "--page-tokens", pt, "--num-pages", np,
-                       "--num-slots", ns, NULL};
+                       "--num-slots", ns, metrics ? "--metrics-port" : NULL, "0", "--metrics-host", (char *)host,
+                       NULL};
       if (spawn(&s, name, false, wargv)) {
         s.failed = 1;
         stop_all(&s);
@@ -377,6 +483,8 @@ static int run_up(int argc, char **argv) {
   }
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
+  for (int i = 0; i < s.n; i++)
+    for (int k = 0; s.procs[i].argv[k]; k++) free(s.procs[i].argv[k]);
   fprintf(stderr, "k3pd-cli up: cluster stopped%s\n", s.failed ? " (with errors)" : "");
   return s.failed ? 1 : 0;
 }

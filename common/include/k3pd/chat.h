@@ -36,6 +36,9 @@ typedef struct {
   const char *tool_choice;     /* K3: NULL | "auto" | "required" | "none" */
   const json_t *response_format; /* K3: NULL or {"type":"json_object"} |
                                     {"type":"json_schema","json_schema":{"schema":{...}}} */
+  size_t max_ids;              /* > 0: give up with K3_ERANGE once the rendering holds more ids
+                                  ("messages: more than N tokens"; bounds a prompt that cannot
+                                  fit a context); 0 = no limit */
 } k3_chat_opts_t;
 
 /* thinking=true, add_generation_prompt=true, thinking_effort="max" (HF parity, spec §9.3),

@@ -69,6 +69,8 @@ extern const double K3PD_TTFT_BUCKETS[K3PD_TTFT_BUCKETS_N];       /* 10 ms .. 12
 extern const double K3PD_TOKEN_BUCKETS[K3PD_TOKEN_BUCKETS_N];     /* 0.5 ms .. 2.5 s */
 #define K3PD_OVERHEAD_BUCKETS_N 14
 extern const double K3PD_OVERHEAD_BUCKETS[K3PD_OVERHEAD_BUCKETS_N]; /* 10 us .. 0.5 s */
+#define K3PD_PASS_BUCKETS_N 12
+extern const double K3PD_PASS_BUCKETS[K3PD_PASS_BUCKETS_N];       /* 1 .. 256 passes (counts) */
 
 /* Every process: k3pd_build_info{role,version} = 1 (registered by each role function). */
 
@@ -86,6 +88,10 @@ typedef struct {
   k3_metric_t *active_streams;          /* gauge */
   k3_metric_t *registered_workers;      /* gauge {role} */
   k3_metric_t *prefill_retries_total;   /* counter: prefills re-dispatched to another worker */
+  k3_metric_t *request_restarts_total;  /* counter: requests moved to other workers (new attempt) */
+  k3_metric_t *workers_lost_total;      /* counter {role}: workers dropped as dead before their timeout */
+  k3_metric_t *tokenize_seconds;        /* histogram: a prompt's time on the tokenisation pool (queue + work) */
+  k3_metric_t *loop_lag_seconds;        /* histogram: how late a 20 ms timer of the router's loop fires */
   k3_metric_t *http_requests_total;     /* counter {route, code}: HTTP API requests answered */
   k3_metric_t *http_io_seconds_total;   /* counter: loop time in libmicrohttpd (HTTP parsing, writes) */
 } k3_router_metrics_t;
@@ -97,6 +103,8 @@ typedef struct {
   k3_metric_t *running_requests;       /* gauge: sequences in the running prefill batch */
   k3_metric_t *tokens_total;           /* counter: prompt tokens prefilled */
   k3_metric_t *forward_seconds;        /* histogram: one batched prefill forward */
+  k3_metric_t *passes_total;           /* counter: forward passes (each at most one chunk per prompt) */
+  k3_metric_t *first_token_passes;     /* histogram: passes a prompt's wait for its first token spanned */
   k3_metric_t *requests_total;         /* counter {status} */
   k3_metric_t *handoff_bytes_total;    /* counter {region} */
   k3_metric_t *handoff_seconds;        /* histogram {region}: put posted -> completed */

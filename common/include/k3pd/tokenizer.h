@@ -112,6 +112,17 @@ int k3_tok_id_bytes(const k3_tok_t *tok, int32_t id, const uint8_t **bytes, size
 int k3_tok_encode(const k3_tok_t *tok, const char *text, size_t len, unsigned flags,
                   k3_tok_ids_t *out, char *err, size_t errlen);
 
+/* k3_tok_encode that gives up once more than max_ids ids were appended (0 = no limit):
+ * K3_ERANGE, "text: more than N tokens", out restored. The check runs after every piece, so the
+ * work and the ids held stay within max_ids plus one piece (a text that cannot fit a context
+ * costs no more than the context). */
+int k3_tok_encode_max(const k3_tok_t *tok, const char *text, size_t len, unsigned flags, size_t max_ids,
+                      k3_tok_ids_t *out, char *err, size_t errlen);
+
+/* Bytes of the longest BPE token: encoded text (specials disallowed) never has fewer than
+ * len / k3_tok_max_token_bytes ids, so a text longer than context x this cannot fit. */
+size_t k3_tok_max_token_bytes(const k3_tok_t *tok);
+
 /* Decode flags. */
 #define K3_TOK_DEC_SKIP_SPECIAL 1u /* omit ids for which k3_tok_is_skippable() */
 

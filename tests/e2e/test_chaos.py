@@ -1,0 +1,350 @@
+#!/usr/bin/python3
+"""Chaos soak (issue 18 item 5): steady mixed load on a local cluster of 2 prefill x 2 decode
+workers (`k3pd-cli up`, loopback, CPU backend) while a driver SIGKILLs a random worker every few
+seconds and `k3pd-cli up` restarts it.
+
+Verdict (counts and equalities only, never a duration, so a slow machine only sends fewer
+requests):
+  - every request either completed with the tokens k3pd-generate gives for it, or ended with a
+    documented retryable outcome: UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE_EXCEEDED, or a
+    final chunk FINISH_REASON_ERROR whose tokens are a prefix of k3pd-generate's; the count of
+    each is printed;
+  - after the chaos stops and every worker is back: each request template completes once more
+    with identical tokens; nothing is leaked: no page, slot or reservation on either decode
+    worker, no queued or running prompt on either prefill worker, requests started == finished
+    and no stream open on the router, the router's file descriptors back at their baseline;
+  - the router's RSS is flat: the largest sample of the last third of the soak is within 25 %
+    + 16 MiB of the largest of the first third (ASan's quarantine is capped for the processes);
+  - `k3pd-cli up` exits 0 on SIGINT (every process, the router included, exited cleanly: under
+    ASan that includes LeakSanitizer's report).
+Usage: test_chaos.py --bindir BUILD --gen PYSTUBS --workdir DIR [--seconds S] [--clients N] [--seed N]
+       (K3PD_CHAOS_SECONDS overrides the default of 300 s: longer soaks outside CI)
+"""
+import argparse
+import concurrent.futures as cf
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from k3cluster import load_stubs  # noqa: E402
+
+GEN_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "64"]
+RETRYABLE = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}
+PASSED = [0]
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    PASSED[0] += 1
+    print("ok -", what, flush=True)
+
+
+def wait_until(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            v = pred()
+        except (OSError, grpc.RpcError, ValueError, KeyError):
+            v = None
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
+
+
+def templates(seed):
+    rnd = random.Random(seed)
+    out = []
+    for i, plen in enumerate([3, 9, 17, 40, 70, 130, 200, 330, 5, 24, 90, 260]):
+        # a few long completions, so kills often land mid-stream (resumption)
+        max_new = 120 if i % 4 == 1 else rnd.choice([4, 8, 16, 24, 40])
+        out.append(dict(prompt=[rnd.randrange(1, 3800) for _ in range(plen)], max_new=max_new,
+                        temperature=0.0 if i % 3 else 0.8, seed=rnd.randrange(1 << 40)))
+    return out
+
+
+def monolithic(bindir, model, r):
+    argv = [os.path.join(bindir, "tools", "generate", "k3pd-generate"), "--model", model, "--prompt-ids",
+            ",".join(map(str, r["prompt"])), "--max-new-tokens", str(r["max_new"]), "--ignore-eos",
+            "--seed", str(r["seed"])] + GEN_ARGS
+    if r["temperature"] > 0:
+        argv += ["--temperature", repr(r["temperature"]), "--top-k", "40"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError("k3pd-generate failed: %s" % out.stderr[-2000:])
+    return [int(x) for x in [ln for ln in out.stdout.splitlines() if ln.startswith("ids:")][-1][4:].split()]
+
+
+def scrape(port):
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as f:
+        return f.read().decode()
+
+
+def msum(text, name, label=None):
+    tot = 0.0
+    for ln in text.splitlines():
+        if (ln.startswith(name + " ") or ln.startswith(name + "{")) and (label is None or label in ln):
+            tot += float(ln.rsplit(" ", 1)[1])
+    return tot
+
+
+class Up:
+    """k3pd-cli up and what its log says about each process."""
+
+    def __init__(self, bindir, model, workdir):
+        self.log_path = os.path.join(workdir, "cluster.log")
+        self.ready = os.path.join(workdir, "ready")
+        if os.path.exists(self.ready):
+            os.unlink(self.ready)
+        env = dict(os.environ)
+        # ASan keeps freed memory in a quarantine of up to 256 MiB: cap it, or RSS says nothing
+        env["ASAN_OPTIONS"] = ":".join(x for x in [env.get("ASAN_OPTIONS", ""), "quarantine_size_mb=16"] if x)
+        self.log = open(self.log_path, "w")
+        self.p = subprocess.Popen([os.path.join(bindir, "tools", "cli", "k3pd-cli"), "up", "--model", model,
+                                   "--prefill", "2", "--decode", "2", "--port", "0", "--ready-file", self.ready,
+                                   "--metrics", "--restart-backoff-ms", "300", "--restart-backoff-max-ms", "3000",
+                                   "--backend", "cpu-fast", "--threads", "1", "--precision", "fp32",
+                                   "--page-tokens", "64", "--num-pages", "256", "--num-slots", "8",
+                                   "--stop-timeout-ms", "60000"],
+                                  stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.router = wait_until(lambda: open(self.ready).read().strip(), 300, "the cluster to be ready")
+
+    def text(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def last(self, name, pattern):
+        """The last match of pattern in the log lines of process `name`."""
+        got = None
+        for ln in self.text().splitlines():
+            if ln.startswith("[%-9s]" % name):
+                m = re.search(pattern, ln)
+                if m:
+                    got = m.group(1)
+        return got
+
+    def metrics_port(self, name):
+        v = self.last(name, r"metrics on port (\d+)")
+        return int(v) if v else None
+
+    def addr(self, name):
+        return self.last(name, r"advertised ([0-9.]+:\d+)")
+
+    def pid(self, name):
+        """Pid of the live child process running --worker-id name (or the router)."""
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid != self.p.pid:
+                    continue
+                with open("/proc/%s/cmdline" % d, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if name == "router" and argv[0].endswith(b"k3pd-router"):
+                return int(d)
+            if name.encode() in argv and b"--worker-id" in argv:
+                return int(d)
+        return None
+
+
+def proc_fds(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def proc_rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for ln in f:
+            if ln.startswith("VmRSS:"):
+                return int(ln.split()[1])
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bindir", required=True)
+    ap.add_argument("--gen", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--seconds", type=float, default=float(os.environ.get("K3PD_CHAOS_SECONDS", "300")))
+    ap.add_argument("--clients", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=18)
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    stubs = load_stubs(args.gen)
+    c, g, d, _ = stubs
+    model = os.path.join(args.workdir, "tiny")
+    subprocess.run([os.path.join(args.bindir, "tools", "mkckpt", "k3pd-mkckpt"), "--preset", "tiny", "--out", model,
+                    "--seed", "11"], check=True, capture_output=True, timeout=120)
+    tpl = templates(args.seed)
+    t0 = time.time()
+    with cf.ThreadPoolExecutor(max_workers=2) as ex:
+        mono = list(ex.map(lambda r: monolithic(args.bindir, model, r), tpl))
+    print("monolithic references for %d templates: %.1f s" % (len(tpl), time.time() - t0), flush=True)
+
+    up = Up(args.bindir, model, args.workdir)
+    ok = False
+    counts = {}
+    bad = []
+    lock = threading.Lock()
+    stop_load = threading.Event()
+    workers = ["prefill-0", "prefill-1", "decode-0", "decode-1"]
+    try:
+        channel = grpc.insecure_channel(up.router)
+        gen = channel.unary_stream("/k3pd.v1.Generation/Generate", request_serializer=g.GenerateRequest.SerializeToString,
+                                   response_deserializer=g.GenerateResponse.FromString)
+        rport = wait_until(lambda: up.metrics_port("router"), 30, "the router's metrics port")
+        router_pid = up.pid("router")
+
+        def registered():
+            t = scrape(rport)
+            return (msum(t, "k3pd_router_registered_workers", 'role="prefill"') == 2 and
+                    msum(t, "k3pd_router_registered_workers", 'role="decode"') == 2)
+
+        def run_one(i, r):
+            samp = c.SamplingParams(temperature=r["temperature"], seed=r["seed"],
+                                    top_k=40 if r["temperature"] > 0 else 0)
+            req = g.GenerateRequest(token_ids=g.TokenIds(ids=r["prompt"]), sampling=samp,
+                                    stop=c.StopConditions(max_new_tokens=r["max_new"], ignore_eos=True))
+            ids, final = [], None
+            try:
+                for ch in gen(req, timeout=120):
+                    ids += list(ch.token_ids)
+                    if ch.finish_reason:
+                        final = ch.finish_reason
+            except grpc.RpcError as e:
+                code = e.code().name
+                if code in RETRYABLE and ids == mono[i][:len(ids)]:
+                    return code
+                return "BAD %s (%s) after %d tokens" % (code, e.details(), len(ids))
+            if final == c.FINISH_REASON_ERROR:
+                return "FINISH_REASON_ERROR" if ids == mono[i][:len(ids)] else "BAD error chunk, tokens differ"
+            if final == c.FINISH_REASON_LENGTH and ids == mono[i]:
+                return "OK"
+            return "BAD finish %s, %d tokens, identical %s" % (final, len(ids), ids == mono[i])
+
+        def client(k):
+            rnd = random.Random(args.seed * 100 + k)
+            while not stop_load.is_set():
+                i = rnd.randrange(len(tpl))
+                out = run_one(i, tpl[i])
+                with lock:
+                    counts[out] = counts.get(out, 0) + 1
+                    if out.startswith("BAD"):
+                        bad.append("template %d: %s" % (i, out))
+
+        # warm-up (every worker used once) and the baselines
+        for i in range(len(tpl)):
+            check(run_one(i, tpl[i]) == "OK", "warm-up: template %d equals k3pd-generate" % i)
+        wait_until(registered, 60, "all four workers registered")
+        fd0 = proc_fds(router_pid)
+        rss = []
+        clients = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
+        for t in clients:
+            t.start()
+        rnd = random.Random(args.seed)
+        kills = 0
+        t_end = time.time() + args.seconds
+        next_kill = time.time() + rnd.uniform(3, 6)
+        while time.time() < t_end:
+            rss.append(proc_rss_kb(router_pid))
+            if time.time() >= next_kill:
+                next_kill = time.time() + rnd.uniform(3, 6)
+                try:
+                    up_now = registered()
+                except OSError:
+                    up_now = False
+                if up_now:  # kill only while every worker is up: one role never loses both
+                    name = rnd.choice(workers)
+                    pid = up.pid(name)
+                    if pid:
+                        os.kill(pid, signal.SIGKILL)
+                        kills += 1
+                        print("chaos: SIGKILL %s (pid %d) at %.0f s" % (name, pid, args.seconds - (t_end - time.time())),
+                              flush=True)
+            time.sleep(0.5)
+        stop_load.set()
+        for t in clients:
+            t.join(timeout=300)
+        print("chaos: %d kills in %.0f s; outcomes: %s" % (kills, args.seconds, counts), flush=True)
+        for b in bad[:20]:
+            print("BAD", b)
+        check(kills >= 1, "the driver killed workers (%d kills)" % kills)
+        check(not bad, "every request completed identical to k3pd-generate or ended retryably (%s)" % counts)
+        check(counts.get("OK", 0) > 0, "requests completed during the chaos (%d)" % counts.get("OK", 0))
+        # ---- after the chaos ----
+        wait_until(registered, 120, "every worker back and registered")
+        restarts = len(re.findall(r"k3pd-cli up: restarting", up.text()))
+        check(restarts == kills, "k3pd-cli up restarted every killed worker (%d of %d)" % (restarts, kills))
+        for i in range(len(tpl)):
+            check(run_one(i, tpl[i]) == "OK", "after the chaos: template %d equals k3pd-generate" % i)
+
+        def decode_idle(name):
+            with grpc.insecure_channel(up.addr(name)) as ch:
+                st = ch.unary_unary("/k3pd.v1.Decode/Stats", request_serializer=d.StatsRequest.SerializeToString,
+                                    response_deserializer=d.StatsResponse.FromString)(d.StatsRequest(), timeout=5)
+            return st.used_kv_pages == 0 and st.used_kda_slots == 0 and st.reservations == 0 and st.running_seqs == 0
+
+        for name in ("decode-0", "decode-1"):
+            wait_until(lambda: decode_idle(name), 60, "%s to have no page, slot or reservation in use" % name)
+            check(True, "%s: no page, slot or reservation leaked" % name)
+        for name in ("prefill-0", "prefill-1"):
+            port = up.metrics_port(name)
+            wait_until(lambda: msum(scrape(port), "k3pd_prefill_queued_prompt_tokens") == 0 and
+                       msum(scrape(port), "k3pd_prefill_running_requests") == 0, 30, "%s idle" % name)
+            check(True, "%s: no queued or running prompt left" % name)
+
+        def router_settled():
+            t = scrape(rport)
+            return (msum(t, "k3pd_router_requests_started_total") == msum(t, "k3pd_router_requests_total") and
+                    msum(t, "k3pd_router_active_streams") == 0)
+
+        wait_until(router_settled, 30, "router: requests started == finished, no stream open")
+        t = scrape(rport)
+        check(True, "router: %d requests started == finished, no stream open (%d restarts, %d workers lost)" %
+              (msum(t, "k3pd_router_requests_started_total"), msum(t, "k3pd_router_request_restarts_total"),
+               msum(t, "k3pd_router_workers_lost_total")))
+        # file descriptors: channels to dead workers are dropped (give gRPC a moment to close them)
+        fd_end = wait_until(lambda: (lambda n: n if n <= fd0 else None)(proc_fds(router_pid)), 30,
+                            "the router's descriptors back at %d (now %d)" % (fd0, proc_fds(router_pid)))
+        check(fd_end <= fd0, "router file descriptors: %d at the start, %d at the end" % (fd0, fd_end))
+        third = max(1, len(rss) // 3)
+        first, last = max(rss[:third]), max(rss[-third:])
+        check(last <= first * 1.25 + 16 * 1024,
+              "router RSS flat: %.1f MiB max in the first third, %.1f MiB in the last" % (first / 1024, last / 1024))
+        channel.close()
+        ok = True
+    finally:
+        stop_load.set()
+        up.p.send_signal(signal.SIGINT)
+        try:
+            rc = up.p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            up.p.kill()
+            rc = "killed"
+        up.log.close()
+        if not ok:
+            print(up.text()[-20000:])
+    check(rc == 0, "k3pd-cli up stopped cleanly (exit %s)" % rc)
+    print("%d passed, 0 failed" % PASSED[0])
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except AssertionError as e:
+        print("FAILED:", e)
+        print("%d passed, 1 failed" % PASSED[0])
+        sys.exit(1)
