@@ -105,6 +105,9 @@ static void send_register(k3_registrar_t *r) {
   req.model_fingerprint = r->fingerprint;
   req.model_name = r->model_name;
   req.protocol_version = 1;
+  /* Re-registering (heartbeats failed, or the router asked): the epoch we held proves the live
+   * registration, if the router still has one, is ours (proto: RegisterRequest.replaces_epoch). */
+  req.replaces_epoch = r->reg_epoch;
   k3_rpc_call_opts_t o = {.timeout_ms = r->call_timeout_ms};
   r->in_flight = true;
   int rc = k3_rpc_unary(r->cli, r->router, "/k3pd.v1.Cluster/RegisterWorker", &req.base,

@@ -33,7 +33,7 @@
 #include <stddef.h>
 
 #define K3_METRIC_MAX_LABELS 4
-#define K3_METRIC_MAX_SERIES 64
+#define K3_METRIC_MAX_SERIES 80 /* http_requests_total: 5 routes x 13 codes */
 #define K3_METRIC_MAX_BUCKETS 32
 
 typedef enum {
