@@ -210,8 +210,8 @@ k3_rpc_code_t rt_auth_admit(rt_auth_t *a, const char *authorization, uint64_t no
   rt_key_t *kk = &a->keys[hit];
   if (kk->concurrency && kk->inflight >= kk->concurrency) {
     *reason = K3PD_AUTH_CONCURRENCY_LIMITED;
-    snprintf(msg, cap, "authorization: API key \"%s\" has %u requests in flight, its limit (retry when one ended)",
-             kk->name, kk->inflight);
+    snprintf(msg, cap, "authorization: API key \"%s\" reached its concurrency limit of %u requests in flight "
+             "(retry when one ended)", kk->name, kk->concurrency);
     return K3_RPC_RESOURCE_EXHAUSTED;
   }
   if (kk->rate > 0) {

@@ -67,6 +67,7 @@ class Cluster:
         self.router_port = None  # the router's real public port (tests may point self.port elsewhere)
         self.tls_dir = os.path.join(workdir, "tls")
         self._client_creds = None
+        self.public_creds = None  # grpc channel credentials when the router's public port has TLS
         os.makedirs(workdir, exist_ok=True)
 
     def _bin(self, name):
@@ -129,9 +130,13 @@ class Cluster:
         ws += [self.start_worker("decode", i, wait=False) for i in range(self.n_decode)]
         for w in ws:
             self.wait_registered(w)
-        self.channel = grpc.insecure_channel("127.0.0.1:%d" % self.port)
+        self.channel = self.public_channel()
         grpc.channel_ready_future(self.channel).result(timeout=10)
         return self
+
+    def public_channel(self):
+        addr = "127.0.0.1:%d" % self.port
+        return grpc.secure_channel(addr, self.public_creds) if self.public_creds else grpc.insecure_channel(addr)
 
     def worker_addr(self, p):
         m = re.search(r"advertised ([0-9.]+:[0-9]+)", p.text())
@@ -172,6 +177,8 @@ class Cluster:
         for p in self.procs:
             if p is not self.router and self.worker_addr(p) == addr:
                 return self.worker_channel(p)
+        if self.public_creds and addr == "127.0.0.1:%d" % self.port:
+            return self.public_channel()
         return grpc.insecure_channel(addr)
 
     def health(self, addr, service="", timeout=3):
