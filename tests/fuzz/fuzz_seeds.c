@@ -269,7 +269,7 @@ static int xfer_seeds(const char *dir) {
     fprintf(stderr, "fuzz seeds: descriptor: %s\n", err);
     rc = 1;
   } else {
-    rc |= put(dir, 4, enc, n);
+    rc |= put(dir, 4, enc, n) || put(dir, 5, enc, n);
     free(enc);
   }
   k3_xfer_desc_free(x);

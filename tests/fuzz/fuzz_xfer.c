@@ -1,6 +1,7 @@
 /* libFuzzer harness for the transfer protocol's wire messages as a receiver or sender gets them
  * from the network (common/xfer: wire.c, desc.c): the first byte chooses the decoder (DONE, LAYER,
- * ACK, DATA header, reservation descriptor), the rest is the message. Invariants checked on
+ * ACK, DATA header, reservation descriptor as is, or the descriptor with its trailing checksum
+ * recomputed so mutations reach the field decoding behind it), the rest is the message. Invariants checked on
  * what decodes: counts and pointers stay inside the buffer; a descriptor re-encodes to bytes that
  * decode to the same encoding again, and every region's first and last byte lie inside its pool
  * (the receiver writes there). */
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "k3pd/err.h"
+#include "k3pd/util.h"
 #include "k3pd/xfer_desc.h"
 #include "wire.h"
 
@@ -47,7 +49,7 @@ static void check_desc(const uint8_t *data, size_t size) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
-  int which = data[0] % 5;
+  int which = data[0] % 6;
   data++;
   size--;
   switch (which) {
@@ -84,8 +86,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (xf_data_decode(data, size, &h) == 0 && size != XF_DATA_HDR) abort();
       break;
     }
-    default:
+    case 4:
       check_desc(data, size);
+      break;
+    default: {
+      if (size < 16) break;
+      uint8_t *b = malloc(size);
+      if (!b) abort();
+      memcpy(b, data, size);
+      uint64_t sum = k3_hash64(b, size - 8, 0);
+      memcpy(b + size - 8, &sum, 8);
+      check_desc(b, size);
+      free(b);
+    }
   }
   return 0;
 }
