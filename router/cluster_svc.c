@@ -19,6 +19,7 @@
  *    decode worker claims must fit its pool; one grpc_address belongs to one worker id.
  * With --insecure-cluster (no TLS) the identity rule cannot be checked; the epoch rules stay. */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>

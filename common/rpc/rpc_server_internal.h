@@ -83,6 +83,10 @@ struct k3_rpc_server {
 
 void srv_free(k3_rpc_server_t *srv);
 
+/* peer.c: the server's peer rule for a call of a non-open method; 0 = allowed, else the call
+ * was finished (UNAUTHENTICATED or PERMISSION_DENIED) and the caller must return. */
+int rpc_check_peer(k3_rpc_call_t *c);
+
 /* health.c */
 int rpc_health_register(k3_rpc_server_t *srv);
 void rpc_health_shutdown(k3_rpc_server_t *srv);

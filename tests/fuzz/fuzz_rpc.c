@@ -79,6 +79,36 @@ static const struct {
 };
 #define N_MSGS (sizeof MSGS / sizeof MSGS[0])
 
+/* 1 when m or a message inside it kept unknown fields. */
+static int has_unknown(const ProtobufCMessage *m) {
+  if (!m) return 0;
+  if (m->n_unknown_fields) return 1;
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    if (f->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+    if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) { /* a union: only the selected member is there */
+      uint32_t which;
+      memcpy(&which, (const char *)m + f->quantifier_offset, sizeof which);
+      if (which != f->id) continue;
+    }
+    const char *base = (const char *)m + f->offset;
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+      size_t n;
+      memcpy(&n, (const char *)m + f->quantifier_offset, sizeof n);
+      ProtobufCMessage *const *v;
+      memcpy(&v, base, sizeof v);
+      for (size_t k = 0; k < n; k++)
+        if (has_unknown(v[k])) return 1;
+    } else {
+      const ProtobufCMessage *sub;
+      memcpy(&sub, base, sizeof sub);
+      if (has_unknown(sub)) return 1;
+    }
+  }
+  return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
   size_t which = data[0] % N_MSGS;
@@ -104,9 +134,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!buf) abort();
   if (protobuf_c_message_pack(m, buf) != n) abort();
   /* What we pack must parse again. Not checked for messages carrying unknown fields: protobuf-c
-   * keeps them and re-emits them imperfectly (a field number 0, accepted when unpacking, is
-   * written back as a tag it then refuses); k3pd never re-sends a message it received. */
-  if (m->n_unknown_fields == 0) {
+   * keeps them, in nested messages too, and re-emits them imperfectly (a field number 0,
+   * accepted when unpacking, is written back as a tag it then refuses); k3pd never re-sends a
+   * message it received. */
+  if (!has_unknown(m)) {
     ProtobufCMessage *again = protobuf_c_message_unpack(d, NULL, n, buf);
     if (!again || protobuf_c_message_get_packed_size(again) != n) abort();
     protobuf_c_message_free_unpacked(again, NULL);
