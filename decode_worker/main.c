@@ -185,7 +185,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: cannot set up metrics\n");
     return 1;
   }
-  if (k3_app_metrics_http(w->mreg, "k3pd-decode", metrics_host, metrics_port, &w->mhttp)) return 1;
+  if (k3_app_metrics_http(w->mreg, "k3pd-decode", metrics_host, metrics_port, to.metrics_tls ? a->tls : NULL,
+                          &w->mhttp))
+    return 1;
   /* UCX first: on host backends the runner's state arena is memory UCX allocates */
   k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
   rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);

@@ -174,7 +174,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-prefill: cannot set up metrics\n");
     return 1;
   }
-  if (k3_app_metrics_http(w->mreg, "k3pd-prefill", metrics_host, metrics_port, &w->mhttp)) return 1;
+  if (k3_app_metrics_http(w->mreg, "k3pd-prefill", metrics_host, metrics_port, to.metrics_tls ? a->tls : NULL,
+                          &w->mhttp))
+    return 1;
   k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
   rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
   if (rc) {

@@ -291,7 +291,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-router: cannot set up metrics\n");
     return 1;
   }
-  if (k3_app_metrics_http(rt->mreg, "k3pd-router", metrics_host, metrics_port, &rt->mhttp)) return 1;
+  if (k3_app_metrics_http(rt->mreg, "k3pd-router", metrics_host, metrics_port, to.metrics_tls ? a->tls : NULL,
+                          &rt->mhttp))
+    return 1;
   uv_loop_t *loop = uv_default_loop();
   rt->loop = loop;
   int port = 0, cport = 0, hport = 0;

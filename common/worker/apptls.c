@@ -31,6 +31,8 @@ size_t k3_app_tls_flags(k3_app_tls_t *o, k3_flag_t *out) {
        "accept only it as the router and as the caller of their services)", false},
       {"health-listen", K3_FLAG_STR, &o->health_listen, "HOST:PORT", "extra plaintext port serving only "
        "grpc.health.v1 (Kubernetes gRPC probes cannot speak TLS); off when unset", false},
+      {"metrics-tls", K3_FLAG_BOOL, &o->metrics_tls, NULL, "serve the metrics port over HTTPS with the cluster "
+       "certificate; /metrics then needs a client certificate of the cluster CA", false},
   };
   memcpy(out, f, sizeof f);
   return K3_APP_TLS_NFLAGS;
@@ -46,6 +48,10 @@ int k3_app_tls_check(const k3_app_tls_t *o, char *err, size_t errlen) {
   }
   if (o->insecure && have) {
     snprintf(err, errlen, "--insecure-cluster: cannot be combined with --tls-cert/--tls-key/--tls-ca");
+    return K3_EINVAL;
+  }
+  if (o->insecure && o->metrics_tls) {
+    snprintf(err, errlen, "--metrics-tls: needs the cluster credentials (not --insecure-cluster)");
     return K3_EINVAL;
   }
   if (!k3_rpc_tls_id_valid(o->router_identity)) {

@@ -15,7 +15,8 @@ workers keep serving. Before the fixes every one of these calls was accepted.
    replace / heartbeat / deregister lifecycle works with the right identity and epoch;
  - the issue's flood (deregistrations every 100 ms) while clients send requests: all served;
  - worker ports: nobody but the router's identity may call Prefill/Decode; the plaintext
-   health-only ports serve health and nothing else;
+   health-only ports serve health and nothing else; --metrics-tls keeps /metrics for cluster
+   certificates;
  - public API: TLS (a plaintext client cannot talk to it), API keys (missing, malformed and
    unknown keys UNAUTHENTICATED; per-key rate and concurrency limits RESOURCE_EXHAUSTED), the HTTP
    API (401 in the OpenAI error shape, 429, health open, /metrics behind the key);
@@ -369,6 +370,36 @@ def test_worker_ports(sec):
         sec.expect(res, grpc.StatusCode.UNAUTHENTICATED, "%s health-only port: a service call" % name, "peer")
 
 
+def test_metrics_tls(sec):
+    """The decode worker runs --metrics-tls: HTTPS with its certificate; /metrics needs a client
+    certificate of the cluster CA, the probes' endpoints stay open."""
+    m = re.search(r"metrics on port (\d+)", sec.cl.decodes()[0].text())
+    if not m:
+        check(False, "decode-0 logs its metrics port")
+        return
+    ca = os.path.join(sec.cl.tls_dir, "ca.crt")
+    sec.creds("k3pd-router")  # writes the certificate files
+    prefix = os.path.join(sec.args.workdir, "cert-%s-k3pd-router" % os.path.basename(sec.cl.tls_dir))
+
+    def get(path, with_cert):
+        ctx = ssl.create_default_context(cafile=ca)
+        if with_cert:
+            ctx.load_cert_chain(prefix + ".crt", prefix + ".key")
+        try:
+            with urllib.request.urlopen("https://127.0.0.1:%s%s" % (m.group(1), path), timeout=10, context=ctx) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+    check(get("/healthz", False) == 200, "metrics over HTTPS: /healthz without a client certificate: 200")
+    check(get("/metrics", False) == 403, "metrics over HTTPS: /metrics without a client certificate: 403")
+    check(get("/metrics", True) == 200, "metrics over HTTPS: /metrics with a cluster certificate: 200")
+    try:
+        urllib.request.urlopen("http://127.0.0.1:%s/metrics" % m.group(1), timeout=5)
+        check(False, "metrics over HTTPS: plain HTTP refused")
+    except (urllib.error.URLError, ConnectionError, OSError):
+        check(True, "metrics over HTTPS: plain HTTP refused")
+
+
 def test_api_keys(sec):
     UN, RE = grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED
     for key, what in ((None, "no key"), ("wrong-" + "x" * 30, "an unknown key"), ("Basic " + KEY_C, "a Basic key"),
@@ -401,6 +432,10 @@ def test_api_keys(sec):
         pf.send_signal(signal.SIGCONT)
     outcomes = sorted([("ok" if e is None else e.code().name, "concurrency" in (e.details() or "") if e else False)
                        for _, e in (r1, r2)])
+    # a stop longer than the heartbeat timeout (a loaded machine) drops the worker: it re-registers
+    deadline = time.time() + 30
+    while time.time() < deadline and router_metric(sec, "k3pd_router_registered_workers", "") != 2:
+        time.sleep(0.1)
     check(outcomes == [("RESOURCE_EXHAUSTED", True), ("ok", False)],
           "per-key concurrency limit 1: of two requests in flight one is served, the other RESOURCE_EXHAUSTED "
           "naming the limit (%s)" % outcomes)
@@ -481,6 +516,7 @@ def main():
         os.unlink(hpf)
     cl = Cluster(args.bindir, model, os.path.join(args.workdir, "cluster"), 1, 1, stubs=stubs,
                  worker_args=WORKER_ARGS + ["--health-listen", "127.0.0.1:0"],
+                 decode_args=["--metrics-tls", "--metrics-port", "0", "--metrics-host", "127.0.0.1"],
                  router_args=["--api-keys", keys, "--public-tls-cert", pub + ".crt", "--public-tls-key", pub + ".key",
                               "--health-listen", "127.0.0.1:0", "--http-port", "0", "--http-host", "127.0.0.1",
                               "--http-port-file", hpf])
@@ -497,7 +533,7 @@ def main():
               (time.time() - t0, cl.port, cl.cport, sec.http_port), flush=True)
         sec.served(8, "baseline")
         for fn in (test_public_port, test_anonymous, test_identity_and_epochs, test_lifecycle, test_flood,
-                   test_worker_ports, test_api_keys, test_http, test_metrics):
+                   test_worker_ports, test_metrics_tls, test_api_keys, test_http, test_metrics):
             t1 = time.time()
             fn(sec)
             print("# %s: %.1f s" % (fn.__name__, time.time() - t1), flush=True)

@@ -25,7 +25,7 @@
 #include "k3pd/rpc.h"
 #include "k3pd/rpc_tls.h"
 
-#define K3_APP_TLS_NFLAGS 7
+#define K3_APP_TLS_NFLAGS 8
 #define K3_APP_ROUTER_IDENTITY "k3pd-router"
 
 typedef struct {
@@ -34,6 +34,7 @@ typedef struct {
   const char *router_identity;  /* --router-identity */
   const char *health_listen;    /* --health-listen (NULL = none) */
   bool insecure;                /* --insecure-cluster */
+  bool metrics_tls;             /* --metrics-tls */
   char dev_dir_default[64];     /* /tmp/k3pd-tls-<uid> */
 } k3_app_tls_t;
 
