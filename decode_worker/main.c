@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "dc.h"
+#include "k3pd/apptls.h"
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
 #include "k3pd/lifecycle.h"
@@ -27,6 +28,7 @@ typedef struct {
   k3_lifecycle_t *lc;
   uv_timer_t metrics_timer;
   int64_t drain_grace_ms;
+  k3_rpc_tls_t *tls; /* cluster credentials (NULL with --insecure-cluster) */
 } app_t;
 
 void dc_metrics_refresh(dc_worker_t *w) {
@@ -120,14 +122,19 @@ int main(int argc, char **argv) {
   char ipc_default[64];
   snprintf(ipc_default, sizeof ipc_default, "/tmp/k3pd-ipc-%u", (unsigned)getuid());
   ipc_dir = ipc_default;
-  k3_flag_t flags[K3_LOAD_NFLAGS + 12];
+  k3_app_tls_t to;
+  k3_app_tls_init(&to);
+  k3_flag_t flags[K3_LOAD_NFLAGS + K3_APP_TLS_NFLAGS + 12];
   size_t nflags = k3_load_flags(&mo, flags);
+  nflags += k3_app_tls_flags(&to, flags + nflags);
   k3_flag_t own[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
       {"router", K3_FLAG_STR, &router, "HOST:PORT", "router to register with", true},
       {"advertise", K3_FLAG_STR, &advertise, "HOST:PORT", "address the router dials (default: listen host + port)",
        false},
-      {"worker-id", K3_FLAG_STR, &worker_id, "ID", "unique worker id (default: decode-<advertised address>)", false},
+      {"worker-id", K3_FLAG_STR, &worker_id, "ID", "unique worker id; with TLS a name its certificate "
+       "carries (default: from the certificate; development CA: decode-<host>-<pid>; --insecure-cluster: "
+       "decode-<advertised address>)", false},
       {"max-context", K3_FLAG_INT, &max_context, "N", "longest prompt + completion (default: the page pool)", false},
       {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long running sequences may finish",
        false},
@@ -154,12 +161,20 @@ int main(int argc, char **argv) {
   char err[1024];
   int rc = k3_flags_parse(&info, flags, nflags, argc, argv, NULL, err, sizeof err);
   if (!rc && (rc = k3_load_check(&mo, err, sizeof err))) rc = K3_EINVAL;
+  if (!rc) rc = k3_app_tls_check(&to, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
   if (rc) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
     return 2;
   }
   if (k3_app_log_setup("k3pd-decode", log_level)) return 2;
+  /* cluster credentials and the worker id first (before the model loads: a bad
+   * certificate fails at once); the development CA issues the certificate for the worker id */
+  char adv[300], wid[400];
+  if (k3_app_tls_worker(&to, "decode", worker_id, &a->tls, wid, sizeof wid, err, sizeof err)) {
+    fprintf(stderr, "k3pd-decode: %s\n", err);
+    return 2;
+  }
   if (mo.page_tokens < 1 || mo.num_pages < 1 || mo.num_slots < 1 || mo.max_batch < 1) {
     fprintf(stderr, "k3pd-decode: --page-tokens, --num-pages, --num-slots and --max-batch must be >= 1\n");
     return 2;
@@ -170,7 +185,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: cannot set up metrics\n");
     return 1;
   }
-  if (k3_app_metrics_http(w->mreg, "k3pd-decode", metrics_host, metrics_port, &w->mhttp)) return 1;
+  if (k3_app_metrics_http(w->mreg, "k3pd-decode", metrics_host, metrics_port, to.metrics_tls ? a->tls : NULL,
+                          &w->mhttp))
+    return 1;
   /* UCX first: on host backends the runner's state arena is memory UCX allocates */
   k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
   rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
@@ -206,20 +223,22 @@ int main(int argc, char **argv) {
   if (!rc) rc = k3_rpc_server_init(loop, NULL, &w->srv);
   if (!rc) rc = dc_service_register(w);
   int port = 0;
-  if (!rc) rc = k3_rpc_server_start(w->srv, listen, &port);
   if (rc) {
     fprintf(stderr, "k3pd-decode: starting the gRPC server on %s: %s\n", listen, k3_strerror(rc));
     return 1;
   }
-  char adv[300], wid[400];
+  if (k3_app_tls_serve(w->srv, &to, a->tls, listen, &port, err, sizeof err)) {
+    fprintf(stderr, "k3pd-decode: starting the gRPC server: %s\n", err);
+    return 1;
+  }
   if (k3_addr_advertise(listen, port, advertise, adv, sizeof adv)) {
     fprintf(stderr, "k3pd-decode: --listen/--advertise: bad address\n");
     return 2;
   }
-  snprintf(wid, sizeof wid, "%s", worker_id ? worker_id : "");
-  if (!worker_id) snprintf(wid, sizeof wid, "decode-%s", adv);
+  if (!wid[0]) snprintf(wid, sizeof wid, "decode-%s", adv); /* --insecure-cluster without --worker-id */
   rc = dc_engine_start(w);
-  if (!rc) rc = k3_rpc_client_init(loop, NULL, &w->cli);
+  k3_rpc_client_opts_t co = {.tls = a->tls, .peer_name = to.router_identity};
+  if (!rc) rc = k3_rpc_client_init(loop, &co, &w->cli);
   if (rc) {
     fprintf(stderr, "k3pd-decode: start-up failed: %s\n", k3_strerror(rc));
     return 1;
@@ -286,6 +305,7 @@ int main(int argc, char **argv) {
   k3_weights_free(a->weights);
   k3_metrics_http_stop(w->mhttp);
   k3_metrics_free(w->mreg);
+  k3_rpc_tls_free(a->tls);
   uv_loop_close(loop);
   K3_INFO("stopped");
   return 0;

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "k3pd/apptls.h"
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
 #include "k3pd/lifecycle.h"
@@ -26,6 +27,7 @@ typedef struct {
   k3_lifecycle_t *lc;
   uv_timer_t metrics_timer, gc_timer;
   int64_t drain_grace_ms;
+  k3_rpc_tls_t *tls; /* cluster credentials (NULL with --insecure-cluster) */
 } app_t;
 
 void pf_metrics_refresh(pf_worker_t *w) {
@@ -92,14 +94,19 @@ int main(int argc, char **argv) {
   int metrics_port = -1;
   int64_t max_batch_tokens = 4096, send_deadline_ms = 120000;
   a->drain_grace_ms = 30000;
-  k3_flag_t flags[K3_LOAD_NFLAGS + 12];
+  k3_app_tls_t to;
+  k3_app_tls_init(&to);
+  k3_flag_t flags[K3_LOAD_NFLAGS + K3_APP_TLS_NFLAGS + 12];
   size_t nflags = k3_load_flags(&mo, flags);
+  nflags += k3_app_tls_flags(&to, flags + nflags);
   k3_flag_t own[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
       {"router", K3_FLAG_STR, &router, "HOST:PORT", "router to register with", true},
       {"advertise", K3_FLAG_STR, &advertise, "HOST:PORT", "address the router dials (default: listen host + port)",
        false},
-      {"worker-id", K3_FLAG_STR, &worker_id, "ID", "unique worker id (default: prefill-<advertised address>)", false},
+      {"worker-id", K3_FLAG_STR, &worker_id, "ID", "unique worker id; with TLS a name its certificate "
+       "carries (default: from the certificate; development CA: prefill-<host>-<pid>; --insecure-cluster: "
+       "prefill-<advertised address>)", false},
       {"max-batch-tokens", K3_FLAG_I64, &max_batch_tokens, "N", "prompt tokens batched into one forward pass", false},
       {"send-deadline-ms", K3_FLAG_I64, &send_deadline_ms, "MS", "longest a prompt's forward pass + state transfer "
        "may take (the transfer starts with the pass: layers stream as they finish); also clamped to the lease", false},
@@ -125,12 +132,20 @@ int main(int argc, char **argv) {
   char err[1024];
   int rc = k3_flags_parse(&info, flags, nflags, argc, argv, NULL, err, sizeof err);
   if (!rc && (rc = k3_load_check(&mo, err, sizeof err))) rc = K3_EINVAL;
+  if (!rc) rc = k3_app_tls_check(&to, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
   if (rc) {
     fprintf(stderr, "k3pd-prefill: %s\n", err);
     return 2;
   }
   if (k3_app_log_setup("k3pd-prefill", log_level)) return 2;
+  /* cluster credentials and the worker id first (before the model loads: a bad
+   * certificate fails at once); the development CA issues the certificate for the worker id */
+  char adv[300], wid[400];
+  if (k3_app_tls_worker(&to, "prefill", worker_id, &a->tls, wid, sizeof wid, err, sizeof err)) {
+    fprintf(stderr, "k3pd-prefill: %s\n", err);
+    return 2;
+  }
   if (max_batch_tokens < 1 || send_deadline_ms < 1 || mo.max_batch < 1) {
     fprintf(stderr, "k3pd-prefill: --max-batch, --max-batch-tokens and --send-deadline-ms must be >= 1\n");
     return 2;
@@ -159,7 +174,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-prefill: cannot set up metrics\n");
     return 1;
   }
-  if (k3_app_metrics_http(w->mreg, "k3pd-prefill", metrics_host, metrics_port, &w->mhttp)) return 1;
+  if (k3_app_metrics_http(w->mreg, "k3pd-prefill", metrics_host, metrics_port, to.metrics_tls ? a->tls : NULL,
+                          &w->mhttp))
+    return 1;
   k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
   rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
   if (rc) {
@@ -180,22 +197,22 @@ int main(int argc, char **argv) {
   if (!rc) rc = k3_rpc_server_init(loop, NULL, &w->srv);
   if (!rc) rc = pf_service_register(w);
   int port = 0;
-  if (!rc) rc = k3_rpc_server_start(w->srv, listen, &port);
   if (rc) {
     fprintf(stderr, "k3pd-prefill: starting the gRPC server on %s: %s\n", listen, k3_strerror(rc));
     return 1;
   }
-  char adv[300], wid[400];
+  if (k3_app_tls_serve(w->srv, &to, a->tls, listen, &port, err, sizeof err)) {
+    fprintf(stderr, "k3pd-prefill: starting the gRPC server: %s\n", err);
+    return 1;
+  }
   if (k3_addr_advertise(listen, port, advertise, adv, sizeof adv)) {
     fprintf(stderr, "k3pd-prefill: --listen/--advertise: bad address\n");
     return 2;
   }
-  if (worker_id)
-    snprintf(wid, sizeof wid, "%s", worker_id);
-  else
-    snprintf(wid, sizeof wid, "prefill-%s", adv);
+  if (!wid[0]) snprintf(wid, sizeof wid, "prefill-%s", adv); /* --insecure-cluster without --worker-id */
   rc = pf_engine_start(w);
-  if (!rc) rc = k3_rpc_client_init(loop, NULL, &w->cli);
+  k3_rpc_client_opts_t co = {.tls = a->tls, .peer_name = to.router_identity};
+  if (!rc) rc = k3_rpc_client_init(loop, &co, &w->cli);
   if (rc) {
     fprintf(stderr, "k3pd-prefill: start-up failed: %s\n", k3_strerror(rc));
     return 1;
@@ -254,6 +271,7 @@ int main(int argc, char **argv) {
   k3_weights_free(a->weights);
   k3_metrics_http_stop(w->mhttp);
   k3_metrics_free(w->mreg);
+  k3_rpc_tls_free(a->tls);
   uv_loop_close(loop);
   K3_INFO("stopped");
   return 0;

@@ -21,6 +21,7 @@
 #include "k3pd/rpc_validate.h"
 #include "k3pd/util.h"
 #include "k3pd/v1/generation.pb-c.h"
+#include "auth.h"
 #include "req.h"
 
 /* ---- request intake ---- */
@@ -247,15 +248,30 @@ static void grpc_tokens(rt_req_t *q, void *ctx, const uint32_t *ids, size_t n, c
   send_chunk(q, ctx, ids, n, text, len, lps, n_lps, false);
 }
 
+/* The API key's ticket (auth.h) lives in the call's user pointer until the request ends. */
+static void release_key(k3_rpc_call_t *call) {
+  rt_auth_release(k3_rpc_call_get_user(call));
+  k3_rpc_call_set_user(call, NULL);
+}
+
 static void grpc_finish(rt_req_t *q, void *ctx, const char *tail, size_t len) {
   k3_rpc_call_t *call = ctx;
   send_chunk(q, call, NULL, 0, tail, len, NULL, 0, true);
+  release_key(call);
   k3_rpc_call_finish(call, K3_RPC_OK, NULL);
 }
 
 static void grpc_fail(rt_req_t *q, void *ctx, k3_rpc_code_t code, const char *msg) {
   (void)q;
-  k3_rpc_call_finish(ctx, code, msg);
+  release_key(ctx);
+  /* rt_req_fail already mapped the code; this keeps the gRPC front's promise on its own */
+  k3_rpc_call_finish(ctx, rt_status_public(code, NULL, 0), msg);
+}
+
+/* Ends a call that never became a launched request. */
+static void refuse(k3_rpc_call_t *call, k3_rpc_code_t code, const char *msg) {
+  release_key(call);
+  k3_rpc_call_finish(call, code, msg);
 }
 
 static const rt_sink_t grpc_sink = {grpc_tokens, grpc_finish, grpc_fail};
@@ -276,13 +292,26 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   rt_router_t *rt = user;
   const K3pd__V1__GenerateRequest *g = (const K3pd__V1__GenerateRequest *)msg;
   char err[512];
+  if (rt->auth) { /* before anything else: an unknown caller learns nothing about the cluster */
+    rt_key_t *key;
+    const char *reason;
+    k3_rpc_code_t c = rt_auth_admit(rt->auth, k3_rpc_call_metadata(call, "authorization"), k3_now_ns(), &key,
+                                    &reason, err, sizeof err);
+    if (c != K3_RPC_OK) {
+      if (rt->m.auth_failures_total) k3_metric_inc(rt->m.auth_failures_total, &reason);
+      k3_rpc_call_finish(call, c, err);
+      return;
+    }
+    k3_rpc_call_set_user(call, key);
+  }
   if (rt->draining) {
-    k3_rpc_call_finish(call, K3_RPC_UNAVAILABLE, "router is draining");
+    refuse(call, K3_RPC_UNAVAILABLE, "router is draining");
     return;
   }
   if (g->model && *g->model && strcmp(g->model, rt->model_name) != 0) {
-    k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT, "model: unknown model \"%s\" (this cluster serves \"%s\")",
-                        g->model, rt->model_name);
+    snprintf(err, sizeof err, "model: unknown model \"%.200s\" (this cluster serves \"%.200s\")", g->model,
+             rt->model_name);
+    refuse(call, K3_RPC_INVALID_ARGUMENT, err);
     return;
   }
   bool from_field = g->request_id && *g->request_id;
@@ -291,7 +320,7 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   k3_rpc_code_t code;
   if (rt_req_new(rt, rid, from_field ? "request_id" : "x-request-id (metadata, used as request_id)",
                  k3_rpc_call_deadline_left_ms(call), &q, &code, err, sizeof err)) {
-    k3_rpc_call_finish(call, code, err);
+    refuse(call, code, err);
     return;
   }
   /* The documented structural rules (docs/protocol.md: counts, lengths, enum values, chat roles,
@@ -310,7 +339,7 @@ static void on_generate(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   if (rc) {
     k3_rpc_code_t c = rc == K3_ENOMEM ? K3_RPC_RESOURCE_EXHAUSTED : K3_RPC_INVALID_ARGUMENT;
     rt_req_reject(q, c, err);
-    k3_rpc_call_finish(call, c, err);
+    refuse(call, c, err);
     return;
   }
   k3_rpc_call_set_cancel_cb(call, on_client_cancel, q);

@@ -27,6 +27,7 @@
 #include "k3pd/tokenizer.h"
 #include "rt.h"
 
+struct k3_rpc_tls;
 typedef struct rt_http rt_http_t;
 typedef struct rt_hreq rt_hreq_t;
 struct rt_req;
@@ -39,6 +40,7 @@ typedef struct {
   unsigned idle_timeout_s;   /* a connection silent this long while sending its request or
                                 between keep-alive requests is closed */
   uint32_t request_timeout_ms; /* deadline of a generation request (504 when it passes) */
+  const struct k3_rpc_tls *tls; /* serve HTTPS with this certificate (NULL: plain HTTP) */
 } rt_http_opts_t;
 
 typedef enum {

@@ -9,6 +9,7 @@
 
 #include "http.h"
 #include "k3pd/metrics.h"
+#include "k3pd/metrics_k3pd.h"
 
 #define STREAM_BLOCK_BYTES (16 * 1024)
 #define DISCARD_LIMIT_BYTES ((uint64_t)64 << 20) /* bytes past the limit we read to answer 413 */
@@ -53,6 +54,7 @@ struct rt_hreq {
   void *front;
   void (*front_free)(void *);
   hwatch_t *watch;
+  struct rt_key *auth_key; /* the API key's ticket (auth.h), released when the request is freed */
 };
 
 struct rt_http {
@@ -72,7 +74,7 @@ struct rt_http {
   int open_handles;
   void (*done)(void *);
   void *done_arg;
-  k3_mseries_t *count[5][12]; /* k3pd_router_http_requests_total{route,code} */
+  k3_mseries_t *count[5][K3PD_HTTP_NCODES]; /* k3pd_router_http_requests_total{route,code} */
   k3_mseries_t *io;           /* k3pd_router_http_io_seconds_total */
   uint64_t handler_ns;        /* time in route handlers during the current MHD_run */
 };

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "http_int.h"
 #include "jsonw.h"
 #include "k3pd/log.h"
@@ -21,6 +22,7 @@ void rt_hreq_unref(rt_hreq_t *r) {
   if (r->next) r->next->prev = r->prev;
   h->n_live--;
   rt_hreq_watch_stop(r);
+  rt_auth_release(r->auth_key);
   if (r->front_free) r->front_free(r->front);
   free(r->body.data);
   free(r->rbody);
@@ -201,6 +203,7 @@ enum MHD_Result rt_hreq_queue(rt_hreq_t *r, unsigned status, const char *ctype, 
   if (allow) MHD_add_response_header(res, MHD_HTTP_HEADER_ALLOW, allow);
   if (r->rid[0]) MHD_add_response_header(res, "X-Request-Id", r->rid);
   if (status == 429 || status == 503) MHD_add_response_header(res, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+  if (status == 401) MHD_add_response_header(res, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
   if (r->too_large) MHD_add_response_header(res, MHD_HTTP_HEADER_CONNECTION, "close");
   enum MHD_Result ret = MHD_queue_response(r->conn, status, res);
   MHD_destroy_response(res);

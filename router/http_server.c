@@ -35,13 +35,16 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "http_int.h"
 #include "k3pd/err.h"
+#include "k3pd/rpc_tls.h"
 #include "k3pd/log.h"
 #include "k3pd/util.h"
 #include "req.h"
 
-static const unsigned CODES[12] = {200, 400, 404, 405, 409, 413, 415, 429, 499, 500, 503, 504};
+static const unsigned CODES[K3PD_HTTP_NCODES] = {200, 400, 401, 404, 405, 409, 413, 415, 429, 499, 500, 503, 504};
+#define CODE_500 10 /* index of 500 in CODES */
 
 /* ---- MHD on the loop ---- */
 
@@ -94,12 +97,12 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
 /* ---- request objects ---- */
 
 static void count(rt_http_t *h, rt_route_t route, unsigned status) {
-  for (int i = 0; i < 12; i++)
+  for (int i = 0; i < K3PD_HTTP_NCODES; i++)
     if (CODES[i] == status) {
       if (h->count[route][i]) k3_counter_inc(h->count[route][i]);
       return;
     }
-  if (h->count[route][9]) k3_counter_inc(h->count[route][9]); /* anything else counts as 500 */
+  if (h->count[route][CODE_500]) k3_counter_inc(h->count[route][CODE_500]); /* anything else counts as 500 */
 }
 
 /* ---- routing ---- */
@@ -150,6 +153,23 @@ static enum MHD_Result first_call(rt_hreq_t *r, const char *url, const char *met
     rt_hreq_error(r, 405, "invalid_request_error", NULL, "method_not_allowed",
                   "method %.32s is not allowed on %.200s (use %s)", method, url, wants_post ? "POST" : "GET");
     return MHD_YES;
+  }
+  /* API keys (auth.h): every route but the health endpoints, before anything else is decided */
+  rt_router_t *rt = r->h->rt;
+  if (rt->auth && (r->route != RT_ROUTE_OPS || strcmp(url, "/metrics") == 0)) {
+    const char *reason;
+    char msg[256];
+    k3_rpc_code_t c = rt_auth_admit(rt->auth, MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND,
+                                                                          MHD_HTTP_HEADER_AUTHORIZATION),
+                                    k3_now_ns(), &r->auth_key, &reason, msg, sizeof msg);
+    if (c != K3_RPC_OK) {
+      if (rt->m.auth_failures_total) k3_metric_inc(rt->m.auth_failures_total, &reason);
+      if (c == K3_RPC_UNAUTHENTICATED)
+        rt_hreq_error(r, 401, "invalid_request_error", NULL, "invalid_api_key", "%s", msg);
+      else
+        rt_hreq_error(r, 429, "rate_limit_error", NULL, "rate_limit_exceeded", "%s", msg);
+      return MHD_YES;
+    }
   }
   if (!wants_post) return MHD_YES;
   if (r->h->closing || r->h->rt->draining) {
@@ -280,11 +300,24 @@ int rt_http_start(rt_router_t *rt, const rt_http_opts_t *o, rt_http_t **out) {
   h->rt = rt;
   h->o = *o;
   h->started_unix = k3_wall_ms() / 1000;
-  h->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, (uint16_t)o->port, NULL, NULL,
-                          on_access, h, MHD_OPTION_SOCK_ADDR, &sa, MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s,
-                          MHD_OPTION_CONNECTION_LIMIT, o->max_connections, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-                          h, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_EXTERNAL_LOGGER,
-                          on_mhd_log, h, MHD_OPTION_END);
+  unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+  /* HTTPS with the public certificate (libmicrohttpd's GnuTLS); the same PEMs as the gRPC port */
+  struct MHD_OptionItem tls_opts[3] = {{MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}};
+  if (o->tls) {
+    if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+      K3_ERROR("http: --public-tls-cert: this libmicrohttpd was built without TLS");
+      free(h);
+      return K3_ENOTSUP;
+    }
+    flags |= MHD_USE_TLS;
+    tls_opts[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)k3_rpc_tls_key_pem(o->tls)};
+    tls_opts[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)k3_rpc_tls_cert_pem(o->tls)};
+  }
+  h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_access, h, MHD_OPTION_SOCK_ADDR, &sa,
+                          MHD_OPTION_CONNECTION_TIMEOUT, o->idle_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+                          o->max_connections, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_EXTERNAL_LOGGER,
+                          on_mhd_log, h, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
   if (!h->d) {
     K3_ERROR("http: cannot listen on %s:%d (port in use or not permitted)", o->host && *o->host ? o->host : "0.0.0.0",
              o->port);
@@ -313,9 +346,9 @@ int rt_http_start(rt_router_t *rt, const rt_http_opts_t *o, rt_http_t **out) {
            (unsigned long long)(k3_hash64(fp_src, (size_t)n, 0x6b3370) & 0xffffffffffffULL));
   static const char *const routes[5] = {K3PD_HTTP_ROUTE_CHAT, K3PD_HTTP_ROUTE_COMPLETIONS, K3PD_HTTP_ROUTE_MODELS,
                                         K3PD_HTTP_ROUTE_OPS, K3PD_HTTP_ROUTE_OTHER};
-  static const char *const codes[12] = {K3PD_HTTP_CODES};
+  static const char *const codes[K3PD_HTTP_NCODES] = {K3PD_HTTP_CODES};
   for (int a = 0; a < 5; a++)
-    for (int b = 0; b < 12; b++) {
+    for (int b = 0; b < K3PD_HTTP_NCODES; b++) {
       const char *lv[2] = {routes[a], codes[b]};
       if (rt->m.http_requests_total) k3_metric_series(rt->m.http_requests_total, lv, &h->count[a][b]);
     }

@@ -1,6 +1,12 @@
 /* k3pd-router entry point: flags and wiring only (ARCHITECTURE.md §1). The logic lives in
- * generate.c (the public Generate flow), cluster_svc.c (worker registry service) and
- * registry.c (placement policy).
+ * generate.c (the public Generate flow), cluster_svc.c (worker registry service),
+ * registry.c (placement policy) and auth.c (API keys).
+ *
+ * Two gRPC servers (docs/operations.md "Security"): the public port (--listen: Generation +
+ * health; optional TLS with --public-tls-cert, optional API keys) and the cluster port
+ * (--cluster-listen: the Cluster service + health, mutual TLS; never exposed publicly). The
+ * client to the workers uses the same cluster credentials and expects each worker's
+ * certificate to carry its registered worker id.
  *
  * SIGTERM/SIGINT: NOT_SERVING, refuse new requests, let in-flight ones finish for
  * --drain-grace-ms, then cancel the rest and exit 0. A second signal exits at once (status 1). */
@@ -11,8 +17,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth.h"
+#include "k3pd/apptls.h"
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
+#include "k3pd/netaddr.h"
 #include "k3pd/lifecycle.h"
 #include "k3pd/log.h"
 #include "k3pd/util.h"
@@ -24,13 +33,14 @@ typedef struct {
   rt_router_t rt;
   k3_lifecycle_t *lc;
   int64_t drain_grace_ms;
+  k3_rpc_tls_t *tls, *public_tls;
 } app_t;
 
 static void on_client_closed(void *arg) { (void)arg; }
 
 static void on_http_done(void *arg) { ((app_t *)arg)->rt.http = NULL; }
 
-static void on_server_done(void *arg) {
+static void on_cluster_done(void *arg) {
   app_t *a = arg;
   rt_tokpool_close(a->rt.tokpool); /* answers what is left with K3_ESHUTDOWN */
   a->rt.tokpool = NULL;
@@ -39,10 +49,44 @@ static void on_server_done(void *arg) {
   rt_lag_stop(&a->rt);
 }
 
+/* The public port first (its requests still use the workers), then the cluster port. */
+static void on_server_done(void *arg) {
+  app_t *a = arg;
+  k3_rpc_server_shutdown(a->rt.csrv, on_cluster_done, a);
+}
+
 static void begin_shutdown(void *ud) {
   app_t *a = ud;
   if (a->rt.http) rt_http_shutdown(a->rt.http, on_http_done, a); /* cancels what still runs */
   k3_rpc_server_shutdown(a->rt.srv, on_server_done, a);
+}
+
+static void set_health(rt_router_t *rt, k3_rpc_health_t st, bool liveness) {
+  k3_rpc_server_set_health(rt->srv, "", st);
+  k3_rpc_server_set_health(rt->srv, "k3pd.v1.Generation", st);
+  k3_rpc_server_set_health(rt->csrv, "", st);
+  k3_rpc_server_set_health(rt->csrv, "k3pd.v1.Cluster", st);
+  if (liveness) {
+    k3_rpc_server_set_health(rt->srv, "liveness", K3_RPC_HEALTH_SERVING);
+    k3_rpc_server_set_health(rt->csrv, "liveness", K3_RPC_HEALTH_SERVING);
+  }
+}
+
+static void write_port(const char *file, const char *flag, int port) {
+  if (!file) return;
+  char buf[32];
+  int n = snprintf(buf, sizeof buf, "%d\n", port);
+  if (k3_write_file(file, buf, (size_t)n)) K3_WARN("cannot write %s %s", flag, file);
+}
+
+/* --cluster-listen default: the public host with the next port (an ephemeral public port gets
+ * an ephemeral cluster port). */
+static int default_cluster_listen(const char *listen, char *out, size_t cap) {
+  char host[256], err[128];
+  int port;
+  if (k3_addr_split(listen, "--listen", host, sizeof host, &port, err, sizeof err) || port == 65535) return K3_EINVAL;
+  snprintf(out, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port ? port + 1 : 0);
+  return 0;
 }
 
 static uint32_t live_requests(void *ud) { return rt_live_requests(&((app_t *)ud)->rt); }
@@ -51,8 +95,7 @@ static void on_drain(void *ud) {
   app_t *a = ud;
   a->rt.draining = true;
   if (a->rt.mhttp) k3_metrics_http_set_ready(a->rt.mhttp, false);
-  k3_rpc_server_set_health(a->rt.srv, "", K3_RPC_HEALTH_NOT_SERVING);
-  k3_rpc_server_set_health(a->rt.srv, "k3pd.v1.Generation", K3_RPC_HEALTH_NOT_SERVING);
+  set_health(&a->rt, K3_RPC_HEALTH_NOT_SERVING, false);
 }
 
 int main(int argc, char **argv) {
@@ -68,9 +111,32 @@ int main(int argc, char **argv) {
   int tokenize_threads = 2;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, lease_ms = 120000, max_new_limit = 4096, retries = 2;
   int worker_retries = 3;
+  const char *cluster_listen = NULL, *cluster_port_file = NULL, *public_cert = NULL, *public_key = NULL;
+  const char *api_keys = NULL, *model_fp = NULL;
+  double key_rate = 0, key_burst = 0;
+  int key_conc = 0;
+  k3_app_tls_t to;
+  k3_app_tls_init(&to);
   a->drain_grace_ms = 30000;
-  k3_flag_t flags[] = {
-      {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "public gRPC address (port 0 = ephemeral)", false},
+  k3_flag_t flags[64] = {
+      {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "public gRPC address: Generation + health (port 0 = ephemeral)",
+       false},
+      {"cluster-listen", K3_FLAG_STR, &cluster_listen, "HOST:PORT", "cluster gRPC address: the Cluster service "
+       "workers register with, mutual TLS (default: the --listen host, port + 1; ephemeral when --listen's is 0). "
+       "Never expose it publicly", false},
+      {"cluster-port-file", K3_FLAG_STR, &cluster_port_file, "FILE", "write the bound cluster port here once serving",
+       false},
+      {"public-tls-cert", K3_FLAG_STR, &public_cert, "FILE", "serve the public gRPC and HTTP ports over TLS with this "
+       "certificate (PEM; with --public-tls-key)", false},
+      {"public-tls-key", K3_FLAG_STR, &public_key, "FILE", "the public certificate's private key (PEM)", false},
+      {"api-keys", K3_FLAG_STR, &api_keys, "FILE", "require an API key (authorization: Bearer KEY) on the public gRPC "
+       "and HTTP APIs; lines \"NAME KEY [rate=R] [burst=B] [concurrency=C]\" (docs/operations.md)", false},
+      {"api-key-rate", K3_FLAG_DOUBLE, &key_rate, "R", "requests per second per API key (0 = no limit); "
+       "RESOURCE_EXHAUSTED / 429 above it", false},
+      {"api-key-burst", K3_FLAG_DOUBLE, &key_burst, "B", "burst of the per-key rate limit (0 = max(1, rate))", false},
+      {"api-key-concurrency", K3_FLAG_INT, &key_conc, "N", "requests in flight per API key (0 = no limit)", false},
+      {"model-fingerprint", K3_FLAG_STR, &model_fp, "HEX", "the model fingerprint every worker must have (default: "
+       "the first worker's, kept while any worker is registered)", false},
       {"model", K3_FLAG_STR, &model, "DIR", "model directory (config.json, tiktoken.model, tokenizer_config.json)",
        false},
       {"synthetic", K3_FLAG_STR, &synthetic, "PRESET", "instead of --model: the config of a preset (tiny, tiny-48b, "
@@ -112,19 +178,61 @@ int main(int argc, char **argv) {
       {"http-timeout-ms", K3_FLAG_INT, &http_timeout_ms, "MS", "deadline of an HTTP generation request (504 when it "
        "passes; default 600000)", false},
   };
+  size_t nflags = 0;
+  while (flags[nflags].name) nflags++;
+  nflags += k3_app_tls_flags(&to, flags + nflags);
   k3_flags_info_t info = {"k3pd-router",
                           "The cluster's public endpoint (k3pd.v1.Generation). Tokenizes requests, picks a decode "
                           "worker (free KV pages + KDA slots) and a prefill worker (queued tokens), relays the token "
                           "stream and owns request lifetime. Workers register themselves (k3pd.v1.Cluster).",
                           NULL};
   char err[1024];
-  int rc = k3_flags_parse(&info, flags, sizeof flags / sizeof flags[0], argc, argv, NULL, err, sizeof err);
+  int rc = k3_flags_parse(&info, flags, nflags, argc, argv, NULL, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
+  if (!rc) rc = k3_app_tls_check(&to, err, sizeof err);
   if (rc) {
     fprintf(stderr, "k3pd-router: %s\n", err);
     return 2;
   }
+  if ((public_cert != NULL) != (public_key != NULL) || key_rate < 0 || key_burst < 0 || key_conc < 0) {
+    fprintf(stderr, "k3pd-router: need both --public-tls-cert and --public-tls-key (or neither) and "
+                    "--api-key-rate/--api-key-burst/--api-key-concurrency >= 0\n");
+    return 2;
+  }
+  char cl_default[300];
+  if (!cluster_listen) {
+    if (default_cluster_listen(listen, cl_default, sizeof cl_default)) {
+      fprintf(stderr, "k3pd-router: --listen %s: expected HOST:PORT below 65535 (or give --cluster-listen)\n", listen);
+      return 2;
+    }
+    cluster_listen = cl_default;
+  }
+  if (model_fp) {
+    char *end;
+    rt->fingerprint = strtoull(model_fp, &end, 16);
+    if (!*model_fp || *end || rt->fingerprint == 0) {
+      fprintf(stderr, "k3pd-router: --model-fingerprint: expected a non-zero hex number, got \"%s\"\n", model_fp);
+      return 2;
+    }
+    rt->fingerprint_fixed = true;
+  }
   if (k3_app_log_setup("k3pd-router", log_level)) return 2;
+  if (k3_app_tls_make(&to, to.router_identity, &a->tls, err, sizeof err) ||
+      (public_cert && k3_rpc_tls_load(public_cert, public_key, NULL, &a->public_tls, err, sizeof err))) {
+    fprintf(stderr, "k3pd-router: %s\n", err);
+    return 2;
+  }
+  rt->tls = a->tls;
+  if (api_keys) {
+    rt_auth_limits_t lim = {.rate = key_rate, .burst = key_burst, .concurrency = (uint32_t)key_conc};
+    if (rt_auth_load(api_keys, &lim, &rt->auth, err, sizeof err)) {
+      fprintf(stderr, "k3pd-router: %s\n", err);
+      return 2;
+    }
+    K3_INFO("public API: %zu API keys from %s", rt_auth_count(rt->auth), api_keys);
+  } else {
+    K3_INFO("public API: open (no --api-keys)");
+  }
   if (http_max_body == 0 || http_max_body < -1 || max_request_bytes == 0 || max_request_bytes < -1 ||
       max_request_bytes > ((int64_t)1 << 31) - 1 || tokenize_threads < 1 || tokenize_threads > 64) {
     fprintf(stderr, "k3pd-router: need --http-max-body-bytes and --max-request-bytes >= 1 (at most 2G for gRPC), "
@@ -212,7 +320,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-router: cannot set up metrics\n");
     return 1;
   }
-  if (k3_app_metrics_http(rt->mreg, "k3pd-router", metrics_host, metrics_port, &rt->mhttp)) return 1;
+  if (k3_app_metrics_http(rt->mreg, "k3pd-router", metrics_host, metrics_port, to.metrics_tls ? a->tls : NULL,
+                          &rt->mhttp))
+    return 1;
   uv_loop_t *loop = uv_default_loop();
   rt->loop = loop;
   if (rt->tok) {
@@ -222,15 +332,32 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
+  int port = 0, cport = 0, hport = 0;
   k3_rpc_server_opts_t so = {.max_msg_bytes = (uint32_t)max_request_bytes};
   rc = k3_rpc_server_init(loop, &so, &rt->srv);
-  if (!rc) rc = rt_cluster_register(rt);
   if (!rc) rc = rt_generate_register(rt);
-  int port = 0;
-  if (!rc) rc = k3_rpc_server_start(rt->srv, listen, &port);
-  if (!rc) rc = k3_rpc_client_init(loop, NULL, &rt->cli);
+  if (!rc) rc = k3_rpc_server_add_port(rt->srv, listen, a->public_tls, 0, &port);
+  if (!rc) rc = k3_rpc_server_start(rt->srv, NULL, NULL);
   if (rc) {
-    fprintf(stderr, "k3pd-router: starting the gRPC server on %s: %s\n", listen, k3_strerror(rc));
+    fprintf(stderr, "k3pd-router: starting the public gRPC server on %s: %s\n", listen, k3_strerror(rc));
+    return 1;
+  }
+  rc = k3_rpc_server_init(loop, NULL, &rt->csrv);
+  if (!rc) rc = rt_cluster_register(rt);
+  /* every Cluster call needs a cluster certificate; cluster_svc.c matches it to the worker id */
+  if (!rc && a->tls) rc = k3_rpc_server_require_peer(rt->csrv, NULL, 0);
+  if (!rc) rc = k3_rpc_server_add_port(rt->csrv, cluster_listen, a->tls, a->tls != NULL, &cport);
+  if (!rc && to.health_listen) rc = k3_rpc_server_add_port(rt->csrv, to.health_listen, NULL, 0, &hport);
+  if (!rc) rc = k3_rpc_server_start(rt->csrv, NULL, NULL);
+  if (rc) {
+    fprintf(stderr, "k3pd-router: starting the cluster gRPC server on %s%s%s: %s\n", cluster_listen,
+            to.health_listen ? " / --health-listen " : "", to.health_listen ? to.health_listen : "", k3_strerror(rc));
+    return 1;
+  }
+  k3_rpc_client_opts_t co = {.tls = a->tls, .peer_name_fn = rt_worker_name_for, .peer_name_ud = rt};
+  rc = k3_rpc_client_init(loop, &co, &rt->cli);
+  if (rc) {
+    fprintf(stderr, "k3pd-router: gRPC client: %s\n", k3_strerror(rc));
     return 1;
   }
   rt_expiry_start(rt);
@@ -241,14 +368,11 @@ int main(int argc, char **argv) {
                          .max_body_bytes = (uint64_t)http_max_body,
                          .max_connections = (unsigned)http_max_conns,
                          .idle_timeout_s = (unsigned)http_idle_s,
-                         .request_timeout_ms = (uint32_t)http_timeout_ms};
+                         .request_timeout_ms = (uint32_t)http_timeout_ms,
+                         .tls = a->public_tls};
     if (rt_http_start(rt, &ho, &rt->http)) return 1;
     K3_INFO("HTTP API (OpenAI-compatible) on port %d", rt_http_port(rt->http));
-    if (http_port_file) {
-      char buf[32];
-      int n = snprintf(buf, sizeof buf, "%d\n", rt_http_port(rt->http));
-      if (k3_write_file(http_port_file, buf, (size_t)n)) K3_WARN("cannot write --http-port-file %s", http_port_file);
-    }
+    write_port(http_port_file, "--http-port-file", rt_http_port(rt->http));
   }
   k3_lifecycle_opts_t lo = {.prog = "k3pd-router",
                             .grace_ms = a->drain_grace_ms,
@@ -260,21 +384,23 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-router: out of memory\n");
     return 1;
   }
-  k3_rpc_server_set_health(rt->srv, "", K3_RPC_HEALTH_SERVING);
-  k3_rpc_server_set_health(rt->srv, "k3pd.v1.Generation", K3_RPC_HEALTH_SERVING);
-  k3_rpc_server_set_health(rt->srv, "liveness", K3_RPC_HEALTH_SERVING);
+  set_health(rt, K3_RPC_HEALTH_SERVING, true);
   rt_metrics_workers(rt);
   if (rt->mhttp) k3_metrics_http_set_ready(rt->mhttp, true);
-  if (port_file) {
-    char buf[32];
-    int n = snprintf(buf, sizeof buf, "%d\n", port);
-    if (k3_write_file(port_file, buf, (size_t)n)) K3_WARN("cannot write --port-file %s", port_file);
-  }
-  K3_INFO("serving model \"%s\" (%s) on port %d; eos ids %d; requests up to %lld bytes, tokenised on %d threads "
-          "(longest token %zu bytes)", rt->model_name, k3_model_type_name(rt->cfg.type), port, rt->n_eos_ids,
+  /* the cluster port file first: whoever waits for the public one may start workers at once */
+  write_port(cluster_port_file, "--cluster-port-file", cport);
+  write_port(port_file, "--port-file", port);
+  K3_INFO("serving model \"%s\" (%s) on port %d (public%s%s), cluster port %d (%s)%s; eos ids %d; requests up to "
+          "%lld bytes, tokenised on %d threads (longest token %zu bytes)", rt->model_name,
+          k3_model_type_name(rt->cfg.type), port, a->public_tls ? ", TLS" : "", rt->auth ? ", API keys" : "", cport,
+          a->tls ? "mutual TLS" : "INSECURE", hport ? ", health-only port" : "", rt->n_eos_ids,
           (long long)max_request_bytes, rt->tokpool ? tokenize_threads : 0, rt->max_token_bytes);
+  if (hport) K3_INFO("health-only port %d (plaintext, grpc.health.v1)", hport);
   uv_run(loop, UV_RUN_DEFAULT);
   rt_registry_free(&rt->reg);
+  rt_auth_free(rt->auth);
+  k3_rpc_tls_free(a->tls);
+  k3_rpc_tls_free(a->public_tls);
   k3_tok_free(rt->tok);
   k3_metrics_http_stop(rt->mhttp);
   k3_metrics_free(rt->mreg);

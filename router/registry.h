@@ -60,8 +60,11 @@ typedef struct {
   int64_t inflight_pages;        /* decode: pages of this router's live requests placed here */
   int32_t inflight_slots;        /* decode: their KDA slots */
   int64_t pending_prompt_tokens; /* prefill: prompt tokens sent since the last heartbeat */
-  uint32_t generation;  /* registration epoch last handed to the worker (heartbeats carry it) */
+  uint32_t generation;  /* bumps on every fresh registration of the id (registry.c) */
   uint32_t incarnation; /* bumps when a new process takes the id; in-flight counts belong to one */
+  uint64_t reg_epoch;   /* registration epoch handed to the worker (random, never 0): Heartbeat and
+                           Deregister must carry it (cluster_svc.c) */
+  char identity[RT_ID_MAX]; /* certificate identity that registered it ("" without TLS; logs) */
 } rt_worker_t;
 
 typedef struct {

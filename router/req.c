@@ -148,6 +148,7 @@ void rt_req_fail(rt_req_t *q, k3_rpc_code_t code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  code = rt_status_public(code, msg, sizeof msg); /* only documented codes reach clients (status.c) */
   if (q->phase == RQ_DONE) return;
   q->phase = RQ_DONE;
   q->busy++;

@@ -16,10 +16,19 @@
 #include "k3pd/tokenizer.h"
 #include "registry.h"
 
+struct rt_auth;
+struct k3_rpc_tls;
+
 typedef struct rt_router {
   uv_loop_t *loop;
-  k3_rpc_server_t *srv;
-  k3_rpc_client_t *cli;
+  k3_rpc_server_t *srv;     /* public port: k3pd.v1.Generation + health (optional TLS, API keys) */
+  k3_rpc_server_t *csrv;    /* cluster port: k3pd.v1.Cluster + health (mutual TLS) */
+  k3_rpc_client_t *cli;     /* to the workers (mutual TLS, expecting each worker's id) */
+  const struct k3_rpc_tls *tls; /* cluster credentials; NULL with --insecure-cluster */
+  struct rt_auth *auth;     /* API keys of the public API; NULL = open */
+  uint64_t fingerprint;     /* the cluster's model fingerprint (0 = none yet: the next worker sets it) */
+  bool fingerprint_fixed;   /* set by --model-fingerprint (never released) */
+  char fingerprint_by[RT_ID_MAX]; /* the worker whose registration set it */
   rt_registry_t reg;
   uv_timer_t expiry_timer;
   k3_tok_t *tok;
@@ -55,6 +64,14 @@ void rt_metrics_workers(rt_router_t *rt);
 /* cluster_svc.c */
 int rt_cluster_register(rt_router_t *rt);
 void rt_expiry_start(rt_router_t *rt);
+/* k3_rpc_client peer_name_fn: the id of the worker registered at `address` (the name its
+ * certificate must carry), or NULL. */
+const char *rt_worker_name_for(void *rt, const char *address);
+
+/* status.c: the status a public client gets for a request that failed with `code` (one of the
+ * codes docs/protocol.md lists for Generate); when it differs, the original code's name is
+ * appended to msg (cap bytes; may be NULL). */
+k3_rpc_code_t rt_status_public(k3_rpc_code_t code, char *msg, size_t cap);
 
 /* watch.c: the router notices a dead worker at once. Every registered worker gets a
  * grpc.health.v1.Health/Watch stream; when it breaks (the process died, its connection reset,

@@ -3,7 +3,7 @@
 # everything is already present). Run as root (or with sudo available).
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config git ca-certificates
-      libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
+      libgrpc-dev libssl-dev libgnutls28-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler
       libucx-dev ucx-utils libuv1-dev check libjansson-dev libpcre2-dev libmicrohttpd-dev
       libxxhash-dev python3 python3-grpcio python3-protobuf python3-numpy python3-regex yamllint
       clang libclang-rt-14-dev

@@ -5,9 +5,15 @@
  * loop). The HTTP thread only reads atomics (metric series, ready/live flags) and takes the
  * registry mutex while rendering, so it never touches loop-owned state.
  *
- * Not here: authentication or TLS (the port is cluster-internal; NetworkPolicy is the
- * operator's tool), and the gRPC health service (the binaries). */
+ * TLS (k3_metrics_http_start_tls, --metrics-tls): HTTPS with the process's cluster certificate;
+ * with a CA, /metrics also requires a client certificate that verifies against it (checked per
+ * request through the GnuTLS session libmicrohttpd exposes: libmicrohttpd requests the
+ * certificate but does not verify it). /healthz and /readyz stay open: the kubelet's HTTPS
+ * probes present no certificate.
+ *
+ * Not here: the gRPC health service (the binaries). */
 #include <arpa/inet.h>
+#include <gnutls/gnutls.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <stdatomic.h>
@@ -28,7 +34,18 @@ struct k3_metrics_http {
   atomic_bool ready;
   atomic_bool live;
   int port; /* bound port */
+  bool verify_client; /* /metrics needs a client certificate of the CA (TLS with a CA) */
 };
+
+/* 1 when the connection's TLS peer presented a certificate that verifies against the trust
+ * list given to libmicrohttpd (MHD_OPTION_HTTPS_MEM_TRUST). */
+static int client_verified(struct MHD_Connection *c) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+  gnutls_session_t s = ci ? (gnutls_session_t)ci->tls_session : NULL;
+  unsigned n = 0, status = 1;
+  if (!s || !gnutls_certificate_get_peers(s, &n) || n == 0) return 0;
+  return gnutls_certificate_verify_peers2(s, &status) == GNUTLS_E_SUCCESS && status == 0;
+}
 
 /* Queues a response and drops our reference (MHD keeps its own until it is sent). */
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *ctype,
@@ -57,6 +74,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
     return reply_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n");
   if (strcmp(url, "/metrics") == 0) {
+    if (h->verify_client && !client_verified(c))
+      return reply_text(c, MHD_HTTP_FORBIDDEN, "a client certificate of the cluster CA is required\n");
     char *text;
     size_t len;
     if (k3_metrics_render(h->reg, &text, &len) != 0)
@@ -76,8 +95,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   return reply_text(c, MHD_HTTP_NOT_FOUND, "not found\n");
 }
 
-int k3_metrics_http_start(k3_metrics_t *m, const char *bind_host, int port,
-                          k3_metrics_http_t **out) {
+int k3_metrics_http_start(k3_metrics_t *m, const char *bind_host, int port, k3_metrics_http_t **out) {
+  return k3_metrics_http_start_tls(m, bind_host, port, NULL, NULL, NULL, out);
+}
+
+int k3_metrics_http_start_tls(k3_metrics_t *m, const char *bind_host, int port, const char *cert_pem,
+                              const char *key_pem, const char *ca_pem, k3_metrics_http_t **out) {
   if (port < 0 || port > 65535) {
     K3_ERROR("metrics: --metrics-port %d out of range 0..65535", port);
     return K3_EINVAL;
@@ -96,10 +119,26 @@ int k3_metrics_http_start(k3_metrics_t *m, const char *bind_host, int port,
   h->reg = m;
   atomic_init(&h->ready, false);
   atomic_init(&h->live, true);
-  h->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port,
-                               NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &sa,
-                               MHD_OPTION_CONNECTION_TIMEOUT, CONNECTION_TIMEOUT_S,
-                               MHD_OPTION_CONNECTION_LIMIT, CONNECTION_LIMIT, MHD_OPTION_END);
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO;
+  struct MHD_OptionItem tls[4] = {{MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL},
+                                  {MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}};
+  if (cert_pem) {
+    if (!key_pem || MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+      K3_ERROR("metrics: TLS requested but %s", key_pem ? "this libmicrohttpd has no TLS" : "no key");
+      free(h);
+      return K3_ENOTSUP;
+    }
+    flags |= MHD_USE_TLS;
+    tls[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, (void *)key_pem};
+    tls[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, (void *)cert_pem};
+    if (ca_pem) {
+      tls[2] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, (void *)ca_pem};
+      h->verify_client = true;
+    }
+  }
+  h->daemon = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &sa,
+                               MHD_OPTION_CONNECTION_TIMEOUT, CONNECTION_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
+                               CONNECTION_LIMIT, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
   if (!h->daemon) {
     K3_ERROR("metrics: cannot listen on %s:%d (port in use or not permitted)",
              bind_host && *bind_host ? bind_host : "0.0.0.0", port);

@@ -40,6 +40,10 @@ static const char *const HTTP_ROUTE_VALUES[] = {K3PD_HTTP_ROUTE_CHAT, K3PD_HTTP_
                                                 K3PD_HTTP_ROUTE_MODELS, K3PD_HTTP_ROUTE_OPS,
                                                 K3PD_HTTP_ROUTE_OTHER};
 static const char *const HTTP_CODE_VALUES[] = {K3PD_HTTP_CODES};
+static const char *const AUTH_VALUES[] = {K3PD_AUTH_MISSING_KEY, K3PD_AUTH_UNKNOWN_KEY, K3PD_AUTH_RATE_LIMITED,
+                                          K3PD_AUTH_CONCURRENCY_LIMITED};
+static const char *const REFUSAL_VALUES[] = {K3PD_REFUSAL_IDENTITY, K3PD_REFUSAL_EPOCH, K3PD_REFUSAL_MODEL,
+                                             K3PD_REFUSAL_INVALID};
 #define N(a) (sizeof(a) / sizeof((a)[0]))
 
 enum { R_ALL, R_ROUTER, R_PREFILL, R_DECODE };
@@ -118,6 +122,10 @@ static const row_t ROWS[] = {
      "HTTP API requests answered, by route and HTTP status code."},
     {R_ROUTER, "k3pd_router_http_io_seconds_total", C, NOL, NOB, RT(http_io_seconds_total),
      "Time the router's loop spent inside libmicrohttpd (reading and parsing HTTP, writing responses)."},
+    {R_ROUTER, "k3pd_router_auth_failures_total", C, L("reason", AUTH_VALUES), NOB, RT(auth_failures_total),
+     "Public requests (gRPC and HTTP) refused by the API-key check, by reason."},
+    {R_ROUTER, "k3pd_router_cluster_refusals_total", C, L("reason", REFUSAL_VALUES), NOB, RT(cluster_refusals_total),
+     "Cluster calls (RegisterWorker, Heartbeat, DeregisterWorker) refused, by reason."},
     /* prefill */
     {R_PREFILL, K3PD_M_PREFILL_QUEUED_PROMPT_TOKENS, G, NOL, NOB, PF(queued_prompt_tokens),
      "Prompt tokens of prompts whose prefill has not finished (the prefill autoscaling signal)."},

@@ -11,11 +11,17 @@
 #include "k3pd/err.h"
 #include "k3pd/log.h"
 #include "k3pd/rpc_client.h"
+#include "k3pd/rpc_tls.h"
 #include "rpc_internal.h"
 
+/* A cached channel. Calls hold a count on it: grpc_channel_destroy() fails the calls still
+ * waiting on a channel with UNKNOWN "Channel Destroyed" (seen when a worker deregistered while
+ * requests were in flight to it), so a forgotten channel is only destroyed once its last call
+ * ended. */
 typedef struct chan {
   char *target;  /* owned */
   grpc_channel *ch;
+  int calls;     /* calls started on it and not yet destroyed */
   struct chan *next;
 } chan_t;
 
@@ -23,6 +29,7 @@ struct k3_rpc_client {
   rpc_bridge_t br;
   k3_rpc_client_opts_t opts;
   chan_t *chans;
+  chan_t *retired;  /* forgotten while calls were still running on them */
   k3_rpc_ccall_t *calls;  /* live list */
   size_t live;
   int closing;
@@ -32,6 +39,7 @@ struct k3_rpc_client {
 
 struct k3_rpc_ccall {
   k3_rpc_client_t *cli;
+  chan_t *chan;  /* the channel the call runs on (its count holds it) */
   grpc_call *call;
   int streaming;
   const ProtobufCMessageDescriptor *resp_desc;
@@ -55,9 +63,28 @@ struct k3_rpc_ccall {
 
 static void maybe_finish_close(k3_rpc_client_t *cli);
 
+static void chan_free(chan_t *ch) {
+  grpc_channel_destroy(ch->ch);
+  free(ch->target);
+  free(ch);
+}
+
+/* A call on ch ended: a retired channel goes with its last call. */
+static void chan_release(k3_rpc_client_t *cli, chan_t *ch) {
+  if (--ch->calls > 0) return;
+  for (chan_t **pp = &cli->retired; *pp; pp = &(*pp)->next) {
+    if (*pp == ch) {
+      *pp = ch->next;
+      chan_free(ch);
+      return;
+    }
+  }
+}
+
 static void ccall_destroy(k3_rpc_ccall_t *c) {
   k3_rpc_client_t *cli = c->cli;
   if (c->call) grpc_call_unref(c->call);
+  if (c->chan) chan_release(cli, c->chan);
   if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
   if (c->recv_bb) grpc_byte_buffer_destroy(c->recv_bb);
   grpc_metadata_array_destroy(&c->init_md);
@@ -170,9 +197,19 @@ static void on_start(rpc_tag_t *t, int ok) {
   ccall_unref(c);
 }
 
-static grpc_channel *get_channel(k3_rpc_client_t *cli, const char *target) {
+/* The credentials of a new channel: plaintext, or mutual TLS with the client's certificate,
+ * checking that the server's certificate covers the expected peer name (grpc's own check of
+ * the name against the certificate's DNS SANs, wildcards included). */
+static grpc_channel_credentials *chan_creds(k3_rpc_client_t *cli) {
+  const k3_rpc_tls_t *t = cli->opts.tls;
+  if (!t) return grpc_insecure_credentials_create();
+  grpc_ssl_pem_key_cert_pair pair = {.private_key = k3_rpc_tls_key_pem(t), .cert_chain = k3_rpc_tls_cert_pem(t)};
+  return grpc_ssl_credentials_create(k3_rpc_tls_ca_pem(t), &pair, NULL, NULL);
+}
+
+static chan_t *get_channel(k3_rpc_client_t *cli, const char *target) {
   for (chan_t *ch = cli->chans; ch; ch = ch->next)
-    if (strcmp(ch->target, target) == 0) return ch->ch;
+    if (strcmp(ch->target, target) == 0) return ch;
   chan_t *ch = calloc(1, sizeof *ch);
   if (!ch) return NULL;
   ch->target = strdup(target);
@@ -180,12 +217,23 @@ static grpc_channel *get_channel(k3_rpc_client_t *cli, const char *target) {
     free(ch);
     return NULL;
   }
-  grpc_arg a[2];
+  grpc_arg a[3];
   grpc_channel_args args;
   rpc_size_args(a, &args, (int)cli->opts.max_msg_bytes);
-  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-  ch->ch = grpc_channel_create(target, creds, &args);
-  grpc_channel_credentials_release(creds);
+  const char *peer = NULL;
+  if (cli->opts.tls) {
+    peer = cli->opts.peer_name_fn ? cli->opts.peer_name_fn(cli->opts.peer_name_ud, target) : NULL;
+    if (!peer) peer = cli->opts.peer_name;
+  }
+  if (peer) {
+    a[args.num_args].type = GRPC_ARG_STRING;
+    a[args.num_args].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+    a[args.num_args].value.string = (char *)peer;
+    args.num_args++;
+  }
+  grpc_channel_credentials *creds = chan_creds(cli);
+  ch->ch = creds ? grpc_channel_create(target, creds, &args) : NULL;
+  if (creds) grpc_channel_credentials_release(creds);
   if (!ch->ch) {
     free(ch->target);
     free(ch);
@@ -193,7 +241,7 @@ static grpc_channel *get_channel(k3_rpc_client_t *cli, const char *target) {
   }
   ch->next = cli->chans;
   cli->chans = ch;
-  return ch->ch;
+  return ch;
 }
 
 static int start_call(k3_rpc_client_t *cli, const char *target, const char *method,
@@ -203,8 +251,9 @@ static int start_call(k3_rpc_client_t *cli, const char *target, const char *meth
                       k3_rpc_ccall_t **out) {
   if (cli->closing) return K3_ESHUTDOWN;
   if (!target || !*target || !method || method[0] != '/' || !req || !resp_desc) return K3_EINVAL;
-  grpc_channel *ch = get_channel(cli, target);
-  if (!ch) return K3_ENOMEM;
+  chan_t *chan = get_channel(cli, target);
+  if (!chan) return K3_ENOMEM;
+  grpc_channel *ch = chan->ch;
   k3_rpc_ccall_t *c = calloc(1, sizeof *c);
   if (!c) return K3_ENOMEM;
   c->cli = cli;
@@ -261,6 +310,8 @@ static int start_call(k3_rpc_client_t *cli, const char *target, const char *meth
   }
   if (grpc_call_start_batch(c->call, ops, n, &c->t_start, NULL) != GRPC_CALL_OK) goto err;
   c->refs = 1;
+  c->chan = chan;
+  chan->calls++;
   c->next = cli->calls;
   if (cli->calls) cli->calls->prev = c;
   cli->calls = c;
@@ -305,9 +356,12 @@ int k3_rpc_client_forget(k3_rpc_client_t *cli, const char *target) {
     chan_t *ch = *pp;
     if (strcmp(ch->target, target) != 0) continue;
     *pp = ch->next;
-    grpc_channel_destroy(ch->ch); /* calls in flight hold their own channel refs */
-    free(ch->target);
-    free(ch);
+    if (ch->calls == 0) {
+      chan_free(ch);
+    } else { /* destroyed when its last call ends (chan_release) */
+      ch->next = cli->retired;
+      cli->retired = ch;
+    }
     return 0;
   }
   return K3_ENOENT;
@@ -331,9 +385,12 @@ static void maybe_finish_close(k3_rpc_client_t *cli) {
   while (cli->chans) {
     chan_t *ch = cli->chans;
     cli->chans = ch->next;
-    grpc_channel_destroy(ch->ch);
-    free(ch->target);
-    free(ch);
+    chan_free(ch);
+  }
+  while (cli->retired) { /* none: every call is gone, and the last one freed its channel */
+    chan_t *ch = cli->retired;
+    cli->retired = ch->next;
+    chan_free(ch);
   }
   rpc_bridge_shutdown(&cli->br);
 }

@@ -18,6 +18,7 @@ typedef struct {
   k3_rpc_handler_fn fn;
   void *user;
   void *handle;  /* grpc_server_register_method result */
+  int open;      /* served to any peer even when the server requires one (grpc.health.v1) */
 } rpc_method_t;
 
 struct k3_rpc_call {
@@ -45,6 +46,9 @@ struct k3_rpc_call {
   grpc_byte_buffer *inflight_bb; /* the message of the outstanding send; freed on completion */
   char **md_copies;            /* strings returned by k3_rpc_call_metadata */
   size_t md_copies_n;
+  char **peer;                 /* identity names of the verified client certificate (owned) */
+  size_t n_peer;
+  int peer_loaded;             /* peer[] was read from the auth context */
   k3_rpc_cancel_fn cancel_fn;
   void *cancel_arg;
   void *user;
@@ -65,6 +69,10 @@ struct k3_rpc_server {
   size_t live_calls;
   size_t armed;                /* outstanding request_registered_call */
   int started, shutting_down, shutdown_notified;
+  int n_ports;                 /* listening ports added */
+  int peer_required;           /* non-open methods need a verified client certificate */
+  char **peer_allowed;         /* and, when n_peer_allowed > 0, one covering one of these (owned) */
+  size_t n_peer_allowed;
   rpc_tag_t t_shutdown;
   uv_timer_t grace_timer;
   int handles_open;
@@ -74,6 +82,10 @@ struct k3_rpc_server {
 };
 
 void srv_free(k3_rpc_server_t *srv);
+
+/* peer.c: the server's peer rule for a call of a non-open method; 0 = allowed, else the call
+ * was finished (UNAUTHENTICATED or PERMISSION_DENIED) and the caller must return. */
+int rpc_check_peer(k3_rpc_call_t *c);
 
 /* health.c */
 int rpc_health_register(k3_rpc_server_t *srv);

@@ -1,6 +1,6 @@
 /* k3_rpc server: registered methods, unary and server-streaming calls, cancellation
  * detection, graceful shutdown (API and contracts in k3pd/rpc.h). Not here: the health
- * service (health.c) and the CQ bridge (bridge.c).
+ * service (health.c), ports, TLS and the peer rule (peer.c), and the CQ bridge (bridge.c).
  *
  * Per-call reference counting (all on the loop thread):
  *   +1 handler   from dispatch until reply/finish
@@ -43,6 +43,8 @@ static void call_destroy(k3_rpc_call_t *c) {
   }
   for (size_t i = 0; i < c->md_copies_n; i++) free(c->md_copies[i]);
   free(c->md_copies);
+  for (size_t i = 0; i < c->n_peer; i++) free(c->peer[i]);
+  free(c->peer);
   if (c->dispatched) {
     /* unlink from the live list */
     if (c->prev) c->prev->next = c->next; else srv->calls = c->next;
@@ -317,6 +319,7 @@ static void on_request(rpc_tag_t *t, int ok) {
     gpr_free(path);
     return;
   }
+  if (rpc_check_peer(c)) return;
   char nul_path[256];
   c->req = rpc_unpack_strict(m->desc, c->payload, nul_path, sizeof nul_path);
   if (!c->req) {
@@ -401,6 +404,8 @@ void srv_free(k3_rpc_server_t *srv) {
   void *arg = srv->done_arg;
   for (size_t i = 0; i < srv->n_methods; i++) free(srv->methods[i].path);
   free(srv->methods);
+  for (size_t i = 0; i < srv->n_peer_allowed; i++) free(srv->peer_allowed[i]);
+  free(srv->peer_allowed);
   rpc_health_free(srv);
   free(srv);
   grpc_shutdown();
@@ -469,18 +474,23 @@ int k3_rpc_server_add_method(k3_rpc_server_t *srv, const char *path, k3_rpc_kind
     return K3_EEXIST;
   }
   rpc_method_t *m = &srv->methods[srv->n_methods++];
-  *m = (rpc_method_t){.path = p, .kind = kind, .desc = req_desc, .fn = fn, .user = user, .handle = h};
+  *m = (rpc_method_t){.path = p, .kind = kind, .desc = req_desc, .fn = fn, .user = user, .handle = h,
+                      .open = strncmp(path, "/grpc.health.v1.Health/", 23) == 0};
   return 0;
 }
 
 int k3_rpc_server_start(k3_rpc_server_t *srv, const char *addr, int *port_out) {
-  if (srv->started || srv->shutting_down) return K3_EINVAL;
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-  int port = grpc_server_add_http2_port(srv->server, addr, creds);
-  grpc_server_credentials_release(creds);
-  if (port <= 0) {
-    K3_ERROR("rpc: cannot bind %s", addr);
-    return K3_EIO;
+  if (srv->started || srv->shutting_down || (!addr && srv->n_ports == 0)) return K3_EINVAL;
+  int port = 0;
+  if (addr) {
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    port = grpc_server_add_http2_port(srv->server, addr, creds);
+    grpc_server_credentials_release(creds);
+    if (port <= 0) {
+      K3_ERROR("rpc: cannot bind %s", addr);
+      return K3_EIO;
+    }
+    srv->n_ports++;
   }
   grpc_server_start(srv->server);
   srv->started = 1;
@@ -492,7 +502,10 @@ int k3_rpc_server_start(k3_rpc_server_t *srv, const char *addr, int *port_out) {
   int rc = arm_unregistered(srv);
   if (rc) return rc;
   if (port_out) *port_out = port;
-  K3_INFO("rpc: serving %zu methods on %s (port %d)", srv->n_methods, addr, port);
+  if (addr)
+    K3_INFO("rpc: serving %zu methods on %s (port %d)", srv->n_methods, addr, port);
+  else
+    K3_INFO("rpc: serving %zu methods on %d port(s)", srv->n_methods, srv->n_ports);
   return 0;
 }
 

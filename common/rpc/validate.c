@@ -3,16 +3,20 @@
  * wins. Not here: model-dependent policy beyond k3_rpc_limits_t (the binaries own that). */
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "k3pd/err.h"
 #include "k3pd/rpc_validate.h"
+#include "k3pd/xfer_desc.h"
 
 #define MAX_ID_BYTES 128
 #define MAX_STOP_STRINGS 16
 #define MAX_STOP_STRING_BYTES 256
 #define MAX_STOP_IDS 64
+#define MAX_ADDR_BYTES 255
+#define MAX_MODEL_NAME_BYTES 4096
 
 __attribute__((format(printf, 3, 4))) static int fail(char *msg, size_t cap, const char *fmt, ...) {
   if (msg && cap) {
@@ -186,13 +190,37 @@ static int check_capacity_load(const K3pd__V1__RegisterRequest *r, char *msg, si
   const K3pd__V1__WorkerCapacity *c = r->capacity;
   if (!c) return fail(msg, cap, "capacity: required");
   if (c->max_batch < 1) return fail(msg, cap, "capacity.max_batch: must be >= 1");
+  /* Claimed capacities are bounded: the router plans with them (a bogus pool of 10^9 pages would
+   * attract every request), so they must be numbers a real worker can have. */
+  static const struct {
+    const char *name;
+    size_t off;
+    uint32_t max;
+  } lim[] = {{"kv_pages", offsetof(K3pd__V1__WorkerCapacity, kv_pages), K3_RPC_MAX_KV_PAGES},
+             {"page_tokens", offsetof(K3pd__V1__WorkerCapacity, page_tokens), K3_RPC_MAX_PAGE_TOKENS},
+             {"kda_slots", offsetof(K3pd__V1__WorkerCapacity, kda_slots), K3_RPC_MAX_KDA_SLOTS},
+             {"max_batch", offsetof(K3pd__V1__WorkerCapacity, max_batch), K3_RPC_MAX_BATCH},
+             {"max_context_tokens", offsetof(K3pd__V1__WorkerCapacity, max_context_tokens), K3_RPC_MAX_CONTEXT}};
+  for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++) {
+    uint32_t v;
+    memcpy(&v, (const char *)c + lim[i].off, sizeof v);
+    if (v > lim[i].max) return fail(msg, cap, "capacity.%s: %u exceeds the limit of %u", lim[i].name, v, lim[i].max);
+  }
   if (r->role == K3PD__V1__ROLE__ROLE_DECODE) {
     if (c->kv_pages < 1) return fail(msg, cap, "capacity.kv_pages: must be >= 1 for a decode worker");
     if (c->page_tokens < 1) return fail(msg, cap, "capacity.page_tokens: must be >= 1 for a decode worker");
     if (c->kda_slots < 1) return fail(msg, cap, "capacity.kda_slots: must be >= 1 for a decode worker");
+    if (c->max_context_tokens < 1)
+      return fail(msg, cap, "capacity.max_context_tokens: must be >= 1 for a decode worker");
+    if ((uint64_t)c->max_context_tokens > (uint64_t)c->kv_pages * c->page_tokens)
+      return fail(msg, cap, "capacity.max_context_tokens: %u exceeds the pool (kv_pages %u x page_tokens %u)",
+                  c->max_context_tokens, c->kv_pages, c->page_tokens);
     if (r->ucx_worker_address.len == 0)
       return fail(msg, cap, "ucx_worker_address: required for a decode worker");
   }
+  if (r->ucx_worker_address.len > K3_XFER_MAX_ADDR_BYTES)
+    return fail(msg, cap, "ucx_worker_address: %zu bytes exceed the limit of %d", r->ucx_worker_address.len,
+                K3_XFER_MAX_ADDR_BYTES);
   const K3pd__V1__WorkerLoad *l = r->load;
   if (l && l->used_kv_pages > c->kv_pages)
     return fail(msg, cap, "load.used_kv_pages: %u exceeds capacity.kv_pages %u", l->used_kv_pages, c->kv_pages);
@@ -208,10 +236,17 @@ int k3_rpc_validate_register_request(const K3pd__V1__RegisterRequest *r, char *m
   if (check_id(r->worker_id, 1, "worker_id", msg, cap)) return K3_EINVAL;
   if (r->grpc_address[0] == 0) return fail(msg, cap, "grpc_address: required");
   if (!strchr(r->grpc_address, ':')) return fail(msg, cap, "grpc_address: expected host:port");
+  if (strlen(r->grpc_address) > MAX_ADDR_BYTES)
+    return fail(msg, cap, "grpc_address: longer than %d bytes", MAX_ADDR_BYTES);
+  for (const char *p = r->grpc_address; *p; p++)
+    if (*p < 0x21 || *p > 0x7E) return fail(msg, cap, "grpc_address: byte %zu is not printable ASCII",
+                                            (size_t)(p - r->grpc_address));
   if (r->model_fingerprint == 0) return fail(msg, cap, "model_fingerprint: required (non-zero)");
   if (r->protocol_version != 1)
     return fail(msg, cap, "protocol_version: %u not supported (this router speaks 1)", r->protocol_version);
   if (check_text(r->model_name, "model_name", msg, cap)) return K3_EINVAL;
+  if (strlen(r->model_name) > MAX_MODEL_NAME_BYTES)
+    return fail(msg, cap, "model_name: longer than %d bytes", MAX_MODEL_NAME_BYTES);
   return check_capacity_load(r, msg, cap);
 }
 

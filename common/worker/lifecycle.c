@@ -9,6 +9,7 @@
 
 #include "k3pd/err.h"
 #include "k3pd/log.h"
+#include "k3pd/rpc_tls.h"
 #include "k3pd/util.h"
 
 struct k3_lifecycle {
@@ -96,15 +97,19 @@ int k3_app_log_setup(const char *prog, const char *level) {
   return 0;
 }
 
-int k3_app_metrics_http(k3_metrics_t *reg, const char *prog, const char *host, int port, k3_metrics_http_t **out) {
+int k3_app_metrics_http(k3_metrics_t *reg, const char *prog, const char *host, int port, const k3_rpc_tls_t *tls,
+                        k3_metrics_http_t **out) {
   *out = NULL;
   if (port < 0) return 0;
-  int rc = k3_metrics_http_start(reg, host, port, out);
+  int rc = tls ? k3_metrics_http_start_tls(reg, host, port, k3_rpc_tls_cert_pem(tls), k3_rpc_tls_key_pem(tls),
+                                           k3_rpc_tls_ca_pem(tls), out)
+               : k3_metrics_http_start(reg, host, port, out);
   if (rc) {
     fprintf(stderr, "%s: --metrics-port %d: %s\n", prog, port, k3_strerror(rc));
     return rc;
   }
-  K3_INFO("metrics on port %d (/metrics, /healthz, /readyz)", k3_metrics_http_port(*out));
+  K3_INFO("metrics on port %d (/metrics, /healthz, /readyz%s)", k3_metrics_http_port(*out),
+          tls ? "; HTTPS, /metrics with a client certificate of the cluster CA" : "");
   return 0;
 }
 

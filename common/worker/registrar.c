@@ -70,8 +70,12 @@ static void on_register(void *arg, const k3_rpc_status_t *st, const ProtobufCMes
   }
   if (st->code != K3_RPC_OK) {
     if ((int)st->code != r->last_logged_code) {
-      K3_WARN("register with router %s failed: %s %s (retrying)", r->router, k3_rpc_code_name(st->code),
-              st->details);
+      /* A worker pointed at the router's public port (the old single-port layout) fails the
+       * TLS handshake or finds no Cluster service there: say where to look. */
+      bool hint = st->code == K3_RPC_UNAVAILABLE || st->code == K3_RPC_UNIMPLEMENTED;
+      K3_WARN("register with router %s failed: %s %s (retrying)%s", r->router, k3_rpc_code_name(st->code),
+              st->details, hint ? "; --router must be the router's cluster port (its --cluster-listen), and both "
+                                  "must use the same cluster CA" : "");
       r->last_logged_code = (int)st->code;
     }
     schedule(r, r->retry_ms);
@@ -105,6 +109,9 @@ static void send_register(k3_registrar_t *r) {
   req.model_fingerprint = r->fingerprint;
   req.model_name = r->model_name;
   req.protocol_version = 1;
+  /* Re-registering (heartbeats failed, or the router asked): the epoch we held proves the live
+   * registration, if the router still has one, is ours (proto: RegisterRequest.replaces_epoch). */
+  req.replaces_epoch = r->reg_epoch;
   k3_rpc_call_opts_t o = {.timeout_ms = r->call_timeout_ms};
   r->in_flight = true;
   int rc = k3_rpc_unary(r->cli, r->router, "/k3pd.v1.Cluster/RegisterWorker", &req.base,

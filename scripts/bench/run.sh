@@ -80,21 +80,22 @@ fi
 # Router on an ephemeral port; the port file appears once it serves.
 # shellcheck disable=SC2086
 "$build/router/k3pd-router" --model "$model" --listen 127.0.0.1:0 --port-file "$logs/router.port" \
-  --drain-grace-ms 2000 $router_args >"$logs/router.log" 2>&1 &
+  --cluster-port-file "$logs/router.cport" --drain-grace-ms 2000 $router_args >"$logs/router.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 200); do [ -s "$logs/router.port" ] && break; kill -0 "${pids[0]}" 2>/dev/null || break; sleep 0.1; done
 [ -s "$logs/router.port" ] || { echo "run.sh: router did not start; see $logs/router.log" >&2; tail -5 "$logs/router.log" >&2; exit 2; }
 router=127.0.0.1:$(cat "$logs/router.port")
+cluster=127.0.0.1:$(cat "$logs/router.cport") # workers register on the cluster port (mutual TLS, dev CA)
 
 for i in $(seq "$n_prefill"); do
   # shellcheck disable=SC2086
-  "$build/prefill_worker/k3pd-prefill" --model "$model" --router "$router" --worker-id "prefill-$i" \
+  "$build/prefill_worker/k3pd-prefill" --model "$model" --router "$cluster" --worker-id "prefill-$i" \
     --drain-grace-ms 2000 $worker_args >"$logs/prefill-$i.log" 2>&1 &
   pids+=($!)
 done
 for i in $(seq "$n_decode"); do
   # shellcheck disable=SC2086
-  "$build/decode_worker/k3pd-decode" --model "$model" --router "$router" --worker-id "decode-$i" \
+  "$build/decode_worker/k3pd-decode" --model "$model" --router "$cluster" --worker-id "decode-$i" \
     --drain-grace-ms 2000 $worker_args >"$logs/decode-$i.log" 2>&1 &
   pids+=($!)
 done

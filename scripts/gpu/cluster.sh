@@ -88,7 +88,8 @@ model_args() {
   esac
 }
 # up NAME MODEL NP ND [worker args...]: router + NP prefill + ND decode workers, every worker
-# sharing one copy of the weights (DIR $work/NAME.share). Sets ROUTER, DEC_METRICS (ports).
+# sharing one copy of the weights (DIR $work/NAME.share). Sets ROUTER (public port), CLUSTER (the
+# router's cluster port, where workers register), DEC_METRICS (ports).
 # PARGS / DARGS (environment): extra arguments for the prefill / decode workers only.
 up() {
   local name=$1 model=$2 np=$3 nd=$4
@@ -98,14 +99,15 @@ up() {
   mkdir -p "$d"
   mkdir -p -m 700 "$work/$name.share" "$work/$name.ipc"
   # shellcheck disable=SC2086
-  k3pd-router $ma --listen 127.0.0.1:0 --port-file "$work/$name.port" --drain-grace-ms 2000 \
-    > "$d/router.log" 2>&1 &
+  k3pd-router $ma --listen 127.0.0.1:0 --port-file "$work/$name.port" --cluster-port-file "$work/$name.cport" \
+    --drain-grace-ms 2000 > "$d/router.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 300); do [ -s "$work/$name.port" ] && break; sleep 0.1; done
   [ -s "$work/$name.port" ] || { bad "$name: the router did not start ($d/router.log)"; return 1; }
   ROUTER=127.0.0.1:$(cat "$work/$name.port")
+  CLUSTER=127.0.0.1:$(cat "$work/$name.cport") # workers register here (mutual TLS, development CA)
   DEC_METRICS=()
-  local common="$ma --backend $backend --precision $prec --gpu $gpu --router $ROUTER --listen 127.0.0.1:0"
+  local common="$ma --backend $backend --precision $prec --gpu $gpu --router $CLUSTER --listen 127.0.0.1:0"
   [ "$backend" = cuda ] && common="$common --share-weights $work/$name.share"
   local i port
   for ((i = 0; i < nd; i++)); do
@@ -273,7 +275,7 @@ part_faults() {
   local ma; ma=$(model_args "$cfg4")
   local role=decode; [ "$victim" = "${pids[2]}" ] && role=prefill
   # shellcheck disable=SC2086
-  k3pd-$role $ma --backend cuda --precision bf16 --gpu "$gpu" --router "$ROUTER" --listen 127.0.0.1:0 \
+  k3pd-$role $ma --backend cuda --precision bf16 --gpu "$gpu" --router "$CLUSTER" --listen 127.0.0.1:0 \
     --share-weights "$work/$name.share" --worker-id "$role-again" $([ $role = decode ] && echo --ipc-dir "$work/$name.ipc") \
     > "$logdir/$name/$role-again.log" 2>&1 &
   pids+=($!)

@@ -12,8 +12,9 @@ streams, and every process must exit 0 on SIGTERM. Every wait is bounded.
 Covered: the three prompt forms (token_ids, text, chat incl. tool calls), every SamplingParams
 and StopConditions field at normal, edge and invalid values, request_id/x-request-id, model,
 return_logprobs, unknown fields and enum values, unparsable bytes, response-chunk invariants,
-client cancel, short deadlines, concurrency, health Check/Watch, unknown methods, /metrics,
-/healthz, /readyz.
+client cancel, short deadlines (verdicts independent of the machine's speed), concurrency, health
+Check/Watch, the Cluster service absent from the public port, unknown methods, /metrics, /healthz,
+/readyz, and that every status received is one docs/protocol.md lists for Generate.
 
 Usage: blackbox.py --bindir BUILD --gen PYSTUBS --workdir DIR
 """
@@ -30,8 +31,8 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bb_common import (CHAT, FAILED, IA, MAX_NEW_LIMIT, NUM_PAGES, PASSED, PROMPT, SAMPLED, SPECIAL_TEXT,  # noqa: E402
-                       TEXT, VOCAB, WORKER_ARGS, XFAIL, Cluster, Env, check, check_chunks, final_of,
+from bb_common import (CHAT, DOCUMENTED_GENERATE_CODES, FAILED, IA, MAX_NEW_LIMIT, NUM_PAGES,  # noqa: E402
+                       OBSERVED, PASSED, PROMPT, SAMPLED, SPECIAL_TEXT, TEXT, VOCAB, WORKER_ARGS, XFAIL, Cluster, Env, check, check_chunks, final_of,
                        g_req_nosampling, ids_of, load_stubs, metric, metrics_port, references, scrape,
                        text_of, wait_idle)
 
@@ -327,15 +328,26 @@ def test_cancel_deadline(env):
           it.code().name)
     check(wait_idle(env), "cancelled requests free their pages and slots")
     # 2 x 5 pages fit the 16-page pool even while the first sits in quarantine; the 0.3 s one
-    # (9 pages, ~0.45 s of decoding on an idle machine) waits for the pool to be free again
+    # (9 pages) waits for the pool to be free again. Whether a request finishes before its deadline
+    # depends on the machine's speed (a fast one decodes 128 tiny-model tokens in < 0.3 s), so the
+    # verdict accepts both documented outcomes: DEADLINE_EXCEEDED soon after the deadline, or the
+    # complete stream (every token, finish LENGTH) delivered before it. What is never accepted: any
+    # other status, a partial stream reported OK, or an expiry noticed late.
     for to in (0.001, 0.05, 0.3):
         if to == 0.3:
             check(wait_idle(env), "expired requests free their pages and slots")
+        max_new = 64 if to < 0.3 else MAX_NEW_LIMIT
         t0 = time.monotonic()
-        _, err = env.run(env.req(ids=PROMPT, max_new=64 if to < 0.3 else MAX_NEW_LIMIT), timeout=to)
+        chunks, err = env.run(env.req(ids=PROMPT, max_new=max_new), timeout=to)
         dt = time.monotonic() - t0
-        check(err is not None and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and dt < to + 5,
-              "deadline %.3f s -> DEADLINE_EXCEEDED in %.2f s (%s)" % (to, dt, err.code().name if err else "ok"))
+        if err is None:
+            fin = final_of(chunks)
+            check(len(ids_of(chunks)) == max_new and fin.finish_reason == env.c.FINISH_REASON_LENGTH,
+                  "deadline %.3f s: the request finished first, complete (%d tokens in %.3f s)" %
+                  (to, len(ids_of(chunks)), dt))
+        else:
+            check(err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and dt < to + 5,
+                  "deadline %.3f s -> DEADLINE_EXCEEDED in %.2f s (%s)" % (to, dt, err.code().name))
     # the expired requests' reservations are released (Release/Abort to the workers)
     check(wait_idle(env), "expired requests free their pages and slots")
     # deadlines that expire while the router's Reserve is in flight: the reservation the decode
@@ -395,26 +407,21 @@ def test_health_misc(env):
     check(env.cl.health(addr, "liveness") == h.HealthCheckResponse.SERVING, "health Check 'liveness' SERVING")
     check(env.cl.health(addr, "k3pd.v1.Generation") == h.HealthCheckResponse.SERVING,
           "health Check 'k3pd.v1.Generation' SERVING")
-    # the Cluster service shares the public port: a stray or malformed call is refused, naming the field
+    # the Cluster service is not on the public port (it has its own, mutual-TLS port): any call of it,
+    # well-formed or not, is UNIMPLEMENTED here (tests/e2e/test_security.py covers the cluster port)
     from k3pd.v1 import cluster_pb2 as cp
-    reg = env.cl.channel.unary_unary("/k3pd.v1.Cluster/RegisterWorker", request_serializer=cp.RegisterRequest.SerializeToString,
-                                     response_deserializer=cp.RegisterResponse.FromString)
-    hb = env.cl.channel.unary_unary("/k3pd.v1.Cluster/Heartbeat", request_serializer=cp.HeartbeatRequest.SerializeToString,
-                                    response_deserializer=cp.HeartbeatResponse.FromString)
-    for rq, field, what in ((cp.RegisterRequest(), "role", "empty RegisterRequest"),
-                            (cp.RegisterRequest(role=9, worker_id="x"), "role", "RegisterRequest role 9"),
-                            (cp.RegisterRequest(role=2, worker_id="x", grpc_address="127.0.0.1:1", model_fingerprint=1,
-                                                protocol_version=1, ucx_worker_address=b"u",
-                                                capacity=cp.WorkerCapacity(max_batch=1)),
-                             "capacity.", "decode RegisterRequest without pools")):
+    for path, rq in (("RegisterWorker", cp.RegisterRequest(role=2, worker_id="decode-0", grpc_address="127.0.0.1:1",
+                                                           model_fingerprint=1, protocol_version=1)),
+                     ("Heartbeat", cp.HeartbeatRequest(worker_id="decode-0", load=cp.WorkerLoad())),
+                     ("DeregisterWorker", cp.DeregisterRequest(worker_id="decode-0"))):
+        m = env.cl.channel.unary_unary("/k3pd.v1.Cluster/" + path, request_serializer=type(rq).SerializeToString,
+                                       response_deserializer=lambda b: b)
         try:
-            reg(rq, timeout=5)
-            check(False, "%s refused" % what)
+            m(rq, timeout=5)
+            check(False, "Cluster/%s on the public port refused" % path)
         except grpc.RpcError as e:
-            check(e.code() == IA and (e.details() or "").startswith(field),
-                  "%s -> INVALID_ARGUMENT naming %s (%s)" % (what, field, e.details()))
-    r = hb(cp.HeartbeatRequest(worker_id="nobody", registration_epoch=5, load=cp.WorkerLoad()), timeout=5)
-    check(r.reregister, "Heartbeat of an unknown worker -> reregister")
+            check(e.code() == grpc.StatusCode.UNIMPLEMENTED,
+                  "Cluster/%s on the public port -> UNIMPLEMENTED (%s)" % (path, e.code().name))
     try:
         env.cl.health(addr, "no.such.Service")
         check(False, "health Check of an unknown service -> NOT_FOUND")
@@ -532,6 +539,8 @@ def main():
         if FAILED:
             cl.dump_logs()
     check(all(v == 0 for v in codes.values()), "every process exited 0 on SIGTERM (%s)" % codes)
+    check(OBSERVED <= DOCUMENTED_GENERATE_CODES, "every Generate status seen is documented (%s; undocumented: %s)" %
+          (sorted(OBSERVED), sorted(OBSERVED - DOCUMENTED_GENERATE_CODES)))
     print("blackbox: %d passed, %d failed, %d known issues in %.1f s" % (PASSED[0], len(FAILED), len(XFAIL),
                                                                          time.time() - t0))
     for f in FAILED:

@@ -44,6 +44,26 @@ def matches(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
+def selects(sel, labels):
+    """A label selector ({matchLabels, matchExpressions}; {} selects everything) against labels."""
+    if sel is None:
+        return False
+    if not all(labels.get(k) == v for k, v in (sel.get("matchLabels") or {}).items()):
+        return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e.get("key"), e.get("operator"), e.get("values") or []
+        ok = {"In": labels.get(k) in vals, "NotIn": labels.get(k) not in vals, "Exists": k in labels,
+              "DoesNotExist": k not in labels}.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+def rule_allows_port(rule, port, name=None):
+    ports = rule.get("ports")
+    return not ports or any(p.get("port") in (port, name) for p in ports)
+
+
 class Checker:
     def __init__(self, docs, known_metrics, adapter_metrics):
         self.docs = docs
@@ -71,6 +91,10 @@ class Checker:
         self.pvcs = {d["metadata"]["name"] for d in self.of_kind("PersistentVolumeClaim")}
         self.deployments = {d["metadata"]["name"]: d for d in self.of_kind("Deployment")}
         self.services = {d["metadata"]["name"]: d for d in self.of_kind("Service")}
+        self.secrets = {d["metadata"]["name"] for d in self.of_kind("Secret")}
+        self.secrets |= {d.get("spec", {}).get("secretName") for d in self.of_kind("Certificate")}
+        self.policies = self.of_kind("NetworkPolicy")
+        self.router_ports = {}  # name -> containerPort of the router container
         roles = {}
         for name, dep in self.deployments.items():
             role = self.check_deployment(name, dep)
@@ -81,6 +105,7 @@ class Checker:
                 self.err("overlay", f"no Deployment for role {r}")
         for name, svc in self.services.items():
             self.check_service(name, svc)
+        self.check_network_policies(roles)
         self.check_selectors("PodDisruptionBudget", roles)
         self.check_hpas(roles)
         return self.errors
@@ -111,6 +136,10 @@ class Checker:
             claim = v.get("persistentVolumeClaim", {}).get("claimName")
             if claim and claim not in self.pvcs:
                 self.err(w, f"volume {v['name']} uses PersistentVolumeClaim {claim} which is not rendered")
+            sec = v.get("secret", {}).get("secretName")
+            if sec and sec not in self.secrets:
+                self.err(w, f"volume {v['name']} uses Secret {sec}, which is neither rendered nor issued by a "
+                            f"rendered cert-manager Certificate")
         containers = pod.get("containers", [])
         if len(containers) != 1:
             self.err(w, f"expected exactly one k3pd container, found {len(containers)}")
@@ -197,6 +226,21 @@ class Checker:
             self.err(w, "K3PD_MODEL (--model DIR) is not set")
         elif not mounts or not mounts[0].get("readOnly"):
             self.err(w, f"--model {model} is not on a read-only volume mount")
+        # The gRPC ports speak TLS; the kubelet's gRPC probes cannot, so they use the plaintext
+        # health-only port (--health-listen), which serves grpc.health.v1 and nothing else.
+        _, health = port_of(env.get("K3PD_HEALTH_LISTEN"))
+        if health is None:
+            self.err(w, "K3PD_HEALTH_LISTEN (--health-listen HOST:PORT) is not set: probes need a plaintext port")
+        elif ports.get("health") != health:
+            self.err(w, f"containerPort health={ports.get('health')} but --health-listen port is {health}")
+        self.check_tls(w, env, c, vols)
+        if role == "router":
+            self.router_ports = dict(ports)
+            _, cport = port_of(env.get("K3PD_CLUSTER_LISTEN"))
+            if cport is None:
+                self.err(w, "K3PD_CLUSTER_LISTEN (--cluster-listen HOST:PORT) is not set")
+            elif ports.get("cluster") != cport:
+                self.err(w, f"containerPort cluster={ports.get('cluster')} but --cluster-listen port is {cport}")
         for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
             pr = c.get(kind)
             if pr is None:
@@ -207,8 +251,8 @@ class Checker:
             if not g:
                 self.err(w, f"{kind} is not a native grpc probe")
                 continue
-            if g.get("port") != ports.get("grpc"):
-                self.err(w, f"{kind} grpc port {g.get('port')} is not the gRPC port {ports.get('grpc')}")
+            if g.get("port") != ports.get("health"):
+                self.err(w, f"{kind} grpc port {g.get('port')} is not the health port {ports.get('health')}")
             want = "" if kind == "readinessProbe" else "liveness"
             if g.get("service", "") != want:
                 self.err(w, f"{kind} grpc service must be {want!r} (health contract)")
@@ -218,8 +262,13 @@ class Checker:
             if svc is None:
                 self.err(w, f"--router {env.get('K3PD_ROUTER')} does not name a rendered Service")
             else:
-                if rport not in [p.get("port") for p in svc["spec"].get("ports", [])]:
+                sp = [p for p in svc["spec"].get("ports", []) if p.get("port") == rport]
+                if not sp:
                     self.err(w, f"--router port {rport} is not a port of Service {host}")
+                elif sp[0].get("targetPort", rport) not in ("cluster", 50052) and \
+                        sp[0].get("targetPort") != self.cluster_port():
+                    self.err(w, f"--router {env.get('K3PD_ROUTER')} does not lead to the router's cluster port "
+                                f"(targetPort {sp[0].get('targetPort')})")
                 sel = svc["spec"].get("selector", {})
                 if not any(matches(sel, self.pod_labels(d)) and
                            self.pod_labels(d).get("app.kubernetes.io/component") == "router"
@@ -235,6 +284,30 @@ class Checker:
                 self.err(w, f"terminationGracePeriodSeconds {tgps} s is less than the drain grace "
                             f"{grace} ms + {GRACE_SLACK_MS} ms")
 
+    def cluster_port(self):
+        for d in self.deployments.values():
+            if self.pod_labels(d).get("app.kubernetes.io/component") == "router":
+                for c in d["spec"]["template"]["spec"].get("containers", []):
+                    for p in c.get("ports", []):
+                        if p.get("name") == "cluster":
+                            return p.get("containerPort")
+        return None
+
+    def check_tls(self, w, env, c, vols):
+        """Mutual TLS between router and workers with certificates from a Secret."""
+        if str(env.get("K3PD_INSECURE_CLUSTER", "false")).lower() in ("1", "true", "yes", "on"):
+            self.err(w, "K3PD_INSECURE_CLUSTER is set: router<->worker traffic would not be authenticated")
+        mounts = c.get("volumeMounts", [])
+        for var in ("K3PD_TLS_CERT", "K3PD_TLS_KEY", "K3PD_TLS_CA"):
+            f = env.get(var)
+            if not f:
+                self.err(w, f"{var} is not set (mutual TLS needs a certificate, its key and the cluster CA)")
+                continue
+            m = [x for x in mounts if f.startswith(x.get("mountPath", "").rstrip("/") + "/")]
+            v = vols.get(m[0].get("name")) if m else None
+            if not m or not m[0].get("readOnly") or not v or "secret" not in v:
+                self.err(w, f"{var} {f} is not on a read-only mount of a Secret volume")
+
     # ---- Services, PDBs, HPAs ----
     def check_service(self, name, svc):
         w = f"Service/{name}"
@@ -243,6 +316,16 @@ class Checker:
         if not pods:
             self.err(w, f"selector {sel} matches no Deployment's pod labels")
             return
+        if any(self.pod_labels(d).get("app.kubernetes.io/component") == "router" for d in pods):
+            cport = self.cluster_port()
+            tps = [p.get("targetPort", p.get("port")) for p in svc["spec"].get("ports", [])]
+            if "cluster" in tps or (cport is not None and cport in tps):
+                if any(t in ("grpc", "http", 50051, 8000) for t in tps):
+                    self.err(w, "exposes the router's cluster port next to its public ports (the cluster port "
+                                "needs its own ClusterIP Service)")
+                if svc["spec"].get("type", "ClusterIP") != "ClusterIP":
+                    self.err(w, f"exposes the router's cluster port outside the cluster "
+                                f"(type {svc['spec'].get('type')})")
         for p in svc["spec"].get("ports", []):
             tp = p.get("targetPort", p.get("port"))
             for d in pods:
@@ -250,6 +333,40 @@ class Checker:
                           for cp in c.get("ports", [])]
                 if not any(tp in (cp.get("name"), cp.get("containerPort")) for cp in cports):
                     self.err(w, f"targetPort {tp} is not a container port of Deployment/{d['metadata']['name']}")
+
+    def check_network_policies(self, roles):
+        """Default deny for every k3pd pod; the router's cluster port only from the workers; the
+        workers' gRPC port only from k3pd pods."""
+        ingress = [p for p in self.policies if "Ingress" in (p.get("spec", {}).get("policyTypes") or ["Ingress"])]
+        for r, dname in roles.items():
+            labels = self.pod_labels(self.deployments[dname])
+            if not any(selects(p["spec"].get("podSelector"), labels) for p in ingress):
+                self.err(f"Deployment/{dname}", "no NetworkPolicy restricts ingress to its pods")
+        rlab = self.pod_labels(self.deployments[roles["router"]]) if "router" in roles else None
+        cport = self.cluster_port()
+        worker_labels = [self.pod_labels(self.deployments[roles[r]]) for r in ("prefill", "decode") if r in roles]
+        k3pd_labels = [self.pod_labels(d) for d in self.deployments.values()]
+        for p in ingress:
+            w = f"NetworkPolicy/{p['metadata']['name']}"
+            sel = p["spec"].get("podSelector")
+            for rule in p["spec"].get("ingress") or []:
+                peers = rule.get("from")
+                if rlab and cport and selects(sel, rlab) and rule_allows_port(rule, cport, "cluster"):
+                    ok = bool(peers) and all(set(q) == {"podSelector"} and
+                                             not selects(q["podSelector"], rlab) and
+                                             any(selects(q["podSelector"], wl) for wl in worker_labels)
+                                             for q in peers)
+                    if not ok:
+                        self.err(w, f"allows the router's cluster port {cport} from sources other than the "
+                                    f"prefill and decode pods")
+                for wl in worker_labels:
+                    if selects(sel, wl) and rule_allows_port(rule, 50051, "grpc"):
+                        ok = bool(peers) and all(set(q) == {"podSelector"} and
+                                                 any(selects(q["podSelector"], kl) for kl in k3pd_labels)
+                                                 for q in peers)
+                        if not ok:
+                            self.err(w, "allows the workers' gRPC port 50051 from outside the k3pd pods")
+                        break
 
     def check_selectors(self, kind, roles):
         covered = set()

@@ -2,7 +2,13 @@
 
 Every process gets its own log file in the work dir; every wait is bounded; stop() sends
 SIGTERM, waits, then SIGKILLs stragglers, and reports exit codes so tests can assert a clean
-shutdown. Used by the e2e tests (driven from Debian's python3-grpcio, an off-the-shelf client)."""
+shutdown. Used by the e2e tests (driven from Debian's python3-grpcio, an off-the-shelf client).
+
+Security (docs/operations.md "Security"): the router's public port (self.port) is plaintext; the
+workers register on its cluster port (self.cport) and serve their own port with mutual TLS, all
+with certificates from a development CA in <workdir>/tls (--tls-dev-dir). Calls this harness
+makes to a worker (health, Decode/Stats) present a certificate issued for the router's identity
+(k3pd-cli certs) and expect the worker's id in the worker's certificate."""
 import os
 import re
 import signal
@@ -57,6 +63,11 @@ class Cluster:
         self.port = None
         self.stubs = stubs
         self.channel = None
+        self.cport = None
+        self.router_port = None  # the router's real public port (tests may point self.port elsewhere)
+        self.tls_dir = os.path.join(workdir, "tls")
+        self._client_creds = None
+        self.public_creds = None  # grpc channel credentials when the router's public port has TLS
         os.makedirs(workdir, exist_ok=True)
 
     def _bin(self, name):
@@ -65,25 +76,35 @@ class Cluster:
 
     def start_router(self, timeout=20):
         pf = os.path.join(self.workdir, "router.port")
-        if os.path.exists(pf):
-            os.unlink(pf)
+        cpf = os.path.join(self.workdir, "router.cport")
+        for f in (pf, cpf):
+            if os.path.exists(f):
+                os.unlink(f)
         argv = [self._bin("k3pd-router"), "--model", self.model, "--listen", "127.0.0.1:0", "--port-file", pf,
+                "--cluster-port-file", cpf, "--tls-dev-dir", self.tls_dir,
                 "--heartbeat-ms", "200", "--heartbeat-timeout-ms", "1500"] + self.router_args
         self.router = Proc("router", argv, os.path.join(self.workdir, "router.log"))
         self.procs.append(self.router)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if os.path.exists(pf) and open(pf).read().strip():
-                self.port = int(open(pf).read().strip())
+                self.port = self.router_port = int(open(pf).read().strip())
+                self.cport = int(open(cpf).read().strip())
                 return
             if not self.router.alive():
                 raise RuntimeError("router exited:\n" + self.router.text())
             time.sleep(0.05)
         raise RuntimeError("router did not start within %ss" % timeout)
 
+    def router_target(self):
+        """Where workers register: the router's cluster port (a test that points self.port
+        somewhere else, e.g. at a closed port, gets that port instead)."""
+        return "127.0.0.1:%d" % (self.cport if self.port == self.router_port else self.port)
+
     def start_worker(self, role, idx, extra=(), wait=True, timeout=60):
         name = "k3pd-%s" % role
-        argv = [self._bin(name), "--model", self.model, "--router", "127.0.0.1:%d" % self.port,
+        argv = [self._bin(name), "--model", self.model, "--router", self.router_target(),
+                "--tls-dev-dir", self.tls_dir,
                 "--listen", "127.0.0.1:0", "--worker-id", "%s-%d" % (role, idx)] + self.worker_args
         argv += self.decode_args if role == "decode" else self.prefill_args
         argv += list(extra)
@@ -109,9 +130,13 @@ class Cluster:
         ws += [self.start_worker("decode", i, wait=False) for i in range(self.n_decode)]
         for w in ws:
             self.wait_registered(w)
-        self.channel = grpc.insecure_channel("127.0.0.1:%d" % self.port)
+        self.channel = self.public_channel()
         grpc.channel_ready_future(self.channel).result(timeout=10)
         return self
+
+    def public_channel(self):
+        addr = "127.0.0.1:%d" % self.port
+        return grpc.secure_channel(addr, self.public_creds) if self.public_creds else grpc.insecure_channel(addr)
 
     def worker_addr(self, p):
         m = re.search(r"advertised ([0-9.]+:[0-9]+)", p.text())
@@ -123,16 +148,42 @@ class Cluster:
                                          request_serializer=g.GenerateRequest.SerializeToString,
                                          response_deserializer=g.GenerateResponse.FromString)
 
+    def client_creds(self, name="k3pd-router"):
+        """grpc channel credentials with a development certificate for `name` (cached)."""
+        if self._client_creds is None or self._client_creds[0] != name:
+            prefix = os.path.join(self.workdir, "client-" + name)
+            subprocess.run([os.path.join(self.bindir, "tools", "cli", "k3pd-cli"), "certs", "--dir", self.tls_dir,
+                            "--name", name, "--out", prefix], check=True, capture_output=True, timeout=30)
+            rd = lambda f: open(f, "rb").read()  # noqa: E731
+            self._client_creds = (name, grpc.ssl_channel_credentials(
+                root_certificates=rd(os.path.join(self.tls_dir, "ca.crt")), private_key=rd(prefix + ".key"),
+                certificate_chain=rd(prefix + ".crt")))
+        return self._client_creds[1]
+
+    def worker_channel(self, p):
+        """A mutual-TLS channel to worker process p (its certificate must carry its id, p.name)."""
+        return grpc.secure_channel(self.worker_addr(p), self.client_creds(),
+                                   options=[("grpc.ssl_target_name_override", p.name)])
+
     def decode_stats(self, p, timeout=5):
         _, _, d, _ = self.stubs
-        with grpc.insecure_channel(self.worker_addr(p)) as ch:
+        with self.worker_channel(p) as ch:
             stats = ch.unary_unary("/k3pd.v1.Decode/Stats", request_serializer=d.StatsRequest.SerializeToString,
                                    response_deserializer=d.StatsResponse.FromString)
             return stats(d.StatsRequest(), timeout=timeout)
 
+    def channel_to(self, addr):
+        """The router's public port is plaintext; a worker's port needs the cluster certificate."""
+        for p in self.procs:
+            if p is not self.router and self.worker_addr(p) == addr:
+                return self.worker_channel(p)
+        if self.public_creds and addr == "127.0.0.1:%d" % self.port:
+            return self.public_channel()
+        return grpc.insecure_channel(addr)
+
     def health(self, addr, service="", timeout=3):
         _, _, _, h = self.stubs
-        with grpc.insecure_channel(addr) as ch:
+        with self.channel_to(addr) as ch:
             check = ch.unary_unary("/grpc.health.v1.Health/Check",
                                    request_serializer=h.HealthCheckRequest.SerializeToString,
                                    response_deserializer=h.HealthCheckResponse.FromString)

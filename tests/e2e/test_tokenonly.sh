@@ -9,13 +9,15 @@ build=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
 pids=()
 fail() { echo "test_tokenonly: $*" >&2; for f in "$work"/*.log; do echo "--- $f" >&2; tail -n 5 "$f" >&2; done; kill -KILL "${pids[@]}" 2>/dev/null; exit 1; }
-"$build/router/k3pd-router" --synthetic tiny --listen 127.0.0.1:0 --port-file "$work/port" --drain-grace-ms 1000 \
-  > "$work/router.log" 2>&1 &
+"$build/router/k3pd-router" --synthetic tiny --listen 127.0.0.1:0 --port-file "$work/port" --cluster-port-file \
+  "$work/cport" --tls-dev-dir "$work/tls" --drain-grace-ms 1000 > "$work/router.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 200); do [ -s "$work/port" ] && break; sleep 0.05; done
 [ -s "$work/port" ] || fail "the router did not start"
 r=127.0.0.1:$(cat "$work/port")
-w=(--synthetic tiny --backend cpu-fast --router "$r" --drain-grace-ms 1000)
+# workers register on the cluster port (mutual TLS, development CA; default worker ids)
+w=(--synthetic tiny --backend cpu-fast --router "127.0.0.1:$(cat "$work/cport")" --tls-dev-dir "$work/tls"
+   --drain-grace-ms 1000)
 "$build/prefill_worker/k3pd-prefill" "${w[@]}" > "$work/prefill.log" 2>&1 &
 pids+=($!)
 "$build/decode_worker/k3pd-decode" "${w[@]}" > "$work/decode.log" 2>&1 &

@@ -28,4 +28,8 @@ extern const size_t cli_generate_ncmds;
 extern const k3_cli_cmd_t cli_up_cmds[];
 extern const size_t cli_up_ncmds;
 
+/* cli_certs.c (development certificates) */
+extern const k3_cli_cmd_t cli_certs_cmds[];
+extern const size_t cli_certs_ncmds;
+
 #endif

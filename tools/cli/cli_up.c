@@ -427,18 +427,20 @@ static int run_up(int argc, char **argv) {
   s.sigint.data = s.sigterm.data = s.kill_timer.data = s.router_timer.data = &s;
   uv_signal_start(&s.sigint, on_signal, SIGINT);
   uv_signal_start(&s.sigterm, on_signal, SIGTERM);
-  char listen[80], portfile[] = "/tmp/k3pd-up-port-XXXXXX";
-  int pfd = mkstemp(portfile);
-  if (pfd < 0) {
+  char listen[80], portfile[] = "/tmp/k3pd-up-port-XXXXXX", cportfile[] = "/tmp/k3pd-up-cport-XXXXXX";
+  int pfd = mkstemp(portfile), cfd = mkstemp(cportfile);
+  if (pfd < 0 || cfd < 0) {
     fprintf(stderr, "k3pd-cli up: cannot create a temporary file\n");
     return 1;
   }
   close(pfd);
+  close(cfd);
   snprintf(listen, sizeof listen, "%s:%d", host, port);
   char hport[16];
   snprintf(hport, sizeof hport, "%d", http_port);
+  /* workers register on the router's cluster port (mutual TLS with the development CA) */
   char *rargv[] = {router_bin, "--model", (char *)model, "--listen", listen, "--port-file", portfile,
-                   "--http-port", hport, "--http-host", (char *)host,
+                   "--cluster-port-file", cportfile, "--http-port", hport, "--http-host", (char *)host,
                    metrics ? "--metrics-port" : NULL, "0", "--metrics-host", (char *)host, NULL};
   if (spawn(&s, "router", true, rargv)) return 1;
   /* wait for the router's port (bounded) */
@@ -453,8 +455,14 @@ static int run_up(int argc, char **argv) {
     }
     if (!rport) usleep(20000);
   }
+  char cluster_addr[64] = "";
+  char *ctxt = NULL;
+  if (rport && k3_read_file(cportfile, &ctxt, NULL) == 0 && atoi(ctxt) > 0)
+    snprintf(cluster_addr, sizeof cluster_addr, "%s:%d", host, atoi(ctxt));
+  free(ctxt);
   unlink(portfile);
-  if (!rport) {
+  unlink(cportfile);
+  if (!rport || !cluster_addr[0]) {
     fprintf(stderr, "k3pd-cli up: the router did not start\n");
     stop_all(&s);
   } else {
@@ -469,7 +477,7 @@ static int run_up(int argc, char **argv) {
       char name[32], id[48];
       snprintf(name, sizeof name, "%s-%d", pre ? "prefill" : "decode", pre ? i : i - n_prefill);
       snprintf(id, sizeof id, "%s", name);
-      char *wargv[] = {pre ? prefill_bin : decode_bin, "--model", (char *)model, "--router", s.router_addr,
+      char *wargv[] = {pre ? prefill_bin : decode_bin, "--model", (char *)model, "--router", cluster_addr,
                        "--listen", "127.0.0.1:0", "--worker-id", id, "--backend", (char *)backend,
                        "--precision", (char *)precision, "--threads", th, "--page-tokens", pt, "--num-pages", np,
                        "--num-slots", ns, metrics ? "--metrics-port" : NULL, "0", "--metrics-host", (char *)host,

@@ -9,6 +9,7 @@ static const k3_cli_group_t groups[] = {
     {cli_tok_cmds, &cli_tok_ncmds},
     {cli_up_cmds, &cli_up_ncmds},
     {cli_generate_cmds, &cli_generate_ncmds},
+    {cli_certs_cmds, &cli_certs_ncmds},
 };
 
 static void usage(FILE *fp) {

@@ -41,10 +41,12 @@ void k3_lifecycle_close(k3_lifecycle_t *lc);
  * stderr naming the flag). level NULL keeps K3PD_LOG_LEVEL / the default. */
 int k3_app_log_setup(const char *prog, const char *level);
 
+struct k3_rpc_tls;
 /* --metrics-port/--metrics-host: port < 0 serves nothing (*out = NULL). Logs the bound port.
- * Returns 0 or the k3_metrics_http_start error (message on stderr naming the flag). */
+ * With tls (--metrics-tls): HTTPS with its certificate, /metrics requiring a client certificate
+ * of its CA. Returns 0 or the k3_metrics_http_start error (message on stderr naming the flag). */
 int k3_app_metrics_http(k3_metrics_t *reg, const char *prog, const char *host, int port,
-                        k3_metrics_http_t **out);
+                        const struct k3_rpc_tls *tls, k3_metrics_http_t **out);
 
 /* Readiness of a worker: gRPC health "" and `service` (e.g. "k3pd.v1.Decode") plus /readyz (h
  * may be NULL). Only a change is published; *last holds the state last published (-1 = none). */

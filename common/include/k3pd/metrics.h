@@ -33,7 +33,7 @@
 #include <stddef.h>
 
 #define K3_METRIC_MAX_LABELS 4
-#define K3_METRIC_MAX_SERIES 64
+#define K3_METRIC_MAX_SERIES 80 /* http_requests_total: 5 routes x 13 codes */
 #define K3_METRIC_MAX_BUCKETS 32
 
 typedef enum {
@@ -139,6 +139,11 @@ typedef struct k3_metrics_http k3_metrics_http_t;
  * port in use), K3_ENOMEM. */
 int k3_metrics_http_start(k3_metrics_t *m, const char *bind_host, int port,
                           k3_metrics_http_t **out);
+/* The same over HTTPS with cert_pem/key_pem (PEM texts, which must outlive the server); with
+ * ca_pem, GET /metrics also needs a client certificate that verifies against it (403
+ * otherwise); /healthz and /readyz stay open. K3_ENOTSUP when libmicrohttpd lacks TLS. */
+int k3_metrics_http_start_tls(k3_metrics_t *m, const char *bind_host, int port, const char *cert_pem,
+                              const char *key_pem, const char *ca_pem, k3_metrics_http_t **out);
 /* The bound TCP port (the real one when started with port 0). */
 int k3_metrics_http_port(const k3_metrics_http_t *h);
 void k3_metrics_http_set_ready(k3_metrics_http_t *h, bool ready);

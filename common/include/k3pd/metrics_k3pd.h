@@ -49,6 +49,16 @@
 #define K3PD_HANDOFF_FAIL_TRANSPORT "transport"
 #define K3PD_HANDOFF_FAIL_TIMEOUT "timeout"
 #define K3PD_HANDOFF_FAIL_REJECTED "rejected"
+/* k3pd_router_auth_failures_total{reason}: public requests refused by the API-key check */
+#define K3PD_AUTH_MISSING_KEY "missing_key"           /* no (or a malformed) bearer key */
+#define K3PD_AUTH_UNKNOWN_KEY "unknown_key"           /* a key that is not in --api-keys */
+#define K3PD_AUTH_RATE_LIMITED "rate_limited"         /* the key's request rate was exceeded */
+#define K3PD_AUTH_CONCURRENCY_LIMITED "concurrency_limited" /* the key's requests in flight */
+/* k3pd_router_cluster_refusals_total{reason}: Cluster calls refused on the cluster port */
+#define K3PD_REFUSAL_IDENTITY "identity" /* certificate does not cover the worker_id */
+#define K3PD_REFUSAL_EPOCH "epoch"       /* wrong registration epoch; id held by a live worker */
+#define K3PD_REFUSAL_MODEL "model"       /* model fingerprint differs from the cluster's */
+#define K3PD_REFUSAL_INVALID "invalid"   /* malformed request, capacity out of bounds, address taken */
 /* route of an HTTP request to the router's OpenAI-compatible port (code: the HTTP status) */
 #define K3PD_HTTP_ROUTE_CHAT "chat_completions" /* POST /v1/chat/completions */
 #define K3PD_HTTP_ROUTE_COMPLETIONS "completions" /* POST /v1/completions */
@@ -56,7 +66,9 @@
 #define K3PD_HTTP_ROUTE_OPS "ops"               /* /healthz /readyz /health /metrics */
 #define K3PD_HTTP_ROUTE_OTHER "other"           /* anything else (404, 405) */
 /* HTTP status codes the router answers with ("499": the client went away before a response) */
-#define K3PD_HTTP_CODES "200", "400", "404", "405", "409", "413", "415", "429", "499", "500", "503", "504"
+#define K3PD_HTTP_CODES \
+  "200", "400", "401", "404", "405", "409", "413", "415", "429", "499", "500", "503", "504"
+#define K3PD_HTTP_NCODES 13
 
 /* ---- metric names used outside C (HPA rules, alerts, e2e tests) ---- */
 #define K3PD_M_PREFILL_QUEUED_PROMPT_TOKENS "k3pd_prefill_queued_prompt_tokens"
@@ -94,6 +106,8 @@ typedef struct {
   k3_metric_t *loop_lag_seconds;        /* histogram: how late a 20 ms timer of the router's loop fires */
   k3_metric_t *http_requests_total;     /* counter {route, code}: HTTP API requests answered */
   k3_metric_t *http_io_seconds_total;   /* counter: loop time in libmicrohttpd (HTTP parsing, writes) */
+  k3_metric_t *auth_failures_total;     /* counter {reason}: public requests refused by API-key checks */
+  k3_metric_t *cluster_refusals_total;  /* counter {reason}: Cluster calls refused (identity, epoch, ...) */
 } k3_router_metrics_t;
 
 typedef struct {

@@ -9,8 +9,11 @@
  * completion queue without blocking (C-STACK.md §3 "pattern A + hybrid", P7), which keeps
  * back-to-back streaming near the plain-CQ rate. Nothing here blocks the loop.
  *
- * Not here: TLS (insecure credentials only: the cluster runs on a trusted network),
- * client-streaming / bidi methods (the protocol has none).
+ * Ports are plaintext, TLS (server certificate only) or mutual TLS (both sides present a
+ * certificate signed by the cluster CA; credentials in rpc_tls.h). A server may require every
+ * call of a non-health method to come from a verified client certificate, optionally of given
+ * identities (k3_rpc_server_require_peer); handlers read the peer's identity with
+ * k3_rpc_call_peer_names. Not here: client-streaming / bidi methods (the protocol has none).
  *
  * Server call lifetime (refcounted; the handler holds one reference):
  *   call arrives -> request unpacked -> handler(call, req, user)
@@ -102,8 +105,25 @@ int k3_rpc_server_add_method(k3_rpc_server_t *srv, const char *path, k3_rpc_kind
                              const ProtobufCMessageDescriptor *req_desc, k3_rpc_handler_fn fn,
                              void *user);
 
-/* Binds `addr` ("127.0.0.1:0", "0.0.0.0:50051") and starts serving. *port_out (may be NULL)
- * receives the bound port. Returns K3_EIO when the address cannot be bound. Can be called once. */
+struct k3_rpc_tls;
+
+/* Binds `addr` ("127.0.0.1:0", "0.0.0.0:50051") before start; *port_out (may be NULL) receives
+ * the bound port. tls NULL: plaintext. tls given: TLS with its certificate; with `mutual`, every
+ * client must present a certificate signed by tls's CA (the handshake fails otherwise). tls must
+ * outlive the call. Returns 0, K3_EIO (cannot bind), K3_EINVAL (after start; mutual without a CA)
+ * or K3_ENOMEM. A server may have several ports; every registered method is served on each. */
+int k3_rpc_server_add_port(k3_rpc_server_t *srv, const char *addr, const struct k3_rpc_tls *tls, int mutual,
+                           int *port_out);
+
+/* Before start: every call of a method other than grpc.health.v1.Health must come from a
+ * verified client certificate (else UNAUTHENTICATED, "peer: ... needs a client certificate"),
+ * and, when n > 0, one whose identity covers one of names[0..n) (else PERMISSION_DENIED). The
+ * names are copied. Health stays open so plaintext probe ports can share the server. */
+int k3_rpc_server_require_peer(k3_rpc_server_t *srv, const char *const *names, size_t n);
+
+/* Starts serving. With addr: binds it as a plaintext port first (*port_out, may be NULL, gets
+ * the bound port; K3_EIO when it cannot be bound). With addr NULL: serves the ports added with
+ * k3_rpc_server_add_port (K3_EINVAL when there are none). Can be called once. */
 int k3_rpc_server_start(k3_rpc_server_t *srv, const char *addr, int *port_out);
 
 /* Health (grpc.health.v1): status per service name; "" is the whole server. Watchers are told
@@ -152,6 +172,12 @@ int64_t k3_rpc_call_deadline_left_ms(const k3_rpc_call_t *call);
  * owned by the call, or NULL. An "x-request-id" is echoed back in the initial metadata. */
 const char *k3_rpc_call_metadata(const k3_rpc_call_t *call, const char *key);
 const char *k3_rpc_call_method(const k3_rpc_call_t *call);
+/* Identity names of the call's verified client certificate (its DNS SANs, else its CN); the
+ * array and strings are owned by the call. Returns the count; 0 for a plaintext call or a TLS
+ * call without a verified client certificate. */
+size_t k3_rpc_call_peer_names(const k3_rpc_call_t *call, const char *const **names);
+/* 1 when one of those names covers `id` (k3_rpc_tls_name_covers), else 0. */
+int k3_rpc_call_peer_covers(const k3_rpc_call_t *call, const char *id);
 /* Messages queued but not yet handed to gRPC (for stream backpressure decisions). */
 size_t k3_rpc_call_queued(const k3_rpc_call_t *call);
 /* Opaque pointer for the handler's own per-call state (never touched by the library). */

@@ -13,7 +13,8 @@
  *
  * Every call has a deadline (opts.timeout_ms, or the client's default). Channels are created on
  * first use per target and reused by later calls; they carry the raised message size limits
- * (P5). Unreachable targets fail fast with UNAVAILABLE (no wait-for-ready). */
+ * (P5). Unreachable targets fail fast with UNAVAILABLE (no wait-for-ready); so does a TLS
+ * handshake that fails (wrong CA, wrong peer identity, no client certificate). */
 #ifndef K3PD_RPC_CLIENT_H
 #define K3PD_RPC_CLIENT_H
 
@@ -28,9 +29,21 @@
 typedef struct k3_rpc_client k3_rpc_client_t;
 typedef struct k3_rpc_ccall k3_rpc_ccall_t;
 
+struct k3_rpc_tls;
+
 typedef struct {
   uint32_t max_msg_bytes;       /* send + receive limit; 0 = K3_RPC_DEFAULT_MAX_MSG_BYTES */
   uint32_t default_timeout_ms;  /* for calls whose opts.timeout_ms is 0; 0 = 30000 */
+  /* Mutual TLS (NULL: plaintext channels): every channel presents tls's certificate and
+   * accepts only a server certificate signed by tls's CA whose identity covers the expected
+   * peer name: peer_name_fn(peer_name_ud, target) when it returns non-NULL, else peer_name,
+   * else the target's host. tls must outlive the client. peer_name_fn runs on the loop when a
+   * channel is created (channels are cached per target: forget a target whose expected name
+   * changed). peer_name must outlive the client too. */
+  const struct k3_rpc_tls *tls;
+  const char *peer_name;
+  const char *(*peer_name_fn)(void *ud, const char *target);
+  void *peer_name_ud;
 } k3_rpc_client_opts_t;
 
 typedef struct {
@@ -79,8 +92,9 @@ int k3_rpc_stream(k3_rpc_client_t *cli, const char *target, const char *method,
  * final callback reports CANCELLED (unless the status had already arrived). Idempotent. */
 void k3_rpc_ccall_cancel(k3_rpc_ccall_t *c);
 
-/* Drops the cached channel for `target` (e.g. a worker left); calls in flight on it keep
- * their own reference and finish normally. Returns 0 or K3_ENOENT. */
+/* Drops the cached channel for `target` (e.g. a worker left): the next call makes a new one.
+ * Calls in flight on it finish normally; the old channel is destroyed after the last of them.
+ * Returns 0 or K3_ENOENT. */
 int k3_rpc_client_forget(k3_rpc_client_t *cli, const char *target);
 
 /* Calls in flight (for tests and shutdown logic). */

@@ -30,6 +30,15 @@ typedef struct {
   const char *model_name;       /* GenerateRequest.model, when non-empty, must equal this */
 } k3_rpc_limits_t;
 
+/* Bounds on what a worker may claim at registration (capacity.*; larger values are
+ * INVALID_ARGUMENT naming the field). Far above any real worker (K3 on an 8-GPU node: ~10^5
+ * pages of 64 tokens), far below what would let one worker attract every request. */
+#define K3_RPC_MAX_KV_PAGES (1u << 24)
+#define K3_RPC_MAX_PAGE_TOKENS 65536u
+#define K3_RPC_MAX_KDA_SLOTS 65536u
+#define K3_RPC_MAX_BATCH 65536u
+#define K3_RPC_MAX_CONTEXT (1u << 24) /* tokens: prompt + completion of one sequence */
+
 /* 1 when s[0..len) is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF). */
 int k3_rpc_utf8_valid(const char *s, size_t len);
 

@@ -159,6 +159,9 @@ START_TEST(test_cluster_decode_prefill) {
   EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "grpc_address: required");
   reg.grpc_address = "127.0.0.1:7001";
   EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "model_fingerprint: required");
+  reg.grpc_address = "127.0.0.1:70 01";
+  EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "grpc_address: byte 12 is not printable");
+  reg.grpc_address = "127.0.0.1:7001";
   reg.model_fingerprint = 0x1234;
   EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "protocol_version:");
   reg.protocol_version = 1;
@@ -169,6 +172,23 @@ START_TEST(test_cluster_decode_prefill) {
   cap.kv_pages = 64;
   cap.page_tokens = 16;
   cap.kda_slots = 4;
+  EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "capacity.max_context_tokens: must be >= 1");
+  cap.max_context_tokens = 64 * 16 + 1; /* more than the pool holds */
+  EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "capacity.max_context_tokens: 1025 exceeds");
+  cap.max_context_tokens = 64 * 16;
+  /* claimed capacities are bounded (the fake worker claimed 10^6 pages of a huge context) */
+  cap.kv_pages = K3_RPC_MAX_KV_PAGES + 1;
+  EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "capacity.kv_pages: 16777217 exceeds the limit");
+  cap.kv_pages = 64;
+  cap.kda_slots = K3_RPC_MAX_KDA_SLOTS + 1;
+  EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "capacity.kda_slots:");
+  cap.kda_slots = 4;
+  cap.max_batch = K3_RPC_MAX_BATCH + 1;
+  EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "capacity.max_batch:");
+  cap.max_batch = 8;
+  cap.page_tokens = K3_RPC_MAX_PAGE_TOKENS + 1;
+  EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "capacity.page_tokens:");
+  cap.page_tokens = 16;
   EXPECT_BAD(k3_rpc_validate_register_request(&reg, msg, sizeof msg), "ucx_worker_address: required");
   uint8_t addr[4] = {1, 2, 3, 4};
   reg.ucx_worker_address.data = addr;
