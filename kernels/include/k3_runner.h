@@ -160,6 +160,16 @@ int k3_runner_seq_reserve(k3_runner_t *r, k3_seq_t *seq, int64_t total_tokens);
  * imported). K3_EINVAL when an id is out of range, repeated or already allocated; on error
  * nothing changed. Release with k3_runner_seq_release. */
 int k3_runner_seq_claim(k3_runner_t *r, const k3_seq_t *seq);
+/* Copies KDA slot `src` (recurrent S and the three conv states of every KDA layer) into slot
+ * `dst`, both allocated and distinct (K3_EINVAL otherwise), on the backend (device to device on
+ * cuda). A prefix cache takes a checkpoint of a sequence's recurrent state this way, and a hit
+ * starts a new sequence from one: the copy is the exact state, bit for bit. */
+int k3_runner_slot_copy(k3_runner_t *r, int dst, int src);
+/* Marks every page and slot allocated, for a caller that bookkeeps ids itself and shares pages
+ * between sequences (the decode worker's free lists and prefix cache): the forward passes'
+ * id checks then accept any in-range id, and k3_runner_seq_claim/seq_release must no longer
+ * be used. A sequence with len 0 still starts from the zero KDA state (prefill zeroes it). */
+int k3_runner_claim_all(k3_runner_t *r);
 /* Returns the sequence's slot and pages to the pools and resets it (len 0, slot -1). */
 void k3_runner_seq_release(k3_runner_t *r, k3_seq_t *seq);
 

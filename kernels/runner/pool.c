@@ -82,6 +82,29 @@ int k3_runner_pages_free(k3_runner_t *r, int n, const int32_t *pages) {
   return 0;
 }
 
+int k3_runner_slot_copy(k3_runner_t *r, int dst, int src) {
+  if (dst < 0 || dst >= r->opts.num_slots || src < 0 || src >= r->opts.num_slots || dst == src ||
+      !r->slot_used[dst] || !r->slot_used[src])
+    return K3_EINVAL;
+  for (int i = 0; i < r->n_kda; i++) {
+    const k3k_tensor_t *ts[4] = {&r->kda_S[i], &r->kda_conv[i][0], &r->kda_conv[i][1], &r->kda_conv[i][2]};
+    for (int j = 0; j < 4; j++) {
+      size_t nb = id_bytes(ts[j]);
+      int rc = r->be->copy(r->be, (char *)ts[j]->data + (size_t)dst * nb, (char *)ts[j]->data + (size_t)src * nb, nb);
+      if (rc) return rc;
+    }
+  }
+  return 0;
+}
+
+int k3_runner_claim_all(k3_runner_t *r) {
+  for (int s = 0; s < r->opts.num_slots; s++) r->slot_used[s] = 1;
+  for (int p = 0; p < r->opts.num_pages; p++) r->page_used[p] = 1;
+  r->free_slots = 0;
+  r->free_pages = 0;
+  return 0;
+}
+
 int k3_runner_free_slots(const k3_runner_t *r) { return r->free_slots; }
 int k3_runner_free_pages(const k3_runner_t *r) { return r->free_pages; }
 
