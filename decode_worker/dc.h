@@ -36,6 +36,42 @@
 
 typedef enum { DC_RESERVED = 0, DC_READY, DC_RUNNING, DC_FINISHED } dc_state_t;
 
+/* ---- prefix cache (cache.c; docs/design.md "Prefix cache") ----
+ * An entry is an exact checkpoint of a prompt prefix [0, len): references to the MLA pages that
+ * hold its latents (len is a multiple of the block, itself a multiple of the page size, so the
+ * pages are full and never written again) and one KDA slot holding a copy of the recurrent + conv
+ * state at len. Keyed by the chained hash of the prefix's blocks (k3pd/prefix_hash.h). */
+#define DC_MAX_CKPT 4
+typedef struct dc_centry {
+  struct dc_centry *next;
+  uint64_t key;        /* chain[len / block - 1] */
+  uint32_t len;        /* tokens, a multiple of the block */
+  uint64_t *chain;     /* len / block hashes (owned) */
+  int32_t *pages;      /* len / page_tokens page ids (one cache reference each; owned array) */
+  int n_pages;
+  int slot;            /* the KDA checkpoint (owned by the entry) */
+  bool ready;          /* the engine took the checkpoint: usable for hits */
+  uint32_t pins;       /* requests using it as their hit or creating it: not evictable */
+  uint64_t last_use;   /* LRU tick */
+} dc_centry_t;
+
+typedef struct {
+  bool on;               /* --prefix-cache */
+  uint32_t block;        /* tokens per hashed block: lcm(64 (KDA chunk), page_tokens) */
+  uint32_t local_max;    /* --local-prefill-max-tokens: longest suffix computed here */
+  uint64_t max_bytes;    /* --prefix-cache-bytes: pages + slots held only by the cache */
+  uint64_t page_bytes, slot_bytes;
+  dc_centry_t *entries;
+  uint32_t n_entries;
+  uint32_t *req_ref;     /* per page: references held by requests */
+  uint32_t *cache_ref;   /* per page: references held by entries */
+  uint32_t pages_cache_only, slots;
+  uint64_t tick;
+  uint64_t hits, misses, hit_tokens, evictions, local_tokens;
+  uint64_t *report;      /* heartbeat summary buffer (DC_CACHE_REPORT_MAX) */
+} dc_cache_t;
+#define DC_CACHE_REPORT_MAX 512
+
 typedef struct dc_req {
   struct dc_req *next;   /* worker's request list */
   char id[129];          /* router's request id */
@@ -43,9 +79,19 @@ typedef struct dc_req {
   uint64_t epoch;
   dc_state_t state;
   uint32_t n_prompt, max_new;
-  int32_t *pages;        /* page ids (owned) */
+  int32_t *pages;        /* page ids (owned array; one request reference on each page) */
   int n_pages;
   int slot;
+  /* prefix cache: split = this worker computes prompt[start, n_prompt) and the first token */
+  bool split;
+  uint32_t *prompt;       /* the prompt's ids (owned; split requests only) */
+  uint32_t start;         /* tokens whose state exists at admission: cached (hit) or xfer_tokens */
+  uint32_t xfer_tokens;   /* tokens the prefill worker computes and hands off (0 = none) */
+  uint32_t cached;        /* tokens taken from the cache (0 = miss) */
+  dc_centry_t *hit;       /* pinned hit entry (its slot is copied at admission) */
+  dc_centry_t *ck[DC_MAX_CKPT]; /* pinned entries this request creates */
+  int n_ck;
+  uint32_t lease_ms;      /* requests without a handoff: how long Attach may take */
   bool xfer_live;        /* the transfer layer still holds the reservation (on_release pending) */
   bool engine_has;       /* admitted and not yet finished by the engine */
   uint32_t first_token;
@@ -64,7 +110,7 @@ typedef struct dc_req {
 typedef struct dc_worker dc_worker_t;
 
 /* ---- engine (engine.c) ---- */
-typedef enum { DC_MSG_ADMIT = 1, DC_MSG_CANCEL, DC_MSG_STOP, DC_MSG_TOKENS, DC_MSG_DONE } dc_msg_type_t;
+typedef enum { DC_MSG_ADMIT = 1, DC_MSG_CANCEL, DC_MSG_STOP, DC_MSG_TOKENS, DC_MSG_DONE, DC_MSG_CKPT } dc_msg_type_t;
 
 typedef struct {
   k3_msg_t link;
@@ -77,6 +123,16 @@ typedef struct {
   uint32_t *stop_ids;     /* owned copy */
   int n_stop_ids;
   bool want_logprobs;
+  /* ADMIT of a split request: compute prompt[start, n_prompt) first (copy_slot >= 0: start from
+   * that checkpoint's KDA state), taking checkpoints at ck_pos into ck_slot */
+  bool split;
+  int32_t *prompt;        /* owned copy */
+  uint32_t n_prompt, start;
+  int copy_slot;
+  uint32_t ck_pos[DC_MAX_CKPT];
+  int ck_slot[DC_MAX_CKPT];
+  int n_ck;
+  /* CKPT (engine → loop): the checkpoint at ck_pos[0] was taken */
   /* TOKENS / DONE (engine → loop) */
   uint32_t n_tokens;
   uint32_t tokens[8];
@@ -126,6 +182,8 @@ struct dc_worker {
   char ipc_dir[256];          /* device arena: where its fdshare socket lives ("" = none) */
   k3_fdshare_t *fds;          /* serves the device arena's file descriptor */
   k3_xhooks_t *hooks;         /* device digest jobs (cuda arena), NULL otherwise */
+  dc_cache_t cache;          /* prefix cache (loop thread) */
+  uint64_t next_local_epoch; /* epochs of reservations without a handoff */
   /* counters */
   uint64_t n_admitted, n_finished, n_leases_expired, n_reserve_rejected;
   uint32_t n_running;
@@ -158,6 +216,30 @@ void dc_pools_free(dc_worker_t *w);
 /* Closes the device hooks (after k3_xfer_ctx_close). */
 void dc_pools_close_hooks(dc_worker_t *w);
 
+/* cache.c (loop thread). */
+int dc_cache_init(dc_worker_t *w, bool on, uint64_t max_bytes, uint32_t local_max, char *err, size_t errlen);
+void dc_cache_free(dc_worker_t *w);
+/* Page references: a request's new pages come from the free list with one request reference;
+ * shared pages gain one; a page returns to the free list when its last reference goes. */
+int dc_pages_take(dc_worker_t *w, int n, int32_t *out);
+void dc_page_ref_req(dc_worker_t *w, int32_t p);
+void dc_page_unref_req(dc_worker_t *w, int32_t p);
+/* Frees cache entries (LRU, unpinned) until `pages` pages and `slots` slots are free; true when
+ * they are. */
+bool dc_cache_make_room(dc_worker_t *w, int pages, int slots);
+/* Reserve-time plan for a prompt (sets q->split, start, xfer_tokens, cached, hit, and the
+ * checkpoints to take). Takes the request's pages and slot (sharing the hit's pages) or
+ * returns K3_ECAPACITY (nothing taken). */
+int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pages);
+/* The engine took the checkpoint at `pos` of request q. */
+void dc_cache_ckpt_done(dc_worker_t *w, dc_req_t *q, uint32_t pos);
+/* The request is over: unpins its entries (dropping the checkpoints it never took). */
+void dc_cache_req_done(dc_worker_t *w, dc_req_t *q);
+/* Evicts LRU unpinned entries while the cache holds more than its byte budget. */
+void dc_cache_enforce(dc_worker_t *w);
+/* Heartbeat summary: fills load->cached_prefix_hashes. */
+void dc_cache_fill_load(dc_worker_t *w, K3pd__V1__WorkerLoad *load);
+
 /* main.c: refresh pool gauges and transfer-derived counters (loop thread). */
 void dc_metrics_refresh(dc_worker_t *w);
 
@@ -167,5 +249,7 @@ void dc_on_engine_msg(k3_msg_t *m, void *ud); /* outbox handler */
 void dc_on_xfer_ready(void *ud, const k3_xfer_ready_t *r);
 void dc_on_xfer_release(void *ud, uint64_t request_id, void *owner);
 void dc_fill_load(void *ud, K3pd__V1__WorkerLoad *load);
+/* Drops reservations without a handoff whose Attach did not come within their lease. */
+void dc_expire_local(dc_worker_t *w);
 
 #endif

@@ -44,26 +44,24 @@ static void post_out(dc_worker_t *w, dc_msg_t *o) {
   if (o) k3_inbox_post(&w->outbox, &o->link);
 }
 
-/* Frees an admission; when `r` is given the sequence's ids go back to the runner's bitmaps
- * (the worker's own free lists are updated by the loop when it sees DONE). */
-static void free_admit_r(k3_runner_t *r, dc_msg_t *a) {
-  if (!a) return;
-  if (r && a->seq.slot >= 0) k3_runner_seq_release(r, &a->seq);
-  free(a->page_store);
-  free(a->stop_ids);
-  free(a);
-}
-
+/* Frees an admission. Page and slot ids are the loop's (free lists and references, cache.c):
+ * the runner has every id claimed (k3_runner_claim_all), so nothing goes back to it here. */
 static void free_admit(dc_msg_t *a) {
   if (!a) return;
   free(a->page_store);
   free(a->stop_ids);
+  free(a->prompt);
   free(a);
 }
 
-/* Emits the first token (from prefill) for a newly admitted sequence; returns true if the
- * sequence is already finished by it. */
-static bool emit_first(dc_worker_t *w, eseq_t *s) {
+static void free_admit_r(k3_runner_t *r, dc_msg_t *a) {
+  (void)r;
+  free_admit(a);
+}
+
+/* Emits the first token (from prefill, or computed here for a split request) for a newly
+ * admitted sequence; returns true if the sequence is already finished by it. */
+static bool emit_first(dc_worker_t *w, eseq_t *s, float first_logprob) {
   dc_msg_t *a = s->admit;
   dc_msg_t *o = new_out(a->handle, DC_MSG_TOKENS);
   s->generated = 1;
@@ -72,7 +70,7 @@ static bool emit_first(dc_worker_t *w, eseq_t *s) {
   if (o) {
     o->n_tokens = 1;
     o->tokens[0] = a->first_token;
-    o->logprobs[0] = NAN; /* filled by the loop from the reservation's DONE */
+    o->logprobs[0] = first_logprob; /* NAN: filled by the loop from the reservation's DONE */
     if (stop) o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_STOP;
     else if (a->max_new <= 1) o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_LENGTH;
   }
@@ -84,11 +82,56 @@ static bool emit_first(dc_worker_t *w, eseq_t *s) {
  * state already sits in its pools (written there by the prefill worker, verified); in the staged
  * one it is copied in from the receive area first. */
 static int import_state(dc_worker_t *w, dc_msg_t *a, uint8_t **buf, size_t *cap) {
-  int rc = k3_runner_seq_claim(w->runner, &a->seq);
-  if (rc || w->recv_mode != DC_RECV_STAGED) return rc;
-  rc = dc_pools_import(w, &a->seq, buf, cap);
-  if (rc) k3_runner_seq_release(w->runner, &a->seq);
-  return rc;
+  bool handed_off = !a->split || a->copy_slot < 0; /* a split request without a hit had a handoff */
+  if (w->recv_mode != DC_RECV_STAGED || !handed_off || a->seq.len == 0) return 0;
+  return dc_pools_import(w, &a->seq, buf, cap);
+}
+
+/* A split request (prefix cache, cache.c): starts from the hit's KDA checkpoint when it has one,
+ * computes prompt[start, n) in segments that end at the checkpoints to take (each a multiple of
+ * the block: prefill(A) then prefill(B) == prefill(A|B) bit for bit there), copies the state
+ * into each checkpoint's slot as it passes, and samples the first token (step 0, exactly as a
+ * prefill worker does) from the last position's logits (lg: vocab floats). */
+static int run_split(dc_worker_t *w, dc_msg_t *a, float *lg, float *first_lp, char *err, size_t errlen) {
+  k3_runner_t *r = w->runner;
+  int64_t V = k3_runner_vocab(r);
+  int rc = 0;
+  if (a->copy_slot >= 0 && (rc = k3_runner_slot_copy(r, a->seq.slot, a->copy_slot))) {
+    snprintf(err, errlen, "copying the cached KDA checkpoint: %s", k3_strerror(rc));
+    return rc;
+  }
+  uint32_t pos = a->start;
+  for (int k = 0; k <= a->n_ck && !rc; k++) {
+    uint32_t end = k < a->n_ck ? a->ck_pos[k] : a->n_prompt;
+    if (end > pos) {
+      k3_prefill_item_t it = {.seq = &a->seq, .tokens = a->prompt + pos, .n_tokens = end - pos,
+                              .logits = end == a->n_prompt ? lg : NULL};
+      rc = k3_runner_prefill(r, &it, 1, NULL, NULL, err, errlen);
+      pos = end;
+    }
+    if (!rc && k < a->n_ck) {
+      rc = k3_runner_slot_copy(r, a->ck_slot[k], a->seq.slot);
+      if (rc) {
+        snprintf(err, errlen, "taking the KDA checkpoint at %u: %s", end, k3_strerror(rc));
+      } else {
+        dc_msg_t *o = new_out(a->handle, DC_MSG_CKPT);
+        if (o) o->ck_pos[0] = end;
+        post_out(w, o);
+      }
+    }
+  }
+  if (rc) return rc;
+  k3k_sample_cfg_t cfg = a->sample;
+  cfg.step = 0;
+  int32_t tok = 0;
+  rc = k3k_sample_row(lg, V, &cfg, &tok);
+  if (rc) {
+    snprintf(err, errlen, "sampling the first token: %s", k3_strerror(rc));
+    return rc;
+  }
+  a->first_token = (uint32_t)tok;
+  *first_lp = a->want_logprobs ? (float)k3k_logprob_row(lg, V, tok) : 0.0f;
+  return 0;
 }
 
 static void *engine_main(void *arg) {
@@ -114,6 +157,8 @@ static void *engine_main(void *arg) {
   char err[256];
   uint8_t *ibuf = NULL;
   size_t icap = 0;
+  /* Ids are the loop's to hand out (dc.h): the runner accepts any in-range id. */
+  k3_runner_claim_all(w->runner);
   while (!stop) {
     k3_msg_t *m = k3_msgq_take_all(&w->engine.q);
     while (m) {
@@ -121,6 +166,7 @@ static void *engine_main(void *arg) {
       dc_msg_t *dm = (dc_msg_t *)m;
       if (m->type == DC_MSG_ADMIT) {
         int src_import = 0;
+        float split_lp = NAN;
         eseq_t *s = calloc(1, sizeof *s);
         if (!s) {
           dc_msg_t *o = new_out(dm->handle, DC_MSG_DONE);
@@ -140,9 +186,19 @@ static void *engine_main(void *arg) {
           post_out(w, new_out(dm->handle, DC_MSG_DONE));
           free_admit(dm);
           free(s);
+        } else if (dm->split && (src_import = run_split(w, dm, logits, &split_lp, err, sizeof err)) != 0) {
+          dc_msg_t *o = new_out(dm->handle, DC_MSG_TOKENS);
+          if (o) {
+            o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR;
+            snprintf(o->err, sizeof o->err, "computing the prompt's suffix: %s", err);
+          }
+          post_out(w, o);
+          post_out(w, new_out(dm->handle, DC_MSG_DONE));
+          free_admit(dm);
+          free(s);
         } else {
           s->admit = dm;
-          if (emit_first(w, s)) {
+          if (emit_first(w, s, dm->split ? split_lp : NAN)) {
             post_out(w, new_out(dm->handle, DC_MSG_DONE));
             free_admit_r(w->runner, dm);
             free(s);

@@ -32,17 +32,23 @@ typedef struct {
 } app_t;
 
 void dc_metrics_refresh(dc_worker_t *w) {
-  long pr = 0, pu = 0, sr = 0, su = 0;
+  dc_expire_local(w);
+  /* Pages by holder: a page shared by several requests counts once (as reserved when none of
+   * them runs yet); a page also held by the cache counts with the requests. */
+  long pr = 0, sr = 0, su = 0;
+  long held = (long)w->num_pages - w->n_free_pages - (long)w->cache.pages_cache_only;
   for (dc_req_t *q = w->reqs; q; q = q->next) {
     if (q->state == DC_RESERVED || q->state == DC_READY) {
-      pr += q->n_pages;
+      pr += q->n_pages - (q->hit ? q->hit->n_pages : 0);
       sr += q->slot >= 0;
     } else {
-      pu += q->n_pages;
       su += q->slot >= 0;
     }
   }
-  k3_decode_metrics_set_pools(&w->m, pr, pu, w->n_free_pages, sr, su, w->n_free_slots);
+  if (pr > held) pr = held;
+  k3_decode_metrics_set_pools_cached(&w->m, pr, held - pr, w->n_free_pages, w->cache.pages_cache_only, sr, su,
+                                     w->n_free_slots, w->cache.slots);
+  k3_gauge_set(k3_metric_default(w->m.cache_entries), (double)w->cache.n_entries);
   k3_gauge_set(k3_metric_default(w->m.running_sequences), (double)w->n_running);
   k3_xfer_stats_t xs;
   k3_xfer_ctx_stats(w->xfer, &xs);
@@ -117,14 +123,16 @@ int main(int argc, char **argv) {
   k3_load_opts_default(&mo);
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
   const char *log_level = NULL, *metrics_host = NULL, *receive = "auto", *ipc_dir = NULL;
-  int max_context = 0, metrics_port = -1;
+  int max_context = 0, metrics_port = -1, local_max = 512;
+  const char *prefix_cache = "on";
+  int64_t cache_bytes = -1;
   a->drain_grace_ms = 30000;
   char ipc_default[64];
   snprintf(ipc_default, sizeof ipc_default, "/tmp/k3pd-ipc-%u", (unsigned)getuid());
   ipc_dir = ipc_default;
   k3_app_tls_t to;
   k3_app_tls_init(&to);
-  k3_flag_t flags[K3_LOAD_NFLAGS + K3_APP_TLS_NFLAGS + 12];
+  k3_flag_t flags[K3_LOAD_NFLAGS + K3_APP_TLS_NFLAGS + 15];
   size_t nflags = k3_load_flags(&mo, flags);
   nflags += k3_app_tls_flags(&to, flags + nflags);
   k3_flag_t own[] = {
@@ -146,6 +154,14 @@ int main(int argc, char **argv) {
       {"ipc-dir", K3_FLAG_STR, &ipc_dir, "DIR", "cuda: directory of this worker's socket that hands its state pools "
        "to prefill workers on the same host and GPU (created 0700; share it with them, e.g. an emptyDir; \"none\" "
        "= off) (default /tmp/k3pd-ipc-<uid>)", false},
+      {"prefix-cache", K3_FLAG_STR, &prefix_cache, "on|off", "keep finished prompts' state as exact reusable "
+       "prefixes (KDA checkpoints at block boundaries + shared MLA pages) and compute cache hits' suffixes here "
+       "(default on)", false},
+      {"prefix-cache-bytes", K3_FLAG_I64, &cache_bytes, "BYTES", "most state memory (pages + slots) held only by "
+       "the prefix cache; LRU beyond it (default: half of the page and slot pools)", false},
+      {"local-prefill-max-tokens", K3_FLAG_INT, &local_max, "N", "longest uncached prompt suffix this worker "
+       "computes itself instead of a prefill worker (conditional disaggregation; docs/design.md) (default 512)",
+       false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
       {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
        false},
@@ -173,6 +189,14 @@ int main(int argc, char **argv) {
   char adv[300], wid[400];
   if (k3_app_tls_worker(&to, "decode", worker_id, &a->tls, wid, sizeof wid, err, sizeof err)) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
+    return 2;
+  }
+  if (strcmp(prefix_cache, "on") && strcmp(prefix_cache, "off")) {
+    fprintf(stderr, "k3pd-decode: --prefix-cache: expected on or off, got \"%s\"\n", prefix_cache);
+    return 2;
+  }
+  if (local_max < 0) {
+    fprintf(stderr, "k3pd-decode: --local-prefill-max-tokens: must be >= 0\n");
     return 2;
   }
   if (mo.page_tokens < 1 || mo.num_pages < 1 || mo.num_slots < 1 || mo.max_batch < 1) {
@@ -212,6 +236,12 @@ int main(int argc, char **argv) {
   w->max_batch = mo.max_batch;
   w->max_context = max_context > 0 ? (uint32_t)max_context : (uint32_t)(mo.num_pages * mo.page_tokens);
   rc = dc_pools_setup(w, err, sizeof err);
+  if (!rc) {
+    uint64_t pool_bytes = (uint64_t)w->num_pages * w->manifest->mla_bytes_per_page +
+                          (uint64_t)w->num_slots * w->manifest->kda_bytes_per_slot;
+    rc = dc_cache_init(w, !strcmp(prefix_cache, "on"), cache_bytes >= 0 ? (uint64_t)cache_bytes : pool_bytes / 2,
+                       (uint32_t)local_max, err, sizeof err);
+  }
   if (rc) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
     return 1;
@@ -286,6 +316,9 @@ int main(int argc, char **argv) {
   k3_rpc_server_set_health(w->srv, "liveness", K3_RPC_HEALTH_SERVING);
   K3_INFO("serving on %s (advertised %s) as %s: %d pages x %d tokens, %d slots, batch %d, receive %s", listen, adv,
           wid, w->num_pages, w->page_tokens, w->num_slots, w->max_batch, dc_receive_name(w->recv_mode));
+  if (w->cache.on)
+    K3_INFO("prefix cache on: %u-token blocks, %.1f MiB budget, suffixes up to %u tokens computed here",
+            w->cache.block, (double)w->cache.max_bytes / 1048576.0, w->cache.local_max);
   uv_run(loop, UV_RUN_DEFAULT);
   /* Everything is closed: free what the loop no longer references. */
   while (w->reqs) {
@@ -293,8 +326,10 @@ int main(int argc, char **argv) {
     w->reqs = q->next;
     free(q->pages);
     free(q->stop_ids);
+    free(q->prompt);
     free(q);
   }
+  dc_cache_free(w);
   dc_pools_close_hooks(w);
   free(w->rpool);
   free(w->roff);

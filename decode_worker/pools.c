@@ -220,7 +220,9 @@ int dc_pools_layout(dc_worker_t *w, const dc_req_t *q, uint32_t *slot_idx, k3_xf
   memset(lay, 0, sizeof *lay);
   lay->n_pools = w->n_pools;
   for (uint32_t p = 0; p < w->n_pools; p++) lay->pools[p] = w->pools[p];
-  uint32_t prompt_pages = (uint32_t)((q->n_prompt + (uint32_t)w->page_tokens - 1) / (uint32_t)w->page_tokens);
+  /* the tokens the prefill worker computes: the whole prompt, or its first xfer_tokens (split) */
+  uint32_t xt = q->split ? q->xfer_tokens : q->n_prompt;
+  uint32_t prompt_pages = (uint32_t)((xt + (uint32_t)w->page_tokens - 1) / (uint32_t)w->page_tokens);
   lay->n_lists = 2;
   lay->lists[0].n = prompt_pages;
   lay->lists[0].idx = (uint32_t *)q->pages; /* copied by reserve */

@@ -34,11 +34,15 @@ static void unlink_req(dc_worker_t *w, dc_req_t *q) {
   }
 }
 
+/* Drops the request's page references (shared pages stay with their other holders), its slot,
+ * and its pins on cache entries. */
 static void give_back(dc_worker_t *w, dc_req_t *q) {
-  for (int i = 0; i < q->n_pages; i++) w->free_pages[w->n_free_pages++] = q->pages[i];
+  dc_cache_req_done(w, q);
+  for (int i = 0; i < q->n_pages; i++) dc_page_unref_req(w, q->pages[i]);
   q->n_pages = 0;
   if (q->slot >= 0) w->free_slots[w->n_free_slots++] = q->slot;
   q->slot = -1;
+  dc_cache_enforce(w); /* pages it shared with entries are now held by the cache alone */
 }
 
 /* Frees the request once neither the transfer layer nor the engine can touch its memory and
@@ -49,6 +53,7 @@ static void maybe_drop(dc_worker_t *w, dc_req_t *q) {
   unlink_req(w, q);
   free(q->pages);
   free(q->stop_ids);
+  free(q->prompt);
   free(q);
 }
 
@@ -61,22 +66,26 @@ static void finish_attach(dc_req_t *q, k3_rpc_code_t code, const char *msg) {
 
 /* ---- Reserve ---- */
 
-static void reply_reservation(k3_rpc_call_t *call, dc_req_t *q, k3_xfer_desc_t *desc) {
+/* desc NULL: a reservation without a handoff (the whole prompt is computed here). */
+static void reply_reservation(k3_rpc_call_t *call, dc_req_t *q, k3_xfer_desc_t *desc, uint32_t lease_ms) {
   uint8_t *buf = NULL;
   size_t len = 0;
-  int rc = k3_xfer_desc_encode(desc, &buf, &len);
+  int rc = desc ? k3_xfer_desc_encode(desc, &buf, &len) : 0;
   if (rc) {
     k3_rpc_call_finishf(call, K3_RPC_INTERNAL, "encoding the reservation descriptor: %s", k3_strerror(rc));
     return;
   }
   K3pd__V1__Reservation res = K3PD__V1__RESERVATION__INIT;
   res.request_id = q->id;
-  res.epoch = desc->epoch;
-  res.lease_expires_unix_ms = desc->lease_expiry_ms;
+  res.epoch = desc ? desc->epoch : q->epoch;
+  res.lease_expires_unix_ms = desc ? desc->lease_expiry_ms : k3_wall_ms() + (int64_t)lease_ms;
   res.descriptor.data = buf;
   res.descriptor.len = len;
   res.n_pages = (uint32_t)q->n_pages;
   res.kda_slot = q->slot < 0 ? 0 : (uint32_t)q->slot;
+  res.split = q->split;
+  res.prefill_tokens = q->xfer_tokens;
+  res.cached_tokens = q->cached;
   k3_rpc_call_reply(call, &res.base);
   free(buf);
 }
@@ -123,7 +132,7 @@ static void on_reserve(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
     }
     old->epoch = desc->epoch;
     K3_INFO("request %s: reservation re-issued, epoch %llu", old->id, (unsigned long long)old->epoch);
-    reply_reservation(call, old, desc);
+    reply_reservation(call, old, desc, rq->lease_ms);
     k3_xfer_desc_free(desc);
     return;
   }
@@ -135,53 +144,97 @@ static void on_reserve(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
                        ? (int)(((uint64_t)rq->n_prompt_tokens + rq->max_new_tokens + (uint64_t)w->page_tokens - 1) /
                                (uint64_t)w->page_tokens)
                        : 0;
-  if (need_pages > w->n_free_pages || w->n_free_slots < 1) {
+  bool use_cache = w->cache.on && rq->prefix_cache && rq->n_prompt_token_ids == rq->n_prompt_tokens;
+  if (use_cache) {
+    for (size_t i = 0; i < rq->n_prompt_token_ids; i++) {
+      if (rq->prompt_token_ids[i] >= (uint32_t)k3_runner_config(w->runner)->vocab_size) {
+        k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT, "prompt_token_ids[%zu]: %u is outside the vocabulary", i,
+                            rq->prompt_token_ids[i]);
+        return;
+      }
+    }
+  }
+  dc_req_t *q = calloc(1, sizeof *q);
+  int32_t *pages = calloc((size_t)(need_pages > 0 ? need_pages : 1), sizeof *pages);
+  k3_xfer_region_t *regs = calloc(w->manifest->n ? w->manifest->n : 1, sizeof *regs);
+  uint32_t *prompt = use_cache ? malloc(rq->n_prompt_token_ids * sizeof *prompt) : NULL;
+  if (!q || !pages || !regs || (use_cache && !prompt)) {
+    free(q);
+    free(pages);
+    free(regs);
+    free(prompt);
+    k3_rpc_call_finish(call, K3_RPC_RESOURCE_EXHAUSTED, "decode worker out of memory");
+    return;
+  }
+  snprintf(q->id, sizeof q->id, "%s", rq->request_id);
+  q->n_prompt = rq->n_prompt_tokens;
+  q->max_new = rq->max_new_tokens;
+  q->pages = pages;
+  q->slot = -1;
+  /* Pages and a slot (evicting cached prefixes first when short), and with the cache the plan
+   * of who computes which part of the prompt. */
+  int rc = dc_cache_plan(w, q, use_cache ? rq->prompt_token_ids : NULL, need_pages);
+  if (rc) {
+    free(q);
+    free(pages);
+    free(regs);
+    free(prompt);
+    if (rc != K3_ECAPACITY) {
+      k3_rpc_call_finish(call, K3_RPC_RESOURCE_EXHAUSTED, "decode worker out of memory");
+      return;
+    }
     w->n_reserve_rejected++;
     k3_rpc_call_finishf(call, K3_RPC_RESOURCE_EXHAUSTED, "%s: need %d, free %d",
                         w->n_free_slots < 1 ? "kda_slots" : "kv_pages", w->n_free_slots < 1 ? 1 : need_pages,
                         w->n_free_slots < 1 ? 0 : w->n_free_pages);
     return;
   }
-  dc_req_t *q = calloc(1, sizeof *q);
-  int32_t *pages = calloc((size_t)(need_pages > 0 ? need_pages : 1), sizeof *pages);
-  k3_xfer_region_t *regs = calloc(w->manifest->n ? w->manifest->n : 1, sizeof *regs);
-  if (!q || !pages || !regs) {
-    free(q);
-    free(pages);
-    free(regs);
-    k3_rpc_call_finish(call, K3_RPC_RESOURCE_EXHAUSTED, "decode worker out of memory");
-    return;
-  }
-  snprintf(q->id, sizeof q->id, "%s", rq->request_id);
   q->handle = ++w->next_handle;
-  q->n_prompt = rq->n_prompt_tokens;
-  q->max_new = rq->max_new_tokens;
-  q->pages = pages;
-  for (int i = 0; i < need_pages; i++) q->pages[i] = w->free_pages[--w->n_free_pages];
-  q->n_pages = need_pages;
-  q->slot = w->free_slots[--w->n_free_slots];
   q->t_reserved_ns = k3_now_ns();
-  k3_xfer_layout_t lay;
-  uint32_t slot_idx[1];
-  dc_pools_layout(w, q, slot_idx, &lay, regs);
-  k3_xfer_desc_t *desc = NULL;
-  int rc = k3_xfer_recv_reserve(w->recv, &lay, q->handle, w->fingerprint, rq->lease_ms, q, &desc);
-  free(regs);
-  if (rc) {
-    give_back(w, q);
-    free(q->pages);
-    free(q);
-    k3_rpc_call_finishf(call, k3_rpc_code_from_err(rc), "reserving transfer memory: %s", k3_strerror(rc));
-    return;
+  if (q->split) {
+    memcpy(prompt, rq->prompt_token_ids, rq->n_prompt_token_ids * sizeof *prompt);
+    q->prompt = prompt;
+  } else {
+    free(prompt);
   }
-  q->xfer_live = true;
-  q->epoch = desc->epoch;
-  q->state = DC_RESERVED;
+  k3_xfer_desc_t *desc = NULL;
+  if (q->split && q->xfer_tokens == 0) {
+    /* Computed here from a cached prefix: no handoff. Ready at once; the lease still bounds the
+     * wait for Attach (dc_metrics_refresh). */
+    q->epoch = ((uint64_t)k3_wall_ms() << 16) ^ ++w->next_local_epoch;
+    q->state = DC_READY;
+    q->t_ready_ns = q->t_reserved_ns;
+    q->lease_ms = rq->lease_ms;
+  } else {
+    k3_xfer_layout_t lay;
+    uint32_t slot_idx[1];
+    dc_pools_layout(w, q, slot_idx, &lay, regs);
+    rc = k3_xfer_recv_reserve(w->recv, &lay, q->handle, w->fingerprint, rq->lease_ms, q, &desc);
+    if (rc) {
+      free(regs);
+      give_back(w, q);
+      free(q->pages);
+      free(q->prompt);
+      free(q);
+      k3_rpc_call_finishf(call, k3_rpc_code_from_err(rc), "reserving transfer memory: %s", k3_strerror(rc));
+      return;
+    }
+    q->xfer_live = true;
+    q->epoch = desc->epoch;
+    q->state = DC_RESERVED;
+  }
+  free(regs);
   q->next = w->reqs;
   w->reqs = q;
-  K3_INFO("request %s: reserved %d pages + slot %d, epoch %llu, lease %u ms", q->id, q->n_pages, q->slot,
-          (unsigned long long)q->epoch, rq->lease_ms);
-  reply_reservation(call, q, desc);
+  if (q->split)
+    K3_INFO("request %s: reserved %d pages + slot %d, epoch %llu, lease %u ms; prompt %u: cached %u, prefill "
+            "worker %u, here %u, %d checkpoint(s)",
+            q->id, q->n_pages, q->slot, (unsigned long long)q->epoch, rq->lease_ms, q->n_prompt, q->cached,
+            q->xfer_tokens, q->n_prompt - q->start, q->n_ck);
+  else
+    K3_INFO("request %s: reserved %d pages + slot %d, epoch %llu, lease %u ms", q->id, q->n_pages, q->slot,
+            (unsigned long long)q->epoch, rq->lease_ms);
+  reply_reservation(call, q, desc, rq->lease_ms);
   k3_xfer_desc_free(desc);
   k3_registrar_kick(w->reg);
 }
@@ -197,15 +250,36 @@ static void admit(dc_worker_t *w, dc_req_t *q) {
     free(pages);
     free(stops);
     finish_attach(q, K3_RPC_RESOURCE_EXHAUSTED, "decode worker out of memory");
-    k3_xfer_recv_release(w->recv, q->handle);
+    if (q->xfer_live) k3_xfer_recv_release(w->recv, q->handle);
     return;
   }
   m->link.type = DC_MSG_ADMIT;
   m->handle = q->handle;
+  m->split = q->split;
+  m->copy_slot = -1;
+  if (q->split) {
+    m->prompt = malloc(q->n_prompt * sizeof *m->prompt);
+    if (!m->prompt) {
+      free(m);
+      free(pages);
+      free(stops);
+      finish_attach(q, K3_RPC_RESOURCE_EXHAUSTED, "decode worker out of memory");
+      if (q->xfer_live) k3_xfer_recv_release(w->recv, q->handle);
+      return;
+    }
+    for (uint32_t i = 0; i < q->n_prompt; i++) m->prompt[i] = (int32_t)q->prompt[i];
+    m->n_prompt = q->n_prompt;
+    m->start = q->start;
+    m->copy_slot = q->hit ? q->hit->slot : -1;
+    for (int i = 0; i < q->n_ck; i++) {
+      m->ck_pos[m->n_ck] = q->ck[i]->len;
+      m->ck_slot[m->n_ck++] = q->ck[i]->slot;
+    }
+  }
   memcpy(pages, q->pages, (size_t)q->n_pages * sizeof *pages);
   m->page_store = pages;
   m->seq.slot = q->slot;
-  m->seq.len = q->n_prompt;
+  m->seq.len = q->split ? q->start : q->n_prompt;
   m->seq.pages = pages;
   m->seq.n_pages = q->n_pages;
   m->seq.cap_pages = q->n_pages;
@@ -353,7 +427,9 @@ void dc_on_engine_msg(k3_msg_t *m, void *ud) {
     free(o);
     return;
   }
-  if (m->type == DC_MSG_TOKENS) {
+  if (m->type == DC_MSG_CKPT) {
+    dc_cache_ckpt_done(w, q, o->ck_pos[0]);
+  } else if (m->type == DC_MSG_TOKENS) {
     if (q->attach && (o->n_tokens || o->finish_reason)) {
       K3pd__V1__AttachResponse r = K3PD__V1__ATTACH_RESPONSE__INIT;
       K3pd__V1__TokenLogprob lp[8], *lpp[8];
@@ -364,7 +440,7 @@ void dc_on_engine_msg(k3_msg_t *m, void *ud) {
         for (uint32_t i = 0; i < o->n_tokens; i++) {
           k3pd__v1__token_logprob__init(&lp[i]);
           lp[i].token_id = o->tokens[i];
-          lp[i].logprob = (q->emitted == 0 && i == 0) ? q->first_logprob : o->logprobs[i];
+          lp[i].logprob = (q->emitted == 0 && i == 0 && !q->split) ? q->first_logprob : o->logprobs[i];
           lpp[i] = &lp[i];
         }
         r.logprobs = lpp;
@@ -450,9 +526,17 @@ static void on_stats(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *use
   k3_xfer_stats_t xs;
   k3_xfer_ctx_stats(w->xfer, &xs);
   r.total_kv_pages = (uint32_t)w->num_pages;
-  r.used_kv_pages = (uint32_t)(w->num_pages - w->n_free_pages);
+  r.used_kv_pages = (uint32_t)(w->num_pages - w->n_free_pages) - w->cache.pages_cache_only;
   r.total_kda_slots = (uint32_t)w->num_slots;
-  r.used_kda_slots = (uint32_t)(w->num_slots - w->n_free_slots);
+  r.used_kda_slots = (uint32_t)(w->num_slots - w->n_free_slots) - w->cache.slots;
+  r.cache_kv_pages = w->cache.pages_cache_only;
+  r.cache_kda_slots = w->cache.slots;
+  r.cache_entries = w->cache.n_entries;
+  r.cache_hits = w->cache.hits;
+  r.cache_misses = w->cache.misses;
+  r.cache_hit_tokens = w->cache.hit_tokens;
+  r.cache_evictions = w->cache.evictions;
+  r.local_prefill_tokens = w->cache.local_tokens;
   r.reservations = count_state(w, DC_RESERVED) + count_state(w, DC_READY);
   r.running_seqs = w->n_running;
   r.leases_expired = xs.leases_expired;
@@ -465,9 +549,24 @@ static void on_stats(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *use
 
 void dc_fill_load(void *ud, K3pd__V1__WorkerLoad *load) {
   dc_worker_t *w = ud;
-  load->used_kv_pages = (uint32_t)(w->num_pages - w->n_free_pages);
-  load->used_kda_slots = (uint32_t)(w->num_slots - w->n_free_slots);
+  /* cached pages and slots count as free: Reserve evicts them when it needs them */
+  load->used_kv_pages = (uint32_t)(w->num_pages - w->n_free_pages) - w->cache.pages_cache_only;
+  load->used_kda_slots = (uint32_t)(w->num_slots - w->n_free_slots) - w->cache.slots;
   load->running_seqs = w->n_running;
+  dc_cache_fill_load(w, load);
+}
+
+void dc_expire_local(dc_worker_t *w) {
+  uint64_t now = k3_now_ns();
+  for (dc_req_t *q = w->reqs, *next; q; q = next) {
+    next = q->next;
+    if (q->state != DC_READY || q->xfer_live || q->attach || q->engine_has) continue;
+    if (now - q->t_reserved_ns < (uint64_t)q->lease_ms * 1000000u) continue;
+    K3_WARN("request %s: no Attach within the %u ms lease; released", q->id, q->lease_ms);
+    w->n_leases_expired++;
+    q->state = DC_FINISHED;
+    maybe_drop(w, q);
+  }
 }
 
 int dc_service_register(dc_worker_t *w) {

@@ -84,6 +84,15 @@ static void fill_load(rt_worker_info_t *in, const K3pd__V1__WorkerLoad *l) {
   in->queued_prompt_tokens = (int64_t)l->queued_prompt_tokens;
 }
 
+/* The decode prefix cache summary of a load report (empty when absent: no cache there). */
+static void set_cache(rt_worker_t *w, const K3pd__V1__WorkerLoad *l) {
+  if (!l || !l->cache_block_tokens) {
+    rt_worker_set_cache(w, NULL, 0, 0);
+    return;
+  }
+  rt_worker_set_cache(w, l->cached_prefix_hashes, l->n_cached_prefix_hashes, l->cache_block_tokens);
+}
+
 static void on_register(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
   rt_router_t *rt = user;
   const K3pd__V1__RegisterRequest *rq = (const K3pd__V1__RegisterRequest *)msg;
@@ -155,6 +164,7 @@ static void on_register(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   }
   w = rt_registry_find(&rt->reg, in.id);
   w->reg_epoch = new_epoch(old_epoch);
+  set_cache(w, rq->load);
   const char *const *names;
   size_t nn = k3_rpc_call_peer_names(call, &names);
   snprintf(w->identity, sizeof w->identity, "%s", nn ? names[0] : "");
@@ -208,6 +218,8 @@ static void on_heartbeat(k3_rpc_call_t *call, const ProtobufCMessage *msg, void 
     refuse(rt, call, K3PD_REFUSAL_INVALID, K3_RPC_INVALID_ARGUMENT, "%s", err);
     return;
   }
+  w = rt_registry_find(&rt->reg, in.id);
+  if (w) set_cache(w, rq->load);
   k3_rpc_call_reply(call, &r.base);
 }
 

@@ -40,6 +40,7 @@ typedef struct {
   char id[RT_ID_MAX];     /* the worker's */
   char addr[RT_ADDR_MAX];
   char wid[RT_WID_MAX];   /* the request id it was sent */
+  size_t n_tokens;        /* Prefill: prompt tokens sent */
 } cctx_t;
 
 static rt_worker_t *worker(rt_req_t *q, const char *id) { return rt_registry_find(&q->rt->reg, id); }
@@ -263,6 +264,11 @@ static void reserve(rt_req_t *q) {
   rr.n_prompt_tokens = (uint32_t)q->n_prompt;
   rr.max_new_tokens = q->max_new;
   rr.lease_ms = q->rt->lease_ms;
+  if (q->rt->prefix_cache) { /* the decode worker looks the prompt up in its cache */
+    rr.prefix_cache = true;
+    rr.prompt_token_ids = (uint32_t *)q->prompt; /* ids are >= 0: same bits */
+    rr.n_prompt_token_ids = q->n_prompt;
+  }
   cctx_t *c = cctx_new(q, q->decode_id, q->decode_addr);
   k3_rpc_call_opts_t o = {.timeout_ms = call_timeout(q, RT_RESERVE_TIMEOUT_MS), .request_id = q->id};
   int rc = c ? k3_rpc_unary(q->rt->cli, q->decode_addr, "/k3pd.v1.Decode/Reserve", &rr.base,
@@ -278,7 +284,7 @@ static void on_prefill_done(void *arg, const k3_rpc_status_t *st, const Protobuf
   cctx_t *c = arg;
   rt_req_t *q = c->q;
   rt_worker_t *pw = worker(q, c->id);
-  if (pw) rt_worker_sub_pending(pw, (int64_t)q->n_prompt);
+  if (pw) rt_worker_sub_pending(pw, (int64_t)c->n_tokens);
   q->busy++;
   if (!cctx_current(c, &q->prefill_call) || q->phase == RQ_DONE) goto out;
   if (st->code == K3_RPC_OK) {
@@ -288,8 +294,9 @@ static void on_prefill_done(void *arg, const k3_rpc_status_t *st, const Protobuf
     if (pr->timings) q->handoff_us = pr->timings->handoff_us;
     /* The first token is known now (decode verified the state before the RPC completed):
      * forward it instead of waiting for the decode worker's next step. The Attach stream's
-     * index 0 is then skipped (and checked against it). */
-    if (q->phase == RQ_RUNNING) {
+     * index 0 is then skipped (and checked against it). Not for a split prompt: the decode
+     * worker computes the rest of the prompt and samples the first token itself. */
+    if (q->phase == RQ_RUNNING && !q->split) {
       uint32_t tok = pr->first_token;
       K3pd__V1__TokenLogprob lp = K3PD__V1__TOKEN_LOGPROB__INIT, *lpp = &lp;
       lp.token_id = tok;
@@ -342,7 +349,8 @@ static void start_prefill(rt_req_t *q) {
   snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pw->info.id);
   snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pw->info.address);
   K3pd__V1__PrefillRequest pr = K3PD__V1__PREFILL_REQUEST__INIT;
-  uint32_t *ids = malloc(q->n_prompt * sizeof *ids);
+  size_t n_send = q->split ? q->prefill_tokens : q->n_prompt; /* split: the decode worker computes the rest */
+  uint32_t *ids = malloc((n_send ? n_send : 1) * sizeof *ids);
   cctx_t *c = cctx_new(q, q->prefill_id, q->prefill_addr);
   if (!ids || !c) {
     free(ids);
@@ -350,12 +358,13 @@ static void start_prefill(rt_req_t *q) {
     end_request(q, K3_RPC_RESOURCE_EXHAUSTED, "router out of memory");
     return;
   }
-  rt_worker_add_pending(pw, (int64_t)q->n_prompt);
-  for (size_t i = 0; i < q->n_prompt; i++) ids[i] = (uint32_t)q->prompt[i];
+  c->n_tokens = n_send;
+  rt_worker_add_pending(pw, (int64_t)n_send);
+  for (size_t i = 0; i < n_send; i++) ids[i] = (uint32_t)q->prompt[i];
   pr.request_id = q->wid;
   pr.epoch = q->epoch;
   pr.token_ids = ids;
-  pr.n_token_ids = q->n_prompt;
+  pr.n_token_ids = n_send;
   pr.sampling = &q->sampling;
   pr.reservation.data = q->desc;
   pr.reservation.len = q->desc_len;
@@ -369,7 +378,7 @@ static void start_prefill(rt_req_t *q) {
                     &k3pd__v1__prefill_response__descriptor, &o, on_prefill_done, c, &q->prefill_call);
   free(ids);
   if (rc) {
-    rt_worker_sub_pending(pw, (int64_t)q->n_prompt);
+    rt_worker_sub_pending(pw, (int64_t)n_send);
     free(c);
     end_request(q, K3_RPC_INTERNAL, "starting the prefill call failed");
   }
@@ -431,10 +440,26 @@ static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const Protobuf
   }
   memcpy(q->desc, r->descriptor.data, r->descriptor.len);
   q->desc_len = r->descriptor.len;
+  q->split = r->split;
+  q->prefill_tokens = r->split ? r->prefill_tokens : 0;
+  q->cached_tokens = r->split ? r->cached_tokens : 0;
+  if (r->split && r->prefill_tokens >= q->n_prompt) {
+    end_request(q, K3_RPC_INTERNAL, "decode worker's reservation: prefill_tokens must be < the prompt's length");
+    goto out;
+  }
   if (first) {
     if (q->attempt == 1) q->t_reserved = k3_now_ns();
     q->phase = RQ_RUNNING;
+    if (q->rt->prefix_cache)
+      K3_DEBUG("request %s: decode worker %s caches %u of %zu prompt tokens (router expected %lld); prefill "
+               "worker gets %u", q->id, c->id, q->cached_tokens, q->n_prompt, (long long)q->expect_cached,
+               q->split ? q->prefill_tokens : (uint32_t)q->n_prompt);
     if (start_attach(q)) goto out;
+  }
+  if (q->split && q->prefill_tokens == 0) {
+    /* Conditional disaggregation: the decode worker computes the uncached suffix itself. */
+    q->prefill_ok = true;
+    goto out;
   }
   start_prefill(q);
 out:
@@ -447,9 +472,12 @@ out:
 
 static int choose_decode(rt_req_t *q, const char *const *ex, size_t n_ex, size_t *di) {
   rt_router_t *rt = q->rt;
-  int rc = rt_choose_decode_except(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, true, ex, n_ex, di);
+  const uint32_t *ids = rt->prefix_cache ? (const uint32_t *)q->prompt : NULL;
+  int rc = rt_choose_decode_cached(&rt->reg, ids, (int64_t)q->n_prompt, q->max_new, 0, true, ex, n_ex,
+                                   rt->cache_load_tokens, di, &q->expect_cached);
   if (rc == K3_ECAPACITY)
-    rc = rt_choose_decode_except(&rt->reg, (int64_t)q->n_prompt, q->max_new, 0, false, ex, n_ex, di);
+    rc = rt_choose_decode_cached(&rt->reg, ids, (int64_t)q->n_prompt, q->max_new, 0, false, ex, n_ex,
+                                 rt->cache_load_tokens, di, &q->expect_cached);
   return rc;
 }
 

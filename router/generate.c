@@ -228,6 +228,7 @@ static void send_chunk(rt_req_t *q, k3_rpc_call_t *call, const uint32_t *ids, si
     r.finish_reason = q->finish_reason;
     usage.prompt_tokens = (uint32_t)q->n_prompt;
     usage.completion_tokens = q->completion_tokens;
+    usage.cached_prompt_tokens = q->cached_tokens;
     r.usage = &usage;
     uint64_t now = k3_now_ns();
     tm.queue_us = q->t_reserved ? (q->t_reserved - q->t_arrive) / 1000 : 0;

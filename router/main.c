@@ -111,6 +111,8 @@ int main(int argc, char **argv) {
   int tokenize_threads = 2;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, lease_ms = 120000, max_new_limit = 4096, retries = 2;
   int worker_retries = 3;
+  const char *prefix_cache = "on";
+  double cache_load_tokens = 4096;
   const char *cluster_listen = NULL, *cluster_port_file = NULL, *public_cert = NULL, *public_key = NULL;
   const char *api_keys = NULL, *model_fp = NULL;
   double key_rate = 0, key_burst = 0;
@@ -156,6 +158,12 @@ int main(int argc, char **argv) {
       {"worker-retries", K3_FLAG_INT, &worker_retries, "N", "run a request again on other workers up to N times "
        "after a worker failed it (a stream that sent tokens resumes where it was)", false},
       {"drain-grace-ms", K3_FLAG_I64, &a->drain_grace_ms, "MS", "on SIGTERM, how long requests may finish", false},
+      {"prefix-cache", K3_FLAG_STR, &prefix_cache, "on|off", "send prompts to decode workers' prefix caches and "
+       "place requests where their prefix is cached (default on; decode workers have their own --prefix-cache)",
+       false},
+      {"cache-route-load-tokens", K3_FLAG_DOUBLE, &cache_load_tokens, "N", "placement cost of a full decode worker "
+       "in recomputed prompt tokens: a worker wins when (uncached prompt tokens) + N x (utilisation) is lowest "
+       "(default 4096)", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
       {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
        false},
@@ -239,6 +247,10 @@ int main(int argc, char **argv) {
                     "--tokenize-threads in 1..64\n");
     return 2;
   }
+  if ((strcmp(prefix_cache, "on") && strcmp(prefix_cache, "off")) || !(cache_load_tokens >= 0)) {
+    fprintf(stderr, "k3pd-router: --prefix-cache: on or off; --cache-route-load-tokens: >= 0\n");
+    return 2;
+  }
   if (http_max_conns < 1 || http_idle_s < 1 || http_timeout_ms < 1) {
     fprintf(stderr, "k3pd-router: need --http-max-body-bytes, --http-max-connections, --http-idle-timeout-s and "
                     "--http-timeout-ms >= 1\n");
@@ -315,6 +327,8 @@ int main(int argc, char **argv) {
   rt->max_new_tokens_limit = (uint32_t)max_new_limit;
   rt->prefill_retries = (uint32_t)retries;
   rt->worker_retries = (uint32_t)worker_retries;
+  rt->prefix_cache = !strcmp(prefix_cache, "on");
+  rt->cache_load_tokens = cache_load_tokens;
   rt_registry_init(&rt->reg);
   if (k3_metrics_init(&rt->mreg) || k3_router_metrics_register(rt->mreg, K3PD_VERSION, &rt->m)) {
     fprintf(stderr, "k3pd-router: cannot set up metrics\n");

@@ -129,7 +129,9 @@ static void usage(rt_jw_t *w, const rt_req_t *q) {
   rt_jw_i64(w, q->completion_tokens);
   rt_jw_raw(w, ",\"total_tokens\":");
   rt_jw_i64(w, (int64_t)q->n_prompt + q->completion_tokens);
-  rt_jw_raw(w, "}");
+  rt_jw_raw(w, ",\"prompt_tokens_details\":{\"cached_tokens\":"); /* OpenAI's field for prefix-cache hits */
+  rt_jw_i64(w, q->cached_tokens);
+  rt_jw_raw(w, "}}");
 }
 
 /* The pending logprob entries as the "logprobs" value (or null), then reset. */

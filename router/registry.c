@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "k3pd/err.h"
+#include "k3pd/prefix_hash.h"
 
 void rt_registry_init(rt_registry_t *r) { memset(r, 0, sizeof *r); }
 
@@ -78,9 +79,10 @@ int rt_registry_upsert(rt_registry_t *r, const rt_worker_info_t *info, int64_t n
     fresh = true;
   }
   uint32_t gen = w->generation + (fresh ? 1u : 0u);
-  if (fresh) { /* a new process: nothing of ours is in flight there */
+  if (fresh) { /* a new process: nothing of ours is in flight there, nothing of its cache known */
     w->inflight_pages = 0;
     w->inflight_slots = 0;
+    w->n_cache_keys = 0;
     w->incarnation++;
   }
   w->info = *info;
@@ -145,12 +147,53 @@ static bool excluded(const char *id, const char *const *exclude, size_t n_exclud
   return false;
 }
 
-static int choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens, uint64_t fingerprint,
-                         bool use_reports, const char *const *exclude, size_t n_exclude, size_t *out) {
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+void rt_worker_set_cache(rt_worker_t *w, const uint64_t *keys, size_t n, uint32_t block) {
+  if (n > RT_CACHE_KEYS_MAX) n = RT_CACHE_KEYS_MAX;
+  if (n) memcpy(w->cache_keys, keys, n * sizeof *keys);
+  qsort(w->cache_keys, n, sizeof *w->cache_keys, cmp_u64);
+  w->n_cache_keys = (uint32_t)n;
+  w->cache_block = block;
+}
+
+static bool has_key(const rt_worker_t *w, uint64_t k) {
+  return bsearch(&k, w->cache_keys, w->n_cache_keys, sizeof k, cmp_u64) != NULL;
+}
+
+/* Longest reported prefix among hashes h[0..nb) of the worker's block size, <= n - 1 tokens. */
+static int64_t cached_of(const rt_worker_t *w, const uint64_t *h, size_t nb, size_t n) {
+  for (size_t k = nb; k > 0; k--)
+    if ((uint64_t)k * w->cache_block <= n - 1 && has_key(w, h[k - 1])) return (int64_t)k * w->cache_block;
+  return 0;
+}
+
+int64_t rt_worker_cached_tokens(const rt_worker_t *w, const uint32_t *ids, size_t n) {
+  if (!ids || n < 2 || !w->n_cache_keys || !w->cache_block) return 0;
+  size_t nb = n / w->cache_block;
+  uint64_t *h = malloc((nb ? nb : 1) * sizeof *h);
+  if (!h) return 0;
+  k3_prefix_hashes(ids, n, w->cache_block, h, nb);
+  int64_t c = cached_of(w, h, nb, n);
+  free(h);
+  return c;
+}
+
+static int choose_decode(const rt_registry_t *r, const uint32_t *ids, int64_t prompt_tokens, int64_t max_new_tokens,
+                         uint64_t fingerprint, bool use_reports, const char *const *exclude, size_t n_exclude,
+                         double load_tokens, size_t *out, int64_t *cached_out) {
   bool any = false;
-  double best_util = 2.0;
+  double best_util = 2.0, best_cost = 0;
   int32_t best_running = 0;
+  int64_t best_cached = 0;
   size_t best = (size_t)-1;
+  /* the prompt's block hashes, for the block size of the workers seen (normally one) */
+  uint64_t *h = NULL;
+  uint32_t h_block = 0;
+  size_t nb = 0;
   for (size_t i = 0; i < r->n; i++) {
     const rt_worker_t *w = &r->workers[i];
     if (w->info.role != RT_ROLE_DECODE || w->state != RT_WORKER_ACTIVE) continue;
@@ -166,17 +209,35 @@ static int choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t 
     double up = (double)(used_pages + need) / (double)w->info.kv_pages_total;
     double us = (double)(used_slots + 1) / (double)w->info.kda_slots_total;
     double util = up > us ? up : us;
-    bool better = best == (size_t)-1 || util < best_util - 1e-12 ||
-                  (util <= best_util + 1e-12 &&
-                   (w->info.running < best_running ||
-                    (w->info.running == best_running && strcmp(w->info.id, r->workers[best].info.id) < 0)));
+    int64_t cached = 0;
+    if (ids && w->n_cache_keys && w->cache_block && prompt_tokens >= 2) {
+      if (h_block != w->cache_block) {
+        free(h);
+        nb = (size_t)prompt_tokens / w->cache_block;
+        h = malloc((nb ? nb : 1) * sizeof *h);
+        h_block = h ? w->cache_block : 0;
+        if (h) k3_prefix_hashes(ids, (size_t)prompt_tokens, w->cache_block, h, nb);
+      }
+      if (h) cached = cached_of(w, h, nb, (size_t)prompt_tokens);
+    }
+    double cost = ids ? (double)(prompt_tokens - cached) + load_tokens * util : util;
+    bool better = best == (size_t)-1 || cost < best_cost - 1e-9 ||
+                  (cost <= best_cost + 1e-9 &&
+                   (util < best_util - 1e-12 ||
+                    (util <= best_util + 1e-12 &&
+                     (w->info.running < best_running ||
+                      (w->info.running == best_running && strcmp(w->info.id, r->workers[best].info.id) < 0)))));
     if (better) {
       best = i;
+      best_cost = cost;
       best_util = util;
       best_running = w->info.running;
+      best_cached = cached;
     }
   }
+  free(h);
   if (!any) return K3_EUNAVAIL;
+  if (best != (size_t)-1 && cached_out) *cached_out = best_cached;
   if (best == (size_t)-1) return K3_ECAPACITY;
   *out = best;
   return 0;
@@ -184,18 +245,27 @@ static int choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t 
 
 int rt_choose_decode(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens, uint64_t fingerprint,
                      size_t *out) {
-  return choose_decode(r, prompt_tokens, max_new_tokens, fingerprint, true, NULL, 0, out);
+  return choose_decode(r, NULL, prompt_tokens, max_new_tokens, fingerprint, true, NULL, 0, 0, out, NULL);
 }
 
 int rt_choose_decode_except(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens,
                             uint64_t fingerprint, bool use_reports, const char *const *exclude, size_t n_exclude,
                             size_t *out) {
-  return choose_decode(r, prompt_tokens, max_new_tokens, fingerprint, use_reports, exclude, n_exclude, out);
+  return choose_decode(r, NULL, prompt_tokens, max_new_tokens, fingerprint, use_reports, exclude, n_exclude, 0, out,
+                       NULL);
+}
+
+int rt_choose_decode_cached(const rt_registry_t *r, const uint32_t *ids, int64_t prompt_tokens, int64_t max_new_tokens,
+                            uint64_t fingerprint, bool use_reports, const char *const *exclude, size_t n_exclude,
+                            double load_tokens, size_t *out, int64_t *cached) {
+  if (cached) *cached = 0;
+  return choose_decode(r, ids, prompt_tokens, max_new_tokens, fingerprint, use_reports, exclude, n_exclude,
+                       load_tokens, out, cached);
 }
 
 int rt_choose_decode_optimistic(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens,
                                 uint64_t fingerprint, size_t *out) {
-  return choose_decode(r, prompt_tokens, max_new_tokens, fingerprint, false, NULL, 0, out);
+  return choose_decode(r, NULL, prompt_tokens, max_new_tokens, fingerprint, false, NULL, 0, 0, out, NULL);
 }
 
 int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *const *exclude, size_t n_exclude,

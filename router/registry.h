@@ -32,6 +32,7 @@ typedef enum { RT_WORKER_ACTIVE = 0, RT_WORKER_DRAINING = 1 } rt_worker_state_t;
 
 #define RT_ID_MAX 128
 #define RT_ADDR_MAX 256
+#define RT_CACHE_KEYS_MAX 512
 
 typedef struct {
   char id[RT_ID_MAX];       /* unique worker id (pod name or host:port) */
@@ -65,6 +66,11 @@ typedef struct {
   uint64_t reg_epoch;   /* registration epoch handed to the worker (random, never 0): Heartbeat and
                            Deregister must carry it (cluster_svc.c) */
   char identity[RT_ID_MAX]; /* certificate identity that registered it ("" without TLS; logs) */
+  /* decode prefix cache as last reported (heartbeats): chained block hashes of its cached
+   * prefixes (k3pd/prefix_hash.h), sorted ascending for lookups; block size in tokens */
+  uint64_t cache_keys[RT_CACHE_KEYS_MAX];
+  uint32_t n_cache_keys;
+  uint32_t cache_block;
 } rt_worker_t;
 
 typedef struct {
@@ -110,6 +116,22 @@ int rt_choose_decode_optimistic(const rt_registry_t *r, int64_t prompt_tokens, i
 int rt_choose_decode_except(const rt_registry_t *r, int64_t prompt_tokens, int64_t max_new_tokens,
                             uint64_t fingerprint, bool use_reports, const char *const *exclude, size_t n_exclude,
                             size_t *out);
+/* Cache-aware placement (docs/design.md "Prefix cache"): like rt_choose_decode_except, but among
+ * the eligible decode workers the one with the lowest cost = (prompt tokens not cached there)
+ * + load_tokens x (utilisation after admission), ties as before. "Cached there" is the longest
+ * prefix of `ids` whose chained block hash the worker last reported (at most n - 1 tokens: the
+ * last one is always computed); *cached (may be NULL) gets it for the chosen worker. The
+ * reports may be stale: the decode worker's own lookup decides what is really reused. ids NULL
+ * = no cache scoring (cost = utilisation only, as rt_choose_decode_except). */
+int rt_choose_decode_cached(const rt_registry_t *r, const uint32_t *ids, int64_t prompt_tokens, int64_t max_new_tokens,
+                            uint64_t fingerprint, bool use_reports, const char *const *exclude, size_t n_exclude,
+                            double load_tokens, size_t *out, int64_t *cached);
+/* Replaces the worker's reported cache summary (keys are copied and sorted; at most
+ * RT_CACHE_KEYS_MAX kept). */
+void rt_worker_set_cache(rt_worker_t *w, const uint64_t *keys, size_t n, uint32_t block);
+/* Tokens of ids[0..n) the worker's reported cache holds (a multiple of its block, <= n - 1). */
+int64_t rt_worker_cached_tokens(const rt_worker_t *w, const uint32_t *ids, size_t n);
+
 /* Chooses a prefill worker with the fingerprint (0 = any), skipping ids in `exclude` (for
  * retries after a prefill failed). Returns 0 and the index, or K3_EUNAVAIL. */
 int rt_choose_prefill(const rt_registry_t *r, uint64_t fingerprint, const char *const *exclude, size_t n_exclude,

@@ -91,6 +91,12 @@ typedef struct rt_req {
   k3_rpc_ccall_t *reserve_call, *prefill_call, *attach_call;
   int stale_calls;
   bool prefill_ok, attach_done, released;
+  /* prefix cache (the current attempt's Reservation): split = the decode worker computes the
+   * prompt after prefill_tokens (0 = no prefill call) and the first token; cached_tokens came
+   * from its cache */
+  bool split;
+  uint32_t prefill_tokens, cached_tokens;
+  int64_t expect_cached;  /* tokens the router expected cached on the chosen decode worker */
   /* output */
   k3_detok_t *detok;
   uint32_t completion_tokens;

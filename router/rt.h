@@ -41,6 +41,9 @@ typedef struct rt_router {
   uint32_t max_new_tokens_limit;
   uint32_t prefill_retries; /* re-issues of a failed prefill to another worker */
   uint32_t worker_retries;  /* attempts of a request on other workers after a worker failed it */
+  bool prefix_cache;        /* --prefix-cache: prompts go to Reserve, placement scores cached prefixes */
+  double cache_load_tokens; /* --cache-route-load-tokens: a full decode worker costs this many
+                               recomputed prompt tokens in placement (registry.h) */
   struct rt_watch *watches; /* liveness watches of registered workers (watch.c) */
   struct rt_tokpool *tokpool; /* tokenisation off the loop (tokpool.h); NULL without a tokenizer */
   size_t max_token_bytes;   /* the vocabulary's longest BPE token (early rejection of long texts) */

@@ -30,7 +30,8 @@ static const char *const ROLE_VALUES[] = {K3PD_ROLE_PREFILL, K3PD_ROLE_DECODE};
 static const char *const REGION_VALUES[] = {K3PD_REGION_MLA_PAGES, K3PD_REGION_KDA_STATE};
 static const char *const PATH_VALUES[] = {K3PD_PATH_HOST, K3PD_PATH_STAGED, K3PD_PATH_CUDA_IPC,
                                             K3PD_PATH_UCX_CUDA};
-static const char *const POOL_VALUES[] = {K3PD_POOL_RESERVED, K3PD_POOL_USED, K3PD_POOL_FREE};
+static const char *const POOL_VALUES[] = {K3PD_POOL_RESERVED, K3PD_POOL_USED, K3PD_POOL_FREE, K3PD_POOL_CACHED};
+static const char *const LOOKUP_VALUES[] = {"hit", "miss"};
 static const char *const REJECT_VALUES[] = {K3PD_REJECT_STALE_EPOCH, K3PD_REJECT_DIGEST_MISMATCH,
                                             K3PD_REJECT_FINGERPRINT_MISMATCH,
                                             K3PD_REJECT_UNKNOWN_REQUEST};
@@ -154,9 +155,9 @@ static const row_t ROWS[] = {
      "1 for the transfer path in use (host, staged through pinned memory, CUDA direct)."},
     /* decode */
     {R_DECODE, "k3pd_decode_kv_pages", G, L("state", POOL_VALUES), NOB, DC(kv_pages),
-     "MLA KV pages by state (reserved for a pending handoff, used, free)."},
+     "MLA KV pages by state (reserved for a pending handoff, used, free, cached: held only by the prefix cache)."},
     {R_DECODE, "k3pd_decode_kda_slots", G, L("state", POOL_VALUES), NOB, DC(kda_slots),
-     "KDA recurrent-state slots by state (reserved, used, free)."},
+     "KDA recurrent-state slots by state (reserved, used, free, cached: prefix-cache checkpoints)."},
     {R_DECODE, K3PD_M_DECODE_KV_UTILIZATION_RATIO, G, NOL, NOB, DC(kv_utilization_ratio),
      "Non-free fraction of the scarcer pool, max(pages, slots), 0..1 (the decode autoscaling signal)."},
     {R_DECODE, "k3pd_decode_running_sequences", G, NOL, NOB, DC(running_sequences),
@@ -173,6 +174,16 @@ static const row_t ROWS[] = {
      DC(rejected_dones_total), "Handoff DONE messages rejected, by reason."},
     {R_DECODE, "k3pd_decode_requests_total", C, L("status", STATUS_VALUES), NOB,
      DC(requests_total), "Decode requests finished, by final status."},
+    {R_DECODE, "k3pd_decode_cache_lookups_total", C, L("result", LOOKUP_VALUES), NOB, DC(cache_lookups_total),
+     "Prefix-cache lookups at Reserve, by result (hit: a KDA checkpoint matched a prefix of the prompt)."},
+    {R_DECODE, "k3pd_decode_cache_hit_tokens_total", C, NOL, NOB, DC(cache_hit_tokens_total),
+     "Prompt tokens not recomputed because a cached prefix held their state."},
+    {R_DECODE, "k3pd_decode_cache_evictions_total", C, NOL, NOB, DC(cache_evictions_total),
+     "Prefix-cache entries evicted (LRU, for the byte budget or to admit a request)."},
+    {R_DECODE, "k3pd_decode_cache_entries", G, NOL, NOB, DC(cache_entries),
+     "Prefix-cache entries (each a KDA checkpoint plus references to its MLA pages)."},
+    {R_DECODE, "k3pd_decode_local_prefill_tokens_total", C, NOL, NOB, DC(local_prefill_tokens_total),
+     "Prompt tokens this decode worker computed itself (cache-hit suffixes and the tails after a handoff)."},
 };
 
 static const row2_t SECOND_LABELS[] = {
@@ -249,6 +260,18 @@ int k3_decode_metrics_register(k3_metrics_t *m, const char *version, k3_decode_m
 }
 
 static double frac(long busy, long total) { return total > 0 ? (double)busy / (double)total : 0; }
+
+void k3_decode_metrics_set_pools_cached(k3_decode_metrics_t *dm, long pr, long pu, long pf, long pc, long sr,
+                                        long su, long sf, long sc) {
+  const char *st[4] = {K3PD_POOL_RESERVED, K3PD_POOL_USED, K3PD_POOL_FREE, K3PD_POOL_CACHED};
+  long pages[4] = {pr, pu, pf, pc}, slots[4] = {sr, su, sf, sc};
+  for (int i = 0; i < 4; i++) {
+    k3_metric_set(dm->kv_pages, &st[i], (double)pages[i]);
+    k3_metric_set(dm->kda_slots, &st[i], (double)slots[i]);
+  }
+  double a = frac(pr + pu, pr + pu + pf + pc), b = frac(sr + su, sr + su + sf + sc);
+  k3_gauge_set(k3_metric_default(dm->kv_utilization_ratio), a > b ? a : b);
+}
 
 void k3_decode_metrics_set_pools(k3_decode_metrics_t *dm, long pr, long pu, long pf, long sr,
                                  long su, long sf) {

@@ -40,6 +40,7 @@
 #define K3PD_POOL_RESERVED "reserved" /* held for a handoff whose data has not landed */
 #define K3PD_POOL_USED "used"         /* holding a live sequence's state */
 #define K3PD_POOL_FREE "free"
+#define K3PD_POOL_CACHED "cached"     /* held only by the prefix cache (evictable on demand) */
 /* reason a decode worker rejected a handoff DONE */
 #define K3PD_REJECT_STALE_EPOCH "stale_epoch"
 #define K3PD_REJECT_DIGEST_MISMATCH "digest_mismatch"
@@ -138,6 +139,11 @@ typedef struct {
   k3_metric_t *lease_expiries_total;   /* counter: reservations dropped because no DONE came */
   k3_metric_t *rejected_dones_total;   /* counter {reason} */
   k3_metric_t *requests_total;         /* counter {status} */
+  k3_metric_t *cache_lookups_total;    /* counter {result}: prefix-cache lookups, hit / miss */
+  k3_metric_t *cache_hit_tokens_total; /* counter: prompt tokens not recomputed thanks to hits */
+  k3_metric_t *cache_evictions_total;  /* counter: cache entries evicted */
+  k3_metric_t *cache_entries;          /* gauge: cache entries (KDA checkpoints) */
+  k3_metric_t *local_prefill_tokens_total; /* counter: prompt tokens computed by this decode worker */
 } k3_decode_metrics_t;
 
 /* Register every metric of a role into m (which should be empty of k3pd_ names) and fill
@@ -150,10 +156,14 @@ int k3_decode_metrics_register(k3_metrics_t *m, const char *version, k3_decode_m
 
 /* Sets kv_pages{state}, kda_slots{state} and kv_utilization_ratio together from pool counts,
  * so the ratio the HPA reads always agrees with the gauges. A pool with total 0 counts as
- * utilisation 0. */
+ * utilisation 0. The prefix cache's pages and slots (state "cached") are evictable on demand,
+ * so the ratio counts them as free. */
 void k3_decode_metrics_set_pools(k3_decode_metrics_t *dm, long pages_reserved, long pages_used,
                                  long pages_free, long slots_reserved, long slots_used,
                                  long slots_free);
+void k3_decode_metrics_set_pools_cached(k3_decode_metrics_t *dm, long pages_reserved, long pages_used,
+                                        long pages_free, long pages_cached, long slots_reserved,
+                                        long slots_used, long slots_free, long slots_cached);
 
 /* Sets transfer_path{path} to 1 for path (one of K3PD_PATH_*) and 0 for the others.
  * Returns K3_EINVAL for an unknown path (nothing changed). */

@@ -1,0 +1,223 @@
+#!/usr/bin/python3
+"""Prefix cache exactness (issue 21, docs/design.md "Prefix cache"): cache on == cache off, bit for bit.
+
+The same workloads run through two local clusters built the same way (router + 1 prefill + 2
+decode workers, --prefill-chunk 64 on the prefill worker): one with the prefix cache on (the
+default), one with it off (--prefix-cache off on the router and the decode workers). Every
+request's token ids must be identical, for fp32 and for bf16:
+  - multi-turn chats: 3 conversations x 4 turns, turn n+1's prompt = turn n's prompt + its reply
+    + a new message (conversations run concurrently, turns in order);
+  - a shared system prompt: 203 tokens (not a block multiple) + a per-user message, 1 user
+    alone then 11 at once;
+  - adversarial: strict prefixes of a cached prompt (ending before, on and after a block
+    boundary), prompts that diverge from a cached one between checkpoints, the same prompt
+    twice at once (racing to create one entry), a decode worker killed and restarted (it lost
+    its cache; the router's view of it is gone too), and a decode worker whose cache budget
+    holds about two entries, so entries the router still advertises are evicted (misses the
+    router did not expect).
+On the cache-on cluster the decode workers must report hits, hit tokens and locally computed
+suffix tokens; Usage.cached_prompt_tokens must be > 0 for most turns >= 2; afterwards no pages
+or slots stay held by requests (only by the cache, reported separately), and SIGTERM stops every
+process with status 0.
+
+Usage: test_prefix_cache.py --bindir BUILD --gen PYSTUBS --workdir DIR [--precisions fp32,bf16]
+"""
+import argparse
+import concurrent.futures as cf
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from k3cluster import Cluster, load_stubs  # noqa: E402
+
+VOCAB_SAFE = 3800  # below the tiny vocabulary's special / stop ids
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print("ok -", what, flush=True)
+
+
+def gen(cl, stubs, prompt, max_new, seed, temperature, timeout=120):
+    c, g, _, _ = stubs
+    samp = c.SamplingParams(temperature=temperature, top_p=1.0, top_k=0, seed=seed)
+    req = g.GenerateRequest(token_ids=g.TokenIds(ids=prompt), sampling=samp,
+                            stop=c.StopConditions(max_new_tokens=max_new, ignore_eos=True))
+    ids, final = [], None
+    for chunk in cl.generate_call()(req, timeout=timeout):
+        ids += list(chunk.token_ids)
+        if chunk.finish_reason:
+            final = chunk
+    return ids, final
+
+
+class Workload:
+    """Deterministic prompts; turn prompts depend on the replies, so they are built while running
+    (the two clusters must reply identically for the prompts to match: that is the test)."""
+
+    def __init__(self, seed):
+        self.rnd = random.Random(seed)
+        r = self.rnd
+        self.chats = [[r.randrange(VOCAB_SAFE) for _ in range(r.choice([90, 130, 200]))] for _ in range(3)]
+        self.chat_msgs = [[[r.randrange(VOCAB_SAFE) for _ in range(r.randrange(5, 40))] for _ in range(4)]
+                          for _ in range(3)]
+        self.system = [r.randrange(VOCAB_SAFE) for _ in range(203)]
+        self.users = [[r.randrange(VOCAB_SAFE) for _ in range(r.randrange(8, 30))] for _ in range(12)]
+        self.base = [r.randrange(VOCAB_SAFE) for _ in range(200)]
+        self.tail = [r.randrange(VOCAB_SAFE) for _ in range(80)]
+
+
+def run_workloads(cl, stubs, wl, label, restart_cb):
+    """Returns {name: ids} for every request, and the final chunks."""
+    out, finals = {}, {}
+
+    def one(name, prompt, max_new, seed, temp):
+        ids, final = gen(cl, stubs, prompt, max_new, seed, temp)
+        out[name] = ids
+        finals[name] = final
+        return ids
+
+    # (a) multi-turn chats, conversations concurrently, turns in order
+    def chat(k):
+        prompt = list(wl.chats[k])
+        for t in range(4):
+            prompt = prompt + wl.chat_msgs[k][t]
+            reply = one("chat%d.turn%d" % (k, t), prompt, 12, 1000 + k, 0.0 if k % 2 == 0 else 0.9)
+            prompt = prompt + reply
+            if t == 1 and k == 0:
+                restart_cb()  # a decode worker restarts and loses its cache between turns
+    with cf.ThreadPoolExecutor(max_workers=3) as ex:
+        list(ex.map(chat, range(3)))
+    # (b) shared system prompt: one user alone, then eleven at once
+    one("user0", wl.system + wl.users[0], 6, 7, 0.0)
+    with cf.ThreadPoolExecutor(max_workers=11) as ex:
+        list(ex.map(lambda i: one("user%d" % i, wl.system + wl.users[i], 6, 7 + i, 0.0 if i % 3 else 1.1),
+                    range(1, 12)))
+    # (c) adversarial
+    one("base", wl.base, 5, 3, 0.0)  # cached at 192 (and 128 is not a checkpoint)
+    for n in (150, 128, 129, 64, 65, 192, 193, 199):  # strict prefixes of a cached prompt
+        one("prefix%d" % n, wl.base[:n], 5, 3, 0.0)
+    one("diverge170", wl.base[:170] + wl.tail, 5, 3, 0.0)  # shares 2 blocks: between checkpoints
+    one("diverge170b", wl.base[:170] + wl.tail[:40], 5, 4, 0.0)
+    one("extend", wl.base + wl.tail, 5, 5, 0.0)
+    with cf.ThreadPoolExecutor(max_workers=2) as ex:  # two requests racing to create one entry
+        list(ex.map(lambda i: one("race%d" % i, wl.tail + wl.base, 5, 9, 0.0), range(2)))
+    return out, finals
+
+
+def start_cluster(args, stubs, model, wdir, prec, cache_on):
+    wargs = ["--backend", "cpu-fast", "--threads", "1", "--precision", prec, "--page-tokens", "16",
+             "--num-pages", "256", "--num-slots", "16"]
+    off = [] if cache_on else ["--prefix-cache", "off"]
+    cl = Cluster(args.bindir, model, wdir, n_prefill=1, n_decode=2, worker_args=wargs,
+                 prefill_args=["--prefill-chunk", "64"], decode_args=off, router_args=off, stubs=stubs)
+    cl.start_router()
+    ws = [cl.start_worker("prefill", 0, wait=False), cl.start_worker("decode", 0, wait=False)]
+    # decode-1's cache holds about two entries (tiny model: a few KiB each), so it evicts
+    # entries the router still advertises
+    ws.append(cl.start_worker("decode", 1, extra=["--prefix-cache-bytes", "40000"] if cache_on else [],
+                              wait=False))
+    for w in ws:
+        cl.wait_registered(w)
+    cl.channel = cl.public_channel()
+    import grpc
+    grpc.channel_ready_future(cl.channel).result(timeout=10)
+    return cl
+
+
+def restart_decode0(cl):
+    p = [q for q in cl.decodes() if q.name == "decode-0"][0]
+    p.p.send_signal(signal.SIGKILL)
+    p.p.wait(timeout=10)
+    cl.procs.remove(p)
+    p.log.close()
+    os.rename(p.log_path, p.log_path + ".killed")
+    w = cl.start_worker("decode", 0)
+    return w
+
+
+def run_precision(args, stubs, prec):
+    model = os.path.join(args.workdir, "tiny")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        subprocess.run([os.path.join(args.bindir, "tools", "mkckpt", "k3pd-mkckpt"), "--preset", "tiny", "--out",
+                        model, "--seed", "7"], check=True, capture_output=True, timeout=120)
+    results = {}
+    for cache_on in (True, False):
+        label = "%s cache %s" % (prec, "on" if cache_on else "off")
+        wl = Workload(seed=21)
+        cl = start_cluster(args, stubs, model, os.path.join(args.workdir, "%s-%s" % (prec, "on" if cache_on else "off")),
+                           prec, cache_on)
+        ok = False
+        try:
+            t0 = time.time()
+            restarted = []
+            ids, finals = run_workloads(cl, stubs, wl, label,
+                                        lambda: restarted.append(restart_decode0(cl)) if cache_on else None)
+            print("%s: %d requests in %.1f s" % (label, len(ids), time.time() - t0), flush=True)
+            results[cache_on] = (ids, finals)
+            time.sleep(0.5)
+            stats = [cl.decode_stats(p) for p in cl.decodes()]
+            for p, st in zip(cl.decodes(), stats):
+                check(st.used_kv_pages == 0 and st.used_kda_slots == 0 and st.running_seqs == 0 and
+                      st.reservations == 0,
+                      "%s: %s holds no request pages/slots (cache: %d pages, %d slots, %d entries)" %
+                      (label, p.name, st.cache_kv_pages, st.cache_kda_slots, st.cache_entries))
+            if cache_on:
+                hits = sum(s.cache_hits for s in stats)
+                hit_tok = sum(s.cache_hit_tokens for s in stats)
+                local = sum(s.local_prefill_tokens for s in stats)
+                evict = sum(s.cache_evictions for s in stats)
+                print("%s: hits %d, misses %d, hit tokens %d, local prefill tokens %d, evictions %d" %
+                      (label, hits, sum(s.cache_misses for s in stats), hit_tok, local, evict), flush=True)
+                check(hits >= 10 and hit_tok > 0 and local > 0, "%s: the decode workers hit their caches" % label)
+                check(stats[1].cache_evictions > 0, "%s: decode-1's small cache evicted entries" % label)
+                check(len(restarted) == 1, "%s: decode-0 was killed and restarted mid-chat" % label)
+                later = [n for n in ids if n.startswith("chat") and not n.endswith("turn0")]
+                cached = [n for n in later if finals[n].usage.cached_prompt_tokens > 0]
+                check(len(cached) * 2 >= len(later), "%s: %d of %d chat turns >= 2 reused a cached prefix" %
+                      (label, len(cached), len(later)))
+                users = [n for n in ids if n.startswith("user") and finals[n].usage.cached_prompt_tokens >= 192]
+                check(len(users) >= 6, "%s: %d of 12 users reused the shared system prompt" % (label, len(users)))
+            else:
+                check(all(f.usage.cached_prompt_tokens == 0 for f in finals.values()),
+                      "%s: nothing reported cached" % label)
+            ok = True
+        finally:
+            codes = cl.stop()
+            if not ok:
+                cl.dump_logs()
+        check(all(v == 0 for v in codes.values()), "%s: every process exited 0 on SIGTERM (%s)" % (label, codes))
+    on, off = results[True][0], results[False][0]
+    check(sorted(on) == sorted(off), "%s: both clusters ran the same %d requests" % (prec, len(on)))
+    mism = [n for n in sorted(on) if on[n] != off[n]]
+    for n in mism:
+        print("MISMATCH %s: cache on %s != cache off %s" % (n, on[n], off[n]))
+    check(not mism, "%s: all %d requests' tokens are identical with the cache on and off" % (prec, len(on)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bindir", required=True)
+    ap.add_argument("--gen", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--precisions", default="fp32,bf16")
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    stubs = load_stubs(args.gen)
+    for prec in args.precisions.split(","):
+        run_precision(args, stubs, prec)
+    print("1 passed, 0 failed")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except AssertionError as e:
+        print("FAILED:", e)
+        print("0 passed, 1 failed")
+        sys.exit(1)
