@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "k3pd/err.h"
+#include "k3pd/prefix_hash.h"
 #include "registry.h"
 
 static rt_worker_info_t dec(const char *id, int64_t pages, int64_t used, int slots, int slots_used) {
@@ -32,6 +33,66 @@ static rt_worker_info_t pre(const char *id, int64_t queued) {
   w.queued_prompt_tokens = queued;
   return w;
 }
+
+/* Chained block hashes: a hash names the whole prefix; cache-aware placement scores the longest
+ * reported prefix against load, leaves at least the last token uncached, and a stale or
+ * restarted worker's summary is replaced. */
+START_TEST(test_prefix_hash_and_cached_choice) {
+  uint32_t a[300], b[300];
+  for (int i = 0; i < 300; i++) a[i] = b[i] = (uint32_t)(i * 7 + 3);
+  b[100] = 9999; /* b shares the first block (64 tokens) with a, not the second */
+  uint64_t ha[4], hb[4];
+  ck_assert_uint_eq(k3_prefix_hashes(a, 300, 64, ha, 4), 4);
+  ck_assert_uint_eq(k3_prefix_hashes(b, 300, 64, hb, 4), 4);
+  ck_assert(ha[0] == hb[0] && ha[1] != hb[1] && ha[2] != hb[2]);
+  ck_assert_uint_eq(k3_prefix_hashes(a, 300, 64, ha, 2), 2); /* capped */
+  ck_assert_uint_eq(k3_prefix_hashes(a, 300, 0, ha, 4), 0);
+  ck_assert(k3_prefix_hash_block(K3_PREFIX_HASH_SEED, a, 64) == ha[0]);
+  k3_prefix_hashes(a, 300, 64, ha, 4);
+
+  rt_registry_t r;
+  rt_registry_init(&r);
+  char err[128];
+  bool is_new;
+  rt_worker_info_t w1 = dec("d1", 100, 0, 8, 0), w2 = dec("d2", 100, 0, 8, 0);
+  ck_assert_int_eq(rt_registry_upsert(&r, &w1, 0, &is_new, err, sizeof err), 0);
+  ck_assert_int_eq(rt_registry_upsert(&r, &w2, 0, &is_new, err, sizeof err), 0);
+  /* d2 reports a's first three blocks (192 tokens) */
+  rt_worker_set_cache(rt_registry_find(&r, "d2"), ha, 3, 64);
+  ck_assert_int_eq(rt_worker_cached_tokens(rt_registry_find(&r, "d2"), a, 300), 192);
+  ck_assert_int_eq(rt_worker_cached_tokens(rt_registry_find(&r, "d2"), b, 300), 64);
+  ck_assert_int_eq(rt_worker_cached_tokens(rt_registry_find(&r, "d2"), a, 192), 128); /* last token computed */
+  ck_assert_int_eq(rt_worker_cached_tokens(rt_registry_find(&r, "d1"), a, 300), 0);
+  size_t out;
+  int64_t cached = -1;
+  ck_assert_int_eq(rt_choose_decode_cached(&r, a, 300, 10, 42, true, NULL, 0, 4096, &out, &cached), 0);
+  ck_assert_str_eq(r.workers[out].info.id, "d2");
+  ck_assert_int_eq(cached, 192);
+  /* without cache scoring: the old choice (equal load: by id) */
+  ck_assert_int_eq(rt_choose_decode_cached(&r, NULL, 300, 10, 42, true, NULL, 0, 4096, &out, &cached), 0);
+  ck_assert_str_eq(r.workers[out].info.id, "d1");
+  ck_assert_int_eq(cached, 0);
+  /* load outweighs the cache: d2 at 7 of 8 slots costs 108 + 4096 x 1 > 300 + 4096 x 1/8 */
+  w2.kda_slots_used = 7;
+  ck_assert_int_eq(rt_registry_upsert(&r, &w2, 0, &is_new, err, sizeof err), 0);
+  ck_assert_int_eq(rt_choose_decode_cached(&r, a, 300, 10, 42, true, NULL, 0, 4096, &out, &cached), 0);
+  ck_assert_str_eq(r.workers[out].info.id, "d1");
+  /* ... unless load weighs little */
+  ck_assert_int_eq(rt_choose_decode_cached(&r, a, 300, 10, 42, true, NULL, 0, 64, &out, &cached), 0);
+  ck_assert_str_eq(r.workers[out].info.id, "d2");
+  /* excluded workers are skipped even with the best prefix */
+  const char *ex[1] = {"d2"};
+  ck_assert_int_eq(rt_choose_decode_cached(&r, a, 300, 10, 42, true, ex, 1, 64, &out, &cached), 0);
+  ck_assert_str_eq(r.workers[out].info.id, "d1");
+  ck_assert_int_eq(cached, 0);
+  /* a worker that restarted (new address: a new process) has nothing cached any more */
+  snprintf(w2.address, sizeof w2.address, "127.0.0.1:7777");
+  ck_assert_int_eq(rt_registry_upsert(&r, &w2, 0, &is_new, err, sizeof err), 0);
+  ck_assert(is_new);
+  ck_assert_int_eq(rt_worker_cached_tokens(rt_registry_find(&r, "d2"), a, 300), 0);
+  rt_registry_free(&r);
+}
+END_TEST
 
 START_TEST(test_validation) {
   rt_registry_t r;
@@ -150,6 +211,7 @@ int main(void) {
   Suite *s = suite_create("router_registry");
   TCase *tc = tcase_create("core");
   tcase_add_test(tc, test_validation);
+  tcase_add_test(tc, test_prefix_hash_and_cached_choice);
   tcase_add_test(tc, test_choose_and_expire);
   tcase_add_test(tc, test_prefill_choice_and_draining);
   suite_add_tcase(s, tc);
