@@ -30,11 +30,18 @@ static uint32_t gcd32(uint32_t a, uint32_t b) {
   return a;
 }
 
-int dc_cache_init(dc_worker_t *w, bool on, uint64_t max_bytes, uint32_t local_max, char *err, size_t errlen) {
+int dc_cache_init(dc_worker_t *w, bool on, uint64_t max_bytes, uint32_t local_max, int pin_max, char *err,
+                  size_t errlen) {
   dc_cache_t *c = &w->cache;
   memset(c, 0, sizeof *c);
   uint32_t pt = (uint32_t)w->page_tokens;
   c->on = on;
+  if (on && (pin_max < 1 || pin_max >= w->num_slots)) {
+    snprintf(err, errlen, "--prefix-cache-pinned-slots: must be in 1..%d", w->num_slots - 1);
+    return K3_EINVAL;
+  }
+  c->pin_max = on ? (uint32_t)pin_max : 0;
+  c->req_slots_max = (uint32_t)w->num_slots - c->pin_max;
   c->block = 64 / gcd32(64, pt) * pt;
   c->local_max = local_max;
   c->page_bytes = w->manifest->mla_bytes_per_page;
@@ -114,6 +121,18 @@ static void evict(dc_worker_t *w, dc_centry_t *e, bool count) {
   entry_free(e);
 }
 
+static void pin(dc_cache_t *c, dc_centry_t *e) {
+  if (e->pins++ == 0) c->n_pinned++;
+}
+
+static void unpin(dc_cache_t *c, dc_centry_t *e) {
+  if (--e->pins == 0) c->n_pinned--;
+}
+
+static uint32_t req_slots(const dc_worker_t *w) {
+  return (uint32_t)(w->num_slots - w->n_free_slots) - w->cache.slots;
+}
+
 static dc_centry_t *lru_unpinned(dc_cache_t *c) {
   dc_centry_t *best = NULL;
   for (dc_centry_t *e = c->entries; e; e = e->next)
@@ -154,6 +173,7 @@ static dc_centry_t *entry_new(dc_worker_t *w, dc_req_t *q, const uint64_t *h, ui
   dc_cache_t *c = &w->cache;
   uint32_t nb = pos / c->block;
   int np = (int)(pos / (uint32_t)w->page_tokens);
+  if (c->n_pinned >= c->pin_max) return NULL; /* would eat into the registered capacity */
   if (w->n_free_slots < 1 && !dc_cache_make_room(w, 0, 1)) return NULL;
   dc_centry_t *e = calloc(1, sizeof *e);
   if (e) e->chain = malloc(nb * sizeof *e->chain);
@@ -172,7 +192,7 @@ static dc_centry_t *entry_new(dc_worker_t *w, dc_req_t *q, const uint64_t *h, ui
   }
   e->slot = w->free_slots[--w->n_free_slots];
   c->slots++;
-  e->pins = 1;
+  pin(c, e);
   e->last_use = ++c->tick;
   e->next = c->entries;
   c->entries = e;
@@ -188,7 +208,7 @@ static uint32_t common_blocks(const dc_centry_t *e, uint32_t eb, const uint64_t 
 }
 
 static int take_plain(dc_worker_t *w, dc_req_t *q, int need_pages) {
-  if (!dc_cache_make_room(w, need_pages, 1)) return K3_ECAPACITY;
+  if (req_slots(w) >= w->cache.req_slots_max || !dc_cache_make_room(w, need_pages, 1)) return K3_ECAPACITY;
   dc_pages_take(w, need_pages, q->pages);
   q->n_pages = need_pages;
   q->slot = w->free_slots[--w->n_free_slots];
@@ -201,6 +221,7 @@ int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pag
   q->split = false;
   q->start = q->xfer_tokens = q->cached = 0;
   if (!c->on || !ids) return take_plain(w, q, need_pages);
+  if (req_slots(w) >= c->req_slots_max) return K3_ECAPACITY;
   uint32_t nb = n / B;
   uint64_t *h = malloc((nb ? nb : 1) * sizeof *h);
   if (!h) return K3_ENOMEM;
@@ -217,7 +238,8 @@ int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pag
     uint32_t k = common_blocks(e, eb, h, nb);
     uint32_t shared = k * B < cmax ? k * B : cmax;
     if (shared > m) m = shared;
-    if (e->ready && k == eb && e->len <= cmax && e->len > p) {
+    /* a hit must be pinned until the engine copied it: only when the pin budget allows */
+    if (e->ready && k == eb && e->len <= cmax && e->len > p && (e->pins || c->n_pinned < c->pin_max)) {
       p = e->len;
       hit = e;
     }
@@ -240,9 +262,9 @@ int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pag
   }
   /* pages: the hit's (shared) + new ones; pin the hit first so making room cannot evict it */
   int shared = hit ? (int)(p / pt) : 0;
-  if (hit) hit->pins++;
+  if (hit) pin(c, hit);
   if (!dc_cache_make_room(w, need_pages - shared, 1)) {
-    if (hit) hit->pins--;
+    if (hit) unpin(c, hit);
     free(h);
     q->split = false;
     return K3_ECAPACITY;
@@ -290,11 +312,16 @@ int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pag
 }
 
 void dc_cache_ckpt_done(dc_worker_t *w, dc_req_t *q, uint32_t pos) {
+  if (pos == 0) { /* the engine copied the hit's checkpoint: it is no longer needed */
+    if (q->hit) unpin(&w->cache, q->hit);
+    q->hit = NULL;
+    return;
+  }
   for (int i = 0; i < q->n_ck; i++) {
     dc_centry_t *e = q->ck[i];
     if (e && e->len == pos) {
       e->ready = true;
-      e->pins--;
+      unpin(&w->cache, e);
       e->last_use = ++w->cache.tick;
       q->ck[i] = NULL;
     }
@@ -305,14 +332,14 @@ void dc_cache_ckpt_done(dc_worker_t *w, dc_req_t *q, uint32_t pos) {
 
 void dc_cache_req_done(dc_worker_t *w, dc_req_t *q) {
   if (q->hit) {
-    q->hit->pins--;
+    unpin(&w->cache, q->hit);
     q->hit = NULL;
   }
   for (int i = 0; i < q->n_ck; i++) {
     dc_centry_t *e = q->ck[i];
     if (!e) continue;
     q->ck[i] = NULL;
-    e->pins--;
+    unpin(&w->cache, e);
     if (!e->ready) evict(w, e, false); /* never computed (cancelled or failed) */
   }
   q->n_ck = 0;

@@ -66,6 +66,11 @@ typedef struct {
   uint32_t *req_ref;     /* per page: references held by requests */
   uint32_t *cache_ref;   /* per page: references held by entries */
   uint32_t pages_cache_only, slots;
+  /* Pinned entries (pending checkpoints, hits not yet copied) cannot be evicted, so they are
+   * bounded by pin_max slots, which the worker keeps out of the capacity it registers
+   * (req_slots_max = num_slots - pin_max): a Reserve within the registered capacity always
+   * finds a free or evictable slot. */
+  uint32_t n_pinned, pin_max, req_slots_max;
   uint64_t tick;
   uint64_t hits, misses, hit_tokens, evictions, local_tokens;
   uint64_t *report;      /* heartbeat summary buffer (DC_CACHE_REPORT_MAX) */
@@ -217,7 +222,8 @@ void dc_pools_free(dc_worker_t *w);
 void dc_pools_close_hooks(dc_worker_t *w);
 
 /* cache.c (loop thread). */
-int dc_cache_init(dc_worker_t *w, bool on, uint64_t max_bytes, uint32_t local_max, char *err, size_t errlen);
+int dc_cache_init(dc_worker_t *w, bool on, uint64_t max_bytes, uint32_t local_max, int pin_max, char *err,
+                  size_t errlen);
 void dc_cache_free(dc_worker_t *w);
 /* Page references: a request's new pages come from the free list with one request reference;
  * shared pages gain one; a page returns to the free list when its last reference goes. */

@@ -96,9 +96,12 @@ static int run_split(dc_worker_t *w, dc_msg_t *a, float *lg, float *first_lp, ch
   k3_runner_t *r = w->runner;
   int64_t V = k3_runner_vocab(r);
   int rc = 0;
-  if (a->copy_slot >= 0 && (rc = k3_runner_slot_copy(r, a->seq.slot, a->copy_slot))) {
-    snprintf(err, errlen, "copying the cached KDA checkpoint: %s", k3_strerror(rc));
-    return rc;
+  if (a->copy_slot >= 0) {
+    if ((rc = k3_runner_slot_copy(r, a->seq.slot, a->copy_slot))) {
+      snprintf(err, errlen, "copying the cached KDA checkpoint: %s", k3_strerror(rc));
+      return rc;
+    }
+    post_out(w, new_out(a->handle, DC_MSG_CKPT)); /* ck_pos[0] 0: the hit is copied, unpin it */
   }
   uint32_t pos = a->start;
   for (int k = 0; k <= a->n_ck && !rc; k++) {

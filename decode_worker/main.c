@@ -126,13 +126,14 @@ int main(int argc, char **argv) {
   int max_context = 0, metrics_port = -1, local_max = 512;
   const char *prefix_cache = "on";
   int64_t cache_bytes = -1;
+  int pin_max = 0;
   a->drain_grace_ms = 30000;
   char ipc_default[64];
   snprintf(ipc_default, sizeof ipc_default, "/tmp/k3pd-ipc-%u", (unsigned)getuid());
   ipc_dir = ipc_default;
   k3_app_tls_t to;
   k3_app_tls_init(&to);
-  k3_flag_t flags[K3_LOAD_NFLAGS + K3_APP_TLS_NFLAGS + 15];
+  k3_flag_t flags[K3_LOAD_NFLAGS + K3_APP_TLS_NFLAGS + 16];
   size_t nflags = k3_load_flags(&mo, flags);
   nflags += k3_app_tls_flags(&to, flags + nflags);
   k3_flag_t own[] = {
@@ -159,6 +160,9 @@ int main(int argc, char **argv) {
        "(default on)", false},
       {"prefix-cache-bytes", K3_FLAG_I64, &cache_bytes, "BYTES", "most state memory (pages + slots) held only by "
        "the prefix cache; LRU beyond it (default: half of the page and slot pools)", false},
+      {"prefix-cache-pinned-slots", K3_FLAG_INT, &pin_max, "N", "extra KDA slots (on top of --num-slots, which "
+       "stays the live-sequence capacity) for checkpoints being taken and hits being copied, which cannot be "
+       "evicted meanwhile (default max(1, --num-slots / 8); cached checkpoints also use free sequence slots)", false},
       {"local-prefill-max-tokens", K3_FLAG_INT, &local_max, "N", "longest uncached prompt suffix this worker "
        "computes itself instead of a prefill worker (conditional disaggregation; docs/design.md) (default 512)",
        false},
@@ -199,6 +203,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: --local-prefill-max-tokens: must be >= 0\n");
     return 2;
   }
+  if (pin_max < 0) {
+    fprintf(stderr, "k3pd-decode: --prefix-cache-pinned-slots: must be >= 0\n");
+    return 2;
+  }
   if (mo.page_tokens < 1 || mo.num_pages < 1 || mo.num_slots < 1 || mo.max_batch < 1) {
     fprintf(stderr, "k3pd-decode: --page-tokens, --num-pages, --num-slots and --max-batch must be >= 1\n");
     return 2;
@@ -218,6 +226,12 @@ int main(int argc, char **argv) {
   if (rc) {
     fprintf(stderr, "k3pd-decode: UCX initialisation failed: %s\n", k3_strerror(rc));
     return 1;
+  }
+  /* The cache's pinned slots come on top of --num-slots (which stays the live-sequence capacity). */
+  bool cache_on = !strcmp(prefix_cache, "on");
+  if (cache_on) {
+    if (!pin_max) pin_max = mo.num_slots / 8 > 1 ? mo.num_slots / 8 : 1;
+    mo.num_slots += pin_max;
   }
   if ((rc = dc_pools_plan(w, &mo, receive, ipc_dir, err, sizeof err))) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
@@ -239,8 +253,8 @@ int main(int argc, char **argv) {
   if (!rc) {
     uint64_t pool_bytes = (uint64_t)w->num_pages * w->manifest->mla_bytes_per_page +
                           (uint64_t)w->num_slots * w->manifest->kda_bytes_per_slot;
-    rc = dc_cache_init(w, !strcmp(prefix_cache, "on"), cache_bytes >= 0 ? (uint64_t)cache_bytes : pool_bytes / 2,
-                       (uint32_t)local_max, err, sizeof err);
+    rc = dc_cache_init(w, cache_on, cache_bytes >= 0 ? (uint64_t)cache_bytes : pool_bytes / 2, (uint32_t)local_max,
+                       pin_max, err, sizeof err);
   }
   if (rc) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
@@ -289,7 +303,7 @@ int main(int argc, char **argv) {
   k3pd__v1__worker_capacity__init(&rg.capacity);
   rg.capacity.kv_pages = (uint32_t)w->num_pages;
   rg.capacity.page_tokens = (uint32_t)w->page_tokens;
-  rg.capacity.kda_slots = (uint32_t)w->num_slots;
+  rg.capacity.kda_slots = w->cache.req_slots_max; /* the slots the cache may pin are not offered */
   rg.capacity.max_batch = (uint32_t)w->max_batch;
   rg.capacity.max_context_tokens = w->max_context;
   rc = k3_registrar_start(loop, w->cli, &rg, &w->reg);

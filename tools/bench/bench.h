@@ -54,6 +54,15 @@ typedef struct {
   int top_k;             /* 0 = off */
   uint64_t sample_seed;  /* request i uses sample_seed + i */
   bool ignore_eos;
+  /* prefix-cache workloads (docs/perf-cluster.md "Prefix cache"):
+   * shared_prefix_len > 0: every prompt (a chat's first turn) starts with the same
+   *   shared_prefix_len ids (a shared system prompt), then its own prompt_len draw;
+   * chat_turns > 0: request index = conversation * chat_turns + turn; turn t > 0 sends the
+   *   conversation's previous prompt + its reply + a new prompt_len draw (a chat whose next
+   *   turn starts with all of the previous one), so a conversation's turns run one at a time
+   *   (closed loop: --concurrency conversations at once). */
+  uint32_t shared_prefix_len;
+  uint32_t chat_turns;
 } bn_workload_t;
 
 /* One request, generated from the workload. */
@@ -83,6 +92,9 @@ typedef struct {
   uint64_t t_start, t_first, t_end; /* ns; t_first 0 when no token arrived */
   uint32_t n_tokens;          /* tokens received */
   uint32_t prompt_tokens;     /* usage.prompt_tokens from the final chunk */
+  uint32_t cached_tokens;     /* usage.cached_prompt_tokens: from the decode worker's prefix cache */
+  uint32_t *prompt;           /* chat: the prompt sent (owned; its ids depend on earlier replies) */
+  size_t n_prompt;
   uint32_t *ids;              /* generated ids (owned) when the run keeps them */
   /* final chunk's Timings (µs; 0 = not measured) */
   uint64_t queue_us, prefill_us, handoff_us, first_token_us, decode_us, total_us;
@@ -181,6 +193,10 @@ typedef struct {
   bool verified;
 } bn_report_in_t;
 
+/* Prefix-cache lines of the table (hit rate, cached and computed prompt tokens, TTFT of first
+ * vs later chat turns); nothing when no request reported a cached prefix and the workload is
+ * not a prefix workload. */
+void bn_report_prefix(const bn_report_in_t *in, const bn_run_t *run);
 /* Prints the human table to stdout. */
 void bn_report_print(const bn_report_in_t *in, const bn_run_t *run);
 /* Appends one compact JSON line to path. Returns 0 or a negative K3_E* code. */

@@ -36,6 +36,14 @@ typedef enum { PH_WARMUP = 0, PH_MEASURE, PH_DRAIN, PH_CLOSED } phase_t;
 
 typedef struct ctx ctx_t;
 
+/* A chat conversation (w->chat_turns > 0): the history its next turn starts with. */
+typedef struct {
+  uint32_t *hist;
+  size_t n_hist;
+  uint32_t turn;   /* next turn to send */
+  bool busy;       /* a turn is in flight */
+} conv_t;
+
 typedef struct inflight {
   struct inflight *next, *prev;
   ctx_t *c;
@@ -44,6 +52,7 @@ typedef struct inflight {
   bn_result_t warm;          /* scratch record for warm-up requests */
   uint64_t t_prev;
   k3_rpc_ccall_t *call;
+  long conv;                 /* chat: the conversation (-1 otherwise) */
 } inflight_t;
 
 struct ctx {
@@ -64,6 +73,8 @@ struct ctx {
   uint64_t rng;              /* open loop inter-arrival RNG */
   int fatal;                 /* K3_E* that stopped the run, 0 if none */
   char run_tag[32];
+  conv_t *conv;              /* chat: one per conversation (requests / chat_turns) */
+  size_t n_conv;
 };
 
 static bn_result_t *rec(inflight_t *f) { return f->measured ? &f->c->run->res[f->slot] : &f->warm; }
@@ -100,7 +111,10 @@ static void on_msg(void *arg, const ProtobufCMessage *msg) {
   }
   if (r->finish_reason) {
     x->finish_reason = r->finish_reason;
-    if (r->usage) x->prompt_tokens = r->usage->prompt_tokens;
+    if (r->usage) {
+      x->prompt_tokens = r->usage->prompt_tokens;
+      x->cached_tokens = r->usage->cached_prompt_tokens;
+    }
     if (r->timings) {
       x->have_timings = true;
       x->queue_us = r->timings->queue_us;
@@ -125,6 +139,21 @@ static void on_done(void *arg, const k3_rpc_status_t *st) {
   if (st->code != K3_RPC_OK && f->measured && c->o->timeout_ms)
     K3_DEBUG("request %llu: %s: %s", (unsigned long long)x->index, k3_rpc_code_name(st->code), st->details);
   if (f->measured && now > c->run->t_end) c->run->t_end = now;
+  if (f->conv >= 0) { /* the conversation's next turn continues from this prompt + reply */
+    conv_t *v = &c->conv[f->conv];
+    v->busy = false;
+    v->turn++;
+    uint32_t *nh = x->complete ? realloc(v->hist, (x->n_prompt + x->n_tokens + 1) * sizeof *nh) : NULL;
+    if (!nh) {
+      if (x->complete) c->fatal = K3_ENOMEM;
+      v->turn = c->w->chat_turns; /* a failed turn ends its conversation */
+    } else {
+      memcpy(nh, x->prompt, x->n_prompt * sizeof *nh);
+      memcpy(nh + x->n_prompt, x->ids, x->n_tokens * sizeof *nh);
+      v->hist = nh;
+      v->n_hist = x->n_prompt + x->n_tokens;
+    }
+  }
   if (f->prev) f->prev->next = f->next;
   else c->live = f->next;
   if (f->next) f->next->prev = f->prev;
@@ -135,11 +164,25 @@ static void on_done(void *arg, const k3_rpc_status_t *st) {
   maybe_finish(c);
 }
 
-/* Starts request `index`; returns 0 or a negative K3_E* (then nothing is in flight for it). */
-static int send_one(ctx_t *c, uint64_t index, bool measured) {
+/* Starts request `index` (conv >= 0: a chat turn, its prompt = the conversation's history + the
+ * spec's ids); returns 0 or a negative K3_E* (then nothing is in flight for it). */
+static int send_one(ctx_t *c, uint64_t index, bool measured, long conv) {
   bn_req_spec_t s;
   int rc = bn_spec_make(c->w, index, &s);
   if (rc) return rc;
+  if (conv >= 0 && c->conv[conv].n_hist) {
+    conv_t *v = &c->conv[conv];
+    uint32_t *ids = malloc((v->n_hist + s.n_ids) * sizeof *ids);
+    if (!ids) {
+      bn_spec_free(&s);
+      return K3_ENOMEM;
+    }
+    memcpy(ids, v->hist, v->n_hist * sizeof *ids);
+    memcpy(ids + v->n_hist, s.ids, s.n_ids * sizeof *ids);
+    free(s.ids);
+    s.ids = ids;
+    s.n_ids += v->n_hist;
+  }
   inflight_t *f = calloc(1, sizeof *f);
   if (!f) {
     bn_spec_free(&s);
@@ -147,6 +190,7 @@ static int send_one(ctx_t *c, uint64_t index, bool measured) {
   }
   f->c = c;
   f->measured = measured;
+  f->conv = conv;
   if (measured) {
     bn_run_t *run = c->run;
     if (run->n_res == c->res_cap) {
@@ -166,6 +210,17 @@ static int send_one(ctx_t *c, uint64_t index, bool measured) {
   memset(x, 0, sizeof *x);
   x->index = index;
   x->code = -1;
+  if (conv >= 0) { /* keep the prompt: the next turn and --ids-out need it */
+    x->prompt = malloc((s.n_ids ? s.n_ids : 1) * sizeof *x->prompt);
+    if (!x->prompt) {
+      if (measured) c->run->n_res--;
+      free(f);
+      bn_spec_free(&s);
+      return K3_ENOMEM;
+    }
+    memcpy(x->prompt, s.ids, s.n_ids * sizeof *x->prompt);
+    x->n_prompt = s.n_ids;
+  }
 
   K3pd__V1__GenerateRequest g = K3PD__V1__GENERATE_REQUEST__INIT;
   K3pd__V1__TokenIds ti = K3PD__V1__TOKEN_IDS__INIT;
@@ -206,6 +261,7 @@ static int send_one(ctx_t *c, uint64_t index, bool measured) {
     free(f);
     return rc;
   }
+  if (conv >= 0) c->conv[conv].busy = true;
   f->next = c->live;
   if (c->live) c->live->prev = f;
   c->live = f;
@@ -235,7 +291,7 @@ static void pump(ctx_t *c) {
   }
   if (c->phase == PH_WARMUP) {
     while (c->n_live < c->o->concurrency && c->warm_sent < c->o->warmup) {
-      int rc = send_one(c, WARM_BASE + c->warm_sent, false);
+      int rc = send_one(c, WARM_BASE + c->warm_sent, false, -1);
       c->warm_sent++;
       if (rc) {
         c->fatal = rc;
@@ -254,7 +310,7 @@ static void pump(ctx_t *c) {
       if (c->n_live >= c->o->max_inflight) {
         c->run->dropped++;
       } else {
-        int rc = send_one(c, idx, true);
+        int rc = send_one(c, idx, true, -1);
         if (rc) { /* the client cannot send: stop (a started slot keeps code -1) */
           c->fatal = rc;
           c->phase = PH_DRAIN;
@@ -274,9 +330,27 @@ static void pump(ctx_t *c) {
     uv_timer_start(&c->arrivals, on_arrival, wait_ms, 0);
     return;
   }
+  if (c->n_conv) { /* chat: each conversation's next turn once its previous one finished */
+    bool left = false;
+    for (size_t k = 0; k < c->n_conv; k++) {
+      conv_t *v = &c->conv[k];
+      if (v->turn >= c->w->chat_turns) continue;
+      left = true;
+      if (v->busy || c->n_live >= c->o->concurrency) continue;
+      int rc = send_one(c, (uint64_t)k * c->w->chat_turns + v->turn, true, (long)k);
+      c->sent++;
+      if (rc) {
+        c->fatal = rc;
+        c->phase = PH_DRAIN;
+        return;
+      }
+    }
+    if (!left) c->phase = PH_DRAIN;
+    return;
+  }
   while (c->n_live < c->o->concurrency && measured_left(c, now)) {
     uint64_t idx = c->sent++;
-    int rc = send_one(c, idx, true);
+    int rc = send_one(c, idx, true, -1);
     if (rc) {
       c->fatal = rc;
       c->phase = PH_DRAIN;
@@ -343,11 +417,20 @@ int bn_load_run(const bn_workload_t *w, const bn_load_opts_t *o, bn_run_t *run, 
   c->o = o;
   c->run = run;
   c->rng = w->seed ^ 0x5bd1e995u;
+  if (w->chat_turns) { /* requests = conversations x turns (main.c checks) */
+    c->n_conv = (size_t)(o->requests / w->chat_turns);
+    c->conv = calloc(c->n_conv ? c->n_conv : 1, sizeof *c->conv);
+    if (!c->conv) {
+      free(c);
+      return K3_ENOMEM;
+    }
+  }
   snprintf(c->run_tag, sizeof c->run_tag, "bench%d-%llx", (int)getpid(),
            (unsigned long long)(k3_wall_ms() & 0xffffff));
   int rc = uv_loop_init(&c->loop);
   if (rc) {
     snprintf(err, errlen, "uv_loop_init: %s", uv_strerror(rc));
+    free(c->conv);
     free(c);
     return K3_EINTERNAL;
   }
@@ -356,6 +439,7 @@ int bn_load_run(const bn_workload_t *w, const bn_load_opts_t *o, bn_run_t *run, 
   if (rc) {
     snprintf(err, errlen, "k3_rpc_client_init: %s", k3_strerror(rc));
     uv_loop_close(&c->loop);
+    free(c->conv);
     free(c);
     return rc;
   }
@@ -374,6 +458,8 @@ int bn_load_run(const bn_workload_t *w, const bn_load_opts_t *o, bn_run_t *run, 
   rc = uv_loop_close(&c->loop);
   if (rc) K3_WARN("k3pd-bench: uv_loop_close: %s", uv_strerror(rc));
   int fatal = c->fatal;
+  for (size_t k = 0; k < c->n_conv; k++) free(c->conv[k].hist);
+  free(c->conv);
   free(c);
   if (fatal) {
     snprintf(err, errlen, "load generation stopped: %s", k3_strerror(fatal));
@@ -383,7 +469,10 @@ int bn_load_run(const bn_workload_t *w, const bn_load_opts_t *o, bn_run_t *run, 
 }
 
 void bn_run_free(bn_run_t *run) {
-  for (size_t i = 0; i < run->n_res; i++) free(run->res[i].ids);
+  for (size_t i = 0; i < run->n_res; i++) {
+    free(run->res[i].ids);
+    free(run->res[i].prompt);
+  }
   free(run->res);
   free(run->itl_ms.v);
   memset(run, 0, sizeof *run);

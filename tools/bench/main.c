@@ -34,6 +34,7 @@ int main(int argc, char **argv) {
   const char *generate = NULL, *model = NULL, *backend = "cpu", *precision = "fp32", *label = NULL;
   const char *log_level = "warn", *ids_out = NULL, *mono_perf = NULL;
   int concurrency = 4, max_inflight = 1024, top_k = 0, id_max = 0, timeout_ms = 60000, mono_timeout_ms = 120000;
+  int chat_turns = 0, shared_prefix = 0, conversations = 0;
   int64_t requests = 0, warmup = 0, seed = 1, sample_seed = 0;
   double rate = 0, duration = 0, temperature = 0, top_p = 1;
   bool verify = false, ignore_eos = true;
@@ -66,6 +67,9 @@ int main(int argc, char **argv) {
       {"mono-timeout-ms", K3_FLAG_INT, &mono_timeout_ms, "MS", "deadline of one k3pd-generate run (default 120000)", false},
       {"mono-perf", K3_FLAG_STR, &mono_perf, "FILE", "print TTFT and inter-token latency next to their monolithic twins read from a saved `k3pd-generate --perf [--perf-batch B]` output (prefill; decode step at batch 1 or B = --concurrency)", false},
       {"ids-out", K3_FLAG_STR, &ids_out, "FILE", "write each completed request's prompt and generated ids as k3pd-generate --requests lines (the cluster's tokens as the monolithic run's teacher)", false},
+      {"shared-prefix-len", K3_FLAG_INT, &shared_prefix, "N", "every prompt (a chat's first turn) starts with the same N random ids, then its own --prompt-len draw: a shared system prompt (default 0)", false},
+      {"chat-turns", K3_FLAG_INT, &chat_turns, "T", "multi-turn chats: turn t > 1 sends the previous turn's prompt + its reply + a new --prompt-len draw; --conversations of them, --concurrency at a time, turns in order (default 0 = independent requests)", false},
+      {"conversations", K3_FLAG_INT, &conversations, "C", "with --chat-turns: number of conversations (requests = C x T; default 8)", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug (default warn)", false},
   };
   k3_flags_info_t info = {.prog = "k3pd-bench",
@@ -107,9 +111,20 @@ int main(int argc, char **argv) {
   if (generate && !model) BAD("--compare-monolithic needs --model DIR");
   if (id_max < 0) BAD("--id-max: must be >= 1");
   if (ids_out && prompt_file) BAD("--ids-out needs token-id prompts (not --prompt-file)");
+  if (chat_turns < 0 || shared_prefix < 0 || conversations < 0)
+    BAD("--chat-turns, --shared-prefix-len and --conversations must be >= 0");
+  if ((chat_turns || shared_prefix) && prompt_file) BAD("--chat-turns / --shared-prefix-len need token-id prompts");
+  if (chat_turns) {
+    if (rate > 0 || duration > 0 || warmup > 0)
+      BAD("--chat-turns: closed loop only (no --rate, --duration or --warmup)");
+    if (generate) BAD("--chat-turns: no --compare-monolithic (prompts depend on replies); compare --ids-out files");
+    if (!conversations) conversations = 8;
+    requests = (int64_t)conversations * chat_turns;
+  }
 
   bn_workload_t w = {.seed = (uint64_t)seed, .temperature = temperature, .top_p = top_p, .top_k = top_k,
-                     .sample_seed = (uint64_t)sample_seed, .ignore_eos = ignore_eos};
+                     .sample_seed = (uint64_t)sample_seed, .ignore_eos = ignore_eos,
+                     .shared_prefix_len = (uint32_t)shared_prefix, .chat_turns = (uint32_t)chat_turns};
   k3_tok_t *tok = NULL;
   int exit_code = 2;
   bn_run_t run = {0};
@@ -139,7 +154,7 @@ int main(int argc, char **argv) {
 
   bn_load_opts_t lo = {.router = router, .concurrency = concurrency, .rate = rate, .max_inflight = max_inflight,
                        .requests = (uint64_t)requests, .duration_s = duration, .warmup = (uint64_t)warmup,
-                       .timeout_ms = (uint32_t)timeout_ms, .keep_ids = verify || ids_out};
+                       .timeout_ms = (uint32_t)timeout_ms, .keep_ids = verify || ids_out || chat_turns};
   if (bn_load_run(&w, &lo, &run, err, sizeof err)) goto fail;
   if (generate) {
     bn_mono_opts_t mo = {.generate = generate, .model = model, .backend = backend, .precision = precision,
@@ -151,6 +166,7 @@ int main(int argc, char **argv) {
                        .output_len_spec = output_len, .mono = have_mono ? &mono : NULL, .verified = verify,
                        .mono_perf = mono_perf ? &mperf : NULL};
   bn_report_print(&in, &run);
+  bn_report_prefix(&in, &run);
   if (json_path && bn_report_json(&in, &run, json_path, err, sizeof err)) goto fail;
   if (ids_out && bn_report_ids(&w, &run, ids_out, err, sizeof err)) goto fail;
   size_t ok = 0;

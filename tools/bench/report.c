@@ -336,6 +336,16 @@ int bn_report_ids(const bn_workload_t *w, const bn_run_t *run, const char *path,
     if (!r->complete || !r->ids) continue;
     bn_req_spec_t s;
     if ((rc = bn_spec_make(w, r->index, &s))) break;
+    if (r->prompt) { /* a chat turn: the prompt that was sent */
+      free(s.ids);
+      s.ids = malloc((r->n_prompt ? r->n_prompt : 1) * sizeof *s.ids);
+      if (!s.ids) {
+        rc = K3_ENOMEM;
+        break;
+      }
+      memcpy(s.ids, r->prompt, r->n_prompt * sizeof *s.ids);
+      s.n_ids = r->n_prompt;
+    }
     if (!s.ids) { /* text mode: the prompt's ids are the router's business */
       bn_spec_free(&s);
       continue;

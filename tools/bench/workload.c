@@ -194,10 +194,15 @@ int bn_spec_make(const bn_workload_t *w, uint64_t index, bn_req_spec_t *s) {
     s->text = w->texts[index % w->n_texts];
     return 0;
   }
-  s->ids = malloc((size_t)plen * sizeof *s->ids);
+  /* the shared prefix (a chat's later turns carry it inside their history instead) */
+  uint32_t pre = w->chat_turns && index % w->chat_turns ? 0 : w->shared_prefix_len;
+  s->ids = malloc((size_t)(pre + plen ? pre + plen : 1) * sizeof *s->ids);
   if (!s->ids) return K3_ENOMEM;
-  for (uint32_t i = 0; i < plen; i++) s->ids[i] = (uint32_t)below(&rng, w->id_max);
-  s->n_ids = plen;
+  uint64_t prng = w->seed ^ 0x9e3779b97f4a7c15ull;
+  bn_rng_next(&prng);
+  for (uint32_t i = 0; i < pre; i++) s->ids[i] = (uint32_t)below(&prng, w->id_max);
+  for (uint32_t i = 0; i < plen; i++) s->ids[pre + i] = (uint32_t)below(&rng, w->id_max);
+  s->n_ids = pre + plen;
   return 0;
 }
 
