@@ -83,8 +83,10 @@ def main():
     short = [11, 12, 13, 14, 15, 16, 17, 18]
     with cf.ThreadPoolExecutor(max_workers=2) as ex:
         mono = list(ex.map(lambda p: monolithic(args.bindir, model, p), longs[:2] + [short]))
+    # The prefix cache off: this test counts the prefill worker's passes over whole prompts (with
+    # the cache on the decode worker computes each prompt's last partial block itself)
     cl = Cluster(args.bindir, model, os.path.join(args.workdir, "cluster"), 1, 1, worker_args=WORKER_ARGS, stubs=stubs,
-                 decode_args=["--num-pages", "2048"],
+                 decode_args=["--num-pages", "2048"], router_args=["--prefix-cache", "off"],
                  prefill_args=["--metrics-port", "0", "--metrics-host", "127.0.0.1", "--prefill-chunk", str(args.chunk)])
     ok = False
     try:

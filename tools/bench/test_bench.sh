@@ -6,6 +6,8 @@
 #   sampled   open loop (Poisson) with seeded top-k/top-p sampling: the streams must still equal
 #             k3pd-generate's for the same seeds, and teacher-forced on them (--ids-out +
 #             k3pd-generate --requests) every step agrees
+#   prefix    chats and a shared system prompt with the prefix cache on and off: identical tokens,
+#             hits only with it on
 #   mismatch  the replay uses a checkpoint with different weights: k3pd-bench must exit 1 and
 #             say "verification FAILED" (the check can fail)
 set -euo pipefail
@@ -63,6 +65,28 @@ EOF
     cat "$work/stderr" >&2
     [ $rc = 1 ] || fail "expected exit 1 on a mismatch, got $rc"
     grep -q "verification FAILED" "$work/stderr" || fail "no 'verification FAILED' message"
+    ;;
+  prefix)
+    # Prefix-cache workloads, cache on (the default) and off (--prefix-cache off on the router:
+    # no prompt reaches the decode worker's cache): every request's tokens must be identical
+    # (--ids-out holds each sent prompt and its tokens), and with the cache on later chat turns
+    # and the users after the first must reuse cached prefixes.
+    for cache in on off; do
+      "${run[@]}" --decode 1 --router-args "--prefix-cache $cache" --logs "$work/logs-$cache" -- \
+        --chat-turns 3 --conversations 3 --concurrency 3 --prompt-len 20..60 --output-len 8 \
+        --ids-out "$work/chat-$cache.txt" > "$work/chat-$cache.out" || fail "chat ($cache) exited $?"
+      "${run[@]}" --decode 1 --router-args "--prefix-cache $cache" --logs "$work/logs2-$cache" -- \
+        --requests 6 --concurrency 1 --shared-prefix-len 150 --prompt-len 5..20 --output-len 4 \
+        --ids-out "$work/shared-$cache.txt" > "$work/shared-$cache.out" || fail "shared ($cache) exited $?"
+    done
+    cat "$work/chat-on.out" "$work/shared-on.out"
+    for w in chat shared; do
+      [ "$(wc -l < "$work/$w-on.txt")" -gt 0 ] || fail "$w: no requests completed"
+      cmp -s <(sort "$work/$w-on.txt") <(sort "$work/$w-off.txt") || fail "$w: cache on and off differ"
+    done
+    grep -q "prefix cache: 0 of" "$work/chat-on.out" && fail "chat: no cache hit with the cache on"
+    grep -q "prefix cache: 5 of 6 requests hit" "$work/shared-on.out" || fail "shared: not every later user hit"
+    grep -q "prefix cache: 0 of" "$work/chat-off.out" || fail "chat: hits reported with the cache off"
     ;;
   *) echo "test_bench: unknown mode $mode" >&2; exit 2 ;;
 esac
