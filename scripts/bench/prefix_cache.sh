@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Prefix-cache figures (docs/perf-cluster.md "Prefix cache"): the issue-21 workloads through a
+# local cluster (scripts/bench/run.sh: router + 1 prefill + 1 decode), each with the cache on
+# (the default) and off (the router's --prefix-cache off: no prompt reaches a decode worker's
+# cache), then checks that both runs produced the same tokens for every request (--ids-out).
+#   (a) chats: --conversations C x --chat-turns 8, C at a time, first turn and every new
+#       message --chat-msg tokens, replies --chat-out tokens
+#   (b) --users users sharing a --system-len-token system prompt plus their own 16..64 tokens
+#
+# usage: scripts/bench/prefix_cache.sh [--build DIR] [--out DIR] [--worker-args STR]
+#          [--conversations C] [--chat-msg SPEC] [--chat-out N] [--users U] [--system-len N]
+#          [--concurrency N] [--only chat|shared]
+# Prints the k3pd-bench tables; exit 1 when the tokens differ or a run failed.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=$root/build out= wargs="--backend cpu-fast --threads 1" conv=4 chat_msg=64..128 chat_out=32 users=64
+system_len=2048 conc=4 only=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --worker-args) wargs=$2; shift 2 ;;
+    --conversations) conv=$2; shift 2 ;;
+    --chat-msg) chat_msg=$2; shift 2 ;;
+    --chat-out) chat_out=$2; shift 2 ;;
+    --users) users=$2; shift 2 ;;
+    --system-len) system_len=$2; shift 2 ;;
+    --concurrency) conc=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "prefix_cache.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[ -n "$out" ] || out=$(mktemp -d /tmp/k3pd-prefix.XXXXXX)
+mkdir -p "$out"
+run=("$root/scripts/bench/run.sh" --build "$build" --worker-args "$wargs")
+rc=0
+for cache in on off; do
+  if [ "$only" != shared ]; then
+    "${run[@]}" --router-args "--prefix-cache $cache" --logs "$out/chat-$cache-logs" -- \
+      --label "chat-cache-$cache" --chat-turns 8 --conversations "$conv" --concurrency "$conc" \
+      --prompt-len "$chat_msg" --output-len "$chat_out" --timeout-ms 600000 \
+      --ids-out "$out/chat-$cache.ids" --json "$out/results.jsonl" | tee "$out/chat-$cache.txt" || rc=1
+  fi
+  if [ "$only" != chat ]; then
+    "${run[@]}" --router-args "--prefix-cache $cache" --logs "$out/shared-$cache-logs" -- \
+      --label "shared-cache-$cache" --requests "$users" --concurrency "$conc" --shared-prefix-len "$system_len" \
+      --prompt-len 16..64 --output-len 16 --timeout-ms 600000 \
+      --ids-out "$out/shared-$cache.ids" --json "$out/results.jsonl" | tee "$out/shared-$cache.txt" || rc=1
+  fi
+done
+for w in chat shared; do
+  [ -f "$out/$w-on.ids" ] || continue
+  if cmp -s <(sort "$out/$w-on.ids") <(sort "$out/$w-off.ids"); then
+    echo "$w: $(wc -l < "$out/$w-on.ids") requests, tokens identical with the cache on and off"
+  else
+    echo "$w: TOKENS DIFFER between cache on and off"
+    rc=1
+  fi
+done
+echo "results in $out"
+exit $rc
