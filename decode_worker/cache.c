@@ -299,16 +299,28 @@ int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pag
     if (nc && cand[nc - 1] >= pos) continue;
     cand[nc++] = pos;
   }
+  /* the entries are created at admission (dc_cache_admit): a checkpoint pins a slot only from
+   * then until the engine took it, not during the prefill worker's part */
   q->n_ck = 0;
-  for (uint32_t i = 0; i < nc; i++) {
-    uint32_t pos = cand[i];
-    if (find_key(c, h[pos / B - 1], pos)) continue; /* cached or being created by another request */
-    dc_centry_t *e = entry_new(w, q, h, pos);
+  q->n_cand = nc;
+  memcpy(q->cand, cand, nc * sizeof *cand);
+  q->hashes = h;
+  return 0;
+}
+
+void dc_cache_admit(dc_worker_t *w, dc_req_t *q) {
+  dc_cache_t *c = &w->cache;
+  q->n_ck = 0;
+  for (uint32_t i = 0; i < q->n_cand && q->hashes; i++) {
+    uint32_t pos = q->cand[i];
+    if (find_key(c, q->hashes[pos / c->block - 1], pos)) continue; /* cached, or another request makes it */
+    dc_centry_t *e = entry_new(w, q, q->hashes, pos);
     if (!e) break; /* no slot to spare: fewer checkpoints, same tokens */
     q->ck[q->n_ck++] = e;
   }
-  free(h);
-  return 0;
+  q->n_cand = 0;
+  free(q->hashes);
+  q->hashes = NULL;
 }
 
 void dc_cache_ckpt_done(dc_worker_t *w, dc_req_t *q, uint32_t pos) {
@@ -343,6 +355,8 @@ void dc_cache_req_done(dc_worker_t *w, dc_req_t *q) {
     if (!e->ready) evict(w, e, false); /* never computed (cancelled or failed) */
   }
   q->n_ck = 0;
+  free(q->hashes);
+  q->hashes = NULL;
 }
 
 typedef struct {

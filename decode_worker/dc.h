@@ -94,8 +94,11 @@ typedef struct dc_req {
   uint32_t xfer_tokens;   /* tokens the prefill worker computes and hands off (0 = none) */
   uint32_t cached;        /* tokens taken from the cache (0 = miss) */
   dc_centry_t *hit;       /* pinned hit entry (its slot is copied at admission) */
-  dc_centry_t *ck[DC_MAX_CKPT]; /* pinned entries this request creates */
+  dc_centry_t *ck[DC_MAX_CKPT]; /* pinned entries this request creates (from admission) */
   int n_ck;
+  uint32_t cand[DC_MAX_CKPT];   /* checkpoint positions planned at Reserve */
+  uint32_t n_cand;
+  uint64_t *hashes;       /* the prompt's block hashes until admission (owned) */
   uint32_t lease_ms;      /* requests without a handoff: how long Attach may take */
   bool xfer_live;        /* the transfer layer still holds the reservation (on_release pending) */
   bool engine_has;       /* admitted and not yet finished by the engine */
@@ -237,6 +240,9 @@ bool dc_cache_make_room(dc_worker_t *w, int pages, int slots);
  * checkpoints to take). Takes the request's pages and slot (sharing the hit's pages) or
  * returns K3_ECAPACITY (nothing taken). */
 int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pages);
+/* Admission of a split request: creates the pending entries of its planned checkpoints (as the
+ * pin budget allows). */
+void dc_cache_admit(dc_worker_t *w, dc_req_t *q);
 /* The engine took the checkpoint at `pos` of request q. */
 void dc_cache_ckpt_done(dc_worker_t *w, dc_req_t *q, uint32_t pos);
 /* The request is over: unpins its entries (dropping the checkpoints it never took). */

@@ -230,7 +230,7 @@ int main(int argc, char **argv) {
   /* The cache's pinned slots come on top of --num-slots (which stays the live-sequence capacity). */
   bool cache_on = !strcmp(prefix_cache, "on");
   if (cache_on) {
-    if (!pin_max) pin_max = mo.num_slots / 8 > 1 ? mo.num_slots / 8 : 1;
+    if (!pin_max) pin_max = mo.num_slots / 8 > 2 ? mo.num_slots / 8 : 2;
     mo.num_slots += pin_max;
   }
   if ((rc = dc_pools_plan(w, &mo, receive, ipc_dir, err, sizeof err))) {
@@ -341,6 +341,7 @@ int main(int argc, char **argv) {
     free(q->pages);
     free(q->stop_ids);
     free(q->prompt);
+    free(q->hashes);
     free(q);
   }
   dc_cache_free(w);

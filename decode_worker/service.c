@@ -54,6 +54,7 @@ static void maybe_drop(dc_worker_t *w, dc_req_t *q) {
   free(q->pages);
   free(q->stop_ids);
   free(q->prompt);
+  free(q->hashes);
   free(q);
 }
 
@@ -230,7 +231,7 @@ static void on_reserve(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
     K3_INFO("request %s: reserved %d pages + slot %d, epoch %llu, lease %u ms; prompt %u: cached %u, prefill "
             "worker %u, here %u, %d checkpoint(s)",
             q->id, q->n_pages, q->slot, (unsigned long long)q->epoch, rq->lease_ms, q->n_prompt, q->cached,
-            q->xfer_tokens, q->n_prompt - q->start, q->n_ck);
+            q->xfer_tokens, q->n_prompt - q->start, (int)q->n_cand);
   else
     K3_INFO("request %s: reserved %d pages + slot %d, epoch %llu, lease %u ms", q->id, q->n_pages, q->slot,
             (unsigned long long)q->epoch, rq->lease_ms);
@@ -271,6 +272,7 @@ static void admit(dc_worker_t *w, dc_req_t *q) {
     m->n_prompt = q->n_prompt;
     m->start = q->start;
     m->copy_slot = q->hit ? q->hit->slot : -1;
+    dc_cache_admit(w, q);
     for (int i = 0; i < q->n_ck; i++) {
       m->ck_pos[m->n_ck] = q->ck[i]->len;
       m->ck_slot[m->n_ck++] = q->ck[i]->slot;
