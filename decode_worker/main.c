@@ -162,7 +162,7 @@ int main(int argc, char **argv) {
        "the prefix cache; LRU beyond it (default: half of the page and slot pools)", false},
       {"prefix-cache-pinned-slots", K3_FLAG_INT, &pin_max, "N", "extra KDA slots (on top of --num-slots, which "
        "stays the live-sequence capacity) for checkpoints being taken and hits being copied, which cannot be "
-       "evicted meanwhile (default max(1, --num-slots / 8); cached checkpoints also use free sequence slots)", false},
+       "evicted meanwhile (default max(4, --num-slots / 4); cached checkpoints also use free sequence slots)", false},
       {"local-prefill-max-tokens", K3_FLAG_INT, &local_max, "N", "longest uncached prompt suffix this worker "
        "computes itself instead of a prefill worker (conditional disaggregation; docs/design.md) (default 512)",
        false},
@@ -230,7 +230,7 @@ int main(int argc, char **argv) {
   /* The cache's pinned slots come on top of --num-slots (which stays the live-sequence capacity). */
   bool cache_on = !strcmp(prefix_cache, "on");
   if (cache_on) {
-    if (!pin_max) pin_max = mo.num_slots / 8 > 2 ? mo.num_slots / 8 : 2;
+    if (!pin_max) pin_max = mo.num_slots / 4 > 4 ? mo.num_slots / 4 : 4;
     mo.num_slots += pin_max;
   }
   if ((rc = dc_pools_plan(w, &mo, receive, ipc_dir, err, sizeof err))) {

@@ -529,7 +529,7 @@ static void set_wid(rt_req_t *q) {
   if (q->attempt <= 1) {
     snprintf(q->wid, sizeof q->wid, "%s", q->id);
   } else if (n + 12 < RT_WID_MAX) {
-    snprintf(q->wid, sizeof q->wid, "%s#%u", q->id, q->attempt);
+    snprintf(q->wid, sizeof q->wid, "%.*s#%u", (int)(RT_WID_MAX - 12), q->id, q->attempt); /* n + 12 < max */
   } else {
     snprintf(q->wid, sizeof q->wid, "%.100s#%016llx#%u", q->id, (unsigned long long)k3_hash64(q->id, n, 0),
              q->attempt);

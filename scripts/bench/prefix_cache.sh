@@ -3,17 +3,18 @@
 # local cluster (scripts/bench/run.sh: router + 1 prefill + 1 decode), each with the cache on
 # (the default) and off (the router's --prefix-cache off: no prompt reaches a decode worker's
 # cache), then checks that both runs produced the same tokens for every request (--ids-out).
-#   (a) chats: --conversations C x --chat-turns 8, C at a time, first turn and every new
-#       message --chat-msg tokens, replies --chat-out tokens
+#   (a) chats: --conversations C x --chat-turns 8, C at a time; the first turn is a
+#       --chat-system-token system prompt (the same in every conversation: one application) and
+#       a message, every message --chat-msg tokens, replies --chat-out tokens
 #   (b) --users users sharing a --system-len-token system prompt plus their own 16..64 tokens
 #
 # usage: scripts/bench/prefix_cache.sh [--build DIR] [--out DIR] [--worker-args STR]
-#          [--conversations C] [--chat-msg SPEC] [--chat-out N] [--users U] [--system-len N]
+#          [--conversations C] [--chat-system N] [--chat-msg SPEC] [--chat-out N] [--users U] [--system-len N]
 #          [--concurrency N] [--only chat|shared]
 # Prints the k3pd-bench tables; exit 1 when the tokens differ or a run failed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-build=$root/build out= wargs="--backend cpu-fast --threads 1" conv=4 chat_msg=64..128 chat_out=32 users=64
+build=$root/build out= wargs="--backend cpu-fast --threads 1" conv=4 chat_sys=1024 chat_msg=32..96 chat_out=32 users=64
 system_len=2048 conc=4 only=
 while [ $# -gt 0 ]; do
   case $1 in
@@ -22,12 +23,13 @@ while [ $# -gt 0 ]; do
     --worker-args) wargs=$2; shift 2 ;;
     --conversations) conv=$2; shift 2 ;;
     --chat-msg) chat_msg=$2; shift 2 ;;
+    --chat-system) chat_sys=$2; shift 2 ;;
     --chat-out) chat_out=$2; shift 2 ;;
     --users) users=$2; shift 2 ;;
     --system-len) system_len=$2; shift 2 ;;
     --concurrency) conc=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "prefix_cache.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -39,6 +41,7 @@ for cache in on off; do
   if [ "$only" != shared ]; then
     "${run[@]}" --router-args "--prefix-cache $cache" --logs "$out/chat-$cache-logs" -- \
       --label "chat-cache-$cache" --chat-turns 8 --conversations "$conv" --concurrency "$conc" \
+      --shared-prefix-len "$chat_sys" \
       --prompt-len "$chat_msg" --output-len "$chat_out" --timeout-ms 600000 \
       --ids-out "$out/chat-$cache.ids" --json "$out/results.jsonl" | tee "$out/chat-$cache.txt" || rc=1
   fi
