@@ -311,12 +311,16 @@ int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pag
 void dc_cache_admit(dc_worker_t *w, dc_req_t *q) {
   dc_cache_t *c = &w->cache;
   q->n_ck = 0;
-  for (uint32_t i = 0; i < q->n_cand && q->hashes; i++) {
-    uint32_t pos = q->cand[i];
+  /* most useful first when the pin budget is short: the last block boundary (a chat's next
+   * turn), then the shared prefix and the others; the engine takes them in position order */
+  for (int k = (int)q->n_cand - 1; k >= 0 && q->hashes; k--) {
+    uint32_t pos = q->cand[k];
     if (find_key(c, q->hashes[pos / c->block - 1], pos)) continue; /* cached, or another request makes it */
     dc_centry_t *e = entry_new(w, q, q->hashes, pos);
     if (!e) break; /* no slot to spare: fewer checkpoints, same tokens */
-    q->ck[q->n_ck++] = e;
+    int j = q->n_ck++;
+    for (; j > 0 && q->ck[j - 1]->len > pos; j--) q->ck[j] = q->ck[j - 1];
+    q->ck[j] = e;
   }
   q->n_cand = 0;
   free(q->hashes);

@@ -87,6 +87,16 @@ static int import_state(dc_worker_t *w, dc_msg_t *a, uint8_t **buf, size_t *cap)
   return dc_pools_import(w, &a->seq, buf, cap);
 }
 
+/* Starts a hit's sequence from the entry's KDA checkpoint (a copy into its own slot) and tells
+ * the loop, which unpins the entry (ck_pos[0] 0). copy_slot becomes -1: done. */
+static int copy_hit(dc_worker_t *w, dc_msg_t *a) {
+  int rc = k3_runner_slot_copy(w->runner, a->seq.slot, a->copy_slot);
+  if (rc) return rc;
+  a->copy_slot = -1;
+  post_out(w, new_out(a->handle, DC_MSG_CKPT));
+  return 0;
+}
+
 /* A split request (prefix cache, cache.c): starts from the hit's KDA checkpoint when it has one,
  * computes prompt[start, n) in segments that end at the checkpoints to take (each a multiple of
  * the block: prefill(A) then prefill(B) == prefill(A|B) bit for bit there), copies the state
@@ -96,12 +106,9 @@ static int run_split(dc_worker_t *w, dc_msg_t *a, float *lg, float *first_lp, ch
   k3_runner_t *r = w->runner;
   int64_t V = k3_runner_vocab(r);
   int rc = 0;
-  if (a->copy_slot >= 0) {
-    if ((rc = k3_runner_slot_copy(r, a->seq.slot, a->copy_slot))) {
-      snprintf(err, errlen, "copying the cached KDA checkpoint: %s", k3_strerror(rc));
-      return rc;
-    }
-    post_out(w, new_out(a->handle, DC_MSG_CKPT)); /* ck_pos[0] 0: the hit is copied, unpin it */
+  if (a->copy_slot >= 0 && (rc = copy_hit(w, a)) != 0) {
+    snprintf(err, errlen, "copying the cached KDA checkpoint: %s", k3_strerror(rc));
+    return rc;
   }
   uint32_t pos = a->start;
   for (int k = 0; k <= a->n_ck && !rc; k++) {
@@ -164,6 +171,12 @@ static void *engine_main(void *arg) {
   k3_runner_claim_all(w->runner);
   while (!stop) {
     k3_msg_t *m = k3_msgq_take_all(&w->engine.q);
+    /* Hits first: copying a checkpoint is cheap and frees its pin before the suffixes below run
+     * (each may take a while); a failure is reported when the request's turn comes. */
+    for (k3_msg_t *h = m; h; h = h->next) {
+      dc_msg_t *dm = (dc_msg_t *)h;
+      if (h->type == DC_MSG_ADMIT && dm->split && dm->copy_slot >= 0) copy_hit(w, dm);
+    }
     while (m) {
       k3_msg_t *next = m->next;
       dc_msg_t *dm = (dc_msg_t *)m;
