@@ -111,6 +111,7 @@ static int run_split(dc_worker_t *w, dc_msg_t *a, float *lg, float *first_lp, ch
     return rc;
   }
   uint32_t pos = a->start;
+  uint64_t t0 = k3_now_ns();
   for (int k = 0; k <= a->n_ck && !rc; k++) {
     uint32_t end = k < a->n_ck ? a->ck_pos[k] : a->n_prompt;
     if (end > pos) {
@@ -131,6 +132,8 @@ static int run_split(dc_worker_t *w, dc_msg_t *a, float *lg, float *first_lp, ch
     }
   }
   if (rc) return rc;
+  K3_DEBUG("computed prompt [%u, %u) of request handle %llu here in %.2f ms (%d checkpoints)", a->start, a->n_prompt,
+           (unsigned long long)a->handle, (double)(k3_now_ns() - t0) / 1e6, a->n_ck);
   k3k_sample_cfg_t cfg = a->sample;
   cfg.step = 0;
   int32_t tok = 0;
