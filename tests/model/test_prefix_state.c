@@ -1,7 +1,8 @@
 /* What the decode worker's prefix cache relies on (docs/design.md, "Prefix cache"), on both
  * tiny presets, fp32 and bf16, backends cpu and cpu-fast:
  *   - prefill(A) then prefill(B) == prefill(A|B) bit for bit when |A| is a multiple of 64 (the
- *     KDA chunk), for every such split of a 300-token prompt and prefill chunks 64 and 256;
+ *     KDA chunk), for every such split of a 200-token prompt (fp32 with 64-token prefill chunks,
+ *     bf16 with 256) and of a 130-token one on the reference backend (bf16);
  *   - a KDA checkpoint taken with k3_runner_slot_copy at such a split, continued in another slot
  *     over the SAME (shared, read-only) prefix pages plus fresh pages, gives the logits and the
  *     following decode steps of the never-checkpointed sequence, bit for bit;
@@ -20,7 +21,7 @@
 
 static const char *PRESETS[2] = {"tiny", "tiny-48b"};
 static k3_weights_t *g_w[2];
-#define TMAX 300
+#define TMAX 200
 #define PT 16
 
 static int load_weights(void) {
@@ -126,7 +127,7 @@ static void run_case(int p, k3_runner_precision_t prec, const char *be, int chun
   }
   /* unaligned splits: informative only */
   int exact = 0, tried = 0;
-  for (int64_t split = 37; split < T; split += 50) {
+  for (int64_t split = 37; split < T; split += 100) {
     tseq_t b;
     seq_at(&b, 1, 40, 40);
     prefill(r, &b, 0, split, NULL);
@@ -142,15 +143,14 @@ static void run_case(int p, k3_runner_precision_t prec, const char *be, int chun
 }
 
 START_TEST(test_split_fast) {
+  /* both precisions, both prefill chunk sizes (a split inside and at a chunk's end) */
   run_case(_i, K3_RUNNER_FP32, "cpu-fast", 64, TMAX);
-  run_case(_i, K3_RUNNER_FP32, "cpu-fast", 256, TMAX);
-  run_case(_i, K3_RUNNER_BF16, "cpu-fast", 64, TMAX);
   run_case(_i, K3_RUNNER_BF16, "cpu-fast", 256, TMAX);
 }
 END_TEST
 
 /* the reference backend (slow, above all under ASan): a shorter prompt, splits at 64 and 128 */
-START_TEST(test_split_ref) { run_case(_i, K3_RUNNER_BF16, "cpu", 256, 150); }
+START_TEST(test_split_ref) { run_case(_i, K3_RUNNER_BF16, "cpu", 256, 130); }
 END_TEST
 
 START_TEST(test_slot_copy_errors) {
