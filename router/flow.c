@@ -438,7 +438,7 @@ static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const Protobuf
     end_request(q, K3_RPC_RESOURCE_EXHAUSTED, "router out of memory");
     goto out;
   }
-  memcpy(q->desc, r->descriptor.data, r->descriptor.len);
+  if (r->descriptor.len) memcpy(q->desc, r->descriptor.data, r->descriptor.len); /* empty: no handoff */
   q->desc_len = r->descriptor.len;
   q->split = r->split;
   q->prefill_tokens = r->split ? r->prefill_tokens : 0;

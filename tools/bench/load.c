@@ -149,7 +149,7 @@ static void on_done(void *arg, const k3_rpc_status_t *st) {
       v->turn = c->w->chat_turns; /* a failed turn ends its conversation */
     } else {
       memcpy(nh, x->prompt, x->n_prompt * sizeof *nh);
-      memcpy(nh + x->n_prompt, x->ids, x->n_tokens * sizeof *nh);
+      if (x->n_tokens) memcpy(nh + x->n_prompt, x->ids, x->n_tokens * sizeof *nh);
       v->hist = nh;
       v->n_hist = x->n_prompt + x->n_tokens;
     }
