@@ -81,7 +81,8 @@ def check_chat_stream(objs, what, usage):
     if usage:
         u = objs[-1]
         check(list(u.keys()) == keys and u["choices"] == [] and all(o["usage"] is None for o in body) and
-              set(u["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"},
+              set(u["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"} and
+              set(u["usage"]["prompt_tokens_details"]) == {"cached_tokens"},
               "%s: a usage chunk with choices [] last, \"usage\": null in the others" % what)
     return "".join(o["choices"][0]["delta"].get("content", "") or "" for o in body), \
         "".join(o["choices"][0]["delta"].get("reasoning_content", "") or "" for o in body)

@@ -222,6 +222,9 @@ START_TEST(test_whole_tool_calls) {
   ck_assert_int_eq(json_integer_value(json_object_get(u, "prompt_tokens")), 11);
   ck_assert_int_eq(json_integer_value(json_object_get(u, "completion_tokens")), 1);
   ck_assert_int_eq(json_integer_value(json_object_get(u, "total_tokens")), 12);
+  /* OpenAI's prefix-cache field: what the decode worker's cache held (none here) */
+  ck_assert(json_is_integer(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
+  ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")), 0);
   json_decref(r);
   clear();
 }
