@@ -89,14 +89,17 @@ def status_of(resp):
 
 
 def wait_pool_free(cl, timeout=15):
-    """True once the decode worker reports every page and slot free (after its quarantine)."""
+    """True once the decode worker reports no page or slot held by a request (after its
+    quarantine): every page free or held only by the prefix cache (state "cached", evictable)."""
     dport = metrics_port(cl.decodes()[0])
     deadline = time.time() + timeout
     while time.time() < deadline:
         _, t = scrape(dport)
-        if (metric(t, "k3pd_decode_kv_pages", 'state="free"') == NUM_PAGES and
-                metric(t, "k3pd_decode_kda_slots", 'state="free"') == NUM_SLOTS and
-                metric(t, "k3pd_decode_running_sequences") == 0):
+        held = sum(metric(t, m, 'state="%s"' % st) for m in ("k3pd_decode_kv_pages", "k3pd_decode_kda_slots")
+                   for st in ("reserved", "used"))
+        pages = metric(t, "k3pd_decode_kv_pages", 'state="free"') + metric(t, "k3pd_decode_kv_pages", 'state="cached"')
+        slots = metric(t, "k3pd_decode_kda_slots", 'state="free"') + metric(t, "k3pd_decode_kda_slots", 'state="cached"')
+        if held == 0 and pages == NUM_PAGES and slots >= NUM_SLOTS and metric(t, "k3pd_decode_running_sequences") == 0:
             return True
         time.sleep(0.1)
     return False
