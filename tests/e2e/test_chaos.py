@@ -85,6 +85,25 @@ def monolithic(bindir, model, r):
     return [int(x) for x in [ln for ln in out.stdout.splitlines() if ln.startswith("ids:")][-1][4:].split()]
 
 
+_CREDS = []
+ARGS = argparse.Namespace(workdir=".", bindir=".")
+
+
+def router_creds():
+    """Channel credentials with the router identity from k3pd-cli up's development CA (the
+    workers' ports take only mutual TLS with that identity)."""
+    if not _CREDS:
+        ca_dir = "/tmp/k3pd-tls-%d" % os.geteuid()
+        prefix = os.path.join(ARGS.workdir, "client-k3pd-router")
+        subprocess.run([os.path.join(ARGS.bindir, "tools", "cli", "k3pd-cli"), "certs", "--dir", ca_dir, "--name",
+                        "k3pd-router", "--out", prefix], check=True, capture_output=True, timeout=30)
+        rd = lambda f: open(f, "rb").read()  # noqa: E731
+        _CREDS.append(grpc.ssl_channel_credentials(root_certificates=rd(os.path.join(ca_dir, "ca.crt")),
+                                                   private_key=rd(prefix + ".key"),
+                                                   certificate_chain=rd(prefix + ".crt")))
+    return _CREDS[0]
+
+
 def scrape(port):
     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as f:
         return f.read().decode()
@@ -182,6 +201,7 @@ def main():
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--seed", type=int, default=18)
     args = ap.parse_args()
+    ARGS.workdir, ARGS.bindir = args.workdir, args.bindir
     os.makedirs(args.workdir, exist_ok=True)
     stubs = load_stubs(args.gen)
     c, g, d, _ = stubs
@@ -292,7 +312,8 @@ def main():
             check(run_one(i, tpl[i]) == "OK", "after the chaos: template %d equals k3pd-generate" % i)
 
         def decode_idle(name):
-            with grpc.insecure_channel(up.addr(name)) as ch:
+            with grpc.secure_channel(up.addr(name), router_creds(),
+                                     options=[("grpc.ssl_target_name_override", name)]) as ch:
                 st = ch.unary_unary("/k3pd.v1.Decode/Stats", request_serializer=d.StatsRequest.SerializeToString,
                                     response_deserializer=d.StatsResponse.FromString)(d.StatsRequest(), timeout=5)
             return st.used_kv_pages == 0 and st.used_kda_slots == 0 and st.reservations == 0 and st.running_seqs == 0
