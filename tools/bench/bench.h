@@ -70,6 +70,9 @@ typedef struct {
 int bn_workload_load_texts(bn_workload_t *w, const char *path, char *err, size_t errlen);
 /* Fills *s for request `index` (deterministic). Returns 0 or K3_ENOMEM. */
 int bn_spec_make(const bn_workload_t *w, uint64_t index, bn_req_spec_t *s);
+/* Request `index`'s prompt length and max_new_tokens alone (what bn_spec_make draws; text
+ * mode: the prompt length is drawn but unused). k3pd-plan replays workloads with it. */
+void bn_spec_lengths(const bn_workload_t *w, uint64_t index, uint32_t *prompt_len, uint32_t *max_new);
 void bn_spec_free(bn_req_spec_t *s);
 void bn_workload_free(bn_workload_t *w);
 
