@@ -197,7 +197,7 @@ static int replicas(const plan_t *pl, const char *spec, json_t *js, char *err, s
 int main(int argc, char **argv) {
   const char *profile = NULL, *prompt_len = "16", *output_len = "16", *curve_spec = NULL, *replicas_spec = NULL;
   const char *json_path = NULL;
-  double rate = 0, duration = 120, warmup = -1, ttft = 0, itl = 0, max_reject = 0, prefix_hit = 0;
+  double rate = 0, duration = 120, warmup = -1, ttft = 0, itl = 0, max_reject = 0, prefix_hit = 0, overload_s = 30;
   int64_t requests = 0, seed = 1, first_index = 0, prefix_tokens = 0;
   int n_prefill = 0, n_decode = 0, max_workers = 1000;
   bool do_hpa = false;
@@ -225,6 +225,8 @@ int main(int argc, char **argv) {
       {"itl-p99-ms", K3_FLAG_DOUBLE, &itl, "MS", "target p99 inter-token latency (0 = none)", false},
       {"max-reject", K3_FLAG_DOUBLE, &max_reject, "F", "largest acceptable fraction of requests refused for lack "
        "of decode pages/slots (default 0)", false},
+      {"overload-wait-s", K3_FLAG_DOUBLE, &overload_s, "S", "a simulation stops as overloaded once a queued prompt "
+       "waited S seconds (default 30)", false},
       {"max-workers", K3_FLAG_INT, &max_workers, "N", "largest count per role the search tries (default 1000)", false},
       {"prefill", K3_FLAG_INT, &n_prefill, "N", "evaluate this many prefill workers (with --decode) instead of searching",
        false},
@@ -270,6 +272,7 @@ int main(int argc, char **argv) {
   if (requests == 0 && !(duration > 0)) BAD("--duration: must be > 0");
   if ((n_prefill > 0) != (n_decode > 0) || n_prefill < 0 || n_decode < 0)
     BAD("--prefill and --decode: give both (>= 1) to evaluate a cluster, or neither to search");
+  if (!(overload_s > 0)) BAD("--overload-wait-s: must be > 0");
   if (max_workers < 1) BAD("--max-workers: must be >= 1");
   if (max_reject < 0 || max_reject > 1) BAD("--max-reject: must be in [0, 1]");
   if (prefix_hit < 0 || prefix_hit > 1) BAD("--prefix-hit: must be in [0, 1]");
@@ -306,6 +309,7 @@ int main(int argc, char **argv) {
   pl.w.warmup_s = warmup >= 0 ? warmup : (requests ? 0 : duration / 10);
   pl.w.prefix_hit = prefix_hit;
   pl.w.prefix_tokens = prefix_tokens;
+  pl.w.overload_wait_s = overload_s;
   pl.t = (pl_targets_t){.ttft_p99_ms = ttft, .itl_p99_ms = itl, .max_reject = max_reject};
 
   printf("k3pd-plan: profile %s (%s)\n", profile, p.source[0] ? p.source : "no source");

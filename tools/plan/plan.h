@@ -75,6 +75,7 @@ typedef struct {
   double warmup_s;          /* requests arriving before this are not measured */
   double prefix_hit;        /* fraction of requests whose first prefix_tokens are cached */
   int64_t prefix_tokens;
+  double overload_wait_s;   /* stop (overloaded) once a queued prompt waited this long (0 = 30) */
 } pl_workload_t;
 
 /* ---- results ---- */

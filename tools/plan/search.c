@@ -92,8 +92,18 @@ static int smallest(ctx_t *c, bool vary_prefill, int fixed, int lo, int max, con
   return 0;
 }
 
-int pl_search(const pl_profile_t *p, const pl_workload_t *w, const pl_targets_t *t, int max_workers, pl_cluster_t *best,
-              pl_result_t *best_res, int *sims, char *err, size_t errlen) {
+int pl_search(const pl_profile_t *p, const pl_workload_t *w_full, const pl_targets_t *t, int max_workers,
+              pl_cluster_t *best, pl_result_t *best_res, int *sims, char *err, size_t errlen) {
+  /* The search runs on at most ~100k arrivals (enough for a stable p99) and the answer is then
+   * checked on the whole workload, growing a role while that check fails. */
+  pl_workload_t wf = *w_full;
+  const pl_workload_t *w = &wf;
+  if (wf.requests > 100000) wf.requests = 100000;
+  if (wf.requests == 0 && wf.duration_s * wf.rate > 100000) {
+    double k = 100000 / (wf.duration_s * wf.rate);
+    wf.duration_s *= k;
+    wf.warmup_s *= k;
+  }
   ctx_t c = {.p = p, .w = w, .t = t, .err = err, .errlen = errlen};
   c.decode_only = *t;
   c.decode_only.ttft_p99_ms = 0;
@@ -133,6 +143,20 @@ int pl_search(const pl_profile_t *p, const pl_workload_t *w, const pl_targets_t 
       if (rc || !ok2) break;
       D--;
       r = r2;
+    }
+    /* the whole workload */
+    c.w = w_full;
+    for (int i = 0; !rc && i < 8; i++) {
+      rc = run(&c, P, D, t, &ok, &r);
+      if (rc || ok) break;
+      double rej = r.measured ? (double)r.rejected / (double)r.measured : 1;
+      bool decode_short = (t->itl_p99_ms > 0 && !(r.itl_ms.p99 <= t->itl_p99_ms)) || rej > t->max_reject;
+      if (decode_short) D = D + 1 > max_workers ? max_workers : D + 1;
+      else P = P + 1 > max_workers ? max_workers : P + 1;
+    }
+    if (!rc && !ok) {
+      snprintf(err, errlen, "the answer of the short search (%d:%d) fails on the whole workload", P, D);
+      rc = K3_ECAPACITY;
     }
     best->n_prefill = P;
     best->n_decode = D;

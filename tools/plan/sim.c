@@ -122,9 +122,9 @@ typedef struct {
   pl_samples_t ttft, itl, e2e;
   pl_result_t *out;
   double win_lo, win_hi, t_stat;
-  double sum_q, sum_util, sum_running, sum_pages, sum_slots; /* current totals over workers */
-  double int_q, int_util, int_running, int_pages, int_slots; /* their integrals over the window */
-  double busy_ms, steps, step_seqs;
+  double sum_q, sum_util, sum_running, sum_pages, sum_slots, sum_busy; /* current totals over workers */
+  double int_q, int_util, int_running, int_pages, int_slots, int_busy; /* integrals over the window */
+  double steps, step_seqs;
   bool overloaded;
   int err;
 } sim_t;
@@ -196,6 +196,7 @@ static void stat_advance(sim_t *s) {
     s->int_running += s->sum_running * dt;
     s->int_pages += s->sum_pages * dt;
     s->int_slots += s->sum_slots * dt;
+    s->int_busy += s->sum_busy * dt;
   }
   s->t_stat = s->now;
 }
@@ -232,15 +233,25 @@ void pl_samples_free(pl_samples_t *s) {
   memset(s, 0, sizeof *s);
 }
 
+/* bn_percentile's interpolation on data it already sorted (sorting millions of samples again
+ * for each percentile was half of a large run's time); test_plan_sim checks they agree. */
+static double pct_sorted(const double *v, size_t n, double p) {
+  double pos = p / 100.0 * (double)(n - 1);
+  size_t i = (size_t)pos;
+  if (i + 1 >= n) return v[n - 1];
+  double f = pos - (double)i;
+  return v[i] + (v[i + 1] - v[i]) * f;
+}
+
 pl_summ_t pl_samples_summary(pl_samples_t *s) {
   pl_summ_t r = {NAN, NAN, NAN, NAN, NAN, s->n};
   if (!s->n) return r;
   double sum = 0;
   for (size_t i = 0; i < s->n; i++) sum += s->v[i];
   r.mean = sum / (double)s->n;
-  r.p50 = bn_percentile(s->v, s->n, 50); /* sorts: same interpolation as k3pd-bench */
-  r.p90 = bn_percentile(s->v, s->n, 90);
-  r.p99 = bn_percentile(s->v, s->n, 99);
+  r.p50 = bn_percentile(s->v, s->n, 50); /* sorts: k3pd-bench's percentiles */
+  r.p90 = pct_sorted(s->v, s->n, 90);
+  r.p99 = pct_sorted(s->v, s->n, 99);
   r.max = s->v[s->n - 1];
   return r;
 }
@@ -523,8 +534,8 @@ static bool pf_pass(sim_t *s, int pi) {
   free(map);
   for (size_t i = 0; i < f->n_pend; i++) f->pend[i].waited++;
   double ms = pl_prefill_pass_ms(s->p, f->n_pass, toks, tok_ctx);
+  if (!f->busy) s->sum_busy += 1;
   f->busy = true;
-  s->busy_ms += ms;
   push_ev(s, s->now + ms, EV_PF_PASS_END, pi, -1);
   return true;
 }
@@ -533,7 +544,10 @@ static bool pf_pass(sim_t *s, int pi) {
 static void pf_loop(sim_t *s, int pi) {
   pf_admit(s, &s->pf[pi]);
   if (s->err) return;
-  if (!pf_pass(s, pi)) s->pf[pi].busy = false;
+  if (!pf_pass(s, pi) && s->pf[pi].busy) {
+    s->pf[pi].busy = false;
+    s->sum_busy -= 1;
+  }
 }
 
 static held_t *pf_find(pfw_t *f, int64_t ri) {
@@ -614,7 +628,9 @@ static void route(sim_t *s, int64_t ri) {
     if (s->pf[i].queued_tokens < s->pf[pi].queued_tokens) pi = i;
   pfw_t *f = &s->pf[pi];
   r->pf = pi;
-  if (f->n_pend >= 4096) { /* far past any latency target: stop instead of crawling */
+  /* Far past any latency target: stop instead of crawling through an ever longer queue. */
+  double limit_ms = (s->w->overload_wait_s > 0 ? s->w->overload_wait_s : 30) * 1000.0;
+  if (f->n_pend >= 4096 || (f->n_pend >= 64 && s->now - s->req[f->pend[0].req].t_arrive > limit_ms)) {
     s->overloaded = true;
     return;
   }
@@ -679,7 +695,7 @@ int pl_sim_run(const pl_profile_t *p, const pl_cluster_t *c, const pl_workload_t
     s.pf[i].pass_take = malloc((size_t)s.pf_maxb * sizeof(int64_t));
     if (!s.pf[i].pass_req || !s.pf[i].pass_take) goto out;
   }
-  if (pl_samples_init(&s.ttft, 1u << 20, 1) || pl_samples_init(&s.itl, 1u << 22, 2) ||
+  if (pl_samples_init(&s.ttft, 1u << 20, 1) || pl_samples_init(&s.itl, 1u << 20, 2) ||
       pl_samples_init(&s.e2e, 1u << 20, 3))
     goto out;
   if (next_arrival(&s)) goto out;
@@ -717,7 +733,7 @@ int pl_sim_run(const pl_profile_t *p, const pl_cluster_t *c, const pl_workload_t
   double win = (s.win_hi < s.now ? s.win_hi : s.now) - s.win_lo;
   if (win > 0) {
     out->pf_queued_tokens_avg = s.int_q / win / s.P;
-    out->pf_busy = s.busy_ms / win / s.P;
+    out->pf_busy = s.int_busy / win / s.P;
     out->dc_util_avg = s.int_util / win / s.D;
     out->dc_running_avg = s.int_running / win / s.D;
     out->dc_pages_used_avg = s.int_pages / win / s.D;

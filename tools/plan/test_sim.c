@@ -179,6 +179,20 @@ START_TEST(test_md1_mean_wait) {
 }
 END_TEST
 
+/* The summary's p90/p99 (interpolated on the sorted samples) equal k3pd-bench's percentiles. */
+START_TEST(test_percentiles_match_bench) {
+  pl_samples_t s;
+  ck_assert_int_eq(pl_samples_init(&s, 100, 1), 0);
+  double copy[37];
+  for (int i = 0; i < 37; i++) pl_samples_add(&s, copy[i] = (double)((i * 7919) % 101) / 3.0);
+  pl_summ_t m = pl_samples_summary(&s);
+  ck_assert_double_eq(m.p50, bn_percentile(copy, 37, 50));
+  ck_assert_double_eq(m.p90, bn_percentile(copy, 37, 90));
+  ck_assert_double_eq(m.p99, bn_percentile(copy, 37, 99));
+  pl_samples_free(&s);
+}
+END_TEST
+
 START_TEST(test_bad_cluster) {
   pl_profile_t p = simple();
   pl_cluster_t c = {0, 1};
@@ -201,6 +215,7 @@ int main(void) {
   tcase_add_test(tc, test_prefill_least_queued);
   tcase_add_test(tc, test_md1_mean_wait);
   tcase_add_test(tc, test_bad_cluster);
+  tcase_add_test(tc, test_percentiles_match_bench);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
