@@ -119,13 +119,28 @@ def main():
     ap.add_argument("--output-len", default="8..32")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile-args", default="", help="extra k3pd-bench --profile flags")
+    ap.add_argument("--host-cores", type=int, default=os.cpu_count(),
+                    help="also predict with k3pd-plan --host-cores N (all workers share this host's cores); 0 = off")
+    ap.add_argument("--replan", action="store_true",
+                    help="do not run clusters: recompute the predictions for the bench results already in --out")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.replan and not a.out:
+        ap.error("--replan needs --out")
     build = os.path.abspath(a.build)
     out = a.out or tempfile.mkdtemp(prefix="k3pd-plan-validate.")
     os.makedirs(out, exist_ok=True)
     print(f"validate: results in {out}", flush=True)
     rows = []
+    if a.replan:
+        for preset in a.presets.split(","):
+            prof = os.path.join(out, f"profile-{preset}.json")
+            for cfg in a.configs.split(","):
+                P, D = (int(x) for x in cfg.split("x"))
+                for rate in a.rates.split(","):
+                    wl = ["--prompt-len", a.prompt_len, "--output-len", a.output_len, "--seed", str(a.seed)]
+                    cell(a, build, out, prof, preset, cfg, P, D, rate, wl, rows)
+        return finish(rows, out, a)
     for preset in a.presets.split(","):
         model = os.path.join(out, f"ckpt-{preset}")
         if not os.path.exists(os.path.join(model, "config.json")):
@@ -159,49 +174,74 @@ def main():
                     rc = run([f"{build}/tools/bench/k3pd-bench", "--router", c.router, "--model", model, "--rate", rate,
                               "--duration", str(a.duration), "--json", bj, "--label", tag] + wl,
                              a.duration * 10 + 300, os.path.join(out, f"bench-{tag}.log"))
-                    rc2 = run([f"{build}/tools/plan/k3pd-plan", "--profile", prof, "--rate", rate, "--duration",
-                               str(a.duration), "--warmup", "0", "--prefill", str(P), "--decode", str(D), "--json", pj]
-                              + wl, 600, os.path.join(out, f"plan-{tag}.log"))
-                    if not os.path.exists(bj) or rc2:
-                        print(f"validate: {tag}: bench rc {rc}, plan rc {rc2}; skipped", flush=True)
-                        continue
-                    b = json.loads(open(bj).read().strip().splitlines()[-1])
-                    p = json.load(open(pj))["answer"]
-                    row = {"preset": preset, "config": cfg, "rate": float(rate), "ok": b["ok"], "sent": b["sent"],
-                           "bench_rc": rc}
-                    for m in ("ttft_ms", "itl_ms"):
-                        for q in ("p50", "p99"):
-                            row[f"{m}_{q}_meas"] = b[m][q]
-                            row[f"{m}_{q}_pred"] = p[m][q]
-                            row[f"{m}_{q}_err"] = rel(p[m][q], b[m][q])
-                    rows.append(row)
-                    print("validate: " + tag + " " + " ".join(
-                        f"{k[:-4]}={row[k[:-4]+'_meas']:.1f}/{row[k[:-4]+'_pred']:.1f}"
-                        for k in row if k.endswith("_err") and row[k] is not None), flush=True)
+                    cell(a, build, out, prof, preset, cfg, P, D, rate, wl, rows)
             finally:
                 c.stop()
+    return finish(rows, out, a)
+
+
+def cell(a, build, out, prof, preset, cfg, P, D, rate, wl, rows):
+    """Predicts one measured cell (own hardware, and on a shared host when --host-cores)."""
+    tag = f"{preset}-{cfg}-r{rate}"
+    bj = os.path.join(out, f"bench-{tag}.json")
+    if not os.path.exists(bj):
+        print(f"validate: {tag}: no bench result; skipped", flush=True)
+        return
+    b = json.loads(open(bj).read().strip().splitlines()[-1])
+    row = {"preset": preset, "config": cfg, "rate": float(rate), "ok": b["ok"], "sent": b["sent"]}
+    for variant, extra in (("", []), ("shared_", ["--host-cores", str(a.host_cores)] if a.host_cores else None)):
+        if extra is None:
+            continue
+        pj = os.path.join(out, f"plan-{variant}{tag}.json")
+        rc = run([f"{build}/tools/plan/k3pd-plan", "--profile", prof, "--rate", rate, "--duration", str(a.duration),
+                  "--warmup", "0", "--prefill", str(P), "--decode", str(D), "--json", pj] + wl + extra, 600,
+                 os.path.join(out, f"plan-{variant}{tag}.log"))
+        if rc:
+            print(f"validate: {tag}: k3pd-plan {variant or 'own'} failed ({rc}); skipped", flush=True)
+            return
+        p = json.load(open(pj))["answer"]
+        for m in ("ttft_ms", "itl_ms"):
+            for q in ("p50", "p99"):
+                row[f"{m}_{q}_meas"] = b[m][q]
+                row[f"{variant}{m}_{q}_pred"] = p[m][q]
+                row[f"{variant}{m}_{q}_err"] = rel(p[m][q], b[m][q])
+    rows.append(row)
+    print("validate: " + tag + " " + " ".join(
+        f"{m}_{q}={row[f'{m}_{q}_meas']:.1f}/{row[f'{m}_{q}_pred']:.1f}"
+        + (f"/{row[f'shared_{m}_{q}_pred']:.1f}" if f"shared_{m}_{q}_pred" in row else "")
+        for m in ("ttft_ms", "itl_ms") for q in ("p50", "p99")), flush=True)
+
+
+def finish(rows, out, a):
     json.dump(rows, open(os.path.join(out, "rows.json"), "w"), indent=1)
-    write_table(rows, os.path.join(out, "table.md"))
-    print(open(os.path.join(out, "table.md")).read())
+    path = os.path.join(out, "table.md")
+    with open(path, "w") as f:
+        write_table(rows, f, "", "each worker on its own hardware (k3pd-plan default)")
+        if a.host_cores:
+            write_table(rows, f, "shared_", f"all workers sharing this host's {a.host_cores} cores (--host-cores)")
+    print(open(path).read())
     return 0
 
 
-def write_table(rows, path):
+def write_table(rows, f, v, title):
     def cell(r, m, q):
-        e = r[f"{m}_{q}_err"]
+        e = r.get(f"{v}{m}_{q}_err")
+        if f"{v}{m}_{q}_pred" not in r:
+            return "n/a"
         mark = "" if e is None else (" ✓" if abs(e) <= 0.2 else " ✗")
         es = "n/a" if e is None else f"{e*100:+.0f}%"
-        return f"{r[f'{m}_{q}_meas']:.1f} / {r[f'{m}_{q}_pred']:.1f} ({es}){mark}"
-    with open(path, "w") as f:
-        f.write("| model | P x D | req/s | ok | TTFT p50 meas / pred | TTFT p99 | ITL p50 | ITL p99 |\n")
-        f.write("|---|---|---|---|---|---|---|---|\n")
-        for r in rows:
-            f.write(f"| {r['preset']} | {r['config']} | {r['rate']:g} | {r['ok']}/{r['sent']} | "
-                    f"{cell(r, 'ttft_ms', 'p50')} | {cell(r, 'ttft_ms', 'p99')} | {cell(r, 'itl_ms', 'p50')} | "
-                    f"{cell(r, 'itl_ms', 'p99')} |\n")
-        n = sum(1 for r in rows for k in r if k.endswith("_err") and r[k] is not None)
-        ok = sum(1 for r in rows for k in r if k.endswith("_err") and r[k] is not None and abs(r[k]) <= 0.2)
-        f.write(f"\n{ok} of {n} cells within 20 %.\n")
+        return f"{r[f'{m}_{q}_meas']:.1f} / {r[f'{v}{m}_{q}_pred']:.1f} ({es}){mark}"
+    f.write(f"Predictions with {title}; cells: measured / predicted ms (error).\n\n")
+    f.write("| model | P x D | req/s | ok | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 |\n")
+    f.write("|---|---|---|---|---|---|---|---|\n")
+    for r in rows:
+        f.write(f"| {r['preset']} | {r['config']} | {r['rate']:g} | {r['ok']}/{r['sent']} | "
+                f"{cell(r, 'ttft_ms', 'p50')} | {cell(r, 'ttft_ms', 'p99')} | {cell(r, 'itl_ms', 'p50')} | "
+                f"{cell(r, 'itl_ms', 'p99')} |\n")
+    errs = [r[k] for r in rows for k in r if k.startswith(v + ("" if v else "")) and k.endswith("_err")
+            and (v or not k.startswith("shared_")) and r[k] is not None]
+    ok = sum(1 for e in errs if abs(e) <= 0.2)
+    f.write(f"\n{ok} of {len(errs)} cells within 20 %.\n\n")
 
 
 if __name__ == "__main__":

@@ -199,7 +199,7 @@ int main(int argc, char **argv) {
   const char *json_path = NULL;
   double rate = 0, duration = 120, warmup = -1, ttft = 0, itl = 0, max_reject = 0, prefix_hit = 0, overload_s = 30;
   int64_t requests = 0, seed = 1, first_index = 0, prefix_tokens = 0;
-  int n_prefill = 0, n_decode = 0, max_workers = 1000;
+  int n_prefill = 0, n_decode = 0, max_workers = 1000, host_cores = 0;
   bool do_hpa = false;
   pl_profile_t p;
   pl_profile_default(&p);
@@ -231,6 +231,8 @@ int main(int argc, char **argv) {
       {"prefill", K3_FLAG_INT, &n_prefill, "N", "evaluate this many prefill workers (with --decode) instead of searching",
        false},
       {"decode", K3_FLAG_INT, &n_decode, "M", "evaluate this many decode workers (with --prefill)", false},
+      {"host-cores", K3_FLAG_INT, &host_cores, "N", "with --prefill/--decode: all workers share one host of N cores "
+       "(a local CPU cluster; default 0 = each worker owns its hardware)", false},
       {"curve", K3_FLAG_STR, &curve_spec, "LIST", "also print latency at these multiples of --rate, e.g. "
        "0.5,0.75,1,1.25", false},
       {"replicas", K3_FLAG_STR, &replicas_spec, "LIST", "recommended counts for each of these rates (req/s), "
@@ -323,7 +325,8 @@ int main(int argc, char **argv) {
   json_t *js = json_object();
   uint64_t t0 = k3_now_ns();
   int exit_code = 2;
-  pl_cluster_t c = {n_prefill, n_decode};
+  if (host_cores < 0) BAD("--host-cores: must be >= 0");
+  pl_cluster_t c = {n_prefill, n_decode, host_cores};
   pl_result_t r;
   if (n_prefill > 0) {
     if ((rc = pl_sim_run(&p, &c, &pl.w, NULL, NULL, NULL, &r, err, sizeof err))) goto fail;

@@ -107,6 +107,9 @@ typedef struct {
 
 typedef struct {
   int n_prefill, n_decode;
+  int host_cores; /* > 0: every worker runs on one host of this many cores (the CPU test cluster);
+                     work starting while k workers are busy takes max(1, k / host_cores) longer.
+                     0: each worker owns its hardware (production). */
 } pl_cluster_t;
 
 /* Per-request trace hook (tests): called when a request finishes or is rejected. */

@@ -54,7 +54,7 @@ typedef struct {
 } ctx_t;
 
 static int run(ctx_t *c, int P, int D, const pl_targets_t *t, bool *ok, pl_result_t *res) {
-  pl_cluster_t cl = {P, D};
+  pl_cluster_t cl = {P, D, 0};
   pl_result_t r;
   int rc = pl_sim_run(c->p, &cl, c->w, NULL, NULL, NULL, &r, c->err, c->errlen);
   c->sims++;

@@ -4,8 +4,8 @@
  * last pass, and each decode worker's continuous-batching engine (decode_worker/engine.c).
  *
  * Not here: costs (profile.c) or searching (search.c). Not modelled: worker failures, retries,
- * several routers, heartbeats being a beat behind (the router's view is exact here), CPU
- * contention between processes that share cores.
+ * several routers, heartbeats being a beat behind (the router's view is exact here). CPU
+ * contention between workers on one host is approximated only when host_cores is set (share()).
  *
  * What each part mirrors (keep in step with the code it names):
  *  - router (router/registry.c choose_decode, rt_choose_prefill): decode first, among workers
@@ -127,6 +127,8 @@ typedef struct {
   double steps, step_seqs;
   bool overloaded;
   int err;
+  int host_cores; /* > 0: all workers share this many cores (pl_cluster_t) */
+  int dc_busy;    /* decode workers in a step */
 } sim_t;
 
 /* ---- event heap (min by time, then sequence) ---- */
@@ -256,6 +258,15 @@ pl_summ_t pl_samples_summary(pl_samples_t *s) {
   return r;
 }
 
+/* Slow-down of work that starts now when every worker shares host_cores cores (a CPU cluster on
+ * one host): busy workers / cores, at least 1, fixed for the work's duration (an
+ * approximation of processor sharing). 1 when workers own their hardware. */
+static double share(const sim_t *s) {
+  if (s->host_cores <= 0) return 1;
+  double f = (s->sum_busy + (double)s->dc_busy) / (double)s->host_cores;
+  return f > 1 ? f : 1;
+}
+
 /* ---- requests ---- */
 
 static int64_t pages_for(int64_t tokens, int64_t page_tokens) {
@@ -362,6 +373,7 @@ static void dc_loop(sim_t *s, int di) {
   }
   d->n_inbox = 0;
   if (d->n_run == 0) {
+    if (d->busy) s->dc_busy--;
     d->busy = false;
     return;
   }
@@ -371,11 +383,12 @@ static void dc_loop(sim_t *s, int di) {
     const req_t *r = &s->req[d->run[i]];
     ctx += (double)(r->prompt + r->generated);
   }
+  if (!d->busy) s->dc_busy++;
   d->busy = true;
   d->n_batch = b;
   s->steps += 1;
   s->step_seqs += b;
-  push_ev(s, s->now + pl_decode_step_ms(s->p, b, ctx), EV_DC_STEP_END, di, -1);
+  push_ev(s, s->now + pl_decode_step_ms(s->p, b, ctx) * share(s), EV_DC_STEP_END, di, -1);
 }
 
 static void dc_step_end(sim_t *s, int di) {
@@ -536,7 +549,7 @@ static bool pf_pass(sim_t *s, int pi) {
   double ms = pl_prefill_pass_ms(s->p, f->n_pass, toks, tok_ctx);
   if (!f->busy) s->sum_busy += 1;
   f->busy = true;
-  push_ev(s, s->now + ms, EV_PF_PASS_END, pi, -1);
+  push_ev(s, s->now + ms * share(s), EV_PF_PASS_END, pi, -1);
   return true;
 }
 
@@ -677,7 +690,7 @@ int pl_sim_run(const pl_profile_t *p, const pl_cluster_t *c, const pl_workload_t
   int rc = check(p, c, w, fixed, err, errlen);
   if (rc) return rc;
   sim_t s = {.p = p, .w = w, .fixed = fixed, .trace = trace, .trace_ctx = trace_ctx, .out = out, .P = c->n_prefill,
-             .D = c->n_decode};
+             .D = c->n_decode, .host_cores = c->host_cores};
   memset(out, 0, sizeof *out);
   s.chunk = (p->pf.chunk_tokens + 63) / 64 * 64; /* the runner rounds the chunk up to the KDA chunk */
   s.pf_maxb = p->pf.max_batch > 64 ? 64 : p->pf.max_batch;

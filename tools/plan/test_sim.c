@@ -32,15 +32,20 @@ static pl_profile_t simple(void) {
   return p;
 }
 
-static pl_result_t run_fixed(const pl_profile_t *p, int P, int D, const double *at, const int64_t *pr,
-                             const int64_t *out, size_t n, traces_t *tr) {
-  pl_cluster_t c = {P, D};
+static pl_result_t run_fixed_cores(const pl_profile_t *p, int P, int D, int cores, const double *at,
+                                   const int64_t *pr, const int64_t *out, size_t n, traces_t *tr) {
+  pl_cluster_t c = {P, D, cores};
   pl_workload_t w = {0};
   pl_fixed_reqs_t fx = {at, pr, out, n};
   pl_result_t r;
   char err[256];
   ck_assert_int_eq(pl_sim_run(p, &c, &w, &fx, on_trace, tr, &r, err, sizeof err), 0);
   return r;
+}
+
+static pl_result_t run_fixed(const pl_profile_t *p, int P, int D, const double *at, const int64_t *pr,
+                             const int64_t *out, size_t n, traces_t *tr) {
+  return run_fixed_cores(p, P, D, 0, at, pr, out, n, tr);
 }
 
 /* One request of 100 prompt tokens and 4 output tokens through chunk 64:
@@ -158,6 +163,19 @@ START_TEST(test_prefill_least_queued) {
 }
 END_TEST
 
+/* One shared core (--host-cores 1): the second prefill worker starts its pass while the first
+ * is busy, so its 40 ms of work takes 2 x 40 = 80 ms; the first, alone when it started, 40. */
+START_TEST(test_host_cores_share) {
+  pl_profile_t p = simple();
+  double at[] = {0, 0};
+  int64_t pr[] = {40, 40}, out[] = {1, 1};
+  traces_t tr = {0};
+  run_fixed_cores(&p, 2, 1, 1, at, pr, out, 2, &tr);
+  ck_assert_double_eq_tol(tr.t[0].t_first_ms, 40, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_first_ms, 80, 1e-9);
+}
+END_TEST
+
 /* M/D/1: one prefill worker serving one prompt per pass (--max-batch 1) of fixed cost S = 10 ms
  * (10 tokens, 1 ms each), Poisson arrivals at 50/s (rho = 0.5), output 1 token (decode never
  * queues). Equal sizes make the order irrelevant to the mean, so the mean time to first token
@@ -169,7 +187,7 @@ START_TEST(test_md1_mean_wait) {
   p.dc.num_slots = 64;
   bn_dist_t len = {.kind = BN_DIST_FIXED, .lo = 10, .hi = 10}, one = {.kind = BN_DIST_FIXED, .lo = 1, .hi = 1};
   pl_workload_t w = {.prompt_len = len, .output_len = one, .rate = 50, .seed = 7, .requests = 200000};
-  pl_cluster_t c = {1, 1};
+  pl_cluster_t c = {1, 1, 0};
   pl_result_t r;
   char err[256];
   ck_assert_int_eq(pl_sim_run(&p, &c, &w, NULL, NULL, NULL, &r, err, sizeof err), 0);
@@ -195,7 +213,7 @@ END_TEST
 
 START_TEST(test_bad_cluster) {
   pl_profile_t p = simple();
-  pl_cluster_t c = {0, 1};
+  pl_cluster_t c = {0, 1, 0};
   pl_workload_t w = {.rate = 1, .requests = 1};
   pl_result_t r;
   char err[256];
@@ -214,6 +232,7 @@ int main(void) {
   tcase_add_test(tc, test_pages_slots_reject);
   tcase_add_test(tc, test_prefill_least_queued);
   tcase_add_test(tc, test_md1_mean_wait);
+  tcase_add_test(tc, test_host_cores_share);
   tcase_add_test(tc, test_bad_cluster);
   tcase_add_test(tc, test_percentiles_match_bench);
   suite_add_tcase(s, tc);
