@@ -78,6 +78,8 @@ static int snap(const bn_profile_opts_t *o, snap_t *s, char *err, size_t errlen)
 typedef struct {
   size_t ok;
   double prefill_ms, ttft_ms, tpot_ms; /* means over ok requests (tpot: median) */
+  double ttft_var;                     /* variance of TTFT over ok requests */
+  double itl_cv;                       /* coefficient of variation of the inter-token gaps */
 } phase_t;
 
 static int cmp_d(const void *a, const void *b) {
@@ -118,6 +120,20 @@ static int phase(const bn_workload_t *w0, const bn_profile_opts_t *o, uint32_t L
   if (ntp) {
     qsort(tp, ntp, sizeof *tp, cmp_d);
     ph->tpot_ms = tp[ntp / 2];
+  }
+  for (size_t i = 0; ph->ok > 1 && i < run.n_res; i++) {
+    const bn_result_t *r = &run.res[i];
+    if (!r->complete || !r->t_first) continue;
+    double d = (double)(r->t_first - r->t_start) / 1e6 - ph->ttft_ms;
+    ph->ttft_var += d * d / (double)(ph->ok - 1);
+  }
+  if (run.itl_ms.n > 1) {
+    double m = 0, v = 0;
+    for (size_t i = 0; i < run.itl_ms.n; i++) m += run.itl_ms.v[i];
+    m /= (double)run.itl_ms.n;
+    for (size_t i = 0; i < run.itl_ms.n; i++) v += (run.itl_ms.v[i] - m) * (run.itl_ms.v[i] - m);
+    v /= (double)(run.itl_ms.n - 1);
+    ph->itl_cv = m > 0 ? sqrt(v) / m : 0;
   }
   free(tp);
   size_t bad = run.n_res - ph->ok;
@@ -196,7 +212,7 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
   /* rows: prefill (fixed, per_seq, per_token, per_kctx), handoff bytes (1, L), tail (1, bytes) */
   double Xp[64 * 4], yp[64], Xb[16 * 2], yb[16], Xt[16 * 2], yt[16], Xd[64 * 3], yd[64];
   int np = 0, nb = 0, nt = 0, nd = 0;
-  double over_sum = 0;
+  double over_sum = 0, cv2_sum = 0, itl_cv = -1;
   int over_n = 0;
   json_t *pts = json_array();
   snap_t a, b;
@@ -221,6 +237,7 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
     yp[np++] = compute;
     over_sum += ph.ttft_ms - ph.prefill_ms;
     over_n++;
+    if (ph.ttft_ms > 0) cv2_sum += ph.ttft_var / (ph.ttft_ms * ph.ttft_ms);
     if (a.pf) {
       double bytes = (b.v[M_HO_BYTES] - a.v[M_HO_BYTES]) / R;
       Xb[nb * 2] = 1;
@@ -276,6 +293,7 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
       x[1] = batch;
       x[2] = batch * (dl[j] + N / 2.0) / 1000.0;
       yd[nd++] = step;
+      if (c == 1 && j == 0) itl_cv = ph.itl_cv; /* batch 1, short prompt: the step's own spread */
       fprintf(stderr, "  decode c=%d L=%d: step %.3f ms at mean batch %.2f (TPOT p50 %.3f ms)\n", c, dl[j], step,
               batch, ph.tpot_ms);
     }
@@ -300,6 +318,11 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
   p.dc_fixed_ms = bd[0];
   p.dc_per_seq_ms = bd[1];
   p.dc_per_kctx_ms = bd[2];
+  /* Variability: the spread of TTFT of one prompt alone (pooled over the lengths) and of the
+   * inter-token gaps at batch 1. It holds everything that makes a pass or a step slower than
+   * its fitted cost (other processes, the engine's admission work between steps, relay). */
+  p.pf_cv = over_n ? sqrt(cv2_sum / over_n) : 0;
+  p.dc_cv = itl_cv > 0 ? itl_cv : 0;
   for (int i = 0; i < np; i++) json_array_append_new(pts, point("prefill_pass_sum", &Xp[i * 4], 4, yp[i], dot(&Xp[i * 4], bp, 4)));
   for (int i = 0; i < nd; i++) json_array_append_new(pts, point("decode_step", &Xd[i * 3], 3, yd[i], dot(&Xd[i * 3], bd, 3)));
   if (nb >= 2 && !bn_fit_lsq(Xb, yb, nb, 2, nn4, bbytes)) {
@@ -325,9 +348,9 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
     fprintf(stderr,
             "k3pd-bench --profile: wrote %s: prefill pass %.3f + %.3f/seq + %.4f/token + %.4f/ktok-ctx ms; decode "
             "step %.3f + %.4f/seq + %.5f/ktok-ctx ms; handoff %.0f + %.1f/token bytes, tail %.3f ms + bytes at %.3g "
-            "B/s; TTFT overhead %.2f ms\n",
+            "B/s; TTFT overhead %.2f ms; cv prefill %.3f decode %.3f\n",
             o->out, p.pf_fixed_ms, p.pf_per_seq_ms, p.pf_per_token_ms, p.pf_per_kctx_ms, p.dc_fixed_ms,
             p.dc_per_seq_ms, p.dc_per_kctx_ms, p.ho_bytes_fixed, p.ho_bytes_per_token, p.ho_latency_ms,
-            p.ho_bandwidth_bytes_per_s, p.ttft_overhead_ms);
+            p.ho_bandwidth_bytes_per_s, p.ttft_overhead_ms, p.pf_cv, p.dc_cv);
   return rc;
 }

@@ -44,6 +44,9 @@ typedef struct {
   /* handoff: state bytes of a prompt = bytes_fixed + bytes_per_token * tokens; what is left
    * after the last pass = latency_ms + bytes / bandwidth (0 bandwidth = no size term) */
   double ho_bytes_fixed, ho_bytes_per_token, ho_latency_ms, ho_bandwidth_bytes_per_s;
+  /* run-to-run variability: each pass / step takes its cost x exp(sigma Z), Z standard normal,
+   * sigma = sqrt(ln(1 + cv^2)) (the median stays the cost; 0 = deterministic costs) */
+  double pf_cv, dc_cv;
   /* fixed latency a request sees outside the workers' compute (router, hops, relay) */
   double ttft_overhead_ms, itl_overhead_ms;
   pl_prefill_cfg_t pf;

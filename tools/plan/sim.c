@@ -128,6 +128,8 @@ typedef struct {
   bool overloaded;
   int err;
   int host_cores; /* > 0: all workers share this many cores (pl_cluster_t) */
+  uint64_t rng_jitter;
+  double pf_sigma, dc_sigma;
   int dc_busy;    /* decode workers in a step */
 } sim_t;
 
@@ -267,6 +269,15 @@ static double share(const sim_t *s) {
   return f > 1 ? f : 1;
 }
 
+/* The variability factor exp(sigma Z) of one pass or step (plan.h); 1 when cv is 0. Z by
+ * Box-Muller from the simulation's own RNG stream, so runs stay deterministic. */
+static double jitter(sim_t *s, double sigma) {
+  if (sigma <= 0) return 1;
+  double u1 = bn_rng_uniform(&s->rng_jitter), u2 = bn_rng_uniform(&s->rng_jitter);
+  double z = sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * M_PI * u2);
+  return exp(sigma * z);
+}
+
 /* ---- requests ---- */
 
 static int64_t pages_for(int64_t tokens, int64_t page_tokens) {
@@ -388,7 +399,7 @@ static void dc_loop(sim_t *s, int di) {
   d->n_batch = b;
   s->steps += 1;
   s->step_seqs += b;
-  push_ev(s, s->now + pl_decode_step_ms(s->p, b, ctx) * share(s), EV_DC_STEP_END, di, -1);
+  push_ev(s, s->now + pl_decode_step_ms(s->p, b, ctx) * share(s) * jitter(s, s->dc_sigma), EV_DC_STEP_END, di, -1);
 }
 
 static void dc_step_end(sim_t *s, int di) {
@@ -549,7 +560,7 @@ static bool pf_pass(sim_t *s, int pi) {
   double ms = pl_prefill_pass_ms(s->p, f->n_pass, toks, tok_ctx);
   if (!f->busy) s->sum_busy += 1;
   f->busy = true;
-  push_ev(s, s->now + ms * share(s), EV_PF_PASS_END, pi, -1);
+  push_ev(s, s->now + ms * share(s) * jitter(s, s->pf_sigma), EV_PF_PASS_END, pi, -1);
   return true;
 }
 
@@ -695,6 +706,9 @@ int pl_sim_run(const pl_profile_t *p, const pl_cluster_t *c, const pl_workload_t
   s.chunk = (p->pf.chunk_tokens + 63) / 64 * 64; /* the runner rounds the chunk up to the KDA chunk */
   s.pf_maxb = p->pf.max_batch > 64 ? 64 : p->pf.max_batch;
   s.rng_arrival = w->seed ^ 0x5bd1e995u; /* k3pd-bench load.c */
+  s.rng_jitter = w->seed ^ 0x2545f4914f6cdd1dull;
+  s.pf_sigma = sqrt(log(1.0 + p->pf_cv * p->pf_cv));
+  s.dc_sigma = sqrt(log(1.0 + p->dc_cv * p->dc_cv));
   s.win_lo = w->warmup_s * 1000.0;
   s.win_hi = INFINITY;
   rc = K3_ENOMEM;
