@@ -112,7 +112,8 @@ static int curve(const plan_t *pl, const pl_cluster_t *c, const char *spec, json
 
 /* HPA targets: the per-worker signal levels at the planned operating point and at the highest
  * traffic the same cluster still serves within the targets (the SLO edge). */
-static int hpa(const plan_t *pl, const pl_cluster_t *c, const pl_result_t *at, json_t *js, char *err, size_t errlen) {
+static int hpa(const plan_t *pl, const pl_cluster_t *c, const pl_result_t *at, double margin, json_t *js, char *err,
+               size_t errlen) {
   double lo = pl->w.rate, hi = pl->w.rate * 2;
   pl_result_t r_lo = *at, r;
   /* find a failing rate, then bisect (8 steps: the edge to ~0.5 % of the rate) */
@@ -140,8 +141,14 @@ static int hpa(const plan_t *pl, const pl_cluster_t *c, const pl_result_t *at, j
   printf("  %-44s %14.1f %14.1f\n", "k3pd_prefill_queued_prompt_tokens", at->pf_queued_tokens_avg,
          r_lo.pf_queued_tokens_avg);
   printf("  %-44s %14.3f %14.3f\n", "k3pd_decode_kv_utilization_ratio", at->dc_util_avg, r_lo.dc_util_avg);
-  printf("  recommended targets: prefill averageValue %.0f, decode averageValue %.0fm\n",
-         ceil(at->pf_queued_tokens_avg > 1 ? at->pf_queued_tokens_avg : 1), ceil(at->dc_util_avg * 1000));
+  /* The HPA keeps the per-pod average at its target: aim at the edge level less a margin for
+   * the minutes a new pod needs to load its weights, never below the planned level. */
+  double pf_t = margin * r_lo.pf_queued_tokens_avg, dc_t = margin * r_lo.dc_util_avg;
+  if (pf_t < at->pf_queued_tokens_avg) pf_t = at->pf_queued_tokens_avg;
+  if (dc_t < at->dc_util_avg) dc_t = at->dc_util_avg;
+  printf("  recommended targets (%.2f x SLO edge, at least planned): prefill averageValue %.0f, decode averageValue "
+         "%.0fm\n",
+         margin, ceil(pf_t > 1 ? pf_t : 1), ceil(dc_t * 1000 > 1 ? dc_t * 1000 : 1));
   if (js) {
     json_t *o = json_object();
     json_object_set_new(o, "planned_rate", json_real(pl->w.rate));
@@ -150,6 +157,8 @@ static int hpa(const plan_t *pl, const pl_cluster_t *c, const pl_result_t *at, j
     json_object_set_new(o, "prefill_queued_prompt_tokens_edge", json_real(r_lo.pf_queued_tokens_avg));
     json_object_set_new(o, "decode_kv_utilization_planned", json_real(at->dc_util_avg));
     json_object_set_new(o, "decode_kv_utilization_edge", json_real(r_lo.dc_util_avg));
+    json_object_set_new(o, "prefill_target", json_real(ceil(pf_t > 1 ? pf_t : 1)));
+    json_object_set_new(o, "decode_target_milli", json_real(ceil(dc_t * 1000 > 1 ? dc_t * 1000 : 1)));
     json_object_set_new(js, "hpa", o);
   }
   return 0;
@@ -201,6 +210,7 @@ int main(int argc, char **argv) {
   int64_t requests = 0, seed = 1, first_index = 0, prefix_tokens = 0;
   int n_prefill = 0, n_decode = 0, max_workers = 1000, host_cores = 0;
   bool do_hpa = false;
+  double hpa_margin = 0.8;
   pl_profile_t p;
   pl_profile_default(&p);
   /* profile overrides: -1 = keep the profile's value */
@@ -238,6 +248,8 @@ int main(int argc, char **argv) {
       {"replicas", K3_FLAG_STR, &replicas_spec, "LIST", "recommended counts for each of these rates (req/s), "
        "e.g. 100,500,1000", false},
       {"hpa", K3_FLAG_BOOL, &do_hpa, NULL, "derive HPA targets (per-pod signal levels) for the chosen cluster", false},
+      {"hpa-margin", K3_FLAG_DOUBLE, &hpa_margin, "F", "HPA targets = F x the per-pod signal at the SLO edge "
+       "(default 0.8: headroom while new pods start)", false},
       {"json", K3_FLAG_STR, &json_path, "FILE", "write the answer as JSON", false},
       {"prefill-chunk", K3_FLAG_I64, &o_chunk, "N", "override the profile's prefill --prefill-chunk", false},
       {"prefill-max-batch", K3_FLAG_INT, &o_pf_batch, "N", "override prefill --max-batch", false},
@@ -274,6 +286,7 @@ int main(int argc, char **argv) {
   if (requests == 0 && !(duration > 0)) BAD("--duration: must be > 0");
   if ((n_prefill > 0) != (n_decode > 0) || n_prefill < 0 || n_decode < 0)
     BAD("--prefill and --decode: give both (>= 1) to evaluate a cluster, or neither to search");
+  if (!(hpa_margin > 0 && hpa_margin <= 1)) BAD("--hpa-margin: must be in (0, 1]");
   if (!(overload_s > 0)) BAD("--overload-wait-s: must be > 0");
   if (max_workers < 1) BAD("--max-workers: must be >= 1");
   if (max_reject < 0 || max_reject > 1) BAD("--max-reject: must be in [0, 1]");
@@ -350,7 +363,7 @@ int main(int argc, char **argv) {
   }
   json_object_set_new(js, "answer", result_json(&c, rate, &r));
   if (curve_spec && (rc = curve(&pl, &c, curve_spec, js, err, sizeof err))) goto fail;
-  if (do_hpa && (rc = hpa(&pl, &c, &r, js, err, sizeof err))) goto fail;
+  if (do_hpa && (rc = hpa(&pl, &c, &r, hpa_margin, js, err, sizeof err))) goto fail;
   if (replicas_spec && (rc = replicas(&pl, replicas_spec, js, err, sizeof err))) goto fail;
   goto done;
 fail:
