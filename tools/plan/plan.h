@@ -79,6 +79,8 @@ typedef struct {
   double prefix_hit;        /* fraction of requests whose first prefix_tokens are cached */
   int64_t prefix_tokens;
   double overload_wait_s;   /* stop (overloaded) once a queued prompt waited this long (0 = 30) */
+  double stop_ttft_ms;      /* > 0 (searches): stop as overloaded once more than 1 % of the expected
+                               measured requests had a TTFT above this (their p99 is then above it) */
 } pl_workload_t;
 
 /* ---- results ---- */

@@ -94,16 +94,18 @@ static int smallest(ctx_t *c, bool vary_prefill, int fixed, int lo, int max, con
 
 int pl_search(const pl_profile_t *p, const pl_workload_t *w_full, const pl_targets_t *t, int max_workers,
               pl_cluster_t *best, pl_result_t *best_res, int *sims, char *err, size_t errlen) {
-  /* The search runs on at most ~100k arrivals (enough for a stable p99) and the answer is then
+  /* The search runs on at most 40k arrivals (enough for a stable p99) and the answer is then
    * checked on the whole workload, growing a role while that check fails. */
   pl_workload_t wf = *w_full;
   const pl_workload_t *w = &wf;
-  if (wf.requests > 100000) wf.requests = 100000;
-  if (wf.requests == 0 && wf.duration_s * wf.rate > 100000) {
-    double k = 100000 / (wf.duration_s * wf.rate);
+  if (wf.requests > 40000) wf.requests = 40000;
+  if (wf.requests == 0 && wf.duration_s * wf.rate > 40000) {
+    double k = 40000 / (wf.duration_s * wf.rate);
     wf.duration_s *= k;
     wf.warmup_s *= k;
   }
+  /* an overloaded candidate stops as soon as its p99 TTFT is certain to miss (sim.c) */
+  wf.stop_ttft_ms = t->ttft_p99_ms;
   ctx_t c = {.p = p, .w = w, .t = t, .err = err, .errlen = errlen};
   c.decode_only = *t;
   c.decode_only.ttft_p99_ms = 0;

@@ -129,6 +129,7 @@ typedef struct {
   int err;
   int host_cores; /* > 0: all workers share this many cores (pl_cluster_t) */
   uint64_t rng_jitter;
+  double n_over, max_over; /* TTFTs above w->stop_ttft_ms, and how many prove p99 is above it */
   double pf_sigma, dc_sigma;
   int dc_busy;    /* decode workers in a step */
 } sim_t;
@@ -367,7 +368,11 @@ static void dc_loop(sim_t *s, int di) {
     req_t *r = &s->req[ri];
     r->generated = 1;
     r->t_first = r->t_last = s->now;
-    if (r->measured) pl_samples_add(&s->ttft, s->now - r->t_arrive + s->p->ttft_overhead_ms);
+    if (r->measured) {
+      double ttft = s->now - r->t_arrive + s->p->ttft_overhead_ms;
+      pl_samples_add(&s->ttft, ttft);
+      if (s->w->stop_ttft_ms > 0 && ttft > s->w->stop_ttft_ms && ++s->n_over > s->max_over) s->overloaded = true;
+    }
     if (r->output <= 1) {
       dc_release(s, di, ri);
       finish_req(s, ri, false);
@@ -708,6 +713,11 @@ int pl_sim_run(const pl_profile_t *p, const pl_cluster_t *c, const pl_workload_t
   s.rng_arrival = w->seed ^ 0x5bd1e995u; /* k3pd-bench load.c */
   s.rng_jitter = w->seed ^ 0x2545f4914f6cdd1dull;
   s.pf_sigma = sqrt(log(1.0 + p->pf_cv * p->pf_cv));
+  {
+    double expect = fixed ? (double)fixed->n
+                          : (w->requests ? (double)w->requests : w->rate * (w->duration_s - w->warmup_s));
+    s.max_over = 0.01 * expect + 1;
+  }
   s.dc_sigma = sqrt(log(1.0 + p->dc_cv * p->dc_cv));
   s.win_lo = w->warmup_s * 1000.0;
   s.win_hi = INFINITY;
