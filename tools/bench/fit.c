@@ -70,7 +70,7 @@ int bn_fit_lsq(const double *X, const double *y, int n, int k, const bool *nonne
     for (int a = 0; a < m; a++)
       if (nonneg && nonneg[idx[a]] && x[a] < 0 && (worst < 0 || x[a] < x[worst])) worst = a;
     if (worst < 0) {
-      for (int a = 0; a < m; a++) b[idx[a]] = x[a];
+      for (int a = 0; a < m; a++) b[idx[a]] = x[a] + 0.0; /* -0.0 prints as "-0" */
       return 0;
     }
     on[idx[worst]] = false;
