@@ -39,6 +39,10 @@ uint32_t bn_dist_max(const bn_dist_t *d);
 
 uint64_t bn_rng_next(uint64_t *state);     /* splitmix64 */
 double bn_rng_uniform(uint64_t *state);    /* [0, 1) */
+/* The open loop's arrival process (load.c; k3pd-plan replays it): the RNG state for a workload
+ * seed, and the next exponential gap in seconds at `rate` requests/s. */
+uint64_t bn_arrival_rng(uint64_t seed);
+double bn_arrival_gap_s(uint64_t *rng, double rate);
 
 /* ---- workload ---- */
 

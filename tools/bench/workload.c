@@ -5,6 +5,7 @@
  * request can be regenerated later (the monolithic replay does) and two runs with the same
  * flags send byte-identical requests. */
 #include <ctype.h>
+#include <math.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,13 @@ uint64_t bn_rng_next(uint64_t *s) {
 }
 
 double bn_rng_uniform(uint64_t *s) { return (double)(bn_rng_next(s) >> 11) * 0x1.0p-53; }
+
+uint64_t bn_arrival_rng(uint64_t seed) { return seed ^ 0x5bd1e995u; }
+
+double bn_arrival_gap_s(uint64_t *rng, double rate) {
+  double u = bn_rng_uniform(rng);
+  return -log(1.0 - u) / rate;
+}
 
 static uint64_t below(uint64_t *s, uint64_t n) { return n ? bn_rng_next(s) % n : 0; }
 

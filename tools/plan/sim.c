@@ -324,8 +324,7 @@ static int next_arrival(sim_t *s) {
   uint32_t plen = 0, olen = 0;
   bn_spec_lengths(&(bn_workload_t){.prompt_len = w->prompt_len, .output_len = w->output_len, .seed = w->seed},
                   w->first_index + k, &plen, &olen);
-  double u = bn_rng_uniform(&s->rng_arrival);
-  s->next_arrival += -log(1.0 - u) / w->rate * 1000.0;
+  s->next_arrival += bn_arrival_gap_s(&s->rng_arrival, w->rate) * 1000.0;
   return make_req(s, t, plen, olen, w->first_index + k);
 }
 
@@ -710,7 +709,7 @@ int pl_sim_run(const pl_profile_t *p, const pl_cluster_t *c, const pl_workload_t
   memset(out, 0, sizeof *out);
   s.chunk = (p->pf.chunk_tokens + 63) / 64 * 64; /* the runner rounds the chunk up to the KDA chunk */
   s.pf_maxb = p->pf.max_batch > 64 ? 64 : p->pf.max_batch;
-  s.rng_arrival = w->seed ^ 0x5bd1e995u; /* k3pd-bench load.c */
+  s.rng_arrival = bn_arrival_rng(w->seed); /* k3pd-bench's open loop */
   s.rng_jitter = w->seed ^ 0x2545f4914f6cdd1dull;
   s.pf_sigma = sqrt(log(1.0 + p->pf_cv * p->pf_cv));
   {

@@ -231,6 +231,24 @@ START_TEST(test_mg1_variability) {
 }
 END_TEST
 
+/* Prefix hits: with every request a hit on 64 cached tokens, a 100-token prompt computes 36
+ * (a 36 ms pass) and the arrivals follow k3pd-bench's process: one request at t = 0. */
+START_TEST(test_prefix_hit) {
+  pl_profile_t p = simple();
+  bn_dist_t len = {.kind = BN_DIST_FIXED, .lo = 100, .hi = 100}, one = {.kind = BN_DIST_FIXED, .lo = 1, .hi = 1};
+  pl_workload_t w = {.prompt_len = len, .output_len = one, .rate = 1, .seed = 3, .requests = 1, .prefix_hit = 1,
+                     .prefix_tokens = 64};
+  pl_cluster_t c = {1, 1, 0};
+  pl_result_t r;
+  char err[256];
+  ck_assert_int_eq(pl_sim_run(&p, &c, &w, NULL, NULL, NULL, &r, err, sizeof err), 0);
+  ck_assert_double_eq_tol(r.ttft_ms.p50, 36, 1e-9);
+  w.prefix_hit = 0;
+  ck_assert_int_eq(pl_sim_run(&p, &c, &w, NULL, NULL, NULL, &r, err, sizeof err), 0);
+  ck_assert_double_eq_tol(r.ttft_ms.p50, 100, 1e-9);
+}
+END_TEST
+
 START_TEST(test_bad_cluster) {
   pl_profile_t p = simple();
   pl_cluster_t c = {0, 1, 0};
@@ -254,6 +272,7 @@ int main(void) {
   tcase_add_test(tc, test_md1_mean_wait);
   tcase_add_test(tc, test_host_cores_share);
   tcase_add_test(tc, test_mg1_variability);
+  tcase_add_test(tc, test_prefix_hit);
   tcase_add_test(tc, test_bad_cluster);
   tcase_add_test(tc, test_percentiles_match_bench);
   suite_add_tcase(s, tc);
