@@ -62,32 +62,21 @@ k3k_cuda_ctx *k3k_cuda_ctx_of(k3k_backend_t *be);
 int k3k_cuda_scratch(k3k_cuda_ctx *cx, size_t bytes, void **out);
 int k3k_cuda_host_scratch(k3k_cuda_ctx *cx, size_t bytes, void **out);
 
-/* Entry points, one per op (same slot order as k3k.h). */
+/* Entry points, one per op of k3k_ops.def (k3k_cuda_<name>, same slot order as k3k.h): the
+ * backend's dispatch table is generated from the same list (cuda_backend.cu). The entries of
+ * KDA_STEP, KDA_CHUNK, MLA_PREFILL and MLA_DECODE pick the fast kernel (k3k_cuda_<name>_fast)
+ * where its *_ok predicate takes the operands, else the generic one (generic.h). */
 typedef int (*k3k_cuda_fn)(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t);
 #define K3K_CUDA_DECL(name) \
   int k3k_cuda_##name(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t)
-K3K_CUDA_DECL(copy);
-K3K_CUDA_DECL(add);
-K3K_CUDA_DECL(get_rows);
-K3K_CUDA_DECL(sigmoid);
-K3K_CUDA_DECL(sigmoid_mul);
-K3K_CUDA_DECL(situ);
-K3K_CUDA_DECL(silu_mul);
-K3K_CUDA_DECL(rmsnorm);
-K3K_CUDA_DECL(gated_rmsnorm);
-K3K_CUDA_DECL(l2norm);
-K3K_CUDA_DECL(attn_res_mix);
-K3K_CUDA_DECL(gemm);
-K3K_CUDA_DECL(conv_prefill);
-K3K_CUDA_DECL(conv_step);
-K3K_CUDA_DECL(kda_gate);
-K3K_CUDA_DECL(kda_step);
-K3K_CUDA_DECL(kda_chunk);
-K3K_CUDA_DECL(mla_prefill);
-K3K_CUDA_DECL(mla_decode);
-K3K_CUDA_DECL(mla_cache_write);
-K3K_CUDA_DECL(mla_cache_gather);
-K3K_CUDA_DECL(sample);
+#define K3K_OP_X(ENUM, name, n_tensors) K3K_CUDA_DECL(name);
+#include "k3k_ops.def"
+#undef K3K_OP_X
+/* The fast kernels alone (real K3 / 48B shapes; see their *_ok predicates below). */
+K3K_CUDA_DECL(kda_step_fast);
+K3K_CUDA_DECL(kda_chunk_fast);
+K3K_CUDA_DECL(mla_prefill_fast);
+K3K_CUDA_DECL(mla_decode_fast);
 
 /* Shape/dtype checks beyond k3k_op_validate() for ops with restricted fast paths. */
 bool k3k_cuda_gemm_ok(const k3k_tensor_t *const *t);
