@@ -16,7 +16,9 @@
  *
  * Invariants: the expert pointer tables are built once at init from the uploaded weights (the
  * runner owns both); every expert scale is checked for 0xFF (E8M0 NaN) once at init, because
- * the grouped GEMM does not check them per call. Nothing here synchronises per layer. */
+ * the grouped GEMM does not check them per call. Nothing here synchronises per layer, except
+ * the dequant-once expert path of prefill batches (moe_dq.h: one host round trip per layer for
+ * the plan's offsets; never taken while a graph is being captured). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,7 @@
 #include "gemv.h"
 #include "generic.h"
 #include "moe_bf16.h"
+#include "moe_dq.h"
 #include "moe_ops.h"
 #include "runner_internal.h"
 
@@ -282,6 +285,33 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
     rc = k3k_cu_moe_bf16_experts(st, (const uint16_t *const *)tab, E, F, D, z->data, z->stride[0],
                                  gt.data, off.data, act.data, maxa, ha.data, yr.data);
     return rc ? rc : k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
+  }
+  if (k3k_cu_moe_dq_wanted(T, K, E)) { /* prefill batch: dequant-once experts (moe_dq.h) */
+    k3k_tensor_t dqs = rn_buf(ws, K3K_U8, 1, (int64_t)k3k_cu_moe_dq_scratch_bytes(TK, F, D));
+    if (ws->rc) return ws->rc;
+    k3k_cu_moe_dq_args d;
+    memset(&d, 0, sizeof d);
+    d.w1 = mx_set(tab, 0, E, D);
+    d.w3 = mx_set(tab, 1, E, D);
+    d.w2 = mx_set(tab, 2, E, F);
+    d.act = c->act == K3_ACT_SITU ? K3K_CU_ACT_SITU : K3K_CU_ACT_SILU_MUL;
+    d.beta = (float)c->situ_beta;
+    d.beta_lin = (float)c->situ_linear_beta;
+    d.F = F;
+    d.D = D;
+    d.E = E;
+    d.T = T;
+    d.k = K;
+    d.x = z->data;
+    d.ldx = z->stride[0];
+    d.gather_tok = gt.data;
+    d.expert_off = off.data;
+    d.h = ha.data;
+    d.y = yr.data;
+    d.scratch = dqs.data;
+    rc = k3k_cu_moe_dq_experts(k3k_cuda_ctx_of(be), &d);
+    if (!rc) return k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
+    if (rc != K3_ENOTSUP) return rc; /* K3_ENOTSUP: a capture is running, nothing was queued */
   }
   k3k_cu_moe_gemm_args a;
   memset(&a, 0, sizeof a);

@@ -1,0 +1,244 @@
+/* Dequant-once prefill of the routed MXFP4 experts (interface and contract: moe_dq.h).
+ *
+ * Why: at an 8K-token prefill every active expert has hundreds of rows (K3: T·k/E ≈ 146 at
+ * E = 896, top-16; the medium preset's 256 experts ≈ 512), so the expert GEMMs are compute
+ * work. The grouped W4A16 kernel (mxfp4_wg.cu) dequantises each weight tile in registers for
+ * every token tile (224 rows) it meets and was measured bound by that copy + dequant chain at
+ * ×3.6-3.75 of the FLOP floor. Here each expert's bf16 weights are written once (bandwidth work:
+ * 2 bytes per weight, ~7 µs for one expert's 3 matrices at 4 TB/s) and cuBLASLt runs the
+ * per-expert GEMMs at its own rate; what it costs is one host round trip per call (the plan's
+ * offsets size the GEMMs) and the scratch.
+ *
+ * Order of work on the stream, for one call (plan rows: the grouped order of the device plan):
+ *   1. gather: xs[r] = x[gather_tok[r]] for all T·k rows;
+ *   2. gate/up, per group of K3K_CU_MOE_DQ_GROUP active experts: dequantise [w1_e; w3_e] into
+ *      the group's slots ([2F][D] bf16 each), one GEMM per expert gu[rows_e] = xs[rows_e] · slotᵀ
+ *      (bf16 out: the reference's rounding of the gate/up GEMM outputs), then the activation over
+ *      the group's rows into h;
+ *   3. down, per group: dequantise w2_e into the slots ([D][F]), y[rows_e] = h[rows_e] · slotᵀ.
+ * GEMM row counts are rounded up to a multiple of 16 (so cuBLASLt sees a few shapes and its
+ * algorithm cache stays small) but never past the last plan row: the extra rows belong to the
+ * next expert(s), are computed from whatever is there and overwritten by that expert's own GEMM
+ * later on the same stream (a GEMM's output row depends only on its input row). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+#include "moe_dq.h"
+#include "mxfp4_args.cuh"
+
+#define DQ_PAD 16
+
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t F, int32_t D) {
+  if (tk <= 0 || F <= 0 || D <= 0) return 0;
+  return al256((size_t)tk * D * 2) + al256((size_t)tk * 2 * F * 2) +
+         (size_t)K3K_CU_MOE_DQ_GROUP * al256((size_t)2 * F * D * 2);
+}
+
+bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E) {
+  static int mode = -2; /* -1: off, 1: forced on, 0: by rows; read once */
+  static int64_t rows = K3K_CU_MOE_DQ_ROWS_DEFAULT;
+  if (mode == -2) {
+    const char *m = getenv("K3PD_MOE_DQ"), *r = getenv("K3PD_MOE_DQ_ROWS");
+    mode = m && *m == '0' ? -1 : m && *m == '1' ? 1 : 0;
+    if (r && atoll(r) > 0) rows = atoll(r);
+  }
+  if (mode < 0 || T <= 0 || k <= 0 || E <= 0) return false;
+  if (mode > 0) return true;
+  const int64_t tk = T * k, act = tk < E ? tk : E;
+  return tk >= rows * act;
+}
+
+/* ---- kernels ---- */
+
+struct dq_kargs {
+  mx_dset s0, s1;
+  int ids[K3K_CU_MOE_DQ_GROUP];
+  int N, K, rows; /* rows per slot: N, or 2N with s1 */
+  uint16_t *dst;
+};
+
+/* One E2M1 code times the block scale, as bf16 bits: the fp32 product is exact (at most two
+ * significant bits, exponent within fp32's range incl. subnormals), so its top half is the bf16
+ * value. Sign from bit 3 (code 8 is -0, as k3k_e2m1_table). */
+__device__ __forceinline__ uint32_t dq_code(uint32_t c, float scale) {
+  const uint32_t e = (c >> 1) & 3u, m = c & 1u;
+  const uint32_t bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3F000000u : 0u);
+  return (__float_as_uint(__uint_as_float(bits) * scale) >> 16) | ((c & 8u) << 12);
+}
+
+/* grid (x: 32-code groups, y: slot i, z: matrix 0 = s0 rows [0,N), 1 = s1 rows [N,2N)); each
+ * thread one group: 16 packed bytes + 1 scale byte in, 64 bytes of bf16 out. */
+__global__ void __launch_bounds__(256) dq_kernel(dq_kargs a) {
+  const int i = blockIdx.y, e = a.ids[i];
+  const mx_dset &s = blockIdx.z ? a.s1 : a.s0;
+  const uint8_t *P = mx_packed(s, e), *S = mx_scale(s, e);
+  uint16_t *out = a.dst + ((int64_t)i * a.rows + (int64_t)blockIdx.z * a.N) * a.K;
+  const int gpr = a.K / 32;
+  const int64_t ng = (int64_t)a.N * gpr;
+  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < ng;
+       g += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = g / gpr, c = g % gpr;
+    const uint4 p = __ldg((const uint4 *)(P + r * s.ldp + c * 16));
+    const uint32_t sc = S[r * s.lds + c];
+    const float scale = sc ? __uint_as_float(sc << 23) : __uint_as_float(0x00400000u);
+    const uint32_t w[4] = {p.x, p.y, p.z, p.w};
+    uint32_t o[16];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+      for (int b = 0; b < 4; b++) {
+        const uint32_t byte = (w[q] >> (8 * b)) & 0xFFu; /* codes k = 2j (low), 2j + 1 (high) */
+        o[4 * q + b] = dq_code(byte & 15u, scale) | (dq_code(byte >> 4, scale) << 16);
+      }
+    uint4 *d = (uint4 *)(out + r * a.K + c * 32);
+#pragma unroll
+    for (int v = 0; v < 4; v++) d[v] = make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
+  }
+}
+
+/* xs[r][0..D) = x[gt[r]][0..D), 16-byte vectors (D % 8 == 0, ldx % 8 == 0, aligned). */
+__global__ void dq_gather_kernel(const uint16_t *x, int64_t ldx, const int32_t *gt, int64_t n,
+                                 int D, uint16_t *xs) {
+  const int vpr = D / 8;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * vpr;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / vpr, v = i % vpr;
+    ((uint4 *)(xs + r * D))[v] = __ldg((const uint4 *)(x + gt[r] * ldx) + v);
+  }
+}
+
+struct dq_act_args {
+  int act, round_inner;
+  float beta, beta_lin;
+};
+/* h[r][f] = act(gu[r][f], gu[r][F + f]) for rows [r0, r1): the bf16 gate/up GEMM outputs in,
+ * the grouped kernels' epilogue (mx_act, SiTU or silu·up) in fp32, one bf16 rounding. */
+__global__ void dq_act_kernel(dq_act_args a, const uint16_t *gu, int F, int64_t r0, int64_t r1,
+                              uint16_t *h) {
+  const int64_t n = (r1 - r0) * F;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = r0 + i / F, f = i % F;
+    const float g = bf2f(gu[r * 2 * F + f]), u = bf2f(gu[r * 2 * F + F + f]);
+    h[r * F + f] = f2bf(mx_act(a, g, u));
+  }
+}
+
+/* ---- host side ---- */
+
+static unsigned grid_for(int64_t work, int64_t per_block, unsigned cap) {
+  int64_t g = (work + per_block - 1) / per_block;
+  return g < 1 ? 1 : g > cap ? cap : (unsigned)g;
+}
+
+int k3k_cu_mx_dequant_experts(cudaStream_t st, const k3k_cu_mx_set *s0, const k3k_cu_mx_set *s1,
+                              const int32_t *ids, int n, int32_t N, int32_t K, uint16_t *dst) {
+  if (n <= 0) return 0;
+  if (n > K3K_CU_MOE_DQ_GROUP || N <= 0 || K <= 0 || K % 32 || !s0 || !dst ||
+      ((uintptr_t)dst & 15) || s0->ld_packed % 16 || (s1 && s1->ld_packed % 16))
+    return K3_EINVAL;
+  dq_kargs a;
+  memset(&a, 0, sizeof a);
+  a.s0 = mx_dset_of(s0);
+  a.s1 = mx_dset_of(s1 ? s1 : s0);
+  for (int i = 0; i < n; i++) a.ids[i] = ids[i];
+  a.N = N;
+  a.K = K;
+  a.rows = s1 ? 2 * N : N;
+  a.dst = dst;
+  const unsigned gx = grid_for((int64_t)N * (K / 32), 256, 2048);
+  dq_kernel<<<dim3(gx, (unsigned)n, s1 ? 2u : 1u), 256, 0, st>>>(a);
+  K3K_LAUNCHED("moe_dq_dequant");
+  return 0;
+}
+
+/* The per-expert GEMM y[rows][m] = x[rows][kk] · W[m][kk]ᵀ (all row-major bf16). */
+static int expert_gemm(k3k_cuda_ctx *cx, const uint16_t *w, int64_t m, int64_t kk,
+                       const uint16_t *x, int64_t rows, uint16_t *y) {
+  return k3k_cuda_lt_gemm(cx, 1, 0, m, rows, kk, w, CUDA_R_16BF, kk, 0, x, CUDA_R_16BF, kk, 0, y,
+                          CUDA_R_16BF, m, 0, 1);
+}
+
+/* GEMM rows for an expert whose rows start at b: n rounded up to DQ_PAD, within the plan. */
+static int64_t padded(int64_t b, int64_t n, int64_t tk) {
+  int64_t p = (n + DQ_PAD - 1) / DQ_PAD * DQ_PAD;
+  return b + p > tk ? tk - b : p;
+}
+
+int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
+  if (!cx || !a || a->F <= 0 || a->D <= 0 || a->E <= 0 || a->T < 0 || a->k <= 0 ||
+      a->F % 32 || a->D % 32 || a->ldx % 8 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->h & 15) ||
+      ((uintptr_t)a->y & 15) || ((uintptr_t)a->scratch & 15) || !a->gather_tok ||
+      !a->expert_off || (a->act != K3K_CU_ACT_SITU && a->act != K3K_CU_ACT_SILU_MUL) ||
+      a->w1.ld_packed % 16 || a->w3.ld_packed % 16 || a->w2.ld_packed % 16)
+    return K3_EINVAL;
+  const int64_t tk = (int64_t)a->T * a->k, F = a->F, D = a->D;
+  const unsigned parts = a->parts ? a->parts : 3u;
+  if (tk == 0) return 0;
+  cudaStream_t st = cx->stream;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  K3K_CU(cudaStreamIsCapturing(st, &cs));
+  if (cs != cudaStreamCaptureStatusNone) return K3_ENOTSUP;
+
+  /* the plan's offsets on the host: the one synchronisation */
+  int32_t *off = NULL;
+  int rc = k3k_cuda_host_scratch(cx, (size_t)(a->E + 1) * 4, (void **)&off);
+  if (rc) return rc;
+  K3K_CU(cudaMemcpyAsync(off, a->expert_off, (size_t)(a->E + 1) * 4, cudaMemcpyDeviceToHost, st));
+  K3K_CU(cudaStreamSynchronize(st));
+  int32_t *ho = (int32_t *)malloc((size_t)(a->E + 1) * 4);
+  if (!ho) return K3_ENOMEM;
+  memcpy(ho, off, (size_t)(a->E + 1) * 4);
+  if (ho[0] != 0 || ho[a->E] != tk) {
+    K3_ERROR("moe_dq: plan offsets [0]=%d [E]=%d, want 0 and %lld", ho[0], ho[a->E], (long long)tk);
+    free(ho);
+    return K3_EINVAL;
+  }
+
+  char *p = (char *)a->scratch;
+  uint16_t *xs = (uint16_t *)p;
+  p += al256((size_t)tk * D * 2);
+  uint16_t *gu = (uint16_t *)p;
+  p += al256((size_t)tk * 2 * F * 2);
+  uint16_t *slot = (uint16_t *)p;
+  const int64_t slot_elems = al256((size_t)2 * F * D * 2) / 2;
+  const k3k_cu_mx_set *w2 = &a->w2;
+  dq_act_args aa = {a->act, 1, a->beta, a->beta_lin};
+
+  if (parts & 1) {
+    dq_gather_kernel<<<grid_for(tk * (D / 8), 256, 8192), 256, 0, st>>>(a->x, a->ldx,
+                                                                         a->gather_tok, tk,
+                                                                         (int)D, xs);
+    K3K_LAUNCHED("moe_dq_gather");
+  }
+  for (int phase = 0; phase < 2 && !rc; phase++) {
+    if (!(parts & (1u << phase))) continue;
+    int e = 0;
+    while (e < a->E && !rc) {
+      int32_t ids[K3K_CU_MOE_DQ_GROUP];
+      int n = 0;
+      for (; e < a->E && n < K3K_CU_MOE_DQ_GROUP; e++)
+        if (ho[e + 1] > ho[e]) ids[n++] = e;
+      if (!n) break;
+      rc = phase == 0 ? k3k_cu_mx_dequant_experts(st, &a->w1, &a->w3, ids, n, a->F, a->D, slot)
+                      : k3k_cu_mx_dequant_experts(st, w2, NULL, ids, n, a->D, a->F, slot);
+      for (int i = 0; i < n && !rc; i++) {
+        const int64_t b = ho[ids[i]], rows = padded(b, ho[ids[i] + 1] - b, tk);
+        const uint16_t *w = slot + i * slot_elems;
+        rc = phase == 0 ? expert_gemm(cx, w, 2 * F, D, xs + b * D, rows, gu + b * 2 * F)
+                        : expert_gemm(cx, w, D, F, a->h + b * F, rows, a->y + b * D);
+      }
+      if (!rc && phase == 0) {
+        const int64_t r0 = ho[ids[0]], r1 = ho[ids[n - 1] + 1];
+        dq_act_kernel<<<grid_for((r1 - r0) * F, 256, 8192), 256, 0, st>>>(aa, gu, (int)F, r0, r1,
+                                                                           a->h);
+        K3K_LAUNCHED("moe_dq_act");
+      }
+    }
+  }
+  free(ho);
+  return rc;
+}

@@ -1,0 +1,74 @@
+/* Dequant-once prefill of the routed MXFP4 experts (moe_dq.cu): for a prefill batch (many rows
+ * per active expert), each active expert's gate, up and down matrices are dequantised ONCE into
+ * a bf16 scratch and multiplied by its whole token group with cuBLASLt bf16 GEMMs, instead of
+ * the grouped W4A16 kernel, which dequantises every weight tile in registers once per token
+ * tile it meets (mxfp4_wg.cu) and is bound by that copy + dequant chain (perf-gpu-moe.md).
+ *
+ * What it is for: the runner's device MoE path (kernels/runner/ffn_device.c) and k3k-gpu-moe
+ * call it after k3k_cu_moe_route_plan when k3k_cu_moe_dq_wanted() says the batch is a prefill
+ * batch. Same meaning as the grouped path: rows in plan order (by expert, token, choice), gate/up
+ * outputs rounded to bf16 before the activation (the reference chain stores them bf16), bf16
+ * activation rows h, bf16 expert outputs y; only the GEMMs' fp32 summation order differs.
+ * What it is not: capture-safe or synchronisation-free. It copies the plan's expert offsets to
+ * the host (one stream synchronisation per call) to size the per-expert GEMMs, so it refuses a
+ * stream that is being captured (K3_ENOTSUP, nothing queued) and the caller keeps the grouped
+ * kernel; decode steps never take it (they are below the row threshold).
+ * Invariants: weights are read, never written; scratch is the caller's
+ * (k3k_cu_moe_dq_scratch_bytes); every launch goes on cx->stream. Returns 0, K3_EINVAL (bad
+ * arguments, nothing queued), K3_ENOTSUP (capturing), K3_EDEVICE. */
+#ifndef K3K_CUDA_MOE_DQ_H
+#define K3K_CUDA_MOE_DQ_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "k3k_cuda_ops.h"
+#include "moe_ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Experts dequantised per batch of launches (scratch holds this many expert slots). */
+#define K3K_CU_MOE_DQ_GROUP 4
+
+typedef struct {
+  k3k_cu_mx_set w1, w3, w2; /* gate [F,D], up [F,D], down [D,F] per expert */
+  int act;                  /* K3K_CU_ACT_SITU or K3K_CU_ACT_SILU_MUL */
+  float beta, beta_lin;     /* SiTU */
+  int32_t F, D, E;          /* expert width, latent width, experts; F, D multiples of 8 */
+  int32_t T, k;             /* tokens and choices: T*k plan rows */
+  const uint16_t *x;        /* [T][D] bf16, row stride ldx (elements, % 8 == 0) */
+  int64_t ldx;
+  const int32_t *gather_tok, *expert_off; /* the device plan (k3k_cu_moe_route_plan) */
+  uint16_t *h;              /* [T*k][F] bf16: activation rows in plan order (written) */
+  uint16_t *y;              /* [T*k][D] bf16: expert output rows in plan order (written) */
+  void *scratch;            /* k3k_cu_moe_dq_scratch_bytes(T*k, F, D), 16-byte aligned */
+  unsigned parts;           /* 0 or 3: both; 1: gate/up + activation only; 2: down only
+                             * (timing: h must hold the activation rows already) */
+} k3k_cu_moe_dq_args;
+
+/* Scratch bytes for tk = T*k plan rows: the gathered x rows [tk][D], the gate/up GEMM outputs
+ * [tk][2F], K3K_CU_MOE_DQ_GROUP dequantised experts of 2·F·D bf16 each, the host offsets. */
+size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t F, int32_t D);
+
+/* The path rule: true when the batch has at least K3PD_MOE_DQ_ROWS (default below, measured
+ * crossover; perf-gpu-moe.md "Dequant-once prefill") plan rows per active expert on average,
+ * i.e. T*k / min(E, T*k) >= rows. K3PD_MOE_DQ=0 turns the path off, =1 forces it on for any T.
+ * Deterministic in (T, k, E) and the environment read at the first call. */
+#define K3K_CU_MOE_DQ_ROWS_DEFAULT 64
+bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E);
+
+/* Runs the routed experts of one MoE layer (see the file comment). */
+int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a);
+
+/* The dequantisation alone (tests): for i < n, experts ids[i] of s0 (rows [0,N)) and, when s1
+ * is not NULL, of s1 (rows [N,2N)) into dst + i·rows·K bf16 (rows = N or 2N), row-major [rows][K],
+ * K % 32 == 0. Exact (the E2M1 value times 2^(s-127) fits bf16). n <= K3K_CU_MOE_DQ_GROUP. */
+int k3k_cu_mx_dequant_experts(cudaStream_t st, const k3k_cu_mx_set *s0, const k3k_cu_mx_set *s1,
+                              const int32_t *ids, int n, int32_t N, int32_t K, uint16_t *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
