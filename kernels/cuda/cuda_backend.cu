@@ -18,6 +18,7 @@
 
 #include "cuda_common.cuh"
 #include "generic.h"
+#include "moe_dq.h"
 #include "moe_ops.h"
 
 /* ---- memory pool: live blocks in an open-addressed table, freed blocks cached by size ---- */
@@ -300,6 +301,7 @@ void k3k_cuda_backend_destroy(k3k_backend_t *be) {
     cudaSetDevice(cx->device);
     k3k_cuda_side_destroy(cx); /* back on the main lane first */
     if (cx->stream) cudaStreamSynchronize(cx->stream);
+    k3k_cu_moe_dq_release(cx);
     if (cx->lt) cublasLtDestroy((cublasLtHandle_t)cx->lt);
     if (cx->lt_ws) cudaFree(cx->lt_ws);
     if (cx->scratch) cudaFree(cx->scratch);

@@ -53,6 +53,9 @@ typedef struct {
   } other;
   cudaEvent_t side_ev[3]; /* [0]: fork point on main; [1], [2]: marks on the side stream */
   int side_ready, on_side;
+  /* The dequant-once MoE path's own stream and events (moe_dq.cu), created at its first use,
+   * freed by k3k_cu_moe_dq_release from the backend's destroy. Kept last in the struct. */
+  void *moe_dq;
 } k3k_cuda_ctx;
 size_t k3k_cuda_algo_cache_bytes(void);
 

@@ -34,7 +34,43 @@ static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t F, int32_t D) {
   if (tk <= 0 || F <= 0 || D <= 0) return 0;
   return al256((size_t)tk * D * 2) + al256((size_t)tk * 2 * F * 2) +
-         (size_t)K3K_CU_MOE_DQ_GROUP * al256((size_t)2 * F * D * 2);
+         (size_t)2 * K3K_CU_MOE_DQ_GROUP * al256((size_t)2 * F * D * 2);
+}
+
+/* The path's own stream: dequantisation of group j + 1 overlaps the GEMMs of group j. */
+typedef struct {
+  cudaStream_t st;
+  cudaEvent_t start, dq[2], used[2]; /* dq[s]: set s dequantised; used[s]: its GEMMs done */
+} dq_lane;
+
+void k3k_cu_moe_dq_release(k3k_cuda_ctx *cx) {
+  dq_lane *l = (dq_lane *)cx->moe_dq;
+  if (!l) return;
+  if (l->st) cudaStreamDestroy(l->st);
+  cudaEvent_t *ev[5] = {&l->start, &l->dq[0], &l->dq[1], &l->used[0], &l->used[1]};
+  for (int i = 0; i < 5; i++)
+    if (*ev[i]) cudaEventDestroy(*ev[i]);
+  free(l);
+  cx->moe_dq = NULL;
+}
+
+static int lane_of(k3k_cuda_ctx *cx, dq_lane **out) {
+  if (!cx->moe_dq) {
+    dq_lane *l = (dq_lane *)calloc(1, sizeof *l);
+    if (!l) return K3_ENOMEM;
+    cx->moe_dq = l;
+    cudaEvent_t *ev[5] = {&l->start, &l->dq[0], &l->dq[1], &l->used[0], &l->used[1]};
+    bool ok = cudaStreamCreateWithFlags(&l->st, cudaStreamNonBlocking) == cudaSuccess;
+    for (int i = 0; i < 5 && ok; i++)
+      ok = cudaEventCreateWithFlags(ev[i], cudaEventDisableTiming) == cudaSuccess;
+    if (!ok) {
+      K3_ERROR("moe_dq: stream/event creation failed: %s", cudaGetErrorString(cudaGetLastError()));
+      k3k_cu_moe_dq_release(cx);
+      return K3_EDEVICE;
+    }
+  }
+  *out = (dq_lane *)cx->moe_dq;
+  return 0;
 }
 
 bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E) {
@@ -189,23 +225,27 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
   if (rc) return rc;
   K3K_CU(cudaMemcpyAsync(off, a->expert_off, (size_t)(a->E + 1) * 4, cudaMemcpyDeviceToHost, st));
   K3K_CU(cudaStreamSynchronize(st));
-  int32_t *ho = (int32_t *)malloc((size_t)(a->E + 1) * 4);
-  if (!ho) return K3_ENOMEM;
-  memcpy(ho, off, (size_t)(a->E + 1) * 4);
+  const int32_t *ho = off; /* pinned host scratch; nothing else uses it during this call */
   if (ho[0] != 0 || ho[a->E] != tk) {
     K3_ERROR("moe_dq: plan offsets [0]=%d [E]=%d, want 0 and %lld", ho[0], ho[a->E], (long long)tk);
-    free(ho);
     return K3_EINVAL;
   }
+  static int overlap = -1;
+  if (overlap < 0) {
+    const char *o = getenv("K3PD_MOE_DQ_OVERLAP");
+    overlap = !(o && *o == '0');
+  }
+  dq_lane *lane = NULL;
+  if (overlap && (rc = lane_of(cx, &lane))) return rc;
+  cudaStream_t ds = lane ? lane->st : st; /* where the dequantisation runs */
 
   char *p = (char *)a->scratch;
   uint16_t *xs = (uint16_t *)p;
   p += al256((size_t)tk * D * 2);
   uint16_t *gu = (uint16_t *)p;
   p += al256((size_t)tk * 2 * F * 2);
-  uint16_t *slot = (uint16_t *)p;
   const int64_t slot_elems = al256((size_t)2 * F * D * 2) / 2;
-  const k3k_cu_mx_set *w2 = &a->w2;
+  uint16_t *set[2] = {(uint16_t *)p, (uint16_t *)p + K3K_CU_MOE_DQ_GROUP * slot_elems};
   dq_act_args aa = {a->act, 1, a->beta, a->beta_lin};
 
   if (parts & 1) {
@@ -214,6 +254,12 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
                                                                          (int)D, xs);
     K3K_LAUNCHED("moe_dq_gather");
   }
+  /* the lane starts after everything queued on st so far (earlier users of the scratch) */
+  if (lane) {
+    K3K_CU(cudaEventRecord(lane->start, st));
+    K3K_CU(cudaStreamWaitEvent(ds, lane->start, 0));
+  }
+  int job = 0; /* groups in order over both phases; group j uses buffer set j % 2 */
   for (int phase = 0; phase < 2 && !rc; phase++) {
     if (!(parts & (1u << phase))) continue;
     int e = 0;
@@ -223,8 +269,15 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
       for (; e < a->E && n < K3K_CU_MOE_DQ_GROUP; e++)
         if (ho[e + 1] > ho[e]) ids[n++] = e;
       if (!n) break;
-      rc = phase == 0 ? k3k_cu_mx_dequant_experts(st, &a->w1, &a->w3, ids, n, a->F, a->D, slot)
-                      : k3k_cu_mx_dequant_experts(st, w2, NULL, ids, n, a->D, a->F, slot);
+      const int sidx = job & 1;
+      uint16_t *slot = set[sidx];
+      if (lane && job >= 2) K3K_CU(cudaStreamWaitEvent(ds, lane->used[sidx], 0));
+      rc = phase == 0 ? k3k_cu_mx_dequant_experts(ds, &a->w1, &a->w3, ids, n, a->F, a->D, slot)
+                      : k3k_cu_mx_dequant_experts(ds, &a->w2, NULL, ids, n, a->D, a->F, slot);
+      if (!rc && lane) {
+        K3K_CU(cudaEventRecord(lane->dq[sidx], ds));
+        K3K_CU(cudaStreamWaitEvent(st, lane->dq[sidx], 0));
+      }
       for (int i = 0; i < n && !rc; i++) {
         const int64_t b = ho[ids[i]], rows = padded(b, ho[ids[i] + 1] - b, tk);
         const uint16_t *w = slot + i * slot_elems;
@@ -237,8 +290,9 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
                                                                            a->h);
         K3K_LAUNCHED("moe_dq_act");
       }
+      if (!rc && lane) K3K_CU(cudaEventRecord(lane->used[sidx], st));
+      job++;
     }
   }
-  free(ho);
   return rc;
 }

@@ -14,7 +14,11 @@
  * stream that is being captured (K3_ENOTSUP, nothing queued) and the caller keeps the grouped
  * kernel; decode steps never take it (they are below the row threshold).
  * Invariants: weights are read, never written; scratch is the caller's
- * (k3k_cu_moe_dq_scratch_bytes); every launch goes on cx->stream. Returns 0, K3_EINVAL (bad
+ * (k3k_cu_moe_dq_scratch_bytes). The dequantisation runs on a stream of the path's own, ordered
+ * after everything queued on cx->stream before the call and joined back into it (each group's
+ * GEMMs wait for its dequantisation, each dequantisation waits for the GEMMs that last used
+ * its buffer); when the call returns, later work on cx->stream is ordered after all of it.
+ * K3PD_MOE_DQ_OVERLAP=0 keeps everything on cx->stream (serial; measurement). Returns 0, K3_EINVAL (bad
  * arguments, nothing queued), K3_ENOTSUP (capturing), K3_EDEVICE. */
 #ifndef K3K_CUDA_MOE_DQ_H
 #define K3K_CUDA_MOE_DQ_H
@@ -29,8 +33,9 @@
 extern "C" {
 #endif
 
-/* Experts dequantised per batch of launches (scratch holds this many expert slots). */
-#define K3K_CU_MOE_DQ_GROUP 4
+/* Experts dequantised per launch; the scratch holds two such groups (one being dequantised on
+ * the path's own stream while the other one's GEMMs run on cx->stream). */
+#define K3K_CU_MOE_DQ_GROUP 2
 
 typedef struct {
   k3k_cu_mx_set w1, w3, w2; /* gate [F,D], up [F,D], down [D,F] per expert */
@@ -49,7 +54,7 @@ typedef struct {
 } k3k_cu_moe_dq_args;
 
 /* Scratch bytes for tk = T*k plan rows: the gathered x rows [tk][D], the gate/up GEMM outputs
- * [tk][2F], K3K_CU_MOE_DQ_GROUP dequantised experts of 2·F·D bf16 each, the host offsets. */
+ * [tk][2F], 2 × K3K_CU_MOE_DQ_GROUP dequantised experts of 2·F·D bf16 each. */
 size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t F, int32_t D);
 
 /* The path rule: true when the batch has at least K3PD_MOE_DQ_ROWS (default below, measured
@@ -61,6 +66,9 @@ bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E);
 
 /* Runs the routed experts of one MoE layer (see the file comment). */
 int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a);
+
+/* Frees the path's stream and events of cx (backend destroy; no work may be in flight). */
+void k3k_cu_moe_dq_release(k3k_cuda_ctx *cx);
 
 /* The dequantisation alone (tests): for i < n, experts ids[i] of s0 (rows [0,N)) and, when s1
  * is not NULL, of s1 (rows [N,2N)) into dst + i·rows·K bf16 (rows = N or 2N), row-major [rows][K],

@@ -82,12 +82,12 @@ static void dequant_case(gctx *g, int32_t E, int32_t N, int32_t K, int n, int tw
 }
 
 void gpu_moe_dq_parity(gctx *g) {
-  dequant_case(g, 7, 64, 128, 4, 1, 118, 123);
-  dequant_case(g, 5, 96, 3584, 3, 0, 100, 160); /* > 128: the W4A16 kernels' two-multiply range */
+  dequant_case(g, 7, 64, 128, 2, 1, 118, 123);
+  dequant_case(g, 5, 96, 3584, 2, 0, 100, 160); /* > 128: the W4A16 kernels' two-multiply range */
   dequant_case(g, 3, 32, 64, 2, 1, 0, 20);      /* tiny scales: bf16 subnormals, scale 0 */
   dequant_case(g, 2, 3072, 3584, 1, 1, 118, 123); /* one real gate/up expert */
   pipeline_case_path(g, 200, 3, 2, 1);  /* ~133 rows per expert, not multiples of 16 */
-  pipeline_case_path(g, 300, 32, 8, 1); /* 32 experts: 8 dequantisation groups, ~75 rows each */
+  pipeline_case_path(g, 300, 32, 8, 1); /* 32 experts: 16 dequantisation groups, ~75 rows each */
   pipeline_case_path(g, 37, 64, 4, 1);  /* 148 rows over 64 experts: empty experts, 1-5 rows */
   pipeline_case_path(g, 600, 2, 1, 1);  /* ~300 rows per expert */
   pipeline_case_path(g, 50, 1, 1, 1);   /* one expert: the last GEMM is not padded */
