@@ -151,15 +151,26 @@ struct dq_act_args {
   float beta, beta_lin;
 };
 /* h[r][f] = act(gu[r][f], gu[r][F + f]) for rows [r0, r1): the bf16 gate/up GEMM outputs in,
- * the grouped kernels' epilogue (mx_act, SiTU or silu·up) in fp32, one bf16 rounding. */
+ * the grouped kernels' epilogue (mx_act, SiTU or silu·up) in fp32, one bf16 rounding. Each
+ * thread 8 features (16-byte loads and store; F % 8 == 0). */
 __global__ void dq_act_kernel(dq_act_args a, const uint16_t *gu, int F, int64_t r0, int64_t r1,
                               uint16_t *h) {
-  const int64_t n = (r1 - r0) * F;
+  const int vpr = F / 8;
+  const int64_t n = (r1 - r0) * vpr;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = r0 + i / F, f = i % F;
-    const float g = bf2f(gu[r * 2 * F + f]), u = bf2f(gu[r * 2 * F + F + f]);
-    h[r * F + f] = f2bf(mx_act(a, g, u));
+    const int64_t r = r0 + i / vpr, v = i % vpr;
+    const uint4 gq = __ldg((const uint4 *)(gu + r * 2 * F) + v);
+    const uint4 uq = __ldg((const uint4 *)(gu + r * 2 * F + F) + v);
+    const uint32_t gw[4] = {gq.x, gq.y, gq.z, gq.w}, uw[4] = {uq.x, uq.y, uq.z, uq.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const float lo = mx_act(a, __uint_as_float(gw[j] << 16), __uint_as_float(uw[j] << 16));
+      const float hi = mx_act(a, __uint_as_float(gw[j] & 0xFFFF0000u), __uint_as_float(uw[j] & 0xFFFF0000u));
+      o[j] = (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+    }
+    ((uint4 *)(h + r * F))[v] = make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
 
@@ -230,10 +241,11 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
     K3_ERROR("moe_dq: plan offsets [0]=%d [E]=%d, want 0 and %lld", ho[0], ho[a->E], (long long)tk);
     return K3_EINVAL;
   }
-  static int overlap = -1;
-  if (overlap < 0) {
-    const char *o = getenv("K3PD_MOE_DQ_OVERLAP");
+  static int overlap = -1, group = K3K_CU_MOE_DQ_GROUP;
+  if (overlap < 0) { /* measurement knobs, read once */
+    const char *o = getenv("K3PD_MOE_DQ_OVERLAP"), *gs = getenv("K3PD_MOE_DQ_GROUP");
     overlap = !(o && *o == '0');
+    if (gs && atoi(gs) >= 1 && atoi(gs) <= K3K_CU_MOE_DQ_GROUP) group = atoi(gs);
   }
   dq_lane *lane = NULL;
   if (overlap && (rc = lane_of(cx, &lane))) return rc;
@@ -266,7 +278,7 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
     while (e < a->E && !rc) {
       int32_t ids[K3K_CU_MOE_DQ_GROUP];
       int n = 0;
-      for (; e < a->E && n < K3K_CU_MOE_DQ_GROUP; e++)
+      for (; e < a->E && n < group; e++)
         if (ho[e + 1] > ho[e]) ids[n++] = e;
       if (!n) break;
       const int sidx = job & 1;
@@ -286,8 +298,8 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
       }
       if (!rc && phase == 0) {
         const int64_t r0 = ho[ids[0]], r1 = ho[ids[n - 1] + 1];
-        dq_act_kernel<<<grid_for((r1 - r0) * F, 256, 8192), 256, 0, st>>>(aa, gu, (int)F, r0, r1,
-                                                                           a->h);
+        dq_act_kernel<<<grid_for((r1 - r0) * (F / 8), 256, 8192), 256, 0, st>>>(aa, gu, (int)F, r0,
+                                                                                 r1, a->h);
         K3K_LAUNCHED("moe_dq_act");
       }
       if (!rc && lane) K3K_CU(cudaEventRecord(lane->used[sidx], st));

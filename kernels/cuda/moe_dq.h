@@ -18,7 +18,8 @@
  * after everything queued on cx->stream before the call and joined back into it (each group's
  * GEMMs wait for its dequantisation, each dequantisation waits for the GEMMs that last used
  * its buffer); when the call returns, later work on cx->stream is ordered after all of it.
- * K3PD_MOE_DQ_OVERLAP=0 keeps everything on cx->stream (serial; measurement). Returns 0, K3_EINVAL (bad
+ * Measurement knobs (read once): K3PD_MOE_DQ_OVERLAP=0 keeps everything on cx->stream (serial),
+ * K3PD_MOE_DQ_GROUP=1 dequantises one expert per launch (default K3K_CU_MOE_DQ_GROUP). Returns 0, K3_EINVAL (bad
  * arguments, nothing queued), K3_ENOTSUP (capturing), K3_EDEVICE. */
 #ifndef K3K_CUDA_MOE_DQ_H
 #define K3K_CUDA_MOE_DQ_H

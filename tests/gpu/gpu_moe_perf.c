@@ -198,14 +198,17 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT, int32_t E) {
     double bytes = nact * expert_bytes, flop = 2.0 * T * K * 3.0 * H1 * DL;
     double floor_b = bytes / bw, floor_f = flop / rate, fl = floor_b > floor_f ? floor_b : floor_f;
     char name[96];
+    /* K3PD_MOE_PERF_DQ_ONLY=1: time only the dequant-once path (the grouped kernel still
+     * produces the comparison output above) */
+    const bool grouped = !getenv("K3PD_MOE_PERF_DQ_ONLY");
     a.mask = 15;
-    double t_all = median_s(g, run_moe, &a, 20);
+    double t_all = grouped ? median_s(g, run_moe, &a, 20) : 0;
     a.mask = 6;
-    double t_gemm = median_s(g, run_moe, &a, 20);
+    double t_gemm = grouped ? median_s(g, run_moe, &a, 20) : 0;
     a.mask = 2;
-    double t_13 = median_s(g, run_moe, &a, 20);
+    double t_13 = grouped ? median_s(g, run_moe, &a, 20) : 0;
     a.mask = 4;
-    double t_2 = median_s(g, run_moe, &a, 20);
+    double t_2 = grouped ? median_s(g, run_moe, &a, 20) : 0;
     a.mask = 1;
     double t_rp = median_s(g, run_moe, &a, 20);
     double t_rp20 = median_s(g, run_moe20, &a, 10) / 20;
@@ -214,14 +217,16 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT, int32_t E) {
     double t_rp420 = median_s(g, run_moe20, &a, 10) / 20;
     printf("PERF T=%d tokens, %d active experts, %.1f MB expert bytes, %.2f TFLOP\n", T, nact,
            bytes * 1e-6, flop * 1e-12);
-    snprintf(name, sizeof name, "moe block T=%d (router..combine)", T);
-    line(name, t_all, fl, bytes, flop);
-    snprintf(name, sizeof name, "moe expert GEMMs T=%d (gate/up+SiTU, down)", T);
-    line(name, t_gemm, fl, bytes, flop);
-    snprintf(name, sizeof name, "  gate/up+SiTU T=%d", T);
-    line(name, t_13, fl * 2.0 / 3.0, bytes * 2.0 / 3.0, flop * 2.0 / 3.0);
-    snprintf(name, sizeof name, "  down T=%d", T);
-    line(name, t_2, fl / 3.0, bytes / 3.0, flop / 3.0);
+    if (grouped) {
+      snprintf(name, sizeof name, "moe block T=%d (router..combine)", T);
+      line(name, t_all, fl, bytes, flop);
+      snprintf(name, sizeof name, "moe expert GEMMs T=%d (gate/up+SiTU, down)", T);
+      line(name, t_gemm, fl, bytes, flop);
+      snprintf(name, sizeof name, "  gate/up+SiTU T=%d", T);
+      line(name, t_13, fl * 2.0 / 3.0, bytes * 2.0 / 3.0, flop * 2.0 / 3.0);
+      snprintf(name, sizeof name, "  down T=%d", T);
+      line(name, t_2, fl / 3.0, bytes / 3.0, flop / 3.0);
+    }
     snprintf(name, sizeof name, "  router+plan T=%d", T);
     double rb = (double)T * E * 4;
     line(name, t_rp, rb / bw, rb, 0);
