@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mxfp4_bf16.h"
 #include "cuda_common.cuh"
 #include "moe_dq.h"
 #include "mxfp4_args.cuh"
@@ -74,15 +75,15 @@ static int lane_of(k3k_cuda_ctx *cx, dq_lane **out) {
 }
 
 bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E) {
-  static int mode = -2; /* -1: off, 1: forced on, 0: by rows; read once */
+  static int mode = -2; /* 0: off (default until measured), 1: by rows, 2: always; read once */
   static int64_t rows = K3K_CU_MOE_DQ_ROWS_DEFAULT;
   if (mode == -2) {
     const char *m = getenv("K3PD_MOE_DQ"), *r = getenv("K3PD_MOE_DQ_ROWS");
-    mode = m && *m == '0' ? -1 : m && *m == '1' ? 1 : 0;
+    mode = m && *m == '1' ? 1 : m && *m == '2' ? 2 : 0;
     if (r && atoll(r) > 0) rows = atoll(r);
   }
-  if (mode < 0 || T <= 0 || k <= 0 || E <= 0) return false;
-  if (mode > 0) return true;
+  if (mode == 0 || T <= 0 || k <= 0 || E <= 0) return false;
+  if (mode == 2) return true;
   const int64_t tk = T * k, act = tk < E ? tk : E;
   return tk >= rows * act;
 }
@@ -95,15 +96,6 @@ struct dq_kargs {
   int N, K, rows; /* rows per slot: N, or 2N with s1 */
   uint16_t *dst;
 };
-
-/* One E2M1 code times the block scale, as bf16 bits: the fp32 product is exact (at most two
- * significant bits, exponent within fp32's range incl. subnormals), so its top half is the bf16
- * value. Sign from bit 3 (code 8 is -0, as k3k_e2m1_table). */
-__device__ __forceinline__ uint32_t dq_code(uint32_t c, float scale) {
-  const uint32_t e = (c >> 1) & 3u, m = c & 1u;
-  const uint32_t bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3F000000u : 0u);
-  return (__float_as_uint(__uint_as_float(bits) * scale) >> 16) | ((c & 8u) << 12);
-}
 
 /* grid (x: 32-code groups, y: slot i, z: matrix 0 = s0 rows [0,N), 1 = s1 rows [N,2N)); each
  * thread one group: 16 packed bytes + 1 scale byte in, 64 bytes of bf16 out. */
@@ -119,7 +111,6 @@ __global__ void __launch_bounds__(256) dq_kernel(dq_kargs a) {
     const int64_t r = g / gpr, c = g % gpr;
     const uint4 p = __ldg((const uint4 *)(P + r * s.ldp + c * 16));
     const uint32_t sc = S[r * s.lds + c];
-    const float scale = sc ? __uint_as_float(sc << 23) : __uint_as_float(0x00400000u);
     const uint32_t w[4] = {p.x, p.y, p.z, p.w};
     uint32_t o[16];
 #pragma unroll
@@ -127,7 +118,7 @@ __global__ void __launch_bounds__(256) dq_kernel(dq_kargs a) {
 #pragma unroll
       for (int b = 0; b < 4; b++) {
         const uint32_t byte = (w[q] >> (8 * b)) & 0xFFu; /* codes k = 2j (low), 2j + 1 (high) */
-        o[4 * q + b] = dq_code(byte & 15u, scale) | (dq_code(byte >> 4, scale) << 16);
+        o[4 * q + b] = k3k_mx_bf16_bits(byte & 15u, sc) | (k3k_mx_bf16_bits(byte >> 4, sc) << 16);
       }
     uint4 *d = (uint4 *)(out + r * a.K + c * 32);
 #pragma unroll

@@ -58,9 +58,11 @@ typedef struct {
  * [tk][2F], 2 × K3K_CU_MOE_DQ_GROUP dequantised experts of 2·F·D bf16 each. */
 size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t F, int32_t D);
 
-/* The path rule: true when the batch has at least K3PD_MOE_DQ_ROWS (default below, measured
- * crossover; perf-gpu-moe.md "Dequant-once prefill") plan rows per active expert on average,
- * i.e. T*k / min(E, T*k) >= rows. K3PD_MOE_DQ=0 turns the path off, =1 forces it on for any T.
+/* The path rule. OFF by default: the path has passed its checks on the host only (the device
+ * run of scripts/gpu/dq-all.sh is still to come), so nothing takes it unless asked.
+ * K3PD_MOE_DQ=1: true when the batch has at least K3PD_MOE_DQ_ROWS (default below, a guess
+ * until the crossover is measured: perf-gpu-moe.md "Dequant-once prefill") plan rows per active
+ * expert on average, i.e. T*k / min(E, T*k) >= rows; K3PD_MOE_DQ=2: true for any batch.
  * Deterministic in (T, k, E) and the environment read at the first call. */
 #define K3K_CU_MOE_DQ_ROWS_DEFAULT 64
 bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E);
