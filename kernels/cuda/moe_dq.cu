@@ -19,10 +19,14 @@
  * GEMM row counts are rounded up to a multiple of 16 (so cuBLASLt sees a few shapes and its
  * algorithm cache stays small) but never past the last plan row: the extra rows belong to the
  * next expert(s), are computed from whatever is there and overwritten by that expert's own GEMM
- * later on the same stream (a GEMM's output row depends only on its input row). */
+ * later on the same stream (a GEMM's output row depends only on its input row). The schedule
+ * (groups, GEMM rows) is core/moe_dq_plan.c's, whose invariants test_kernels checks.
+ * Inside the group loop stream/event errors are collected in one cudaError_t instead of
+ * K3K_CU's early return, so the schedule array is freed on every path. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/moe_dq_plan.h"
 #include "core/mxfp4_bf16.h"
 #include "cuda_common.cuh"
 #include "moe_dq.h"
@@ -200,12 +204,6 @@ static int expert_gemm(k3k_cuda_ctx *cx, const uint16_t *w, int64_t m, int64_t k
                           CUDA_R_16BF, m, 0, 1);
 }
 
-/* GEMM rows for an expert whose rows start at b: n rounded up to DQ_PAD, within the plan. */
-static int64_t padded(int64_t b, int64_t n, int64_t tk) {
-  int64_t p = (n + DQ_PAD - 1) / DQ_PAD * DQ_PAD;
-  return b + p > tk ? tk - b : p;
-}
-
 int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
   if (!cx || !a || a->F <= 0 || a->D <= 0 || a->E <= 0 || a->T < 0 || a->k <= 0 ||
       a->F % 32 || a->D % 32 || a->ldx % 8 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->h & 15) ||
@@ -262,40 +260,55 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
     K3K_CU(cudaEventRecord(lane->start, st));
     K3K_CU(cudaStreamWaitEvent(ds, lane->start, 0));
   }
+  /* the schedule: active experts in order, groups, GEMM rows (core/moe_dq_plan.h) */
+  k3k_moe_dq_item *it = (k3k_moe_dq_item *)malloc((size_t)a->E * sizeof *it);
+  if (!it) return K3_ENOMEM;
+  const int32_t n_it = k3k_moe_dq_schedule(ho, a->E, group, DQ_PAD, it);
+  if (n_it < 0) { /* offsets not non-decreasing: not a plan */
+    free(it);
+    K3_ERROR("moe_dq: plan offsets are not non-decreasing");
+    return K3_EINVAL;
+  }
+  cudaError_t ce = cudaSuccess; /* first failed stream/event call; the loop stops there */
   int job = 0; /* groups in order over both phases; group j uses buffer set j % 2 */
-  for (int phase = 0; phase < 2 && !rc; phase++) {
+  for (int phase = 0; phase < 2 && !rc && ce == cudaSuccess; phase++) {
     if (!(parts & (1u << phase))) continue;
-    int e = 0;
-    while (e < a->E && !rc) {
+    for (int32_t g0 = 0; g0 < n_it && !rc && ce == cudaSuccess; job++) {
       int32_t ids[K3K_CU_MOE_DQ_GROUP];
       int n = 0;
-      for (; e < a->E && n < group; e++)
-        if (ho[e + 1] > ho[e]) ids[n++] = e;
-      if (!n) break;
+      while (g0 + n < n_it && it[g0 + n].group == it[g0].group) {
+        ids[n] = it[g0 + n].expert;
+        n++;
+      }
       const int sidx = job & 1;
       uint16_t *slot = set[sidx];
-      if (lane && job >= 2) K3K_CU(cudaStreamWaitEvent(ds, lane->used[sidx], 0));
-      rc = phase == 0 ? k3k_cu_mx_dequant_experts(ds, &a->w1, &a->w3, ids, n, a->F, a->D, slot)
-                      : k3k_cu_mx_dequant_experts(ds, &a->w2, NULL, ids, n, a->D, a->F, slot);
-      if (!rc && lane) {
-        K3K_CU(cudaEventRecord(lane->dq[sidx], ds));
-        K3K_CU(cudaStreamWaitEvent(st, lane->dq[sidx], 0));
-      }
-      for (int i = 0; i < n && !rc; i++) {
-        const int64_t b = ho[ids[i]], rows = padded(b, ho[ids[i] + 1] - b, tk);
+      if (lane && job >= 2) ce = cudaStreamWaitEvent(ds, lane->used[sidx], 0);
+      if (ce == cudaSuccess)
+        rc = phase == 0 ? k3k_cu_mx_dequant_experts(ds, &a->w1, &a->w3, ids, n, a->F, a->D, slot)
+                        : k3k_cu_mx_dequant_experts(ds, &a->w2, NULL, ids, n, a->D, a->F, slot);
+      if (!rc && lane && ce == cudaSuccess) ce = cudaEventRecord(lane->dq[sidx], ds);
+      if (!rc && lane && ce == cudaSuccess) ce = cudaStreamWaitEvent(st, lane->dq[sidx], 0);
+      for (int i = 0; i < n && !rc && ce == cudaSuccess; i++) {
+        const k3k_moe_dq_item *x = &it[g0 + i];
+        const int64_t b = x->row0;
         const uint16_t *w = slot + i * slot_elems;
-        rc = phase == 0 ? expert_gemm(cx, w, 2 * F, D, xs + b * D, rows, gu + b * 2 * F)
-                        : expert_gemm(cx, w, D, F, a->h + b * F, rows, a->y + b * D);
+        rc = phase == 0 ? expert_gemm(cx, w, 2 * F, D, xs + b * D, x->gemm_rows, gu + b * 2 * F)
+                        : expert_gemm(cx, w, D, F, a->h + b * F, x->gemm_rows, a->y + b * D);
       }
-      if (!rc && phase == 0) {
-        const int64_t r0 = ho[ids[0]], r1 = ho[ids[n - 1] + 1];
+      if (!rc && ce == cudaSuccess && phase == 0) { /* the group's rows are contiguous */
+        const int64_t r0 = it[g0].row0, r1 = it[g0 + n - 1].row0 + it[g0 + n - 1].rows;
         dq_act_kernel<<<grid_for((r1 - r0) * (F / 8), 256, 8192), 256, 0, st>>>(aa, gu, (int)F, r0,
                                                                                  r1, a->h);
-        K3K_LAUNCHED("moe_dq_act");
+        ce = cudaGetLastError();
       }
-      if (!rc && lane) K3K_CU(cudaEventRecord(lane->used[sidx], st));
-      job++;
+      if (!rc && lane && ce == cudaSuccess) ce = cudaEventRecord(lane->used[sidx], st);
+      g0 += n;
     }
+  }
+  free(it);
+  if (ce != cudaSuccess) {
+    K3_ERROR("moe_dq: %s", cudaGetErrorString(ce));
+    return K3_EDEVICE;
   }
   return rc;
 }
