@@ -241,6 +241,9 @@ static int be_sync(k3k_backend_t *be) {
   return 0;
 }
 
+cudaStream_t k3k_cuda_stream(const k3k_cuda_ctx *cx) { return cx->stream; }
+uint64_t k3k_cuda_mem_gen(const k3k_cuda_ctx *cx) { return cx->mem_gen; }
+
 /* ---- ops ---- */
 /* One entry per op of k3k_ops.def (k3k_cuda_<name>); every op has a CUDA path, shapes it does
  * not take are refused by cuda_supports. KDA/MLA entries pick the fast or generic kernel. */

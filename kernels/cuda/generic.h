@@ -53,10 +53,6 @@ K3K_CUDA_DECL(gen_mla_decode);
  * expert), the expert's rows in turn, CUDA-core fp32. Never synchronises, allocates nothing
  * (capture-safe). Returns 0 or K3_EINVAL (nothing queued) / K3_EDEVICE. */
 int k3k_cu_moe_gemm_generic(cudaStream_t st, const k3k_cu_moe_gemm_args *a);
-/* k3k_cu_moe_gemm when it takes the arguments, else k3k_cu_moe_gemm_generic (the tensor-core
- * kernels refuse with K3_EINVAL before queuing anything). The choice depends only on the shapes
- * and pointers, so eager steps and graph replays run the same kernel. */
-int k3k_cu_moe_gemm_any(cudaStream_t st, const k3k_cu_moe_gemm_args *a);
 
 #ifdef __cplusplus
 }

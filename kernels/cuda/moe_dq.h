@@ -19,8 +19,10 @@
  * GEMMs wait for its dequantisation, each dequantisation waits for the GEMMs that last used
  * its buffer); when the call returns, later work on cx->stream is ordered after all of it.
  * Measurement knobs (read once): K3PD_MOE_DQ_OVERLAP=0 keeps everything on cx->stream (serial),
- * K3PD_MOE_DQ_GROUP=1 dequantises one expert per launch (default K3K_CU_MOE_DQ_GROUP). Returns 0, K3_EINVAL (bad
- * arguments, nothing queued), K3_ENOTSUP (capturing), K3_EDEVICE. */
+ * K3PD_MOE_DQ_GROUP=1 dequantises one expert per launch (default K3K_CU_MOE_DQ_GROUP).
+ * Returns 0, K3_EINVAL (bad arguments, nothing queued), K3_ENOTSUP (capturing), K3_EDEVICE.
+ * The runner-facing part (k3k_cu_moe_dq_args, _scratch_bytes, _wanted, _experts) is declared in
+ * kernels/include/k3k_cuda.h; this header keeps what only the backend and its tests use. */
 #ifndef K3K_CUDA_MOE_DQ_H
 #define K3K_CUDA_MOE_DQ_H
 
@@ -33,42 +35,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Experts dequantised per launch; the scratch holds two such groups (one being dequantised on
- * the path's own stream while the other one's GEMMs run on cx->stream). */
-#define K3K_CU_MOE_DQ_GROUP 2
-
-typedef struct {
-  k3k_cu_mx_set w1, w3, w2; /* gate [F,D], up [F,D], down [D,F] per expert */
-  int act;                  /* K3K_CU_ACT_SITU or K3K_CU_ACT_SILU_MUL */
-  float beta, beta_lin;     /* SiTU */
-  int32_t F, D, E;          /* expert width, latent width, experts; F, D multiples of 8 */
-  int32_t T, k;             /* tokens and choices: T*k plan rows */
-  const uint16_t *x;        /* [T][D] bf16, row stride ldx (elements, % 8 == 0) */
-  int64_t ldx;
-  const int32_t *gather_tok, *expert_off; /* the device plan (k3k_cu_moe_route_plan) */
-  uint16_t *h;              /* [T*k][F] bf16: activation rows in plan order (written) */
-  uint16_t *y;              /* [T*k][D] bf16: expert output rows in plan order (written) */
-  void *scratch;            /* k3k_cu_moe_dq_scratch_bytes(T*k, F, D), 16-byte aligned */
-  unsigned parts;           /* 0 or 3: both; 1: gate/up + activation only; 2: down only
-                             * (timing: h must hold the activation rows already) */
-} k3k_cu_moe_dq_args;
-
-/* Scratch bytes for tk = T*k plan rows: the gathered x rows [tk][D], the gate/up GEMM outputs
- * [tk][2F], 2 × K3K_CU_MOE_DQ_GROUP dequantised experts of 2·F·D bf16 each. */
-size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t F, int32_t D);
-
-/* The path rule. OFF by default: the path has passed its checks on the host only (the device
- * run of scripts/gpu/dq-all.sh is still to come), so nothing takes it unless asked.
- * K3PD_MOE_DQ=1: true when the batch has at least K3PD_MOE_DQ_ROWS (default below, a guess
- * until the crossover is measured: perf-gpu-moe.md "Dequant-once prefill") plan rows per active
- * expert on average, i.e. T*k / min(E, T*k) >= rows; K3PD_MOE_DQ=2: true for any batch.
- * Deterministic in (T, k, E) and the environment read at the first call. */
-#define K3K_CU_MOE_DQ_ROWS_DEFAULT 64
-bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E);
-
-/* Runs the routed experts of one MoE layer (see the file comment). */
-int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a);
 
 /* Frees the path's stream and events of cx (backend destroy; no work may be in flight). */
 void k3k_cu_moe_dq_release(k3k_cuda_ctx *cx);

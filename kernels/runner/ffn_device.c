@@ -23,14 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "k3k_cuda_ops.h"
+#include "k3k_cuda.h"
 #include "k3pd/err.h"
 #include "k3pd/log.h"
-#include "gemv.h"
-#include "generic.h"
-#include "moe_bf16.h"
-#include "moe_dq.h"
-#include "moe_ops.h"
 #include "runner_internal.h"
 
 /* Per MoE layer: one device array of 6*E pointers: w1 packed, w1 scale, w3 packed, w3 scale,
@@ -122,7 +117,8 @@ static int check_scales(k3_runner_t *r, char *err, size_t errlen) {
     for (int j = 0; j < 3 && !rc; j++)
       for (int64_t e = 0; e < r->cfg.num_experts && !rc; e++) {
         const k3k_tensor_t *s = &sets[j][e].scale;
-        rc = k3k_cu_mx_check(cx->stream, s->data, s->shape[0], s->shape[1], s->stride[0], bad);
+        rc = k3k_cu_mx_check(k3k_cuda_stream(cx), s->data, s->shape[0], s->shape[1], s->stride[0],
+                             bad);
       }
   }
   if (!rc) rc = r->be->copy_to_host(r->be, &hbad, bad, sizeof(int));
@@ -264,7 +260,7 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
                        const k3k_tensor_t *comb, int side_wait) {
   const k3_model_config_t *c = &r->cfg;
   k3k_backend_t *be = r->be;
-  cudaStream_t st = k3k_cuda_ctx_of(be)->stream;
+  cudaStream_t st = k3k_cuda_stream(k3k_cuda_ctx_of(be));
   void *tab = r->dev->tabs[layer];
   const int32_t T = (int32_t)z->shape[0], K = c->top_k, E = c->num_experts;
   const int32_t F = (int32_t)c->moe_intermediate_size, D = (int32_t)c->expert_in_dim;

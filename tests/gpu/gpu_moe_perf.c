@@ -1,7 +1,7 @@
 /* k3k-gpu-moe --perf: the MoE block at real K3 shapes (E = 896, k = 16, latent 3584, expert
  * width 3072, every expert's MXFP4 weights resident: 15.7 GB) at decode batch 1 and 16 and an
- * 8K-token prefill (--perf-e E: another expert count, e.g. 256 for the medium preset), timed with CUDA events (median after warm-up) next to ceilings measured in
- * the same run: device copy bandwidth (2 GiB D2D, bytes read + written) and the cuBLASLt bf16
+ * 8K-token prefill (--perf-e E: another expert count, e.g. 256 for the medium preset), timed
+ * with CUDA events (median after warm-up) next to ceilings measured in the same run: device copy bandwidth (2 GiB D2D, bytes read + written) and the cuBLASLt bf16
  * GEMM rate (8192^3, fp32 accumulate).
  * Floors: decode = expert bytes read (active experts × 17.6 MB of packed codes + scales) / copy
  * bandwidth; prefill = expert FLOPs (2 · T·k · 3 · 3072 · 3584) / GEMM rate. Lines start with
