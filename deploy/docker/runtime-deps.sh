@@ -7,6 +7,9 @@
 #   runtime-deps.sh --check "PKG PKG ..." BIN...     fail if a needed package is not listed
 #   runtime-deps.sh --dockerfile FILE BIN...         same, list read from FILE's
 #                                                    "ARG RUNTIME_PKGS=..." line
+#   runtime-deps.sh --list FILE                      print FILE's RUNTIME_PKGS list (the one
+#                                                    source of truth; scripts/image/build.sh
+#                                                    installs exactly it)
 # Runs in the image build stage (so a binary that gains a library fails the image build
 # instead of producing an image that cannot start) and in ctest (tests/deploy) against the
 # binaries just built. Packages every base image has (libc6, libgcc-s1, libstdc++6) and
@@ -16,10 +19,17 @@
 # shipped in an image (the sanitizer runtimes of an ASan/UBSan test build).
 set -euo pipefail
 allowed=""
-if [ "${1:-}" = --check ]; then allowed=$2; shift 2
+list_of() {
+  local l
+  l=$(sed -n 's/^ARG RUNTIME_PKGS="\(.*\)"$/\1/p' "$1" | head -1)
+  [ -n "$l" ] || { echo "runtime-deps: no ARG RUNTIME_PKGS=\"...\" line in $1" >&2; exit 2; }
+  echo "$l"
+}
+if [ "${1:-}" = --list ]; then [ $# = 2 ] || { echo "usage: runtime-deps.sh --list DOCKERFILE" >&2; exit 2; }
+  list_of "$2"; exit 0
+elif [ "${1:-}" = --check ]; then allowed=$2; shift 2
 elif [ "${1:-}" = --dockerfile ]; then
-  allowed=$(sed -n 's/^ARG RUNTIME_PKGS="\(.*\)"$/\1/p' "$2" | head -1)
-  [ -n "$allowed" ] || { echo "runtime-deps: no ARG RUNTIME_PKGS=\"...\" line in $2" >&2; exit 2; }
+  allowed=$(list_of "$2")
   shift 2
 fi
 [ $# -gt 0 ] || { echo "usage: runtime-deps.sh [--check LIST|--dockerfile FILE] BIN..." >&2; exit 2; }
