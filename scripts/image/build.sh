@@ -89,17 +89,21 @@ if ! curl -fsS -m 20 -o /dev/null "${url%/}/dists/bookworm/Release" 2>"$out/prob
   exit 77
 fi
 pkgs=$(bash "$root/deploy/docker/runtime-deps.sh" --list "$dockerfile")
-# passwd: groupadd/useradd below (debian:12-slim has it too); usr-is-merged: satisfies
-# init-system-helpers without usrmerge, which would pull in perl.
-include=$(echo "$pkgs $extra passwd usr-is-merged" | tr -s ' ' ',' | sed 's/^,//; s/,$//')
+# passwd: groupadd/useradd below (debian:12-slim has it too).
+include=$(echo "$pkgs $extra passwd" | tr -s ' ' ',' | sed 's/^,//; s/,$//')
 mapfile -t user_cmds < <(python3 "$root/scripts/image/dockerfile_config.py" "$dockerfile" --user-commands)
 [ ${#user_cmds[@]} = 2 ] || die "could not read the groupadd/useradd lines of $dockerfile"
 echo "image/build: mmdebstrap bookworm (essential + $include) from ${mirrors[*]}"
 t1=$(date +%s)
 rm -f "$out/base.tar"
 # The dpkg path filters drop what debian:12-slim drops (manuals, translations, docs except the
-# copyright files, which stay with the binaries they license).
+# copyright files, which stay with the binaries they license). The merged-usr hooks lay out
+# merged /usr and install usr-is-merged: without them init-system-helpers' "usrmerge |
+# usr-is-merged" takes usrmerge, which pulls in perl. unsafe-io: no fsync per file (the
+# result is a tarball; a crash means building again).
 if ! { mmdebstrap --mode=root --variant=essential --include="$include" \
+  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr --dpkgopt=force-unsafe-io \
+  --aptopt='Acquire::Languages "none"' \
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
