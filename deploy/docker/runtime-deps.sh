@@ -35,24 +35,31 @@ fi
 [ $# -gt 0 ] || { echo "usage: runtime-deps.sh [--check LIST|--dockerfile FILE] BIN..." >&2; exit 2; }
 
 pkgs=()
+# Each binary's ldd runs once and each library path is looked up once (dpkg -S with all the
+# path spellings of a merged /usr in one call): dpkg -S reads the whole file database each
+# time, which takes seconds on a loaded machine.
+declare -A owner=()
 for bin in "$@"; do
   [ -x "$bin" ] || { echo "runtime-deps: $bin is not an executable" >&2; exit 2; }
   # ldd resolves each NEEDED name to a path; keep only the direct ones.
   needed=$(objdump -p "$bin" | awk '$1 == "NEEDED" {print $2}')
+  resolved=$(ldd "$bin")
   for lib in $needed; do
-    path=$(ldd "$bin" | awk -v l="$lib" '$1 == l && $3 ~ /^\// {print $3}' | head -1)
+    path=$(awk -v l="$lib" '$1 == l && $3 ~ /^\// {print $3}' <<<"$resolved" | head -1)
     case "$lib" in libcuda.so.*|libnvidia-ml.so.*)
       continue;; # injected by the NVIDIA container toolkit at run time, never in the image
     esac
     [ -n "$path" ] || { echo "runtime-deps: $bin needs $lib, which is not installed here" >&2; exit 1; }
-    pkg=""
-    for p in "$path" "$(realpath "$path")" "${path#/usr}" "/usr${path}"; do
-      pkg=$(dpkg -S "$p" 2>/dev/null | head -1 | cut -d: -f1) && [ -n "$pkg" ] && break
-    done
+    pkg=${owner[$path]:-}
+    if [ -z "$pkg" ]; then
+      pkg=$(dpkg -S "$path" "$(realpath "$path")" "${path#/usr}" "/usr${path}" 2>/dev/null | head -1 |
+            cut -d: -f1 || true)
+    fi
     if [ -z "$pkg" ]; then
       pkg=$(dpkg -S "/$(basename "$path")" 2>/dev/null | grep -v -- '-dev:' | head -1 | cut -d: -f1 || true)
     fi
     [ -n "$pkg" ] || { echo "runtime-deps: no package owns $path ($lib, needed by $bin)" >&2; exit 1; }
+    owner[$path]=$pkg
     pkgs+=("$pkg")
   done
 done

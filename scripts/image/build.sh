@@ -12,15 +12,17 @@
 #   5. scripts/image/verify.sh on the result (like the Dockerfile's final ldd check).
 # It is not a Docker replacement: no cache, one platform (the host's), CPU image only.
 #
-# usage: scripts/image/build.sh [--build-dir DIR] [--out DIR] [--tag TAG] [--mirror M]...
+# usage: scripts/image/build.sh [--build-dir DIR] [--out DIR] [--tag TAG] [--name NAME] [--mirror M]...
 #                               [--extra-pkgs "PKG ..."]
 #   --build-dir DIR  take the binaries from this CMake build dir (default: build build/ here)
 #   --out DIR        output directory (default: out/image); written there:
-#                      k3pd-TAG.oci.tar   the image (oci-archive; reference name TAG)
-#                      oci/               the same image as an OCI layout directory
+#                      k3pd-TAG.oci.tar   the image (oci-archive) named NAME:TAG
+#                      oci/               the same image as an OCI layout directory (umoci's
+#                                         tag: TAG)
 #                      bundle/            the image unpacked by umoci (rootfs/ + config.json)
 #                      packages.txt       the Debian packages in the image, with versions
 #   --tag TAG        image tag (default: the binaries' version, e.g. 0.1.0)
+#   --name NAME      image name in the archive (default: localhost/k3pd)
 #   --mirror M       apt source for mmdebstrap: a URL, a "deb ..." line or a .list/.sources
 #                    file; repeatable. Default: the host's apt sources that name bookworm, else
 #                    deb.debian.org (bookworm, bookworm-updates, bookworm-security).
@@ -32,12 +34,13 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 die() { echo "image/build: $*" >&2; exit 1; }
 
-build_dir="" out="$root/out/image" tag="" extra="" mirrors=()
+build_dir="" out="$root/out/image" tag="" name="localhost/k3pd" extra="" mirrors=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build_dir=$(cd "$2" && pwd); shift 2;;
     --out) out=$2; shift 2;;
     --tag) tag=$2; shift 2;;
+    --name) name=$2; shift 2;;
     --mirror) mirrors+=("$2"); shift 2;;
     --extra-pkgs) extra=$2; shift 2;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
@@ -137,9 +140,23 @@ umoci config --image "$oci:$tag" --created "$created" --history.created "$create
   --os linux --architecture "$(dpkg --print-architecture)" --author "k3pd scripts/image/build.sh" \
   --history.created_by "config from deploy/docker/Dockerfile" "${cfg[@]}"
 umoci gc --layout "$oci"
-rm -f "$out/k3pd-$tag.oci.tar"
-tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$SOURCE_DATE_EPOCH" -C "$oci" \
+# The archive names the image by a full reference (umoci's layout tags are bare: podman would
+# load a bare "0.1.0" as localhost/0.1.0:latest); the blobs are shared hard links.
+rm -rf "$out/k3pd-$tag.oci.tar" "$out/archive"
+cp -al "$oci" "$out/archive"
+rm "$out/archive/index.json"
+python3 - "$oci/index.json" "$out/archive/index.json" "$tag" "$name:$tag" <<'PY'
+import json, sys
+src, dst, tag, ref = sys.argv[1:]
+index = json.load(open(src))
+for m in index["manifests"]:
+    if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag:
+        m["annotations"]["org.opencontainers.image.ref.name"] = ref
+json.dump(index, open(dst, "w"))
+PY
+tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$SOURCE_DATE_EPOCH" -C "$out/archive" \
   -cf "$out/k3pd-$tag.oci.tar" .
+rm -rf "$out/archive"
 rm -rf "$stage" "$out/base.tar" "$out/bin.tar" "$out/probe.err"
 t3=$(date +%s)
 
