@@ -19,12 +19,15 @@ Also checked: the topics the dashboard must show (TTFT and ITL percentiles, toke
 depth, KV pages and KDA slots, handoff bandwidth and failures) each have a panel; every
 prometheus-adapter rule (deploy/k8s/prometheus-adapter/values.yaml) names an exported metric
 and the dashboard shows its metricsQuery as the HPA sees it; panel ids are unique.
+With --kubectl K --kustomize DIR: DIR (deploy/grafana) renders to one ConfigMap labelled
+grafana_dashboard=1 whose data is exactly the dashboard file.
 Usage: check_dashboard.py --dashboard JSON --adapter VALUES_YAML (--source DIR | --exposition FILE...)
-                          [--self-test]
+                          [--self-test] [--kubectl KUBECTL --kustomize DIR]
 """
 import argparse
 import json
 import re
+import subprocess
 import sys
 
 import yaml
@@ -249,8 +252,26 @@ def self_test(dash, adapter, fams):
     return problems
 
 
+def check_configmap(kubectl, kdir, dashboard_path):
+    out = subprocess.run([kubectl, "kustomize", kdir], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        return [f"kubectl kustomize {kdir} failed: {out.stderr.strip()}"]
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    if len(docs) != 1 or docs[0].get("kind") != "ConfigMap":
+        return [f"{kdir}: expected one ConfigMap, got {[d.get('kind') for d in docs]}"]
+    cm, errs = docs[0], []
+    if cm["metadata"].get("labels", {}).get("grafana_dashboard") != "1":
+        errs.append(f"{kdir}: ConfigMap {cm['metadata']['name']} lacks the label grafana_dashboard=1")
+    data = cm.get("data", {}).get("k3pd-dashboard.json")
+    if data is None or json.loads(data) != json.load(open(dashboard_path)):
+        errs.append(f"{kdir}: the ConfigMap's k3pd-dashboard.json is not the dashboard file")
+    return errs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kubectl")
+    ap.add_argument("--kustomize", help="deploy/grafana (needs --kubectl)")
     ap.add_argument("--self-test", action="store_true", help="also check that known breakages are caught")
     ap.add_argument("--dashboard", required=True)
     ap.add_argument("--adapter", required=True, help="prometheus-adapter values.yaml")
@@ -265,6 +286,10 @@ def main():
         errs = self_test(dash, adapter, fams)
         if not errs:
             print(f"check_dashboard: self-test: all {len(BREAKAGES)} breakages reported")
+    if a.kustomize and not errs:
+        errs = check_configmap(a.kubectl or "kubectl", a.kustomize, a.dashboard)
+        if not errs:
+            print(f"check_dashboard: {a.kustomize} renders the dashboard ConfigMap (grafana_dashboard=1)")
     for e in errs:
         print(f"check_dashboard: {e}")
     what = f"{len(fams)} metrics from " + ("the registration table" if a.source else
