@@ -6,8 +6,8 @@
    Dockerfile, the library closure inside the image and the package list).
 2. Router + 1 prefill + 1 decode start from the image's filesystem as umoci unpacked it, each
    with scripts/image/run-in-rootfs.sh (own mount namespace, chroot, the image's user from the
-   runtime-spec config.json): podman cannot run in the CI container (crun's setrlimit needs
-   CAP_SYS_RESOURCE), so this is the closest to a container that works there. The checkpoint
+   runtime-spec config.json): podman cannot run in the development container (crun's setrlimit
+   needs CAP_SYS_RESOURCE), so this is the closest to a container that works there. The checkpoint
    is written by the image's own k3pd-mkckpt, as the cpu-demo overlay's init container does.
    The cluster is the e2e harness's (tests/e2e/k3cluster.py: mutual TLS from a development CA).
 3. A chat request (tokenizer in the router) and a token-id request are served; the token ids
@@ -150,7 +150,7 @@ def main():
     args.bindir = os.path.abspath(args.bindir)
     if os.geteuid() != 0:
         print("SKIP: needs root: the image is built with mmdebstrap --mode=root and run with chroot in a "
-              "mount namespace (podman is not usable in the CI container)")
+              "mount namespace")
         return 77
     work = os.path.abspath(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
