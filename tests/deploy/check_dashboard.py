@@ -19,16 +19,21 @@ Also checked: the topics the dashboard must show (TTFT and ITL percentiles, toke
 depth, KV pages and KDA slots, handoff bandwidth and failures) each have a panel; every
 prometheus-adapter rule (deploy/k8s/prometheus-adapter/values.yaml) names an exported metric
 and the dashboard shows its metricsQuery as the HPA sees it; panel ids are unique.
+With --promtool P: every expression also parses with Prometheus's own parser (promtool is in
+Debian's prometheus package, which scripts/deps.sh does not install: on a host with systemd it
+would start a Prometheus server on port 9090; ctest passes it when it is installed).
 With --kubectl K --kustomize DIR: DIR (deploy/grafana) renders to one ConfigMap labelled
 grafana_dashboard=1 whose data is exactly the dashboard file.
 Usage: check_dashboard.py --dashboard JSON --adapter VALUES_YAML (--source DIR | --exposition FILE...)
-                          [--self-test] [--kubectl KUBECTL --kustomize DIR]
+                          [--self-test] [--promtool PROMTOOL] [--kubectl KUBECTL --kustomize DIR]
 """
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -129,11 +134,30 @@ def metric_of(name, fams):
     return None, None
 
 
+def balanced(e):
+    """None when (), [] and {} nest properly outside string literals, else what is wrong."""
+    stack, pairs = [], {")": "(", "]": "[", "}": "{"}
+    for i, ch in enumerate(re.sub(r'"(?:[^"\\]|\\.)*"', lambda m: " " * len(m.group(0)), e)):
+        if ch in "([{":
+            stack.append((ch, i))
+        elif ch in ")]}":
+            if not stack or stack[-1][0] != pairs[ch]:
+                return f"unbalanced {ch!r} at column {i + 1}"
+            stack.pop()
+        elif ch == '"':
+            return f"unterminated string at column {i + 1}"
+    return f"unbalanced {stack[-1][0]!r} at column {stack[-1][1] + 1}" if stack else None
+
+
 def check_expr(where, expr, fams, errs, used):
     e = expr.replace("$__rate_interval", "1m").replace("$__interval", "1m")
     e = re.sub(r"\$\{?\w+\}?", "x", e)  # other Grafana variables inside label values
     if not e.strip():
         errs.append(f"{where}: empty expression")
+        return
+    bad = balanced(e)
+    if bad:
+        errs.append(f"{where}: {bad}")
         return
     # Selectors: metric{matchers}. Checked first, then blanked out.
     for m in re.finditer(r"([a-zA-Z_:][\w:]*)\s*\{([^}]*)\}", e):
@@ -181,7 +205,33 @@ def check_expr(where, expr, fams, errs, used):
         errs.append(f"{where}: grouping label {lab!r} is not a label of {sorted(f for f, _ in names)}")
 
 
-def check(dash, adapter, fams):
+def promtool_check(promtool, all_exprs):
+    """Parses every expression with Prometheus's own parser (promtool check rules on a rules
+    file holding them as recording rules); Grafana's variables get values first and its
+    label_values(METRIC, LABEL) becomes METRIC."""
+    rules = []
+    for i, (where, e) in enumerate(all_exprs):
+        e = e.replace("$__rate_interval", "1m").replace("$__interval", "1m")
+        e = re.sub(r"\$\{?\w+\}?", ".*", e)
+        e = re.sub(r"^label_values\(\s*([^,]*?)\s*,\s*\w+\s*\)$", r"\1", e.strip())
+        rules.append({"record": f"k3pd:dashboard_check:{i}", "expr": e})
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as f:
+        yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, f)
+    try:
+        out = subprocess.run([promtool, "check", "rules", f.name], capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(f.name)
+    if out.returncode == 0:
+        return []
+    errs = []
+    for line in (out.stdout + out.stderr).splitlines():
+        m = re.search(r"group \"dashboard\", rule (\d+), \"[^\"]*\": (.*)", line)
+        if m:
+            errs.append(f"{all_exprs[int(m.group(1)) - 1][0]}: promtool: {m.group(2)}")
+    return errs or [f"promtool check rules failed: {(out.stdout + out.stderr).strip()[-500:]}"]
+
+
+def check(dash, adapter, fams, promtool=None):
     errs, used = [], set()
     ids = []
 
@@ -198,6 +248,8 @@ def check(dash, adapter, fams):
     all_exprs = exprs(dash)
     for where, expr in all_exprs:
         check_expr(where, expr, fams, errs, used)
+    if promtool:
+        errs += promtool_check(promtool, all_exprs)
     for topic, metrics in TOPICS.items():
         if not used & set(metrics):
             errs.append(f"no panel shows {topic} ({' or '.join(metrics)})")
@@ -227,12 +279,13 @@ BREAKAGES = [
     ("avg(avg_over_time(k3pd_decode_kv_utilization_ratio", "max(avg_over_time(k3pd_decode_kv_utilization_ratio",
      "HPA signal k3pd_decode_kv_utilization_ratio"),
     ("k3pd_prefill_handoff_failures_total", "k3pd_prefill_handoff_failed_total", "handoff failures"),
+    ("by (le) (rate(", "by (le) ((rate(", "unbalanced '('"),
 ]
 
 
-def self_test(dash, adapter, fams):
+def self_test(dash, adapter, fams, promtool=None):
     problems = []
-    base, _, _ = check(dash, adapter, fams)
+    base, _, _ = check(dash, adapter, fams, promtool)
     if base:
         return [f"self-test needs a clean dashboard first: {base[0]}"]
     for old, new, want in BREAKAGES:
@@ -246,7 +299,7 @@ def self_test(dash, adapter, fams):
         if broken == dash:
             problems.append(f"self-test: {old!r} no longer occurs in the dashboard; update BREAKAGES")
             continue
-        errs, _, _ = check(broken, adapter, fams)
+        errs, _, _ = check(broken, adapter, fams, promtool)
         if not any(want in e for e in errs):
             problems.append(f"self-test: replacing {old!r} by {new!r} was not reported as {want!r} (got {errs})")
     return problems
@@ -271,6 +324,7 @@ def check_configmap(kubectl, kdir, dashboard_path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kubectl")
+    ap.add_argument("--promtool", help="also parse every expression with promtool (Prometheus's parser)")
     ap.add_argument("--kustomize", help="deploy/grafana (needs --kubectl)")
     ap.add_argument("--self-test", action="store_true", help="also check that known breakages are caught")
     ap.add_argument("--dashboard", required=True)
@@ -281,9 +335,9 @@ def main():
     a = ap.parse_args()
     fams = from_source(a.source) if a.source else from_exposition(a.exposition)
     dash, adapter = json.load(open(a.dashboard)), yaml.safe_load(open(a.adapter))
-    errs, n, used = check(dash, adapter, fams)
+    errs, n, used = check(dash, adapter, fams, a.promtool)
     if a.self_test and not errs:
-        errs = self_test(dash, adapter, fams)
+        errs = self_test(dash, adapter, fams, a.promtool)
         if not errs:
             print(f"check_dashboard: self-test: all {len(BREAKAGES)} breakages reported")
     if a.kustomize and not errs:
@@ -294,6 +348,7 @@ def main():
         print(f"check_dashboard: {e}")
     what = f"{len(fams)} metrics from " + ("the registration table" if a.source else
                                            f"{len(a.exposition)} scraped /metrics page(s)")
+    what += ", parsed by promtool" if a.promtool else " (promtool not given: syntax = balance check only)"
     print(f"check_dashboard: {n} expressions, {len(used)} series names, against {what}: "
           + ("OK" if not errs else f"{len(errs)} problem(s)"))
     return 1 if errs else 0
