@@ -1,0 +1,89 @@
+#!/bin/bash
+# Router capacity (docs/perf-cluster.md "Router capacity"): what one router sustains on one core
+# when the workers cost nothing. The router runs pinned to ROUTER_CPU; two k3pd-null-worker
+# processes (BENCHMARK ONLY: prefill + decode with no model, fixed token ids) and k3pd-bench run
+# pinned to OTHER_CPUS. Mutual TLS between router and workers, as in production.
+#   part A, requests/s: open-loop Poisson arrivals at each rate of RATES for DURATION s, prompt 16
+#           ids, 4 output tokens sent at once (each request = intake, Reserve, Prefill, Attach);
+#   part B, concurrent streams: closed loop with C streams in flight for each C of STREAMS, 40
+#           tokens per stream paced at TOKEN_MS (a decode step), for DURATION s.
+# Prints one table line per step and appends the k3pd-bench JSON lines to OUT/capacity.jsonl.
+# Usage: scripts/bench/router_capacity.sh [BUILD_DIR] [OUT_DIR]
+#   env: ROUTER_CPU (0), OTHER_CPUS (1), RATES ("100 200 400 800 1600"), STREAMS ("16 64 256 1024"),
+#        DURATION (10), TOKEN_MS (50)
+set -u
+B=$(cd "${1:-build}" && pwd)
+OUT=${2:-$(mktemp -d /tmp/k3pd-capacity-XXXXXX)}
+ROUTER_CPU=${ROUTER_CPU:-0}
+OTHER_CPUS=${OTHER_CPUS:-1}
+RATES=${RATES:-"100 200 400 800 1600"}
+STREAMS=${STREAMS:-"16 64 256 1024"}
+DURATION=${DURATION:-10}
+TOKEN_MS=${TOKEN_MS:-50}
+mkdir -p "$OUT"
+J=$OUT/capacity.jsonl
+for b in router/k3pd-router tools/nullworker/k3pd-null-worker tools/bench/k3pd-bench; do
+  [ -x "$B/$b" ] || { echo "router_capacity.sh: $B/$b missing (build it first)" >&2; exit 2; }
+done
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+trap cleanup EXIT
+
+# start_cluster TAG TOKEN_INTERVAL_MS: router + null prefill + null decode; sets RPORT
+start_cluster() {
+  local d=$OUT/$1
+  mkdir -p "$d"
+  rm -f "$d"/r.port "$d"/r.cport
+  taskset -c "$ROUTER_CPU" "$B/router/k3pd-router" --synthetic tiny --listen 127.0.0.1:0 --port-file "$d/r.port" \
+    --cluster-port-file "$d/r.cport" --tls-dev-dir "$OUT/tls" --log-level warn >"$d/router.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 200); do [ -s "$d/r.port" ] && [ -s "$d/r.cport" ] && break; sleep 0.05; done
+  local c=127.0.0.1:$(cat "$d/r.cport")
+  taskset -c "$OTHER_CPUS" "$B/tools/nullworker/k3pd-null-worker" --role prefill --router "$c" --worker-id prefill-0 \
+    --tls-dev-dir "$OUT/tls" >"$d/prefill.log" 2>&1 &
+  PIDS+=($!)
+  taskset -c "$OTHER_CPUS" "$B/tools/nullworker/k3pd-null-worker" --role decode --router "$c" --worker-id decode-0 \
+    --token-interval-ms "$2" --tls-dev-dir "$OUT/tls" >"$d/decode.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 200); do
+    grep -q "registered with" "$d/prefill.log" && grep -q "registered with" "$d/decode.log" && break
+    sleep 0.05
+  done
+  grep -q "registered with" "$d/decode.log" || { echo "null workers did not register (see $d)" >&2; exit 1; }
+  RPORT=$(cat "$d/r.port")
+}
+
+stop_cluster() { cleanup; PIDS=(); }
+
+bench() { taskset -c "$OTHER_CPUS" "$B/tools/bench/k3pd-bench" --router "127.0.0.1:$RPORT" --id-max 3000 --json "$J" "$@" \
+            >"$OUT/last.txt" 2>&1; }
+
+row() { # LABEL: the last JSON line as a table row
+  /usr/bin/python3 - "$J" "$1" <<'EOF'
+import json, sys
+d = json.loads(open(sys.argv[1]).readlines()[-1])
+f = lambda k, q, s=1.0: "%.2f" % (d[k][q] * s) if d[k].get("n") else "-"
+err = sum(d["errors"].values()) if d["errors"] else 0
+print("%-14s %9.1f %6d %7s %7s %7s %7s %8s %8s %7s %7s" % (sys.argv[2], d["requests_per_s"], err,
+      f("ttft_ms", "p50"), f("ttft_ms", "p99"), f("e2e_ms", "p50"), f("e2e_ms", "p99"),
+      f("router_overhead_us", "p50", 1e-3), f("router_overhead_us", "p99", 1e-3), f("itl_ms", "p50"),
+      f("itl_ms", "p99")))
+EOF
+}
+
+echo "router on CPU $ROUTER_CPU; null workers + k3pd-bench on CPU(s) $OTHER_CPUS; load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "(ms)           req/s     err  TTFT50  TTFT99   e2e50   e2e99  ovh50  ovh99    ITL50   ITL99"
+start_cluster rate 0
+bench --requests 200 --concurrency 8 --prompt-len 16 --output-len 4 # warm-up (not shown)
+for r in $RATES; do
+  bench --rate "$r" --duration "$DURATION" --max-inflight 100000 --prompt-len 16 --output-len 4 --label "rate-$r"
+  row "rate $r/s"
+done
+stop_cluster
+start_cluster streams "$TOKEN_MS"
+for c in $STREAMS; do
+  bench --concurrency "$c" --duration "$DURATION" --prompt-len 16 --output-len 40 --timeout-ms 120000 --label "streams-$c"
+  row "streams $c"
+done
+stop_cluster
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg); JSON lines: $J"
