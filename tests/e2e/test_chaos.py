@@ -135,6 +135,24 @@ class Up:
                     got = m.group(1)
         return got
 
+    def _children(self, exe):
+        """(start time, pid) of the live children of k3pd-cli up whose program ends with exe."""
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid != self.p.pid:
+                    continue
+                with open("/proc/%s/cmdline" % d, "rb") as f:
+                    if f.read().split(b"\0")[0].endswith(exe):
+                        out.append((_start_time(int(d)), int(d)))
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
     def metrics_port(self, name):
         v = self.last(name, r"metrics on port (\d+)")
         return int(v) if v else None
@@ -143,7 +161,12 @@ class Up:
         return self.last(name, r"advertised ([0-9.]+:\d+)")
 
     def pid(self, name):
-        """Pid of the live child process running --worker-id name (or the router)."""
+        """Pid of the live child process running --worker-id name, or of router-i (the routers
+        are started one after the other: router-i is the i-th k3pd-router child by start time)."""
+        if name.startswith("router"):
+            rs = sorted(self._children(b"k3pd-router"))
+            i = int(name.split("-")[1])
+            return rs[i][1] if i < len(rs) else None
         for d in os.listdir("/proc"):
             if not d.isdigit():
                 continue
@@ -156,14 +179,14 @@ class Up:
                     argv = f.read().split(b"\0")
             except (OSError, ValueError, IndexError):
                 continue
-            if name.startswith("router") and argv[0].endswith(b"k3pd-router"):
-                # router-i listens on the i-th address of the ready file
-                if self.routers[int(name.split("-")[1])].encode() in argv:
-                    return int(d)
-                continue
             if name.encode() in argv and b"--worker-id" in argv:
                 return int(d)
         return None
+
+
+def _start_time(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
 
 
 def worker_creds(bindir, workdir):

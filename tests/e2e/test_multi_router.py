@@ -36,7 +36,7 @@ import grpc
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3cluster import Cluster, Proc, load_stubs  # noqa: E402
 
-WORKER_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "64"]
+WORKER_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "16"]
 PASSED = [0]
 
 
@@ -100,12 +100,13 @@ def main():
     model = os.path.join(args.workdir, "tiny")
     subprocess.run([os.path.join(args.bindir, "tools", "mkckpt", "k3pd-mkckpt"), "--preset", "tiny", "--out", model,
                     "--seed", "5"], check=True, capture_output=True, timeout=120)
-    # decode pools: 8 pages of 64 tokens. Templates: small (1 page); big: 130 prompt + 370 new =
-    # 500 tokens = 8 pages = a whole pool; long: ~10 + 200 = 4 pages (four of them fill both pools)
+    # decode pools: 8 pages of 16 tokens (small, so that the test stays short under ASan).
+    # Templates: small (at most 3 pages); big: 70 prompt + 58 new = 128 tokens = 8 pages = a whole
+    # pool; mid: ~10 + 50 = 4 pages (four of them fill both pools exactly)
     small = [[(i * 37 + k * 11) % 3800 + 1 for k in range(8 + 5 * i)] for i in range(4)]
-    big = [(k * 53 + 9) % 3800 + 1 for k in range(130)]
+    big = [(k * 53 + 9) % 3800 + 1 for k in range(70)]
     mid = [[(i * 29 + k * 13) % 3800 + 1 for k in range(10 + i)] for i in range(4)]
-    BIG_NEW, MID_NEW = 370, 200
+    BIG_NEW, MID_NEW = 58, 50
     jobs = [(p, 16) for p in small] + [(big, BIG_NEW)] + [(p, MID_NEW) for p in mid]
     with cf.ThreadPoolExecutor(max_workers=2) as ex:
         refs = list(ex.map(lambda j: monolithic(args.bindir, model, j[0], j[1]), jobs))
@@ -201,7 +202,7 @@ def main():
                   % [o[0] for o in outs])
 
         # ---- 2. admission races ----
-        rounds = 5
+        rounds = 4
         moved0 = sum(len(re.findall(r"attempt \d+ on the next decode worker", r.text())) for r in routers)
         for k in range(rounds):
             with cf.ThreadPoolExecutor(max_workers=2) as ex:
@@ -268,9 +269,24 @@ def main():
             ch.close()
         ok = True
     finally:
-        codes = cl.stop()
+        # workers first (they deregister from live routers), then the routers: the order of every
+        # harness here (k3cluster.Cluster.stop, k3pd-cli up)
+        codes = {}
+        for group in ([p for p in cl.procs if not p.name.startswith("router")],
+                      [p for p in cl.procs if p.name.startswith("router")]):
+            for p in group:
+                if p.alive():
+                    p.p.send_signal(signal.SIGTERM)
+            for p in group:
+                try:
+                    codes[p.name] = p.p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    p.p.kill()
+                    codes[p.name] = "killed"
+                p.log.close()
         if not ok:
             cl.dump_logs()
+        cl.procs = []
     check(all(v == 0 for v in codes.values()), "every process exited 0 on SIGTERM (%s)" % codes)
     print("%d passed, 0 failed" % PASSED[0])
 
