@@ -29,6 +29,7 @@ struct reg_link {
   uint32_t retry_first_ms, retry_ms, call_timeout_ms, hb_interval_ms;
   uint64_t reg_epoch;
   bool registered, draining, stopping, in_flight, deregistering, kick_pending;
+  bool deregister_on_stop; /* stop() asked for DeregisterWorker: sent once no other call is in flight */
   int hb_fails;
   int last_logged_code;
   k3_rpc_ccall_t *call;
@@ -39,6 +40,7 @@ struct reg_link {
 static void schedule(reg_link_t *r, uint32_t ms);
 static void send_register(reg_link_t *r);
 static void send_heartbeat(reg_link_t *r);
+static void stopping_call_done(reg_link_t *r);
 
 static char *dupstr(const char *s) { return s ? strdup(s) : strdup(""); }
 
@@ -68,7 +70,7 @@ static void on_register(void *arg, const k3_rpc_status_t *st, const ProtobufCMes
   r->in_flight = false;
   r->call = NULL;
   if (r->stopping) {
-    maybe_finish(r);
+    stopping_call_done(r);
     return;
   }
   if (st->code != K3_RPC_OK) {
@@ -131,7 +133,7 @@ static void on_heartbeat(void *arg, const k3_rpc_status_t *st, const ProtobufCMe
   r->in_flight = false;
   r->call = NULL;
   if (r->stopping) {
-    maybe_finish(r);
+    stopping_call_done(r);
     return;
   }
   if (st->code != K3_RPC_OK) {
@@ -262,22 +264,33 @@ static void on_deregister(void *arg, const k3_rpc_status_t *st, const ProtobufCM
   maybe_finish(r);
 }
 
+static void send_deregister(reg_link_t *r) {
+  K3pd__V1__DeregisterRequest req = K3PD__V1__DEREGISTER_REQUEST__INIT;
+  req.worker_id = r->worker_id;
+  req.registration_epoch = r->reg_epoch;
+  req.reason = "shutdown";
+  k3_rpc_call_opts_t o = {.timeout_ms = r->call_timeout_ms};
+  r->deregistering = true;
+  r->in_flight = true;
+  if (k3_rpc_unary(r->cli, r->router, "/k3pd.v1.Cluster/DeregisterWorker", &req.base,
+                   &k3pd__v1__deregister_response__descriptor, &o, on_deregister, r, &r->call))
+    r->in_flight = false;
+}
+
+/* The call that was in flight when stop() ran has ended (it was cancelled): deregister now if
+ * asked to (a heartbeat on the wire at shutdown must not cost the router its early notice). */
+static void stopping_call_done(reg_link_t *r) {
+  if (r->deregister_on_stop && r->registered && !r->deregistering) send_deregister(r);
+  maybe_finish(r);
+}
+
 void reg_link_stop(reg_link_t *r, bool deregister, void (*done)(void *arg), void *arg) {
   r->stopping = true;
+  r->deregister_on_stop = deregister;
   r->done = done;
   r->done_arg = arg;
   uv_timer_stop(&r->timer);
-  if (r->in_flight && r->call) k3_rpc_ccall_cancel(r->call);
-  if (deregister && r->registered && !r->in_flight) {
-    K3pd__V1__DeregisterRequest req = K3PD__V1__DEREGISTER_REQUEST__INIT;
-    req.worker_id = r->worker_id;
-    req.registration_epoch = r->reg_epoch;
-    req.reason = "shutdown";
-    k3_rpc_call_opts_t o = {.timeout_ms = r->call_timeout_ms};
-    r->in_flight = true;
-    if (k3_rpc_unary(r->cli, r->router, "/k3pd.v1.Cluster/DeregisterWorker", &req.base,
-                     &k3pd__v1__deregister_response__descriptor, &o, on_deregister, r, &r->call))
-      r->in_flight = false;
-  }
+  if (r->in_flight && r->call) k3_rpc_ccall_cancel(r->call); /* its callback deregisters */
+  else if (deregister && r->registered) send_deregister(r);
   maybe_finish(r);
 }
