@@ -76,8 +76,9 @@ static void on_register(void *arg, const k3_rpc_status_t *st, const ProtobufCMes
   if (st->code != K3_RPC_OK) {
     if ((int)st->code != r->last_logged_code) {
       /* A worker pointed at the router's public port (the old single-port layout) fails the
-       * TLS handshake or finds no Cluster service there: say where to look. */
-      bool hint = st->code == K3_RPC_UNAVAILABLE || st->code == K3_RPC_UNIMPLEMENTED;
+       * TLS handshake or finds no Cluster service there: say where to look (only before the
+       * first registration: later it is this router being down, which the others do not mind). */
+      bool hint = !r->reg_epoch && (st->code == K3_RPC_UNAVAILABLE || st->code == K3_RPC_UNIMPLEMENTED);
       K3_WARN("register with router %s failed: %s %s (retrying)%s", r->router, k3_rpc_code_name(st->code),
               st->details, hint ? "; --router must be the router's cluster port (its --cluster-listen), and both "
                                   "must use the same cluster CA" : "");
