@@ -132,8 +132,8 @@ int main(int argc, char **argv) {
       {"router", K3_FLAG_STR, &router, "LIST", "the routers' cluster ports to register with, comma-separated: "
        "HOST:PORT (one router) or dns:NAME:PORT (every address NAME resolves to, re-resolved every "
        "--router-resolve-ms: a Kubernetes headless Service); the worker serves every router it reaches", true},
-      {"router-resolve-ms", K3_FLAG_INT, &resolve_ms, "MS", "how often dns: entries of --router are resolved again "
-       "(default 5000)", false},
+      {"router-resolve-ms", K3_FLAG_INT, &resolve_ms, "MS", "how often dns: entries of --router are resolved again",
+       false},
       {"advertise", K3_FLAG_STR, &advertise, "HOST:PORT", "address the router dials (default: listen host + port)",
        false},
       {"worker-id", K3_FLAG_STR, &worker_id, "ID", "unique worker id; with TLS a name its certificate "
