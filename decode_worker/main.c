@@ -219,6 +219,7 @@ int main(int argc, char **argv) {
   w->num_pages = mo.num_pages;
   w->num_slots = mo.num_slots;
   w->max_batch = mo.max_batch;
+  w->vocab = k3_runner_vocab(w->runner);
   w->max_context = max_context > 0 ? (uint32_t)max_context : (uint32_t)(mo.num_pages * mo.page_tokens);
   rc = dc_pools_setup(w, err, sizeof err);
   if (rc) {

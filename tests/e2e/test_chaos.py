@@ -86,6 +86,25 @@ def monolithic(bindir, model, r):
     return [int(x) for x in [ln for ln in out.stdout.splitlines() if ln.startswith("ids:")][-1][4:].split()]
 
 
+_CREDS = []
+ARGS = argparse.Namespace(workdir=".", bindir=".")
+
+
+def router_creds():
+    """Channel credentials with the router identity from k3pd-cli up's development CA (the
+    workers' ports take only mutual TLS with that identity)."""
+    if not _CREDS:
+        ca_dir = "/tmp/k3pd-tls-%d" % os.geteuid()
+        prefix = os.path.join(ARGS.workdir, "client-k3pd-router")
+        subprocess.run([os.path.join(ARGS.bindir, "tools", "cli", "k3pd-cli"), "certs", "--dir", ca_dir, "--name",
+                        "k3pd-router", "--out", prefix], check=True, capture_output=True, timeout=30)
+        rd = lambda f: open(f, "rb").read()  # noqa: E731
+        _CREDS.append(grpc.ssl_channel_credentials(root_certificates=rd(os.path.join(ca_dir, "ca.crt")),
+                                                   private_key=rd(prefix + ".key"),
+                                                   certificate_chain=rd(prefix + ".crt")))
+    return _CREDS[0]
+
+
 def scrape(port):
     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as f:
         return f.read().decode()
@@ -189,18 +208,6 @@ def _start_time(pid):
         return int(f.read().rsplit(")", 1)[1].split()[19])
 
 
-def worker_creds(bindir, workdir):
-    """grpc credentials with a development certificate of the router's identity, from the CA that
-    k3pd-cli up uses (/tmp/k3pd-tls-<uid>): worker ports are mutual TLS."""
-    tls = "/tmp/k3pd-tls-%d" % os.getuid()
-    prefix = os.path.join(workdir, "client-router")
-    subprocess.run([os.path.join(bindir, "tools", "cli", "k3pd-cli"), "certs", "--dir", tls, "--name", "k3pd-router",
-                    "--out", prefix], check=True, capture_output=True, timeout=30)
-    rd = lambda f: open(f, "rb").read()  # noqa: E731
-    return grpc.ssl_channel_credentials(root_certificates=rd(os.path.join(tls, "ca.crt")),
-                                        private_key=rd(prefix + ".key"), certificate_chain=rd(prefix + ".crt"))
-
-
 def proc_fds(pid):
     return len(os.listdir("/proc/%d/fd" % pid))
 
@@ -222,6 +229,7 @@ def main():
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--seed", type=int, default=18)
     args = ap.parse_args()
+    ARGS.workdir, ARGS.bindir = args.workdir, args.bindir
     os.makedirs(args.workdir, exist_ok=True)
     stubs = load_stubs(args.gen)
     c, g, d, _ = stubs
@@ -351,10 +359,10 @@ def main():
             for k in range(2):
                 check(run_one(i, tpl[i], via=k) == "OK", "after the chaos: template %d through router %d equals "
                       "k3pd-generate" % (i, k))
-        creds = worker_creds(args.bindir, args.workdir)
 
         def decode_idle(name):
-            with grpc.secure_channel(up.addr(name), creds, options=[("grpc.ssl_target_name_override", name)]) as ch:
+            with grpc.secure_channel(up.addr(name), router_creds(),
+                                     options=[("grpc.ssl_target_name_override", name)]) as ch:
                 st = ch.unary_unary("/k3pd.v1.Decode/Stats", request_serializer=d.StatsRequest.SerializeToString,
                                     response_deserializer=d.StatsResponse.FromString)(d.StatsRequest(), timeout=5)
             return st.used_kv_pages == 0 and st.used_kda_slots == 0 and st.reservations == 0 and st.running_seqs == 0
