@@ -56,6 +56,7 @@ typedef struct up_state {
   int n;
   int n_workers, n_registered, n_routers;
   bool ready, stopping, closed;
+  bool routers_termed; /* SIGTERM went to the routers: once (a second one makes a router exit at once, status 1) */
   int failed;
   const char *ready_file;
   char router_addr[64 * 8]; /* the routers' public addresses, ", "-separated */
@@ -208,13 +209,15 @@ static void on_exit_cb(uv_process_t *h, int64_t status, int term_signal) {
       s->failed = 1;
     }
   }
-  if (s->stopping) {
-    /* workers gone: now the router */
+  if (s->stopping && !s->routers_termed) {
+    /* workers gone: now the routers (once: with several, the first router's exit lands here too) */
     bool workers_left = false;
     for (int i = 0; i < s->n; i++) workers_left |= s->procs[i].running && !s->procs[i].is_router;
-    if (!workers_left)
+    if (!workers_left) {
+      s->routers_termed = true;
       for (int i = 0; i < s->n; i++)
         if (s->procs[i].running && s->procs[i].is_router) uv_process_kill(&s->procs[i].proc, SIGTERM);
+    }
   }
   if (all_exited(s) && s->stopping) close_all(s);
 }
@@ -242,9 +245,11 @@ static void stop_all(up_state_t *s) {
       workers = true;
     }
   }
-  if (!workers)
+  if (!workers) {
+    s->routers_termed = true;
     for (int i = 0; i < s->n; i++)
       if (s->procs[i].running) uv_process_kill(&s->procs[i].proc, SIGTERM);
+  }
   uv_timer_start(&s->kill_timer, on_kill_timer, (uint64_t)s->stop_timeout_ms, 0);
   if (all_exited(s)) close_all(s); /* nothing was running (every worker between restarts) */
 }
