@@ -262,8 +262,7 @@ static void pump(ctx_t *c) {
           return;
         }
       }
-      double u = bn_rng_uniform(&c->rng);
-      c->next_arrival += (uint64_t)(-log(1.0 - u) / c->o->rate * 1e9);
+      c->next_arrival += (uint64_t)(bn_arrival_gap_s(&c->rng, c->o->rate) * 1e9);
     }
     if (!measured_left(c, c->next_arrival)) {
       c->phase = PH_DRAIN;
@@ -342,7 +341,7 @@ int bn_load_run(const bn_workload_t *w, const bn_load_opts_t *o, bn_run_t *run, 
   c->w = w;
   c->o = o;
   c->run = run;
-  c->rng = w->seed ^ 0x5bd1e995u;
+  c->rng = bn_arrival_rng(w->seed);
   snprintf(c->run_tag, sizeof c->run_tag, "bench%d-%llx", (int)getpid(),
            (unsigned long long)(k3_wall_ms() & 0xffffff));
   int rc = uv_loop_init(&c->loop);
