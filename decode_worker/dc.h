@@ -167,6 +167,7 @@ struct dc_worker {
   uint64_t fingerprint;
   int page_tokens, num_pages, num_slots, max_batch;
   uint32_t max_context;
+  int64_t vocab;            /* the model's, for the shared request validators */
   /* free lists (loop thread) */
   int32_t *free_pages;
   int n_free_pages;

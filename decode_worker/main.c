@@ -123,7 +123,7 @@ int main(int argc, char **argv) {
   k3_load_opts_default(&mo);
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
   const char *log_level = NULL, *metrics_host = NULL, *receive = "auto", *ipc_dir = NULL;
-  int max_context = 0, metrics_port = -1, local_max = 512;
+  int max_context = 0, metrics_port = -1, resolve_ms = 5000, local_max = 512;
   const char *prefix_cache = "on";
   int64_t cache_bytes = -1;
   int pin_max = 0;
@@ -138,7 +138,11 @@ int main(int argc, char **argv) {
   nflags += k3_app_tls_flags(&to, flags + nflags);
   k3_flag_t own[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
-      {"router", K3_FLAG_STR, &router, "HOST:PORT", "router to register with", true},
+      {"router", K3_FLAG_STR, &router, "LIST", "the routers' cluster ports to register with, comma-separated: "
+       "HOST:PORT (one router) or dns:NAME:PORT (every address NAME resolves to, re-resolved every "
+       "--router-resolve-ms: a Kubernetes headless Service); the worker serves every router it reaches", true},
+      {"router-resolve-ms", K3_FLAG_INT, &resolve_ms, "MS", "how often dns: entries of --router are resolved again",
+       false},
       {"advertise", K3_FLAG_STR, &advertise, "HOST:PORT", "address the router dials (default: listen host + port)",
        false},
       {"worker-id", K3_FLAG_STR, &worker_id, "ID", "unique worker id; with TLS a name its certificate "
@@ -183,6 +187,11 @@ int main(int argc, char **argv) {
   if (!rc && (rc = k3_load_check(&mo, err, sizeof err))) rc = K3_EINVAL;
   if (!rc) rc = k3_app_tls_check(&to, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
+  if (!rc) rc = k3_registrar_check(router, "--router", err, sizeof err);
+  if (!rc && resolve_ms < 100) {
+    snprintf(err, sizeof err, "--router-resolve-ms: must be >= 100, got %d", resolve_ms);
+    rc = K3_EINVAL;
+  }
   if (rc) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
     return 2;
@@ -248,6 +257,7 @@ int main(int argc, char **argv) {
   w->num_pages = mo.num_pages;
   w->num_slots = mo.num_slots;
   w->max_batch = mo.max_batch;
+  w->vocab = k3_runner_vocab(w->runner);
   w->max_context = max_context > 0 ? (uint32_t)max_context : (uint32_t)(mo.num_pages * mo.page_tokens);
   rc = dc_pools_setup(w, err, sizeof err);
   if (!rc) {
@@ -291,6 +301,7 @@ int main(int argc, char **argv) {
   size_t ual;
   k3_xfer_ctx_address(w->xfer, &ua, &ual);
   k3_registrar_opts_t rg = {.router = router,
+                            .resolve_ms = (uint32_t)resolve_ms,
                             .role = K3PD__V1__ROLE__ROLE_DECODE,
                             .worker_id = wid,
                             .grpc_address = adv,

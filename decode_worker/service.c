@@ -8,6 +8,7 @@
 #include "dc.h"
 #include "k3pd/err.h"
 #include "k3pd/log.h"
+#include "k3pd/rpc_validate.h"
 #include "k3pd/util.h"
 #include "k3pd/v1/decode.pb-c.h"
 
@@ -94,20 +95,9 @@ static void reply_reservation(k3_rpc_call_t *call, dc_req_t *q, k3_xfer_desc_t *
 static void on_reserve(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
   dc_worker_t *w = user;
   const K3pd__V1__ReserveRequest *rq = (const K3pd__V1__ReserveRequest *)msg;
-  if (!rq->request_id || !*rq->request_id || strlen(rq->request_id) > 128) {
-    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "request_id: must be 1..128 bytes");
-    return;
-  }
-  if (rq->n_prompt_tokens < 1) {
-    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "n_prompt_tokens: must be >= 1");
-    return;
-  }
-  if (rq->max_new_tokens < 1) {
-    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "max_new_tokens: must be >= 1");
-    return;
-  }
-  if (rq->lease_ms < 1) {
-    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "lease_ms: must be >= 1");
+  char err[256];
+  if (k3_rpc_validate_reserve_request(rq, err, sizeof err)) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, err);
     return;
   }
   if ((uint64_t)rq->n_prompt_tokens + rq->max_new_tokens > w->max_context) {
@@ -353,7 +343,14 @@ static void on_attach_cancel(k3_rpc_call_t *call, void *arg) {
 static void on_attach(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
   dc_worker_t *w = user;
   const K3pd__V1__AttachRequest *rq = (const K3pd__V1__AttachRequest *)msg;
-  dc_req_t *q = rq->request_id ? find_id(w, rq->request_id) : NULL;
+  /* structure and ranges: the shared validator; then what only Attach needs */
+  char err[256];
+  k3_rpc_limits_t lim = {.vocab_size = w->vocab > 0 && w->vocab <= UINT32_MAX ? (uint32_t)w->vocab : 0};
+  if (k3_rpc_validate_attach_request(rq, &lim, err, sizeof err)) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, err);
+    return;
+  }
+  dc_req_t *q = find_id(w, rq->request_id);
   if (!q || q->state == DC_FINISHED) {
     k3_rpc_call_finishf(call, K3_RPC_NOT_FOUND, "request_id: no reservation \"%s\" on this worker",
                         rq->request_id ? rq->request_id : "");
@@ -368,41 +365,25 @@ static void on_attach(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *us
     k3_rpc_call_finish(call, K3_RPC_ALREADY_EXISTS, "request_id: a stream is already attached");
     return;
   }
-  const K3pd__V1__SamplingParams *sp = rq->sampling;
-  memset(&q->sample, 0, sizeof q->sample);
-  q->sample.temperature = 1.0f;
-  q->sample.top_p = 1.0f;
-  if (sp) {
-    if (sp->temperature_opt_case == K3PD__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE) {
-      if (!isfinite(sp->temperature) || sp->temperature < 0 || sp->temperature > 100) {
-        k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "sampling.temperature: must be in [0, 100]");
-        return;
-      }
-      q->sample.temperature = sp->temperature;
-    }
-    if (sp->top_p_opt_case == K3PD__V1__SAMPLING_PARAMS__TOP_P_OPT_TOP_P) {
-      if (!(sp->top_p > 0 && sp->top_p <= 1)) {
-        k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "sampling.top_p: must be in (0, 1]");
-        return;
-      }
-      q->sample.top_p = sp->top_p;
-    }
-    if (sp->top_k < 0) {
-      k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "sampling.top_k: must be >= 0");
-      return;
-    }
-    q->sample.top_k = sp->top_k;
-    if (sp->seed_opt_case != K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED) {
-      k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT,
-                         "sampling.seed: required on Attach (must equal the seed prefill used)");
-      return;
-    }
-    q->sample.seed = sp->seed;
-  } else {
-    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "sampling: required on Attach");
+  if (rq->stop->max_new_tokens > q->max_new) {
+    k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT, "stop.max_new_tokens: %u exceeds the reservation's %u",
+                        rq->stop->max_new_tokens, q->max_new);
     return;
   }
-  size_t ns = rq->stop ? rq->stop->n_stop_token_ids : 0;
+  /* decode samples the stream prefill started: it needs prefill's seed */
+  const K3pd__V1__SamplingParams *sp = rq->sampling;
+  if (!sp || sp->seed_opt_case != K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT,
+                       "sampling.seed: required on Attach (must equal the seed prefill used)");
+    return;
+  }
+  memset(&q->sample, 0, sizeof q->sample);
+  q->sample.temperature = sp->temperature_opt_case == K3PD__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE
+                              ? sp->temperature : 1.0f;
+  q->sample.top_p = sp->top_p_opt_case == K3PD__V1__SAMPLING_PARAMS__TOP_P_OPT_TOP_P ? sp->top_p : 1.0f;
+  q->sample.top_k = sp->top_k;
+  q->sample.seed = sp->seed;
+  size_t ns = rq->stop->n_stop_token_ids;
   uint32_t *stops = calloc(ns + 1, sizeof *stops);
   if (!stops) {
     k3_rpc_call_finish(call, K3_RPC_RESOURCE_EXHAUSTED, "out of memory");
@@ -494,7 +475,12 @@ static void on_release_rpc(k3_rpc_call_t *call, const ProtobufCMessage *msg, voi
   dc_worker_t *w = user;
   const K3pd__V1__ReleaseRequest *rq = (const K3pd__V1__ReleaseRequest *)msg;
   K3pd__V1__ReleaseResponse resp = K3PD__V1__RELEASE_RESPONSE__INIT;
-  dc_req_t *q = rq->request_id ? find_id(w, rq->request_id) : NULL;
+  char err[256];
+  if (k3_rpc_validate_release_request(rq, err, sizeof err)) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, err);
+    return;
+  }
+  dc_req_t *q = find_id(w, rq->request_id);
   if (q && (rq->epoch == 0 || rq->epoch == q->epoch) && q->state != DC_FINISHED) {
     resp.released = true;
     K3_INFO("request %s: released by the router", q->id);

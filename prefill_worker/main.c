@@ -91,17 +91,21 @@ int main(int argc, char **argv) {
   mo.num_slots = 8;
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
   const char *log_level = NULL, *metrics_host = NULL, *xfer_path = "auto";
-  int metrics_port = -1;
+  int metrics_port = -1, resolve_ms = 5000;
   int64_t max_batch_tokens = 4096, send_deadline_ms = 120000;
   a->drain_grace_ms = 30000;
   k3_app_tls_t to;
   k3_app_tls_init(&to);
-  k3_flag_t flags[K3_LOAD_NFLAGS + K3_APP_TLS_NFLAGS + 12];
+  k3_flag_t flags[K3_LOAD_NFLAGS + K3_APP_TLS_NFLAGS + 16];
   size_t nflags = k3_load_flags(&mo, flags);
   nflags += k3_app_tls_flags(&to, flags + nflags);
   k3_flag_t own[] = {
       {"listen", K3_FLAG_STR, &listen, "HOST:PORT", "gRPC listen address (port 0 = ephemeral)", false},
-      {"router", K3_FLAG_STR, &router, "HOST:PORT", "router to register with", true},
+      {"router", K3_FLAG_STR, &router, "LIST", "the routers' cluster ports to register with, comma-separated: "
+       "HOST:PORT (one router) or dns:NAME:PORT (every address NAME resolves to, re-resolved every "
+       "--router-resolve-ms: a Kubernetes headless Service); the worker serves every router it reaches", true},
+      {"router-resolve-ms", K3_FLAG_INT, &resolve_ms, "MS", "how often dns: entries of --router are resolved again",
+       false},
       {"advertise", K3_FLAG_STR, &advertise, "HOST:PORT", "address the router dials (default: listen host + port)",
        false},
       {"worker-id", K3_FLAG_STR, &worker_id, "ID", "unique worker id; with TLS a name its certificate "
@@ -134,6 +138,11 @@ int main(int argc, char **argv) {
   if (!rc && (rc = k3_load_check(&mo, err, sizeof err))) rc = K3_EINVAL;
   if (!rc) rc = k3_app_tls_check(&to, err, sizeof err);
   if (rc == K3_FLAGS_EXIT) return 0;
+  if (!rc) rc = k3_registrar_check(router, "--router", err, sizeof err);
+  if (!rc && resolve_ms < 100) {
+    snprintf(err, sizeof err, "--router-resolve-ms: must be >= 100, got %d", resolve_ms);
+    rc = K3_EINVAL;
+  }
   if (rc) {
     fprintf(stderr, "k3pd-prefill: %s\n", err);
     return 2;
@@ -218,6 +227,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   k3_registrar_opts_t rg = {.router = router,
+                            .resolve_ms = (uint32_t)resolve_ms,
                             .role = K3PD__V1__ROLE__ROLE_PREFILL,
                             .worker_id = wid,
                             .grpc_address = adv,

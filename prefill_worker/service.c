@@ -7,6 +7,7 @@
 
 #include "k3pd/err.h"
 #include "k3pd/log.h"
+#include "k3pd/rpc_validate.h"
 #include "k3pd/util.h"
 #include "k3pd/v1/prefill.pb-c.h"
 #include "pf.h"
@@ -294,20 +295,10 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
   pf_worker_t *w = user;
   const K3pd__V1__PrefillRequest *rq = (const K3pd__V1__PrefillRequest *)msg;
   char err[256];
-  if (!rq->request_id || !*rq->request_id || strlen(rq->request_id) > 128) {
-    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "request_id: must be 1..128 bytes");
+  k3_rpc_limits_t lim = {.vocab_size = w->vocab > 0 && w->vocab <= UINT32_MAX ? (uint32_t)w->vocab : 0};
+  if (k3_rpc_validate_prefill_request(rq, &lim, err, sizeof err)) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, err);
     return;
-  }
-  if (rq->n_token_ids < 1) {
-    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "token_ids: at least one token is required");
-    return;
-  }
-  for (size_t i = 0; i < rq->n_token_ids; i++) {
-    if ((int64_t)rq->token_ids[i] >= w->vocab) {
-      k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT, "token_ids[%zu]: %u is outside the vocabulary (%lld)", i,
-                          rq->token_ids[i], (long long)w->vocab);
-      return;
-    }
   }
   if (w->draining) {
     k3_rpc_call_finish(call, K3_RPC_UNAVAILABLE, "prefill worker is draining");
@@ -327,6 +318,13 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
     k3_rpc_call_finishf(call, K3_RPC_FAILED_PRECONDITION,
                         "reservation: decode fingerprint %016llx differs from this prefill worker's %016llx",
                         (unsigned long long)desc->fingerprint, (unsigned long long)w->fingerprint);
+    k3_xfer_desc_free(desc);
+    return;
+  }
+  if (rq->decode_ucx_address.len &&
+      (rq->decode_ucx_address.len != desc->worker_addr_len ||
+       memcmp(rq->decode_ucx_address.data, desc->worker_addr, desc->worker_addr_len))) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "decode_ucx_address: differs from the reservation's address");
     k3_xfer_desc_free(desc);
     return;
   }
@@ -363,14 +361,6 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
     j->sample.top_k = sp->top_k;
     if (sp->seed_opt_case == K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED) j->sample.seed = sp->seed;
   }
-  if (!(j->sample.temperature >= 0 && j->sample.temperature <= 100) || !(j->sample.top_p > 0 && j->sample.top_p <= 1) ||
-      j->sample.top_k < 0) {
-    free_job(j);
-    free(m);
-    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT,
-                       "sampling: temperature must be in [0,100], top_p in (0,1], top_k >= 0");
-    return;
-  }
   if (!sp || sp->seed_opt_case != K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED)
     j->sample.seed = k3_hash64(j->id, strlen(j->id), (uint64_t)k3_wall_ms());
   j->t_arrive_ns = k3_now_ns();
@@ -397,7 +387,12 @@ static void on_abort(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *use
   pf_worker_t *w = user;
   const K3pd__V1__AbortRequest *rq = (const K3pd__V1__AbortRequest *)msg;
   K3pd__V1__AbortResponse r = K3PD__V1__ABORT_RESPONSE__INIT;
-  for (pf_job_t *j = w->jobs; rq->request_id && j; j = j->next) { /* every attempt of the request */
+  char err[256];
+  if (k3_rpc_validate_abort_request(rq, err, sizeof err)) {
+    k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, err);
+    return;
+  }
+  for (pf_job_t *j = w->jobs; j; j = j->next) { /* every attempt of the request */
     if (strcmp(j->id, rq->request_id) != 0 || j->state == PF_DONE || j->cancelled) continue;
     r.found = true;
     K3_INFO("request %s: aborted (epoch %llu)", j->id, (unsigned long long)j->epoch);

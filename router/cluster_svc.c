@@ -181,7 +181,7 @@ static void on_register(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *
   r.registration_epoch = w->reg_epoch;
   r.heartbeat_interval_ms = rt->heartbeat_ms;
   r.heartbeat_timeout_ms = rt->heartbeat_timeout_ms;
-  r.router_id = "k3pd-router";
+  r.router_id = rt->instance;
   K3_INFO("worker %s registered: %s at %s, fingerprint %016llx, identity %s%s", in.id, role_name(in.role), in.address,
           (unsigned long long)in.fingerprint, w->identity[0] ? w->identity : "(no TLS)",
           old_epoch ? " (replaced its own registration)" : "");

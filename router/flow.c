@@ -154,12 +154,20 @@ static void restart(rt_req_t *q, const char *bad, k3_rpc_code_t code, const char
   if (q->phase == RQ_DONE) return;
   q->busy++;
   drop_attempt(q);
-  if (q->restarts >= (int)q->rt->worker_retries || (q->deadline_left_ms != INT64_MAX && rt_req_timeout(q) <= 1)) {
+  /* A Reserve refused for capacity is the decode worker's admission answering a race (several
+   * routers, or a stale load report): the next candidate is tried without using up the retries
+   * meant for failures; each refusing worker is excluded, so this ends when none is left. */
+  bool capacity = code == K3_RPC_RESOURCE_EXHAUSTED;
+  bool used_up = capacity ? q->capacity_moves >= RT_MAX_EXCLUDE - 1 : q->restarts >= (int)q->rt->worker_retries;
+  if (used_up || (q->deadline_left_ms != INT64_MAX && rt_req_timeout(q) <= 1)) {
     end_request(q, code, msg);
   } else {
     exclude(q, bad);
     q->restart_code = code;
-    q->restarts++;
+    if (capacity)
+      q->capacity_moves++;
+    else
+      q->restarts++;
     q->attempt++;
     set_wid(q);
     q->t_prefill_start = q->t_prefill_done = 0; /* the timings report the last attempt's prefill */
@@ -174,8 +182,11 @@ static void restart(rt_req_t *q, const char *bad, k3_rpc_code_t code, const char
     q->desc = NULL;
     q->desc_len = 0;
     k3_counter_inc(k3_metric_default(q->rt->m.request_restarts_total));
-    K3_WARN("request %s: %s; attempt %u on other workers (%u tokens already streamed: %s)", q->id, msg, q->attempt,
-            q->completion_tokens, q->completion_tokens ? "replayed, checked and skipped" : "none");
+    if (capacity)
+      K3_INFO("request %s: %s; attempt %u on the next decode worker", q->id, msg, q->attempt);
+    else
+      K3_WARN("request %s: %s; attempt %u on other workers (%u tokens already streamed: %s)", q->id, msg, q->attempt,
+              q->completion_tokens, q->completion_tokens ? "replayed, checked and skipped" : "none");
     start_attempt(q);
   }
   q->busy--;
@@ -522,18 +533,20 @@ static void start_attempt(rt_req_t *q) {
   reserve(q);
 }
 
-/* Attempt 1 uses the client's id; attempt n > 1 "id#n" (ids too long for that keep a prefix and
- * a hash of the whole id: still unique). */
+/* "<instance>/id" for attempt 1, "<instance>/id#n" for attempt n > 1 (ids too long for that keep
+ * a prefix and a hash of the whole id: still unique). The instance tag keeps the requests of
+ * several routers apart on the workers they share. */
 static void set_wid(rt_req_t *q) {
-  size_t n = strlen(q->id);
-  if (q->attempt <= 1) {
-    snprintf(q->wid, sizeof q->wid, "%s", q->id);
-  } else if (n + 12 < RT_WID_MAX) {
-    snprintf(q->wid, sizeof q->wid, "%.*s#%u", (int)(RT_WID_MAX - 12), q->id, q->attempt); /* n + 12 < max */
-  } else {
-    snprintf(q->wid, sizeof q->wid, "%.100s#%016llx#%u", q->id, (unsigned long long)k3_hash64(q->id, n, 0),
+  const char *inst = q->rt->instance;
+  size_t n = strlen(q->id), pre = strlen(inst) + 1;
+  int w = -1; /* the branches below fit by construction; the check keeps the compiler's proof */
+  if (q->attempt <= 1 && pre + n < RT_WID_MAX)
+    w = snprintf(q->wid, sizeof q->wid, "%s/%s", inst, q->id);
+  else if (pre + n + 12 < RT_WID_MAX)
+    w = snprintf(q->wid, sizeof q->wid, "%s/%s#%u", inst, q->id, q->attempt);
+  if (w < 0 || w >= (int)sizeof q->wid)
+    snprintf(q->wid, sizeof q->wid, "%.23s/%.80s#%016llx#%u", inst, q->id, (unsigned long long)k3_hash64(q->id, n, 0),
              q->attempt);
-  }
 }
 
 void rt_flow_start(rt_req_t *q) {

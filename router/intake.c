@@ -43,8 +43,7 @@ int rt_req_new(rt_router_t *rt, const char *rid, const char *rid_field, int64_t 
     }
     snprintf(q->id, sizeof q->id, "%s", rid);
   } else {
-    snprintf(q->id, sizeof q->id, "r%llx-%llu", (unsigned long long)(k3_wall_ms() & 0xffffffffff),
-             (unsigned long long)++rt->next_req);
+    snprintf(q->id, sizeof q->id, "r%s-%llu", rt->instance, (unsigned long long)++rt->next_req);
   }
   for (rt_req_t *o = rt->reqs; o; o = o->next) {
     if (strcmp(o->id, q->id) == 0) {

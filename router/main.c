@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -329,6 +330,9 @@ int main(int argc, char **argv) {
   rt->worker_retries = (uint32_t)worker_retries;
   rt->prefix_cache = !strcmp(prefix_cache, "on");
   rt->cache_load_tokens = cache_load_tokens;
+  uint32_t tag = 0;
+  if (getrandom(&tag, sizeof tag, 0) != (ssize_t)sizeof tag) tag = (uint32_t)k3_hash64(&tag, sizeof tag, k3_now_ns());
+  snprintf(rt->instance, sizeof rt->instance, "%08x", tag);
   rt_registry_init(&rt->reg);
   if (k3_metrics_init(&rt->mreg) || k3_router_metrics_register(rt->mreg, K3PD_VERSION, &rt->m)) {
     fprintf(stderr, "k3pd-router: cannot set up metrics\n");
@@ -404,6 +408,7 @@ int main(int argc, char **argv) {
   /* the cluster port file first: whoever waits for the public one may start workers at once */
   write_port(cluster_port_file, "--cluster-port-file", cport);
   write_port(port_file, "--port-file", port);
+  K3_INFO("router instance %s: the workers see its request ids as %s/<id>", rt->instance, rt->instance);
   K3_INFO("serving model \"%s\" (%s) on port %d (public%s%s), cluster port %d (%s)%s; eos ids %d; requests up to "
           "%lld bytes, tokenised on %d threads (longest token %zu bytes)", rt->model_name,
           k3_model_type_name(rt->cfg.type), port, a->public_tls ? ", TLS" : "", rt->auth ? ", API keys" : "", cport,

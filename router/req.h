@@ -72,10 +72,14 @@ typedef struct rt_req {
    * workers: a new attempt (attempt + 1) with the failed worker excluded; the calls of earlier
    * attempts are cancelled and only counted (stale_calls) until their callbacks ran. */
   uint32_t attempt;       /* current attempt, 1.. */
-  char wid[RT_WID_MAX];   /* the request id the workers see in this attempt: id, then id#2, id#3...
-                             (an earlier attempt's reservation may still be being torn down on
-                             the same worker; distinct ids never collide there) */
-  int restarts;           /* attempts after the first (bounded by --worker-retries) */
+  char wid[RT_WID_MAX];   /* the request id the workers see in this attempt: <instance>/id, then
+                             <instance>/id#2, #3... (an earlier attempt's reservation may still be
+                             being torn down on the same worker, and other routers' requests share
+                             the workers: distinct ids never collide there) */
+  int restarts;           /* attempts after the first for worker failures (bounded by --worker-retries) */
+  int capacity_moves;     /* attempts after a decode worker refused the Reserve for capacity (another
+                             router's request took the room): each moves to the next candidate
+                             without using up --worker-retries; bounded by RT_MAX_EXCLUDE */
   k3_rpc_code_t restart_code; /* why the last attempt was given up */
   char decode_id[RT_ID_MAX], decode_addr[RT_ADDR_MAX];
   char prefill_id[RT_ID_MAX], prefill_addr[RT_ADDR_MAX];

@@ -49,6 +49,11 @@ typedef struct rt_router {
   size_t max_token_bytes;   /* the vocabulary's longest BPE token (early rejection of long texts) */
   uv_timer_t lag_timer;     /* lag.c */
   uint64_t lag_last_ns;
+  /* This process's instance tag (random hex, logged at start and returned in RegisterResponse
+   * .router_id): every request id the workers see starts with "<instance>/", so the requests of
+   * several routers sharing the workers never collide, even when clients reuse ids or a
+   * restarted router counts from 1 again (docs/design.md "Several routers"). */
+  char instance[24];
   uint64_t next_reg_epoch;
   uint64_t next_req;
   struct rt_req *reqs;      /* live requests */

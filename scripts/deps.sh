@@ -7,7 +7,10 @@ PKGS=(build-essential cmake pkg-config git ca-certificates
       libucx-dev ucx-utils libuv1-dev check libjansson-dev libpcre2-dev libmicrohttpd-dev
       libxxhash-dev python3 python3-grpcio python3-protobuf python3-numpy python3-regex yamllint
       clang libclang-rt-14-dev
-      curl procps)
+      curl procps
+      mmdebstrap umoci)
+# mmdebstrap + umoci: scripts/image/build.sh writes the container image from Debian's packages
+# without Docker or a registry (ctest deploy_image, docs/operations.md §2).
 # kubectl renders the Kubernetes manifests offline; some images ship it already (from another
 # package), and installing Debian's kubernetes-client over it would conflict.
 command -v kubectl >/dev/null 2>&1 || PKGS+=(kubernetes-client)

@@ -286,8 +286,9 @@ int k3_rpc_validate_prefill_request(const K3pd__V1__PrefillRequest *r, const k3_
   if (check_ids(r->token_ids, r->n_token_ids, lim, "token_ids", msg, cap)) return K3_EINVAL;
   if (k3_rpc_validate_sampling(r->sampling, "sampling", msg, cap)) return K3_EINVAL;
   if (r->reservation.len == 0) return fail(msg, cap, "reservation: required");
-  if (r->decode_ucx_address.len == 0) return fail(msg, cap, "decode_ucx_address: required");
-  return 0;
+  if (r->decode_ucx_address.len > K3_XFER_MAX_ADDR_BYTES)
+    return fail(msg, cap, "decode_ucx_address: longer than %d bytes", K3_XFER_MAX_ADDR_BYTES);
+  return 0; /* optional: the reservation carries the address (the worker compares them when both exist) */
 }
 
 int k3_rpc_validate_abort_request(const K3pd__V1__AbortRequest *r, char *msg, size_t cap) {

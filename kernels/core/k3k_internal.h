@@ -47,32 +47,9 @@ typedef int (*k3k_cpu_fn)(const void *params, const k3k_tensor_t *const *t);
 k3k_cpu_fn k3k_cpu_ref_fn(k3k_op_t op);
 
 #define K3K_CPU_DECL(name) int k3k_cpu_##name(const void *params, const k3k_tensor_t *const *t)
-K3K_CPU_DECL(copy);
-K3K_CPU_DECL(add);
-K3K_CPU_DECL(get_rows);
-K3K_CPU_DECL(rmsnorm);
-K3K_CPU_DECL(gated_rmsnorm);
-K3K_CPU_DECL(gemm);
-K3K_CPU_DECL(mxfp4_gemm);
-K3K_CPU_DECL(mxfp4_dequant);
-K3K_CPU_DECL(conv_prefill);
-K3K_CPU_DECL(conv_step);
-K3K_CPU_DECL(l2norm);
-K3K_CPU_DECL(kda_gate);
-K3K_CPU_DECL(sigmoid);
-K3K_CPU_DECL(kda_chunk);
-K3K_CPU_DECL(kda_step);
-K3K_CPU_DECL(mla_prefill);
-K3K_CPU_DECL(mla_decode);
-K3K_CPU_DECL(mla_cache_write);
-K3K_CPU_DECL(mla_cache_gather);
-K3K_CPU_DECL(sigmoid_mul);
-K3K_CPU_DECL(router);
-K3K_CPU_DECL(situ);
-K3K_CPU_DECL(silu_mul);
-K3K_CPU_DECL(moe_combine);
-K3K_CPU_DECL(attn_res_mix);
-K3K_CPU_DECL(sample);
+#define K3K_OP_X(ENUM, name, n_tensors) K3K_CPU_DECL(name);
+#include "k3k_ops.def"
+#undef K3K_OP_X
 
 /* Pieces the fast backend reuses so both paths share one definition of the math. */
 /* E2M1 code → value. */

@@ -68,22 +68,17 @@ static int dim_eq(vctx_t *v, const k3k_tensor_t *const *t, int i, const char *nm
 #define NEED(cond, ...) \
   do { if (!(cond)) return fail(&v, __VA_ARGS__); } while (0)
 
+/* Tensor counts and names, from the op list (k3k_ops.def). */
 static const int k_nargs[K3K_OP_COUNT] = {
-    [K3K_OP_COPY] = 2, [K3K_OP_ADD] = 3, [K3K_OP_GET_ROWS] = 3, [K3K_OP_RMSNORM] = 3,
-    [K3K_OP_GATED_RMSNORM] = 4, [K3K_OP_GEMM] = 3, [K3K_OP_MXFP4_GEMM] = 4,
-    [K3K_OP_MXFP4_DEQUANT] = 3, [K3K_OP_CONV_PREFILL] = 6, [K3K_OP_CONV_STEP] = 5,
-    [K3K_OP_L2NORM] = 2, [K3K_OP_KDA_GATE] = 4, [K3K_OP_SIGMOID] = 2, [K3K_OP_KDA_CHUNK] = 9,
-    [K3K_OP_KDA_STEP] = 8, [K3K_OP_MLA_PREFILL] = 6, [K3K_OP_MLA_DECODE] = 6,
-    [K3K_OP_MLA_CACHE_WRITE] = 4, [K3K_OP_MLA_CACHE_GATHER] = 3, [K3K_OP_SIGMOID_MUL] = 3,
-    [K3K_OP_ROUTER] = 4, [K3K_OP_SITU] = 3, [K3K_OP_SILU_MUL] = 3, [K3K_OP_MOE_COMBINE] = 4,
-    [K3K_OP_ATTN_RES_MIX] = 5, [K3K_OP_SAMPLE] = 2,
+#define K3K_OP_X(ENUM, name, n_tensors) [K3K_OP_##ENUM] = n_tensors,
+#include "k3k_ops.def"
+#undef K3K_OP_X
 };
 
 static const char *k_names[K3K_OP_COUNT] = {
-    "copy", "add", "get_rows", "rmsnorm", "gated_rmsnorm", "gemm", "mxfp4_gemm",
-    "mxfp4_dequant", "conv_prefill", "conv_step", "l2norm", "kda_gate", "sigmoid", "kda_chunk",
-    "kda_step", "mla_prefill", "mla_decode", "mla_cache_write", "mla_cache_gather",
-    "sigmoid_mul", "router", "situ", "silu_mul", "moe_combine", "attn_res_mix", "sample",
+#define K3K_OP_X(ENUM, name, n_tensors) [K3K_OP_##ENUM] = #name,
+#include "k3k_ops.def"
+#undef K3K_OP_X
 };
 
 const char *k3k_op_name(k3k_op_t op) {

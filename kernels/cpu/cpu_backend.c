@@ -48,33 +48,11 @@ int k3k_cpu_mem_memset(k3k_backend_t *be, void *dst, int byte, size_t bytes) {
 }
 int k3k_cpu_sync(k3k_backend_t *be) { return 0; }
 
+/* One reference entry per op of k3k_ops.def: k3k_cpu_<name>. */
 static const k3k_cpu_fn k_ref[K3K_OP_COUNT] = {
-    [K3K_OP_COPY] = k3k_cpu_copy,
-    [K3K_OP_ADD] = k3k_cpu_add,
-    [K3K_OP_GET_ROWS] = k3k_cpu_get_rows,
-    [K3K_OP_RMSNORM] = k3k_cpu_rmsnorm,
-    [K3K_OP_GATED_RMSNORM] = k3k_cpu_gated_rmsnorm,
-    [K3K_OP_GEMM] = k3k_cpu_gemm,
-    [K3K_OP_MXFP4_GEMM] = k3k_cpu_mxfp4_gemm,
-    [K3K_OP_MXFP4_DEQUANT] = k3k_cpu_mxfp4_dequant,
-    [K3K_OP_CONV_PREFILL] = k3k_cpu_conv_prefill,
-    [K3K_OP_CONV_STEP] = k3k_cpu_conv_step,
-    [K3K_OP_L2NORM] = k3k_cpu_l2norm,
-    [K3K_OP_KDA_GATE] = k3k_cpu_kda_gate,
-    [K3K_OP_SIGMOID] = k3k_cpu_sigmoid,
-    [K3K_OP_KDA_CHUNK] = k3k_cpu_kda_chunk,
-    [K3K_OP_KDA_STEP] = k3k_cpu_kda_step,
-    [K3K_OP_MLA_PREFILL] = k3k_cpu_mla_prefill,
-    [K3K_OP_MLA_DECODE] = k3k_cpu_mla_decode,
-    [K3K_OP_MLA_CACHE_WRITE] = k3k_cpu_mla_cache_write,
-    [K3K_OP_MLA_CACHE_GATHER] = k3k_cpu_mla_cache_gather,
-    [K3K_OP_SIGMOID_MUL] = k3k_cpu_sigmoid_mul,
-    [K3K_OP_ROUTER] = k3k_cpu_router,
-    [K3K_OP_SITU] = k3k_cpu_situ,
-    [K3K_OP_SILU_MUL] = k3k_cpu_silu_mul,
-    [K3K_OP_MOE_COMBINE] = k3k_cpu_moe_combine,
-    [K3K_OP_ATTN_RES_MIX] = k3k_cpu_attn_res_mix,
-    [K3K_OP_SAMPLE] = k3k_cpu_sample,
+#define K3K_OP_X(ENUM, name, n_tensors) [K3K_OP_##ENUM] = k3k_cpu_##name,
+#include "k3k_ops.def"
+#undef K3K_OP_X
 };
 
 k3k_cpu_fn k3k_cpu_ref_fn(k3k_op_t op) {

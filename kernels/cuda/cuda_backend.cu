@@ -18,6 +18,7 @@
 
 #include "cuda_common.cuh"
 #include "generic.h"
+#include "moe_dq.h"
 #include "moe_ops.h"
 
 /* ---- memory pool: live blocks in an open-addressed table, freed blocks cached by size ---- */
@@ -240,38 +241,19 @@ static int be_sync(k3k_backend_t *be) {
   return 0;
 }
 
+cudaStream_t k3k_cuda_stream(const k3k_cuda_ctx *cx) { return cx->stream; }
+uint64_t k3k_cuda_mem_gen(const k3k_cuda_ctx *cx) { return cx->mem_gen; }
+
 /* ---- ops ---- */
+/* One entry per op of k3k_ops.def (k3k_cuda_<name>); every op has a CUDA path, shapes it does
+ * not take are refused by cuda_supports. KDA/MLA entries pick the fast or generic kernel. */
+static const k3k_cuda_fn k_ops[K3K_OP_COUNT] = {
+#define K3K_OP_X(ENUM, name, n_tensors) [K3K_OP_##ENUM] = k3k_cuda_##name,
+#include "k3k_ops.def"
+#undef K3K_OP_X
+};
 static k3k_cuda_fn op_fn(k3k_op_t op) {
-  switch (op) {
-  case K3K_OP_COPY: return k3k_cuda_copy;
-  case K3K_OP_ADD: return k3k_cuda_add;
-  case K3K_OP_GET_ROWS: return k3k_cuda_get_rows;
-  case K3K_OP_RMSNORM: return k3k_cuda_rmsnorm;
-  case K3K_OP_GATED_RMSNORM: return k3k_cuda_gated_rmsnorm;
-  case K3K_OP_GEMM: return k3k_cuda_gemm;
-  case K3K_OP_CONV_PREFILL: return k3k_cuda_conv_prefill;
-  case K3K_OP_CONV_STEP: return k3k_cuda_conv_step;
-  case K3K_OP_L2NORM: return k3k_cuda_l2norm;
-  case K3K_OP_KDA_GATE: return k3k_cuda_kda_gate;
-  case K3K_OP_SIGMOID: return k3k_cuda_sigmoid;
-  /* KDA/MLA: the fast kernel where it takes the shapes, else the generic one (generic.h) */
-  case K3K_OP_KDA_STEP: return k3k_cuda_kda_step_any;
-  case K3K_OP_KDA_CHUNK: return k3k_cuda_kda_chunk_any;
-  case K3K_OP_MLA_PREFILL: return k3k_cuda_mla_prefill_any;
-  case K3K_OP_MLA_DECODE: return k3k_cuda_mla_decode_any;
-  case K3K_OP_MLA_CACHE_WRITE: return k3k_cuda_mla_cache_write;
-  case K3K_OP_MLA_CACHE_GATHER: return k3k_cuda_mla_cache_gather;
-  case K3K_OP_SIGMOID_MUL: return k3k_cuda_sigmoid_mul;
-  case K3K_OP_SITU: return k3k_cuda_situ;
-  case K3K_OP_SILU_MUL: return k3k_cuda_silu_mul;
-  case K3K_OP_ATTN_RES_MIX: return k3k_cuda_attn_res_mix;
-  case K3K_OP_SAMPLE: return k3k_cuda_sample;
-  case K3K_OP_ROUTER: return k3k_cuda_router; /* moe.cu, router.cu, mxfp4.cu (MoE) */
-  case K3K_OP_MOE_COMBINE: return k3k_cuda_moe_combine;
-  case K3K_OP_MXFP4_GEMM: return k3k_cuda_mxfp4_gemm;
-  case K3K_OP_MXFP4_DEQUANT: return k3k_cuda_mxfp4_dequant;
-  default: return NULL; /* every op has a CUDA path; shapes it does not take: see supports */
-  }
+  return ((int)op >= 0 && op < K3K_OP_COUNT) ? k_ops[op] : NULL;
 }
 
 /* Grid y/z dimensions are limited to 65535: ops that put rows there say so. */
@@ -322,6 +304,7 @@ void k3k_cuda_backend_destroy(k3k_backend_t *be) {
     cudaSetDevice(cx->device);
     k3k_cuda_side_destroy(cx); /* back on the main lane first */
     if (cx->stream) cudaStreamSynchronize(cx->stream);
+    k3k_cu_moe_dq_release(cx);
     if (cx->lt) cublasLtDestroy((cublasLtHandle_t)cx->lt);
     if (cx->lt_ws) cudaFree(cx->lt_ws);
     if (cx->scratch) cudaFree(cx->scratch);

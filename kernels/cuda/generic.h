@@ -11,9 +11,10 @@
  * everywhere, the output dtype the only rounding point, so the reference's tolerances hold.
  * What it is not: fast. SIMT fp32, no tensor cores; they are the correctness path for non-K3
  * shapes (docs/perf-gpu.md "Generic-shape kernels" has their speed at one tiny shape).
- * Dispatch: cuda_backend.cu calls the *_any entries; each runs the fast kernel when that
- * kernel's own *_ok predicate accepts the operands (so real shapes run exactly as before) and
- * the generic kernel otherwise. *_any_ok is the matching `supports` answer.
+ * Dispatch: the op entries k3k_cuda_kda_step, _kda_chunk, _mla_prefill, _mla_decode
+ * (k3k_cuda_ops.h) run the fast kernel (k3k_cuda_<name>_fast) when that kernel's own *_ok
+ * predicate accepts the operands (so real shapes run exactly as before) and the generic kernel
+ * otherwise. *_any_ok is the matching `supports` answer.
  * Invariants: ids (slots, cu_seqlens, page tables) are checked on the device before anything is
  * written (check.cu; skipped under trusted ids like the fast kernels), with the CPU backend's
  * error codes, so "on error nothing changed" holds. Nothing here synchronises under trusted ids
@@ -31,11 +32,6 @@
 extern "C" {
 #endif
 
-/* Op entries: the fast kernel where it takes the operands, else the generic one. */
-K3K_CUDA_DECL(kda_step_any);
-K3K_CUDA_DECL(kda_chunk_any);
-K3K_CUDA_DECL(mla_prefill_any);
-K3K_CUDA_DECL(mla_decode_any);
 /* `supports` for the same ops: fast kernel's predicate OR the generic kernel's limits. */
 bool k3k_cuda_kda_step_any_ok(const void *params, const k3k_tensor_t *const *t);
 bool k3k_cuda_kda_chunk_any_ok(const void *params, const k3k_tensor_t *const *t);
@@ -57,10 +53,6 @@ K3K_CUDA_DECL(gen_mla_decode);
  * expert), the expert's rows in turn, CUDA-core fp32. Never synchronises, allocates nothing
  * (capture-safe). Returns 0 or K3_EINVAL (nothing queued) / K3_EDEVICE. */
 int k3k_cu_moe_gemm_generic(cudaStream_t st, const k3k_cu_moe_gemm_args *a);
-/* k3k_cu_moe_gemm when it takes the arguments, else k3k_cu_moe_gemm_generic (the tensor-core
- * kernels refuse with K3_EINVAL before queuing anything). The choice depends only on the shapes
- * and pointers, so eager steps and graph replays run the same kernel. */
-int k3k_cu_moe_gemm_any(cudaStream_t st, const k3k_cu_moe_gemm_args *a);
 
 #ifdef __cplusplus
 }

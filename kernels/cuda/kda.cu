@@ -184,7 +184,7 @@ bool k3k_cuda_kda_step_ok(const void *params, const k3k_tensor_t *const *t) {
          t[0]->shape[1] == (int64_t)p->n_heads * 128;
 }
 
-int k3k_cuda_kda_step(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
+int k3k_cuda_kda_step_fast(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const k3k_kda_params_t *p = (const k3k_kda_params_t *)params;
   if (p->n_seqs == 0) return 0;
   int rc = k3k_cuda_check_ids(cx, t[5], p->n_seqs, t[6]->shape[0], 1, 0);

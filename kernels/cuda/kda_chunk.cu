@@ -54,7 +54,7 @@ static int kc_vec(const k3k_tensor_t *t) {
          ((uintptr_t)t->data & 15) == 0 && (t->dtype == K3K_F32 || t->dtype == K3K_BF16);
 }
 
-int k3k_cuda_kda_chunk(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
+int k3k_cuda_kda_chunk_fast(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const k3k_kda_params_t *p = (const k3k_kda_params_t *)params;
   int rc;
   if (p->n_seqs == 0) return 0;

@@ -11,7 +11,7 @@
  *   device scratch (k3k_cpu_kda_chunk_scratch_floats' layout), the state is updated in place.
  *   KDA_STEP: one block per (head, sequence), one thread per value row of the V-first state.
  * What it is not: fast (no tensor cores, the state is read by rows per thread); real shapes go
- * to the fast kernels (generic.h *_any entries).
+ * to the fast kernels (the op entries of generic.h).
  * Invariants: cu_seqlens and slots are checked on the device first (check.cu) with the CPU
  * backend's codes, so a rejected call changes nothing; a sequence of length 0 keeps its state
  * even when read_state = 0 (as the reference). All math fp32; o's dtype is the only rounding. */
@@ -263,14 +263,14 @@ bool k3k_cuda_kda_step_any_ok(const void *params, const k3k_tensor_t *const *t) 
   return (k3k_cuda_kda_step_ok(params, t) && p->n_seqs <= 65535) ||
          k3k_cuda_gen_kda_step_ok(params, t);
 }
-int k3k_cuda_kda_step_any(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
-  return k3k_cuda_kda_step_ok(params, t) ? k3k_cuda_kda_step(cx, params, t)
+int k3k_cuda_kda_step(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
+  return k3k_cuda_kda_step_ok(params, t) ? k3k_cuda_kda_step_fast(cx, params, t)
                                          : k3k_cuda_gen_kda_step(cx, params, t);
 }
 bool k3k_cuda_kda_chunk_any_ok(const void *params, const k3k_tensor_t *const *t) {
   return k3k_cuda_kda_chunk_ok(params, t) || k3k_cuda_gen_kda_chunk_ok(params, t);
 }
-int k3k_cuda_kda_chunk_any(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
-  return k3k_cuda_kda_chunk_ok(params, t) ? k3k_cuda_kda_chunk(cx, params, t)
+int k3k_cuda_kda_chunk(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
+  return k3k_cuda_kda_chunk_ok(params, t) ? k3k_cuda_kda_chunk_fast(cx, params, t)
                                           : k3k_cuda_gen_kda_chunk(cx, params, t);
 }

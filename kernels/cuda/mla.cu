@@ -392,7 +392,7 @@ void k3k_cuda_mla_phase_events(cudaEvent_t *ev) { g_mla_ev = ev; }
     if (g_mla_ev) K3K_CU(cudaEventRecord(g_mla_ev[i], cx->stream)); \
   } while (0)
 
-int k3k_cuda_mla_decode(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
+int k3k_cuda_mla_decode_fast(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const k3k_mla_params_t *p = (const k3k_mla_params_t *)params;
   const k3k_tensor_t *q = t[0], *w = t[1], *cache = t[2], *pt = t[3], *sl = t[4], *o = t[5];
   int64_t N = p->n_seqs, NH = p->n_heads, ldw = w->stride[0];

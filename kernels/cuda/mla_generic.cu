@@ -240,8 +240,8 @@ int k3k_cuda_gen_mla_decode(k3k_cuda_ctx *cx, const void *params, const k3k_tens
 bool k3k_cuda_mla_prefill_any_ok(const void *params, const k3k_tensor_t *const *t) {
   return k3k_cuda_mla_prefill_ok(params, t) || k3k_cuda_gen_mla_prefill_ok(params, t);
 }
-int k3k_cuda_mla_prefill_any(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
-  return k3k_cuda_mla_prefill_ok(params, t) ? k3k_cuda_mla_prefill(cx, params, t)
+int k3k_cuda_mla_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
+  return k3k_cuda_mla_prefill_ok(params, t) ? k3k_cuda_mla_prefill_fast(cx, params, t)
                                             : k3k_cuda_gen_mla_prefill(cx, params, t);
 }
 bool k3k_cuda_mla_decode_any_ok(const void *params, const k3k_tensor_t *const *t) {
@@ -249,7 +249,7 @@ bool k3k_cuda_mla_decode_any_ok(const void *params, const k3k_tensor_t *const *t
   return (k3k_cuda_mla_decode_ok(params, t) && p->n_seqs <= 65535) ||
          k3k_cuda_gen_mla_decode_ok(params, t);
 }
-int k3k_cuda_mla_decode_any(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
-  return k3k_cuda_mla_decode_ok(params, t) ? k3k_cuda_mla_decode(cx, params, t)
+int k3k_cuda_mla_decode(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
+  return k3k_cuda_mla_decode_ok(params, t) ? k3k_cuda_mla_decode_fast(cx, params, t)
                                            : k3k_cuda_gen_mla_decode(cx, params, t);
 }

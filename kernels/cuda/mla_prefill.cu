@@ -337,7 +337,7 @@ int k3k_cuda_mla_prefill_bounds(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t, 
   return 0;
 }
 
-int k3k_cuda_mla_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
+int k3k_cuda_mla_prefill_fast(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const k3k_mla_params_t *p = (const k3k_mla_params_t *)params;
   const k3k_tensor_t *q = t[0], *kv = t[1], *kr = t[2], *cq = t[3], *ck = t[4], *o = t[5];
   int64_t N = p->n_seqs, max_lq;

@@ -16,6 +16,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "k3k_cuda.h" /* k3k_cu_moe_bf16_experts, k3k_cu_moe_bf16_wanted */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -45,20 +47,7 @@ typedef struct {
 } k3k_cu_moe_bf16_args;
 int k3k_cu_moe_bf16_gemm(cudaStream_t st, const k3k_cu_moe_bf16_args *a);
 
-/* The 48B's expert block in two launches of k3k_cu_moe_bf16_gemm: h = SiLU(g)·u with g, u the
- * gate (w1) and up (w3) products of the plan's gathered rows of x, rounded to bf16 first (the
- * reference stores them bf16), then y = h·W2^T. tab: device array of 3*E pointers (w1[E], w3[E],
- * w2[E]), contiguous bf16 experts: w1/w3 [F][D], w2 [D][F]. h [rows][F] and y [rows][D] bf16,
- * rows in the plan's grouped order. Returns what k3k_cu_moe_bf16_gemm returns. */
-int k3k_cu_moe_bf16_experts(cudaStream_t st, const uint16_t *const *tab, int32_t E, int32_t F,
-                            int32_t D, const uint16_t *x, int64_t ldx, const int32_t *x_gather,
-                            const int32_t *expert_off, const int32_t *active, int32_t max_active,
-                            uint16_t *h, uint16_t *y);
 
-/* Whether the grouped kernel is the right tool for T*k pairs over E experts: at most 16 rows
- * per active expert on average (decode, short prompts); above that the weight reuse of a real
- * GEMM wins. Deterministic in (T, k, E): the same pass always takes the same path. */
-bool k3k_cu_moe_bf16_wanted(int64_t T, int32_t k, int32_t E);
 
 #ifdef __cplusplus
 }

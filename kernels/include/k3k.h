@@ -84,33 +84,11 @@ size_t k3k_tensor_span_bytes(const k3k_tensor_t *t);
 /* ------------------------------------------------------------------------------------------ */
 /* Ops                                                                                          */
 
+/* One value per line of k3k_ops.def (the single op list every op table is generated from). */
 typedef enum {
-  K3K_OP_COPY = 0,         /* y = x (dtype conversion, any strides) */
-  K3K_OP_ADD,              /* y = a + b (fp32 add, e.g. the bf16 residual add of §2.3) */
-  K3K_OP_GET_ROWS,         /* embedding gather / row gather by index */
-  K3K_OP_RMSNORM,          /* per-row RMSNorm */
-  K3K_OP_GATED_RMSNORM,    /* KDA o_norm: per-head RMSNorm times sigmoid(z) */
-  K3K_OP_GEMM,             /* y = x · Wᵀ, W [out,in] (nn.Linear), fp32 accumulate */
-  K3K_OP_MXFP4_GEMM,       /* y = x · dequant(W)ᵀ, W as packed E2M1 + E8M0 scales */
-  K3K_OP_MXFP4_DEQUANT,    /* W = dequant(packed, scale) as F32/BF16 */
-  K3K_OP_CONV_PREFILL,     /* causal depthwise short conv + SiLU, packed sequences */
-  K3K_OP_CONV_STEP,        /* one decode token per sequence, updates the conv state */
-  K3K_OP_L2NORM,           /* per-head L2 normalisation (times a scale) */
-  K3K_OP_KDA_GATE,         /* KDA decay gate, K3 lower-bound or 48B softplus form */
-  K3K_OP_SIGMOID,          /* y = sigmoid(x) (KDA beta) */
-  K3K_OP_KDA_CHUNK,        /* KDA chunked prefill (§3.8), packed sequences, state in/out */
-  K3K_OP_KDA_STEP,         /* KDA recurrent step (§3.6), one token per sequence */
-  K3K_OP_MLA_PREFILL,      /* MLA attention, non-absorbed form (§4.1), varlen causal */
-  K3K_OP_MLA_DECODE,       /* MLA absorbed decode (§4.3) over a paged latent cache */
-  K3K_OP_MLA_CACHE_WRITE,  /* write c_n | k_rot rows into cache pages */
-  K3K_OP_MLA_CACHE_GATHER, /* read cache rows into a packed [T,576] tensor */
-  K3K_OP_SIGMOID_MUL,      /* y = x ⊙ sigmoid(g) (MLA output gate) */
-  K3K_OP_ROUTER,           /* sigmoid noaux_tc router: grouped top-k, renormalise, scale */
-  K3K_OP_SITU,             /* SiTU(gate, up) (§5.1) */
-  K3K_OP_SILU_MUL,         /* silu(gate) ⊙ up (48B, §5.1 of the 48B spec) */
-  K3K_OP_MOE_COMBINE,      /* y[t] = Σ_i w[t][i] · rows[row_idx[t][i]] (fp32, one rounding) */
-  K3K_OP_ATTN_RES_MIX,     /* block attention-residual depth mix (§2.2) */
-  K3K_OP_SAMPLE,           /* greedy / temperature / top-k / top-p sampling */
+#define K3K_OP_X(ENUM, name, n_tensors) K3K_OP_##ENUM,
+#include "k3k_ops.def"
+#undef K3K_OP_X
   K3K_OP_COUNT
 } k3k_op_t;
 

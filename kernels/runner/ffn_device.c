@@ -16,18 +16,16 @@
  *
  * Invariants: the expert pointer tables are built once at init from the uploaded weights (the
  * runner owns both); every expert scale is checked for 0xFF (E8M0 NaN) once at init, because
- * the grouped GEMM does not check them per call. Nothing here synchronises per layer. */
+ * the grouped GEMM does not check them per call. Nothing here synchronises per layer, except
+ * the dequant-once expert path of prefill batches (moe_dq.h, opt-in with K3PD_MOE_DQ=1: one
+ * host round trip per layer for the plan's offsets; never taken while a graph is captured). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "k3k_cuda_ops.h"
+#include "k3k_cuda.h"
 #include "k3pd/err.h"
 #include "k3pd/log.h"
-#include "gemv.h"
-#include "generic.h"
-#include "moe_bf16.h"
-#include "moe_ops.h"
 #include "runner_internal.h"
 
 /* Per MoE layer: one device array of 6*E pointers: w1 packed, w1 scale, w3 packed, w3 scale,
@@ -119,7 +117,8 @@ static int check_scales(k3_runner_t *r, char *err, size_t errlen) {
     for (int j = 0; j < 3 && !rc; j++)
       for (int64_t e = 0; e < r->cfg.num_experts && !rc; e++) {
         const k3k_tensor_t *s = &sets[j][e].scale;
-        rc = k3k_cu_mx_check(cx->stream, s->data, s->shape[0], s->shape[1], s->stride[0], bad);
+        rc = k3k_cu_mx_check(k3k_cuda_stream(cx), s->data, s->shape[0], s->shape[1], s->stride[0],
+                             bad);
       }
   }
   if (!rc) rc = r->be->copy_to_host(r->be, &hbad, bad, sizeof(int));
@@ -261,7 +260,7 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
                        const k3k_tensor_t *comb, int side_wait) {
   const k3_model_config_t *c = &r->cfg;
   k3k_backend_t *be = r->be;
-  cudaStream_t st = k3k_cuda_ctx_of(be)->stream;
+  cudaStream_t st = k3k_cuda_stream(k3k_cuda_ctx_of(be));
   void *tab = r->dev->tabs[layer];
   const int32_t T = (int32_t)z->shape[0], K = c->top_k, E = c->num_experts;
   const int32_t F = (int32_t)c->moe_intermediate_size, D = (int32_t)c->expert_in_dim;
@@ -282,6 +281,33 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
     rc = k3k_cu_moe_bf16_experts(st, (const uint16_t *const *)tab, E, F, D, z->data, z->stride[0],
                                  gt.data, off.data, act.data, maxa, ha.data, yr.data);
     return rc ? rc : k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
+  }
+  if (k3k_cu_moe_dq_wanted(T, K, E)) { /* prefill batch, K3PD_MOE_DQ=1: dequant-once (moe_dq.h) */
+    k3k_tensor_t dqs = rn_buf(ws, K3K_U8, 1, (int64_t)k3k_cu_moe_dq_scratch_bytes(TK, F, D));
+    if (ws->rc) return ws->rc;
+    k3k_cu_moe_dq_args d;
+    memset(&d, 0, sizeof d);
+    d.w1 = mx_set(tab, 0, E, D);
+    d.w3 = mx_set(tab, 1, E, D);
+    d.w2 = mx_set(tab, 2, E, F);
+    d.act = c->act == K3_ACT_SITU ? K3K_CU_ACT_SITU : K3K_CU_ACT_SILU_MUL;
+    d.beta = (float)c->situ_beta;
+    d.beta_lin = (float)c->situ_linear_beta;
+    d.F = F;
+    d.D = D;
+    d.E = E;
+    d.T = T;
+    d.k = K;
+    d.x = z->data;
+    d.ldx = z->stride[0];
+    d.gather_tok = gt.data;
+    d.expert_off = off.data;
+    d.h = ha.data;
+    d.y = yr.data;
+    d.scratch = dqs.data;
+    rc = k3k_cu_moe_dq_experts(k3k_cuda_ctx_of(be), &d);
+    if (!rc) return k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
+    if (rc != K3_ENOTSUP) return rc; /* K3_ENOTSUP: a capture is running, nothing was queued */
   }
   k3k_cu_moe_gemm_args a;
   memset(&a, 0, sizeof a);

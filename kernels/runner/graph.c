@@ -24,8 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gemv.h"
-#include "k3k_cuda_ops.h"
+#include "k3k_cuda.h"
 #include "k3pd/err.h"
 #include "k3pd/log.h"
 #include "runner_internal.h"
@@ -89,8 +88,8 @@ void rn_trust(k3_runner_t *r, bool on) {
 int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t *ids,
                   const k3k_tensor_t *y) {
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
-  return k3k_cu_gather_rows_u16(cx->stream, table->data, table->stride[0], ids->data, ids->shape[0],
-                                table->shape[1], y->data, y->stride[0]);
+  return k3k_cu_gather_rows_u16(k3k_cuda_stream(cx), table->data, table->stride[0], ids->data,
+                                ids->shape[0], table->shape[1], y->data, y->stride[0]);
 }
 
 int rn_dev_add_mix_norm(k3_runner_t *r, const k3k_tensor_t *a, const k3k_tensor_t *P,
@@ -111,7 +110,8 @@ int rn_dev_add_mix_norm(k3_runner_t *r, const k3k_tensor_t *a, const k3k_tensor_
 int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, const k3k_tensor_t *krot,
                        const k3k_tensor_t *smap, const k3k_tensor_t *cache) {
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
-  return k3k_cu_cache_write_u16(cx->stream, cn->data, cn->stride[0], krot->data, krot->stride[0],
+  return k3k_cu_cache_write_u16(k3k_cuda_stream(cx), cn->data, cn->stride[0], krot->data,
+                                krot->stride[0],
                                 smap->data, smap->shape[0], cn->shape[1], krot->shape[1],
                                 cache->data);
 }
@@ -219,14 +219,14 @@ static int capture(k3_runner_t *r, rn_gent_t *e, rn_ws_t *ws, rn_pass_t *ps, k3k
                    char *err, size_t errlen) {
   struct rn_gd *g = r->gd;
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
-  const uint64_t mg = cx->mem_gen;
-  cudaError_t ce = cudaStreamBeginCapture(cx->stream, cudaStreamCaptureModeRelaxed);
+  const uint64_t mg = k3k_cuda_mem_gen(cx);
+  cudaError_t ce = cudaStreamBeginCapture(k3k_cuda_stream(cx), cudaStreamCaptureModeRelaxed);
   int rc = ce == cudaSuccess ? 0 : K3_EDEVICE;
   if (!rc) rc = rn_forward_enqueue(r, ws, ps, NULL, ps->n_tok, NULL, NULL, false, lg, err, errlen);
   cudaGraph_t graph = NULL;
-  cudaError_t ce2 = ce == cudaSuccess ? cudaStreamEndCapture(cx->stream, &graph) : ce;
+  cudaError_t ce2 = ce == cudaSuccess ? cudaStreamEndCapture(k3k_cuda_stream(cx), &graph) : ce;
   cudaGraphExec_t exec = NULL;
-  bool ok = !rc && ce2 == cudaSuccess && graph && ws->extras_taken == 0 && cx->mem_gen == mg;
+  bool ok = !rc && ce2 == cudaSuccess && graph && ws->extras_taken == 0 && k3k_cuda_mem_gen(cx) == mg;
   if (ok && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) ok = false;
   if (graph) cudaGraphDestroy(graph);
   if (!ok) {
@@ -245,10 +245,10 @@ static int capture(k3_runner_t *r, rn_gent_t *e, rn_ws_t *ws, rn_pass_t *ps, k3k
   e->exec = exec;
   e->state = G_READY;
   e->ws_gen = ws->gen;
-  e->mem_gen = cx->mem_gen;
+  e->mem_gen = k3k_cuda_mem_gen(cx);
   e->lg = *lg;
   r->stats.graph_captures++;
-  if (cudaGraphLaunch(exec, cx->stream) != cudaSuccess) {
+  if (cudaGraphLaunch(exec, k3k_cuda_stream(cx)) != cudaSuccess) {
     rn_seterr(err, errlen, "runner: cudaGraphLaunch failed: %s", cudaGetErrorString(cudaGetLastError()));
     return K3_EDEVICE;
   }
@@ -322,7 +322,7 @@ int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, const k3k
   rn_ws_t *ws = rn_ws_begin(r);
   k3k_tensor_t lg = {0};
   rn_gent_t *e = find(g, n, ctxb);
-  if (e && e->state == G_READY && (e->ws_gen != ws->gen || e->mem_gen != cx->mem_gen)) {
+  if (e && e->state == G_READY && (e->ws_gen != ws->gen || e->mem_gen != k3k_cuda_mem_gen(cx))) {
     cudaGraphExecDestroy(e->exec); /* stale pointers: recapture on the next step */
     e->exec = NULL;
     e->state = G_WARM;
@@ -331,7 +331,7 @@ int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, const k3k
   bool ran = false;
   if (!r->graphs_off && e && e->state == G_READY) {
     lg = e->lg;
-    if (cudaGraphLaunch(e->exec, cx->stream) != cudaSuccess) {
+    if (cudaGraphLaunch(e->exec, k3k_cuda_stream(cx)) != cudaSuccess) {
       rn_seterr(err, errlen, "runner: cudaGraphLaunch failed: %s", cudaGetErrorString(cudaGetLastError()));
       rc = K3_EDEVICE;
     }

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "k3k_cuda_ops.h"
+#include "k3k_cuda.h"
 #include "k3pd/log.h"
 #include "runner_internal.h"
 
@@ -89,5 +89,5 @@ int rn_dev_kda_decode(k3_runner_t *r, const rn_layer_t *L, int ki, const rn_pass
   a.q_scale = 1.0f / sqrtf(128.0f); /* KDA_STEP's default scale (k3k_kda_params_t.scale = 0) */
   a.l2_eps = (float)c->eps_kda_l2;
   a.rms_eps = (float)c->eps_norm;
-  return k3k_cu_kda_decode(k3k_cuda_ctx_of(r->be)->stream, &a);
+  return k3k_cu_kda_decode(k3k_cuda_stream(k3k_cuda_ctx_of(r->be)), &a);
 }

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "k3k_cuda_ops.h"
+#include "k3k_cuda.h"
 #include "k3pd/err.h"
 #include "k3pd/synth.h"
 #include "k3pd/util.h"
@@ -152,7 +152,7 @@ int rn_syn_tensor(k3_runner_t *r, const char *short_name, const k3_tmap_entry_t 
                   void *dev, char *err, size_t errlen) {
   struct rn_syn *y = r->syn;
   k3k_backend_t *be = r->be;
-  cudaStream_t st = k3k_cuda_ctx_of(be)->stream;
+  cudaStream_t st = k3k_cuda_stream(k3k_cuda_ctx_of(be));
   const k3_tmap_entry_t *e = rn_syn_find(r, short_name);
   if (!e) {
     rn_seterr(err, errlen, "runner: tensor %s is not in the plan of this config", short_name);

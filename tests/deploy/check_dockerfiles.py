@@ -7,9 +7,14 @@ Asserts, without a Docker engine:
   * the CUDA stage installs only packages that scripts/deps.sh installs (plus binutils);
   * every runtime stage installs no compiler, CMake or -dev package, runs as a numeric
     non-root USER, and keeps RUNTIME_PKGS identical between its build-stage check and its
-    install step.
+    install step;
+  * every runtime stage's configuration parses with scripts/image/dockerfile_config.py (which
+    scripts/image/build.sh uses to configure the image it writes without Docker) and carries
+    the org.opencontainers.image title/version/revision labels; the CPU stage's
+    groupadd/useradd lines are found (build.sh runs them in its rootfs).
 Usage: check_dockerfiles.py REPO_ROOT
 """
+import os
 import re
 import sys
 
@@ -71,10 +76,21 @@ def main(root):
             errors.append(f"{name}: runtime stage mentions build tools")
         if "COPY --from=build /out/bin/ /usr/local/bin/" not in runtime:
             errors.append(f"{name}: runtime stage does not copy the binaries to /usr/local/bin")
+        try:
+            cfg = dockerfile_config.config(f"{root}/deploy/docker/{name}", {})
+            for label in ("title", "version", "revision"):
+                if f"org.opencontainers.image.{label}" not in cfg["Labels"]:
+                    errors.append(f"{name}: runtime stage lacks LABEL org.opencontainers.image.{label}")
+            if want_deps:
+                dockerfile_config.user_commands(f"{root}/deploy/docker/{name}")
+        except ValueError as e:
+            errors.append(f"{name}: scripts/image/dockerfile_config.py cannot read it: {e}")
     return errors
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.join(sys.argv[1], "scripts", "image"))
+    import dockerfile_config  # noqa: E402
     errs = main(sys.argv[1])
     for e in errs:
         print(e)

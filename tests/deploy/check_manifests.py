@@ -257,23 +257,7 @@ class Checker:
             if g.get("service", "") != want:
                 self.err(w, f"{kind} grpc service must be {want!r} (health contract)")
         if role in ("prefill", "decode"):
-            host, rport = port_of(env.get("K3PD_ROUTER"))
-            svc = self.services.get(host)
-            if svc is None:
-                self.err(w, f"--router {env.get('K3PD_ROUTER')} does not name a rendered Service")
-            else:
-                sp = [p for p in svc["spec"].get("ports", []) if p.get("port") == rport]
-                if not sp:
-                    self.err(w, f"--router port {rport} is not a port of Service {host}")
-                elif sp[0].get("targetPort", rport) not in ("cluster", 50052) and \
-                        sp[0].get("targetPort") != self.cluster_port():
-                    self.err(w, f"--router {env.get('K3PD_ROUTER')} does not lead to the router's cluster port "
-                                f"(targetPort {sp[0].get('targetPort')})")
-                sel = svc["spec"].get("selector", {})
-                if not any(matches(sel, self.pod_labels(d)) and
-                           self.pod_labels(d).get("app.kubernetes.io/component") == "router"
-                           for d in self.deployments.values()):
-                    self.err(w, f"--router Service {host} does not select the router pods")
+            self.check_router_list(w, env.get("K3PD_ROUTER"))
             if "K3PD_ADVERTISE" not in env:
                 self.err(w, "K3PD_ADVERTISE is not set (the router could not dial the worker back)")
             grace = env.get("K3PD_DRAIN_GRACE_MS")
@@ -283,6 +267,52 @@ class Checker:
             elif tgps * 1000 < int(grace) + GRACE_SLACK_MS:
                 self.err(w, f"terminationGracePeriodSeconds {tgps} s is less than the drain grace "
                             f"{grace} ms + {GRACE_SLACK_MS} ms")
+
+    def router_replicas(self):
+        return max([d["spec"].get("replicas", 1) for d in self.deployments.values()
+                    if self.pod_labels(d).get("app.kubernetes.io/component") == "router"] or [1])
+
+    def check_router_list(self, w, value):
+        """--router: comma-separated HOST:PORT or dns:NAME:PORT entries, each leading to the routers'
+        cluster port; with several router replicas a worker must find all of them through a dns:
+        entry of a headless Service (a plain Service name would reach one replica per connection)."""
+        entries = [e.strip() for e in str(value or "").split(",") if e.strip()]
+        if not entries:
+            self.err(w, "K3PD_ROUTER (--router) is not set")
+            return
+        dns_ok = False
+        for e in entries:
+            dns = e.startswith("dns:")
+            host, rport = port_of(e[4:] if dns else e)
+            svc = self.services.get((host or "").split(".")[0])
+            if svc is None:
+                self.err(w, f"--router {e} does not name a rendered Service")
+                continue
+            sp = [p for p in svc["spec"].get("ports", []) if p.get("port") == rport]
+            if not sp:
+                self.err(w, f"--router port {rport} is not a port of Service {host}")
+            elif sp[0].get("targetPort", rport) not in ("cluster", 50052) and \
+                    sp[0].get("targetPort") != self.cluster_port():
+                self.err(w, f"--router {e} does not lead to the router's cluster port "
+                            f"(targetPort {sp[0].get('targetPort')})")
+            sel = svc["spec"].get("selector", {})
+            if not any(matches(sel, self.pod_labels(d)) and
+                       self.pod_labels(d).get("app.kubernetes.io/component") == "router"
+                       for d in self.deployments.values()):
+                self.err(w, f"--router Service {host} does not select the router pods")
+            if dns:
+                if svc["spec"].get("clusterIP") != "None":
+                    self.err(w, f"--router {e}: Service {host} is not headless (clusterIP: None), so its name "
+                                f"resolves to one virtual IP, not to every router pod")
+                elif svc["spec"].get("publishNotReadyAddresses") is not True:
+                    self.err(w, f"--router {e}: Service {host} lacks publishNotReadyAddresses: true (starting "
+                                f"and draining routers would get no heartbeats)")
+                else:
+                    dns_ok = True
+        n = self.router_replicas()
+        if n > 1 and not dns_ok:
+            self.err(w, f"the router runs {n} replicas but --router {value} has no dns: entry of a headless "
+                        f"Service: the worker would register with one replica only")
 
     def cluster_port(self):
         for d in self.deployments.values():

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""Chaos soak (issue 18 item 5): steady mixed load on a local cluster of 2 prefill x 2 decode
-workers (`k3pd-cli up`, loopback, CPU backend) while a driver SIGKILLs a random worker every few
+"""Chaos soak (issue 18 item 5): steady mixed load on a local cluster of 2 routers x 2 prefill x
+2 decode workers (`k3pd-cli up --routers 2`, loopback, CPU backend; every worker registered with
+both routers, the requests spread over both) while a driver SIGKILLs a random worker every few
 seconds and `k3pd-cli up` restarts it.
 
 Verdict (counts and equalities only, never a duration, so a slow machine only sends fewer
@@ -12,8 +13,8 @@ requests):
   - after the chaos stops and every worker is back: each request template completes once more
     with identical tokens; nothing is leaked: no page, slot or reservation on either decode
     worker, no queued or running prompt on either prefill worker, requests started == finished
-    and no stream open on the router, the router's file descriptors back at their baseline;
-  - the router's RSS is flat: the largest sample of the last third of the soak is within 25 %
+    and no stream open on either router, each router's file descriptors back at their baseline;
+  - each router's RSS is flat: the largest sample of the last third of the soak is within 25 %
     + 16 MiB of the largest of the first third (ASan's quarantine is capped for the processes);
   - `k3pd-cli up` exits 0 on SIGINT (every process, the router included, exited cleanly: under
     ASan that includes LeakSanitizer's report).
@@ -85,6 +86,25 @@ def monolithic(bindir, model, r):
     return [int(x) for x in [ln for ln in out.stdout.splitlines() if ln.startswith("ids:")][-1][4:].split()]
 
 
+_CREDS = []
+ARGS = argparse.Namespace(workdir=".", bindir=".")
+
+
+def router_creds():
+    """Channel credentials with the router identity from k3pd-cli up's development CA (the
+    workers' ports take only mutual TLS with that identity)."""
+    if not _CREDS:
+        ca_dir = "/tmp/k3pd-tls-%d" % os.geteuid()
+        prefix = os.path.join(ARGS.workdir, "client-k3pd-router")
+        subprocess.run([os.path.join(ARGS.bindir, "tools", "cli", "k3pd-cli"), "certs", "--dir", ca_dir, "--name",
+                        "k3pd-router", "--out", prefix], check=True, capture_output=True, timeout=30)
+        rd = lambda f: open(f, "rb").read()  # noqa: E731
+        _CREDS.append(grpc.ssl_channel_credentials(root_certificates=rd(os.path.join(ca_dir, "ca.crt")),
+                                                   private_key=rd(prefix + ".key"),
+                                                   certificate_chain=rd(prefix + ".crt")))
+    return _CREDS[0]
+
+
 def scrape(port):
     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as f:
         return f.read().decode()
@@ -111,13 +131,14 @@ class Up:
         env["ASAN_OPTIONS"] = ":".join(x for x in [env.get("ASAN_OPTIONS", ""), "quarantine_size_mb=16"] if x)
         self.log = open(self.log_path, "w")
         self.p = subprocess.Popen([os.path.join(bindir, "tools", "cli", "k3pd-cli"), "up", "--model", model,
+                                   "--routers", "2",
                                    "--prefill", "2", "--decode", "2", "--port", "0", "--ready-file", self.ready,
                                    "--metrics", "--restart-backoff-ms", "300", "--restart-backoff-max-ms", "3000",
                                    "--backend", "cpu-fast", "--threads", "1", "--precision", "fp32",
                                    "--page-tokens", "64", "--num-pages", "256", "--num-slots", "8",
                                    "--stop-timeout-ms", "60000"],
                                   stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        self.router = wait_until(lambda: open(self.ready).read().strip(), 300, "the cluster to be ready")
+        self.routers = wait_until(lambda: open(self.ready).read().split(), 300, "the cluster to be ready")
 
     def text(self):
         with open(self.log_path, errors="replace") as f:
@@ -133,6 +154,24 @@ class Up:
                     got = m.group(1)
         return got
 
+    def _children(self, exe):
+        """(start time, pid) of the live children of k3pd-cli up whose program ends with exe."""
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid != self.p.pid:
+                    continue
+                with open("/proc/%s/cmdline" % d, "rb") as f:
+                    if f.read().split(b"\0")[0].endswith(exe):
+                        out.append((_start_time(int(d)), int(d)))
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
     def metrics_port(self, name):
         v = self.last(name, r"metrics on port (\d+)")
         return int(v) if v else None
@@ -141,7 +180,12 @@ class Up:
         return self.last(name, r"advertised ([0-9.]+:\d+)")
 
     def pid(self, name):
-        """Pid of the live child process running --worker-id name (or the router)."""
+        """Pid of the live child process running --worker-id name, or of router-i (the routers
+        are started one after the other: router-i is the i-th k3pd-router child by start time)."""
+        if name.startswith("router"):
+            rs = sorted(self._children(b"k3pd-router"))
+            i = int(name.split("-")[1])
+            return rs[i][1] if i < len(rs) else None
         for d in os.listdir("/proc"):
             if not d.isdigit():
                 continue
@@ -154,11 +198,14 @@ class Up:
                     argv = f.read().split(b"\0")
             except (OSError, ValueError, IndexError):
                 continue
-            if name == "router" and argv[0].endswith(b"k3pd-router"):
-                return int(d)
             if name.encode() in argv and b"--worker-id" in argv:
                 return int(d)
         return None
+
+
+def _start_time(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
 
 
 def proc_fds(pid):
@@ -182,6 +229,7 @@ def main():
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--seed", type=int, default=18)
     args = ap.parse_args()
+    ARGS.workdir, ARGS.bindir = args.workdir, args.bindir
     os.makedirs(args.workdir, exist_ok=True)
     stubs = load_stubs(args.gen)
     c, g, d, _ = stubs
@@ -201,19 +249,32 @@ def main():
     lock = threading.Lock()
     stop_load = threading.Event()
     workers = ["prefill-0", "prefill-1", "decode-0", "decode-1"]
+    rnames = ["router-0", "router-1"]
     try:
-        channel = grpc.insecure_channel(up.router)
-        gen = channel.unary_stream("/k3pd.v1.Generation/Generate", request_serializer=g.GenerateRequest.SerializeToString,
-                                   response_deserializer=g.GenerateResponse.FromString)
-        rport = wait_until(lambda: up.metrics_port("router"), 30, "the router's metrics port")
-        router_pid = up.pid("router")
+        check(len(up.routers) == 2, "k3pd-cli up --routers 2 started two routers (%s)" % up.routers)
+        channels = [grpc.insecure_channel(a) for a in up.routers]
+        gens = [ch.unary_stream("/k3pd.v1.Generation/Generate", request_serializer=g.GenerateRequest.SerializeToString,
+                                response_deserializer=g.GenerateResponse.FromString) for ch in channels]
+        rports = [wait_until(lambda: up.metrics_port(n), 30, "%s's metrics port" % n) for n in rnames]
+        router_pids = [up.pid(n) for n in rnames]
+        check(all(router_pids) and len(set(router_pids)) == 2, "two router processes (%s)" % router_pids)
+        sent = [0, 0]
 
         def registered():
-            t = scrape(rport)
-            return (msum(t, "k3pd_router_registered_workers", 'role="prefill"') == 2 and
-                    msum(t, "k3pd_router_registered_workers", 'role="decode"') == 2)
+            for rport in rports:
+                t = scrape(rport)
+                if not (msum(t, "k3pd_router_registered_workers", 'role="prefill"') == 2 and
+                        msum(t, "k3pd_router_registered_workers", 'role="decode"') == 2):
+                    return False
+            return True
 
-        def run_one(i, r):
+        def run_one(i, r, via=None):
+            """One request, through router `via` (default: the two in turn: load spread over both)."""
+            with lock:
+                k = via if via is not None else sent[0] % 2
+                sent[0] += 1
+                sent[1] += k
+            gen = gens[k]
             samp = c.SamplingParams(temperature=r["temperature"], seed=r["seed"],
                                     top_k=40 if r["temperature"] > 0 else 0)
             req = g.GenerateRequest(token_ids=g.TokenIds(ids=r["prompt"]), sampling=samp,
@@ -247,10 +308,12 @@ def main():
 
         # warm-up (every worker used once) and the baselines
         for i in range(len(tpl)):
-            check(run_one(i, tpl[i]) == "OK", "warm-up: template %d equals k3pd-generate" % i)
-        wait_until(registered, 60, "all four workers registered")
-        fd0 = proc_fds(router_pid)
-        rss = []
+            for k in range(2):
+                check(run_one(i, tpl[i], via=k) == "OK", "warm-up: template %d through router %d equals "
+                      "k3pd-generate" % (i, k))
+        wait_until(registered, 60, "all four workers registered with both routers")
+        fd0 = [proc_fds(p) for p in router_pids]
+        rss = [[], []]
         clients = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
         for t in clients:
             t.start()
@@ -259,7 +322,8 @@ def main():
         t_end = time.time() + args.seconds
         next_kill = time.time() + rnd.uniform(3, 6)
         while time.time() < t_end:
-            rss.append(proc_rss_kb(router_pid))
+            for k in range(2):
+                rss[k].append(proc_rss_kb(router_pids[k]))
             if time.time() >= next_kill:
                 next_kill = time.time() + rnd.uniform(3, 6)
                 try:
@@ -278,7 +342,8 @@ def main():
         stop_load.set()
         for t in clients:
             t.join(timeout=300)
-        print("chaos: %d kills in %.0f s; outcomes: %s" % (kills, args.seconds, counts), flush=True)
+        print("chaos: %d kills in %.0f s; outcomes: %s; %d requests via router 1 of %d" %
+              (kills, args.seconds, counts, sent[1], sent[0]), flush=True)
         for b in bad[:20]:
             print("BAD", b)
         check(kills >= 1, "the driver killed workers (%d kills)" % kills)
@@ -288,11 +353,16 @@ def main():
         wait_until(registered, 120, "every worker back and registered")
         restarts = len(re.findall(r"k3pd-cli up: restarting", up.text()))
         check(restarts == kills, "k3pd-cli up restarted every killed worker (%d of %d)" % (restarts, kills))
+        check(0 < sent[1] < sent[0], "the load was spread over both routers (%d of %d via router 1)" %
+              (sent[1], sent[0]))
         for i in range(len(tpl)):
-            check(run_one(i, tpl[i]) == "OK", "after the chaos: template %d equals k3pd-generate" % i)
+            for k in range(2):
+                check(run_one(i, tpl[i], via=k) == "OK", "after the chaos: template %d through router %d equals "
+                      "k3pd-generate" % (i, k))
 
         def decode_idle(name):
-            with grpc.insecure_channel(up.addr(name)) as ch:
+            with grpc.secure_channel(up.addr(name), router_creds(),
+                                     options=[("grpc.ssl_target_name_override", name)]) as ch:
                 st = ch.unary_unary("/k3pd.v1.Decode/Stats", request_serializer=d.StatsRequest.SerializeToString,
                                     response_deserializer=d.StatsResponse.FromString)(d.StatsRequest(), timeout=5)
             return st.used_kv_pages == 0 and st.used_kda_slots == 0 and st.reservations == 0 and st.running_seqs == 0
@@ -306,25 +376,28 @@ def main():
                        msum(scrape(port), "k3pd_prefill_running_requests") == 0, 30, "%s idle" % name)
             check(True, "%s: no queued or running prompt left" % name)
 
-        def router_settled():
-            t = scrape(rport)
-            return (msum(t, "k3pd_router_requests_started_total") == msum(t, "k3pd_router_requests_total") and
-                    msum(t, "k3pd_router_active_streams") == 0)
+        for k, rport in enumerate(rports):
+            def router_settled():
+                t = scrape(rport)
+                return (msum(t, "k3pd_router_requests_started_total") == msum(t, "k3pd_router_requests_total") and
+                        msum(t, "k3pd_router_active_streams") == 0)
 
-        wait_until(router_settled, 30, "router: requests started == finished, no stream open")
-        t = scrape(rport)
-        check(True, "router: %d requests started == finished, no stream open (%d restarts, %d workers lost)" %
-              (msum(t, "k3pd_router_requests_started_total"), msum(t, "k3pd_router_request_restarts_total"),
-               msum(t, "k3pd_router_workers_lost_total")))
-        # file descriptors: channels to dead workers are dropped (give gRPC a moment to close them)
-        fd_end = wait_until(lambda: (lambda n: n if n <= fd0 else None)(proc_fds(router_pid)), 30,
-                            "the router's descriptors back at %d (now %d)" % (fd0, proc_fds(router_pid)))
-        check(fd_end <= fd0, "router file descriptors: %d at the start, %d at the end" % (fd0, fd_end))
-        third = max(1, len(rss) // 3)
-        first, last = max(rss[:third]), max(rss[-third:])
-        check(last <= first * 1.25 + 16 * 1024,
-              "router RSS flat: %.1f MiB max in the first third, %.1f MiB in the last" % (first / 1024, last / 1024))
-        channel.close()
+            wait_until(router_settled, 30, "router %d: requests started == finished, no stream open" % k)
+            t = scrape(rport)
+            check(True, "router %d: %d requests started == finished, no stream open (%d restarts, %d workers lost)" %
+                  (k, msum(t, "k3pd_router_requests_started_total"), msum(t, "k3pd_router_request_restarts_total"),
+                   msum(t, "k3pd_router_workers_lost_total")))
+            # file descriptors: channels to dead workers are dropped (give gRPC a moment to close them)
+            pid = router_pids[k]
+            fd_end = wait_until(lambda: (lambda n: n if n <= fd0[k] else None)(proc_fds(pid)), 30,
+                                "router %d's descriptors back at %d (now %d)" % (k, fd0[k], proc_fds(pid)))
+            check(fd_end <= fd0[k], "router %d file descriptors: %d at the start, %d at the end" % (k, fd0[k], fd_end))
+            third = max(1, len(rss[k]) // 3)
+            first, last = max(rss[k][:third]), max(rss[k][-third:])
+            check(last <= first * 1.25 + 16 * 1024, "router %d RSS flat: %.1f MiB max in the first third, %.1f MiB in "
+                  "the last" % (k, first / 1024, last / 1024))
+        for ch in channels:
+            ch.close()
         ok = True
     finally:
         stop_load.set()

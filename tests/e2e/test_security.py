@@ -95,6 +95,40 @@ class Sec:
         return grpc.ssl_channel_credentials(root_certificates=rd(os.path.join(trust_dir, "ca.crt")),
                                             private_key=rd(prefix + ".key"), certificate_chain=rd(prefix + ".crt"))
 
+    def live_worker(self, name):
+        """A process that answers the router like a live worker named `name`: grpc.health.v1
+        Check/Watch SERVING over mutual TLS with a certificate for `name`. The router watches every
+        registered worker's health and drops one whose address does not answer at once, so a
+        registration meant to stay alive needs this. Returns (address, stop function)."""
+        self.creds(name)  # issues the certificate
+        prefix = os.path.join(self.args.workdir, "cert-%s-%s" % (os.path.basename(self.cl.tls_dir), name))
+        h = self.h
+        stop = threading.Event()
+
+        def check_(req, ctx):
+            return h.HealthCheckResponse(status=h.HealthCheckResponse.SERVING)
+
+        def watch(req, ctx):
+            yield h.HealthCheckResponse(status=h.HealthCheckResponse.SERVING)
+            stop.wait(120)
+
+        srv = grpc.server(cf.ThreadPoolExecutor(max_workers=4))
+        srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("grpc.health.v1.Health", {
+            "Check": grpc.unary_unary_rpc_method_handler(check_, request_deserializer=h.HealthCheckRequest.FromString,
+                                                         response_serializer=h.HealthCheckResponse.SerializeToString),
+            "Watch": grpc.unary_stream_rpc_method_handler(watch, request_deserializer=h.HealthCheckRequest.FromString,
+                                                          response_serializer=h.HealthCheckResponse.SerializeToString)
+        }),))
+        port = srv.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+            [(rd(prefix + ".key"), rd(prefix + ".crt"))], root_certificates=rd(os.path.join(self.cl.tls_dir, "ca.crt")),
+            require_client_auth=True))
+        srv.start()
+
+        def stop_fn():
+            stop.set()
+            srv.stop(0)
+        return "127.0.0.1:%d" % port, stop_fn
+
     def no_cert(self):
         return grpc.ssl_channel_credentials(root_certificates=rd(os.path.join(self.cl.tls_dir, "ca.crt")))
 
@@ -264,21 +298,30 @@ def test_identity_and_epochs(sec):
 
 
 def test_lifecycle(sec):
-    """The legitimate path, with a spare prefill identity at a dead address (no traffic runs now)."""
+    """The legitimate path, with a spare prefill identity whose address answers health checks but
+    serves no Prefill (no traffic runs now)."""
     cp = sec.cp
     spare, evil = sec.creds("spare-0"), sec.creds("evil")
-    r, e = sec.cluster(spare, "RegisterWorker", sec.register_req("spare-0"))
+    addr, stop_spare = sec.live_worker("spare-0")
+    try:
+        lifecycle(sec, cp, spare, evil, addr)
+    finally:
+        stop_spare()
+
+
+def lifecycle(sec, cp, spare, evil, addr):
+    r, e = sec.cluster(spare, "RegisterWorker", sec.register_req("spare-0", addr=addr))
     check(e is None and r.registration_epoch != 0, "spare-0 registers with its own certificate (%s)" %
           (e.code().name + ": " + e.details() if e else "epoch set"))
     if e is not None:
         return
     e1 = r.registration_epoch
-    sec.expect(sec.cluster(spare, "RegisterWorker", sec.register_req("spare-0", replaces=e1 ^ 2)),
+    sec.expect(sec.cluster(spare, "RegisterWorker", sec.register_req("spare-0", addr=addr, replaces=e1 ^ 2)),
                grpc.StatusCode.ALREADY_EXISTS, "spare-0 replaced with a wrong epoch", "worker_id")
-    sec.expect(sec.cluster(evil, "RegisterWorker", sec.register_req("spare-0", replaces=e1)),
+    sec.expect(sec.cluster(evil, "RegisterWorker", sec.register_req("spare-0", addr=addr, replaces=e1)),
                grpc.StatusCode.PERMISSION_DENIED, "spare-0 replaced by another identity holding its epoch",
                "worker_id")
-    r, e = sec.cluster(spare, "RegisterWorker", sec.register_req("spare-0", replaces=e1))
+    r, e = sec.cluster(spare, "RegisterWorker", sec.register_req("spare-0", addr=addr, replaces=e1))
     check(e is None and r.registration_epoch not in (0, e1), "spare-0 replaces its own registration with its epoch "
           "(%s)" % (e.code().name if e else "new epoch"))
     if e is not None:

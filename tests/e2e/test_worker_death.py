@@ -111,7 +111,7 @@ class FakeDecode:
     """Registers as a decode worker with the real workers' fingerprint and answers Reserve with
     UNAVAILABLE (and Watch like a live process), heartbeating until stopped."""
 
-    def __init__(self, stubs, router_port, fingerprint):
+    def __init__(self, stubs, cl, fingerprint):
         import grpc as _g
         c, g, d, h = stubs
         from k3pd.v1 import cluster_pb2  # noqa: E402
@@ -135,9 +135,20 @@ class FakeDecode:
                                                   "Watch": _g.unary_stream_rpc_method_handler(
                                                       watch, request_deserializer=h.HealthCheckRequest.FromString,
                                                       response_serializer=h.HealthCheckResponse.SerializeToString)})))
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        # the cluster's rules: a certificate for its id from the development CA, mutual TLS both
+        # ways (the router calls it with the router identity; it registers on the cluster port)
+        prefix = os.path.join(cl.workdir, "cert-decode-0-fake")
+        subprocess.run([os.path.join(cl.bindir, "tools", "cli", "k3pd-cli"), "certs", "--dir", cl.tls_dir,
+                        "--name", "decode-0-fake", "--out", prefix], check=True, capture_output=True, timeout=30)
+        rd = lambda f: open(f, "rb").read()  # noqa: E731
+        ca, key, crt = rd(os.path.join(cl.tls_dir, "ca.crt")), rd(prefix + ".key"), rd(prefix + ".crt")
+        self.port = self.server.add_secure_port("127.0.0.1:0", _g.ssl_server_credentials(
+            [(key, crt)], root_certificates=ca, require_client_auth=True))
         self.server.start()
-        self.ch = _g.insecure_channel("127.0.0.1:%d" % router_port)
+        self.ch = _g.secure_channel("127.0.0.1:%d" % cl.cport,
+                                    _g.ssl_channel_credentials(root_certificates=ca, private_key=key,
+                                                               certificate_chain=crt),
+                                    options=[("grpc.ssl_target_name_override", "k3pd-router")])
         reg = self.ch.unary_unary("/k3pd.v1.Cluster/RegisterWorker",
                                   request_serializer=cluster_pb2.RegisterRequest.SerializeToString,
                                   response_deserializer=cluster_pb2.RegisterResponse.FromString)
@@ -244,7 +255,7 @@ def main():
         check("replayed, checked and skipped" in cl.router.text(), "router log: replayed tokens checked and skipped")
         # ---- 2. a decode worker that refuses every Reserve ----
         fp = re.search(r"worker decode-\d registered: decode at \S+, fingerprint ([0-9a-f]+)", cl.router.text())
-        fake = FakeDecode(stubs, cl.port, int(fp.group(1), 16))
+        fake = FakeDecode(stubs, cl, int(fp.group(1), 16))
         wait_until(lambda: "decode-0-fake registered" in cl.router.text(), 10, "the fake decode worker to register")
         with cf.ThreadPoolExecutor(max_workers=4) as ex:
             new = list(ex.map(one, range(100, 112)))

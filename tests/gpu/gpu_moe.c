@@ -353,12 +353,14 @@ int gpu_moe_parity(gctx *g) {
   pipeline_case(g, 600, 2, 1); /* ~300 rows per expert: two wgmma token tiles per expert */
   mx_gemm_case(g, 11, 272, 384, K3K_BF16, K3K_F32, 110, 130); /* decode: half tile, 3 k steps */
   dec_variant_cases(g);
+  gpu_moe_dq_parity(g);        /* dequant-once prefill path (gpu_moe_dq.c) */
   gpu_moe_bf16_parity(g);      /* 48B bf16 experts (gpu_moe_bf16.c) */
   return g->failed;
 }
 
 int main(int argc, char **argv) {
-  bool perf = false, parity = true, dec_only = false;
+  bool perf = false, parity = true, dec_only = false, dq_only = false;
+  int32_t perf_e = 896;
   int32_t *Ts = NULL;
   size_t nT = 0;
   const char *ref = "cpu-fast";
@@ -367,6 +369,15 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--perf")) perf = true;
     else if (!strcmp(argv[i], "--no-parity")) parity = false;
     else if (!strcmp(argv[i], "--dec-variants-only")) dec_only = true;
+    else if (!strcmp(argv[i], "--dq-only")) dq_only = true;
+    else if (!strcmp(argv[i], "--perf-e") && i + 1 < argc) {
+      perf_e = atoi(argv[++i]);
+      if (perf_e < 16 || perf_e > 1024) {
+        fprintf(stderr, "--perf-e: expert count %d outside 16..1024\n", perf_e);
+        free(Ts);
+        return 2;
+      }
+    }
     else if (!strcmp(argv[i], "--perf-t") && i + 1 < argc) {
       char err[128];
       free(Ts);
@@ -388,7 +399,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
     else {
       fprintf(stderr,
-              "usage: %s [--perf] [--perf-t T,T,..] [--no-parity] [--dec-variants-only] "
+              "usage: %s [--perf] [--perf-t T,T,..] [--perf-e E] [--no-parity] [--dec-variants-only] [--dq-only] "
               "[--ref cpu|cpu-fast] [--seed N]\n",
               argv[0]);
       free(Ts);
@@ -403,9 +414,11 @@ int main(int argc, char **argv) {
   }
   if (parity && dec_only)
     dec_variant_cases(&g);
+  else if (parity && dq_only)
+    gpu_moe_dq_parity(&g);
   else if (parity)
     gpu_moe_parity(&g);
-  if (perf) gpu_moe_perf(&g, Ts, nT);
+  if (perf) gpu_moe_perf(&g, Ts, nT, perf_e);
   free(Ts);
   printf("%d passed, %d failed\n", g.passed, g.failed);
   k3k_backends_shutdown();

@@ -5,6 +5,7 @@
 #define K3K_GPU_MOE_H
 
 #include "gpu_util.h"
+#include "moe_dq.h"
 #include "moe_ops.h"
 
 #define H1 3072 /* moe_intermediate_size */
@@ -19,6 +20,8 @@ typedef struct {
   k3k_cu_mx_set w1, w3, w2;
   const k3k_tensor_t *y;
   void *dev;
+  int dq; /* 1: the expert GEMMs through the dequant-once path (moe_dq.h) instead of the
+           * grouped W4A16 kernel; stage bits 1 and 2 select its gate/up and down parts */
 } moe_run;
 size_t moe_dev_bytes(int32_t T, int32_t E, int32_t k);
 /* Queues the block; stage_mask bit 0 router+plan (k3k_cu_moe_route_plan), bit 1 gate/up, bit 2
@@ -37,10 +40,15 @@ void mx_gemm_case(gctx *g, int64_t M, int64_t N, int64_t K, k3k_dtype_t xdt, k3k
 /* gpu_moe_pipe.c: the grouped pipeline against the reference chain (T tokens, E experts, top-k);
  * the decode-kernel variant cases (K3PD_MXDEC_TEST). */
 void pipeline_case(gctx *g, int32_t T, int32_t E, int32_t k);
+/* The same with the expert GEMMs through the dequant-once path when dq (gpu_moe_pipe.c). */
+void pipeline_case_path(gctx *g, int32_t T, int32_t E, int32_t k, int dq);
+/* gpu_moe_dq.c: the dequant-once prefill path: exact dequantisation of expert groups against
+ * the MXFP4_DEQUANT reference, and whole blocks against the reference chain. */
+void gpu_moe_dq_parity(gctx *g);
 void dec_variant_cases(gctx *g);
 /* bf16 experts (48B) through the grouped W16A16 kernels (gpu_moe_bf16.c). */
 int gpu_moe_bf16_parity(gctx *g);
 /* Ts: the token counts to time (NULL: 1, 16 and 8192). */
-int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT);
+int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT, int32_t E);
 
 #endif

@@ -1,7 +1,7 @@
 /* k3k-gpu-moe --perf: the MoE block at real K3 shapes (E = 896, k = 16, latent 3584, expert
  * width 3072, every expert's MXFP4 weights resident: 15.7 GB) at decode batch 1 and 16 and an
- * 8K-token prefill, timed with CUDA events (median after warm-up) next to ceilings measured in
- * the same run: device copy bandwidth (2 GiB D2D, bytes read + written) and the cuBLASLt bf16
+ * 8K-token prefill (--perf-e E: another expert count, e.g. 256 for the medium preset), timed
+ * with CUDA events (median after warm-up) next to ceilings measured in the same run: device copy bandwidth (2 GiB D2D, bytes read + written) and the cuBLASLt bf16
  * GEMM rate (8192^3, fp32 accumulate).
  * Floors: decode = expert bytes read (active experts × 17.6 MB of packed codes + scales) / copy
  * bandwidth; prefill = expert FLOPs (2 · T·k · 3 · 3072 · 3584) / GEMM rate. Lines start with
@@ -99,9 +99,28 @@ static void *dalloc(gctx *g, size_t bytes) {
   return g->cuda->alloc(g->cuda, bytes, &p) ? NULL : p;
 }
 
-int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT) {
+/* Relative Frobenius distance of two bf16 device arrays of n elements (the dequant-once path
+ * against the grouped kernel at real shapes); -1 on failure. */
+static double rel_dist_bf16(gctx *g, const void *a, const void *b, int64_t n) {
+  uint16_t *ha = malloc((size_t)n * 2), *hb = malloc((size_t)n * 2);
+  double num = 0, den = 0, r = -1;
+  if (ha && hb && !g->cuda->copy_to_host(g->cuda, ha, a, (size_t)n * 2) &&
+      !g->cuda->copy_to_host(g->cuda, hb, b, (size_t)n * 2)) {
+    for (int64_t i = 0; i < n; i++) {
+      union { uint32_t u; float f; } x = {(uint32_t)ha[i] << 16}, y = {(uint32_t)hb[i] << 16};
+      num += ((double)x.f - y.f) * ((double)x.f - y.f);
+      den += (double)x.f * x.f;
+    }
+    r = den > 0 ? sqrt(num / den) : sqrt(num);
+  }
+  free(ha);
+  free(hb);
+  return r;
+}
+
+int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT, int32_t E) {
   cudaStream_t st = k3k_cuda_ctx_of(g->cuda)->stream;
-  const int32_t E = 896, K = 16;
+  const int32_t K = 16;
   /* ceilings */
   ceil_arg c = {g, NULL, NULL, NULL, (size_t)1 << 31, 8192};
   c.a = dalloc(g, c.bytes);
@@ -169,7 +188,7 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT) {
     k3k_tensor_t tl = k3k_tensor_2d(g->cuda, K3K_F32, lg, T, E);
     k3k_tensor_t tz = k3k_tensor_2d(g->cuda, K3K_BF16, z, T, DL);
     k3k_tensor_t ty = k3k_tensor_2d(g->cuda, K3K_BF16, y, T, DL);
-    moe_run m = {T, E, K, &tl, &tb, &tz, S1, S3, S2, &ty, dev};
+    moe_run m = {T, E, K, &tl, &tb, &tz, S1, S3, S2, &ty, dev, 0};
     moe_arg a = {g, &m, 15};
     if (moe_gpu(g, &m) || g->cuda->synchronize(g->cuda)) {
       g_record(g, false, "perf: MoE block T=%d failed", T);
@@ -179,14 +198,17 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT) {
     double bytes = nact * expert_bytes, flop = 2.0 * T * K * 3.0 * H1 * DL;
     double floor_b = bytes / bw, floor_f = flop / rate, fl = floor_b > floor_f ? floor_b : floor_f;
     char name[96];
+    /* K3PD_MOE_PERF_DQ_ONLY=1: time only the dequant-once path (the grouped kernel still
+     * produces the comparison output above) */
+    const bool grouped = !getenv("K3PD_MOE_PERF_DQ_ONLY");
     a.mask = 15;
-    double t_all = median_s(g, run_moe, &a, 20);
+    double t_all = grouped ? median_s(g, run_moe, &a, 20) : 0;
     a.mask = 6;
-    double t_gemm = median_s(g, run_moe, &a, 20);
+    double t_gemm = grouped ? median_s(g, run_moe, &a, 20) : 0;
     a.mask = 2;
-    double t_13 = median_s(g, run_moe, &a, 20);
+    double t_13 = grouped ? median_s(g, run_moe, &a, 20) : 0;
     a.mask = 4;
-    double t_2 = median_s(g, run_moe, &a, 20);
+    double t_2 = grouped ? median_s(g, run_moe, &a, 20) : 0;
     a.mask = 1;
     double t_rp = median_s(g, run_moe, &a, 20);
     double t_rp20 = median_s(g, run_moe20, &a, 10) / 20;
@@ -195,14 +217,16 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT) {
     double t_rp420 = median_s(g, run_moe20, &a, 10) / 20;
     printf("PERF T=%d tokens, %d active experts, %.1f MB expert bytes, %.2f TFLOP\n", T, nact,
            bytes * 1e-6, flop * 1e-12);
-    snprintf(name, sizeof name, "moe block T=%d (router..combine)", T);
-    line(name, t_all, fl, bytes, flop);
-    snprintf(name, sizeof name, "moe expert GEMMs T=%d (gate/up+SiTU, down)", T);
-    line(name, t_gemm, fl, bytes, flop);
-    snprintf(name, sizeof name, "  gate/up+SiTU T=%d", T);
-    line(name, t_13, fl * 2.0 / 3.0, bytes * 2.0 / 3.0, flop * 2.0 / 3.0);
-    snprintf(name, sizeof name, "  down T=%d", T);
-    line(name, t_2, fl / 3.0, bytes / 3.0, flop / 3.0);
+    if (grouped) {
+      snprintf(name, sizeof name, "moe block T=%d (router..combine)", T);
+      line(name, t_all, fl, bytes, flop);
+      snprintf(name, sizeof name, "moe expert GEMMs T=%d (gate/up+SiTU, down)", T);
+      line(name, t_gemm, fl, bytes, flop);
+      snprintf(name, sizeof name, "  gate/up+SiTU T=%d", T);
+      line(name, t_13, fl * 2.0 / 3.0, bytes * 2.0 / 3.0, flop * 2.0 / 3.0);
+      snprintf(name, sizeof name, "  down T=%d", T);
+      line(name, t_2, fl / 3.0, bytes / 3.0, flop / 3.0);
+    }
     snprintf(name, sizeof name, "  router+plan T=%d", T);
     double rb = (double)T * E * 4;
     line(name, t_rp, rb / bw, rb, 0);
@@ -212,6 +236,41 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT) {
     line(name, t_rp4, rb / bw, rb, 0);
     snprintf(name, sizeof name, "  router op + 3-launch plan T=%d, back-to-back", T);
     line(name, t_rp420, rb / bw, rb, 0);
+    /* the dequant-once path (moe_dq.h) on the same data: its output against the grouped
+     * kernel's, then the same timings; the path rule's answer for this batch is printed */
+    if (!getenv("K3PD_MOE_PERF_NO_DQ")) {
+      uint16_t *y0 = dalloc(g, (size_t)T * DL * 2);
+      int rc = y0 ? g->cuda->copy(g->cuda, y0, y, (size_t)T * DL * 2) : K3_ENOMEM;
+      m.dq = 1;
+      if (!rc) rc = moe_gpu(g, &m);
+      if (!rc) rc = g->cuda->synchronize(g->cuda);
+      double d = rc ? -1 : rel_dist_bf16(g, y0, y, (int64_t)T * DL);
+      g_record(g, !rc && d >= 0 && d < 1e-2,
+               "perf: dequant-once block vs grouped kernel T=%d E=%d: rel dist %.2e (tol 1e-2)%s%s", T,
+               E, d, rc ? " " : "", rc ? k3_strerror(rc) : "");
+      if (y0) g->cuda->free(g->cuda, y0);
+      if (!rc) {
+        a.mask = 15;
+        double d_all = median_s(g, run_moe, &a, 20);
+        a.mask = 6;
+        double d_gemm = median_s(g, run_moe, &a, 20);
+        a.mask = 2;
+        double d_13 = median_s(g, run_moe, &a, 20);
+        a.mask = 4;
+        double d_2 = median_s(g, run_moe, &a, 20);
+        printf("PERF dequant-once T=%d E=%d: rows/active expert %.1f, path rule picks %s\n", T, E,
+               (double)T * K / nact, k3k_cu_moe_dq_wanted(T, K, E) ? "dequant-once" : "grouped W4A16");
+        snprintf(name, sizeof name, "dq moe block T=%d (router..combine)", T);
+        line(name, d_all, fl, bytes, flop);
+        snprintf(name, sizeof name, "dq expert GEMMs T=%d (gate/up+SiTU, down)", T);
+        line(name, d_gemm, fl, bytes, flop);
+        snprintf(name, sizeof name, "  dq gate/up+SiTU T=%d (incl. gather)", T);
+        line(name, d_13, fl * 2.0 / 3.0, bytes * 2.0 / 3.0, flop * 2.0 / 3.0);
+        snprintf(name, sizeof name, "  dq down T=%d", T);
+        line(name, d_2, fl / 3.0, bytes / 3.0, flop / 3.0);
+      }
+      m.dq = 0;
+    }
     /* decode-kernel variants (K3PD_MXDEC_PERF, a list; k3k_cu_moe_dec_variant) on the same data */
     const char *vl = getenv("K3PD_MXDEC_PERF");
     int32_t *vs = NULL;

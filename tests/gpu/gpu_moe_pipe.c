@@ -73,7 +73,8 @@ static int run_ref_chain(gctx *g, moe_case *c, k3k_router_params_t *rp, gpair *y
 
 size_t moe_dev_bytes(int32_t T, int32_t E, int32_t k) {
   size_t TK = (size_t)T * k;
-  return TK * 4 * 4 + (size_t)(2 * E + 4) * 4 + TK * (H1 + DL) * 2 + k3k_cu_moe_plan_scratch(T, E) + 1024;
+  return TK * 4 * 4 + (size_t)(2 * E + 4) * 4 + TK * (H1 + DL) * 2 + k3k_cu_moe_plan_scratch(T, E) +
+         k3k_cu_moe_dq_scratch_bytes((int64_t)TK, H1, DL) + 2048;
 }
 int moe_gpu_stages(gctx *g, const moe_run *m, unsigned stage_mask) {
   cudaStream_t st = stream_of(g);
@@ -91,6 +92,7 @@ int moe_gpu_stages(gctx *g, const moe_run *m, unsigned stage_mask) {
   TAKE(h, uint16_t, (size_t)TK * H1);
   TAKE(yr, uint16_t, (size_t)TK * DL);
   TAKE(scr, char, k3k_cu_moe_plan_scratch(m->T, E));
+  TAKE(dqs, char, k3k_cu_moe_dq_scratch_bytes(TK, H1, DL));
 #undef TAKE
   k3k_tensor_t ti = k3k_tensor_2d(g->cuda, K3K_I32, idx, m->T, m->k);
   k3k_tensor_t tw = k3k_tensor_2d(g->cuda, K3K_F32, w, m->T, m->k);
@@ -121,6 +123,31 @@ int moe_gpu_stages(gctx *g, const moe_run *m, unsigned stage_mask) {
   a.active = act;
   a.max_active = maxa;
   a.rows_hint = TK / maxa;
+  if (m->dq && (stage_mask & 6)) { /* dequant-once experts: gate/up (bit 1), down (bit 2) */
+    k3k_cu_moe_dq_args d;
+    memset(&d, 0, sizeof d);
+    d.w1 = m->w1;
+    d.w3 = m->w3;
+    d.w2 = m->w2;
+    d.act = K3K_CU_ACT_SITU;
+    d.beta = 4.0f;
+    d.beta_lin = 25.0f;
+    d.F = H1;
+    d.D = DL;
+    d.E = E;
+    d.T = m->T;
+    d.k = m->k;
+    d.x = (const uint16_t *)m->z->data;
+    d.ldx = m->z->stride[0];
+    d.gather_tok = gt;
+    d.expert_off = off;
+    d.h = h;
+    d.y = yr;
+    d.scratch = dqs;
+    d.parts = (stage_mask >> 1) & 3u;
+    if (!rc) rc = k3k_cu_moe_dq_experts(k3k_cuda_ctx_of(g->cuda), &d);
+    stage_mask &= ~6u;
+  }
   if (!rc && (stage_mask & 2)) rc = k3k_cu_moe_gemm(st, &a);
   a.w = m->w2;
   a.act = K3K_CU_ACT_NONE;
@@ -160,10 +187,12 @@ static k3k_cu_mx_set stacked(const gpair *pk, const gpair *sc, int64_t N) {
   return s;
 }
 
-void pipeline_case(gctx *g, int32_t T, int32_t E, int32_t k) {
+void pipeline_case(gctx *g, int32_t T, int32_t E, int32_t k) { pipeline_case_path(g, T, E, k, 0); }
+
+void pipeline_case_path(gctx *g, int32_t T, int32_t E, int32_t k, int dq) {
   char what[120];
-  snprintf(what, sizeof what, "moe pipeline (router+plan+W4A16 gate/up+SiTU+down+combine) T=%d E=%d k=%d",
-           T, E, k);
+  snprintf(what, sizeof what, "moe pipeline (router+plan+%s gate/up+SiTU+down+combine) T=%d E=%d k=%d",
+           dq ? "dequant-once bf16" : "W4A16", T, E, k);
   moe_case c;
   memset(&c, 0, sizeof c);
   c.T = T;
@@ -192,7 +221,7 @@ void pipeline_case(gctx *g, int32_t T, int32_t E, int32_t k) {
     g_record(g, false, "%s: setup/reference failed (%d)", what, rc);
   } else {
     moe_run m = {T, E, k, &c.lg.d, &c.bias.d, &c.z.d, stacked(&c.w1p, &c.w1s, H1),
-                 stacked(&c.w3p, &c.w3s, H1), stacked(&c.w2p, &c.w2s, DL), &y.d, dev};
+                 stacked(&c.w3p, &c.w3s, H1), stacked(&c.w2p, &c.w2s, DL), &y.d, dev, dq};
     rc = moe_gpu(g, &m);
     if (!rc) rc = g->cuda->synchronize(g->cuda);
     if (rc)
@@ -319,7 +348,7 @@ static void dec_exact_pipeline_case(gctx *g, int v, int32_t T, int32_t E, int32_
     const int want = pass ? v : 0;
     k3k_cu_moe_dec_variant(want);
     if (k3k_cu_moe_dec_variant(want) != want) rc = K3_EINVAL;
-    moe_run m = {T, E, k, &lg.d, &bias.d, &z.d, S[0], S[1], S[2], &y.d, dev};
+    moe_run m = {T, E, k, &lg.d, &bias.d, &z.d, S[0], S[1], S[2], &y.d, dev, 0};
     if (!rc) rc = gpair_poison(g, &y);
     if (!rc) rc = g->cuda->memset(g->cuda, (char *)dev + oh, 0xFF, nh);
     if (!rc) rc = moe_gpu(g, &m);

@@ -68,6 +68,7 @@ void t_route(void);
 void t_seq(void);
 void t_mla(void);
 void t_mxfp4_fast(void);
+void t_mx_bf16_bits(void);
 void t_mem(void);
 void t_gemm_direct(void);
 int perf_main(int argc, char **argv);

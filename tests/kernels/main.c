@@ -40,6 +40,7 @@ int main(int argc, char **argv) {
     t_seq();
     t_mla();
     t_mxfp4_fast();
+    t_mx_bf16_bits();
     t_gemm_direct();
     t_mem();
     /* Again with more workers than cores: more, smaller tasks and a resized pool. */

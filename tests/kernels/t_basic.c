@@ -337,7 +337,26 @@ static void t_validate(void) {
   check(k3k_backend_get("no-such-backend") == NULL, "unknown backend is NULL");
 }
 
+/* The op tables generated from k3k_ops.def: every op has a distinct name, the list and the
+ * enum agree (name by op, op count), and "unknown-op" only outside the range. */
+static void t_op_list(void) {
+  static const char *const want[] = {
+#define K3K_OP_X(ENUM, name, n_tensors) #name,
+#include "k3k_ops.def"
+#undef K3K_OP_X
+  };
+  bool ok = sizeof want / sizeof *want == (size_t)K3K_OP_COUNT;
+  for (int i = 0; ok && i < K3K_OP_COUNT; i++) {
+    ok = strcmp(k3k_op_name((k3k_op_t)i), want[i]) == 0;
+    for (int j = 0; ok && j < i; j++) ok = strcmp(want[i], want[j]) != 0;
+  }
+  ok = ok && strcmp(k3k_op_name(K3K_OP_COUNT), "unknown-op") == 0 &&
+       strcmp(k3k_op_name((k3k_op_t)-1), "unknown-op") == 0;
+  check(ok, "op list (k3k_ops.def): %d ops, names distinct and in enum order", (int)K3K_OP_COUNT);
+}
+
 void t_basic(void) {
+  t_op_list();
   t_validate();
   rng_seed(1);
   t_copy_add();

@@ -7,9 +7,13 @@
  * output untouched. Every case runs on every backend through run_case, which demands byte
  * equality of cpu-fast with the cpu reference and checks a float64 expectation computed here
  * with its own decoder. The 2- and 5-thread passes of main.c run these again. */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mxfp4_bf16.h"
 #include "harness.h"
 
 static double e2m1d(int code) {
@@ -131,4 +135,30 @@ void t_mxfp4_fast(void) {
   s[3].out = true;
   run_case("mxfp4 K=48 refused", K3K_OP_MXFP4_GEMM, NULL, s, 4, K3_EINVAL);
   for (int i = 0; i < 4; i++) tt_free(&s[i]);
+}
+
+/* kernels/core/mxfp4_bf16.h (the dequant-once MoE path's decoder, compiled for the device from
+ * the same lines): every code and every scale byte but 0xFF against a float64 decode. Where the
+ * value fits fp32 it must be exact with zero low 16 bits, so the bf16 bits are its top half
+ * (sign of zero included: code 8 is -0); where it does not (codes of magnitude >= 2 at scales
+ * >= 253) the reference's fp32 product is ±inf, and so must the bits be. */
+void t_mx_bf16_bits(void) {
+  int bad = 0;
+  for (uint32_t s = 0; s < 255; s++)
+    for (uint32_t c = 0; c < 16; c++) {
+      const double want = e2m1d((int)c) * ldexp(1.0, (int)s - 127);
+      union {
+        float f;
+        uint32_t u;
+      } w = {.f = (float)want};
+      const bool fits = fabs(want) <= FLT_MAX;
+      const bool exact = !fits ? isinf(w.f) : (double)w.f == want && (w.u & 0xFFFFu) == 0;
+      const uint32_t got = k3k_mx_bf16_bits(c, s);
+      if (!exact || got != (w.u >> 16)) {
+        if (bad++ < 4)
+          printf("  mx_bf16_bits code %u scale %u: got 0x%04x want 0x%04x%s\n", c, s, got,
+                 w.u >> 16, exact ? "" : " (not exact in bf16)");
+      }
+    }
+  check(bad == 0, "mxfp4 -> bf16 bits (core/mxfp4_bf16.h): 16 codes x 255 scales (%d bad)", bad);
 }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/moe_dq_plan.h"
 #include "harness.h"
 
 /* Independent router in double: sort by biased score (ties impossible by construction). */
@@ -206,6 +207,70 @@ static void t_sample(void) {
         "rng is a pure function in [0,1)");
 }
 
+/* The dequant-once MoE path's host schedule (kernels/core/moe_dq_plan.h) on random plans:
+ * items = the experts with rows, ascending; groups of at most G consecutive items; GEMM rows a
+ * multiple of the padding (unless clipped at the last plan row) covering the expert's rows. Then
+ * the launch order of moe_dq.cu is replayed on a row-owner array: per group, its GEMMs write
+ * [row0, row0 + gemm_rows), then the activation reads the group's rows, each of which must have
+ * been written last by its own expert; after the down phase likewise every output row. */
+static void t_moe_dq_schedule(void) {
+  int bad = 0, cases = 0;
+  for (int it = 0; it < 400; it++) {
+    const int32_t E = 1 + (int32_t)(rng_u32() % 300), G = 1 + (int32_t)(rng_u32() % 4);
+    const int32_t pad = (it & 1) ? 16 : 1 + (int32_t)(rng_u32() % 40);
+    int32_t *off = malloc(sizeof(int32_t) * (size_t)(E + 1));
+    off[0] = 0;
+    const int mode = it % 4; /* 0: dense, 1: many empty experts, 2: one big expert, 3: multiples of pad */
+    for (int32_t e = 0; e < E; e++) {
+      int32_t n = (int32_t)(rng_u32() % 200);
+      if (mode == 1 && rng_u32() % 3) n = 0;
+      if (mode == 2) n = e == E / 2 ? 5000 : 0;
+      if (mode == 3) n = pad * (int32_t)(rng_u32() % 5);
+      off[e + 1] = off[e] + n;
+    }
+    const int64_t tk = off[E];
+    k3k_moe_dq_item *items = malloc(sizeof *items * (size_t)E);
+    const int32_t n = k3k_moe_dq_schedule(off, E, G, pad, items);
+    int32_t active = 0;
+    for (int32_t e = 0; e < E; e++) active += off[e + 1] > off[e];
+    bool ok = n == active;
+    for (int32_t i = 0; ok && i < n; i++) {
+      const k3k_moe_dq_item *x = &items[i];
+      ok = x->row0 == off[x->expert] && x->rows == off[x->expert + 1] - off[x->expert] &&
+           x->rows > 0 && (i == 0 || x->expert > items[i - 1].expert) && x->group == i / G &&
+           x->gemm_rows >= x->rows && x->row0 + x->gemm_rows <= tk &&
+           (x->gemm_rows % pad == 0 || x->row0 + x->gemm_rows == tk) && x->gemm_rows < x->rows + pad;
+    }
+    int32_t *owner = malloc(sizeof(int32_t) * (size_t)(tk + 1));
+    for (int phase = 0; ok && phase < 2; phase++) {
+      for (int64_t r = 0; r < tk; r++) owner[r] = -1;
+      for (int32_t g0 = 0; ok && g0 < n;) {
+        int32_t g1 = g0;
+        while (g1 < n && items[g1].group == items[g0].group) g1++;
+        for (int32_t i = g0; i < g1; i++)
+          for (int64_t r = items[i].row0; r < items[i].row0 + items[i].gemm_rows; r++) owner[r] = i;
+        if (phase == 0) /* the activation over the group's rows */
+          for (int32_t i = g0; ok && i < g1; i++)
+            for (int64_t r = items[i].row0; ok && r < items[i].row0 + items[i].rows; r++) ok = owner[r] == i;
+        ok = ok && (g1 == n || items[g1].row0 == items[g1 - 1].row0 + items[g1 - 1].rows);
+        g0 = g1;
+      }
+      for (int32_t i = 0; ok && i < n; i++) /* every output row written last by its expert */
+        for (int64_t r = items[i].row0; ok && r < items[i].row0 + items[i].rows; r++) ok = owner[r] == i;
+    }
+    bad += !ok;
+    cases++;
+    free(owner);
+    free(items);
+    free(off);
+  }
+  int32_t non_mono[4] = {0, 5, 3, 9};
+  k3k_moe_dq_item tmp[3];
+  check(bad == 0 && k3k_moe_dq_schedule(non_mono, 3, 2, 16, tmp) == -1,
+        "moe_dq schedule: %d random plans (%d bad), padded GEMM rows overwritten by their own expert; "
+        "non-monotone offsets refused", cases, bad);
+}
+
 void t_route(void) {
   rng_seed(2);
   router_case("router flat k3-like (E=64,k=6)", 5, 64, 6, 1, 1, 0, 1.0);
@@ -213,5 +278,6 @@ void t_route(void) {
   router_case("router grouped (E=48,G=4,keep 2,k=5)", 4, 48, 5, 4, 2, 0, 1.0);
   router_grouped_effect();
   t_moe();
+  t_moe_dq_schedule();
   t_sample();
 }

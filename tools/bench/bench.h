@@ -39,6 +39,10 @@ uint32_t bn_dist_max(const bn_dist_t *d);
 
 uint64_t bn_rng_next(uint64_t *state);     /* splitmix64 */
 double bn_rng_uniform(uint64_t *state);    /* [0, 1) */
+/* The open loop's arrival process (load.c; k3pd-plan replays it): the RNG state for a workload
+ * seed, and the next exponential gap in seconds at `rate` requests/s. */
+uint64_t bn_arrival_rng(uint64_t seed);
+double bn_arrival_gap_s(uint64_t *rng, double rate);
 
 /* ---- workload ---- */
 
@@ -79,6 +83,9 @@ typedef struct {
 int bn_workload_load_texts(bn_workload_t *w, const char *path, char *err, size_t errlen);
 /* Fills *s for request `index` (deterministic). Returns 0 or K3_ENOMEM. */
 int bn_spec_make(const bn_workload_t *w, uint64_t index, bn_req_spec_t *s);
+/* Request `index`'s prompt length and max_new_tokens alone (what bn_spec_make draws; text
+ * mode: the prompt length is drawn but unused). k3pd-plan replays workloads with it. */
+void bn_spec_lengths(const bn_workload_t *w, uint64_t index, uint32_t *prompt_len, uint32_t *max_new);
 void bn_spec_free(bn_req_spec_t *s);
 void bn_workload_free(bn_workload_t *w);
 
@@ -207,5 +214,41 @@ int bn_report_json(const bn_report_in_t *in, const bn_run_t *run, const char *pa
 int bn_report_ids(const bn_workload_t *w, const bn_run_t *run, const char *path, char *err, size_t errlen);
 /* p-th percentile (0..100) of v[0..n) by linear interpolation; sorts v. NAN when n == 0. */
 double bn_percentile(double *v, size_t n, double p);
+
+/* ---- worker metrics (scrape.c) ---- */
+
+/* GETs http://addr/metrics (HOST:PORT, plain HTTP, 5 s deadline per socket operation). On
+ * success *text is the whole answer (malloc'd, NUL-terminated; the caller frees). */
+int bn_scrape(const char *addr, char **text, char *err, size_t errlen);
+/* Sum of every series of metric `name` (exact name: "x_sum" is not "x") in a scraped text. */
+double bn_metric_sum(const char *text, const char *name);
+
+/* ---- least squares (fit.c) ---- */
+
+/* Fits y ~ X b over n rows of k <= 6 columns (row-major X), with b >= 0 where nonneg[j]
+ * (columns whose coefficient would go negative are dropped one at a time, most negative first,
+ * and the rest refitted). Columns that are all zero get 0. Returns 0, or K3_EINVAL when no
+ * column is left. */
+int bn_fit_lsq(const double *X, const double *y, int n, int k, const bool *nonneg, double *b);
+
+/* ---- cost profile for k3pd-plan (profile.c; schema in docs/plan.md) ---- */
+
+typedef struct {
+  const char *router;
+  const char *out;             /* profile JSON path */
+  const char *prefill_metrics; /* comma-separated HOST:PORT of prefill /metrics (NULL = none) */
+  const char *decode_metrics;  /* same for decode workers */
+  const char *prompts;         /* prefill phase prompt lengths, comma-separated */
+  const char *batches;         /* decode phase concurrencies, comma-separated */
+  int repeats;                 /* requests per prefill point; decode points send repeats * c */
+  int decode_output;           /* output tokens of the decode phase's requests */
+  int64_t chunk;               /* the prefill workers' --prefill-chunk */
+  uint32_t timeout_ms;
+} bn_profile_opts_t;
+
+/* Measures the running cluster in phases (prefill at concurrency 1 per prompt length, batched
+ * short prompts, decode at each concurrency with a short and a long prompt), fits the costs and
+ * writes the profile. Returns 0 or a negative K3_E* code (err says why). */
+int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err, size_t errlen);
 
 #endif

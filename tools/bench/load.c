@@ -318,8 +318,7 @@ static void pump(ctx_t *c) {
           return;
         }
       }
-      double u = bn_rng_uniform(&c->rng);
-      c->next_arrival += (uint64_t)(-log(1.0 - u) / c->o->rate * 1e9);
+      c->next_arrival += (uint64_t)(bn_arrival_gap_s(&c->rng, c->o->rate) * 1e9);
     }
     if (!measured_left(c, c->next_arrival)) {
       c->phase = PH_DRAIN;
@@ -416,7 +415,7 @@ int bn_load_run(const bn_workload_t *w, const bn_load_opts_t *o, bn_run_t *run, 
   c->w = w;
   c->o = o;
   c->run = run;
-  c->rng = w->seed ^ 0x5bd1e995u;
+  c->rng = bn_arrival_rng(w->seed);
   if (w->chat_turns) { /* requests = conversations x turns (main.c checks) */
     c->n_conv = (size_t)(o->requests / w->chat_turns);
     c->conv = calloc(c->n_conv ? c->n_conv : 1, sizeof *c->conv);

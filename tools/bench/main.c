@@ -38,6 +38,9 @@ int main(int argc, char **argv) {
   int64_t requests = 0, warmup = 0, seed = 1, sample_seed = 0;
   double rate = 0, duration = 0, temperature = 0, top_p = 1;
   bool verify = false, ignore_eos = true;
+  bn_profile_opts_t po = {.prompts = "16,64,128,256", .batches = "1,2,4,8", .repeats = 4, .decode_output = 32,
+                          .chunk = 256};
+  int64_t pchunk = 256;
   k3_flag_t flags[] = {
       {"router", K3_FLAG_STR, &router, "HOST:PORT", "the router's public address", true},
       {"concurrency", K3_FLAG_INT, &concurrency, "N", "closed loop: requests kept in flight (default 4)", false},
@@ -70,6 +73,21 @@ int main(int argc, char **argv) {
       {"shared-prefix-len", K3_FLAG_INT, &shared_prefix, "N", "every prompt (a chat's first turn) starts with the same N random ids, then its own --prompt-len draw: a shared system prompt (default 0)", false},
       {"chat-turns", K3_FLAG_INT, &chat_turns, "T", "multi-turn chats: turn t > 1 sends the previous turn's prompt + its reply + a new --prompt-len draw; --conversations of them, --concurrency at a time, turns in order (default 0 = independent requests)", false},
       {"conversations", K3_FLAG_INT, &conversations, "C", "with --chat-turns: number of conversations (requests = C x T; default 8)", false},
+      {"profile", K3_FLAG_STR, &po.out, "FILE", "measure the cluster's costs in phases and write the k3pd-plan cost "
+       "profile to FILE instead of a load run (docs/plan.md)", false},
+      {"profile-prefill-metrics", K3_FLAG_STR, &po.prefill_metrics, "LIST", "HOST:PORT,... of the prefill workers' "
+       "/metrics: fit from the workers' own pass times and handoff bytes (else from request timings)", false},
+      {"profile-decode-metrics", K3_FLAG_STR, &po.decode_metrics, "LIST", "HOST:PORT,... of the decode workers' "
+       "/metrics: fit from step times and batch sizes", false},
+      {"profile-prompts", K3_FLAG_STR, &po.prompts, "LIST", "prompt lengths of the prefill phase (default "
+       "16,64,128,256; the first and last also drive the decode phase)", false},
+      {"profile-batches", K3_FLAG_STR, &po.batches, "LIST", "concurrencies of the decode phase (default 1,2,4,8)",
+       false},
+      {"profile-repeats", K3_FLAG_INT, &po.repeats, "N", "requests per prefill point; decode points send N x "
+       "concurrency (default 4)", false},
+      {"profile-output", K3_FLAG_INT, &po.decode_output, "N", "output tokens per decode-phase request (default 32)",
+       false},
+      {"profile-chunk", K3_FLAG_I64, &pchunk, "N", "the prefill workers' --prefill-chunk (default 256)", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug (default warn)", false},
   };
   k3_flags_info_t info = {.prog = "k3pd-bench",
@@ -152,6 +170,16 @@ int main(int argc, char **argv) {
   }
   w.id_max = id_max ? (uint32_t)id_max : 256;
 
+  if (po.out) {
+    if (po.repeats < 1 || po.decode_output < 2 || pchunk < 1)
+      BAD("--profile-repeats >= 1, --profile-output >= 2 and --profile-chunk >= 1 are required");
+    po.router = router;
+    po.chunk = pchunk;
+    po.timeout_ms = (uint32_t)timeout_ms;
+    if (bn_profile_run(&w, &po, err, sizeof err)) goto fail;
+    exit_code = 0;
+    goto out;
+  }
   bn_load_opts_t lo = {.router = router, .concurrency = concurrency, .rate = rate, .max_inflight = max_inflight,
                        .requests = (uint64_t)requests, .duration_s = duration, .warmup = (uint64_t)warmup,
                        .timeout_ms = (uint32_t)timeout_ms, .keep_ids = verify || ids_out || chat_turns};

@@ -165,6 +165,39 @@ START_TEST(percentiles) {
 }
 END_TEST
 
+/* The profile's fit: exact data recovers its coefficients; a negative slope is dropped. */
+START_TEST(fit_lsq) {
+  double X[4 * 3], y[4];
+  for (int i = 0; i < 4; i++) {
+    X[i * 3] = 1;
+    X[i * 3 + 1] = i + 1;
+    X[i * 3 + 2] = (i + 1) * (i + 1);
+    y[i] = 2 + 3 * (i + 1) + 0.5 * (i + 1) * (i + 1);
+  }
+  bool nn[3] = {true, true, true};
+  double b[3];
+  ck_assert_int_eq(bn_fit_lsq(X, y, 4, 3, nn, b), 0);
+  ck_assert_double_eq_tol(b[0], 2, 1e-9);
+  ck_assert_double_eq_tol(b[1], 3, 1e-9);
+  ck_assert_double_eq_tol(b[2], 0.5, 1e-9);
+  /* y falls with x: the slope would be -1; non-negative drops it and fits the mean */
+  double X2[] = {1, 1, 1, 2, 1, 3}, y2[] = {3, 2, 1};
+  ck_assert_int_eq(bn_fit_lsq(X2, y2, 3, 2, nn, b), 0);
+  ck_assert_double_eq_tol(b[0], 2, 1e-9);
+  ck_assert_double_eq_tol(b[1], 0, 1e-12);
+}
+END_TEST
+
+/* Metric sums over a scraped text: every series of the exact name, labels or not. */
+START_TEST(metric_sum) {
+  const char *t = "# HELP x y\nk3pd_a_total{region=\"m\"} 3\nk3pd_a_total{region=\"k\"} 4.5\n"
+                  "k3pd_a_total_more 100\nk3pd_b_sum 2.25\nk3pd_b_count 9\n";
+  ck_assert_double_eq_tol(bn_metric_sum(t, "k3pd_a_total"), 7.5, 1e-12);
+  ck_assert_double_eq_tol(bn_metric_sum(t, "k3pd_b_sum"), 2.25, 1e-12);
+  ck_assert_double_eq_tol(bn_metric_sum(t, "k3pd_b"), 0, 1e-12);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("bench_workload");
   TCase *tc = tcase_create("core");
@@ -174,6 +207,8 @@ int main(void) {
   tcase_add_test(tc, spec_deterministic);
   tcase_add_test(tc, text_prompts);
   tcase_add_test(tc, percentiles);
+  tcase_add_test(tc, fit_lsq);
+  tcase_add_test(tc, metric_sum);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -5,6 +5,7 @@
  * request can be regenerated later (the monolithic replay does) and two runs with the same
  * flags send byte-identical requests. */
 #include <ctype.h>
+#include <math.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,13 @@ uint64_t bn_rng_next(uint64_t *s) {
 }
 
 double bn_rng_uniform(uint64_t *s) { return (double)(bn_rng_next(s) >> 11) * 0x1.0p-53; }
+
+uint64_t bn_arrival_rng(uint64_t seed) { return seed ^ 0x5bd1e995u; }
+
+double bn_arrival_gap_s(uint64_t *rng, double rate) {
+  double u = bn_rng_uniform(rng);
+  return -log(1.0 - u) / rate;
+}
 
 static uint64_t below(uint64_t *s, uint64_t n) { return n ? bn_rng_next(s) % n : 0; }
 
@@ -182,14 +190,25 @@ fail:
   return rc;
 }
 
-int bn_spec_make(const bn_workload_t *w, uint64_t index, bn_req_spec_t *s) {
-  memset(s, 0, sizeof *s);
+/* Request `index`'s RNG after its two length draws (the prompt ids come next). */
+static uint64_t spec_rng(const bn_workload_t *w, uint64_t index, uint32_t *plen, uint32_t *max_new) {
   uint64_t rng = w->seed ^ (index * 0xd1342543de82ef95ull + 0x632be59bd9b4e019ull);
   bn_rng_next(&rng);
+  *plen = bn_dist_draw(&w->prompt_len, &rng);
+  *max_new = bn_dist_draw(&w->output_len, &rng);
+  return rng;
+}
+
+void bn_spec_lengths(const bn_workload_t *w, uint64_t index, uint32_t *prompt_len, uint32_t *max_new) {
+  (void)spec_rng(w, index, prompt_len, max_new);
+}
+
+int bn_spec_make(const bn_workload_t *w, uint64_t index, bn_req_spec_t *s) {
+  memset(s, 0, sizeof *s);
+  uint32_t plen = 0;
+  uint64_t rng = spec_rng(w, index, &plen, &s->max_new);
   s->index = index;
   s->seed = w->sample_seed + index;
-  uint32_t plen = bn_dist_draw(&w->prompt_len, &rng);
-  s->max_new = bn_dist_draw(&w->output_len, &rng);
   if (w->n_texts) {
     s->text = w->texts[index % w->n_texts];
     return 0;

@@ -1,14 +1,18 @@
-/* k3pd-cli up: runs a local cluster in the foreground — one router plus N prefill and M decode
- * workers on loopback — with every process's log lines prefixed by its name on stderr.
- * It prints "cluster ready: router at HOST:PORT ..." once every worker registered (and writes
- * --ready-file), and on Ctrl-C / SIGTERM stops the workers, then the router, with SIGTERM
+/* k3pd-cli up: runs a local cluster in the foreground — one router (or --routers R) plus N
+ * prefill and M decode workers on loopback — with every process's log lines prefixed by its name
+ * on stderr. Every worker registers with every router (--router "A,B,...").
+ * It prints "cluster ready: router at HOST:PORT ..." once every worker registered with every
+ * router (and writes --ready-file: the routers' public addresses, one a line), and on Ctrl-C /
+ * SIGTERM stops the workers, then the routers, with SIGTERM
  * (each drains), SIGKILLs whatever is still running after --stop-timeout-ms, and exits 0 when
  * every process exited 0.
  * A worker that dies on its own is restarted with the same arguments (same worker id, a new
  * port) after a backoff that doubles from --restart-backoff-ms up to --restart-backoff-max-ms
  * and starts over once the new process registered; the router moves the dead worker's
  * requests meanwhile. --max-restarts bounds the restarts per worker (then the cluster stops,
- * exit 1). The router dying stops the cluster (exit 1): clients and workers hold its address.
+ * exit 1). With one router, the router dying stops the cluster (exit 1): clients and workers
+ * hold its address. With several, a router that dies is restarted like a worker, at the same
+ * public and cluster ports (the workers re-register with it; clients of the others never notice). 
  * Binaries are looked up in --bindir, next to k3pd-cli, in the build tree, then on PATH. */
 #include <libgen.h>
 #include <limits.h>
@@ -37,6 +41,7 @@ typedef struct up_proc {
   char line[4096];
   size_t line_len;
   bool running, registered, is_router;
+  int reg_lines;             /* "registered with router" lines of this process's first run */
   bool proc_open, out_open;  /* handles not yet closed (a restart waits for both) */
   bool counted;              /* counted once in n_registered */
   int restarts;
@@ -49,11 +54,12 @@ typedef struct up_state {
   uv_loop_t *loop;
   up_proc_t procs[UP_MAX_PROCS];
   int n;
-  int n_workers, n_registered;
+  int n_workers, n_registered, n_routers;
   bool ready, stopping, closed;
+  bool routers_termed; /* SIGTERM went to the routers: once (a second one makes a router exit at once, status 1) */
   int failed;
   const char *ready_file;
-  char router_addr[64];
+  char router_addr[64 * 8]; /* the routers' public addresses, ", "-separated */
   uv_signal_t sigint, sigterm;
   uv_timer_t kill_timer, router_timer;
   int64_t stop_timeout_ms;
@@ -77,9 +83,16 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 static void emit_line(up_proc_t *p) {
   p->line[p->line_len] = 0;
   fprintf(stderr, "[%-9s] %s\n", p->name, p->line);
-  if (!p->registered && !p->is_router && strstr(p->line, "registered with router")) {
+  up_state_t *s = p->st;
+  if (p->is_router && !p->registered && strstr(p->line, "serving model")) {
+    p->registered = true; /* up: a restarted router starts its backoff over */
+    p->backoff_ms = (uint64_t)s->backoff0_ms;
+    if (p->restarts) fprintf(stderr, "k3pd-cli up: %s is back (restart %d)\n", p->name, p->restarts);
+  }
+  if (!p->is_router && strstr(p->line, "registered with router")) p->reg_lines++;
+  /* ready (the first time) once registered with every router */
+  if (!p->registered && !p->is_router && p->reg_lines >= (p->counted ? 1 : s->n_routers)) {
     p->registered = true;
-    up_state_t *s = p->st;
     p->backoff_ms = (uint64_t)s->backoff0_ms; /* it came up: the next failure restarts quickly again */
     if (p->restarts) fprintf(stderr, "k3pd-cli up: %s is back (restart %d)\n", p->name, p->restarts);
     if (p->counted) {
@@ -89,11 +102,21 @@ static void emit_line(up_proc_t *p) {
     p->counted = true;
     if (++s->n_registered == s->n_workers && !s->ready) {
       s->ready = true;
-      fprintf(stderr, "cluster ready: router at %s (%d workers registered)\n", s->router_addr, s->n_workers);
+      fprintf(stderr, "cluster ready: router%s at %s (%d workers registered%s)\n", s->n_routers > 1 ? "s" : "",
+              s->router_addr, s->n_workers, s->n_routers > 1 ? " with every router" : "");
       if (s->ready_file) {
-        char buf[96];
-        int n = snprintf(buf, sizeof buf, "%s\n", s->router_addr);
-        if (k3_write_file(s->ready_file, buf, (size_t)n)) fprintf(stderr, "k3pd-cli up: cannot write --ready-file\n");
+        char buf[sizeof s->router_addr + 8];
+        size_t n = 0;
+        for (const char *c = s->router_addr; *c && n + 2 < sizeof buf; c++) {
+          if (c[0] == ',' && c[1] == ' ') {
+            buf[n++] = '\n';
+            c++;
+          } else {
+            buf[n++] = *c;
+          }
+        }
+        buf[n++] = '\n';
+        if (k3_write_file(s->ready_file, buf, n)) fprintf(stderr, "k3pd-cli up: cannot write --ready-file\n");
       }
     }
   }
@@ -145,6 +168,7 @@ static void on_restart_timer(uv_timer_t *t) {
   }
   p->restarts++;
   p->registered = false;
+  p->reg_lines = 0;
   fprintf(stderr, "k3pd-cli up: restarting %s (restart %d)\n", p->name, p->restarts);
   if (spawn_proc(s, p)) {
     s->failed = 1;
@@ -176,7 +200,7 @@ static void on_exit_cb(uv_process_t *h, int64_t status, int term_signal) {
   if (status != 0 || term_signal || !s->stopping) {
     fprintf(stderr, "k3pd-cli up: %s exited with status %lld%s%s\n", p->name, (long long)status,
             term_signal ? ", signal " : "", term_signal ? strsignal(term_signal) : "");
-    if (!s->stopping && !p->is_router) {
+    if (!s->stopping && (!p->is_router || s->n_routers > 1)) {
       schedule_restart(s, p);
     } else if (!s->stopping) {
       s->failed = 1;
@@ -185,13 +209,15 @@ static void on_exit_cb(uv_process_t *h, int64_t status, int term_signal) {
       s->failed = 1;
     }
   }
-  if (s->stopping) {
-    /* workers gone: now the router */
+  if (s->stopping && !s->routers_termed) {
+    /* workers gone: now the routers (once: with several, the first router's exit lands here too) */
     bool workers_left = false;
     for (int i = 0; i < s->n; i++) workers_left |= s->procs[i].running && !s->procs[i].is_router;
-    if (!workers_left)
+    if (!workers_left) {
+      s->routers_termed = true;
       for (int i = 0; i < s->n; i++)
         if (s->procs[i].running && s->procs[i].is_router) uv_process_kill(&s->procs[i].proc, SIGTERM);
+    }
   }
   if (all_exited(s) && s->stopping) close_all(s);
 }
@@ -219,9 +245,11 @@ static void stop_all(up_state_t *s) {
       workers = true;
     }
   }
-  if (!workers)
+  if (!workers) {
+    s->routers_termed = true;
     for (int i = 0; i < s->n; i++)
       if (s->procs[i].running) uv_process_kill(&s->procs[i].proc, SIGTERM);
+  }
   uv_timer_start(&s->kill_timer, on_kill_timer, (uint64_t)s->stop_timeout_ms, 0);
   if (all_exited(s)) close_all(s); /* nothing was running (every worker between restarts) */
 }
@@ -348,7 +376,7 @@ static void on_router_timer(uv_timer_t *t) {
 static int run_up(int argc, char **argv) {
   const char *model = NULL, *bindir = NULL, *ready_file = NULL, *backend = "cpu-fast", *precision = "fp32";
   const char *host = "127.0.0.1";
-  int n_prefill = 1, n_decode = 1, port = 50051, threads = 1, page_tokens = 64, num_pages = 1024, num_slots = 16;
+  int n_prefill = 1, n_decode = 1, n_routers = 1, port = 50051, threads = 1, page_tokens = 64, num_pages = 1024, num_slots = 16;
   int http_port = -1;
   int64_t stop_timeout_ms = 30000, start_timeout_ms = 120000, backoff0_ms = 500, backoff_max_ms = 10000;
   int max_restarts = -1;
@@ -357,7 +385,10 @@ static int run_up(int argc, char **argv) {
       {"model", K3_FLAG_STR, &model, "DIR", "model directory (checkpoint + tokenizer)", true},
       {"prefill", K3_FLAG_INT, &n_prefill, "N", "prefill workers", false},
       {"decode", K3_FLAG_INT, &n_decode, "M", "decode workers", false},
-      {"port", K3_FLAG_INT, &port, "P", "router port on 127.0.0.1 (0 = ephemeral)", false},
+      {"routers", K3_FLAG_INT, &n_routers, "R", "routers (1..8); every worker registers with all of them, and a "
+       "router that dies is restarted at its ports when R > 1", false},
+      {"port", K3_FLAG_INT, &port, "P", "router port on 127.0.0.1 (0 = ephemeral); router i of --routers listens "
+       "on P + 2i, its cluster port on P + 2i + 1", false},
       {"http-port", K3_FLAG_INT, &http_port, "P", "the router's OpenAI-compatible HTTP API on 127.0.0.1:P (0 = "
        "ephemeral, -1 = off, the default)", false},
       {"backend", K3_FLAG_STR, &backend, "NAME", "kernel backend of the workers (cpu, cpu-fast, cuda)", false},
@@ -396,10 +427,11 @@ static int run_up(int argc, char **argv) {
     fprintf(stderr, "k3pd-cli up: need 1 <= --restart-backoff-ms <= --restart-backoff-max-ms\n");
     return 2;
   }
-  if (n_prefill < 1 || n_decode < 1 || n_prefill + n_decode > UP_MAX_PROCS - 1 || port < 0 || port > 65535 ||
-      http_port < -1 || http_port > 65535) {
-    fprintf(stderr, "k3pd-cli up: need 1 <= --prefill, --decode (at most %d workers) and 0 <= --port <= 65535\n",
-            UP_MAX_PROCS - 1);
+  if (n_routers < 1 || n_routers > 8 || n_prefill < 1 || n_decode < 1 ||
+      n_prefill + n_decode > UP_MAX_PROCS - n_routers || port < 0 || port > 65535 - 2 * n_routers ||
+      http_port < -1 || http_port > 65535 - n_routers) {
+    fprintf(stderr, "k3pd-cli up: need 1 <= --routers <= 8, 1 <= --prefill, --decode (at most %d processes in all) "
+            "and 0 <= --port <= 65535 - 2 x routers\n", UP_MAX_PROCS);
     return 2;
   }
   char router_bin[PATH_MAX], prefill_bin[PATH_MAX], decode_bin[PATH_MAX];
@@ -427,46 +459,66 @@ static int run_up(int argc, char **argv) {
   s.sigint.data = s.sigterm.data = s.kill_timer.data = s.router_timer.data = &s;
   uv_signal_start(&s.sigint, on_signal, SIGINT);
   uv_signal_start(&s.sigterm, on_signal, SIGTERM);
-  char listen[80], portfile[] = "/tmp/k3pd-up-port-XXXXXX", cportfile[] = "/tmp/k3pd-up-cport-XXXXXX";
-  int pfd = mkstemp(portfile), cfd = mkstemp(cportfile);
-  if (pfd < 0 || cfd < 0) {
-    fprintf(stderr, "k3pd-cli up: cannot create a temporary file\n");
-    return 1;
-  }
-  close(pfd);
-  close(cfd);
-  snprintf(listen, sizeof listen, "%s:%d", host, port);
-  char hport[16];
-  snprintf(hport, sizeof hport, "%d", http_port);
-  /* workers register on the router's cluster port (mutual TLS with the development CA) */
-  char *rargv[] = {router_bin, "--model", (char *)model, "--listen", listen, "--port-file", portfile,
-                   "--cluster-port-file", cportfile, "--http-port", hport, "--http-host", (char *)host,
-                   metrics ? "--metrics-port" : NULL, "0", "--metrics-host", (char *)host, NULL};
-  if (spawn(&s, "router", true, rargv)) return 1;
-  /* wait for the router's port (bounded) */
-  uint64_t deadline = k3_now_ns() + 20ull * 1000000000ull;
-  int rport = 0;
-  while (!rport && k3_now_ns() < deadline && s.procs[0].running) {
-    uv_run(&loop, UV_RUN_NOWAIT);
-    char *txt = NULL;
-    if (k3_read_file(portfile, &txt, NULL) == 0) {
-      rport = atoi(txt);
-      free(txt);
+  s.n_routers = n_routers;
+  char cluster_list[80 * 8] = "";
+  bool started = true;
+  for (int ri = 0; ri < n_routers && started; ri++) {
+    char listen[80], clisten[80], portfile[] = "/tmp/k3pd-up-port-XXXXXX", cportfile[] = "/tmp/k3pd-up-cport-XXXXXX";
+    int pfd = mkstemp(portfile), cfd = mkstemp(cportfile);
+    if (pfd < 0 || cfd < 0) {
+      fprintf(stderr, "k3pd-cli up: cannot create a temporary file\n");
+      return 1;
     }
-    if (!rport) usleep(20000);
+    close(pfd);
+    close(cfd);
+    snprintf(listen, sizeof listen, "%s:%d", host, port ? port + 2 * ri : 0);
+    snprintf(clisten, sizeof clisten, "%s:%d", host, port ? port + 2 * ri + 1 : 0);
+    char hport[16], rname[32];
+    snprintf(hport, sizeof hport, "%d", http_port > 0 ? http_port + ri : http_port);
+    snprintf(rname, sizeof rname, n_routers > 1 ? "router-%d" : "router", ri);
+    /* workers register on the router's cluster port (mutual TLS with the development CA) */
+    char *rargv[] = {router_bin, "--model", (char *)model, "--listen", listen, "--cluster-listen", clisten,
+                     "--port-file", portfile, "--cluster-port-file", cportfile, "--http-port", hport,
+                     "--http-host", (char *)host, metrics ? "--metrics-port" : NULL, "0", "--metrics-host",
+                     (char *)host, NULL};
+    int idx = s.n;
+    if (spawn(&s, rname, true, rargv)) return 1;
+    up_proc_t *rp = &s.procs[idx];
+    /* wait for the router's ports (bounded) */
+    uint64_t deadline = k3_now_ns() + 20ull * 1000000000ull;
+    int rport = 0, cport = 0;
+    while ((!rport || !cport) && k3_now_ns() < deadline && rp->running) {
+      uv_run(&loop, UV_RUN_NOWAIT);
+      char *txt = NULL;
+      if (!rport && k3_read_file(portfile, &txt, NULL) == 0) rport = atoi(txt);
+      free(txt);
+      txt = NULL;
+      if (!cport && k3_read_file(cportfile, &txt, NULL) == 0) cport = atoi(txt);
+      free(txt);
+      if (!rport || !cport) usleep(20000);
+    }
+    unlink(portfile);
+    unlink(cportfile);
+    if (!rport || !cport) {
+      fprintf(stderr, "k3pd-cli up: %s did not start\n", rname);
+      started = false;
+      break;
+    }
+    /* a restart (several routers) comes back at the same ports: the workers hold them */
+    snprintf(listen, sizeof listen, "%s:%d", host, rport);
+    snprintf(clisten, sizeof clisten, "%s:%d", host, cport);
+    free(rp->argv[4]);
+    free(rp->argv[6]);
+    rp->argv[4] = strdup(listen);
+    rp->argv[6] = strdup(clisten);
+    if (!rp->argv[4] || !rp->argv[6]) return 1;
+    size_t ul = strlen(s.router_addr), cl = strlen(cluster_list);
+    snprintf(s.router_addr + ul, sizeof s.router_addr - ul, "%s%s", ul ? ", " : "", listen);
+    snprintf(cluster_list + cl, sizeof cluster_list - cl, "%s%s", cl ? "," : "", clisten);
   }
-  char cluster_addr[64] = "";
-  char *ctxt = NULL;
-  if (rport && k3_read_file(cportfile, &ctxt, NULL) == 0 && atoi(ctxt) > 0)
-    snprintf(cluster_addr, sizeof cluster_addr, "%s:%d", host, atoi(ctxt));
-  free(ctxt);
-  unlink(portfile);
-  unlink(cportfile);
-  if (!rport || !cluster_addr[0]) {
-    fprintf(stderr, "k3pd-cli up: the router did not start\n");
+  if (!started) {
     stop_all(&s);
   } else {
-    snprintf(s.router_addr, sizeof s.router_addr, "%s:%d", host, rport);
     char th[16], pt[16], np[16], ns[16];
     snprintf(th, sizeof th, "%d", threads);
     snprintf(pt, sizeof pt, "%d", page_tokens);
@@ -477,7 +529,7 @@ static int run_up(int argc, char **argv) {
       char name[32], id[48];
       snprintf(name, sizeof name, "%s-%d", pre ? "prefill" : "decode", pre ? i : i - n_prefill);
       snprintf(id, sizeof id, "%s", name);
-      char *wargv[] = {pre ? prefill_bin : decode_bin, "--model", (char *)model, "--router", cluster_addr,
+      char *wargv[] = {pre ? prefill_bin : decode_bin, "--model", (char *)model, "--router", cluster_list,
                        "--listen", "127.0.0.1:0", "--worker-id", id, "--backend", (char *)backend,
                        "--precision", (char *)precision, "--threads", th, "--page-tokens", pt, "--num-pages", np,
                        "--num-slots", ns, metrics ? "--metrics-port" : NULL, "0", "--metrics-host", (char *)host,

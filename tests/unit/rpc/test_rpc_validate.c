@@ -7,6 +7,7 @@
 
 #include "k3pd/err.h"
 #include "k3pd/rpc_validate.h"
+#include "k3pd/xfer_desc.h"
 
 static char msg[256];
 
@@ -220,8 +221,10 @@ START_TEST(test_cluster_decode_prefill) {
   EXPECT_BAD(k3_rpc_validate_prefill_request(&pf, NULL, msg, sizeof msg), "reservation: required");
   pf.reservation.data = addr;
   pf.reservation.len = 4;
-  EXPECT_BAD(k3_rpc_validate_prefill_request(&pf, NULL, msg, sizeof msg), "decode_ucx_address: required");
+  ck_assert_int_eq(k3_rpc_validate_prefill_request(&pf, NULL, msg, sizeof msg), 0); /* address optional */
   pf.decode_ucx_address.data = addr;
+  pf.decode_ucx_address.len = K3_XFER_MAX_ADDR_BYTES + 1;
+  EXPECT_BAD(k3_rpc_validate_prefill_request(&pf, NULL, msg, sizeof msg), "decode_ucx_address: longer than");
   pf.decode_ucx_address.len = 4;
   ck_assert_int_eq(k3_rpc_validate_prefill_request(&pf, NULL, msg, sizeof msg), 0);
 

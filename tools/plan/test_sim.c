@@ -1,0 +1,284 @@
+/* Keeps k3pd-plan's simulation core honest on cases small enough to trace by hand, plus one
+ * queueing-theory check. Every expectation below is derived in the comment next to it from
+ * the policies in sim.c (which mirror prefill_worker/engine.c and decode_worker/engine.c); a
+ * change of policy must change these traces knowingly. Deterministic: fixed requests or a
+ * fixed seed, no clocks. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+typedef struct {
+  pl_trace_t t[16];
+  int n;
+} traces_t;
+
+static void on_trace(void *ctx, const pl_trace_t *t) {
+  traces_t *tr = ctx;
+  if (t->index < 16) tr->t[t->index] = *t;
+  tr->n++;
+}
+
+/* Costs chosen so every time is a small integer: prefill pass = 1 ms per token, decode step =
+ * 10 ms whatever the batch, no handoff time, no overhead. */
+static pl_profile_t simple(void) {
+  pl_profile_t p;
+  pl_profile_default(&p);
+  p.pf_per_token_ms = 1;
+  p.dc_fixed_ms = 10;
+  p.pf.chunk_tokens = 64;
+  return p;
+}
+
+static pl_result_t run_fixed_cores(const pl_profile_t *p, int P, int D, int cores, const double *at,
+                                   const int64_t *pr, const int64_t *out, size_t n, traces_t *tr) {
+  pl_cluster_t c = {P, D, cores};
+  pl_workload_t w = {0};
+  pl_fixed_reqs_t fx = {at, pr, out, n};
+  pl_result_t r;
+  char err[256];
+  ck_assert_int_eq(pl_sim_run(p, &c, &w, &fx, on_trace, tr, &r, err, sizeof err), 0);
+  return r;
+}
+
+static pl_result_t run_fixed(const pl_profile_t *p, int P, int D, const double *at, const int64_t *pr,
+                             const int64_t *out, size_t n, traces_t *tr) {
+  return run_fixed_cores(p, P, D, 0, at, pr, out, n, tr);
+}
+
+/* One request of 100 prompt tokens and 4 output tokens through chunk 64:
+ *   pass 1 takes 64 tokens: 10 ms fixed + 64 = 74 ms; pass 2 takes 36: 10 + 36 = 46 → 120 ms
+ *   handoff 5 ms → decode admits at 125 (idle engine): first token, TTFT 125 + 2 overhead
+ *   steps of 20 + 5 (batch 1) = 25 ms: tokens 2..4 at 150, 175, 200 → ITL 25, e2e 202. */
+START_TEST(test_single_request_chunked) {
+  pl_profile_t p = simple();
+  p.pf_fixed_ms = 10;
+  p.dc_fixed_ms = 20;
+  p.dc_per_seq_ms = 5;
+  p.ho_latency_ms = 5;
+  p.ttft_overhead_ms = 2;
+  double at[] = {0};
+  int64_t pr[] = {100}, out[] = {4};
+  traces_t tr = {0};
+  pl_result_t r = run_fixed(&p, 1, 1, at, pr, out, 1, &tr);
+  ck_assert_int_eq((int)r.completed, 1);
+  ck_assert_double_eq_tol(tr.t[0].t_first_ms, 125, 1e-9);
+  ck_assert_double_eq_tol(tr.t[0].t_end_ms, 200, 1e-9);
+  ck_assert_double_eq_tol(r.ttft_ms.p50, 127, 1e-9);
+  ck_assert_double_eq_tol(r.e2e_ms.p50, 202, 1e-9);
+  ck_assert_int_eq((int)r.itl_ms.n, 3);
+  ck_assert_double_eq_tol(r.itl_ms.p99, 25, 1e-9);
+  ck_assert_double_eq_tol(r.itl_ms.mean, 25, 1e-9);
+  ck_assert_double_eq_tol(r.dc_batch_avg, 1, 1e-12);
+}
+END_TEST
+
+/* Three requests, decode --max-batch 2, output 4 each (A: prompt 10 at t 0; B: 2 and C: 3 at t 1):
+ *   t 0   A arrives, the idle prefill engine runs pass [A] (10 ms) → 10
+ *   t 1   B, C queue
+ *   t 10  A done, handed off at once; the engine admits B, C and runs pass [B, C] (5) → 15;
+ *         decode admits A (first token 10) and steps [A] → 20
+ *   t 15  B, C handed off: the decode engine is mid-step, they wait in its queue
+ *   t 20  A token 2; loop top: B then C go to the head: run [C, B, A] (first tokens 20);
+ *         step [C, B] → 30
+ *   t 30  C, B token 2; full batch: rotate 2 → [A, C, B]; step [A, C] → 40
+ *   t 40  A, C token 3; rotate → [B, A, C]; step [B, A] → 50
+ *   t 50  B token 3, A token 4 (done at 50): run [B, C], rotate 1 → [C, B]; step → 60
+ *   t 60  C and B token 4, both done.
+ * TTFT: A 10, B 19, C 19. ITL: A 10 20 10, B 10 20 10, C 10 10 20. */
+START_TEST(test_decode_round_robin) {
+  pl_profile_t p = simple();
+  p.dc.max_batch = 2;
+  double at[] = {0, 1, 1};
+  int64_t pr[] = {10, 2, 3}, out[] = {4, 4, 4};
+  traces_t tr = {0};
+  pl_result_t r = run_fixed(&p, 1, 1, at, pr, out, 3, &tr);
+  ck_assert_int_eq((int)r.completed, 3);
+  double first[] = {10, 20, 20}, end[] = {50, 60, 60};
+  for (int i = 0; i < 3; i++) {
+    ck_assert_double_eq_tol(tr.t[i].t_first_ms, first[i], 1e-9);
+    ck_assert_double_eq_tol(tr.t[i].t_end_ms, end[i], 1e-9);
+  }
+  ck_assert_int_eq((int)r.itl_ms.n, 9);
+  /* nine gaps: six of 10 and three of 20 → mean 120/9, p50 10, max 20 */
+  ck_assert_double_eq_tol(r.itl_ms.mean, 120.0 / 9.0, 1e-9);
+  ck_assert_double_eq_tol(r.itl_ms.p50, 10, 1e-9);
+  ck_assert_double_eq_tol(r.itl_ms.max, 20, 1e-9);
+  ck_assert_double_eq_tol(r.ttft_ms.mean, 16, 1e-9);
+}
+END_TEST
+
+/* Fair chunked prefill: a long prompt L (300 tokens, chunk 64) in service when a short one S
+ * (20 tokens) arrives. Passes: [L 64] 0→64; S arrives at 10; pass 2 picks S first (score 20 <
+ * 236), both fit the budget: [S 20, L 64] → 148; S done at 148; then L alone: 64 → 212,
+ * 64 → 276, 44 → 320. Output 1: the first token (decode idle) ends each request. */
+START_TEST(test_prefill_fair_chunks) {
+  pl_profile_t p = simple();
+  double at[] = {0, 10};
+  int64_t pr[] = {300, 20}, out[] = {1, 1};
+  traces_t tr = {0};
+  run_fixed(&p, 1, 1, at, pr, out, 2, &tr);
+  ck_assert_double_eq_tol(tr.t[1].t_first_ms, 148, 1e-9);
+  ck_assert_double_eq_tol(tr.t[0].t_first_ms, 320, 1e-9);
+}
+END_TEST
+
+/* Page and slot limits: decode has 3 pages of 64 tokens and 1 slot. Request 0 needs
+ * ceil((100 + 100) / 64) = 4 pages > 3: refused. Request 1 (10 + 10 tokens: 1 page) takes the
+ * only slot; request 2 arrives while it runs: refused. Request 3 arrives after 1 ended: served. */
+START_TEST(test_pages_slots_reject) {
+  pl_profile_t p = simple();
+  p.dc.num_pages = 3;
+  p.dc.num_slots = 1;
+  double at[] = {0, 1, 2, 1000};
+  int64_t pr[] = {100, 10, 10, 10}, out[] = {100, 10, 10, 10};
+  traces_t tr = {0};
+  pl_result_t r = run_fixed(&p, 2, 1, at, pr, out, 4, &tr);
+  ck_assert_int_eq((int)r.rejected, 2);
+  ck_assert_int_eq((int)r.completed, 2);
+  ck_assert_int_eq(tr.t[0].decode, -1);
+  ck_assert_int_eq(tr.t[2].decode, -1);
+  /* request 1: pass 10 ms (arrives at 1) → first token 11, then 9 steps of 10 → ends 101 */
+  ck_assert_double_eq_tol(tr.t[1].t_end_ms, 101, 1e-9);
+  ck_assert_double_eq_tol(tr.t[3].t_first_ms, 1010, 1e-9);
+}
+END_TEST
+
+/* Two prefill workers: the router sends each arrival to the one with the fewest unfinished
+ * prompt tokens (ties: lower index), so two simultaneous prompts run in parallel. */
+START_TEST(test_prefill_least_queued) {
+  pl_profile_t p = simple();
+  double at[] = {0, 0, 0};
+  int64_t pr[] = {40, 40, 10}, out[] = {1, 1, 1};
+  traces_t tr = {0};
+  run_fixed(&p, 2, 1, at, pr, out, 3, &tr);
+  ck_assert_int_eq(tr.t[0].prefill, 0);
+  ck_assert_int_eq(tr.t[1].prefill, 1);
+  ck_assert_int_eq(tr.t[2].prefill, 0); /* both hold 40: tie → 0; it waits for pass [0] */
+  ck_assert_double_eq_tol(tr.t[0].t_first_ms, 40, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_first_ms, 40, 1e-9);
+  ck_assert_double_eq_tol(tr.t[2].t_first_ms, 50, 1e-9);
+}
+END_TEST
+
+/* One shared core (--host-cores 1): the second prefill worker starts its pass while the first
+ * is busy, so its 40 ms of work takes 2 x 40 = 80 ms; the first, alone when it started, 40. */
+START_TEST(test_host_cores_share) {
+  pl_profile_t p = simple();
+  double at[] = {0, 0};
+  int64_t pr[] = {40, 40}, out[] = {1, 1};
+  traces_t tr = {0};
+  run_fixed_cores(&p, 2, 1, 1, at, pr, out, 2, &tr);
+  ck_assert_double_eq_tol(tr.t[0].t_first_ms, 40, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_first_ms, 80, 1e-9);
+}
+END_TEST
+
+/* M/D/1: one prefill worker serving one prompt per pass (--max-batch 1) of fixed cost S = 10 ms
+ * (10 tokens, 1 ms each), Poisson arrivals at 50/s (rho = 0.5), output 1 token (decode never
+ * queues). Equal sizes make the order irrelevant to the mean, so the mean time to first token
+ * is S + rho S / (2 (1 - rho)) = 10 + 5 = 15 ms (Pollaczek-Khinchine). 200000 requests with
+ * seed 7: the estimate is deterministic; 2 % covers its sampling error (about 0.5 %). */
+START_TEST(test_md1_mean_wait) {
+  pl_profile_t p = simple();
+  p.pf.max_batch = 1;
+  p.dc.num_slots = 64;
+  bn_dist_t len = {.kind = BN_DIST_FIXED, .lo = 10, .hi = 10}, one = {.kind = BN_DIST_FIXED, .lo = 1, .hi = 1};
+  pl_workload_t w = {.prompt_len = len, .output_len = one, .rate = 50, .seed = 7, .requests = 200000};
+  pl_cluster_t c = {1, 1, 0};
+  pl_result_t r;
+  char err[256];
+  ck_assert_int_eq(pl_sim_run(&p, &c, &w, NULL, NULL, NULL, &r, err, sizeof err), 0);
+  ck_assert_int_eq((int)r.completed, 200000);
+  ck_assert_msg(fabs(r.ttft_ms.mean - 15.0) < 0.3, "mean TTFT %.4f, M/D/1 says 15", r.ttft_ms.mean);
+  ck_assert_msg(fabs(r.pf_busy - 0.5) < 0.01, "busy %.4f, rho 0.5", r.pf_busy);
+}
+END_TEST
+
+/* The summary's p90/p99 (interpolated on the sorted samples) equal k3pd-bench's percentiles. */
+START_TEST(test_percentiles_match_bench) {
+  pl_samples_t s;
+  ck_assert_int_eq(pl_samples_init(&s, 100, 1), 0);
+  double copy[37];
+  for (int i = 0; i < 37; i++) pl_samples_add(&s, copy[i] = (double)((i * 7919) % 101) / 3.0);
+  pl_summ_t m = pl_samples_summary(&s);
+  ck_assert_double_eq(m.p50, bn_percentile(copy, 37, 50));
+  ck_assert_double_eq(m.p90, bn_percentile(copy, 37, 90));
+  ck_assert_double_eq(m.p99, bn_percentile(copy, 37, 99));
+  pl_samples_free(&s);
+}
+END_TEST
+
+/* M/G/1 with the profile's variability: pass cost 10 ms x exp(sigma Z), cv 0.5, so
+ * E[S] = 10 sqrt(1.25) = 11.180 ms and E[S^2] = 100 (1.25)^2 = 156.25 ms^2; at 40 req/s
+ * (rho = 0.4472) Pollaczek-Khinchine gives W = lambda E[S^2] / (2 (1 - rho)) = 5.652 ms, so the
+ * mean TTFT is 16.832 ms. Seed 7, 200000 requests, 3 % (the heavier tail adds sampling error). */
+START_TEST(test_mg1_variability) {
+  pl_profile_t p = simple();
+  p.pf.max_batch = 1;
+  p.dc.num_slots = 64;
+  p.pf_cv = 0.5;
+  bn_dist_t len = {.kind = BN_DIST_FIXED, .lo = 10, .hi = 10}, one = {.kind = BN_DIST_FIXED, .lo = 1, .hi = 1};
+  pl_workload_t w = {.prompt_len = len, .output_len = one, .rate = 40, .seed = 7, .requests = 200000};
+  pl_cluster_t c = {1, 1, 0};
+  pl_result_t r;
+  char err[256];
+  ck_assert_int_eq(pl_sim_run(&p, &c, &w, NULL, NULL, NULL, &r, err, sizeof err), 0);
+  ck_assert_msg(fabs(r.ttft_ms.mean - 16.832) < 0.03 * 16.832, "mean TTFT %.4f, M/G/1 says 16.832", r.ttft_ms.mean);
+  ck_assert_msg(fabs(r.pf_busy - 0.4472) < 0.01, "busy %.4f, rho 0.4472", r.pf_busy);
+}
+END_TEST
+
+/* Prefix hits: with every request a hit on 64 cached tokens, a 100-token prompt computes 36
+ * (a 36 ms pass) and the arrivals follow k3pd-bench's process: one request at t = 0. */
+START_TEST(test_prefix_hit) {
+  pl_profile_t p = simple();
+  bn_dist_t len = {.kind = BN_DIST_FIXED, .lo = 100, .hi = 100}, one = {.kind = BN_DIST_FIXED, .lo = 1, .hi = 1};
+  pl_workload_t w = {.prompt_len = len, .output_len = one, .rate = 1, .seed = 3, .requests = 1, .prefix_hit = 1,
+                     .prefix_tokens = 64};
+  pl_cluster_t c = {1, 1, 0};
+  pl_result_t r;
+  char err[256];
+  ck_assert_int_eq(pl_sim_run(&p, &c, &w, NULL, NULL, NULL, &r, err, sizeof err), 0);
+  ck_assert_double_eq_tol(r.ttft_ms.p50, 36, 1e-9);
+  w.prefix_hit = 0;
+  ck_assert_int_eq(pl_sim_run(&p, &c, &w, NULL, NULL, NULL, &r, err, sizeof err), 0);
+  ck_assert_double_eq_tol(r.ttft_ms.p50, 100, 1e-9);
+}
+END_TEST
+
+START_TEST(test_bad_cluster) {
+  pl_profile_t p = simple();
+  pl_cluster_t c = {0, 1, 0};
+  pl_workload_t w = {.rate = 1, .requests = 1};
+  pl_result_t r;
+  char err[256];
+  ck_assert_int_ne(pl_sim_run(&p, &c, &w, NULL, NULL, NULL, &r, err, sizeof err), 0);
+  ck_assert_ptr_nonnull(strstr(err, "prefill"));
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("plan_sim");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_single_request_chunked);
+  tcase_add_test(tc, test_decode_round_robin);
+  tcase_add_test(tc, test_prefill_fair_chunks);
+  tcase_add_test(tc, test_pages_slots_reject);
+  tcase_add_test(tc, test_prefill_least_queued);
+  tcase_add_test(tc, test_md1_mean_wait);
+  tcase_add_test(tc, test_host_cores_share);
+  tcase_add_test(tc, test_mg1_variability);
+  tcase_add_test(tc, test_prefix_hit);
+  tcase_add_test(tc, test_bad_cluster);
+  tcase_add_test(tc, test_percentiles_match_bench);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
