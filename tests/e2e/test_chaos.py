@@ -37,30 +37,15 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3cluster import load_stubs  # noqa: E402
-
-GEN_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "64"]
-RETRYABLE = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}
-PASSED = [0]
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    PASSED[0] += 1
-    print("ok -", what, flush=True)
+from k3check import run, check, wait_until as _wait_until, scrape, msum  # noqa: E402
 
 
 def wait_until(pred, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            v = pred()
-        except (OSError, grpc.RpcError, ValueError, KeyError):
-            v = None
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
+    return _wait_until(pred, timeout, what, tolerate=(OSError, grpc.RpcError, ValueError, KeyError), poll=0.1)
+
+
+GEN_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "64"]
+RETRYABLE = {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}
 
 
 def templates(seed):
@@ -103,19 +88,6 @@ def router_creds():
                                                    private_key=rd(prefix + ".key"),
                                                    certificate_chain=rd(prefix + ".crt")))
     return _CREDS[0]
-
-
-def scrape(port):
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as f:
-        return f.read().decode()
-
-
-def msum(text, name, label=None):
-    tot = 0.0
-    for ln in text.splitlines():
-        if (ln.startswith(name + " ") or ln.startswith(name + "{")) and (label is None or label in ln):
-            tot += float(ln.rsplit(" ", 1)[1])
-    return tot
 
 
 class Up:
@@ -411,13 +383,7 @@ def main():
         if not ok:
             print(up.text()[-20000:])
     check(rc == 0, "k3pd-cli up stopped cleanly (exit %s)" % rc)
-    print("%d passed, 0 failed" % PASSED[0])
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print("FAILED:", e)
-        print("%d passed, 1 failed" % PASSED[0])
-        sys.exit(1)
+    run(main)

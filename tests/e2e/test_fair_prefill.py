@@ -26,26 +26,10 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3cluster import Cluster, load_stubs  # noqa: E402
+from k3check import run, check, wait_until, scrape, msum  # noqa: E402
+
 
 WORKER_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "16"]
-PASSED = [0]
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    PASSED[0] += 1
-    print("ok -", what, flush=True)
-
-
-def wait_until(pred, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.01)
-    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
 
 
 def monolithic(bindir, model, prompt):
@@ -53,15 +37,6 @@ def monolithic(bindir, model, prompt):
                           ",".join(map(str, prompt)), "--max-new-tokens", "2", "--ignore-eos"] + WORKER_ARGS,
                          capture_output=True, text=True, timeout=900)
     return [int(x) for x in [ln for ln in out.stdout.splitlines() if ln.startswith("ids:")][-1][4:].split()]
-
-
-def scrape(port):
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as f:
-        return f.read().decode()
-
-
-def msum(text, name):
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name + " "))
 
 
 def main():
@@ -143,13 +118,7 @@ def main():
         if not ok:
             cl.dump_logs()
     check(all(v == 0 for v in codes.values()), "clean shutdown (%s)" % codes)
-    print("%d passed, 0 failed" % PASSED[0])
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print("FAILED:", e)
-        print("%d passed, 1 failed" % PASSED[0])
-        sys.exit(1)
+    run(main)

@@ -27,26 +27,10 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3cluster import Cluster, load_stubs  # noqa: E402
+from k3check import run, check, wait_until  # noqa: E402
+
 
 WORKER_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "16"]
-PASSED = [0]
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    PASSED[0] += 1
-    print("ok -", what, flush=True)
-
-
-def wait_until(pred, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
 
 
 def req(stubs, prompt=None, text=None, max_new=8, ignore_eos=True, temperature=0.0, seed=1, model=""):
@@ -357,13 +341,7 @@ def main():
     test_bad_input_cancel_deadline(args, stubs, model)
     test_overload(args, stubs, model)
     test_churn_drain_metrics(args, stubs, model)
-    print("%d passed, 0 failed" % PASSED[0])
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print("FAILED:", e)
-        print("%d passed, 1 failed" % PASSED[0])
-        sys.exit(1)
+    run(main)

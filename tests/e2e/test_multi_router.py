@@ -35,29 +35,14 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3cluster import Cluster, Proc, load_stubs  # noqa: E402
-
-WORKER_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "16"]
-PASSED = [0]
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    PASSED[0] += 1
-    print("ok -", what, flush=True)
+from k3check import run, check, wait_until as _wait_until, scrape, msum  # noqa: E402
 
 
 def wait_until(pred, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            v = pred()
-        except (OSError, grpc.RpcError, ValueError):
-            v = None
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
+    return _wait_until(pred, timeout, what, tolerate=(OSError, grpc.RpcError, ValueError), poll=0.05)
+
+
+WORKER_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "16"]
 
 
 def free_port():
@@ -73,19 +58,6 @@ def monolithic(bindir, model, prompt, max_new):
     if out.returncode != 0:
         raise RuntimeError("k3pd-generate failed: %s" % out.stderr[-2000:])
     return [int(x) for x in [ln for ln in out.stdout.splitlines() if ln.startswith("ids:")][-1][4:].split()]
-
-
-def scrape(port):
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as f:
-        return f.read().decode()
-
-
-def msum(text, name, label=None):
-    tot = 0.0
-    for ln in text.splitlines():
-        if (ln.startswith(name + " ") or ln.startswith(name + "{")) and (label is None or label in ln):
-            tot += float(ln.rsplit(" ", 1)[1])
-    return tot
 
 
 def main():
@@ -288,13 +260,7 @@ def main():
             cl.dump_logs()
         cl.procs = []
     check(all(v == 0 for v in codes.values()), "every process exited 0 on SIGTERM (%s)" % codes)
-    print("%d passed, 0 failed" % PASSED[0])
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print("FAILED:", e)
-        print("%d passed, 1 failed" % PASSED[0])
-        sys.exit(1)
+    run(main)

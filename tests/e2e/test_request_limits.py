@@ -29,17 +29,10 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3cluster import Cluster, load_stubs  # noqa: E402
+from k3check import run, check  # noqa: E402
 
 WORKER_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "16"]
-PASSED = [0]
 MB50 = 50_000_000
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    PASSED[0] += 1
-    print("ok -", what, flush=True)
 
 
 def metric(port, name):
@@ -170,13 +163,7 @@ def main():
         if not ok:
             cl.dump_logs()
     check(all(v == 0 for v in codes.values()), "clean shutdown (%s)" % codes)
-    print("%d passed, 0 failed" % PASSED[0])
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print("FAILED:", e)
-        print("%d passed, 1 failed" % PASSED[0])
-        sys.exit(1)
+    run(main)

@@ -28,28 +28,11 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3cluster import Cluster, load_stubs  # noqa: E402
+from k3check import run, check, wait_until  # noqa: E402
 
 WORKER_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "16"]
 DOCUMENTED = {"OK", "CANCELLED", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "UNAVAILABLE",
               "INTERNAL", "ALREADY_EXISTS"}
-PASSED = [0]
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
-    PASSED[0] += 1
-    print("ok -", what, flush=True)
-
-
-def wait_until(pred, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.02)
-    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
 
 
 def monolithic(bindir, model, r):
@@ -281,13 +264,7 @@ def main():
             cl.dump_logs()
     bad = {k: v for k, v in codes.items() if v not in (0, -9)}
     check(not bad, "remaining processes exited 0 (%s)" % codes)
-    print("%d passed, 0 failed" % PASSED[0])
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as e:
-        print("FAILED:", e)
-        print("%d passed, 1 failed" % PASSED[0])
-        sys.exit(1)
+    run(main)
