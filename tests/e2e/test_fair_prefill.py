@@ -26,7 +26,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3cluster import Cluster, load_stubs  # noqa: E402
-from k3check import run, check, wait_until, scrape, msum  # noqa: E402
+from k3check import run as run_driver, check, wait_until, scrape, msum  # noqa: E402
 
 
 WORKER_ARGS = ["--backend", "cpu-fast", "--threads", "1", "--precision", "fp32", "--page-tokens", "16"]
@@ -121,4 +121,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run(main)
+    run_driver(main)

@@ -35,7 +35,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3cluster import Cluster, Proc, load_stubs  # noqa: E402
-from k3check import run, check, wait_until as _wait_until, scrape, msum  # noqa: E402
+from k3check import run as run_driver, check, wait_until as _wait_until, scrape, msum  # noqa: E402
 
 
 def wait_until(pred, timeout, what):
@@ -263,4 +263,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run(main)
+    run_driver(main)
