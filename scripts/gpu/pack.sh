@@ -3,7 +3,7 @@
 # the GPU host lacks into one tarball (C-STACK.md §8: the GPU host has CUDA, NCCL and the driver
 # but no grpc, libuv, protobuf-c, check, or a CUDA-enabled UCX, and no network):
 #   bin/  k3pd-router k3pd-prefill k3pd-decode k3pd-cli k3pd-bench k3pd-generate k3pd-mkckpt
-#         k3pd-xfer-bench and the GPU test programs (k3k-gpu-*), every one with RPATH
+#         k3pd-xfer-bench and the GPU test programs (k3k-gpu-*, test_kernels), every one with RPATH
 #         $ORIGIN/../lib (DT_RPATH: it also serves their libraries' dependencies)
 #   lib/  the shared-library closure of those binaries except what the GPU host provides (glibc,
 #         libstdc++/libgcc, the CUDA libraries, the driver), with UCX 1.13.1 rebuilt from
@@ -42,9 +42,11 @@ for b in router/k3pd-router prefill_worker/k3pd-prefill decode_worker/k3pd-decod
          tools/xfer-bench/k3pd-xfer-bench; do
   cp "$work/cmake/$b" "$stage/bin/"
 done
-for t in "$work"/cmake/tests/gpu/k3k-gpu-*; do
+for t in "$work"/cmake/tests/gpu/k3k-gpu-* "$work"/cmake/tests/kernels/test_kernels; do
   [ -x "$t" ] && cp "$t" "$stage/bin/"
 done
+# test_kernels (scripts/gpu/dq-all.sh runs it on cuda) carries the kernels' device code: ~3.5 MiB in the tarball
+strip --strip-debug "$stage/bin/test_kernels"
 # UCX with CUDA replaces Debian's (same version and sonames, so the binaries link either).
 cp -a "$work"/ucx/lib/libucp.so* "$work"/ucx/lib/libuct.so* "$work"/ucx/lib/libucs.so* \
       "$work"/ucx/lib/libucm.so* "$stage/lib/"
@@ -60,7 +62,7 @@ done
 git -C "$root" log -1 --format='%H %cI' > "$stage/VERSION" 2>/dev/null || echo unknown > "$stage/VERSION"
 date -u +%FT%TZ >> "$stage/VERSION"
 mkdir -p "$(dirname "$out")"
-tar -C "$stage" -cJf "$out.tmp" .
+XZ_OPT=${XZ_OPT:--6 -T0} tar -C "$stage" -cJf "$out.tmp" .
 mv "$out.tmp" "$out"
 size=$(stat -c %s "$out")
 echo "k3pd: packed $(ls "$stage/bin" | wc -l) programs and $(ls "$stage/lib" | wc -l) libraries into $out ($((size >> 20)) MiB)"
