@@ -11,7 +11,9 @@
 #            on one GPU by each path (cuda-ipc, ucx-cuda, staged) vs a cudaMemcpy of the bytes
 #   correct  each request alone equals k3pd-generate --device cuda (the tiny presets, the 4-layer
 #            K3 real-shape config, the Kimi-Linear-48B 4-layer shapes); every handoff verified
-#            (digests on the GPU), no rejected DONE; P and D share one copy of the weights
+#            (digests on the GPU), no rejected DONE; P and D share one copy of the weights;
+#            the prefix cache on (the default: replayed split at the block boundary as the cluster
+#            computes it), and once with it off on the 4-layer config (replayed in one pass)
 #   conc     32 concurrent requests over 2 prefill + 2 decode workers (4-layer config): every
 #            first token equal to the monolithic one, later divergences only at near ties
 #   faults   decode pools full -> RESOURCE_EXHAUSTED; prefill killed mid-transfer -> the decode
@@ -137,7 +139,11 @@ metric() { # metric PORT NAME[{labels}]: sum of the series
   curl -s "http://127.0.0.1:$1/metrics" | awk -v n="$2" 'index($0, n) == 1 {s += $NF} END {print s + 0}'
 }
 # teacher NAME MODEL IDSFILE [generate args...]: k3pd-generate --requests teacher-forced on the
-# cluster's ids (pass the workers' --prefill-chunk: the chunking decides the prefill's sums)
+# cluster's ids (pass the workers' --prefill-chunk: the chunking decides the prefill's sums).
+# With the prefix cache on (the default) the cluster computes a miss in two passes split at the
+# prompt's last 64-token block boundary (the prefill worker hands off there, the decode worker
+# computes the tail and checkpoints the boundary), so the replay splits there too
+# (--block-split 64); TEACH_SPLIT=0 replays in one pass (a cluster run with --prefix-cache off).
 teacher() {
   local name=$1 model=$2 ids=$3
   shift 3
@@ -146,7 +152,7 @@ teacher() {
   [ "$backend" = cuda ] && share="--share-weights $work/$name.share"
   # shellcheck disable=SC2086
   k3pd-generate $ma --device "$backend" --precision "$prec" --gpu "$gpu" $share --requests "$ids" \
-    --ignore-eos "$@" > "$logdir/$name/teacher.txt" 2> "$logdir/$name/teacher.err"
+    --block-split "${TEACH_SPLIT:-64}" --ignore-eos "$@" > "$logdir/$name/teacher.txt" 2> "$logdir/$name/teacher.err"
 }
 
 # ---- parts ----------------------------------------------------------------------------------
@@ -186,6 +192,8 @@ part_correct() {
   [ "$backend" = cuda ] || return
   alone k3-4l "$cfg4" 150000
   alone kl48b-4l "$cfg48" 150000
+  # the cache off: the cluster computes each prompt in one pass, as the plain k3pd-generate
+  DARGS="--prefix-cache off" TEACH_SPLIT=0 alone k3-4l-nocache "$cfg4" 150000
 }
 
 # conc_run NAME: 32 concurrent requests over 2P+2D, then the teacher-forced replay of their ids

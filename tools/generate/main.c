@@ -41,7 +41,7 @@
 typedef struct {
   k3_load_opts_t lo; /* the model: the loader's flags */
   const char *prompt_ids, *prompt, *chat, *tokenizer, *logits_out, *requests;
-  int max_new, top_k, perf_batch;
+  int max_new, top_k, perf_batch, block_split;
   double temperature, top_p, near_tie;
   int64_t seed;
   bool ignore_eos, all_logits, perf, hold;
@@ -84,7 +84,7 @@ static int run_requests(const gen_args_t *a) {
     return 1;
   }
   k3k_sample_cfg_t sc = {.temperature = (float)a->temperature, .top_k = a->top_k, .top_p = (float)a->top_p};
-  rc = gen_reqs_run(r, &q, &sc, a->near_tie, a->ignore_eos ? NULL : stop_id);
+  rc = gen_reqs_run(r, &q, &sc, a->near_tie, a->block_split, a->ignore_eos ? NULL : stop_id);
   k3_runner_free(r);
   k3_weights_free(w);
   gen_reqs_free(&q);
@@ -329,6 +329,7 @@ int main(int argc, char **argv) {
       {"hold", K3_FLAG_BOOL, &a.hold, NULL, "after generating, keep the model loaded (and --share-weights served) until stdin ends; each line read generates again (prints another 'ids:' line)", false},
       {"requests", K3_FLAG_STR, &a.requests, "FILE", "run every request of FILE in this process (one model load), optionally teacher-forced on another engine's tokens: lines PROMPT_IDS[<TAB>TEACHER_IDS[<TAB>MAX_NEW[<TAB>SEED]]]; prints per-request ids and every divergence with its logit gap (tools/generate/requests.h)", false},
       {"near-tie", K3_FLAG_DOUBLE, &a.near_tie, "REL", "with --requests: a divergence whose logit gap is at most REL of the top logit is a near tie (default 0.02)", false},
+      {"block-split", K3_FLAG_INT, &a.block_split, "B", "with --requests: prefill each prompt in two passes split at its last multiple of B before the end, as a cluster with the prefix cache on computes a miss (B = the decode worker's cache block, 64 by default; docs/gpu-cluster.md); default 0: one pass", false},
       {"perf-batch", K3_FLAG_INT, &a.perf_batch, "B", "with --perf: also decode tokens/s at batch B (B sequences prefilled with the prompt's first <= 128 tokens, 10 timed steps) against its weight-read floor (default 0: off)", false},
   };
   k3_flag_t flags[K3_LOAD_NFLAGS + sizeof own / sizeof own[0]];
@@ -353,6 +354,10 @@ int main(int argc, char **argv) {
   }
   if (a.requests && (a.perf || a.hold || a.logits_out)) {
     fprintf(stderr, "k3pd-generate: --requests does not combine with --perf, --hold or --logits-out\n");
+    return 2;
+  }
+  if (a.block_split < 0 || (a.block_split && !a.requests)) {
+    fprintf(stderr, "k3pd-generate: --block-split must be >= 0 and goes with --requests\n");
     return 2;
   }
   if (!(a.near_tie >= 0)) {

@@ -119,7 +119,7 @@ int gen_reqs_load(const char *path, int default_max_new, uint64_t default_seed, 
   return 0;
 }
 
-int gen_reqs_run(k3_runner_t *r, const gen_reqs_t *q, const k3k_sample_cfg_t *sc0, double near_tie,
+int gen_reqs_run(k3_runner_t *r, const gen_reqs_t *q, const k3k_sample_cfg_t *sc0, double near_tie, int block_split,
                  bool (*stop)(const k3_runner_t *r, int32_t id)) {
   const int64_t V = k3_runner_vocab(r);
   const int cap_pages = k3_runner_pages_for(r, q->max_total) + 1;
@@ -145,8 +145,14 @@ int gen_reqs_run(k3_runner_t *r, const gen_reqs_t *q, const k3k_sample_cfg_t *sc
       rc = 1;
       break;
     }
-    k3_prefill_item_t it = {&seq, g->prompt, g->n_prompt, logits, false};
-    if (k3_runner_prefill(r, &it, 1, NULL, NULL, err, sizeof err)) {
+    /* --block-split B: the prompt in two passes, [0, s) then [s, n) with s the last multiple of
+     * B before n: what a cluster with the prefix cache on computes for a miss (the prefill
+     * worker hands off at s, the decode worker computes the rest and checkpoints s) */
+    const int s = block_split > 0 ? (g->n_prompt - 1) / block_split * block_split : 0;
+    k3_prefill_item_t it[2] = {{&seq, g->prompt, s, NULL, false},
+                               {&seq, g->prompt + s, g->n_prompt - s, logits, false}};
+    if ((s > 0 && k3_runner_prefill(r, &it[0], 1, NULL, NULL, err, sizeof err)) ||
+        k3_runner_prefill(r, &it[1], 1, NULL, NULL, err, sizeof err)) {
       fprintf(stderr, "k3pd-generate: request %d: prefill: %s\n", i, err);
       k3_runner_seq_release(r, &seq);
       rc = 1;

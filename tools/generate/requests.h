@@ -48,9 +48,11 @@ int gen_reqs_load(const char *path, int default_max_new, uint64_t default_seed, 
 void gen_reqs_free(gen_reqs_t *q);
 
 /* Runs every request on r (needs one free slot and pages for max_total tokens). sc: sampling
- * (its seed and step are set per request/step). stop(id) ends a free generation early (NULL:
- * never). Returns 0 or 1 (message printed). */
-int gen_reqs_run(k3_runner_t *r, const gen_reqs_t *q, const k3k_sample_cfg_t *sc, double near_tie,
+ * (its seed and step are set per request/step). block_split > 0: each prompt is prefilled in two
+ * passes split at its last multiple of block_split before the end (what the cluster computes
+ * with the prefix cache on; docs/gpu-cluster.md "Correctness"); 0: one prefill call. stop(id)
+ * ends a free generation early (NULL: never). Returns 0 or 1 (message printed). */
+int gen_reqs_run(k3_runner_t *r, const gen_reqs_t *q, const k3k_sample_cfg_t *sc, double near_tie, int block_split,
                  bool (*stop)(const k3_runner_t *r, int32_t id));
 
 #endif
