@@ -11,7 +11,7 @@
 # Next to the latencies it prints the router's CPU time per request and per relayed token and its
 # CPU use over the step (from /proc/PID/stat): those hold on a busy machine where percentiles
 # of latency mostly measure the other processes.
-# Usage: scripts/bench/router_capacity.sh [BUILD_DIR] [OUT_DIR]
+# Usage: scripts/bench/router_capacity.sh [BUILD_DIR] [OUT_DIR]   (BUILD_DIR: a build tree or an unpacked GPU bundle)
 #   env: ROUTER_CPU (0), OTHER_CPUS (1), RATES ("100 200 400 800 1600"), STREAMS ("16 64 256 1024"),
 #        DURATION (10), TOKEN_MS (50), NICE (0; e.g. -15 as root on a machine shared with other
 #        work, so that their processes do not preempt the measured ones: every process started
@@ -28,8 +28,11 @@ TOKEN_MS=${TOKEN_MS:-50}
 NICE=${NICE:-0}
 mkdir -p "$OUT"
 J=$OUT/capacity.jsonl
-for b in router/k3pd-router tools/nullworker/k3pd-null-worker tools/bench/k3pd-bench; do
-  [ -x "$B/$b" ] || { echo "router_capacity.sh: $B/$b missing (build it first)" >&2; exit 2; }
+# BUILD_DIR: a CMake build tree, or an unpacked scripts/gpu/pack.sh bundle (binaries in bin/)
+ROUTER_BIN=$B/router/k3pd-router NULL_BIN=$B/tools/nullworker/k3pd-null-worker BENCH_BIN=$B/tools/bench/k3pd-bench
+[ -x "$B/bin/k3pd-router" ] && ROUTER_BIN=$B/bin/k3pd-router NULL_BIN=$B/bin/k3pd-null-worker BENCH_BIN=$B/bin/k3pd-bench
+for b in "$ROUTER_BIN" "$NULL_BIN" "$BENCH_BIN"; do
+  [ -x "$b" ] || { echo "router_capacity.sh: $b missing (build it first)" >&2; exit 2; }
 done
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
@@ -40,15 +43,15 @@ start_cluster() {
   local d=$OUT/$1
   mkdir -p "$d"
   rm -f "$d"/r.port "$d"/r.cport
-  nice -n "$NICE" taskset -c "$ROUTER_CPU" "$B/router/k3pd-router" --synthetic tiny --listen 127.0.0.1:0 --port-file "$d/r.port" \
+  nice -n "$NICE" taskset -c "$ROUTER_CPU" "$ROUTER_BIN" --synthetic tiny --listen 127.0.0.1:0 --port-file "$d/r.port" \
     --cluster-port-file "$d/r.cport" --tls-dev-dir "$OUT/tls" --log-level warn >"$d/router.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 200); do [ -s "$d/r.port" ] && [ -s "$d/r.cport" ] && break; sleep 0.05; done
   local c=127.0.0.1:$(cat "$d/r.cport")
-  nice -n "$NICE" taskset -c "$OTHER_CPUS" "$B/tools/nullworker/k3pd-null-worker" --role prefill --router "$c" --worker-id prefill-0 \
+  nice -n "$NICE" taskset -c "$OTHER_CPUS" "$NULL_BIN" --role prefill --router "$c" --worker-id prefill-0 \
     --tls-dev-dir "$OUT/tls" >"$d/prefill.log" 2>&1 &
   PIDS+=($!)
-  nice -n "$NICE" taskset -c "$OTHER_CPUS" "$B/tools/nullworker/k3pd-null-worker" --role decode --router "$c" --worker-id decode-0 \
+  nice -n "$NICE" taskset -c "$OTHER_CPUS" "$NULL_BIN" --role decode --router "$c" --worker-id decode-0 \
     --token-interval-ms "$2" --tls-dev-dir "$OUT/tls" >"$d/decode.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 200); do
@@ -68,7 +71,7 @@ bench() {
   local c0 t0
   c0=$(cpu_ticks)
   t0=$(date +%s.%N)
-  nice -n "$NICE" taskset -c "$OTHER_CPUS" "$B/tools/bench/k3pd-bench" --router "127.0.0.1:$RPORT" --id-max 3000 \
+  nice -n "$NICE" taskset -c "$OTHER_CPUS" "$BENCH_BIN" --router "127.0.0.1:$RPORT" --id-max 3000 \
     --json "$J" "$@" >"$OUT/last.txt" 2>&1
   CPU_S=$(echo "$(cpu_ticks) $c0 $(getconf CLK_TCK)" | awk '{print ($1 - $2) / $3}')
   WALL_S=$(echo "$(date +%s.%N) $t0" | awk '{print $1 - $2}')

@@ -3,7 +3,8 @@
 # the GPU host lacks into one tarball (C-STACK.md §8: the GPU host has CUDA, NCCL and the driver
 # but no grpc, libuv, protobuf-c, check, or a CUDA-enabled UCX, and no network):
 #   bin/  k3pd-router k3pd-prefill k3pd-decode k3pd-cli k3pd-bench k3pd-generate k3pd-mkckpt
-#         k3pd-xfer-bench and the GPU test programs (k3k-gpu-*, test_kernels), every one with RPATH
+#         k3pd-xfer-bench k3pd-null-worker (scripts/bench/router_capacity.sh) and the GPU test
+#         programs (k3k-gpu-*, test_kernels), every one with RPATH
 #         $ORIGIN/../lib (DT_RPATH: it also serves their libraries' dependencies)
 #   lib/  the shared-library closure of those binaries except what the GPU host provides (glibc,
 #         libstdc++/libgcc, the CUDA libraries, the driver), with UCX 1.13.1 rebuilt from
@@ -39,7 +40,7 @@ rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib/ucx"
 for b in router/k3pd-router prefill_worker/k3pd-prefill decode_worker/k3pd-decode tools/cli/k3pd-cli \
          tools/bench/k3pd-bench tools/generate/k3pd-generate tools/mkckpt/k3pd-mkckpt \
-         tools/xfer-bench/k3pd-xfer-bench; do
+         tools/xfer-bench/k3pd-xfer-bench tools/nullworker/k3pd-null-worker; do
   cp "$work/cmake/$b" "$stage/bin/"
 done
 for t in "$work"/cmake/tests/gpu/k3k-gpu-* "$work"/cmake/tests/kernels/test_kernels; do
