@@ -92,21 +92,6 @@ int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t 
                                 ids->shape[0], table->shape[1], y->data, y->stride[0]);
 }
 
-int rn_dev_add_mix_norm(k3_runner_t *r, const k3k_tensor_t *a, const k3k_tensor_t *P,
-                        const k3k_tensor_t *sv, const k3k_tensor_t *wn, const k3k_tensor_t *wp,
-                        float eps_mix, const k3k_tensor_t *h, const k3k_tensor_t *lnw,
-                        const k3k_rmsnorm_params_t *np, const k3k_tensor_t *xn) {
-  static int on = -1; /* K3PD_CUDA_RESNORM, read once (eager and captured steps agree) */
-  if (on < 0) {
-    const char *e = getenv("K3PD_CUDA_RESNORM");
-    on = !(e && !strcmp(e, "0"));
-  }
-  k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
-  if (!on || !cx || !k3k_cuda_add_mix_norm_fits(cx, a, P, sv, wn, wp, h, lnw, xn))
-    return K3_ENOTSUP;
-  return k3k_cuda_add_mix_norm(cx, a, P, sv, wn, wp, eps_mix, h, lnw, np->eps, np->bf16_inner, xn);
-}
-
 int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, const k3k_tensor_t *krot,
                        const k3k_tensor_t *smap, const k3k_tensor_t *cache) {
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
