@@ -18,6 +18,7 @@
 
 #include "k3k.h"
 #include "k3k_cuda.h" /* the runner-facing part, moved there (issue 19) */
+#include "cuda_fused.h" /* the fused kernels behind RES_MIX_NORM, GEMM_MULTI, KDA_DECODE */
 
 #ifdef __cplusplus
 extern "C" {

@@ -3,7 +3,7 @@
 # the GPU host lacks into one tarball (C-STACK.md §8: the GPU host has CUDA, NCCL and the driver
 # but no grpc, libuv, protobuf-c, check, or a CUDA-enabled UCX, and no network):
 #   bin/  k3pd-router k3pd-prefill k3pd-decode k3pd-cli k3pd-bench k3pd-generate k3pd-mkckpt
-#         k3pd-xfer-bench and the GPU test programs (k3k-gpu-*), every one with RPATH
+#         k3pd-xfer-bench and the GPU test programs (k3k-gpu-*, test_kernels), every one with RPATH
 #         $ORIGIN/../lib (DT_RPATH: it also serves their libraries' dependencies)
 #   lib/  the shared-library closure of those binaries except what the GPU host provides (glibc,
 #         libstdc++/libgcc, the CUDA libraries, the driver), with UCX 1.13.1 rebuilt from
@@ -45,6 +45,9 @@ done
 for t in "$work"/cmake/tests/gpu/k3k-gpu-*; do
   [ -x "$t" ] && cp "$t" "$stage/bin/"
 done
+# the op test (every op against the reference; `--real --require-device`: the fused ops at the
+# real K3 shapes on the GPU)
+cp "$work/cmake/tests/kernels/test_kernels" "$stage/bin/"
 # UCX with CUDA replaces Debian's (same version and sonames, so the binaries link either).
 cp -a "$work"/ucx/lib/libucp.so* "$work"/ucx/lib/libuct.so* "$work"/ucx/lib/libucs.so* \
       "$work"/ucx/lib/libucm.so* "$stage/lib/"
