@@ -320,11 +320,52 @@ static void fused_errors(void) {
   check(k3k_run(cpu, K3K_OP_GEMM_MULTI, &p, t, 9) == K3_EINVAL, "gemm_multi: n=2, one weight");
   check(!k3k_supports(cpu, K3K_OP_GEMM_MULTI, &p, t, 9), "k3k_supports: invalid args → false");
   tt_free(&x), tt_free(&w), tt_free(&y);
+  /* RES_MIX_NORM: the mix's slots come all together */
+  tt_t P = tt_2d(K3K_F32, 2, 8, 0), lw = tt_1d(K3K_F32, 8), xn = tt_2d(K3K_F32, 2, 8, 0);
+  int64_t ssh[3] = {1, 2, 8};
+  tt_t sn = tt_new(K3K_F32, 3, ssh, 0);
+  k3k_res_mix_norm_params_t rp = {.eps_mix = 1e-5f, .eps = 1e-5f};
+  const k3k_tensor_t *rt[8] = {NULL, &P.t, &sn.t, &lw.t, &lw.t, NULL, &lw.t, &xn.t};
+  err[0] = 0;
+  check(k3k_op_validate(K3K_OP_RES_MIX_NORM, &rp, rt, 8, err, sizeof err) == K3_EINVAL &&
+            strstr(err, "all present or all NULL"),
+        "res_mix_norm: snaps without h refused (%s)", err);
+  tt_free(&P), tt_free(&lw), tt_free(&xn), tt_free(&sn);
   /* the CPU backends' side lane and graph slots keep the meaning (k3k.h) */
   check(k3k_backend_side(cpu, K3K_SIDE_BEGIN, 0) == 0 && k3k_backend_side(cpu, K3K_SIDE_END, 0) == 0,
         "cpu: side lane requests are no-ops");
   void *gr = NULL;
   check(k3k_backend_graph(cpu, K3K_GRAPH_BEGIN, &gr) == K3_ENOTSUP, "cpu: no graphs");
+}
+
+/* KDA_DECODE with a slot outside the smallest pool: K3_ERANGE and nothing written (the slots
+ * are checked against every pool before the first CONV_STEP writes). */
+static void kda_bad_slot(void) {
+  const int64_t N = 2, NH = 2, Dh = 8, P = NH * Dh, W = 4;
+  tt_t s[18];
+  memset(s, 0, sizeof s);
+  for (int i = QL; i <= Z; i++) s[i] = tt_2d(K3K_F32, N, i == BR ? NH : P, 0), tt_rand(&s[i], -1, 1);
+  for (int i = WQ; i <= WV; i++) s[i] = tt_2d(K3K_F32, P, W, 0), tt_rand(&s[i], -1, 1);
+  int64_t csh[3] = {4, P, W - 1}, ssh[4] = {3, NH, Dh, Dh}; /* conv pools 4 slots, state 3 */
+  for (int i = CQ; i <= CV; i++) s[i] = tt_new(K3K_F32, 3, csh, 0), tt_rand(&s[i], -1, 1);
+  s[AL] = tt_1d(K3K_F32, NH), s[DT] = tt_1d(K3K_F32, P), s[ON] = tt_1d(K3K_F32, Dh);
+  s[SL] = tt_1d(K3K_I32, N), tt_seti(&s[SL], 0, 1), tt_seti(&s[SL], 1, 3); /* 3: not a state slot */
+  s[ST] = tt_new(K3K_F32, 4, ssh, 0), tt_rand(&s[ST], -1, 1);
+  s[OUT] = tt_2d(K3K_F32, N, P, 0);
+  void *before[18] = {0};
+  for (int i = CQ; i <= CV; i++) before[i] = dup_buf(&s[i]);
+  before[ST] = dup_buf(&s[ST]);
+  const k3k_kda_decode_params_t p = {.n_seqs = 2, .n_heads = 2, .head_dim = 8,
+                                     .lower_bound = -5.0f, .l2_eps = 1e-6f, .rms_eps = 1e-5f};
+  check(run_host("cpu", K3K_OP_KDA_DECODE, &p, s, 18) == K3_ERANGE, "kda_decode: slot 3 of 3");
+  bool same = true;
+  for (int i = CQ; i <= ST; i++)
+    if (before[i] && memcmp(before[i], s[i].buf, s[i].bytes)) same = false;
+  check(same, "kda_decode: a refused slot leaves every state as it was");
+  for (int i = 0; i < 18; i++) {
+    free(before[i]);
+    tt_free(&s[i]);
+  }
 }
 
 void t_fused(void) {
@@ -344,6 +385,7 @@ void t_fused(void) {
   }
   kda_case(2, 2, 128, 4, K3K_BF16, K3K_BF16, K3K_GATE_LOWER_BOUND, true); /* the device's shape */
   fused_errors();
+  kda_bad_slot();
 }
 
 /* The real K3 shapes (spec §1.5: hidden 7168, 96 KDA heads of 128, q/k/v 12288 wide), bf16
