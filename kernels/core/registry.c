@@ -137,7 +137,8 @@ int k3k_run(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor
 
 bool k3k_supports(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor_t *const *t,
                   int nt) {
-  return be && k3k_op_validate(op, params, t, nt, NULL, 0) == 0 && be->supports(be, op, params, t, nt);
+  return be && k3k_op_validate(op, params, t, nt, NULL, 0) == 0 &&
+         be->supports(be, op, params, t, nt);
 }
 
 /* Defaults of the optional vtable slots: a backend that runs ops in issue order needs no side

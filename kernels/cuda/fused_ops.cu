@@ -62,7 +62,8 @@ static bool gemv_group(int n, const k3k_tensor_t *const *t) {
 
 int k3k_cuda_gemm_multi(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
   const int n = multi_n(params);
-  if (gemv_group(n, t)) return k3k_cuda_gemv_multi(cx, t[0], n, t + 1, t + 1 + K3K_GEMM_MULTI_MAX, NULL);
+  if (gemv_group(n, t))
+    return k3k_cuda_gemv_multi(cx, t[0], n, t + 1, t + 1 + K3K_GEMM_MULTI_MAX, NULL);
   for (int j = 0; j < n; j++) {
     const k3k_tensor_t *g[3] = {t[0], t[1 + j], t[1 + K3K_GEMM_MULTI_MAX + j]};
     int rc = k3k_cuda_gemm(cx, NULL, g);
@@ -88,7 +89,8 @@ static bool vec_f32(const k3k_tensor_t *t) {
 static bool kda_decode_ok(const void *params, const k3k_tensor_t *const *t) {
   const k3k_kda_decode_params_t *p = (const k3k_kda_decode_params_t *)params;
   const int64_t NH = p->n_heads, P = NH * 128;
-  if (p->head_dim != 128 || p->gate_form != K3K_GATE_LOWER_BOUND || t[6]->shape[1] != 4) return false;
+  if (p->head_dim != 128 || p->gate_form != K3K_GATE_LOWER_BOUND || t[6]->shape[1] != 4)
+    return false;
   const int64_t ld = ld_of(t[0], K3K_BF16);
   if (ld < 0 || ld_of(t[1], K3K_BF16) != ld || ld_of(t[2], K3K_BF16) != ld ||
       ld_of(t[3], K3K_BF16) < 0 || ld_of(t[5], K3K_BF16) < 0 || ld_of(t[17], K3K_BF16) < 0 ||

@@ -4,8 +4,9 @@
  * the op chain CONV_STEP x3 → L2NORM x2 → KDA_GATE → SIGMOID → KDA_STEP → GATED_RMSNORM is
  * nine launches per layer (108 per step on the medium preset, ~2-5 us each at batch 1). The
  * fused kernel does all of it in one pass over the state with the chain's rounding points
- * (bf16 conv outputs, fp32 q/k/g/beta, bf16 o before the gated norm); k3k-gpu-check's
- * kda_fused_decode cases compare it with the chain on the reference backend.
+ * (bf16 conv outputs, fp32 q/k/g/beta, bf16 o before the gated norm): KDA_DECODE's CPU
+ * reference IS that chain, and test_kernels --real (and k3k-gpu-check's kda_fused_decode)
+ * compare the kernel with it.
  * What it is not: prefill (the chunked op), the 48B's softplus gate or bf16 conv weights (those
  * keep the op chain), or a check of ids: the decode pass's slots were validated on the host
  * (graph.c) and the kernel skips slots outside the pool.

@@ -256,10 +256,16 @@ static inline int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, con
 
 /* The backend's side lane (k3k.h k3k_backend_side; no-ops on the CPU backends, which the runner
  * never sends there: rn_dev_side_ok is false without r->dev). */
-static inline int rn_dev_side_begin(k3_runner_t *r) { return k3k_backend_side(r->be, K3K_SIDE_BEGIN, 0); }
-static inline int rn_dev_side_mark(k3_runner_t *r, int i) { return k3k_backend_side(r->be, K3K_SIDE_MARK, i); }
+static inline int rn_dev_side_begin(k3_runner_t *r) {
+  return k3k_backend_side(r->be, K3K_SIDE_BEGIN, 0);
+}
+static inline int rn_dev_side_mark(k3_runner_t *r, int i) {
+  return k3k_backend_side(r->be, K3K_SIDE_MARK, i);
+}
 static inline int rn_dev_side_end(k3_runner_t *r) { return k3k_backend_side(r->be, K3K_SIDE_END, 0); }
-static inline int rn_dev_side_wait(k3_runner_t *r, int i) { return k3k_backend_side(r->be, K3K_SIDE_WAIT, i); }
+static inline int rn_dev_side_wait(k3_runner_t *r, int i) {
+  return k3k_backend_side(r->be, K3K_SIDE_WAIT, i);
+}
 
 /* kda_device.c (CUDA builds): rn_dev_kda_init sets r->kda_fused when every KDA layer can take
  * the fused decode kernel (cuda backend, bf16, K3's lower-bound gate, 128-wide heads, conv
