@@ -393,6 +393,14 @@ void t_fused(void) {
  * every one (--require-device). */
 void t_fused_real(bool require_device) {
   g_require_dev = require_device;
+  if (require_device) { /* a GPU host without a usable device must not pass silently */
+    int dev = 0;
+    for (const char *const *nm = k3k_backend_names(); *nm; nm++) {
+      k3k_backend_t *be = k3k_backend_get(*nm);
+      dev += be && !be->host_memory;
+    }
+    check(dev > 0, "--require-device: no device backend is available");
+  }
   rng_seed(2026);
   res_case(1, 7168, 4, true, true, K3K_BF16, 1, false);
   res_case(64, 7168, 13, true, true, K3K_BF16, 1, false);
