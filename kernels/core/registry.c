@@ -134,3 +134,21 @@ int k3k_run(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor
   }
   return be->run(be, op, params, t, nt);
 }
+
+bool k3k_supports(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor_t *const *t,
+                  int nt) {
+  return be && k3k_op_validate(op, params, t, nt, NULL, 0) == 0 &&
+         be->supports(be, op, params, t, nt);
+}
+
+/* Defaults of the optional vtable slots: a backend that runs ops in issue order needs no side
+ * lane (every request keeps the meaning as a no-op) and has no graphs (k3k.h). */
+int k3k_backend_side(k3k_backend_t *be, int what, int mark) {
+  if (!be || what < K3K_SIDE_INIT || what > K3K_SIDE_WAIT) return K3_EINVAL;
+  return be->side ? be->side(be, what, mark) : 0;
+}
+
+int k3k_backend_graph(k3k_backend_t *be, int what, void **g) {
+  if (!be || what < K3K_GRAPH_BEGIN || what > K3K_GRAPH_FREE) return K3_EINVAL;
+  return be->graph ? be->graph(be, what, g) : K3_ENOTSUP;
+}

@@ -104,6 +104,109 @@ static int heads_ok(vctx_t *v, int64_t c, int32_t hd) {
   return 0;
 }
 
+/* A fused op is valid when every op of the chain it means is (k3k.h "Fusions"): the component
+ * checks are the component ops' own, so the two cannot drift apart. */
+static int sub(vctx_t *v, k3k_op_t op, const void *params, const k3k_tensor_t *const *t, int nt) {
+  char e[200];
+  e[0] = 0;
+  int rc = k3k_op_validate(op, params, t, nt, e, sizeof e);
+  return rc ? fail(v, "in its %s", e) : 0;
+}
+
+/* A stand-in for an intermediate of a chain: shape [n0,n1] (ndim 2) or [n0] (n1 < 0), dtype dt,
+ * only validated, never read or written (data is any non-NULL pointer). */
+static k3k_tensor_t tmp_t(const k3k_tensor_t *like, k3k_dtype_t dt, int64_t n0, int64_t n1) {
+  k3k_tensor_t x = n1 < 0 ? k3k_tensor_1d(like->backend, dt, like->data, n0)
+                          : k3k_tensor_2d(like->backend, dt, like->data, n0, n1);
+  if (!x.data) x.data = (void *)like; /* numel 0 views may have NULL data */
+  return x;
+}
+
+static int v_res_mix_norm(vctx_t *v, const void *params, const k3k_tensor_t *const *t) {
+  const k3k_res_mix_norm_params_t *p = params;
+  int rc;
+  if (!p) return fail(v, "params missing");
+  if (!t[1] || !t[6] || !t[7]) return fail(v, "t[1] P, t[6] lnw and t[7] xn are required");
+  const bool mix = t[2] != NULL;
+  if ((t[3] != NULL) != mix || (t[4] != NULL) != mix || (t[5] != NULL) != mix)
+    return fail(v, "t[2..5] (snaps, w_norm, w_proj, h): all present or all NULL");
+  if (t[0]) {
+    const k3k_tensor_t *a[3] = {t[1], t[0], t[1]};
+    if ((rc = sub(v, K3K_OP_ADD, NULL, a, 3))) return rc;
+  }
+  if (mix) {
+    const k3k_attn_res_params_t mp = {.eps = p->eps_mix};
+    const k3k_tensor_t *m[5] = {t[2], t[1], t[3], t[4], t[5]};
+    if ((rc = sub(v, K3K_OP_ATTN_RES_MIX, &mp, m, 5))) return rc;
+  }
+  const k3k_rmsnorm_params_t np = {.eps = p->eps, .bf16_inner = p->bf16_inner};
+  const k3k_tensor_t *n[3] = {mix ? t[5] : t[1], t[6], t[7]};
+  return sub(v, K3K_OP_RMSNORM, &np, n, 3);
+}
+
+static int v_gemm_multi(vctx_t *v, const void *params, const k3k_tensor_t *const *t) {
+  const k3k_gemm_multi_params_t *p = params;
+  int rc;
+  if (!p) return fail(v, "params missing");
+  if (p->n < 1 || p->n > K3K_GEMM_MULTI_MAX)
+    return fail(v, "params.n=%d, want 1..%d", p->n, K3K_GEMM_MULTI_MAX);
+  for (int j = 0; j < K3K_GEMM_MULTI_MAX; j++) {
+    const bool used = j < p->n;
+    if ((t[1 + j] != NULL) != used || (t[5 + j] != NULL) != used)
+      return fail(v, "t[%d] W_%d / t[%d] y_%d: %s", 1 + j, j, 5 + j, j,
+                  used ? "missing" : "must be NULL past params.n");
+    if (!used) continue;
+    const k3k_tensor_t *g[3] = {t[0], t[1 + j], t[5 + j]};
+    if ((rc = sub(v, K3K_OP_GEMM, NULL, g, 3))) return rc;
+  }
+  return 0;
+}
+
+static int v_kda_decode(vctx_t *v, const void *params, const k3k_tensor_t *const *t) {
+  const k3k_kda_decode_params_t *p = params;
+  int rc;
+  if (!p) return fail(v, "params missing");
+  for (int i = 0; i < 18; i++)
+    if (!t[i]) return fail(v, "t[%d]: missing", i);
+  const k3k_tensor_t *out = t[17];
+  if (out->ndim != 2) return fail(v, "t[17] out: ndim %d, want 2", out->ndim);
+  const int64_t N = p->n_seqs, P = out->shape[1];
+  if (p->n_heads <= 0 || p->head_dim <= 0 || P != (int64_t)p->n_heads * p->head_dim)
+    return fail(v, "t[17] out: %lld channels != params.n_heads %d x head_dim %d", (long long)P,
+                p->n_heads, p->head_dim);
+  if (out->shape[0] != N) return fail(v, "t[17] out: %lld rows != params.n_seqs %d",
+                                      (long long)out->shape[0], p->n_seqs);
+  const k3k_dtype_t D = out->dtype;
+  k3k_tensor_t c[3], qn = tmp_t(out, K3K_F32, N, P), kn = tmp_t(out, K3K_F32, N, P);
+  k3k_tensor_t g = tmp_t(out, K3K_F32, N, P), beta = tmp_t(out, K3K_F32, N, p->n_heads);
+  k3k_tensor_t o = tmp_t(out, D, N, P);
+  const k3k_conv_params_t cp = {.n_seqs = p->n_seqs, .read_state = 1, .activation = 1};
+  for (int j = 0; j < 3; j++) {
+    c[j] = tmp_t(out, D, N, P);
+    const k3k_tensor_t *a[5] = {t[j], t[6 + j], t[15], t[9 + j], &c[j]};
+    if ((rc = sub(v, K3K_OP_CONV_STEP, &cp, a, 5))) return rc;
+  }
+  const k3k_l2norm_params_t lp = {.head_dim = p->head_dim, .eps = p->l2_eps, .scale = 1.0f};
+  const k3k_tensor_t *lq[2] = {&c[0], &qn}, *lk[2] = {&c[1], &kn};
+  if ((rc = sub(v, K3K_OP_L2NORM, &lp, lq, 2)) || (rc = sub(v, K3K_OP_L2NORM, &lp, lk, 2)))
+    return rc;
+  const k3k_kda_gate_params_t gp = {.form = p->gate_form, .head_dim = p->head_dim,
+                                    .lower_bound = p->lower_bound};
+  const k3k_tensor_t *ga[4] = {t[3], t[12], t[13], &g}, *sb[2] = {t[4], &beta};
+  if ((rc = sub(v, K3K_OP_KDA_GATE, &gp, ga, 4)) || (rc = sub(v, K3K_OP_SIGMOID, NULL, sb, 2)))
+    return rc;
+  const k3k_kda_params_t kp = {.n_seqs = p->n_seqs, .n_heads = p->n_heads, .read_state = 1,
+                               .scale = p->scale};
+  const k3k_tensor_t *ks[8] = {&qn, &kn, &c[2], &g, &beta, t[15], t[16], &o};
+  if ((rc = sub(v, K3K_OP_KDA_STEP, &kp, ks, 8))) return rc;
+  if (t[16]->shape[2] != p->head_dim || t[16]->shape[3] != p->head_dim)
+    return fail(v, "t[16] state: head dims %lldx%lld, want Dv = Dk = %d",
+                (long long)t[16]->shape[2], (long long)t[16]->shape[3], p->head_dim);
+  const k3k_gated_rmsnorm_params_t np = {.head_dim = p->head_dim, .eps = p->rms_eps};
+  const k3k_tensor_t *gn[4] = {&o, t[5], t[14], out};
+  return sub(v, K3K_OP_GATED_RMSNORM, &np, gn, 4);
+}
+
 int k3k_op_validate(k3k_op_t op, const void *params, const k3k_tensor_t *const *t, int nt,
                     char *err, size_t errcap) {
   vctx_t v = {.op = k3k_op_name(op), .err = err, .cap = errcap};
@@ -421,6 +524,9 @@ int k3k_op_validate(k3k_op_t op, const void *params, const k3k_tensor_t *const *
              "params.rows[%d]: temperature/top_p not finite", i);
       return 0;
     }
+    case K3K_OP_RES_MIX_NORM: return v_res_mix_norm(&v, params, t);
+    case K3K_OP_GEMM_MULTI: return v_gemm_multi(&v, params, t);
+    case K3K_OP_KDA_DECODE: return v_kda_decode(&v, params, t);
     case K3K_OP_COUNT: break;
   }
   return fail(&v, "unknown op");

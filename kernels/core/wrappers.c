@@ -1,6 +1,7 @@
 /* Typed wrappers of k3k.h: each packs its tensors in the documented slot order and calls
  * k3k_run(). Generated once by hand from the op table; keep in the order of k3k_op_t. */
 #include "k3k.h"
+#include "k3pd/err.h"
 
 int k3k_copy(k3k_backend_t *be, const k3k_tensor_t *x, const k3k_tensor_t *y) {
   const k3k_tensor_t *t[] = {x, y};
@@ -130,4 +131,28 @@ int k3k_attn_res_mix(k3k_backend_t *be, const k3k_attn_res_params_t *p, const k3
 int k3k_sample(k3k_backend_t *be, const k3k_sample_params_t *p, const k3k_tensor_t *logits, const k3k_tensor_t *ids) {
   const k3k_tensor_t *t[] = {logits, ids};
   return k3k_run(be, K3K_OP_SAMPLE, p, t, 2);
+}
+
+int k3k_res_mix_norm(k3k_backend_t *be, const k3k_res_mix_norm_params_t *p, const k3k_tensor_t *a,
+                     const k3k_tensor_t *P, const k3k_tensor_t *snaps, const k3k_tensor_t *w_norm,
+                     const k3k_tensor_t *w_proj, const k3k_tensor_t *h, const k3k_tensor_t *lnw,
+                     const k3k_tensor_t *xn) {
+  const k3k_tensor_t *t[] = {a, P, snaps, w_norm, w_proj, h, lnw, xn};
+  return k3k_run(be, K3K_OP_RES_MIX_NORM, p, t, 8);
+}
+
+int k3k_gemm_multi(k3k_backend_t *be, const k3k_gemm_multi_params_t *p, const k3k_tensor_t *x,
+                   const k3k_tensor_t *const *w, const k3k_tensor_t *const *y) {
+  const k3k_tensor_t *t[1 + 2 * K3K_GEMM_MULTI_MAX] = {x};
+  if (!p || p->n < 1 || p->n > K3K_GEMM_MULTI_MAX) return K3_EINVAL;
+  for (int j = 0; j < p->n; j++) {
+    t[1 + j] = w[j];
+    t[1 + K3K_GEMM_MULTI_MAX + j] = y[j];
+  }
+  return k3k_run(be, K3K_OP_GEMM_MULTI, p, t, 1 + 2 * K3K_GEMM_MULTI_MAX);
+}
+
+int k3k_kda_decode(k3k_backend_t *be, const k3k_kda_decode_params_t *p,
+                   const k3k_tensor_t *const *t) {
+  return k3k_run(be, K3K_OP_KDA_DECODE, p, t, 18);
 }

@@ -276,6 +276,8 @@ static bool cuda_supports(k3k_backend_t *be, k3k_op_t op, const void *params,
   case K3K_OP_ATTN_RES_MIX: return t[0]->shape[0] + 1 <= 16;
   case K3K_OP_SAMPLE: return t[0]->shape[1] < INT32_MAX;
   case K3K_OP_ROUTER: case K3K_OP_MOE_COMBINE: return k3k_cuda_moe_ok(op, params, t);
+  case K3K_OP_RES_MIX_NORM: case K3K_OP_GEMM_MULTI: case K3K_OP_KDA_DECODE:
+    return k3k_cuda_fused_ok(CX(be), op, params, t);
   default: return true;
   }
 }
@@ -295,6 +297,53 @@ static int cuda_run(k3k_backend_t *be, k3k_op_t op, const void *params,
     }
   }
   return rc;
+}
+
+/* The side lane (k3k.h k3k_backend_side): side_stream.cu. */
+static int be_side(k3k_backend_t *be, int what, int mark) {
+  k3k_cuda_ctx *cx = CX(be);
+  switch (what) {
+  case K3K_SIDE_INIT: return k3k_cuda_side_init(cx);
+  case K3K_SIDE_BEGIN: return k3k_cuda_side_begin(cx);
+  case K3K_SIDE_MARK: return k3k_cuda_side_mark(cx, mark);
+  case K3K_SIDE_END: return k3k_cuda_side_end(cx);
+  case K3K_SIDE_WAIT: return k3k_cuda_side_wait(cx, mark);
+  default: return K3_EINVAL;
+  }
+}
+
+/* Graph capture (k3k.h k3k_backend_graph) of the main stream, relaxed mode (other threads may
+ * keep calling the runtime); *g is a cudaGraphExec_t. A capture that failed is cleared from the
+ * runtime's error state here (it is not sticky). */
+static int be_graph(k3k_backend_t *be, int what, void **g) {
+  k3k_cuda_ctx *cx = CX(be);
+  switch (what) {
+  case K3K_GRAPH_BEGIN:
+    K3K_CU(cudaStreamBeginCapture(cx->stream, cudaStreamCaptureModeRelaxed));
+    return 0;
+  case K3K_GRAPH_END: {
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    *g = NULL;
+    cudaError_t ce = cudaStreamEndCapture(cx->stream, &graph);
+    if (ce == cudaSuccess && graph) ce = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (ce != cudaSuccess || !exec) {
+      (void)cudaGetLastError();
+      return K3_EDEVICE;
+    }
+    *g = exec;
+    return 0;
+  }
+  case K3K_GRAPH_LAUNCH:
+    K3K_CU(cudaGraphLaunch((cudaGraphExec_t)*g, cx->stream));
+    return 0;
+  case K3K_GRAPH_FREE:
+    if (*g) cudaGraphExecDestroy((cudaGraphExec_t)*g);
+    *g = NULL;
+    return 0;
+  default: return K3_EINVAL;
+  }
 }
 
 void k3k_cuda_backend_destroy(k3k_backend_t *be) {
@@ -344,6 +393,8 @@ int k3k_cuda_backend_create(k3k_backend_t **out) {
   be->synchronize = be_sync;
   be->supports = cuda_supports;
   be->run = cuda_run;
+  be->side = be_side;
+  be->graph = be_graph;
   const char *dev = getenv("K3PD_CUDA_DEVICE");
   cx->device = dev ? atoi(dev) : 0;
   int rc = K3_EDEVICE;

@@ -18,6 +18,7 @@
 
 #include "k3k.h"
 #include "k3k_cuda.h" /* the runner-facing part, moved there (issue 19) */
+#include "cuda_fused.h" /* the fused kernels behind RES_MIX_NORM, GEMM_MULTI, KDA_DECODE */
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,6 +81,11 @@ K3K_CUDA_DECL(kda_step_fast);
 K3K_CUDA_DECL(kda_chunk_fast);
 K3K_CUDA_DECL(mla_prefill_fast);
 K3K_CUDA_DECL(mla_decode_fast);
+
+/* Whether the fused kernel of RES_MIX_NORM, GEMM_MULTI or KDA_DECODE takes these operands
+ * (fused_ops.cu); cuda_supports answers with it. */
+bool k3k_cuda_fused_ok(const k3k_cuda_ctx *cx, k3k_op_t op, const void *params,
+                       const k3k_tensor_t *const *t);
 
 /* Shape/dtype checks beyond k3k_op_validate() for ops with restricted fast paths. */
 bool k3k_cuda_gemm_ok(const k3k_tensor_t *const *t);

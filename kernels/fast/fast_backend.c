@@ -24,10 +24,17 @@ static int fast_run(k3k_backend_t *be, k3k_op_t op, const void *params,
   fast_t *f = be->ctx;
   pthread_mutex_lock(&f->mu);
   int rc;
-  if (op == K3K_OP_GEMM || op == K3K_OP_MXFP4_GEMM)
+  if (op == K3K_OP_GEMM || op == K3K_OP_MXFP4_GEMM) {
     rc = k3k_fast_gemm(f->pool, t, op == K3K_OP_MXFP4_GEMM);
-  else if ((rc = k3k_fast_op(f->pool, op, params, t, nt)) == K3_ENOTSUP)
+  } else if (op == K3K_OP_GEMM_MULTI) { /* the reference's chain, each GEMM packed */
+    rc = 0;
+    for (int j = 0; j < ((const k3k_gemm_multi_params_t *)params)->n && !rc; j++) {
+      const k3k_tensor_t *g[3] = {t[0], t[1 + j], t[1 + K3K_GEMM_MULTI_MAX + j]};
+      rc = k3k_fast_gemm(f->pool, g, false);
+    }
+  } else if ((rc = k3k_fast_op(f->pool, op, params, t, nt)) == K3_ENOTSUP) {
     rc = k3k_cpu_ref_fn(op)(params, t);
+  }
   pthread_mutex_unlock(&f->mu);
   return rc;
 }

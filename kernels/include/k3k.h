@@ -92,7 +92,7 @@ typedef enum {
   K3K_OP_COUNT
 } k3k_op_t;
 
-#define K3K_MAX_ARGS 12
+#define K3K_MAX_ARGS 20 /* KDA_DECODE takes 18 */
 
 const char *k3k_op_name(k3k_op_t op);
 
@@ -318,6 +318,60 @@ typedef struct {
   const k3k_sample_cfg_t *rows; /* host memory, n_rows entries; borrowed for the call */
 } k3k_sample_params_t;
 
+/* ---- Fusions (issue 19). Each op below means EXACTLY the chain of ops its comment names, with
+ * the intermediate dtypes it names: the CPU reference runs that chain (kernels/cpu/fused.c), so
+ * it is the specification by construction, and a device backend may run one fused kernel
+ * instead. A device backend's `supports` says which shapes its fused kernel takes; the caller
+ * runs the chain itself where it says no (k3k_supports asks without logging). ---- */
+
+/* RES_MIX_NORM (the residual glue between two sub-layers, §2.2/§2.3):
+ * t[0]=a [T,D] or NULL, t[1]=P [T,D] (in/out), t[2]=snaps [nb,T,D] or NULL, t[3]=w_norm [D],
+ * t[4]=w_proj [D], t[5]=h [T,D] (t[3..5] NULL exactly when snaps is NULL), t[6]=lnw [D],
+ * t[7]=xn [T,D].
+ *   a != NULL:     P = ADD(P, a)                              (P's dtype)
+ *   snaps != NULL: h = ATTN_RES_MIX(snaps, P; w_norm, w_proj, eps_mix)
+ *   xn = RMSNORM(snaps ? h : P; lnw, eps, bf16_inner)
+ * No output may alias another slot (P is updated in place). */
+typedef struct {
+  float eps_mix;  /* ATTN_RES_MIX eps */
+  float eps;      /* RMSNORM eps */
+  int bf16_inner; /* RMSNORM's inner rounding */
+} k3k_res_mix_norm_params_t;
+
+/* GEMM_MULTI (grouped projections of one input): t[0]=x [M,K], t[1+j]=W_j [N_j,K],
+ * t[5+j]=y_j [M,N_j] for j < n; slots j >= n are NULL. y_j = GEMM(x, W_j) for each j, in j
+ * order; no y_j may alias x, a weight or another y. */
+#define K3K_GEMM_MULTI_MAX 4
+typedef struct {
+  int32_t n; /* 1..K3K_GEMM_MULTI_MAX */
+} k3k_gemm_multi_params_t;
+
+/* KDA_DECODE (§3.9 minus the projections, one token per sequence):
+ * t[0]=q_raw, t[1]=k_raw, t[2]=v_raw [N,NH*Dh] (q/k/v projections before the conv),
+ * t[3]=g_raw [N,NH*Dh] (decay-gate projection), t[4]=b_raw [N,NH] (beta projection),
+ * t[5]=z [N,NH*Dh] (output-gate projection), t[6..8]=conv weights of q, k, v [NH*Dh,W],
+ * t[9..11]=conv states of q, k, v [S,NH*Dh,W-1] (in/out), t[12]=A_log F32 [>=NH],
+ * t[13]=dt_bias [NH*Dh], t[14]=o_norm weight [Dh], t[15]=slots I32 [N],
+ * t[16]=state F32 [S,NH,Dh,Dh] (V-first, in/out), t[17]=out [N,NH*Dh].  With D = out's dtype:
+ *   c_j = CONV_STEP(x_j; w_j, slots, state_j), activation SiLU     (D, j = q, k, v)
+ *   qn, kn = L2NORM(c_q), L2NORM(c_k); head_dim Dh, l2_eps, scale 1   (F32)
+ *   g = KDA_GATE(g_raw; A_log, dt_bias; gate_form, lower_bound)     (F32)
+ *   beta = SIGMOID(b_raw)                                            (F32)
+ *   o = KDA_STEP(qn, kn, c_v, g, beta; slots, state; read_state 1, scale)   (D)
+ *   out = GATED_RMSNORM(o, z; o_norm, Dh, rms_eps)
+ * Dk = Dv = Dh. Slots are checked as KDA_STEP checks them on the CPU backends; a device backend
+ * may skip out-of-range slots instead (its fused kernel trusts host-validated ids). */
+typedef struct {
+  int32_t n_seqs;            /* N */
+  int32_t n_heads;           /* NH */
+  int32_t head_dim;          /* Dh = Dk = Dv (128) */
+  k3k_gate_form_t gate_form; /* KDA_GATE form */
+  float lower_bound;         /* KDA_GATE lower bound (LOWER_BOUND form) */
+  float l2_eps;              /* L2NORM eps */
+  float rms_eps;             /* GATED_RMSNORM eps */
+  float scale;               /* KDA_STEP q scale; 0 → Dh^-0.5 */
+} k3k_kda_decode_params_t;
+
 /* Counter-based RNG used by SAMPLE. With sm(z) = the SplitMix64 output for state z
  * (z += 0x9E3779B97F4A7C15; z = (z^(z>>30))·0xBF58476D1CE4E5B9; z = (z^(z>>27))·0x94D049BB133111EB;
  * z^(z>>31)): x = sm(seed ^ sm(step)); returns (x >> 40)·2^-24, a multiple of 2^-24 in [0,1),
@@ -365,7 +419,34 @@ typedef struct k3k_backend {
   /* Runs one validated op. May be asynchronous on device backends (ordered on one stream). */
   int (*run)(struct k3k_backend *be, k3k_op_t op, const void *params,
              const k3k_tensor_t *const *t, int nt);
+  /* Optional (NULL = the k3k_backend_side / k3k_backend_graph defaults below). */
+  int (*side)(struct k3k_backend *be, int what, int mark);
+  int (*graph)(struct k3k_backend *be, int what, void **g);
 } k3k_backend_t;
+
+/* The side lane (k3k_backend_side): work that does not depend on what the main lane does next
+ * may run concurrently with it (a device backend's second stream). The results never change:
+ * the same ops on the same inputs. A backend that runs ops in issue order (the CPU backends)
+ * implements every request as a no-op returning 0, which keeps the same meaning.
+ *   INIT: prepare the lane once (not during a graph capture); 0, K3_ENOMEM or K3_EDEVICE.
+ *   BEGIN: ops issued after it go to the side lane, ordered after everything issued so far.
+ *   MARK (mark 1..2): on the side lane, marks the side work issued so far.
+ *   END: back to the main lane (which does not wait for anything).
+ *   WAIT (mark 1..2): on the main lane, later work waits for side mark `mark`.
+ * K3_EINVAL for a request out of order (BEGIN twice, MARK on main, ...) on a device backend. */
+enum { K3K_SIDE_INIT = 0, K3K_SIDE_BEGIN, K3K_SIDE_MARK, K3K_SIDE_END, K3K_SIDE_WAIT };
+int k3k_backend_side(k3k_backend_t *be, int what, int mark);
+
+/* Graph capture (k3k_backend_graph): record the ops issued between BEGIN and END into a
+ * replayable graph, launch it later with the same buffers. *g is an opaque handle owned by the
+ * caller until FREE.
+ *   BEGIN: start recording (g unused). END: stop; *g = the instantiated graph, or K3_EDEVICE
+ *   (nothing recorded, *g = NULL) when an op could not be recorded (it synchronised or
+ *   allocated). LAUNCH: run *g. FREE: destroy *g (NULL is fine). A backend without graphs
+ *   (the CPU backends) answers K3_ENOTSUP to every request: the caller runs its ops eagerly,
+ *   which means the same. */
+enum { K3K_GRAPH_BEGIN = 0, K3K_GRAPH_END, K3K_GRAPH_LAUNCH, K3K_GRAPH_FREE };
+int k3k_backend_graph(k3k_backend_t *be, int what, void **g);
 
 /* The registry. Names: "cpu" (reference, single thread, the specification), "cpu-fast"
  * (threaded, cache-blocked; same results as "cpu" — see docs/kernels.md for the ops that differ
@@ -395,6 +476,10 @@ void k3k_cuda_backend_destroy(k3k_backend_t *be);
  * slot/field in err (may be NULL). */
 int k3k_op_validate(k3k_op_t op, const void *params, const k3k_tensor_t *const *t, int nt,
                     char *err, size_t errcap);
+
+/* Whether be would run this op (validation and `supports`, nothing logged, nothing run). */
+bool k3k_supports(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor_t *const *t,
+                  int nt);
 
 /* Validates, asks `supports`, and runs. K3_EINVAL on bad args (message via K3_DEBUG only; use
  * k3k_op_validate for the text), K3_ENOTSUP when the backend lacks the op. */
@@ -467,6 +552,16 @@ int k3k_attn_res_mix(k3k_backend_t *be, const k3k_attn_res_params_t *p,
                      const k3k_tensor_t *y);
 int k3k_sample(k3k_backend_t *be, const k3k_sample_params_t *p, const k3k_tensor_t *logits,
                const k3k_tensor_t *ids);
+int k3k_res_mix_norm(k3k_backend_t *be, const k3k_res_mix_norm_params_t *p, const k3k_tensor_t *a,
+                     const k3k_tensor_t *P, const k3k_tensor_t *snaps, const k3k_tensor_t *w_norm,
+                     const k3k_tensor_t *w_proj, const k3k_tensor_t *h, const k3k_tensor_t *lnw,
+                     const k3k_tensor_t *xn);
+/* w[n], y[n]: n = p->n pointers each. */
+int k3k_gemm_multi(k3k_backend_t *be, const k3k_gemm_multi_params_t *p, const k3k_tensor_t *x,
+                   const k3k_tensor_t *const *w, const k3k_tensor_t *const *y);
+/* t: the 18 slots of KDA_DECODE in order. */
+int k3k_kda_decode(k3k_backend_t *be, const k3k_kda_decode_params_t *p,
+                   const k3k_tensor_t *const *t);
 
 #ifdef __cplusplus
 }

@@ -24,7 +24,8 @@ static int gated_mlp(k3_runner_t *r, rn_ws_t *ws, const k3k_tensor_t *x, const k
   k3k_tensor_t g = rn_buf(ws, r->act, T, F), u = rn_buf(ws, r->act, T, F), a = rn_buf(ws, r->act, T, F);
   if (ws->rc) return ws->rc;
   const k3k_tensor_t *gw[2] = {wg, wu}, *gy[2] = {&g, &u};
-  TRY(rn_dev_gemms(r, x, 2, gw, gy)); /* gate and up in one launch where the gemv takes both */
+  const k3k_gemm_multi_params_t gm = {.n = 2}; /* gate, up: one launch where the gemv takes both */
+  TRY(k3k_gemm_multi(r->be, &gm, x, gw, gy));
   if (r->cfg.act == K3_ACT_SITU) {
     k3k_situ_params_t sp = {(float)r->cfg.situ_beta, (float)r->cfg.situ_linear_beta};
     TRY(k3k_situ(r->be, &sp, &g, &u, &a));

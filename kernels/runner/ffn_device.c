@@ -175,7 +175,7 @@ int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) {
   }
   const char *sv = getenv("K3PD_CUDA_SIDE");
   if (!sv || strcmp(sv, "0")) {
-    int rc = k3k_cuda_side_init(k3k_cuda_ctx_of(r->be));
+    int rc = k3k_backend_side(r->be, K3K_SIDE_INIT, 0);
     if (rc) K3_WARN("runner: no side stream (%s); the MoE block runs on one stream", k3_strerror(rc));
     d->side = rc == 0;
   }
@@ -203,40 +203,6 @@ int rn_dev_side_gemms(k3_runner_t *r, int n, const k3k_tensor_t *const *x,
   int rc2 = rn_dev_side_end(r);
   return rc ? rc : rc2;
 }
-
-/* Whether the GEMM op would send every (x, W_j, y_j) to the gemv: gemv_multi computes exactly
- * what that path computes (k3k_cuda_gemv_multi's contract), nothing else. */
-static bool all_gemv(const k3k_tensor_t *x, int n, const k3k_tensor_t *const *w,
-                     const k3k_tensor_t *const *y) {
-  for (int j = 0; j < n; j++) {
-    const k3k_tensor_t *t[3] = {x, w[j], y[j]};
-    if (!k3k_cuda_gemv_wanted(t)) return false;
-  }
-  return true;
-}
-
-int rn_dev_gemms(k3_runner_t *r, const k3k_tensor_t *x, int n, const k3k_tensor_t *const *w,
-                 const k3k_tensor_t *const *y) {
-  static int multi = -1; /* K3PD_CUDA_GEMV_MULTI, read once (eager and captured steps agree) */
-  k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
-  if (multi < 0) {
-    const char *e = getenv("K3PD_CUDA_GEMV_MULTI");
-    multi = !(e && !strcmp(e, "0"));
-  }
-  if (cx && multi && n > 1 && n <= K3K_GEMV_MULTI_MAX && x->shape[0] <= K3K_GEMV_NORM_MAX_M &&
-      all_gemv(x, n, w, y) && k3k_cuda_gemv_multi_fits(x, n, w, y, NULL))
-    return k3k_cuda_gemv_multi(cx, x, n, w, y, NULL);
-  for (int j = 0; j < n; j++) {
-    int rc = k3k_gemm(r->be, x, w[j], y[j]);
-    if (rc) return rc;
-  }
-  return 0;
-}
-
-int rn_dev_side_begin(k3_runner_t *r) { return k3k_cuda_side_begin(k3k_cuda_ctx_of(r->be)); }
-int rn_dev_side_mark(k3_runner_t *r, int i) { return k3k_cuda_side_mark(k3k_cuda_ctx_of(r->be), i); }
-int rn_dev_side_end(k3_runner_t *r) { return k3k_cuda_side_end(k3k_cuda_ctx_of(r->be)); }
-int rn_dev_side_wait(k3_runner_t *r, int i) { return k3k_cuda_side_wait(k3k_cuda_ctx_of(r->be), i); }
 
 bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T) {
   if (!r->dev) return false;

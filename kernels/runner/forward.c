@@ -25,17 +25,27 @@
   } while (0)
 
 /* P += a (a may be NULL), h = ATTN_RES_MIX(sv, P) (sv may be NULL: the norm reads P), then
- * xn = RMSNORM: the residual glue between two sub-layers. `fuse`: try the device's one-launch
- * form first (rn_dev_add_mix_norm, bit-identical; K3_ENOTSUP when it does not apply). */
+ * xn = RMSNORM: the residual glue between two sub-layers. `fuse`: the RES_MIX_NORM op (one
+ * launch on the GPU, the same chain by definition) when the backend takes these operands and
+ * K3PD_CUDA_RESNORM is not "0" (read once: eager and captured steps agree); else the chain. */
 static int res_norm(k3_runner_t *r, bool fuse, const k3k_tensor_t *a, const k3k_tensor_t *P,
                     const k3k_tensor_t *sv, const k3k_tensor_t *wn, const k3k_tensor_t *wp,
                     const k3k_attn_res_params_t *mp, const k3k_tensor_t *h,
                     const k3k_tensor_t *lnw, const k3k_rmsnorm_params_t *np,
                     const k3k_tensor_t *xn) {
-  int rc = K3_ENOTSUP;
-  if (fuse) rc = rn_dev_add_mix_norm(r, a, P, sv, wn, wp, mp->eps, h, lnw, np, xn);
-  if (rc != K3_ENOTSUP) return rc;
-  rc = a ? k3k_add(r->be, P, a, P) : 0;
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("K3PD_CUDA_RESNORM");
+    on = !(e && !strcmp(e, "0"));
+  }
+  if (fuse && on) {
+    const k3k_res_mix_norm_params_t p = {.eps_mix = mp->eps, .eps = np->eps,
+                                         .bf16_inner = np->bf16_inner};
+    const k3k_tensor_t *t[8] = {a, P, sv, sv ? wn : NULL, sv ? wp : NULL, sv ? h : NULL, lnw, xn};
+    if (k3k_supports(r->be, K3K_OP_RES_MIX_NORM, &p, t, 8))
+      return k3k_run(r->be, K3K_OP_RES_MIX_NORM, &p, t, 8);
+  }
+  int rc = a ? k3k_add(r->be, P, a, P) : 0;
   if (!rc && sv) rc = k3k_attn_res_mix(r->be, mp, sv, P, wn, wp, h);
   return rc ? rc : k3k_rmsnorm(r->be, np, sv ? h : P, lnw, xn);
 }

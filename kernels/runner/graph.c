@@ -35,7 +35,7 @@ enum { G_EMPTY = 0, G_WARM, G_READY, G_FAILED };
 
 typedef struct {
   int n, ctxb, state;
-  cudaGraphExec_t exec;
+  void *exec; /* the backend's graph handle (k3k_backend_graph) */
   uint64_t ws_gen, mem_gen, used;
   k3k_tensor_t lg; /* the captured step's logits buffer (workspace arena) */
 } rn_gent_t;
@@ -90,21 +90,6 @@ int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t 
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
   return k3k_cu_gather_rows_u16(k3k_cuda_stream(cx), table->data, table->stride[0], ids->data,
                                 ids->shape[0], table->shape[1], y->data, y->stride[0]);
-}
-
-int rn_dev_add_mix_norm(k3_runner_t *r, const k3k_tensor_t *a, const k3k_tensor_t *P,
-                        const k3k_tensor_t *sv, const k3k_tensor_t *wn, const k3k_tensor_t *wp,
-                        float eps_mix, const k3k_tensor_t *h, const k3k_tensor_t *lnw,
-                        const k3k_rmsnorm_params_t *np, const k3k_tensor_t *xn) {
-  static int on = -1; /* K3PD_CUDA_RESNORM, read once (eager and captured steps agree) */
-  if (on < 0) {
-    const char *e = getenv("K3PD_CUDA_RESNORM");
-    on = !(e && !strcmp(e, "0"));
-  }
-  k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
-  if (!on || !cx || !k3k_cuda_add_mix_norm_fits(cx, a, P, sv, wn, wp, h, lnw, xn))
-    return K3_ENOTSUP;
-  return k3k_cuda_add_mix_norm(cx, a, P, sv, wn, wp, eps_mix, h, lnw, np->eps, np->bf16_inner, xn);
 }
 
 int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, const k3k_tensor_t *krot,
@@ -174,7 +159,7 @@ void rn_gd_drop(k3_runner_t *r) {
   if (!g) return;
   if (r->be->synchronize) (void)r->be->synchronize(r->be); /* a replay may still run */
   for (int i = 0; i < RN_GRAPHS; i++) {
-    if (g->ent[i].exec) cudaGraphExecDestroy(g->ent[i].exec);
+    (void)k3k_backend_graph(r->be, K3K_GRAPH_FREE, &g->ent[i].exec);
     memset(&g->ent[i], 0, sizeof g->ent[i]);
   }
 }
@@ -197,7 +182,7 @@ static rn_gent_t *find(struct rn_gd *g, int n, int ctxb) {
 }
 
 /* An entry for a new key: an empty one, else the least recently used (its graph destroyed). */
-static rn_gent_t *take(struct rn_gd *g, int n, int ctxb) {
+static rn_gent_t *take(k3_runner_t *r, struct rn_gd *g, int n, int ctxb) {
   rn_gent_t *e = &g->ent[0];
   for (int i = 0; i < RN_GRAPHS; i++) {
     if (g->ent[i].state == G_EMPTY) {
@@ -206,7 +191,7 @@ static rn_gent_t *take(struct rn_gd *g, int n, int ctxb) {
     }
     if (g->ent[i].used < e->used) e = &g->ent[i];
   }
-  if (e->exec) cudaGraphExecDestroy(e->exec);
+  (void)k3k_backend_graph(r->be, K3K_GRAPH_FREE, &e->exec);
   memset(e, 0, sizeof *e);
   e->n = n;
   e->ctxb = ctxb;
@@ -220,22 +205,19 @@ static int capture(k3_runner_t *r, rn_gent_t *e, rn_ws_t *ws, rn_pass_t *ps, k3k
   struct rn_gd *g = r->gd;
   k3k_cuda_ctx *cx = k3k_cuda_ctx_of(r->be);
   const uint64_t mg = k3k_cuda_mem_gen(cx);
-  cudaError_t ce = cudaStreamBeginCapture(k3k_cuda_stream(cx), cudaStreamCaptureModeRelaxed);
-  int rc = ce == cudaSuccess ? 0 : K3_EDEVICE;
+  const int brc = k3k_backend_graph(r->be, K3K_GRAPH_BEGIN, NULL);
+  int rc = brc;
   if (!rc) rc = rn_forward_enqueue(r, ws, ps, NULL, ps->n_tok, NULL, NULL, false, lg, err, errlen);
-  cudaGraph_t graph = NULL;
-  cudaError_t ce2 = ce == cudaSuccess ? cudaStreamEndCapture(k3k_cuda_stream(cx), &graph) : ce;
-  cudaGraphExec_t exec = NULL;
-  bool ok = !rc && ce2 == cudaSuccess && graph && ws->extras_taken == 0 && k3k_cuda_mem_gen(cx) == mg;
-  if (ok && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) ok = false;
-  if (graph) cudaGraphDestroy(graph);
+  void *exec = NULL;
+  const int erc = brc ? brc : k3k_backend_graph(r->be, K3K_GRAPH_END, &exec);
+  const bool ok = !rc && !erc && exec && ws->extras_taken == 0 && k3k_cuda_mem_gen(cx) == mg;
   if (!ok) {
-    cudaError_t last = cudaGetLastError(); /* clears a capture error; not sticky */
+    (void)k3k_backend_graph(r->be, K3K_GRAPH_FREE, &exec);
     if (!g->warned)
       K3_WARN("runner: CUDA graph capture of the decode step (batch %d, context bucket %d) "
-              "abandoned (%s%s%s); that key runs eagerly", e->n, e->ctxb,
-              rc ? k3_strerror(rc) : "", rc ? ", " : "",
-              cudaGetErrorString(ce2 != cudaSuccess ? ce2 : last));
+              "abandoned (pass: %s, capture: %s%s); that key runs eagerly", e->n, e->ctxb,
+              k3_strerror(rc), k3_strerror(erc),
+              ws->extras_taken || k3k_cuda_mem_gen(cx) != mg ? ", memory moved" : "");
     g->warned = true;
     e->state = G_FAILED;
     r->stats.capture_failures++;
@@ -248,9 +230,9 @@ static int capture(k3_runner_t *r, rn_gent_t *e, rn_ws_t *ws, rn_pass_t *ps, k3k
   e->mem_gen = k3k_cuda_mem_gen(cx);
   e->lg = *lg;
   r->stats.graph_captures++;
-  if (cudaGraphLaunch(exec, k3k_cuda_stream(cx)) != cudaSuccess) {
-    rn_seterr(err, errlen, "runner: cudaGraphLaunch failed: %s", cudaGetErrorString(cudaGetLastError()));
-    return K3_EDEVICE;
+  if ((rc = k3k_backend_graph(r->be, K3K_GRAPH_LAUNCH, &e->exec))) {
+    rn_seterr(err, errlen, "runner: graph launch failed: %s", k3_strerror(rc));
+    return rc;
   }
   return 0;
 }
@@ -323,18 +305,15 @@ int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, const k3k
   k3k_tensor_t lg = {0};
   rn_gent_t *e = find(g, n, ctxb);
   if (e && e->state == G_READY && (e->ws_gen != ws->gen || e->mem_gen != k3k_cuda_mem_gen(cx))) {
-    cudaGraphExecDestroy(e->exec); /* stale pointers: recapture on the next step */
-    e->exec = NULL;
+    (void)k3k_backend_graph(be, K3K_GRAPH_FREE, &e->exec); /* stale pointers: recapture */
     e->state = G_WARM;
     e = NULL;
   }
   bool ran = false;
   if (!r->graphs_off && e && e->state == G_READY) {
     lg = e->lg;
-    if (cudaGraphLaunch(e->exec, k3k_cuda_stream(cx)) != cudaSuccess) {
-      rn_seterr(err, errlen, "runner: cudaGraphLaunch failed: %s", cudaGetErrorString(cudaGetLastError()));
-      rc = K3_EDEVICE;
-    }
+    if ((rc = k3k_backend_graph(be, K3K_GRAPH_LAUNCH, &e->exec)))
+      rn_seterr(err, errlen, "runner: graph launch failed: %s", k3_strerror(rc));
     r->stats.graph_replays++;
     ran = true;
   } else if (!r->graphs_off && e && e->state == G_WARM) {
@@ -352,7 +331,7 @@ int rn_gd_decode(k3_runner_t *r, rn_pass_t *ps, float *const *row_dst, const k3k
     r->stats.eager_steps++;
     if (!rc && !r->graphs_off && ws->extras_taken == 0 && ws->need <= ws->cap) {
       if (!e) e = find(g, n, ctxb);
-      if (!e) e = take(g, n, ctxb);
+      if (!e) e = take(r, g, n, ctxb);
       if (e->state == G_EMPTY) e->state = G_WARM;
     }
   }

@@ -1,18 +1,18 @@
-/* The KDA decode step of a layer in one launch on a "cuda" backend (k3k_cu_kda_decode).
+/* The KDA decode step of a layer in one launch on a "cuda" backend (the KDA_DECODE op).
  *
  * What it is for: a decode pass reads each sequence's 6.5 MB fp32 KDA state once per layer;
  * the op chain CONV_STEP x3 → L2NORM x2 → KDA_GATE → SIGMOID → KDA_STEP → GATED_RMSNORM is
  * nine launches per layer (108 per step on the medium preset, ~2-5 us each at batch 1). The
  * fused kernel does all of it in one pass over the state with the chain's rounding points
- * (bf16 conv outputs, fp32 q/k/g/beta, bf16 o before the gated norm); k3k-gpu-check's
- * kda_fused_decode cases compare it with the chain on the reference backend.
+ * (bf16 conv outputs, fp32 q/k/g/beta, bf16 o before the gated norm): KDA_DECODE's CPU
+ * reference IS that chain, and test_kernels --real (and k3k-gpu-check's kda_fused_decode)
+ * compare the kernel with it.
  * What it is not: prefill (the chunked op), the 48B's softplus gate or bf16 conv weights (those
  * keep the op chain), or a check of ids: the decode pass's slots were validated on the host
  * (graph.c) and the kernel skips slots outside the pool.
  * Invariants: rn_dev_kda_init decides once, for every KDA layer at once, from the bound weight
  * and state tensors; the decision never changes for the runner's life, so eager steps and
  * graph replays run the same kernels. */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,39 +55,21 @@ void rn_dev_kda_init(k3_runner_t *r) {
   K3_INFO("runner: KDA decode fused (one launch per layer)");
 }
 
-/* Row stride in elements of a 2-D activation with unit inner stride, or -1. */
-static int64_t ld_of(const k3k_tensor_t *t, k3k_dtype_t dt) {
-  return t->dtype == dt && t->ndim == 2 && t->stride[1] == 1 ? t->stride[0] : -1;
-}
-
+/* The KDA_DECODE op (k3k.h) on the layer's projections: the fused kernel on the GPU; its
+ * `supports` refusing these operands is an error here (rn_dev_kda_init chose the fused path for
+ * the runner's life, and the workspace always gives the shapes it takes). */
 int rn_dev_kda_decode(k3_runner_t *r, const rn_layer_t *L, int ki, const rn_pass_t *ps,
                       const k3k_tensor_t *lin, const k3k_tensor_t *graw, const k3k_tensor_t *braw,
                       const k3k_tensor_t *z, const k3k_tensor_t *on) {
   const k3_model_config_t *c = &r->cfg;
-  const int64_t ld = ld_of(&lin[0], K3K_BF16);
-  if (ld < 0 || ld_of(&lin[1], K3K_BF16) != ld || ld_of(&lin[2], K3K_BF16) != ld ||
-      ld_of(graw, K3K_BF16) < 0 || ld_of(braw, K3K_BF16) < 0 || ld_of(z, K3K_BF16) < 0 ||
-      ld_of(on, K3K_BF16) < 0 || ps->slots.dtype != K3K_I32)
-    return K3_EINVAL; /* the workspace always gives these; a change there must not go unseen */
-  k3k_cu_kda_decode_args a;
-  memset(&a, 0, sizeof a);
-  a.batch = ps->n_seq;
-  a.heads = c->kda_num_heads;
-  a.q = lin[0].data, a.k = lin[1].data, a.v = lin[2].data, a.ld_qkv = (size_t)ld;
-  a.g_raw = graw->data, a.ld_g = (size_t)ld_of(graw, K3K_BF16);
-  a.b_raw = braw->data, a.ld_b = (size_t)ld_of(braw, K3K_BF16), a.b_raw_bf16 = 1;
-  a.z = z->data, a.ld_z = (size_t)ld_of(z, K3K_BF16);
-  a.conv_q = r->kda_conv[ki][0].data, a.conv_k = r->kda_conv[ki][1].data;
-  a.conv_v = r->kda_conv[ki][2].data;
-  a.wq = L->conv[0].data, a.wk = L->conv[1].data, a.wv = L->conv[2].data;
-  a.a_log = L->a_log.data, a.dt_bias = L->dt_bias.data, a.o_norm_w = L->o_norm.data;
-  a.state = r->kda_S[ki].data;
-  a.slots = ps->slots.data;
-  a.n_slots = (int)r->kda_S[ki].shape[0];
-  a.out = on->data, a.ld_out = (size_t)ld_of(on, K3K_BF16);
-  a.lower_bound = (float)c->gate_lower_bound;
-  a.q_scale = 1.0f / sqrtf(128.0f); /* KDA_STEP's default scale (k3k_kda_params_t.scale = 0) */
-  a.l2_eps = (float)c->eps_kda_l2;
-  a.rms_eps = (float)c->eps_norm;
-  return k3k_cu_kda_decode(k3k_cuda_stream(k3k_cuda_ctx_of(r->be)), &a);
+  const k3k_kda_decode_params_t p = {.n_seqs = ps->n_seq, .n_heads = (int32_t)c->kda_num_heads,
+                                     .head_dim = 128, .gate_form = K3K_GATE_LOWER_BOUND,
+                                     .lower_bound = (float)c->gate_lower_bound,
+                                     .l2_eps = (float)c->eps_kda_l2, .rms_eps = (float)c->eps_norm,
+                                     .scale = 0.0f}; /* KDA_STEP's default, 128^-0.5 */
+  const k3k_tensor_t *t[18] = {&lin[0], &lin[1], &lin[2], graw, braw, z,
+                               &L->conv[0], &L->conv[1], &L->conv[2],
+                               &r->kda_conv[ki][0], &r->kda_conv[ki][1], &r->kda_conv[ki][2],
+                               &L->a_log, &L->dt_bias, &L->o_norm, &ps->slots, &r->kda_S[ki], on};
+  return k3k_kda_decode(r->be, &p, t);
 }

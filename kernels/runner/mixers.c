@@ -41,7 +41,8 @@ int rn_kda_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int ki, con
   const bool fr = c->use_full_rank_gate;
   const k3k_tensor_t *pw[4] = {&L->q, &L->k, &L->v, &L->g};
   const k3k_tensor_t *py[4] = {&lin[0], &lin[1], &lin[2], &z};
-  TRY(rn_dev_gemms(r, x, fr ? 4 : 3, pw, py));
+  const k3k_gemm_multi_params_t gm = {.n = fr ? 4 : 3};
+  TRY(k3k_gemm_multi(be, &gm, x, pw, py));
   if (!side) {
     TRY(k3k_gemm(be, x, &L->fa, &fa));
     TRY(k3k_gemm(be, &fa, &L->fb, &graw));

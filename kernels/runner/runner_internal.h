@@ -233,36 +233,15 @@ bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T);
  * rn_dev_side_gemms queues y[i] = x[i]·w[i]ᵀ there in order, marks 1 and returns on the main
  * stream (the MLA output gate's projection; KDA's small f_a → f_b and beta projections). */
 bool rn_dev_side_ok(const k3_runner_t *r, int64_t T);
-/* y[j] = x·w[j]ᵀ for j < n: one gemv_multi launch (gemv.h) when x has at most 4 rows and the
- * GEMM op would send every product to the gemv, else n GEMM ops; bit-identical either way.
- * K3PD_CUDA_GEMV_MULTI=0: always the ops. */
-int rn_dev_gemms(k3_runner_t *r, const k3k_tensor_t *x, int n, const k3k_tensor_t *const *w,
-                 const k3k_tensor_t *const *y);
 int rn_dev_side_gemms(k3_runner_t *r, int n, const k3k_tensor_t *const *x,
                       const k3k_tensor_t *const *w, const k3k_tensor_t *const *y);
-int rn_dev_side_begin(k3_runner_t *r);
-int rn_dev_side_mark(k3_runner_t *r, int i);
-int rn_dev_side_end(k3_runner_t *r);
-int rn_dev_side_wait(k3_runner_t *r, int i);
 #else
 static inline bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T) { return false; }
 static inline bool rn_dev_side_ok(const k3_runner_t *r, int64_t T) { return false; }
-static inline int rn_dev_gemms(k3_runner_t *r, const k3k_tensor_t *x, int n,
-                               const k3k_tensor_t *const *w, const k3k_tensor_t *const *y) {
-  for (int j = 0; j < n; j++) {
-    int rc = k3k_gemm(r->be, x, w[j], y[j]);
-    if (rc) return rc;
-  }
-  return 0;
-}
 static inline int rn_dev_side_gemms(k3_runner_t *r, int n, const k3k_tensor_t *const *x,
                                     const k3k_tensor_t *const *w, const k3k_tensor_t *const *y) {
   return K3_ENOTSUP;
 }
-static inline int rn_dev_side_begin(k3_runner_t *r) { return K3_ENOTSUP; }
-static inline int rn_dev_side_mark(k3_runner_t *r, int i) { return K3_ENOTSUP; }
-static inline int rn_dev_side_end(k3_runner_t *r) { return K3_ENOTSUP; }
-static inline int rn_dev_side_wait(k3_runner_t *r, int i) { return K3_ENOTSUP; }
 static inline bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T) { return false; }
 static inline int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
 static inline void rn_dev_free(k3_runner_t *r) {}
@@ -274,6 +253,19 @@ static inline int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, con
   return K3_ENOTSUP; /* never called: r->dev stays NULL without the CUDA backend */
 }
 #endif
+
+/* The backend's side lane (k3k.h k3k_backend_side; no-ops on the CPU backends, which the runner
+ * never sends there: rn_dev_side_ok is false without r->dev). */
+static inline int rn_dev_side_begin(k3_runner_t *r) {
+  return k3k_backend_side(r->be, K3K_SIDE_BEGIN, 0);
+}
+static inline int rn_dev_side_mark(k3_runner_t *r, int i) {
+  return k3k_backend_side(r->be, K3K_SIDE_MARK, i);
+}
+static inline int rn_dev_side_end(k3_runner_t *r) { return k3k_backend_side(r->be, K3K_SIDE_END, 0); }
+static inline int rn_dev_side_wait(k3_runner_t *r, int i) {
+  return k3k_backend_side(r->be, K3K_SIDE_WAIT, i);
+}
 
 /* kda_device.c (CUDA builds): rn_dev_kda_init sets r->kda_fused when every KDA layer can take
  * the fused decode kernel (cuda backend, bf16, K3's lower-bound gate, 128-wide heads, conv
@@ -316,20 +308,7 @@ int rn_dev_gather(k3_runner_t *r, const k3k_tensor_t *table, const k3k_tensor_t 
                   const k3k_tensor_t *y);
 int rn_dev_cache_write(k3_runner_t *r, const k3k_tensor_t *cn, const k3k_tensor_t *krot,
                        const k3k_tensor_t *smap, const k3k_tensor_t *cache);
-/* ADD → ATTN_RES_MIX → RMSNORM in one launch (k3k_cuda_add_mix_norm; forward.c res_norm):
- * K3_ENOTSUP (nothing queued) when it does not apply or K3PD_CUDA_RESNORM=0. */
-int rn_dev_add_mix_norm(k3_runner_t *r, const k3k_tensor_t *a, const k3k_tensor_t *P,
-                        const k3k_tensor_t *sv, const k3k_tensor_t *wn, const k3k_tensor_t *wp,
-                        float eps_mix, const k3k_tensor_t *h, const k3k_tensor_t *lnw,
-                        const k3k_rmsnorm_params_t *np, const k3k_tensor_t *xn);
 #else
-static inline int rn_dev_add_mix_norm(k3_runner_t *r, const k3k_tensor_t *a, const k3k_tensor_t *P,
-                                      const k3k_tensor_t *sv, const k3k_tensor_t *wn,
-                                      const k3k_tensor_t *wp, float eps_mix, const k3k_tensor_t *h,
-                                      const k3k_tensor_t *lnw, const k3k_rmsnorm_params_t *np,
-                                      const k3k_tensor_t *xn) {
-  return K3_ENOTSUP;
-}
 static inline int rn_gd_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
 static inline void rn_gd_free(k3_runner_t *r) {}
 static inline void rn_gd_drop(k3_runner_t *r) {}

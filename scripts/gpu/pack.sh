@@ -46,7 +46,8 @@ done
 for t in "$work"/cmake/tests/gpu/k3k-gpu-* "$work"/cmake/tests/kernels/test_kernels; do
   [ -x "$t" ] && cp "$t" "$stage/bin/"
 done
-# test_kernels (scripts/gpu/dq-all.sh runs it on cuda) carries the kernels' device code: ~3.5 MiB in the tarball
+# test_kernels: every op against the reference (dq-all.sh; `--real --require-device`: the fused
+# ops at the real K3 shapes on the GPU); it carries the kernels' device code (~3.5 MiB packed)
 strip --strip-debug "$stage/bin/test_kernels"
 # UCX with CUDA replaces Debian's (same version and sonames, so the binaries link either).
 cp -a "$work"/ucx/lib/libucp.so* "$work"/ucx/lib/libuct.so* "$work"/ucx/lib/libucs.so* \

@@ -70,6 +70,8 @@ void t_mla(void);
 void t_mxfp4_fast(void);
 void t_mx_bf16_bits(void);
 void t_mem(void);
+void t_fused(void);                        /* t_fused.c: the fused ops, tiny shapes */
+void t_fused_real(bool require_device);    /* the same at the real K3 shapes (--real) */
 void t_gemm_direct(void);
 int perf_main(int argc, char **argv);
 int perf_mx_main(void);

@@ -1,6 +1,7 @@
 /* test_kernels: runs every op on every available backend against float64 expectations and the
  * "cpu" reference (see harness.h). `--perf` prints timings instead, `--perf-mxfp4` the MXFP4
- * GEMM shapes of the medium preset (perf_mx.c). `--threads N` sets the
+ * GEMM shapes of the medium preset (perf_mx.c), `--real` the fused ops at the real K3 shapes
+ * (t_fused.c; `--require-device`: a device backend refusing one fails). `--threads N` sets the
  * cpu-fast pool size. Exit status 0 only when nothing failed; the last line is
  * "N passed, N failed, N skipped" (skipped: a device backend lacks the op). */
 #include <stdlib.h>
@@ -9,10 +10,14 @@
 #include "harness.h"
 
 int main(int argc, char **argv) {
-  bool perf = false, perf_mx = false;
+  bool perf = false, perf_mx = false, real = false, require_dev = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--perf")) {
       perf = true;
+    } else if (!strcmp(argv[i], "--real")) {
+      real = true;
+    } else if (!strcmp(argv[i], "--require-device")) {
+      require_dev = true;
     } else if (!strcmp(argv[i], "--perf-mxfp4")) {
       perf_mx = true;
     } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
@@ -21,12 +26,16 @@ int main(int argc, char **argv) {
         return 2;
       }
     } else {
-      fprintf(stderr, "usage: %s [--perf | --perf-mxfp4] [--threads N]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--perf | --perf-mxfp4 | --real [--require-device]] [--threads N]\n",
+              argv[0]);
       return 2;
     }
   }
   int rc = 0;
-  if (perf_mx) {
+  if (real) { /* the fused ops at the real K3 shapes, every backend against "cpu" (t_fused.c) */
+    t_fused_real(require_dev);
+    rc = g_fail ? 1 : 0;
+  } else if (perf_mx) {
     rc = perf_mx_main();
   } else if (perf) {
     rc = perf_main(argc, argv);
@@ -43,6 +52,7 @@ int main(int argc, char **argv) {
     t_mx_bf16_bits();
     t_gemm_direct();
     t_mem();
+    t_fused();
     /* Again with more workers than cores: more, smaller tasks and a resized pool. */
     int before = k3k_cpu_fast_get_threads();
     if (k3k_cpu_fast_set_threads(5) == 0) {
@@ -52,6 +62,7 @@ int main(int argc, char **argv) {
       t_mla();
       t_mxfp4_fast();
       t_gemm_direct();
+      t_fused();
       k3k_cpu_fast_set_threads(before);
     } else {
       check(false, "k3k_cpu_fast_set_threads(5)");
