@@ -11,7 +11,8 @@
 #   --no-perf   skip the perf table.
 # Building here needs cmake, nvcc, pkg-config, and the dev packages of jansson and xxhash (the
 # kernels-only configuration still configures k3_base/k3_ckpt); without them use --bin.
-# Logs: LOGDIR/parity.log, LOGDIR/perf.log, LOGDIR/build.log, LOGDIR/nvidia-smi.txt.
+# Logs: LOGDIR/parity.log, LOGDIR/ops-real.log (test_kernels --real, when BIN has it),
+# LOGDIR/perf.log, LOGDIR/build.log, LOGDIR/nvidia-smi.txt.
 # Exit status: 0 when parity passed (and perf ran), 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,6 +49,13 @@ status=0
 K3PD_CUDA_SYNC=1 timeout 900 "$exe" $quick > "$logdir/parity.log" 2>&1 || status=1
 grep -E "^FAIL" "$logdir/parity.log" | head -40
 tail -1 "$logdir/parity.log"
+# The op test (tests/kernels): the fused ops at the real K3 shapes, cuda against the CPU
+# reference, one tolerance model (docs/kernels.md); present in a pack.sh bundle's bin/.
+if [ -x "$bin/test_kernels" ]; then
+  K3PD_CUDA_SYNC=1 timeout 300 "$bin/test_kernels" --real --require-device > "$logdir/ops-real.log" 2>&1 || status=1
+  grep -E "^FAIL" "$logdir/ops-real.log" | head -20
+  echo "test_kernels --real: $(grep -E "passed" "$logdir/ops-real.log" | tail -1)"
+fi
 if [ "$perf" = 1 ]; then
   timeout 600 "$exe" --perf --no-parity > "$logdir/perf.log" 2>&1 || status=1
   grep -E "^(CEILING|PERF|FAIL)" "$logdir/perf.log"
