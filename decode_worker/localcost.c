@@ -89,9 +89,14 @@ double dc_costs_step_ms(const dc_costs_t *c, int batch, double ctx_tokens) {
   return c->step_fixed_ms + c->step_per_seq_ms * batch + c->step_per_kctx_ms * ctx_tokens / 1000.0;
 }
 
-int64_t dc_local_max_derive(const dc_costs_t *c, double stall_steps, int64_t cap, char *err, size_t errlen) {
+double dc_costs_ref_step_ms(const dc_costs_t *c) {
   int64_t chunk = c->chunk_tokens > 0 ? c->chunk_tokens : 256;
-  double step = dc_costs_step_ms(c, 1, (double)chunk);
+  int b = c->step_batch > 0 ? c->step_batch : 1;
+  return dc_costs_step_ms(c, b, (double)b * (double)chunk);
+}
+
+int64_t dc_local_max_derive(const dc_costs_t *c, double stall_steps, int64_t cap, char *err, size_t errlen) {
+  double step = dc_costs_ref_step_ms(c);
   if (!(step > 0)) {
     snprintf(err, errlen, "decode.step_fixed_ms, decode.step_per_seq_ms: no decode step cost, so no stall budget");
     return K3_EINVAL;

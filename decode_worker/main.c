@@ -113,7 +113,8 @@ static void on_server_done(void *arg) {
  * (localcost.h; docs/design.md "The local-prefill threshold"). Logged with its inputs. */
 static int derive_local_max(dc_worker_t *w, dc_costs_t *costs, bool from_profile, double stall_steps,
                             int *local_max, char *err, size_t errlen) {
-  int rc = from_profile ? 0 : dc_costs_measure(w->runner, w->num_pages, w->page_tokens, costs, err, errlen);
+  int rc = from_profile ? 0
+                        : dc_costs_measure(w->runner, w->num_pages, w->page_tokens, w->max_batch, costs, err, errlen);
   if (rc) return rc;
   char why[256];
   int64_t l = dc_local_max_derive(costs, stall_steps, w->max_context, why, sizeof why);
@@ -122,10 +123,10 @@ static int derive_local_max(dc_worker_t *w, dc_costs_t *costs, bool from_profile
     return K3_EINVAL;
   }
   *local_max = (int)l;
-  K3_INFO("local-prefill threshold %lld tokens: estimated prefill %.1f ms <= %g decode steps x %.2f ms (%s; "
-          "pass %.3f ms + %.4f ms/token + %.4f ms per 1000 token-context, chunk %lld)",
-          (long long)l, dc_costs_prefill_ms(costs, l), stall_steps,
-          dc_costs_step_ms(costs, 1, (double)costs->chunk_tokens), costs->source,
+  K3_INFO("local-prefill threshold %lld tokens: estimated prefill %.1f ms <= %g decode steps of %d sequences x "
+          "%.2f ms (%s; pass %.3f ms + %.4f ms/token + %.4f ms per 1000 token-context, chunk %lld)",
+          (long long)l, dc_costs_prefill_ms(costs, l), stall_steps, costs->step_batch, dc_costs_ref_step_ms(costs),
+          costs->source,
           costs->pass_fixed_ms + costs->pass_per_seq_ms, costs->pass_per_token_ms, costs->pass_per_kctx_ms,
           (long long)costs->chunk_tokens);
   return 0;
@@ -195,8 +196,8 @@ int main(int argc, char **argv) {
        "computes itself instead of a prefill worker (conditional disaggregation; docs/design.md) (default: derived "
        "from the cost model, --local-prefill-stall-steps; logged at start-up)", false},
       {"local-prefill-stall-steps", K3_FLAG_DOUBLE, &stall_steps, "S", "the derived --local-prefill-max-tokens "
-       "is the longest suffix whose estimated prefill time is at most S decode steps: the running streams' next "
-       "token waits at most that long (default 16)", false},
+       "is the longest suffix whose estimated prefill time is at most S decode steps of a full batch (--max-batch "
+       "sequences): the running streams' next token waits at most that long (default 16)", false},
       {"cost-profile", K3_FLAG_STR, &cost_profile, "FILE", "k3pd-bench --profile JSON (k3pd-profile/1) with this "
        "worker's prefill pass and decode step costs, for the derived --local-prefill-max-tokens (default: a "
        "probe of a few prefills and decode steps at start-up)", false},
@@ -232,7 +233,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   /* a bad profile fails before anything starts */
-  dc_costs_t costs = {.chunk_tokens = (mo.prefill_chunk + 63) / 64 * 64}; /* the runner rounds it so */
+  dc_costs_t costs = {.chunk_tokens = (mo.prefill_chunk + 63) / 64 * 64, /* the runner rounds it so */
+                      .step_batch = mo.max_batch};
   if (cost_profile && dc_costs_load(cost_profile, &costs, err, sizeof err)) {
     fprintf(stderr, "k3pd-decode: --cost-profile: %s\n", err);
     return 2;

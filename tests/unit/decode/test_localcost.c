@@ -52,6 +52,16 @@ START_TEST(derive) {
   k = c;
   k.step_fixed_ms = 9;
   ck_assert_int_gt(dc_local_max_derive(&k, 16, 100000, err, sizeof err), 156);
+  /* the reference step is a full batch: 4 sequences -> 4 + 4 x 1 = 8 ms (+ 0.5 ms per 1000
+   * tokens of context: 4 x 256 -> 0.512 ms); budget 16 x 8.512 = 136.192 ms: one full pass
+   * (130 ms) + 2 + 0.5 x <= 136.192 -> x = 8: L = 264 */
+  k = c;
+  k.step_batch = 4;
+  ck_assert(dc_costs_ref_step_ms(&k) == 8);
+  ck_assert_int_eq(dc_local_max_derive(&k, 16, 100000, err, sizeof err), 252);
+  k.step_per_kctx_ms = 0.5;
+  ck_assert(dc_costs_ref_step_ms(&k) == 8 + 0.5 * 1024 / 1000.0);
+  ck_assert_int_eq(dc_local_max_derive(&k, 16, 100000, err, sizeof err), 264);
   /* no step cost or no prefill cost: no bound; the error names the fields */
   k = c;
   k.step_fixed_ms = k.step_per_seq_ms = 0;
