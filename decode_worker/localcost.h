@@ -20,6 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The threshold when the start-up probe cannot run (the fixed default before the cost model). */
+#define DC_LOCAL_MAX_FALLBACK 512
+
 typedef struct {
   /* one prefill pass (runner call) in ms: fixed + per_seq x seqs + per_token x tokens
    *   + per_kctx x Σ(tokens of the pass x tokens before them) / 1000 (docs/plan.md) */

@@ -115,7 +115,14 @@ static int derive_local_max(dc_worker_t *w, dc_costs_t *costs, bool from_profile
                             int *local_max, char *err, size_t errlen) {
   int rc = from_profile ? 0
                         : dc_costs_measure(w->runner, w->num_pages, w->page_tokens, w->max_batch, costs, err, errlen);
-  if (rc) return rc;
+  if (rc) {
+    /* a probe that cannot run (pools too small for it, a device error) does not stop the worker:
+     * it serves with the fixed fallback, and says so */
+    K3_WARN("local-prefill threshold %d tokens (fallback): the cost probe failed: %s (%s); pass "
+            "--cost-profile or --local-prefill-max-tokens", DC_LOCAL_MAX_FALLBACK, err, k3_strerror(rc));
+    *local_max = DC_LOCAL_MAX_FALLBACK;
+    return 0;
+  }
   char why[256];
   int64_t l = dc_local_max_derive(costs, stall_steps, w->max_context, why, sizeof why);
   if (l < 0) {

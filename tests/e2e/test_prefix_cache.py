@@ -22,7 +22,8 @@ The cache-on decode workers take their local-prefill threshold from a cost profi
 (--cost-profile: 0.125 ms per prefill token, 4 ms decode steps, 16 steps of stall = 64 ms ->
 exactly 512 tokens, checked in their start-up log), so which path a request takes never depends
 on this machine's speed. Before the clusters: a profile with a negative cost is refused naming the
-field, and without a profile the worker measures its costs and logs the derived threshold.
+field, without a profile the worker measures its costs and logs the derived threshold, and a
+probe that cannot run (a pool too small for it) leaves the worker serving with 512, logged.
 Also: the decode workers computed suffixes locally, no page or slot stays held by a request
 afterwards (only by the cache, reported separately), the cache-off cluster reports nothing
 cached, and SIGTERM stops every process with status 0.
@@ -155,7 +156,9 @@ def check_threshold_startup(args, model):
           (r.returncode, r.stderr.strip()[-160:]))
     for what, extra, want in (("the profile", ["--cost-profile", write_profile(args.workdir, "profile.json", PROFILE)],
                                "local-prefill threshold 512 tokens"),
-                              ("a start-up probe", [], "measured at start-up")):
+                              ("a start-up probe", [], "measured at start-up"),
+                              ("the fallback when the probe cannot run (4 pages of 16 tokens)",
+                               ["--num-pages", "4", "--page-tokens", "16"], "threshold 512 tokens (fallback)")):
         log_path = os.path.join(args.workdir, "threshold.log")
         with open(log_path, "w") as log:
             p = subprocess.Popen(base + extra, stdout=log, stderr=subprocess.STDOUT)
