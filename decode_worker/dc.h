@@ -33,6 +33,7 @@
 #include "k3pd/rpc_client.h"
 #include "k3pd/xdev_hooks.h"
 #include "k3pd/xfer.h"
+#include "localcost.h"
 
 typedef enum { DC_RESERVED = 0, DC_READY, DC_RUNNING, DC_FINISHED } dc_state_t;
 
@@ -252,6 +253,13 @@ void dc_cache_req_done(dc_worker_t *w, dc_req_t *q);
 void dc_cache_enforce(dc_worker_t *w);
 /* Heartbeat summary: fills load->cached_prefix_hashes. */
 void dc_cache_fill_load(dc_worker_t *w, K3pd__V1__WorkerLoad *load);
+
+/* costprobe.c: measures this worker's prefill pass and full-batch decode step (up to `batch`
+ * sequences, as many as its pools hold) on its runner (the engine thread must not have
+ * started). Returns 0, K3_EINVAL (pool too small, err says why), K3_ENOMEM or the runner's
+ * error. */
+int dc_costs_measure(k3_runner_t *r, int num_pages, int page_tokens, int batch, dc_costs_t *out, char *err,
+                     size_t errlen);
 
 /* main.c: refresh pool gauges and transfer-derived counters (loop thread). */
 void dc_metrics_refresh(dc_worker_t *w);

@@ -109,6 +109,36 @@ static void on_server_done(void *arg) {
   uv_close((uv_handle_t *)&a->metrics_timer, NULL);
 }
 
+/* --local-prefill-max-tokens when not given: from the profile's costs or a start-up probe
+ * (localcost.h; docs/design.md "The local-prefill threshold"). Logged with its inputs. */
+static int derive_local_max(dc_worker_t *w, dc_costs_t *costs, bool from_profile, double stall_steps,
+                            int *local_max, char *err, size_t errlen) {
+  int rc = from_profile ? 0
+                        : dc_costs_measure(w->runner, w->num_pages, w->page_tokens, w->max_batch, costs, err, errlen);
+  if (rc) {
+    /* a probe that cannot run (pools too small for it, a device error) does not stop the worker:
+     * it serves with the fixed fallback, and says so */
+    K3_WARN("local-prefill threshold %d tokens (fallback): the cost probe failed: %s (%s); pass "
+            "--cost-profile or --local-prefill-max-tokens", DC_LOCAL_MAX_FALLBACK, err, k3_strerror(rc));
+    *local_max = DC_LOCAL_MAX_FALLBACK;
+    return 0;
+  }
+  char why[256];
+  int64_t l = dc_local_max_derive(costs, stall_steps, w->max_context, why, sizeof why);
+  if (l < 0) {
+    snprintf(err, errlen, "%s: %s", from_profile ? "--cost-profile" : "cost probe", why);
+    return K3_EINVAL;
+  }
+  *local_max = (int)l;
+  K3_INFO("local-prefill threshold %lld tokens: estimated prefill %.1f ms <= %g decode steps of %d sequences x "
+          "%.2f ms (%s; pass %.3f ms + %.4f ms/token + %.4f ms per 1000 token-context, chunk %lld)",
+          (long long)l, dc_costs_prefill_ms(costs, l), stall_steps, costs->step_batch, dc_costs_ref_step_ms(costs),
+          costs->source,
+          costs->pass_fixed_ms + costs->pass_per_seq_ms, costs->pass_per_token_ms, costs->pass_per_kctx_ms,
+          (long long)costs->chunk_tokens);
+  return 0;
+}
+
 static void begin_shutdown(void *ud) {
   app_t *a = ud;
   k3_rpc_server_shutdown(a->w.srv, on_server_done, a);
@@ -123,7 +153,9 @@ int main(int argc, char **argv) {
   k3_load_opts_default(&mo);
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
   const char *log_level = NULL, *metrics_host = NULL, *receive = "auto", *ipc_dir = NULL;
-  int max_context = 0, metrics_port = -1, resolve_ms = 5000, local_max = 512;
+  int max_context = 0, metrics_port = -1, resolve_ms = 5000, local_max = -1;
+  const char *cost_profile = NULL;
+  double stall_steps = 16;
   const char *prefix_cache = "on";
   int64_t cache_bytes = -1;
   int pin_max = 0;
@@ -133,7 +165,7 @@ int main(int argc, char **argv) {
   ipc_dir = ipc_default;
   k3_app_tls_t to;
   k3_app_tls_init(&to);
-  k3_flag_t flags[K3_LOAD_NFLAGS + K3_APP_TLS_NFLAGS + 16];
+  k3_flag_t flags[K3_LOAD_NFLAGS + K3_APP_TLS_NFLAGS + 24];
   size_t nflags = k3_load_flags(&mo, flags);
   nflags += k3_app_tls_flags(&to, flags + nflags);
   k3_flag_t own[] = {
@@ -168,13 +200,20 @@ int main(int argc, char **argv) {
        "stays the live-sequence capacity) for checkpoints being taken and hits being copied, which cannot be "
        "evicted meanwhile (default max(4, --num-slots / 4); cached checkpoints also use free sequence slots)", false},
       {"local-prefill-max-tokens", K3_FLAG_INT, &local_max, "N", "longest uncached prompt suffix this worker "
-       "computes itself instead of a prefill worker (conditional disaggregation; docs/design.md) (default 512)",
-       false},
+       "computes itself instead of a prefill worker (conditional disaggregation; docs/design.md) (default: derived "
+       "from the cost model, --local-prefill-stall-steps; logged at start-up)", false},
+      {"local-prefill-stall-steps", K3_FLAG_DOUBLE, &stall_steps, "S", "the derived --local-prefill-max-tokens "
+       "is the longest suffix whose estimated prefill time is at most S decode steps of a full batch (--max-batch "
+       "sequences): the running streams' next token waits at most that long (default 16)", false},
+      {"cost-profile", K3_FLAG_STR, &cost_profile, "FILE", "k3pd-bench --profile JSON (k3pd-profile/1) with this "
+       "worker's prefill pass and decode step costs, for the derived --local-prefill-max-tokens (default: a "
+       "probe of a few prefills and decode steps at start-up)", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
       {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
        false},
       {"metrics-host", K3_FLAG_STR, &metrics_host, "IP", "address the metrics server binds (default all)", false},
   };
+  _Static_assert(sizeof own / sizeof own[0] <= 24, "flags[] has room for 24 own flags");
   memcpy(flags + nflags, own, sizeof own);
   nflags += sizeof own / sizeof own[0];
   k3_flags_info_t info = {"k3pd-decode",
@@ -196,6 +235,17 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
     return 2;
   }
+  if (!(stall_steps >= 0) || stall_steps > 1e6) {
+    fprintf(stderr, "k3pd-decode: --local-prefill-stall-steps: must be in [0, 1e6], got %g\n", stall_steps);
+    return 2;
+  }
+  /* a bad profile fails before anything starts */
+  dc_costs_t costs = {.chunk_tokens = (mo.prefill_chunk + 63) / 64 * 64, /* the runner rounds it so */
+                      .step_batch = mo.max_batch};
+  if (cost_profile && dc_costs_load(cost_profile, &costs, err, sizeof err)) {
+    fprintf(stderr, "k3pd-decode: --cost-profile: %s\n", err);
+    return 2;
+  }
   if (k3_app_log_setup("k3pd-decode", log_level)) return 2;
   /* cluster credentials and the worker id first (before the model loads: a bad
    * certificate fails at once); the development CA issues the certificate for the worker id */
@@ -208,8 +258,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: --prefix-cache: expected on or off, got \"%s\"\n", prefix_cache);
     return 2;
   }
-  if (local_max < 0) {
-    fprintf(stderr, "k3pd-decode: --local-prefill-max-tokens: must be >= 0\n");
+  if (local_max < -1) {
+    fprintf(stderr, "k3pd-decode: --local-prefill-max-tokens: must be >= 0, got %d\n", local_max);
     return 2;
   }
   if (pin_max < 0) {
@@ -260,10 +310,13 @@ int main(int argc, char **argv) {
   w->vocab = k3_runner_vocab(w->runner);
   w->max_context = max_context > 0 ? (uint32_t)max_context : (uint32_t)(mo.num_pages * mo.page_tokens);
   rc = dc_pools_setup(w, err, sizeof err);
+  if (!rc && cache_on && local_max < 0)
+    rc = derive_local_max(w, &costs, cost_profile != NULL, stall_steps, &local_max, err, sizeof err);
   if (!rc) {
     uint64_t pool_bytes = (uint64_t)w->num_pages * w->manifest->mla_bytes_per_page +
                           (uint64_t)w->num_slots * w->manifest->kda_bytes_per_slot;
-    rc = dc_cache_init(w, cache_on, cache_bytes >= 0 ? (uint64_t)cache_bytes : pool_bytes / 2, (uint32_t)local_max,
+    rc = dc_cache_init(w, cache_on, cache_bytes >= 0 ? (uint64_t)cache_bytes : pool_bytes / 2,
+                       (uint32_t)(local_max < 0 ? 0 : local_max),
                        pin_max, err, sizeof err);
   }
   if (rc) {

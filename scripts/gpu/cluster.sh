@@ -19,6 +19,14 @@
 #   faults   decode pools full -> RESOURCE_EXHAUSTED; prefill killed mid-transfer -> the decode
 #            worker's pages and slots all free again; the weights' exporter killed -> the other
 #            role keeps serving and a restarted worker imports from it
+#   prefix   the prefix-cache workloads (issue 21; scripts/bench/prefix_cache.sh's two) on the
+#            4-layer real-shape config, router + 1 prefill + 1 decode, cache on then off: 8-turn
+#            chats (4 conversations sharing a 1K-token system prompt) and 64 users sharing a
+#            2K-token system prompt; hit rate, TTFT of turns >= 2 on vs off, the decode worker's
+#            local-prefill threshold derived at start-up; judged: every request served, hits and
+#            fewer prompt tokens computed with the cache; tokens on vs off are counted (identical /
+#            first differing step) and judged only on the CPU (CUDA GEMMs are not row-count
+#            invariant: docs/gpu-cluster.md §5)
 #   medium   the full medium preset (85.3 GiB of weights, one shared copy): correctness, TTFT of
 #            an 8K prompt, inter-token latency at 1 and 32 streams next to k3pd-generate --perf,
 #            a mixed Poisson load at three rates with each worker's GPU memory
@@ -26,7 +34,8 @@
 # Environment: K3PD_GPU (device, default 0), K3PD_BACKEND (default cuda; cpu-fast runs the
 # correct/conc/faults parts on the CPU to check this script itself), K3PD_MIXED_S (seconds per
 # mixed-load rate, default 40), K3PD_MIXED_RATES (default "0.25 0.5 1"), K3PD_MEDIUM_PERF=0
-# (the medium part checks correctness only).
+# (the medium part checks correctness only), K3PD_PREFIX_USERS / K3PD_PREFIX_SYSTEM /
+# K3PD_PREFIX_CHAT_SYSTEM (the prefix part's sizes: 64, 2048, 1024; smaller for the CPU self-test).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bundle=${1:?usage: scripts/gpu/cluster.sh BUNDLE LOGDIR PART...}
@@ -92,7 +101,7 @@ model_args() {
 # up NAME MODEL NP ND [worker args...]: router + NP prefill + ND decode workers, every worker
 # sharing one copy of the weights (DIR $work/NAME.share). Sets ROUTER (public port), CLUSTER (the
 # router's cluster port, where workers register), DEC_METRICS (ports).
-# PARGS / DARGS (environment): extra arguments for the prefill / decode workers only.
+# PARGS / DARGS / RARGS (environment): extra arguments for the prefill / decode workers / router.
 up() {
   local name=$1 model=$2 np=$3 nd=$4
   shift 4
@@ -102,7 +111,7 @@ up() {
   mkdir -p -m 700 "$work/$name.share" "$work/$name.ipc"
   # shellcheck disable=SC2086
   k3pd-router $ma --listen 127.0.0.1:0 --port-file "$work/$name.port" --cluster-port-file "$work/$name.cport" \
-    --drain-grace-ms 2000 > "$d/router.log" 2>&1 &
+    --drain-grace-ms 2000 ${RARGS:-} > "$d/router.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 300); do [ -s "$work/$name.port" ] && break; sleep 0.1; done
   [ -s "$work/$name.port" ] || { bad "$name: the router did not start ($d/router.log)"; return 1; }
@@ -294,6 +303,64 @@ part_faults() {
     > "$logdir/$name/bench.txt" 2>&1 && ok "faults: the cluster serves again after the exporter's death" \
     || bad "faults: no service after the exporter's death ($(tail -1 "$logdir/$name/bench.txt"))"
   stop_all
+}
+
+part_prefix() {
+  local idmax=150000 cache d
+  [ "$backend" = cuda ] || idmax=3800 # tiny: below its special ids
+  local users=${K3PD_PREFIX_USERS:-64} sys=${K3PD_PREFIX_SYSTEM:-2048} chat_sys=${K3PD_PREFIX_CHAT_SYSTEM:-1024}
+  for cache in on off; do
+    d=$logdir/prefix-$cache
+    RARGS="--prefix-cache $cache" up "prefix-$cache" "$small" 1 1 || { stop_all; return; }
+    [ "$cache" = on ] && grep -h "local-prefill threshold" "$d"/decode-*.log | sed 's/.*k3pd-decode: /prefix: /'
+    k3pd-bench --router "$ROUTER" --label "chat-cache-$cache" --chat-turns 8 --conversations 4 --concurrency 4 \
+      --shared-prefix-len "$chat_sys" --prompt-len 32..96 --output-len 32 --id-max "$idmax" --seed 5 \
+      --timeout-ms 120000 --ids-out "$d/chat.ids" > "$d/chat.txt" 2>&1 \
+      || bad "prefix: chats with the cache $cache failed ($(tail -1 "$d/chat.txt"))"
+    k3pd-bench --router "$ROUTER" --label "shared-cache-$cache" --requests "$users" --concurrency 4 \
+      --shared-prefix-len "$sys" --prompt-len 16..64 --output-len 16 --id-max "$idmax" --seed 6 \
+      --timeout-ms 120000 --ids-out "$d/shared.ids" > "$d/shared.txt" 2>&1 \
+      || bad "prefix: shared system prompt with the cache $cache failed ($(tail -1 "$d/shared.txt"))"
+    grep -hE "prefix cache:|TTFT (first|chat|turn|shared)|later:" "$d/chat.txt" "$d/shared.txt" | sed "s/^ */prefix: cache $cache: /"
+    stop_all
+  done
+  local w on off son soff
+  for w in chat shared; do
+    on=$logdir/prefix-on/$w.ids off=$logdir/prefix-off/$w.ids
+    # served: as many completed requests as asked for, both ways
+    if [ -s "$on" ] && [ -s "$off" ] && [ "$(wc -l < "$on")" = "$(wc -l < "$off")" ]; then
+      ok "prefix: $w: $(wc -l < "$on") requests served with the cache on and off"
+    else bad "prefix: $w: a run is missing requests (on $(wc -l < "$on" 2>/dev/null), off $(wc -l < "$off" 2>/dev/null))"; fi
+    # the cache was used: hits, and fewer prompt tokens computed
+    son=$(grep -ho "requests hit ([^)]*); prompt tokens [0-9]*, cached [0-9]* ([^)]*), computed [0-9]*" "$logdir/prefix-on/$w.txt")
+    soff=$(grep -ho "computed [0-9]*" "$logdir/prefix-off/$w.txt" | awk '{print $2}')
+    local hit_on comp_on; hit_on=$(grep -ho "prefix cache: [0-9]*" "$logdir/prefix-on/$w.txt" | awk '{print $3}')
+    comp_on=$(echo "$son" | grep -o "computed [0-9]*" | awk '{print $2}')
+    if [ "${hit_on:-0}" -gt 0 ] && [ -n "$comp_on" ] && [ -n "$soff" ] && [ "$comp_on" -lt "$soff" ]; then
+      ok "prefix: $w: $hit_on requests hit the cache; prompt tokens computed $comp_on with it, $soff without"
+    else bad "prefix: $w: no benefit from the cache (hits ${hit_on:-?}, computed ${comp_on:-?} on vs ${soff:-?} off)"; fi
+    # tokens on vs off: requests whose prompt both runs sent, identical or first differing step;
+    # a chat turn after a differing reply has a prompt the other run never sent
+    local tc; tc=$(awk -F'\t' 'NR == FNR { off[$1] = $2; next }
+      !($1 in off) { other++; next }
+      off[$1] == $2 { same++; next }
+      { n = split($2, a, ","); split(off[$1], b, ","); for (i = 1; i <= n && a[i] == b[i]; i++); diff++; at = at " " i - 1 }
+      END { printf "%d identical, %d differ (first differing step:%s), %d with a prompt only this run sent\n",
+            same, diff, diff ? at : " -", other }' "$off" "$on" 2>/dev/null)
+    echo "prefix: $w: tokens on vs off: $tc"
+    if [ "$backend" != cuda ]; then
+      # CPU: every request equal bit for bit (the CI verdict, test_prefix_cache.py)
+      if [ -s "$on" ] && cmp -s <(sort "$on") <(sort "$off"); then
+        ok "prefix: $w: tokens identical with the cache on and off"
+      else bad "prefix: $w: tokens differ between cache on and off"; fi
+    fi
+    # (CUDA: not judged: GEMMs are not row-count invariant, so a prompt computed in two passes
+    # differs from one pass by bf16 rounding and near ties flip tokens; docs/gpu-cluster.md §5)
+    # turns >= 2 (chats) / requests after the first (shared): TTFT p50 off / on
+    on=$(grep -ho "later: p50 [0-9.]*" "$logdir/prefix-on/$w.txt" | awk '{print $3}')
+    off=$(grep -ho "later: p50 [0-9.]*" "$logdir/prefix-off/$w.txt" | awk '{print $3}')
+    [ -n "$on" ] && [ -n "$off" ] && echo "prefix: $w: later TTFT p50 $off ms off, $on ms on: $(awk -v a="$off" -v b="$on" 'BEGIN {printf "%.1fx", a / b}') lower"
+  done
 }
 
 part_medium() {

@@ -108,6 +108,11 @@ class Cluster:
                 "--listen", "127.0.0.1:0", "--worker-id", "%s-%d" % (role, idx)] + self.worker_args
         argv += self.decode_args if role == "decode" else self.prefill_args
         argv += list(extra)
+        if role == "decode" and not any(a in argv for a in ("--local-prefill-max-tokens", "--cost-profile")):
+            # the threshold a decode worker derives by default (a start-up probe, docs/design.md "The
+            # local-prefill threshold") depends on this machine's speed: the drivers pin the old
+            # default so which path a request takes does not (test_prefix_cache checks the probe)
+            argv += ["--local-prefill-max-tokens", "512"]
         p = Proc("%s-%d" % (role, idx), argv, os.path.join(self.workdir, "%s-%d.log" % (role, idx)))
         self.procs.append(p)
         if wait:

@@ -18,6 +18,12 @@ Phase 2, decode-1 joins with a cache budget smaller than one entry:
     boundary), prompts that diverge from a cached one between checkpoints, the same prompt twice
     at once (racing to create one entry); with both budgets below one entry, entries the router
     still advertises are evicted (misses it did not expect) and eviction is certain.
+The cache-on decode workers take their local-prefill threshold from a cost profile
+(--cost-profile: 0.125 ms per prefill token, 4 ms decode steps, 16 steps of stall = 64 ms ->
+exactly 512 tokens, checked in their start-up log), so which path a request takes never depends
+on this machine's speed. Before the clusters: a profile with a negative cost is refused naming the
+field, without a profile the worker measures its costs and logs the derived threshold, and a
+probe that cannot run (a pool too small for it) leaves the worker serving with 512, logged.
 Also: the decode workers computed suffixes locally, no page or slot stays held by a request
 afterwards (only by the cache, reported separately), the cache-off cluster reports nothing
 cached, and SIGTERM stops every process with status 0.
@@ -26,6 +32,7 @@ Usage: test_prefix_cache.py --bindir BUILD --gen PYSTUBS --workdir DIR [--precis
 """
 import argparse
 import concurrent.futures as cf
+import json
 import os
 import random
 import signal
@@ -34,6 +41,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from k3check import wait_until  # noqa: E402
 from k3cluster import Cluster, load_stubs  # noqa: E402
 
 VOCAB_SAFE = 3800  # below the tiny vocabulary's special / stop ids
@@ -124,15 +132,58 @@ def run_workloads(cl, stubs, wl, label, restart_cb, add_decode1):
     return out, finals
 
 
+PROFILE = {"schema": "k3pd-profile/1", "source": "e2e_prefix_cache: chosen to give 512 tokens",
+           "prefill": {"pass_fixed_ms": 0, "pass_per_seq_ms": 0, "pass_per_token_ms": 0.125},
+           "decode": {"step_fixed_ms": 4, "step_per_seq_ms": 0}}
+
+
+def write_profile(workdir, name, prof):
+    path = os.path.join(workdir, name)
+    with open(path, "w") as f:
+        json.dump(prof, f)
+    return path
+
+
+def check_threshold_startup(args, model):
+    """--local-prefill-max-tokens unset: derived from a profile (exact) or a start-up probe (logged)."""
+    exe = os.path.join(args.bindir, "decode_worker", "k3pd-decode")
+    base = [exe, "--model", model, "--router", "127.0.0.1:1", "--insecure-cluster", "--listen", "127.0.0.1:0"]
+    bad = dict(PROFILE, prefill={"pass_per_token_ms": -0.5})
+    r = subprocess.run(base + ["--cost-profile", write_profile(args.workdir, "bad-profile.json", bad)],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "prefill.pass_per_token_ms" in r.stderr,
+          "a cost profile with a negative cost is refused naming the field (status %d: %s)" %
+          (r.returncode, r.stderr.strip()[-160:]))
+    for what, extra, want in (("the profile", ["--cost-profile", write_profile(args.workdir, "profile.json", PROFILE)],
+                               "local-prefill threshold 512 tokens"),
+                              ("a start-up probe", [], "measured at start-up"),
+                              ("the fallback when the probe cannot run (4 pages of 16 tokens)",
+                               ["--num-pages", "4", "--page-tokens", "16"], "threshold 512 tokens (fallback)")):
+        log_path = os.path.join(args.workdir, "threshold.log")
+        with open(log_path, "w") as log:
+            p = subprocess.Popen(base + extra, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            # "serving on" comes after the signal handlers are installed: SIGTERM is a clean stop then
+            wait_until(lambda: any("serving on" in ln for ln in open(log_path)), 120, "the decode worker serving")
+            line = next((ln for ln in open(log_path) if "local-prefill threshold" in ln), "(no threshold line)")
+        finally:
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(timeout=60)
+        check(want in line and rc == 0, "threshold derived from %s and logged: %s (exit %d)" %
+              (what, line.strip().split("k3pd-decode: ", 1)[-1], rc))
+
+
 def start_cluster(args, stubs, model, wdir, prec, cache_on):
     wargs = ["--backend", "cpu-fast", "--threads", "1", "--precision", prec, "--page-tokens", "16",
              "--num-pages", "256", "--num-slots", "16"]
     off = [] if cache_on else ["--prefix-cache", "off"]
+    # the threshold from a fixed profile (512 tokens), never from this machine's speed
+    dargs = ["--cost-profile", os.path.join(args.workdir, "profile.json")] if cache_on else off
     # 16 slots make one running sequence 1/16 of a worker: the default placement weight (4096
     # tokens for a full worker) would outweigh these short prompts' cached prefixes
     rargs = ["--cache-route-load-tokens", "256"] if cache_on else off
     cl = Cluster(args.bindir, model, wdir, n_prefill=1, n_decode=2, worker_args=wargs,
-                 prefill_args=["--prefill-chunk", "64"], decode_args=off, router_args=rargs, stubs=stubs)
+                 prefill_args=["--prefill-chunk", "64"], decode_args=dargs, router_args=rargs, stubs=stubs)
     cl.start_router()
     ws = [cl.start_worker("prefill", 0, wait=False), cl.start_worker("decode", 0, wait=False)]
     for w in ws:
@@ -184,6 +235,11 @@ def run_precision(args, stubs, prec):
             results[cache_on] = (ids, finals)
             time.sleep(0.5)
             stats = [cl.decode_stats(p) for p in cl.decodes()]
+            if cache_on:
+                for p in cl.decodes():
+                    with open(p.log_path) as f:
+                        check("local-prefill threshold 512 tokens" in f.read(),
+                              "%s: %s derived its 512-token threshold from the profile" % (label, p.name))
             for p, st in zip(cl.decodes(), stats):
                 check(st.used_kv_pages == 0 and st.used_kda_slots == 0 and st.running_seqs == 0 and
                       st.reservations == 0,
@@ -243,6 +299,11 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     stubs = load_stubs(args.gen)
+    model = os.path.join(args.workdir, "tiny")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        subprocess.run([os.path.join(args.bindir, "tools", "mkckpt", "k3pd-mkckpt"), "--preset", "tiny", "--out",
+                        model, "--seed", "7"], check=True, capture_output=True, timeout=120)
+    check_threshold_startup(args, model)
     for prec in args.precisions.split(","):
         run_precision(args, stubs, prec)
     print("1 passed, 0 failed")
