@@ -98,6 +98,8 @@ static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, 
     goto out;
   }
   r->ctx->stats.dev_jobs++;
+  XF_TRACE(r->ctx, "recv %llu: verification job submitted (%u regions, %u segments, %u layers)",
+           (unsigned long long)v->desc->request_id, n, sv.n, n_layers);
   j->v = v;
   j->epoch = v->desc->epoch;
   j->n = n;
@@ -121,6 +123,7 @@ out:
  * in the job's epoch; anything else is stale and only releases the memory. */
 static void job_done(k3_xfer_recv_t *r, xf_vjob_t *j, int prc) {
   resv_t *v = j->v;
+  XF_TRACE(r->ctx, "recv %llu: verification job seen done (%d)", (unsigned long long)v->desc->request_id, prc);
   v->jobs_out--;
   r->ctx->drive_again = true; /* a re-queued DONE may be ready now */
   if (v->state != RS_LIVE || v->desc->epoch != j->epoch || v->verdict) return;
@@ -375,6 +378,7 @@ int xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   resv_t *v = NULL;
   int rc = judge(r, &dm, &v);
   ack(r, &dm, rc);
+  XF_TRACE(r->ctx, "recv %llu: DONE judged, ACK %d sent", (unsigned long long)dm.request_id, rc);
   if (rc) {
     K3_WARN("xfer: DONE for request %llu epoch %llu rejected: %s",
             (unsigned long long)dm.request_id, (unsigned long long)dm.epoch, k3_errname(rc));

@@ -307,6 +307,7 @@ static int send_layer_msg(k3_xfer_send_t *s, const xf_layer_st_t *ly) {
  * completed), and announces every flushed layer. cuda-ipc moves no UCX data: no flush. */
 static uint64_t advance_layers(k3_xfer_send_t *s) {
   uint64_t work = 0;
+  uint32_t ann0 = s->layers_announced;
   for (uint32_t l = 0; l < s->n_layers && !s->status; l++) {
     xf_layer_st_t *ly = &s->layers[l];
     bool complete = ly->regions_left == 0 && ly->puts_out == 0 &&
@@ -340,6 +341,9 @@ static uint64_t advance_layers(k3_xfer_send_t *s) {
       work++;
     }
   }
+  if (s->layers_announced != ann0)
+    XF_TRACE(s->ctx, "send %llu: %u LAYER sent (%u of %u announced)", (unsigned long long)s->desc->request_id,
+             s->layers_announced - ann0, s->layers_announced, s->n_layers);
   return work;
 }
 
@@ -382,6 +386,7 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
   if (s->phase == PH_FLUSH && !s->flush_pending) {
     s->res.t_flushed_ns = k3_now_ns();
     int rc = send_done_msg(s);
+    XF_TRACE(s->ctx, "send %llu: DONE sent", (unsigned long long)s->desc->request_id);
     if (rc) {
       s->status = rc;
       return work + 1;
@@ -429,6 +434,7 @@ void xf_send_on_ack(k3_xfer_ctx_t *ctx, const uint8_t *msg, size_t len) {
   for (k3_xfer_send_t *s = ctx->sends; s; s = s->next) {
     if (s->send_id != a.send_id || s->phase != PH_WAIT_ACK) continue;
     if (s->desc->request_id != a.request_id || s->desc->epoch != a.epoch) break;
+    XF_TRACE(ctx, "send %llu: ACK %d received", (unsigned long long)a.request_id, a.status);
     if (a.status)
       K3_WARN("xfer: request %llu epoch %llu rejected by the receiver: %s",
               (unsigned long long)a.request_id, (unsigned long long)a.epoch, k3_errname(a.status));

@@ -250,7 +250,11 @@ static int submit_group(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
   int rc = build_segs(s, r0, nr, &segs, &first, &n, &bytes);
   if (rc) return rc;
   void *job = NULL;
+  uint64_t t0 = k3_now_ns();
   rc = s->dev.submit(s->dev.ud, segs, first, nr, xf_notify_wake, s->ctx, &job);
+  XF_TRACE(s->ctx, "send %llu: job for layers %u..%u submitted (%u regions, %u segments, %llu bytes, %.1f us "
+           "in submit)", (unsigned long long)s->desc->request_id, l0, l0 + nl - 1, nr, n,
+           (unsigned long long)bytes, (double)(k3_now_ns() - t0) / 1e3);
   free(segs);
   free(first);
   if (rc) {
@@ -298,6 +302,8 @@ static int poll_group(k3_xfer_send_t *s, uint32_t l0) {
   const xf_layer_st_t *lyn = &s->layers[l0 + nl - 1];
   uint32_t r0 = ly0->first_region, nr = lyn->first_region + lyn->n_regions - r0;
   uint64_t now = k3_now_ns();
+  XF_TRACE(s->ctx, "send %llu: job for layers %u..%u seen done", (unsigned long long)s->desc->request_id, l0,
+           l0 + nl - 1);
   for (uint32_t k = 0; k < nr; k++) {
     uint32_t r = s->order[r0 + k];
     s->digest[r] = s->job_digests[k];

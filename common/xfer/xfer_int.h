@@ -76,6 +76,7 @@ struct k3_xfer_ctx {
   bool in_drive, drive_again, closing;
   bool api_drive; /* inside xf_drive_api: no user callback may run */
   bool no_peer_mode; /* peer error mode left no AM transport (shm): endpoints use NONE */
+  bool trace;        /* K3PD_XFER_TRACE set: xf_trace lines on stderr */
   uint32_t handles_open; /* uv handles still to close before the ctx memory goes */
   k3_xfer_stats_t stats;
   xf_ep_t *eps;                 /* cached endpoints (in_cache) */
@@ -124,6 +125,14 @@ void xf_rkey_put(xf_ep_t *e, xf_rkey_t *k);
  * with it, also on error). Returns 0 or K3_ETRANSPORT. */
 int xf_am_send(xf_ep_t *e, unsigned id, void *data, size_t len);
 const char *xf_ucs_str(ucs_status_t st);
+/* K3PD_XFER_TRACE=1: one stderr line per protocol step ("xfer-trace <pid> <k3_now_ns in us>
+ * ..."), monotonic clock shared by the processes of one host, so a sender's and a receiver's
+ * lines merge into one timeline (k3pd-xfer-bench on the GPU host). Off: one branch. */
+void xf_trace(const k3_xfer_ctx_t *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define XF_TRACE(ctx, ...)                 \
+  do {                                     \
+    if ((ctx)->trace) xf_trace(ctx, __VA_ARGS__); \
+  } while (0)
 
 /* send*.c, called by ctx.c */
 uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now_ns, uint64_t *next_deadline_ns); /* work done */

@@ -16,8 +16,10 @@
  * Invariants: every CUDA call is checked; on an error before anything was queued nothing
  * changed; a job's slot is reused only after its event completed. */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_common.cuh"
 #include "xdev_cuda.h"
@@ -25,6 +27,7 @@
 extern "C" {
 #include "core/xdev_int.h"
 #include "k3pd/digest.h"
+#include "k3pd/util.h"
 }
 
 /* ---- jobs and their buffers ---- */
@@ -41,6 +44,7 @@ typedef struct xslot {
   uint32_t *rchunk;     /* [n_regions + 1] first chunk of each region (malloc) */
   size_t rchunk_cap;
   cudaEvent_t done;     /* recorded after the kernel */
+  cudaEvent_t start;    /* recorded before it when tracing (K3PD_XFER_TRACE) */
 } xslot;
 
 enum { J_RUNNING = 0, J_DONE = 1, J_FAILED = 2 };
@@ -53,6 +57,7 @@ typedef struct cu_xjob {
   int state;
   uint32_t n_regions;
   uint64_t *dig;               /* [n_regions] region digests once done */
+  uint64_t t_submit_ns, n_chunks; /* tracing */
 } cu_xjob;
 
 typedef struct cu_xdev {
@@ -66,6 +71,7 @@ typedef struct cu_xdev {
   bool closed;
   int last_path;
   int kernel;          /* 1 or 2 (xdev_kernels.h) */
+  bool trace;          /* K3PD_XFER_TRACE: per-job timings on stderr */
   k3k_xk_caps caps;    /* kernel 2's occupancy, measured at open */
 } cu_xdev;
 
@@ -165,6 +171,11 @@ static int slot_get(cu_xdev *x, size_t n_ent, uint64_t n_chunks, uint32_t n_regi
       free(s);
       return K3_EDEVICE;
     }
+    if (cu_ok(cudaEventCreate(&s->start), "cudaEventCreate")) {
+      cudaEventDestroy(s->done);
+      free(s);
+      return K3_EDEVICE;
+    }
     s->anext = x->all_slots;
     x->all_slots = s;
     x->n_slots++;
@@ -183,6 +194,7 @@ static void slot_destroy(xslot *s) {
   if (s->dent) cudaFree(s->dent);
   if (s->hdig) cudaFreeHost(s->hdig);
   if (s->done) cudaEventDestroy(s->done);
+  if (s->start) cudaEventDestroy(s->start);
   free(s->rchunk);
   free(s);
 }
@@ -192,9 +204,19 @@ static void slot_destroy(xslot *s) {
 static void finish(cu_xjob *j, cudaError_t e) {
   xslot *s = j->slot;
   if (e == cudaSuccess) {
+    uint64_t t0 = k3_now_ns();
     for (uint32_t r = 0; r < j->n_regions; r++)
       j->dig[r] = k3_digest_combine(s->hdig + s->rchunk[r], s->rchunk[r + 1] - s->rchunk[r]);
     j->state = J_DONE;
+    if (j->x->trace) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, s->start, s->done) != cudaSuccess) (void)cudaGetLastError(), ms = -1;
+      uint64_t t1 = k3_now_ns();
+      fprintf(stderr, "xfer-trace %d %.1f xdev: job of %llu chunks (%.1f MB): kernel %.1f us on the GPU, submit to "
+              "seen done %.1f us, combine of %u regions %.1f us\n", (int)getpid(), (double)t1 / 1e3,
+              (unsigned long long)j->n_chunks, (double)j->n_chunks * 4096 / 1e6, ms * 1e3,
+              (double)(t0 - j->t_submit_ns) / 1e3, j->n_regions, (double)(t1 - t0) / 1e3);
+    }
   } else {
     K3_ERROR("cuda xdev: job failed: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
     j->state = J_FAILED;
@@ -222,6 +244,8 @@ extern "C" int k3k_cuda_xdev_open(k3k_backend_t *be, k3k_xdev_t **out) {
   x->base.device = true;
   x->device = cx->device;
   x->kernel = kernel_from_env();
+  const char *tr = getenv("K3PD_XFER_TRACE");
+  x->trace = tr && *tr && strcmp(tr, "0") != 0;
   xslot *s = NULL;
   int rc = cu_ok(cudaSetDevice(x->device), "cudaSetDevice");
   if (!rc) rc = cu_ok(cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -292,8 +316,10 @@ extern "C" int k3k_cuda_xdev_submit(k3k_xdev_t *xb, const k3k_xseg_t *segs, cons
     free(rec);
     return rc;
   }
+  uint64_t t_sub = k3_now_ns();
   k3k_xplan_fill(segs, first, n_regions, &sz, s->hent, s->rchunk);
-  rc = launch(x, s, &sz);
+  if (x->trace) rc = cu_ok(cudaEventRecord(s->start, x->st), "cudaEventRecord");
+  if (!rc) rc = launch(x, s, &sz);
   if (!rc) rc = cu_ok(cudaEventRecord(s->done, x->st), "cudaEventRecord");
   if (!rc && rec) {
     rec->fn = notify;
@@ -314,6 +340,8 @@ extern "C" int k3k_cuda_xdev_submit(k3k_xdev_t *xb, const k3k_xseg_t *segs, cons
   j->state = J_RUNNING;
   j->n_regions = n_regions;
   j->dig = dig;
+  j->t_submit_ns = t_sub;
+  j->n_chunks = sz.n_chunks;
   j->next = x->jobs;
   if (x->jobs) x->jobs->prev = j;
   x->jobs = j;

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "k3pd/digest.h"
 #include "k3pd/err.h"
 #include "k3pd/flags.h"
 #include "k3pd/log.h"
@@ -345,7 +346,7 @@ int main(int argc, char **argv) {
   const char *device = "host";
   int gpu = 0;
   int tokens = 1024, delay_us = 0, chunk_kib = 0, repeat = 1;
-  bool puts_only = false;
+  bool puts_only = false, cpu_loops = false;
   k3_flag_t flags[] = {
       {"manifest", K3_FLAG_STR, &manifest, "tiny|k3", "state manifest sizes to move", false},
       {"tokens", K3_FLAG_INT, &tokens, "N", "prompt tokens (MLA pages)", false},
@@ -360,6 +361,8 @@ int main(int argc, char **argv) {
       {"chunk-kib", K3_FLAG_INT, &chunk_kib, "N", "bytes per put/DATA message in KiB (0 = library default)", false},
       {"repeat", K3_FLAG_INT, &repeat, "N", "measured transfers per transport (figures are medians)", false},
       {"puts-only", K3_FLAG_BOOL, &puts_only, NULL, "always ucp_put_nbx (no mapped pointer, no DATA messages)", false},
+      {"cpu-loops", K3_FLAG_BOOL, &cpu_loops, NULL, "only time the host sender's loops (memcpy, hash, every "
+       "hash+copy loop) over the plan's regions in one thread, then exit (cpu_loops.c)", false},
   };
   k3_flags_info_t info = {"k3pd-xfer-bench", "Two-process UCX state-transfer benchmark vs memcpy.", NULL};
   char err[256];
@@ -422,10 +425,16 @@ int main(int argc, char **argv) {
   k3_log_set_level(K3_LOG_WARN);
   bench_plan_t p;
   if (bench_plan_build(&p, m, lay, (uint32_t)tokens)) return 2;
-  printf("manifest=%s tokens=%d layout=%s device=%s regions=%u layers=%u kda_bytes=%llu "
-         "mla_bytes=%llu\n", manifest, tokens, layout, g_mem.name, p.n_regions, p.n_layers,
+  printf("manifest=%s tokens=%d layout=%s device=%s copy_loop=%s regions=%u layers=%u kda_bytes=%llu "
+         "mla_bytes=%llu\n", manifest, tokens, layout, g_mem.name, k3_digest_copy_impl(), p.n_regions, p.n_layers,
          (unsigned long long)(m.n_kda * (m.s_bytes + m.conv_bytes)),
          (unsigned long long)((uint64_t)m.n_mla * m.tok_bytes * (uint64_t)tokens));
+  if (cpu_loops) {
+    int r = bench_cpu_loops(&p);
+    bench_plan_free(&p);
+    if (g_mem.close) g_mem.close(g_mem.self);
+    return r ? 1 : 0;
+  }
   char *list = strdup(tls), *save = NULL;
   fig_t first = {0};
   bool have_first = false;

@@ -1,0 +1,220 @@
+/* The host sender's one-pass "hash while copying" of whole 4 KiB chunks (k3pd/digest.h,
+ * k3_digest_copy): XXH3-64 of a 4096-byte chunk computed from the same 64-byte loads that are
+ * stored to the destination, so reads and stores interleave at cache-line grain as in a memcpy.
+ *
+ * Why not libxxhash + a copy (the "legacy" loop, kept selectable): hashing a chunk from DRAM and
+ * then copying it out of L1 runs two phases per chunk, a burst of loads then a burst of streaming
+ * stores. On the GPU host's Intel Xeon the line-fill buffers are shared between the two, so a
+ * single core moved 478 MB in 105 ms of CPU against 52 ms for glibc's memcpy (whose large-copy
+ * loop streams loads and non-temporal stores together, four pages at a time); docs/transfer.md.
+ * Here every 64-byte stripe is loaded once, fed to the accumulators and stored at once; "fused4"
+ * runs four chunks (four pages) side by side so four hardware prefetch streams are in flight, as
+ * glibc's large memcpy does.
+ *
+ * The hash is XXH3-64 (seed 0, default secret) for exactly 4096 bytes, written from the XXH3
+ * specification's long-input path: 3 blocks of 16 stripes with a scramble after each, 15 stripes
+ * of the last block, the last stripe (bytes 4032..4095, i.e. the 16th stripe of block 3) with the
+ * secret at offset 121, then the 4-pair merge with start 4096 * PRIME64_1 and the avalanche.
+ * The default secret and primes are xxHash's own (XXH_INLINE_ALL, static here). A self-test at
+ * first use compares it with libxxhash on a random chunk; on any mismatch the legacy loop is
+ * used (and logged), so a wrong hash can never reach the wire.
+ *
+ * Stores: streaming (non-temporal) when the destination chunk is 32-byte aligned: the
+ * destination is another process's pool this core will not read, and a normal store would first
+ * read the line (read-for-ownership). k3_digest_copy ends with an sfence before returning.
+ * "fused4-st" uses normal stores (measurement only). x86-64 with AVX2 only; elsewhere, or
+ * without AVX2, the legacy loop (libxxhash + memcpy) is the portable fallback.
+ *
+ * Choice: K3PD_DIGEST_COPY=legacy|fused|fused4|fused4-st at first use, or
+ * k3_digest_copy_impl_set (benchmarks). Default fused4. Process-wide, set before threads use it. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "digest_int.h"
+#include "k3pd/err.h"
+#include "k3pd/log.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_FUSED 1
+#else
+#define HAVE_FUSED 0
+#endif
+
+_Static_assert(sizeof(XXH3_kSecret) == 192, "XXH3 default secret is 192 bytes");
+_Static_assert(XXH_VERSION_NUMBER >= 800, "XXH3's output is stable from xxHash 0.8.0");
+
+static const char *const IMPL_NAMES[] = {"legacy", "fused", "fused4", "fused4-st"};
+static int g_impl = -1; /* XDC_* once chosen */
+
+#if HAVE_FUSED
+/* Accumulate one 32-byte half of a stripe: acc[i ^ 1] += x[i]; acc[i] += lo32(x^k) * hi32(x^k). */
+#define XDC_ACC(acc, x, k)                                                      \
+  do {                                                                          \
+    __m256i dk_ = _mm256_xor_si256((x), (k));                                   \
+    __m256i pr_ = _mm256_mul_epu32(dk_, _mm256_srli_epi64(dk_, 32));            \
+    __m256i sw_ = _mm256_shuffle_epi32((x), _MM_SHUFFLE(1, 0, 3, 2));           \
+    (acc) = _mm256_add_epi64((acc), _mm256_add_epi64(sw_, pr_));                \
+  } while (0)
+/* Scramble: acc ^= acc >> 47; acc ^= key; acc *= PRIME32_1 (64-bit by 32-bit). */
+#define XDC_SCR(acc, k, prime)                                                  \
+  do {                                                                          \
+    __m256i a_ = _mm256_xor_si256(_mm256_xor_si256((acc), _mm256_srli_epi64((acc), 47)), (k)); \
+    __m256i lo_ = _mm256_mul_epu32(a_, (prime));                                \
+    __m256i hi_ = _mm256_mul_epu32(_mm256_srli_epi64(a_, 32), (prime));         \
+    (acc) = _mm256_add_epi64(lo_, _mm256_slli_epi64(hi_, 32));                  \
+  } while (0)
+
+static uint64_t merge_4k(const uint64_t acc[8]) {
+  const uint8_t *sec = XXH3_kSecret + XXH_SECRET_MERGEACCS_START;
+  uint64_t r = (uint64_t)K3_DIGEST_CHUNK * XXH_PRIME64_1;
+  for (int i = 0; i < 4; i++)
+    r += XXH3_mul128_fold64(acc[2 * i] ^ XXH_readLE64(sec + 16 * i), acc[2 * i + 1] ^ XXH_readLE64(sec + 16 * i + 8));
+  return XXH3_avalanche(r);
+}
+
+/* NC chunks at src + i * 4096 (i < NC) hashed into h[i] and copied to dst + i * 4096. nt: every
+ * destination chunk is 32-byte aligned and streaming stores are wanted. */
+#define XDC_BODY(NC)                                                                            \
+  __m256i a0[NC], a1[NC];                                                                       \
+  for (int c = 0; c < NC; c++) {                                                                \
+    a0[c] = _mm256_setr_epi64x((long long)XXH_PRIME32_3, (long long)XXH_PRIME64_1,              \
+                               (long long)XXH_PRIME64_2, (long long)XXH_PRIME64_3);             \
+    a1[c] = _mm256_setr_epi64x((long long)XXH_PRIME64_4, (long long)XXH_PRIME32_2,              \
+                               (long long)XXH_PRIME64_5, (long long)XXH_PRIME32_1);             \
+  }                                                                                             \
+  const __m256i prime = _mm256_set1_epi32((int)XXH_PRIME32_1);                                  \
+  const uint8_t *sec = XXH3_kSecret;                                                            \
+  for (int b = 0; b < 4; b++) {                                                                 \
+    _Pragma("GCC unroll 16") for (int st = 0; st < 16; st++) {                               \
+      const int off = 1024 * b + 64 * st;                                                       \
+      const int ko = (b == 3 && st == 15) ? 192 - 64 - XXH_SECRET_LASTACC_START : 8 * st;       \
+      const __m256i k0 = _mm256_loadu_si256((const __m256i *)(sec + ko));                       \
+      const __m256i k1 = _mm256_loadu_si256((const __m256i *)(sec + ko + 32));                  \
+      _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                 \
+        const uint8_t *s = src + 4096 * c + off;                                                \
+        uint8_t *d = dst + 4096 * c + off;                                                      \
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)s);                                    \
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(s + 32));                             \
+        if (nt) {                                                                               \
+          _mm256_stream_si256((__m256i *)d, x0);                                                \
+          _mm256_stream_si256((__m256i *)(d + 32), x1);                                         \
+        } else {                                                                                \
+          _mm256_storeu_si256((__m256i *)d, x0);                                                \
+          _mm256_storeu_si256((__m256i *)(d + 32), x1);                                         \
+        }                                                                                       \
+        XDC_ACC(a0[c], x0, k0);                                                                 \
+        XDC_ACC(a1[c], x1, k1);                                                                 \
+      }                                                                                         \
+    }                                                                                           \
+    if (b < 3) {                                                                                \
+      const __m256i s0 = _mm256_loadu_si256((const __m256i *)(sec + 192 - 64));                 \
+      const __m256i s1 = _mm256_loadu_si256((const __m256i *)(sec + 192 - 32));                 \
+      for (int c = 0; c < NC; c++) {                                                            \
+        XDC_SCR(a0[c], s0, prime);                                                              \
+        XDC_SCR(a1[c], s1, prime);                                                              \
+      }                                                                                         \
+    }                                                                                           \
+  }                                                                                             \
+  for (int c = 0; c < NC; c++) {                                                                \
+    uint64_t acc[8];                                                                            \
+    _mm256_storeu_si256((__m256i *)acc, a0[c]);                                                 \
+    _mm256_storeu_si256((__m256i *)(acc + 4), a1[c]);                                           \
+    h[c] = merge_4k(acc);                                                                       \
+  }
+
+__attribute__((target("avx2"))) static void hc1(uint8_t *dst, const uint8_t *src, bool nt, uint64_t h[1]) {
+  XDC_BODY(1)
+}
+__attribute__((target("avx2"))) static void hc4(uint8_t *dst, const uint8_t *src, bool nt, uint64_t h[4]) {
+  XDC_BODY(4)
+}
+
+static bool self_test(void) {
+  uint8_t *src = aligned_alloc(64, 4 * K3_DIGEST_CHUNK), *dst = aligned_alloc(64, 4 * K3_DIGEST_CHUNK);
+  bool ok = src && dst;
+  uint64_t x = 0x243F6A8885A308D3ull;
+  for (size_t i = 0; ok && i < 4 * K3_DIGEST_CHUNK; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    src[i] = (uint8_t)x;
+  }
+  uint64_t h[4];
+  for (int nt = 0; ok && nt < 2; nt++) {
+    hc4(dst, src, nt, h);
+    for (int c = 0; c < 4; c++) ok = ok && h[c] == XXH3_64bits(src + 4096 * c, 4096);
+    ok = ok && memcmp(dst, src, 4 * K3_DIGEST_CHUNK) == 0;
+    hc1(dst, src + 4096, nt, h);
+    ok = ok && h[0] == XXH3_64bits(src + 4096, 4096) && memcmp(dst, src + 4096, 4096) == 0;
+  }
+  _mm_sfence();
+  free(src);
+  free(dst);
+  return ok;
+}
+#endif
+
+static int impl_from_name(const char *s) {
+  for (int i = 0; i < (int)(sizeof IMPL_NAMES / sizeof IMPL_NAMES[0]); i++)
+    if (!strcmp(s, IMPL_NAMES[i])) return i;
+  return -1;
+}
+
+/* The fused loops need AVX2 and a passing self-test; otherwise legacy. */
+static int usable(int want) {
+#if HAVE_FUSED
+  static int fused_ok = -1;
+  if (want == XDC_LEGACY) return want;
+  if (fused_ok < 0) {
+    fused_ok = __builtin_cpu_supports("avx2") && self_test();
+    if (!fused_ok && __builtin_cpu_supports("avx2"))
+      K3_ERROR("digest: the fused XXH3 copy loop disagrees with libxxhash; using the legacy loop");
+  }
+  return fused_ok ? want : XDC_LEGACY;
+#else
+  (void)want;
+  return XDC_LEGACY;
+#endif
+}
+
+int xdc_impl(void) {
+  if (g_impl >= 0) return g_impl;
+  const char *e = getenv("K3PD_DIGEST_COPY");
+  int want = XDC_FUSED4;
+  if (e && *e) {
+    int i = impl_from_name(e);
+    if (i < 0) K3_WARN("digest: K3PD_DIGEST_COPY=%s is not legacy|fused|fused4|fused4-st: using fused4", e);
+    else want = i;
+  }
+  g_impl = usable(want);
+  return g_impl;
+}
+
+int k3_digest_copy_impl_set(const char *name) {
+  int i = name ? impl_from_name(name) : -1;
+  if (i < 0) return K3_EINVAL;
+  int got = usable(i);
+  if (got != i) return K3_ENOTSUP;
+  g_impl = got;
+  return 0;
+}
+
+const char *k3_digest_copy_impl(void) { return IMPL_NAMES[xdc_impl()]; }
+
+size_t xdc_chunks(int impl, uint8_t *dst, const uint8_t *src, size_t n_chunks, uint64_t *h) {
+#if HAVE_FUSED
+  size_t done = 0;
+  if (impl == XDC_LEGACY) return 0;
+  bool nt = impl != XDC_FUSED4_ST && ((uintptr_t)dst & 31) == 0;
+  if (impl != XDC_FUSED)
+    for (; done + 4 <= n_chunks; done += 4) hc4(dst + 4096 * done, src + 4096 * done, nt, h + done);
+  for (; done < n_chunks; done++) hc1(dst + 4096 * done, src + 4096 * done, nt, h + done);
+  return done;
+#else
+  (void)impl, (void)dst, (void)src, (void)n_chunks, (void)h;
+  return 0;
+#endif
+}

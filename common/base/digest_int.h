@@ -1,0 +1,20 @@
+/* Private to common/base: the fused hash-and-copy loops of digest_copy.c as digest.c calls them.
+ * Not a public header (k3pd/digest.h is the API). */
+#ifndef K3PD_DIGEST_INT_H
+#define K3PD_DIGEST_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "k3pd/digest.h"
+
+enum { XDC_LEGACY = 0, XDC_FUSED = 1, XDC_FUSED4 = 2, XDC_FUSED4_ST = 3 };
+
+/* The loop in use (chosen once: K3PD_DIGEST_COPY, else fused4 where usable, else legacy). */
+int xdc_impl(void);
+/* Copies n_chunks whole 4096-byte chunks src -> dst and writes each chunk's XXH3-64 to h[i], in
+ * one pass; returns the chunks done (0 for XDC_LEGACY or without AVX2: the caller does them).
+ * Streaming stores are not fenced here: the caller issues the sfence. */
+size_t xdc_chunks(int impl, uint8_t *dst, const uint8_t *src, size_t n_chunks, uint64_t *h);
+
+#endif
