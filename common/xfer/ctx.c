@@ -195,7 +195,9 @@ void xf_drive(k3_xfer_ctx_t *ctx) {
     break;
   }
   ctx->in_drive = false;
-  /* Still busy after the bounded rounds: let the loop breathe, come back from idle. */
+  /* Still busy after the bounded rounds: let the loop breathe, come back from idle. A device
+   * job running: come back from idle too and poll it (spin_jobs). */
+  if (ctx->spin_jobs && ctx->jobs_running) pending = true;
   if (pending) uv_idle_start(&ctx->idle, idle_cb);
   else uv_idle_stop(&ctx->idle);
   arm_timer(ctx, next_deadline);
@@ -243,6 +245,8 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
   ctx->next_send_id = ((uint64_t)k3_wall_ms() << 20) ^ (uint64_t)getpid();
   const char *tr = getenv("K3PD_XFER_TRACE");
   ctx->trace = tr && *tr && strcmp(tr, "0") != 0;
+  const char *sp = getenv("K3PD_XFER_SPIN");
+  ctx->spin_jobs = !(sp && !strcmp(sp, "0"));
   ucp_config_t *cfg = NULL;
   ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
   if (st != UCS_OK) goto ucx_err;

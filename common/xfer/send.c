@@ -369,7 +369,14 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
     work += advance_layers(s);
     if (s->status) return work + 1;
     if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0 &&
-        s->layers_announced == s->n_layers) {
+        s->layers_announced == s->n_layers && s->mode == XM_JOB) {
+      /* cuda-ipc moved no UCX data (every byte was written by a job seen complete): nothing to
+       * flush, DONE goes in this drive right behind the last LAYER. */
+      s->flush_pending = false;
+      s->phase = PH_FLUSH;
+      work++;
+    } else if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0 &&
+               s->layers_announced == s->n_layers) {
       ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                .cb.send = flush_cb,
                                .user_data = s};

@@ -264,6 +264,7 @@ static int submit_group(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
     return K3_EDEVICE;
   }
   s->ctx->stats.dev_jobs++;
+  s->ctx->jobs_running++;
   ly0->job = job;
   ly0->group_n = nl;
   for (uint32_t i = 0; i < nl; i++) {
@@ -291,6 +292,7 @@ static int poll_group(k3_xfer_send_t *s, uint32_t l0) {
   ly0->job = NULL;
   for (uint32_t i = 0; i < nl; i++) s->layers[l0 + i].job_state = XJ_DONE;
   s->jobs_out--;
+  s->ctx->jobs_running--;
   if (s->phase == PH_FIRED) return 1; /* desc may be gone: record nothing */
   if (rc < 0) {
     s->ctx->stats.dev_jobs_failed++;
@@ -355,5 +357,6 @@ void xf_send_dev_release_all(k3_xfer_send_t *s) {
     ly->job = NULL;
     for (uint32_t i = 0; i < ly->group_n; i++) s->layers[l + i].job_state = XJ_DONE;
     s->jobs_out--;
+    s->ctx->jobs_running--;
   }
 }

@@ -77,6 +77,13 @@ struct k3_xfer_ctx {
   bool api_drive; /* inside xf_drive_api: no user callback may run */
   bool no_peer_mode; /* peer error mode left no AM transport (shm): endpoints use NONE */
   bool trace;        /* K3PD_XFER_TRACE set: xf_trace lines on stderr */
+  /* While a device job of ours runs, keep driving from the idle handle (poll its event every
+   * loop turn) instead of sleeping until its notify: the notify travels a CUDA host-function
+   * callback, a driver thread and uv_async, and each completion was seen tens of us late
+   * (docs/transfer.md). Jobs are short (bounded by one state's copy, ~0.4 ms for an 8K-token K3
+   * state on an H200), so the spin is too. K3PD_XFER_SPIN=0 turns it off (notify only). */
+  bool spin_jobs;
+  uint32_t jobs_running; /* device jobs of this ctx submitted and not yet seen finished */
   uint32_t handles_open; /* uv handles still to close before the ctx memory goes */
   k3_xfer_stats_t stats;
   xf_ep_t *eps;                 /* cached endpoints (in_cache) */

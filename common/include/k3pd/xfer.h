@@ -307,6 +307,13 @@ typedef struct {
    * device pools, before the verification job is submitted); may modify memory (to prove
    * corruption is detected). NULL in production. */
   void (*test_before_verify)(void *ud, uint64_t request_id);
+  /* MEASUREMENT ONLY (k3pd-xfer-bench --verify sender); the workers never set it. Regions in
+   * device pools are NOT re-read: the digests the sender's copy kernel computed from the values
+   * it stored (LAYER, DONE) are recorded as ours. Two HBM passes instead of three, but nothing
+   * then checks what landed in our memory at our addresses: a wrong destination mapping or
+   * address, a late write by a stale sender, or a visibility fault is admitted silently
+   * (docs/transfer.md "Two passes"). Host regions are verified as always. */
+  bool trust_sender_digests;
 } k3_xfer_recv_opts_t;
 
 /* One receiver per ctx (it owns the DONE handler). Returns 0, K3_EEXIST, K3_ENOMEM. */
