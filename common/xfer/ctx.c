@@ -247,6 +247,8 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
   ctx->trace = tr && *tr && strcmp(tr, "0") != 0;
   const char *sp = getenv("K3PD_XFER_SPIN");
   ctx->spin_jobs = !(sp && !strcmp(sp, "0"));
+  const char *jm = getenv("K3PD_XFER_JOB_MIB");
+  ctx->job_max_bytes = jm && *jm ? strtoull(jm, NULL, 10) << 20 : 0;
   ucp_config_t *cfg = NULL;
   ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
   if (st != UCS_OK) goto ucx_err;

@@ -314,6 +314,13 @@ static int poll_group(k3_xfer_send_t *s, uint32_t l0) {
   return 1;
 }
 
+static uint64_t layer_bytes(const k3_xfer_send_t *s, uint32_t l) {
+  const xf_layer_st_t *ly = &s->layers[l];
+  uint64_t b = 0;
+  for (uint32_t k = 0; k < ly->n_regions; k++) b += s->desc->regions[s->order[ly->first_region + k]].len_bytes;
+  return b;
+}
+
 uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now) {
   uint64_t work = 0;
   if (!s->dev_src || s->staged) return 0;
@@ -336,8 +343,12 @@ uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now) {
       continue;
     }
     if (now >= s->deadline_ns) break; /* pump_one fails the send; never submit late */
+    /* A group stops at job_max_bytes (K3PD_XFER_JOB_MIB; 0 = no limit) so that the first
+     * layers are announced, and verified by the receiver, while later ones still copy. */
     uint32_t nl = 1;
-    while (l + nl < s->n_layers && s->layers[l + nl].job_state == XJ_DUE) nl++;
+    uint64_t gb = layer_bytes(s, l), cap = s->ctx->job_max_bytes;
+    while (l + nl < s->n_layers && s->layers[l + nl].job_state == XJ_DUE && (!cap || gb < cap))
+      gb += layer_bytes(s, l + nl++);
     int rc = submit_group(s, l, nl);
     if (rc) {
       s->status = rc;

@@ -84,6 +84,7 @@ struct k3_xfer_ctx {
    * state on an H200), so the spin is too. K3PD_XFER_SPIN=0 turns it off (notify only). */
   bool spin_jobs;
   uint32_t jobs_running; /* device jobs of this ctx submitted and not yet seen finished */
+  uint64_t job_max_bytes; /* K3PD_XFER_JOB_MIB: a sender's job covers at most ~this (0: no cap) */
   uint32_t handles_open; /* uv handles still to close before the ctx memory goes */
   k3_xfer_stats_t stats;
   xf_ep_t *eps;                 /* cached endpoints (in_cache) */

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Handoff bandwidth on the GPU host, every stage timed (issue 17 items 2 and 6): the host path's
+# loops and transfers (shm) and the cuda-ipc path of the 8K-token K3 state, each beside its
+# copy baseline, with variants side by side so one run answers "which loop / which setting".
+#
+#   scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]
+#
+# BUNDLE: scripts/gpu/pack.sh's tarball (or its unpacked directory). Runs, in order, each with a
+# timeout, skipping what no longer fits BUDGET_S (default 140):
+#   ipc             cuda-ipc, the 8K-token K3 state, --repeat 5 (the figures)
+#   ipc-trace       the same with K3PD_XFER_TRACE=1: every protocol step and device job of both
+#                   processes stamped on one clock (xfer-trace lines in ipc-trace.log)
+#   host-loops      k3pd-xfer-bench --cpu-loops: memcpy, hash, every hash+copy loop, one thread
+#   host-<loop>     --manifest k3 --tokens 1024 --repeat 5 --tls shm with K3PD_DIGEST_COPY=<loop>
+#   ipc-sender      --verify sender (two HBM passes, measurement mode)
+#   ipc-nospin      K3PD_XFER_SPIN=0 (job completions seen through the notify only)
+#   ipc-split<N>    K3PD_XFER_JOB_MIB=N (all-due layers cut into jobs of ~N MiB)
+#   xdev-perf       k3k-gpu-xdev --perf (the kernels alone vs read and cudaMemcpy ceilings)
+#   nsys            nsys profile of one cuda-ipc run (LOGDIR/ipc.nsys-rep + a CUDA API/GPU summary)
+# Output: LOGDIR/<run>.log, a summary of RESULT lines in LOGDIR/summary.txt.
+set -uo pipefail
+bundle=${1:?usage: scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]}
+logdir=${2:?usage: scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]}
+budget=${3:-140}
+mkdir -p "$logdir"
+logdir=$(cd "$logdir" && pwd)
+work=$(mktemp -d /tmp/k3pd-xperf.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+if [ -d "$bundle" ]; then k=$(cd "$bundle" && pwd); else k=$work/k; mkdir -p "$k"; tar -xJf "$bundle" -C "$k"; fi
+B=$k/bin
+[ -x "$B/k3pd-xfer-bench" ] || B=$k
+export PATH=$B:$PATH:/usr/local/cuda/bin
+export LD_LIBRARY_PATH=$k/lib:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
+t0=$(date +%s)
+left() { echo $((budget - ($(date +%s) - t0))); }
+# run NAME TIMEOUT CMD...: runs CMD if TIMEOUT still fits the budget, logs, keeps RESULT lines
+run() {
+  local name=$1 to=$2
+  shift 2
+  if [ "$(left)" -lt "$to" ]; then echo "skip $name: $(left) s left" | tee -a "$logdir/summary.txt"; return; fi
+  local s; s=$(date +%s%N)
+  timeout "$to" "$@" > "$logdir/$name.log" 2>&1
+  local rc=$? e; e=$(date +%s%N)
+  printf '%-14s rc=%d %5.1fs %s\n' "$name" $rc "$(awk -v a="$s" -v b="$e" 'BEGIN { print (b - a) / 1e9 }')" \
+    "$(grep -E '^RESULT|^summary' "$logdir/$name.log" | tr '\n' ' ')" | tee -a "$logdir/summary.txt"
+}
+{ nproc; lscpu | grep -E 'Model name|L3|NUMA node\(s\)'; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; \
+  uptime; head -1 "$k/VERSION" 2>/dev/null; } > "$logdir/host.txt" 2>&1
+HOST="--manifest k3 --tokens 1024 --repeat 5 --tls shm"
+IPC="--device cuda --manifest k3 --tokens 8192 --path cuda-ipc --layout arena --repeat 5 --tls default"
+# shellcheck disable=SC2086
+run ipc 20 k3pd-xfer-bench $IPC
+# shellcheck disable=SC2086
+run ipc-trace 20 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $IPC
+run host-loops 25 k3pd-xfer-bench --manifest k3 --tokens 1024 --cpu-loops
+for loop in fused4 legacy; do
+  # shellcheck disable=SC2086
+  run "host-$loop" 25 env K3PD_DIGEST_COPY=$loop k3pd-xfer-bench $HOST
+done
+# shellcheck disable=SC2086
+run ipc-sender 20 k3pd-xfer-bench $IPC --verify sender
+# shellcheck disable=SC2086
+run ipc-nospin 20 env K3PD_XFER_SPIN=0 k3pd-xfer-bench $IPC
+# shellcheck disable=SC2086
+run ipc-split128 20 env K3PD_XFER_JOB_MIB=128 K3PD_XFER_TRACE=1 k3pd-xfer-bench $IPC
+# shellcheck disable=SC2086
+run host-fused 25 env K3PD_DIGEST_COPY=fused k3pd-xfer-bench $HOST
+run xdev-perf 40 k3k-gpu-xdev --perf
+if command -v nsys > /dev/null; then
+  # shellcheck disable=SC2086
+  run nsys 45 nsys profile --trace=cuda,osrt --force-overwrite true -o "$logdir/ipc" \
+    k3pd-xfer-bench ${IPC/--repeat 5/--repeat 2}
+  [ -f "$logdir/ipc.nsys-rep" ] && [ "$(left)" -gt 10 ] && \
+    timeout 10 nsys stats --report cuda_api_sum,cuda_gpu_kern_sum --format csv "$logdir/ipc.nsys-rep" \
+      > "$logdir/nsys-stats.txt" 2>&1
+fi
+echo "total $(($(date +%s) - t0)) s" | tee -a "$logdir/summary.txt"
