@@ -209,13 +209,16 @@ int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
              (unsigned long long)m.request_id, (unsigned long long)m.epoch);
     return 0;
   }
-  if ((m.flags & XF_MSG_FLAG_AM_DATA) && still_landing(v, false, m.layer)) return 1;
   const k3_xfer_desc_t *d = v->desc;
+  const uint32_t l0 = m.layer, l1 = m.layer + m.n_layers; /* layers [l0, l1) */
+  if (m.flags & XF_MSG_FLAG_AM_DATA)
+    for (uint32_t l = l0; l < l1 && l < d->n_layers; l++)
+      if (still_landing(v, false, l)) return 1;
   uint32_t n = 0;
-  for (uint32_t i = 0; i < d->n_regions; i++) n += d->regions[i].layer == m.layer;
-  if (n != m.n_digests) {
-    K3_WARN("xfer: request %llu: LAYER %u carries %u digests, the layer has %u regions",
-            (unsigned long long)m.request_id, m.layer, m.n_digests, n);
+  for (uint32_t i = 0; i < d->n_regions; i++) n += d->regions[i].layer >= l0 && d->regions[i].layer < l1;
+  if (n != m.n_digests || l1 > d->n_layers) {
+    K3_WARN("xfer: request %llu: LAYER %u..%u carries %u digests, those layers have %u regions",
+            (unsigned long long)m.request_id, l0, l1 - 1, m.n_digests, n);
     v->verdict = K3_EPROTO;
     return 0;
   }
@@ -224,40 +227,43 @@ int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   uint64_t *dev_want = malloc((size_t)n * sizeof(uint64_t));
   uint32_t n_dev = 0, k = 0;
   bool ok = dev_regions && dev_want;
-  for (uint32_t i = 0; i < d->n_regions && ok; i++) {
-    if (d->regions[i].layer != m.layer) continue;
-    uint64_t want;
-    memcpy(&want, m.digests + 8 * (size_t)k++, 8);
-    if (xf_region_dev(v, i) && r->opts.trust_sender_digests) { /* measurement mode: not re-read */
+  /* Digests come layer by layer, each layer's regions in ascending order (the sender's). */
+  for (uint32_t l = l0; l < l1 && ok; l++) {
+    for (uint32_t i = 0; i < d->n_regions && ok; i++) {
+      if (d->regions[i].layer != l) continue;
+      uint64_t want;
+      memcpy(&want, m.digests + 8 * (size_t)k++, 8);
+      if (xf_region_dev(v, i) && r->opts.trust_sender_digests) { /* measurement mode: not re-read */
+        v->known[i] = 1;
+        v->vdigest[i] = want;
+        continue;
+      }
+      if (xf_region_dev(v, i)) { /* hashed by a device job below */
+        dev_regions[n_dev] = i;
+        dev_want[n_dev++] = want;
+        continue;
+      }
+      uint64_t got = host_digest(r, v, i);
+      if (got != want) {
+        log_mismatch(v, i, want, got);
+        v->verdict = K3_EDIGEST;
+        ok = false;
+        break;
+      }
       v->known[i] = 1;
-      v->vdigest[i] = want;
-      continue;
+      v->vdigest[i] = got;
     }
-    if (xf_region_dev(v, i)) { /* hashed by a device job below */
-      dev_regions[n_dev] = i;
-      dev_want[n_dev++] = want;
-      continue;
-    }
-    uint64_t got = host_digest(r, v, i);
-    if (got != want) {
-      log_mismatch(v, i, want, got);
-      v->verdict = K3_EDIGEST;
-      ok = false;
-      break;
-    }
-    v->known[i] = 1;
-    v->vdigest[i] = got;
   }
   /* The device part joins the reservation's pending verification (one job for every LAYER of
    * this drive, submitted by xf_recv_jobs_pump or before a DONE is judged), which counts the
    * layer when it completes. A refused job: not verified now; DONE hashes what is left. */
-  if (ok && n_dev) {
+  if (ok && n_dev && v->pend_n + n_dev <= d->n_regions) { /* a repeated LAYER beyond that: DONE hashes */
     memcpy(v->pend_reg + v->pend_n, dev_regions, (size_t)n_dev * sizeof(uint32_t));
     memcpy(v->pend_want + v->pend_n, dev_want, (size_t)n_dev * sizeof(uint64_t));
     v->pend_n += n_dev;
-    v->pend_layers++;
-  } else if (ok) {
-    r->ctx->stats.layers_verified++;
+    v->pend_layers += m.n_layers;
+  } else if (ok && !n_dev) {
+    r->ctx->stats.layers_verified += m.n_layers;
   }
   free(dev_regions);
   free(dev_want);

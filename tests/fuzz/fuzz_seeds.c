@@ -215,7 +215,8 @@ static int xfer_seeds(const char *dir) {
   uint8_t *b = xf_done_encode(&d, dg, &n);
   rc |= !b || put(dir, 0, b, n);
   free(b);
-  xf_layer_t l = {.request_id = 9, .epoch = 5, .fingerprint = 0xabc, .send_id = 1, .layer = 2, .n_digests = 3};
+  xf_layer_t l = {.request_id = 9, .epoch = 5, .fingerprint = 0xabc, .send_id = 1, .layer = 2, .n_digests = 3,
+                  .n_layers = 2};
   b = xf_layer_encode(&l, dg, &n);
   rc |= !b || put(dir, 1, b, n);
   free(b);
