@@ -219,6 +219,11 @@ void xf_drive_api(k3_xfer_ctx_t *ctx) {
 
 void xf_rearm_timer(k3_xfer_ctx_t *ctx) { xf_drive_api(ctx); }
 
+void xf_drive_soon(k3_xfer_ctx_t *ctx) {
+  if (ctx->in_drive) ctx->drive_again = true;
+  else if (!ctx->closing) uv_idle_start(&ctx->idle, idle_cb);
+}
+
 static void poll_cb(uv_poll_t *h, int status, int events) {
   k3_xfer_ctx_t *ctx = h->data;
   if (status < 0) K3_WARN("xfer: worker fd poll: %s", uv_strerror(status));

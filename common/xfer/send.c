@@ -210,7 +210,11 @@ int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
     for (uint32_t k = 0; k < ly->n_regions; k++) s->queue[s->q_len++] = s->order[ly->first_region + k];
   }
   if (s->layers_signalled == n_layers) s->res.t_last_layer_ns = k3_now_ns();
-  xf_drive_api(s->ctx);
+  /* cuda-ipc: the job is submitted by the loop's next drive anyway (layers signalled together
+   * go as one job), so an API drive here would only progress UCX: 93 layers signalled at
+   * once paid 93 of them before the first byte moved. */
+  if (s->mode == XM_JOB) xf_drive_soon(s->ctx);
+  else xf_drive_api(s->ctx);
   return 0;
 }
 

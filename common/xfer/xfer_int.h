@@ -119,6 +119,7 @@ uint64_t xf_region_run(const k3_xfer_desc_t *d, uint32_t region, uint64_t off, u
 void xf_drive(k3_xfer_ctx_t *ctx);        /* run now unless already inside a drive */
 void xf_drive_api(k3_xfer_ctx_t *ctx);    /* from API calls: moves data, fires nothing */
 void xf_rearm_timer(k3_xfer_ctx_t *ctx);  /* after any deadline changed */
+void xf_drive_soon(k3_xfer_ctx_t *ctx);   /* a drive on the loop's next turn; nothing now */
 void xf_notify_wake(void *arg);           /* device-job notify: arg is the ctx; any thread */
 /* Returns a referenced endpoint for addr (cached or new) or NULL (error logged). */
 xf_ep_t *xf_ep_get(k3_xfer_ctx_t *ctx, const uint8_t *addr, size_t len);
