@@ -22,10 +22,11 @@
  * Stores: streaming (non-temporal) when the destination chunk is 32-byte aligned: the
  * destination is another process's pool this core will not read, and a normal store would first
  * read the line (read-for-ownership). k3_digest_copy ends with an sfence before returning.
- * "fused4-st" uses normal stores (measurement only). x86-64 with AVX2 only; elsewhere, or
+ * "fused4-st" uses normal stores, "fused4-pf" adds software prefetches 512 bytes ahead in each
+ * chunk (both measurement variants). x86-64 with AVX2 only; elsewhere, or
  * without AVX2, the legacy loop (libxxhash + memcpy) is the portable fallback.
  *
- * Choice: K3PD_DIGEST_COPY=legacy|fused|fused4|fused4-st at first use, or
+ * Choice: K3PD_DIGEST_COPY=legacy|fused|fused4|fused4-st|fused4-pf at first use, or
  * k3_digest_copy_impl_set (benchmarks). Default fused4. Process-wide, set before threads use it. */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -48,7 +49,7 @@
 _Static_assert(sizeof(XXH3_kSecret) == 192, "XXH3 default secret is 192 bytes");
 _Static_assert(XXH_VERSION_NUMBER >= 800, "XXH3's output is stable from xxHash 0.8.0");
 
-static const char *const IMPL_NAMES[] = {"legacy", "fused", "fused4", "fused4-st"};
+static const char *const IMPL_NAMES[] = {"legacy", "fused", "fused4", "fused4-st", "fused4-pf"};
 static int g_impl = -1; /* XDC_* once chosen */
 
 #if HAVE_FUSED
@@ -98,6 +99,7 @@ static uint64_t merge_4k(const uint64_t acc[8]) {
       _Pragma("GCC unroll 4") for (int c = 0; c < NC; c++) {                                 \
         const uint8_t *s = src + 4096 * c + off;                                                \
         uint8_t *d = dst + 4096 * c + off;                                                      \
+        if (pf) _mm_prefetch((const char *)(s + XDC_PF_BYTES), _MM_HINT_T0);                    \
         __m256i x0 = _mm256_loadu_si256((const __m256i *)s);                                    \
         __m256i x1 = _mm256_loadu_si256((const __m256i *)(s + 32));                             \
         if (nt) {                                                                               \
@@ -127,10 +129,20 @@ static uint64_t merge_4k(const uint64_t acc[8]) {
     h[c] = merge_4k(acc);                                                                       \
   }
 
+/* fused4-pf: software prefetch this far ahead in each chunk (prefetches never fault, so the
+ * last lines may point past the source). */
+#define XDC_PF_BYTES 512
+
 __attribute__((target("avx2"))) static void hc1(uint8_t *dst, const uint8_t *src, bool nt, uint64_t h[1]) {
+  const bool pf = false;
   XDC_BODY(1)
 }
 __attribute__((target("avx2"))) static void hc4(uint8_t *dst, const uint8_t *src, bool nt, uint64_t h[4]) {
+  const bool pf = false;
+  XDC_BODY(4)
+}
+__attribute__((target("avx2"))) static void hc4pf(uint8_t *dst, const uint8_t *src, bool nt, uint64_t h[4]) {
+  const bool pf = true;
   XDC_BODY(4)
 }
 
@@ -145,6 +157,10 @@ static bool self_test(void) {
   uint64_t h[4];
   for (int nt = 0; ok && nt < 2; nt++) {
     hc4(dst, src, nt, h);
+    for (int c = 0; c < 4; c++) ok = ok && h[c] == XXH3_64bits(src + 4096 * c, 4096);
+    ok = ok && memcmp(dst, src, 4 * K3_DIGEST_CHUNK) == 0;
+    memset(dst, 0, 4 * K3_DIGEST_CHUNK);
+    hc4pf(dst, src, nt, h);
     for (int c = 0; c < 4; c++) ok = ok && h[c] == XXH3_64bits(src + 4096 * c, 4096);
     ok = ok && memcmp(dst, src, 4 * K3_DIGEST_CHUNK) == 0;
     hc1(dst, src + 4096, nt, h);
@@ -186,7 +202,7 @@ int xdc_impl(void) {
   int want = XDC_FUSED4;
   if (e && *e) {
     int i = impl_from_name(e);
-    if (i < 0) K3_WARN("digest: K3PD_DIGEST_COPY=%s is not legacy|fused|fused4|fused4-st: using fused4", e);
+    if (i < 0) K3_WARN("digest: K3PD_DIGEST_COPY=%s is not legacy|fused|fused4|fused4-st|fused4-pf: using fused4", e);
     else want = i;
   }
   g_impl = usable(want);
@@ -209,7 +225,9 @@ size_t xdc_chunks(int impl, uint8_t *dst, const uint8_t *src, size_t n_chunks, u
   size_t done = 0;
   if (impl == XDC_LEGACY) return 0;
   bool nt = impl != XDC_FUSED4_ST && ((uintptr_t)dst & 31) == 0;
-  if (impl != XDC_FUSED)
+  if (impl == XDC_FUSED4_PF)
+    for (; done + 4 <= n_chunks; done += 4) hc4pf(dst + 4096 * done, src + 4096 * done, nt, h + done);
+  else if (impl != XDC_FUSED)
     for (; done + 4 <= n_chunks; done += 4) hc4(dst + 4096 * done, src + 4096 * done, nt, h + done);
   for (; done < n_chunks; done++) hc1(dst + 4096 * done, src + 4096 * done, nt, h + done);
   return done;

@@ -8,7 +8,7 @@
 
 #include "k3pd/digest.h"
 
-enum { XDC_LEGACY = 0, XDC_FUSED = 1, XDC_FUSED4 = 2, XDC_FUSED4_ST = 3 };
+enum { XDC_LEGACY = 0, XDC_FUSED = 1, XDC_FUSED4 = 2, XDC_FUSED4_ST = 3, XDC_FUSED4_PF = 4 };
 
 /* The loop in use (chosen once: K3PD_DIGEST_COPY, else fused4 where usable, else legacy). */
 int xdc_impl(void);

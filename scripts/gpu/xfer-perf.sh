@@ -64,7 +64,7 @@ run ipc-nospin 20 env K3PD_XFER_SPIN=0 k3pd-xfer-bench $IPC
 # shellcheck disable=SC2086
 run ipc-split128 20 env K3PD_XFER_JOB_MIB=128 K3PD_XFER_TRACE=1 k3pd-xfer-bench $IPC
 # shellcheck disable=SC2086
-run host-fused 25 env K3PD_DIGEST_COPY=fused k3pd-xfer-bench $HOST
+run host-fused4-pf 25 env K3PD_DIGEST_COPY=fused4-pf k3pd-xfer-bench $HOST
 run xdev-perf 40 k3k-gpu-xdev --perf
 if command -v nsys > /dev/null; then
   # shellcheck disable=SC2086

@@ -61,14 +61,14 @@ int bench_cpu_loops(const bench_plan_t *p) {
   }
   for (uint64_t b = 0; b < p->total_bytes; b++) src[b] = (uint8_t)(b * 131 + (b >> 12));
   memset(dst, 0, p->total_bytes);
-  static const char *const impls[] = {"legacy", "fused", "fused4", "fused4-st"};
+  static const char *const impls[] = {"legacy", "fused", "fused4", "fused4-st", "fused4-pf"};
   const char *def = k3_digest_copy_impl();
-  run_t runs[8];
+  run_t runs[9];
   int n = 0;
   runs[n++] = (run_t){"memcpy (baseline)", NULL, L_MEMCPY};
   runs[n++] = (run_t){"memcpy per region", NULL, L_MEMCPY_REG};
   runs[n++] = (run_t){"hash only (receiver)", NULL, L_HASH};
-  for (int i = 0; i < 4; i++) runs[n++] = (run_t){"hash+copy", impls[i], L_COPY};
+  for (int i = 0; i < 5; i++) runs[n++] = (run_t){"hash+copy", impls[i], L_COPY};
   double base = 0;
   uint64_t ref = 0;
   int rc = 0;
@@ -76,9 +76,9 @@ int bench_cpu_loops(const bench_plan_t *p) {
          (unsigned long long)p->total_bytes, p->n_regions, def);
   /* Round robin: pass k of every loop runs before pass k + 1 of any, so drift in the machine's
    * load hits all of them alike. */
-  double t[8][6];
-  uint64_t dg[8] = {0};
-  bool ok[8];
+  double t[9][6];
+  uint64_t dg[9] = {0};
+  bool ok[9];
   for (int i = 0; i < n; i++) ok[i] = !runs[i].impl || k3_digest_copy_impl_set(runs[i].impl) == 0;
   for (int k = 0; k < 6; k++)
     for (int i = 0; i < n; i++) {

@@ -50,7 +50,8 @@ void k3_digest_update(k3_digest_t *d, const void *p, size_t n);
 void k3_digest_copy(k3_digest_t *d, void *dst, const void *src, size_t n);
 /* Which whole-chunk loop k3_digest_copy uses: "fused4" (default: one pass, XXH3 computed from
  * the 64-byte loads that are stored, four chunks side by side, streaming stores; x86-64 with
- * AVX2), "fused" (one chunk at a time), "fused4-st" (normal stores; measurement), "legacy"
+ * AVX2), "fused" (one chunk at a time), "fused4-st" (normal stores) and "fused4-pf" (software
+ * prefetch; both measurement variants), "legacy"
  * (libxxhash per chunk, then the copy; the portable fallback). K3PD_DIGEST_COPY picks one at
  * first use. _set returns 0, K3_EINVAL (unknown name) or K3_ENOTSUP (not usable on this CPU);
  * process-wide, call it before other threads copy. */

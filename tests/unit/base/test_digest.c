@@ -97,11 +97,11 @@ END_TEST
  * lengths, source and destination alignments (0..63: both the streaming-store path for
  * 32-byte aligned destinations and the normal-store one), random piece sizes, guard bytes. */
 START_TEST(test_copy_loops) {
-  static const char *const impls[] = {"legacy", "fused", "fused4", "fused4-st"};
+  static const char *const impls[] = {"legacy", "fused", "fused4", "fused4-st", "fused4-pf"};
   const char *def = k3_digest_copy_impl();
   ck_assert_int_eq(k3_digest_copy_impl_set("nope"), K3_EINVAL);
   int ran = 0;
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++) {
     if (k3_digest_copy_impl_set(impls[i]) != 0) continue; /* not usable on this CPU */
     ck_assert_str_eq(k3_digest_copy_impl(), impls[i]);
     ran++;
