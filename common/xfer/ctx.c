@@ -197,7 +197,7 @@ void xf_drive(k3_xfer_ctx_t *ctx) {
   ctx->in_drive = false;
   /* Still busy after the bounded rounds: let the loop breathe, come back from idle. A device
    * job running: come back from idle too and poll it (spin_jobs). */
-  if (ctx->spin_jobs && ctx->jobs_running) pending = true;
+  if (ctx->spin_jobs && (ctx->jobs_running || ctx->spin_ack)) pending = true;
   if (pending) uv_idle_start(&ctx->idle, idle_cb);
   else uv_idle_stop(&ctx->idle);
   arm_timer(ctx, next_deadline);

@@ -431,6 +431,7 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
 
 uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now, uint64_t *next_deadline) {
   uint64_t work = 0;
+  ctx->spin_ack = false;
   /* Failed endpoints nobody references any more (e.g. ACK endpoints) are closed here. */
   for (xf_ep_t *e = ctx->eps, *nx; e; e = nx) {
     nx = e->next;
@@ -446,6 +447,8 @@ uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now, uint64_t *next_deadline)
       send_free(s);
       continue;
     }
+    if (s->phase == PH_WAIT_ACK && s->mode == XM_JOB && now < s->res.t_flushed_ns + XF_ACK_SPIN_NS)
+      ctx->spin_ack = true;
     if (s->phase == PH_FIRED) { /* draining jobs: their notify wakes us; tick as a backstop */
       if (now + XF_TICK_NS < *next_deadline) *next_deadline = now + XF_TICK_NS;
     } else {

@@ -27,6 +27,10 @@
  * worker at least this often: under load a shm wake-up was seen lost once in a few dozen
  * bench runs (UCX 1.13 mm transports), which stalled a transfer until its deadline. */
 #define XF_TICK_NS (10ull * 1000000ull)
+/* A cuda-ipc send keeps the loop polling this long after its DONE (spin_jobs): the receiver's
+ * verification of an 8K-token state takes ~0.3 ms, and an ACK picked up by the poll arrives
+ * tens of us before one that wakes the loop through the shm signal and epoll. */
+#define XF_ACK_SPIN_NS (2ull * 1000000ull)
 
 /* An unpacked remote key, cached per endpoint: unpacking a shm rkey attaches (maps) the
  * receiver's segment, and destroying it detaches it again, so a fresh unpack per send paid a
@@ -84,6 +88,7 @@ struct k3_xfer_ctx {
    * state on an H200), so the spin is too. K3PD_XFER_SPIN=0 turns it off (notify only). */
   bool spin_jobs;
   uint32_t jobs_running; /* device jobs of this ctx submitted and not yet seen finished */
+  bool spin_ack;         /* a cuda-ipc send sent DONE < XF_ACK_SPIN_NS ago: poll for its ACK */
   uint64_t job_max_bytes; /* K3PD_XFER_JOB_MIB: a sender's job covers at most ~this (0: no cap) */
   uint32_t handles_open; /* uv handles still to close before the ctx memory goes */
   k3_xfer_stats_t stats;
