@@ -2,13 +2,17 @@
  * second process, over the plan's regions (the same bytes, region by region, that a host
  * transfer copies): glibc memcpy of the whole block (the transfer's baseline), memcpy region by
  * region, the receiver's hash from DRAM (k3_digest_update), and k3_digest_copy with every loop
- * this CPU can run (k3pd/digest.h: legacy, fused, fused4, fused4-st). Each figure is the median
+ * this CPU can run (k3pd/digest.h: legacy, fused, fused4, fused4-st, fused4-pf), then memcpy,
+ * fused4 and legacy into a shared (memfd, 4 KiB pages) destination like the receiver's pool.
+ * Each figure is the median
  * of 5 passes after one warm-up, loops taken round robin, printed beside the memcpy's. It answers "is the sender's loop
  * as cheap as a memcpy on this CPU" without the scheduling noise of a two-process transfer
  * (docs/transfer.md "Figures"). Measures; checks only that every loop gives the same digests. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "k3pd/digest.h"
@@ -20,6 +24,7 @@ enum { L_MEMCPY, L_MEMCPY_REG, L_HASH, L_COPY };
 typedef struct {
   const char *name, *impl;
   int kind;
+  bool shared; /* destination: a MAP_SHARED memfd mapping (4 KiB pages, like the receiver's shm pool) */
 } run_t;
 
 static int cmpd(const void *a, const void *b) {
@@ -61,14 +66,31 @@ int bench_cpu_loops(const bench_plan_t *p) {
   }
   for (uint64_t b = 0; b < p->total_bytes; b++) src[b] = (uint8_t)(b * 131 + (b >> 12));
   memset(dst, 0, p->total_bytes);
+  /* A second destination like the receiver's pool: shared memory of another object, 4 KiB
+   * pages (the private one may get transparent huge pages), faulted in first. */
+  uint8_t *sdst = NULL;
+  int mfd = memfd_create("k3pd-cpu-loops", 0);
+  if (mfd >= 0 && ftruncate(mfd, (off_t)p->total_bytes) == 0) {
+    void *m = mmap(NULL, p->total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    if (m != MAP_FAILED) {
+      sdst = m;
+      memset(sdst, 0, p->total_bytes);
+    }
+  }
+  if (mfd >= 0) close(mfd);
   static const char *const impls[] = {"legacy", "fused", "fused4", "fused4-st", "fused4-pf"};
   const char *def = k3_digest_copy_impl();
-  run_t runs[9];
+  run_t runs[12];
   int n = 0;
-  runs[n++] = (run_t){"memcpy (baseline)", NULL, L_MEMCPY};
-  runs[n++] = (run_t){"memcpy per region", NULL, L_MEMCPY_REG};
-  runs[n++] = (run_t){"hash only (receiver)", NULL, L_HASH};
-  for (int i = 0; i < 5; i++) runs[n++] = (run_t){"hash+copy", impls[i], L_COPY};
+  runs[n++] = (run_t){"memcpy (baseline)", NULL, L_MEMCPY, false};
+  runs[n++] = (run_t){"memcpy per region", NULL, L_MEMCPY_REG, false};
+  runs[n++] = (run_t){"hash only (receiver)", NULL, L_HASH, false};
+  for (int i = 0; i < 5; i++) runs[n++] = (run_t){"hash+copy", impls[i], L_COPY, false};
+  if (sdst) {
+    runs[n++] = (run_t){"memcpy to shared", NULL, L_MEMCPY, true};
+    runs[n++] = (run_t){"hash+copy to shared", "fused4", L_COPY, true};
+    runs[n++] = (run_t){"hash+copy to shared", "legacy", L_COPY, true};
+  }
   double base = 0;
   uint64_t ref = 0;
   int rc = 0;
@@ -76,16 +98,17 @@ int bench_cpu_loops(const bench_plan_t *p) {
          (unsigned long long)p->total_bytes, p->n_regions, def);
   /* Round robin: pass k of every loop runs before pass k + 1 of any, so drift in the machine's
    * load hits all of them alike. */
-  double t[9][6];
-  uint64_t dg[9] = {0};
-  bool ok[9];
+  double t[12][6];
+  uint64_t dg[12] = {0};
+  bool ok[12];
   for (int i = 0; i < n; i++) ok[i] = !runs[i].impl || k3_digest_copy_impl_set(runs[i].impl) == 0;
   for (int k = 0; k < 6; k++)
     for (int i = 0; i < n; i++) {
       if (!ok[i]) continue;
       if (runs[i].impl) k3_digest_copy_impl_set(runs[i].impl);
-      t[i][k] = one_pass(p, runs[i].kind, dst, src, &d, &dg[i]); /* pass 0: warm-up */
-      if (runs[i].kind == L_COPY && memcmp(dst, src, p->total_bytes) != 0) dg[i] = ~dg[i];
+      uint8_t *to = runs[i].shared ? sdst : dst;
+      t[i][k] = one_pass(p, runs[i].kind, to, src, &d, &dg[i]); /* pass 0: warm-up */
+      if (runs[i].kind == L_COPY && memcmp(to, src, p->total_bytes) != 0) dg[i] = ~dg[i];
     }
   for (int i = 0; i < n; i++) {
     if (!ok[i]) {
@@ -95,7 +118,7 @@ int bench_cpu_loops(const bench_plan_t *p) {
     double *v = &t[i][1];
     qsort(v, 5, sizeof v[0], cmpd);
     double gbps = (double)p->total_bytes / v[2] / 1e9;
-    if (runs[i].kind == L_MEMCPY) base = gbps;
+    if (runs[i].kind == L_MEMCPY && !runs[i].shared) base = gbps;
     if (runs[i].kind == L_HASH) ref = dg[i];
     bool same = runs[i].kind != L_COPY || dg[i] == ref;
     if (!same) rc = K3_EDIGEST;
@@ -107,5 +130,6 @@ int bench_cpu_loops(const bench_plan_t *p) {
   k3_digest_free(&d);
   free(src);
   free(dst);
+  if (sdst) munmap(sdst, p->total_bytes);
   return rc;
 }
