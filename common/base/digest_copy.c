@@ -31,6 +31,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +51,9 @@ _Static_assert(sizeof(XXH3_kSecret) == 192, "XXH3 default secret is 192 bytes");
 _Static_assert(XXH_VERSION_NUMBER >= 800, "XXH3's output is stable from xxHash 0.8.0");
 
 static const char *const IMPL_NAMES[] = {"legacy", "fused", "fused4", "fused4-st", "fused4-pf"};
-static int g_impl = -1; /* XDC_* once chosen */
+/* XDC_* once chosen. Atomic: the first k3_digest_copy calls of two threads may both choose
+ * (the same value); later reads are plain loads. */
+static _Atomic int g_impl = -1;
 
 #if HAVE_FUSED
 /* Accumulate one 32-byte half of a stripe: acc[i ^ 1] += x[i]; acc[i] += lo32(x^k) * hi32(x^k). */
@@ -182,14 +185,16 @@ static int impl_from_name(const char *s) {
 /* The fused loops need AVX2 and a passing self-test; otherwise legacy. */
 static int usable(int want) {
 #if HAVE_FUSED
-  static int fused_ok = -1;
+  static _Atomic int fused_ok = -1; /* racing first calls both self-test: same answer */
   if (want == XDC_LEGACY) return want;
-  if (fused_ok < 0) {
-    fused_ok = __builtin_cpu_supports("avx2") && self_test();
-    if (!fused_ok && __builtin_cpu_supports("avx2"))
+  int ok = atomic_load_explicit(&fused_ok, memory_order_relaxed);
+  if (ok < 0) {
+    ok = __builtin_cpu_supports("avx2") && self_test();
+    if (!ok && __builtin_cpu_supports("avx2"))
       K3_ERROR("digest: the fused XXH3 copy loop disagrees with libxxhash; using the legacy loop");
+    atomic_store_explicit(&fused_ok, ok, memory_order_relaxed);
   }
-  return fused_ok ? want : XDC_LEGACY;
+  return ok ? want : XDC_LEGACY;
 #else
   (void)want;
   return XDC_LEGACY;
@@ -197,7 +202,8 @@ static int usable(int want) {
 }
 
 int xdc_impl(void) {
-  if (g_impl >= 0) return g_impl;
+  int v = atomic_load_explicit(&g_impl, memory_order_relaxed);
+  if (v >= 0) return v;
   const char *e = getenv("K3PD_DIGEST_COPY");
   int want = XDC_FUSED4;
   if (e && *e) {
@@ -205,8 +211,9 @@ int xdc_impl(void) {
     if (i < 0) K3_WARN("digest: K3PD_DIGEST_COPY=%s is not legacy|fused|fused4|fused4-st|fused4-pf: using fused4", e);
     else want = i;
   }
-  g_impl = usable(want);
-  return g_impl;
+  v = usable(want);
+  atomic_store_explicit(&g_impl, v, memory_order_relaxed);
+  return v;
 }
 
 int k3_digest_copy_impl_set(const char *name) {
@@ -214,7 +221,7 @@ int k3_digest_copy_impl_set(const char *name) {
   if (i < 0) return K3_EINVAL;
   int got = usable(i);
   if (got != i) return K3_ENOTSUP;
-  g_impl = got;
+  atomic_store_explicit(&g_impl, got, memory_order_relaxed);
   return 0;
 }
 
