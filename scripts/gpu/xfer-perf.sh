@@ -68,7 +68,7 @@ run host-fused4-pf 25 env K3PD_DIGEST_COPY=fused4-pf k3pd-xfer-bench $HOST
 run xdev-perf 40 k3k-gpu-xdev --perf
 if command -v nsys > /dev/null; then
   # shellcheck disable=SC2086
-  run nsys 45 nsys profile --trace=cuda,osrt --force-overwrite true -o "$logdir/ipc" \
+  run nsys 45 nsys profile --trace=cuda --sample=none --cpuctxsw=none --force-overwrite true -o "$logdir/ipc" \
     k3pd-xfer-bench ${IPC/--repeat 5/--repeat 2}
   [ -f "$logdir/ipc.nsys-rep" ] && [ "$(left)" -gt 10 ] && \
     timeout 10 nsys stats --report cuda_api_sum,cuda_gpu_kern_sum --format csv "$logdir/ipc.nsys-rep" \
