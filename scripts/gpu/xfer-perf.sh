@@ -70,8 +70,8 @@ if command -v nsys > /dev/null; then
   # shellcheck disable=SC2086
   run nsys 45 nsys profile --trace=cuda --sample=none --cpuctxsw=none --force-overwrite true -o "$logdir/ipc" \
     k3pd-xfer-bench ${IPC/--repeat 5/--repeat 2}
-  [ -f "$logdir/ipc.nsys-rep" ] && [ "$(left)" -gt 10 ] && \
-    timeout 10 nsys stats --report cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_trace --format csv "$logdir/ipc.nsys-rep" \
+  [ -f "$logdir/ipc.nsys-rep" ] && [ "$(left)" -gt 12 ] && \
+    timeout 12 nsys stats --report cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_trace --format csv "$logdir/ipc.nsys-rep" \
       > "$logdir/nsys-stats.txt" 2>&1
 fi
 echo "total $(($(date +%s) - t0)) s" | tee -a "$logdir/summary.txt"

@@ -110,7 +110,7 @@ START_TEST(test_copy_loops) {
       size_t n = round < 3 ? (size_t)(round + 1) * 4 * 4096 : (size_t)(rng(&s) % 90000);
       size_t so = round < 3 ? 0 : (size_t)(rng(&s) % 64), dof = (rng(&s) & 1) ? 0 : (size_t)(rng(&s) % 64);
       uint8_t *sb = random_bytes(n + 64, 77 + (uint64_t)round), *src = sb + so;
-      uint8_t *db = aligned_alloc(64, n + 192), *dst = db + 64 + dof;
+      uint8_t *db = aligned_alloc(64, (n + 192 + 63) & ~(size_t)63), *dst = db + 64 + dof;
       memset(db, 0x5A, n + 192);
       k3_digest_t e;
       ck_assert_int_eq(k3_digest_init(&e), 0);
