@@ -6,7 +6,7 @@
 #   scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]
 #
 # BUNDLE: scripts/gpu/pack.sh's tarball (or its unpacked directory). Runs, in order, each with a
-# timeout, skipping what no longer fits BUDGET_S (default 140):
+# timeout, skipping what no longer fits BUDGET_S (default 128):
 #   ipc             cuda-ipc, the 8K-token K3 state, --repeat 5 (the figures)
 #   ipc-trace       the same with K3PD_XFER_TRACE=1: every protocol step and device job of both
 #                   processes stamped on one clock (xfer-trace lines in ipc-trace.log)
@@ -21,7 +21,7 @@
 set -uo pipefail
 bundle=${1:?usage: scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]}
 logdir=${2:?usage: scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]}
-budget=${3:-140}
+budget=${3:-128}
 mkdir -p "$logdir"
 logdir=$(cd "$logdir" && pwd)
 work=$(mktemp -d /tmp/k3pd-xperf.XXXXXX)
@@ -39,7 +39,7 @@ run() {
   shift 2
   if [ "$(left)" -lt "$to" ]; then echo "skip $name: $(left) s left" | tee -a "$logdir/summary.txt"; return; fi
   local s; s=$(date +%s%N)
-  timeout "$to" "$@" > "$logdir/$name.log" 2>&1
+  timeout "$to" stdbuf -oL -eL "$@" > "$logdir/$name.log" 2>&1 # line-buffered: a killed run keeps its output
   local rc=$? e; e=$(date +%s%N)
   printf '%-14s rc=%d %5.1fs %s\n' "$name" $rc "$(awk -v a="$s" -v b="$e" 'BEGIN { print (b - a) / 1e9 }')" \
     "$(grep -E '^RESULT|^summary' "$logdir/$name.log" | tr '\n' ' ')" | tee -a "$logdir/summary.txt"
@@ -49,20 +49,20 @@ run() {
 HOST="--manifest k3 --tokens 1024 --repeat 5 --tls shm"
 IPC="--device cuda --manifest k3 --tokens 8192 --path cuda-ipc --layout arena --repeat 5 --tls default"
 # shellcheck disable=SC2086
-run ipc 20 k3pd-xfer-bench $IPC
+run ipc 30 k3pd-xfer-bench $IPC
 # shellcheck disable=SC2086
-run ipc-trace 20 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $IPC
+run ipc-trace 30 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $IPC
 run host-loops 25 k3pd-xfer-bench --manifest k3 --tokens 1024 --cpu-loops
 for loop in fused4 legacy; do
   # shellcheck disable=SC2086
   run "host-$loop" 25 env K3PD_DIGEST_COPY=$loop k3pd-xfer-bench $HOST
 done
 # shellcheck disable=SC2086
-run ipc-sender 20 k3pd-xfer-bench $IPC --verify sender
+run ipc-sender 30 k3pd-xfer-bench $IPC --verify sender
 # shellcheck disable=SC2086
-run ipc-nospin 20 env K3PD_XFER_SPIN=0 k3pd-xfer-bench $IPC
+run ipc-nospin 30 env K3PD_XFER_SPIN=0 k3pd-xfer-bench $IPC
 # shellcheck disable=SC2086
-run ipc-split128 20 env K3PD_XFER_JOB_MIB=128 K3PD_XFER_TRACE=1 k3pd-xfer-bench $IPC
+run ipc-split128 30 env K3PD_XFER_JOB_MIB=128 K3PD_XFER_TRACE=1 k3pd-xfer-bench $IPC
 # shellcheck disable=SC2086
 run host-fused4-pf 25 env K3PD_DIGEST_COPY=fused4-pf k3pd-xfer-bench $HOST
 run xdev-perf 40 k3k-gpu-xdev --perf
