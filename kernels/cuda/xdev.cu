@@ -14,7 +14,9 @@
  * What it is not: thread-safe (k3k_xdev.h: one thread at a time), or ordered with the backend's
  * stream (the caller orders the producer of src before submit, e.g. by synchronising it).
  * Invariants: every CUDA call is checked; on an error before anything was queued nothing
- * changed; a job's slot is reused only after its event completed. */
+ * changed; a job's slot is reused only after its event completed; k3k_xdev_job_free returns
+ * only after the job's notify has run (a poller sees the event before the driver thread runs
+ * the host function), so the notify never reaches an owner that freed its state. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +60,7 @@ typedef struct cu_xjob {
   uint32_t n_regions;
   uint64_t *dig;               /* [n_regions] region digests once done */
   uint64_t t_submit_ns, n_chunks; /* tracing */
+  struct notify_rec *rec;      /* the queued notify, or NULL */
 } cu_xjob;
 
 typedef struct cu_xdev {
@@ -75,9 +78,14 @@ typedef struct cu_xdev {
   k3k_xk_caps caps;    /* kernel 2's occupancy, measured at open */
 } cu_xdev;
 
-typedef struct {
+/* A job's notify, queued behind its event with cudaLaunchHostFunc. The job owns it and frees it
+ * in k3k_xdev_job_free only after `ran` is set: a caller that polls the event can see the job
+ * finished (and free it) microseconds before the driver thread has run the notify, and the
+ * notify's ud (e.g. k3_xfer's ctx) must not be gone by then. */
+typedef struct notify_rec {
   void (*fn)(void *ud);
   void *ud;
+  int ran; /* set (release) by run_notify after fn returned; read with acquire */
 } notify_rec;
 
 /* Logs a failed call and returns K3_EDEVICE (0 on success), for paths that clean up. */
@@ -88,9 +96,26 @@ static int cu_ok(cudaError_t e, const char *what) {
 }
 
 static void CUDART_CB run_notify(void *p) {
-  notify_rec r = *(notify_rec *)p;
-  free(p);
-  r.fn(r.ud);
+  notify_rec *r = (notify_rec *)p;
+  r->fn(r->ud);
+  __atomic_store_n(&r->ran, 1, __ATOMIC_RELEASE);
+}
+
+/* Waits (bounded: 2 s) until a finished job's notify has run, then frees it. The host function
+ * follows the job's event on the stream, so it runs within microseconds of the event; a job
+ * that failed (sticky error: host functions may never run) leaks its record instead. */
+static void notify_drop(notify_rec *r, bool failed) {
+  if (!r) return;
+  if (failed && !__atomic_load_n(&r->ran, __ATOMIC_ACQUIRE)) return;
+  uint64_t t0 = k3_now_ns();
+  while (!__atomic_load_n(&r->ran, __ATOMIC_ACQUIRE)) {
+    if (k3_now_ns() - t0 > 2000000000ull) {
+      K3_ERROR("cuda xdev: a finished job's notify did not run within 2 s; its record is leaked");
+      return;
+    }
+    usleep(10);
+  }
+  free(r);
 }
 
 static size_t grow(size_t want, size_t floor) { return want < floor ? floor : want + want / 4; }
@@ -324,6 +349,7 @@ extern "C" int k3k_cuda_xdev_submit(k3k_xdev_t *xb, const k3k_xseg_t *segs, cons
   if (!rc && rec) {
     rec->fn = notify;
     rec->ud = ud;
+    rec->ran = 0;
     rc = cu_ok(cudaLaunchHostFunc(x->st, run_notify, rec), "cudaLaunchHostFunc");
   }
   if (rc) { /* something may be queued: let it end before the slot can be reused */
@@ -342,6 +368,7 @@ extern "C" int k3k_cuda_xdev_submit(k3k_xdev_t *xb, const k3k_xseg_t *segs, cons
   j->dig = dig;
   j->t_submit_ns = t_sub;
   j->n_chunks = sz.n_chunks;
+  j->rec = rec;
   j->next = x->jobs;
   if (x->jobs) x->jobs->prev = j;
   x->jobs = j;
@@ -375,6 +402,7 @@ extern "C" void k3k_cuda_xdev_job_free(k3k_xjob_t *jb) {
     if (e == cudaSuccess) e = cudaEventSynchronize(j->slot->done);
     finish(j, e);
   }
+  notify_drop(j->rec, j->state == J_FAILED);
   if (j->prev) j->prev->next = j->next;
   else x->jobs = j->next;
   if (j->next) j->next->prev = j->prev;
