@@ -90,7 +90,7 @@ static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, 
     if ((rc = xf_for_extents(v, regions[k], seg_extent, &sv))) goto out;
   }
   first[n] = sv.n;
-  rc = r->dev.submit(r->dev.ud, sv.segs, first, n, xf_notify_wake, r->ctx, &j->job);
+  rc = r->dev.submit(r->dev.ud, sv.segs, first, n, xf_job_notify(r->ctx), r->ctx, &j->job);
   if (rc) {
     r->ctx->stats.dev_jobs_failed++;
     K3_ERROR("xfer: request %llu: device verification job refused: %s",

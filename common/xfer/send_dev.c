@@ -251,7 +251,7 @@ static int submit_group(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
   if (rc) return rc;
   void *job = NULL;
   uint64_t t0 = k3_now_ns();
-  rc = s->dev.submit(s->dev.ud, segs, first, nr, xf_notify_wake, s->ctx, &job);
+  rc = s->dev.submit(s->dev.ud, segs, first, nr, xf_job_notify(s->ctx), s->ctx, &job);
   XF_TRACE(s->ctx, "send %llu: job for layers %u..%u submitted (%u regions, %u segments, %llu bytes, %.1f us "
            "in submit)", (unsigned long long)s->desc->request_id, l0, l0 + nl - 1, nr, n,
            (unsigned long long)bytes, (double)(k3_now_ns() - t0) / 1e3);

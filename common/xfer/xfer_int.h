@@ -83,9 +83,10 @@ struct k3_xfer_ctx {
   bool trace;        /* K3PD_XFER_TRACE set: xf_trace lines on stderr */
   /* While a device job of ours runs, keep driving from the idle handle (poll its event every
    * loop turn) instead of sleeping until its notify: the notify travels a CUDA host-function
-   * callback, a driver thread and uv_async, and each completion was seen tens of us late
-   * (docs/transfer.md). Jobs are short (bounded by one state's copy, ~0.4 ms for an 8K-token K3
-   * state on an H200), so the spin is too. K3PD_XFER_SPIN=0 turns it off (notify only). */
+   * callback (which also holds the next job on the stream), a driver thread and uv_async.
+   * Jobs are then submitted without a notify. Jobs are short (bounded by one state's copy,
+   * ~0.4 ms for an 8K-token K3 state on an H200), so the spin is too. K3PD_XFER_SPIN=0: no
+   * spin, jobs notify. */
   bool spin_jobs;
   uint32_t jobs_running; /* device jobs of this ctx submitted and not yet seen finished */
   bool spin_ack;         /* a cuda-ipc send sent DONE < XF_ACK_SPIN_NS ago: poll for its ACK */
@@ -126,6 +127,10 @@ void xf_drive_api(k3_xfer_ctx_t *ctx);    /* from API calls: moves data, fires n
 void xf_rearm_timer(k3_xfer_ctx_t *ctx);  /* after any deadline changed */
 void xf_drive_soon(k3_xfer_ctx_t *ctx);   /* a drive on the loop's next turn; nothing now */
 void xf_notify_wake(void *arg);           /* device-job notify: arg is the ctx; any thread */
+/* The notify to give a device job: NULL while spin_jobs (the loop polls every running job each
+ * turn, so a host-function callback would only delay the next job on the stream), else
+ * xf_notify_wake. */
+static inline void (*xf_job_notify(const k3_xfer_ctx_t *ctx))(void *) { return ctx->spin_jobs ? NULL : xf_notify_wake; }
 /* Returns a referenced endpoint for addr (cached or new) or NULL (error logged). */
 xf_ep_t *xf_ep_get(k3_xfer_ctx_t *ctx, const uint8_t *addr, size_t len);
 void xf_ep_put(xf_ep_t *e);          /* drop a reference; closes a failed ep at zero */

@@ -160,7 +160,8 @@ typedef struct k3_xfer_dev {
    * (k3pd/digest.h) of the bytes read at src, writing them to dst where dst is set. The arrays
    * are copied before return. notify(arg) runs once when the job is complete and its writes
    * are visible to other processes; it may run on another thread (k3_xfer passes a function
-   * that only calls k3_xfer_ctx_wake). Returns 0 or K3_E*; on error notify never runs. */
+   * that only calls k3_xfer_ctx_wake, or NULL while its loop polls the job every turn: then no
+   * notify is wanted). Returns 0 or K3_E*; on error notify never runs. */
   int (*submit)(void *ud, const k3_xfer_seg_t *segs, const uint32_t *first, uint32_t n_regions,
                 void (*notify)(void *arg), void *arg, void **job);
   /* Non-blocking: 1 done (digests[n_regions] filled), 0 running, < 0 failed (K3_EDEVICE). */
