@@ -90,8 +90,21 @@ void k3_digest_update(k3_digest_t *d, const void *p, size_t n) {
     s += t;
     n -= t;
   }
-  for (; n >= K3_DIGEST_CHUNK; s += K3_DIGEST_CHUNK, n -= K3_DIGEST_CHUNK)
+  /* Whole chunks (xdc_hash_impl): four side by side (digest_copy.c), or libxxhash per chunk
+   * with the next chunk prefetched, or libxxhash alone. */
+  int hi = xdc_hash_impl();
+  uint64_t h[64];
+  while (hi == XDH_FUSED4 && n >= 4 * K3_DIGEST_CHUNK) {
+    size_t nc = n / K3_DIGEST_CHUNK < 64 ? n / K3_DIGEST_CHUNK : 64;
+    size_t done = xdc_hash_chunks(XDC_FUSED4, s, nc, h);
+    if (done == 0) break;
+    put_chunks(d, h, done);
+    s += done * K3_DIGEST_CHUNK, n -= done * K3_DIGEST_CHUNK;
+  }
+  for (; n >= K3_DIGEST_CHUNK; s += K3_DIGEST_CHUNK, n -= K3_DIGEST_CHUNK) {
+    if (hi == XDH_PF && n >= 2 * K3_DIGEST_CHUNK) xdc_prefetch_chunk(s + K3_DIGEST_CHUNK);
     put_chunk(d, chunk_hash(s, K3_DIGEST_CHUNK));
+  }
   if (n) top_up(d, NULL, s, n);
 }
 

@@ -1,7 +1,8 @@
 /* k3pd-xfer-bench --cpu-loops: the host sender's per-byte loops alone, one thread, no UCX and no
  * second process, over the plan's regions (the same bytes, region by region, that a host
  * transfer copies): glibc memcpy of the whole block (the transfer's baseline), memcpy region by
- * region, the receiver's hash from DRAM (k3_digest_update), and k3_digest_copy with every loop
+ * region, the receiver's hash from DRAM (k3_digest_update: libxxhash per chunk, the same with
+ * the next chunk prefetched, or four chunks side by side), and k3_digest_copy with every loop
  * this CPU can run (k3pd/digest.h: legacy, fused, fused4, fused4-st, fused4-pf), then memcpy,
  * fused4 and legacy into a shared (memfd, 4 KiB pages) destination like the receiver's pool.
  * Each figure is the median
@@ -80,11 +81,13 @@ int bench_cpu_loops(const bench_plan_t *p) {
   if (mfd >= 0) close(mfd);
   static const char *const impls[] = {"legacy", "fused", "fused4", "fused4-st", "fused4-pf"};
   const char *def = k3_digest_copy_impl();
-  run_t runs[12];
+  run_t runs[14];
   int n = 0;
   runs[n++] = (run_t){"memcpy (baseline)", NULL, L_MEMCPY, false};
   runs[n++] = (run_t){"memcpy per region", NULL, L_MEMCPY_REG, false};
-  runs[n++] = (run_t){"hash only (receiver)", NULL, L_HASH, false};
+  runs[n++] = (run_t){"hash only (receiver)", "lib", L_HASH, false};
+  runs[n++] = (run_t){"hash only (receiver)", "pf", L_HASH, false};
+  runs[n++] = (run_t){"hash only (receiver)", "fused4", L_HASH, false};
   for (int i = 0; i < 5; i++) runs[n++] = (run_t){"hash+copy", impls[i], L_COPY, false};
   if (sdst) {
     runs[n++] = (run_t){"memcpy to shared", NULL, L_MEMCPY, true};
@@ -94,18 +97,22 @@ int bench_cpu_loops(const bench_plan_t *p) {
   double base = 0;
   uint64_t ref = 0;
   int rc = 0;
-  printf("cpu-loops: %llu bytes in %u regions, one thread; default copy loop %s\n",
-         (unsigned long long)p->total_bytes, p->n_regions, def);
+  printf("cpu-loops: %llu bytes in %u regions, one thread; default copy loop %s, hash loop %s\n",
+         (unsigned long long)p->total_bytes, p->n_regions, def, k3_digest_hash_impl());
   /* Round robin: pass k of every loop runs before pass k + 1 of any, so drift in the machine's
    * load hits all of them alike. */
-  double t[12][6];
-  uint64_t dg[12] = {0};
-  bool ok[12];
-  for (int i = 0; i < n; i++) ok[i] = !runs[i].impl || k3_digest_copy_impl_set(runs[i].impl) == 0;
+  double t[14][6];
+  uint64_t dg[14] = {0};
+  bool ok[14];
+  const char *hdef = k3_digest_hash_impl();
+  for (int i = 0; i < n; i++)
+    ok[i] = !runs[i].impl || (runs[i].kind == L_HASH ? k3_digest_hash_impl_set(runs[i].impl)
+                                                     : k3_digest_copy_impl_set(runs[i].impl)) == 0;
   for (int k = 0; k < 6; k++)
     for (int i = 0; i < n; i++) {
       if (!ok[i]) continue;
-      if (runs[i].impl) k3_digest_copy_impl_set(runs[i].impl);
+      if (runs[i].impl && runs[i].kind == L_HASH) k3_digest_hash_impl_set(runs[i].impl);
+      else if (runs[i].impl) k3_digest_copy_impl_set(runs[i].impl);
       uint8_t *to = runs[i].shared ? sdst : dst;
       t[i][k] = one_pass(p, runs[i].kind, to, src, &d, &dg[i]); /* pass 0: warm-up */
       if (runs[i].kind == L_COPY && memcmp(to, src, p->total_bytes) != 0) dg[i] = ~dg[i];
@@ -119,14 +126,15 @@ int bench_cpu_loops(const bench_plan_t *p) {
     qsort(v, 5, sizeof v[0], cmpd);
     double gbps = (double)p->total_bytes / v[2] / 1e9;
     if (runs[i].kind == L_MEMCPY && !runs[i].shared) base = gbps;
-    if (runs[i].kind == L_HASH) ref = dg[i];
-    bool same = runs[i].kind != L_COPY || dg[i] == ref;
+    if (runs[i].kind == L_HASH && !ref) ref = dg[i];
+    bool same = runs[i].kind == L_MEMCPY || runs[i].kind == L_MEMCPY_REG || dg[i] == ref;
     if (!same) rc = K3_EDIGEST;
     printf("  %-22s %-10s median %7.2f ms (min %.2f max %.2f)  %6.2f GB/s  %.2f of memcpy%s\n", runs[i].name,
            runs[i].impl ? runs[i].impl : "", v[2] * 1e3, v[0] * 1e3, v[4] * 1e3, gbps, base > 0 ? gbps / base : 0,
            same ? "" : "  DIGEST OR BYTES DIFFER");
   }
   k3_digest_copy_impl_set(def);
+  k3_digest_hash_impl_set(hdef);
   k3_digest_free(&d);
   free(src);
   free(dst);

@@ -57,6 +57,11 @@ void k3_digest_copy(k3_digest_t *d, void *dst, const void *src, size_t n);
  * process-wide, call it before other threads copy. */
 int k3_digest_copy_impl_set(const char *name);
 const char *k3_digest_copy_impl(void);
+/* Which whole-chunk loop k3_digest_update uses: "pf" (default: libxxhash per chunk, the next
+ * chunk prefetched first), "lib" (libxxhash alone), "fused4" (four chunks side by side, AVX2).
+ * K3PD_DIGEST_HASH picks one at first use; _set as above. Same digests. */
+int k3_digest_hash_impl_set(const char *name);
+const char *k3_digest_hash_impl(void);
 /* The region digest of everything fed since init/reset (the state is left finished: reset it
  * before reuse). */
 uint64_t k3_digest_final(k3_digest_t *d);

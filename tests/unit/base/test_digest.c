@@ -131,6 +131,30 @@ START_TEST(test_copy_loops) {
   }
   ck_assert_int_ge(ran, 1); /* legacy is usable everywhere */
   ck_assert_int_eq(k3_digest_copy_impl_set(def), 0);
+  /* Every hash-only loop of k3_digest_update, piecewise at random alignments. */
+  static const char *const hashes[] = {"lib", "pf", "fused4"};
+  const char *hdef = k3_digest_hash_impl();
+  ck_assert_int_eq(k3_digest_hash_impl_set("nope"), K3_EINVAL);
+  for (int i = 0; i < 3; i++) {
+    if (k3_digest_hash_impl_set(hashes[i]) != 0) continue;
+    uint64_t s = 777 + (uint64_t)i;
+    for (int round = 0; round < 30; round++) {
+      size_t n = (size_t)(rng(&s) % 120000), so = (size_t)(rng(&s) % 64);
+      uint8_t *sb = random_bytes(n + 64, 99 + (uint64_t)round);
+      k3_digest_t e;
+      ck_assert_int_eq(k3_digest_init(&e), 0);
+      for (size_t off = 0; off < n;) {
+        size_t piece = (rng(&s) % 3) ? 4096 * (1 + rng(&s) % 9) : 1 + rng(&s) % 20000;
+        if (piece > n - off) piece = n - off;
+        k3_digest_update(&e, sb + so + off, piece);
+        off += piece;
+      }
+      ck_assert_uint_eq(k3_digest_final(&e), by_definition(sb + so, n));
+      k3_digest_free(&e);
+      free(sb);
+    }
+  }
+  ck_assert_int_eq(k3_digest_hash_impl_set(hdef), 0);
 }
 END_TEST
 
