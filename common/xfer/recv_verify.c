@@ -196,6 +196,36 @@ static bool still_landing(const resv_t *v, bool all, uint32_t layer) {
   return false;
 }
 
+/* LANDED (cuda-ipc): layers [l0, l1) are complete and visible in our memory; the sender's
+ * digests come with DONE. Hash them now (device regions: one job without expected digests;
+ * host regions: here), record what our memory holds, and let DONE compare. */
+static int on_landed(k3_xfer_recv_t *r, resv_t *v, uint32_t l0, uint32_t l1) {
+  const k3_xfer_desc_t *d = v->desc;
+  if (l1 > d->n_layers) {
+    K3_WARN("xfer: request %llu: LANDED for layers %u..%u, the request has %u",
+            (unsigned long long)d->request_id, l0, l1 - 1, d->n_layers);
+    v->verdict = K3_EPROTO;
+    return 0;
+  }
+  if (r->opts.trust_sender_digests) return 0; /* measurement mode: DONE's digests are taken */
+  if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, d->request_id);
+  uint32_t *dev = malloc((size_t)d->n_regions * sizeof(uint32_t)), n_dev = 0;
+  if (!dev) return 0; /* DONE hashes what is left */
+  for (uint32_t i = 0; i < d->n_regions; i++) {
+    if (d->regions[i].layer < l0 || d->regions[i].layer >= l1 || v->known[i]) continue;
+    if (xf_region_dev(v, i)) {
+      dev[n_dev++] = i;
+      continue;
+    }
+    v->vdigest[i] = host_digest(r, v, i);
+    v->known[i] = 1;
+  }
+  if (n_dev) submit_verify(r, v, dev, n_dev, NULL, l1 - l0); /* refused: DONE hashes the rest */
+  else r->ctx->stats.layers_verified += l1 - l0;
+  free(dev);
+  return 0;
+}
+
 int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   xf_layer_t m;
   if (xf_layer_decode(msg, len, &m)) {
@@ -211,6 +241,7 @@ int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   }
   const k3_xfer_desc_t *d = v->desc;
   const uint32_t l0 = m.layer, l1 = m.layer + m.n_layers; /* layers [l0, l1) */
+  if (m.flags & XF_MSG_FLAG_LANDED) return on_landed(r, v, l0, l1);
   if (m.flags & XF_MSG_FLAG_AM_DATA)
     for (uint32_t l = l0; l < l1 && l < d->n_layers; l++)
       if (still_landing(v, false, l)) return 1;

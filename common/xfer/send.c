@@ -310,6 +310,18 @@ static int send_layer_msg(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
   return xf_am_send(s->ep, XF_AM_LAYER, msg, len);
 }
 
+int xf_send_landed_msg(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
+  const k3_xfer_desc_t *d = s->desc;
+  xf_layer_t m = {.request_id = d->request_id, .epoch = d->epoch, .fingerprint = d->fingerprint,
+                  .send_id = s->send_id, .layer = l0, .n_digests = 0, .n_layers = nl,
+                  .flags = XF_MSG_FLAG_LANDED};
+  size_t len;
+  uint8_t *msg = xf_layer_encode(&m, NULL, &len);
+  if (!msg) return K3_ENOMEM;
+  XF_TRACE(s->ctx, "send %llu: LANDED sent for layers %u..%u", (unsigned long long)d->request_id, l0, l0 + nl - 1);
+  return xf_am_send(s->ep, XF_AM_LAYER, msg, len);
+}
+
 /* Flushes every layer whose bytes were all handed on and completed (and whose device job
  * completed), and announces every flushed layer. cuda-ipc moves no UCX data: no flush. */
 static uint64_t advance_layers(k3_xfer_send_t *s) {
@@ -343,6 +355,13 @@ static uint64_t advance_layers(k3_xfer_send_t *s) {
    * most XF_LAYER_MSG_MAX digests a message. A layer with no regions is announced alone. */
   for (uint32_t l = 0; l < s->n_layers && !s->status;) {
     const xf_layer_st_t *ly = &s->layers[l];
+    if (ly->state == LY_FLUSHING && ly->landed) { /* cuda-ipc: LANDED went out; digests in DONE */
+      s->layers[l].state = LY_ANNOUNCED;
+      s->layers_announced++;
+      work++;
+      l++;
+      continue;
+    }
     if (ly->state != LY_FLUSHING || ly->flush_out || ly->n_regions == 0) {
       if (ly->state == LY_FLUSHING && !ly->flush_out) { /* empty layer: nothing to verify */
         s->layers[l].state = LY_ANNOUNCED;
@@ -367,7 +386,7 @@ static uint64_t advance_layers(k3_xfer_send_t *s) {
     l += nl;
   }
   if (s->layers_announced != ann0)
-    XF_TRACE(s->ctx, "send %llu: %u LAYER sent (%u of %u announced)", (unsigned long long)s->desc->request_id,
+    XF_TRACE(s->ctx, "send %llu: %u layers announced (%u of %u)", (unsigned long long)s->desc->request_id,
              s->layers_announced - ann0, s->layers_announced, s->n_layers);
   return work;
 }

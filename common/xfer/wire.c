@@ -7,6 +7,7 @@
  * What it is not: the rules of the protocol (who sends what when: send.c, recv_verify.c). The
  * wire version (3) changes whenever the digest function or a layout changes, so a peer of
  * another version is rejected rather than misread. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,7 +108,8 @@ int xf_layer_decode(const uint8_t *b, size_t len, xf_layer_t *m) {
   m->n_digests = get32(b + 44);
   m->flags = get32(b + 48);
   m->n_layers = get32(b + 52);
-  if (m->n_digests == 0 || m->n_digests > K3_XFER_MAX_REGIONS || m->n_layers == 0 ||
+  bool landed = (m->flags & XF_MSG_FLAG_LANDED) != 0;
+  if ((landed ? m->n_digests != 0 : m->n_digests == 0) || m->n_digests > K3_XFER_MAX_REGIONS || m->n_layers == 0 ||
       m->n_layers > K3_XFER_MAX_REGIONS || m->layer > UINT32_MAX - m->n_layers ||
       len != LAYER_HDR + 8 * (size_t)m->n_digests)
     return K3_EPROTO;

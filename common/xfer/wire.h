@@ -25,6 +25,9 @@
 #define XF_WIRE_VERSION 4
 
 #define XF_MSG_FLAG_AM_DATA 1u
+/* LAYER without digests (n_digests 0): the layers' bytes are complete and visible (cuda-ipc:
+ * the copy job finished); the receiver verifies them now and compares with DONE's digests. */
+#define XF_MSG_FLAG_LANDED 2u
 #define XF_LAYER_MSG_MAX 512 /* digests per LAYER (4 KiB + header: eager on every transport) */ /* the data came as DATA messages: wait until it all landed */
 
 typedef struct {

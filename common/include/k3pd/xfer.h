@@ -164,7 +164,9 @@ typedef struct k3_xfer_dev {
    * notify is wanted). Returns 0 or K3_E*; on error notify never runs. */
   int (*submit)(void *ud, const k3_xfer_seg_t *segs, const uint32_t *first, uint32_t n_regions,
                 void (*notify)(void *arg), void *arg, void **job);
-  /* Non-blocking: 1 done (digests[n_regions] filled), 0 running, < 0 failed (K3_EDEVICE). */
+  /* Non-blocking: 1 done (digests[n_regions] filled), 0 running, < 0 failed (K3_EDEVICE).
+   * digests NULL: only whether it is done (writes complete and visible); the digests are
+   * collected by a later poll with digests (cuda-ipc announces a layer before that). */
   int (*poll)(void *ud, void *job, uint64_t *digests);
   /* Frees a job after poll returned non-zero; a job still running is waited for first, and
    * its notify has run (or never will) when release returns. */

@@ -125,7 +125,7 @@ static int poll_job(void *ud, void *job, uint64_t *digests) {
   fake_job_t *j = job;
   if (!atomic_load(&j->done)) return 0;
   if (j->status) return j->status;
-  memcpy(digests, j->digests, j->n_regions * sizeof *digests);
+  if (digests) memcpy(digests, j->digests, j->n_regions * sizeof *digests); /* NULL: only "done" */
   return 1;
 }
 
