@@ -10,11 +10,12 @@
 #   ipc             cuda-ipc, the 8K-token K3 state, --repeat 5 (the figures)
 #   ipc-trace       the same with K3PD_XFER_TRACE=1: every protocol step and device job of both
 #                   processes stamped on one clock (xfer-trace lines in ipc-trace.log)
-#   host-loops      k3pd-xfer-bench --cpu-loops: memcpy, hash, every hash+copy loop, one thread
-#   host-<loop>     --manifest k3 --tokens 1024 --repeat 5 --tls shm with K3PD_DIGEST_COPY=<loop>
+#   host-loops      k3pd-xfer-bench --cpu-loops: memcpy, every hash and hash+copy loop, one thread
+#   host            --manifest k3 --tokens 1024 --repeat 5 --tls shm (default loops: fused4 copy,
+#                   pf hash); host-old: the loops before issue 17's fix (legacy copy, lib hash);
+#                   host-hashlib / host-hash4: other receiver hash loops; host-copypf: fused4-pf
 #   ipc-sender      --verify sender (two HBM passes, measurement mode)
 #   ipc-nospin      K3PD_XFER_SPIN=0 (job completions seen through the notify only)
-#   ipc-split<N>    K3PD_XFER_JOB_MIB=N (all-due layers cut into jobs of ~N MiB)
 #   xdev-perf       k3k-gpu-xdev --perf (the kernels alone vs read and cudaMemcpy ceilings)
 #   nsys            nsys profile of one cuda-ipc run (LOGDIR/ipc.nsys-rep + a CUDA API/GPU summary)
 # Output: LOGDIR/<run>.log, a summary of RESULT lines in LOGDIR/summary.txt.
@@ -53,18 +54,20 @@ run ipc 30 k3pd-xfer-bench $IPC
 # shellcheck disable=SC2086
 run ipc-trace 30 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $IPC
 run host-loops 25 k3pd-xfer-bench --manifest k3 --tokens 1024 --cpu-loops
-for loop in fused4 legacy; do
-  # shellcheck disable=SC2086
-  run "host-$loop" 25 env K3PD_DIGEST_COPY=$loop k3pd-xfer-bench $HOST
-done
+# shellcheck disable=SC2086
+run host 25 k3pd-xfer-bench $HOST
+# shellcheck disable=SC2086
+run host-old 25 env K3PD_DIGEST_COPY=legacy K3PD_DIGEST_HASH=lib k3pd-xfer-bench $HOST
+# shellcheck disable=SC2086
+run host-hashlib 25 env K3PD_DIGEST_HASH=lib k3pd-xfer-bench $HOST
+# shellcheck disable=SC2086
+run host-hash4 25 env K3PD_DIGEST_HASH=fused4 k3pd-xfer-bench $HOST
 # shellcheck disable=SC2086
 run ipc-sender 30 k3pd-xfer-bench $IPC --verify sender
 # shellcheck disable=SC2086
 run ipc-nospin 30 env K3PD_XFER_SPIN=0 k3pd-xfer-bench $IPC
 # shellcheck disable=SC2086
-run ipc-split128 30 env K3PD_XFER_JOB_MIB=128 K3PD_XFER_TRACE=1 k3pd-xfer-bench $IPC
-# shellcheck disable=SC2086
-run host-fused4-pf 25 env K3PD_DIGEST_COPY=fused4-pf k3pd-xfer-bench $HOST
+run host-copypf 25 env K3PD_DIGEST_COPY=fused4-pf k3pd-xfer-bench $HOST
 run xdev-perf 40 k3k-gpu-xdev --perf
 if command -v nsys > /dev/null; then
   # shellcheck disable=SC2086
