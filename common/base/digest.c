@@ -2,10 +2,11 @@
  * verification and the host senders' fused hash-and-copy.
  *
  * Why chunks of 4 KiB: small enough that a GPU warp per chunk keeps thousands of warps busy on
- * one layer's state, large enough that the chunk digests add 0.2 % to the bytes hashed; and a
- * 4 KiB chunk hashed from DRAM is still in L1 when the copy reads it, so the host sender's
- * hash + copy costs one pass over the source (the previous hash-then-copy of 64 KiB blocks read
- * the block back from L2 and measured 2.1x a memcpy's CPU time, docs/transfer.md). */
+ * one layer's state, large enough that the chunk digests add 0.2 % to the bytes hashed. The
+ * host sender's hash + copy is one pass over the source: digest_copy.c hashes the stripes it
+ * stores (the "legacy" loop kept here hashes a chunk from DRAM, then copies it out of L1: 2x a
+ * memcpy's CPU on the GPU host's Xeon); the receiver's hash prefetches the next chunk
+ * (xdc_hash_impl). Measurements: docs/transfer.md. */
 #include "k3pd/digest.h"
 
 #include <stdatomic.h>

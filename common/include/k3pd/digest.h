@@ -42,9 +42,9 @@ void k3_digest_free(k3_digest_t *d);
 void k3_digest_reset(k3_digest_t *d);
 /* Feeds n bytes. */
 void k3_digest_update(k3_digest_t *d, const void *p, size_t n);
-/* Copies n bytes from src to dst and feeds them, in ONE pass over src: each whole chunk is
- * hashed from src and then copied while it is still in L1, with streaming stores (dst is memory
- * this core will not read again: another process's pool). Ends with a store fence, so the bytes
+/* Copies n bytes from src to dst and feeds them, in ONE pass over src: each 64-byte stripe of
+ * a whole chunk is loaded once, fed to XXH3 and stored with a streaming store (dst is memory
+ * this core will not read again: another process's pool); k3_digest_copy_impl below. Ends with a store fence, so the bytes
  * are visible to other processes before anything sent after this call. dst and src must not
  * overlap. The digest equals k3_digest_update over the same bytes. */
 void k3_digest_copy(k3_digest_t *d, void *dst, const void *src, size_t n);
