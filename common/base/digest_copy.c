@@ -230,18 +230,31 @@ int xdc_impl(void) {
 }
 
 static const char *const HASH_NAMES[] = {"lib", "pf", "fused4"};
+
+/* The receiver's default hash loop, by what was measured (docs/transfer.md "On the GPU host"):
+ * on the GPU host's Xeon one core's hash from DRAM is latency bound (libxxhash per 4 KiB chunk:
+ * 0.61 of a memcpy's speed) and four pages side by side is what brought the copy loop from
+ * 0.50 to 0.89 of a memcpy there, so Intel takes fused4; on the AMD VM the hash is compute
+ * bound and libxxhash's AVX-512 build beats the AVX2 four-wide loop (0.6-0.7x), so others take
+ * pf (libxxhash with the next chunk prefetched: equal to libxxhash there). */
+static int default_hash(void) {
+#if HAVE_FUSED
+  if (__builtin_cpu_is("intel") && usable(XDC_FUSED4) == XDC_FUSED4) return XDH_FUSED4;
+#endif
+  return XDH_PF;
+}
 static _Atomic int g_hash = -1;
 
 int xdc_hash_impl(void) {
   int v = atomic_load_explicit(&g_hash, memory_order_relaxed);
   if (v >= 0) return v;
   const char *e = getenv("K3PD_DIGEST_HASH");
-  v = XDH_PF;
+  v = default_hash();
   if (e && *e) {
     int i = -1;
     for (int k = 0; k < 3; k++)
       if (!strcmp(e, HASH_NAMES[k])) i = k;
-    if (i < 0) K3_WARN("digest: K3PD_DIGEST_HASH=%s is not lib|pf|fused4: using pf", e);
+    if (i < 0) K3_WARN("digest: K3PD_DIGEST_HASH=%s is not lib|pf|fused4: using %s", e, HASH_NAMES[v]);
     else v = i;
   }
   if (v == XDH_FUSED4 && usable(XDC_FUSED4) != XDC_FUSED4) v = XDH_PF;

@@ -22,7 +22,8 @@ size_t xdc_hash_chunks(int impl, const uint8_t *src, size_t n_chunks, uint64_t *
 
 /* The hash-only loop of k3_digest_update (the receiver's verification): K3PD_DIGEST_HASH=lib
  * (libxxhash per chunk), pf (the same with the next chunk's 64 lines prefetched first: a new
- * 4 KiB page restarts the hardware prefetcher), fused4 (four chunks side by side, AVX2). */
+ * 4 KiB page restarts the hardware prefetcher), fused4 (four chunks side by side, AVX2).
+ * Default: fused4 on Intel, pf elsewhere (digest_copy.c default_hash). */
 enum { XDH_LIB = 0, XDH_PF = 1, XDH_FUSED4 = 2 };
 int xdc_hash_impl(void);
 /* Prefetches the 4096 bytes at p into the cache (no fault: a prefetch never faults). */

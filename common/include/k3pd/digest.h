@@ -57,8 +57,9 @@ void k3_digest_copy(k3_digest_t *d, void *dst, const void *src, size_t n);
  * process-wide, call it before other threads copy. */
 int k3_digest_copy_impl_set(const char *name);
 const char *k3_digest_copy_impl(void);
-/* Which whole-chunk loop k3_digest_update uses: "pf" (default: libxxhash per chunk, the next
- * chunk prefetched first), "lib" (libxxhash alone), "fused4" (four chunks side by side, AVX2).
+/* Which whole-chunk loop k3_digest_update uses: "fused4" (four chunks side by side, AVX2; the
+ * default on Intel), "pf" (libxxhash per chunk, the next chunk prefetched first; the default
+ * elsewhere), "lib" (libxxhash alone).
  * K3PD_DIGEST_HASH picks one at first use; _set as above. Same digests. */
 int k3_digest_hash_impl_set(const char *name);
 const char *k3_digest_hash_impl(void);
