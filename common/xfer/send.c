@@ -5,7 +5,8 @@
  * on in chunks by send_push.c (direct copy into the mapped pool, DATA messages, or puts),
  * hashing exactly those bytes, and/or by a device job (send_dev.c: cuda-ipc copies and hashes,
  * ucx-cuda hashes while DATA messages move the bytes). When all of a layer's chunks and its job
- * completed, the endpoint is flushed (UCX data only) and LAYER (that layer's digests) is sent so
+ * completed, the endpoint is flushed (UCX data only) and LAYER (that layer's digests; on cuda-ipc
+ * a LANDED LAYER without digests, sent by send_dev.c the moment the job completed) is sent so
  * the receiver verifies it while later layers stream. After every layer was announced it flushes
  * again, and only after that flush completed does it send DONE: neither LAYER nor DONE can
  * overtake data (flush-first by construction). It then waits for the receiver's ACK, whose

@@ -6,8 +6,9 @@
  * device paths, xf_send_dev_pump submits one job per signalled layer through the caller's hooks
  * (k3_xfer_dev_t):
  *   cuda-ipc: segments src → mapped destination for all the layer's regions (split wherever
- *             either side's unit ends); the job copies and hashes; its digests go into LAYER.
- *             No UCX data moves at all.
+ *             either side's unit ends); the job copies and hashes. Once it is seen complete
+ *             (a poll without digests) a LANDED LAYER goes out at once, then its digests are
+ *             collected for DONE. No UCX data moves at all.
  *   ucx-cuda: a hash-only job over the layer's sources (dst NULL); the bytes travel as DATA
  *             rendezvous messages from device memory (send_push.c) in parallel; the layer is
  *             announced after both finished (send.c).
