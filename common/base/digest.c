@@ -2,10 +2,11 @@
  * verification and the host senders' fused hash-and-copy.
  *
  * Why chunks of 4 KiB: small enough that a GPU warp per chunk keeps thousands of warps busy on
- * one layer's state, large enough that the chunk digests add 0.2 % to the bytes hashed; and a
- * 4 KiB chunk hashed from DRAM is still in L1 when the copy reads it, so the host sender's
- * hash + copy costs one pass over the source (the previous hash-then-copy of 64 KiB blocks read
- * the block back from L2 and measured 2.1x a memcpy's CPU time, docs/transfer.md). */
+ * one layer's state, large enough that the chunk digests add 0.2 % to the bytes hashed. The
+ * host sender's hash + copy is one pass over the source: digest_copy.c hashes the stripes it
+ * stores (the "legacy" loop kept here hashes a chunk from DRAM, then copies it out of L1: 2x a
+ * memcpy's CPU on the GPU host's Xeon); the receiver's hash prefetches the next chunk
+ * (xdc_hash_impl). Measurements: docs/transfer.md. */
 #include "k3pd/digest.h"
 
 #include <stdatomic.h>
@@ -29,12 +30,25 @@
 #include <immintrin.h>
 #endif
 
+#include "digest_int.h"
 #include "k3pd/err.h"
 
 static void put_chunk(k3_digest_t *d, uint64_t h) {
   uint8_t le[8];
   for (int i = 0; i < 8; i++) le[i] = (uint8_t)(h >> (8 * i));
   XXH3_64bits_update(d->outer, le, 8);
+}
+
+/* n chunk digests at once (the fused loop's batches). */
+static void put_chunks(k3_digest_t *d, const uint64_t *h, size_t n) {
+  uint8_t le[8 * 64];
+  for (size_t i = 0; i < n;) {
+    size_t m = n - i < 64 ? n - i : 64;
+    for (size_t j = 0; j < m; j++)
+      for (int k = 0; k < 8; k++) le[8 * j + k] = (uint8_t)(h[i + j] >> (8 * k));
+    XXH3_64bits_update(d->outer, le, 8 * m);
+    i += m;
+  }
 }
 
 int k3_digest_init(k3_digest_t *d) {
@@ -77,8 +91,21 @@ void k3_digest_update(k3_digest_t *d, const void *p, size_t n) {
     s += t;
     n -= t;
   }
-  for (; n >= K3_DIGEST_CHUNK; s += K3_DIGEST_CHUNK, n -= K3_DIGEST_CHUNK)
+  /* Whole chunks (xdc_hash_impl): four side by side (digest_copy.c), or libxxhash per chunk
+   * with the next chunk prefetched, or libxxhash alone. */
+  int hi = xdc_hash_impl();
+  uint64_t h[64];
+  while (hi == XDH_FUSED4 && n >= 4 * K3_DIGEST_CHUNK) {
+    size_t nc = n / K3_DIGEST_CHUNK < 64 ? n / K3_DIGEST_CHUNK : 64;
+    size_t done = xdc_hash_chunks(XDC_FUSED4, s, nc, h);
+    if (done == 0) break;
+    put_chunks(d, h, done);
+    s += done * K3_DIGEST_CHUNK, n -= done * K3_DIGEST_CHUNK;
+  }
+  for (; n >= K3_DIGEST_CHUNK; s += K3_DIGEST_CHUNK, n -= K3_DIGEST_CHUNK) {
+    if (hi == XDH_PF && n >= 2 * K3_DIGEST_CHUNK) xdc_prefetch_chunk(s + K3_DIGEST_CHUNK);
     put_chunk(d, chunk_hash(s, K3_DIGEST_CHUNK));
+  }
   if (n) top_up(d, NULL, s, n);
 }
 
@@ -128,7 +155,17 @@ void k3_digest_copy(k3_digest_t *d, void *dstv, const void *p, size_t n) {
     dst += t;
     n -= t;
   }
-  /* Hash the chunk from DRAM, then copy it out of L1. */
+  /* Whole chunks: the fused one-pass loop (digest_copy.c) in batches of 64 chunk digests, or
+   * the legacy loop: hash the chunk from DRAM, then copy it out of L1. */
+  int impl = xdc_impl();
+  uint64_t h[64];
+  while (impl != XDC_LEGACY && n >= K3_DIGEST_CHUNK) {
+    size_t nc = n / K3_DIGEST_CHUNK < 64 ? n / K3_DIGEST_CHUNK : 64;
+    size_t done = xdc_chunks(impl, dst, s, nc, h);
+    if (done == 0) break;
+    put_chunks(d, h, done);
+    s += done * K3_DIGEST_CHUNK, dst += done * K3_DIGEST_CHUNK, n -= done * K3_DIGEST_CHUNK;
+  }
   for (; n >= K3_DIGEST_CHUNK; s += K3_DIGEST_CHUNK, dst += K3_DIGEST_CHUNK, n -= K3_DIGEST_CHUNK) {
     put_chunk(d, chunk_hash(s, K3_DIGEST_CHUNK));
     copy_chunk(dst, s, K3_DIGEST_CHUNK);
@@ -151,6 +188,13 @@ uint64_t k3_digest_final(k3_digest_t *d) {
 uint64_t k3_digest_chunk(const void *p, size_t n) { return chunk_hash(p, n); }
 
 uint64_t k3_digest_combine(const uint64_t *c, size_t n) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  /* The digests in memory ARE their little-endian concatenation, and one-shot XXH3 equals the
+   * streaming one over the same bytes: one call through the dispatch, no byte shuffling. A
+   * device job's combine of an 8K-token state (165,000 chunk digests, 1.3 MB) took ~0.5 ms on
+   * the loop through the streaming baseline build; this is ~10x less (docs/transfer.md). */
+  return chunk_hash(c, n * 8);
+#else
   XXH3_state_t st;
   XXH3_INITSTATE(&st);
   XXH3_64bits_reset(&st);
@@ -163,6 +207,7 @@ uint64_t k3_digest_combine(const uint64_t *c, size_t n) {
     i += m;
   }
   return XXH3_64bits_digest(&st);
+#endif
 }
 
 uint64_t k3_digest_bytes(const void *p, size_t n) {

@@ -15,6 +15,8 @@
  * Invariants: xf_drive never nests (a drive requested inside one sets drive_again); user
  * callbacks run only from drives the loop started (never from xf_drive_api); the ctx memory is
  * freed in the last loop handle's close callback. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -30,6 +32,16 @@ static void idle_cb(uv_idle_t *h);
 static void timer_cb(uv_timer_t *h);
 
 const char *xf_ucs_str(ucs_status_t st) { return ucs_status_string(st); }
+
+void xf_trace(const k3_xfer_ctx_t *ctx, const char *fmt, ...) {
+  char line[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "xfer-trace %d %.1f %s\n", (int)getpid(), (double)k3_now_ns() / 1e3, line);
+  (void)ctx;
+}
 
 static const char *const PATH_NAMES[K3_XFER_PATH_COUNT] = {"auto", "host", "staged", "cuda-ipc",
                                                           "ucx-cuda"};
@@ -93,6 +105,7 @@ static ucs_status_t am_data_cb(void *arg, const void *h, size_t hl, void *d, siz
 }
 
 static void drain_queues(k3_xfer_ctx_t *ctx) {
+  uint32_t n_msg[2] = {0, 0}, n_wait[2] = {0, 0};
   while (ctx->ack_q) {
     xf_msg_t *m = ctx->ack_q;
     ctx->ack_q = m->next;
@@ -116,6 +129,8 @@ static void drain_queues(k3_xfer_ctx_t *ctx) {
       } else {
         wait = q ? xf_recv_on_done(ctx->recv, m->data, m->len) : xf_recv_on_layer(ctx->recv, m->data, m->len);
       }
+      n_msg[q]++;
+      n_wait[q] += wait != 0;
       if (wait) {
         m->next = NULL;
         *keep_tail = m;
@@ -131,6 +146,8 @@ static void drain_queues(k3_xfer_ctx_t *ctx) {
       *head = keep;
     }
   }
+  if (n_msg[0] > n_wait[0] || n_msg[1] > n_wait[1])
+    XF_TRACE(ctx, "recv: drained %u LAYER (%u wait), %u DONE (%u wait)", n_msg[0], n_wait[0], n_msg[1], n_wait[1]);
 }
 
 static uint64_t pump_all(k3_xfer_ctx_t *ctx, uint64_t *next_deadline) {
@@ -178,7 +195,9 @@ void xf_drive(k3_xfer_ctx_t *ctx) {
     break;
   }
   ctx->in_drive = false;
-  /* Still busy after the bounded rounds: let the loop breathe, come back from idle. */
+  /* Still busy after the bounded rounds: let the loop breathe, come back from idle. A device
+   * job running: come back from idle too and poll it (spin_jobs). */
+  if (ctx->spin_jobs && (ctx->jobs_running || ctx->spin_ack)) pending = true;
   if (pending) uv_idle_start(&ctx->idle, idle_cb);
   else uv_idle_stop(&ctx->idle);
   arm_timer(ctx, next_deadline);
@@ -200,6 +219,11 @@ void xf_drive_api(k3_xfer_ctx_t *ctx) {
 
 void xf_rearm_timer(k3_xfer_ctx_t *ctx) { xf_drive_api(ctx); }
 
+void xf_drive_soon(k3_xfer_ctx_t *ctx) {
+  if (ctx->in_drive) ctx->drive_again = true;
+  else if (!ctx->closing) uv_idle_start(&ctx->idle, idle_cb);
+}
+
 static void poll_cb(uv_poll_t *h, int status, int events) {
   k3_xfer_ctx_t *ctx = h->data;
   if (status < 0) K3_WARN("xfer: worker fd poll: %s", uv_strerror(status));
@@ -210,7 +234,11 @@ static void timer_cb(uv_timer_t *h) { xf_drive(h->data); }
 static void async_cb(uv_async_t *h) { xf_drive(h->data); }
 
 void k3_xfer_ctx_wake(k3_xfer_ctx_t *ctx) { uv_async_send(&ctx->async); }
-void xf_notify_wake(void *arg) { k3_xfer_ctx_wake(arg); }
+void xf_notify_wake(void *arg) {
+  k3_xfer_ctx_t *ctx = arg;
+  XF_TRACE(ctx, "device job notify (driver thread)");
+  k3_xfer_ctx_wake(ctx);
+}
 
 int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ctx_t **out) {
   k3_xfer_ctx_t *ctx = calloc(1, sizeof *ctx);
@@ -220,6 +248,12 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
   ctx->ack_tail = &ctx->ack_q;
   ctx->layer_tail = &ctx->layer_q;
   ctx->next_send_id = ((uint64_t)k3_wall_ms() << 20) ^ (uint64_t)getpid();
+  const char *tr = getenv("K3PD_XFER_TRACE");
+  ctx->trace = tr && *tr && strcmp(tr, "0") != 0;
+  const char *sp = getenv("K3PD_XFER_SPIN");
+  ctx->spin_jobs = !(sp && !strcmp(sp, "0"));
+  const char *jm = getenv("K3PD_XFER_JOB_MIB");
+  ctx->job_max_bytes = jm && *jm ? strtoull(jm, NULL, 10) << 20 : 0;
   ucp_config_t *cfg = NULL;
   ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
   if (st != UCS_OK) goto ucx_err;

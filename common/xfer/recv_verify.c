@@ -90,7 +90,7 @@ static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, 
     if ((rc = xf_for_extents(v, regions[k], seg_extent, &sv))) goto out;
   }
   first[n] = sv.n;
-  rc = r->dev.submit(r->dev.ud, sv.segs, first, n, xf_notify_wake, r->ctx, &j->job);
+  rc = r->dev.submit(r->dev.ud, sv.segs, first, n, xf_job_notify(r->ctx), r->ctx, &j->job);
   if (rc) {
     r->ctx->stats.dev_jobs_failed++;
     K3_ERROR("xfer: request %llu: device verification job refused: %s",
@@ -98,6 +98,9 @@ static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, 
     goto out;
   }
   r->ctx->stats.dev_jobs++;
+  r->ctx->jobs_running++;
+  XF_TRACE(r->ctx, "recv %llu: verification job submitted (%u regions, %u segments, %u layers)",
+           (unsigned long long)v->desc->request_id, n, sv.n, n_layers);
   j->v = v;
   j->epoch = v->desc->epoch;
   j->n = n;
@@ -121,6 +124,7 @@ out:
  * in the job's epoch; anything else is stale and only releases the memory. */
 static void job_done(k3_xfer_recv_t *r, xf_vjob_t *j, int prc) {
   resv_t *v = j->v;
+  XF_TRACE(r->ctx, "recv %llu: verification job seen done (%d)", (unsigned long long)v->desc->request_id, prc);
   v->jobs_out--;
   r->ctx->drive_again = true; /* a re-queued DONE may be ready now */
   if (v->state != RS_LIVE || v->desc->epoch != j->epoch || v->verdict) return;
@@ -160,6 +164,7 @@ uint64_t xf_recv_jobs_pump(k3_xfer_recv_t *r) {
     int rc = r->dev.poll(r->dev.ud, j->job, j->got);
     if (rc == 0) break; /* the later ones are behind it on the same stream */
     r->dev.release(r->dev.ud, j->job);
+    r->ctx->jobs_running--;
     *pp = j->next;
     job_done(r, j, rc);
     vjob_free(j);
@@ -173,6 +178,7 @@ void xf_recv_jobs_release_all(k3_xfer_recv_t *r) {
     xf_vjob_t *j = r->jobs;
     r->jobs = j->next;
     r->dev.release(r->dev.ud, j->job); /* waits for it */
+    r->ctx->jobs_running--;
     j->v->jobs_out--;
     vjob_free(j);
   }
@@ -190,6 +196,36 @@ static bool still_landing(const resv_t *v, bool all, uint32_t layer) {
   return false;
 }
 
+/* LANDED (cuda-ipc): layers [l0, l1) are complete and visible in our memory; the sender's
+ * digests come with DONE. Hash them now (device regions: one job without expected digests;
+ * host regions: here), record what our memory holds, and let DONE compare. */
+static int on_landed(k3_xfer_recv_t *r, resv_t *v, uint32_t l0, uint32_t l1) {
+  const k3_xfer_desc_t *d = v->desc;
+  if (l1 > d->n_layers) {
+    K3_WARN("xfer: request %llu: LANDED for layers %u..%u, the request has %u",
+            (unsigned long long)d->request_id, l0, l1 - 1, d->n_layers);
+    v->verdict = K3_EPROTO;
+    return 0;
+  }
+  if (r->opts.trust_sender_digests) return 0; /* measurement mode: DONE's digests are taken */
+  if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, d->request_id);
+  uint32_t *dev = malloc((size_t)d->n_regions * sizeof(uint32_t)), n_dev = 0;
+  if (!dev) return 0; /* DONE hashes what is left */
+  for (uint32_t i = 0; i < d->n_regions; i++) {
+    if (d->regions[i].layer < l0 || d->regions[i].layer >= l1 || v->known[i]) continue;
+    if (xf_region_dev(v, i)) {
+      dev[n_dev++] = i;
+      continue;
+    }
+    v->vdigest[i] = host_digest(r, v, i);
+    v->known[i] = 1;
+  }
+  if (n_dev) submit_verify(r, v, dev, n_dev, NULL, l1 - l0); /* refused: DONE hashes the rest */
+  else r->ctx->stats.layers_verified += l1 - l0;
+  free(dev);
+  return 0;
+}
+
 int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   xf_layer_t m;
   if (xf_layer_decode(msg, len, &m)) {
@@ -203,13 +239,17 @@ int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
              (unsigned long long)m.request_id, (unsigned long long)m.epoch);
     return 0;
   }
-  if ((m.flags & XF_MSG_FLAG_AM_DATA) && still_landing(v, false, m.layer)) return 1;
   const k3_xfer_desc_t *d = v->desc;
+  const uint32_t l0 = m.layer, l1 = m.layer + m.n_layers; /* layers [l0, l1) */
+  if (m.flags & XF_MSG_FLAG_LANDED) return on_landed(r, v, l0, l1);
+  if (m.flags & XF_MSG_FLAG_AM_DATA)
+    for (uint32_t l = l0; l < l1 && l < d->n_layers; l++)
+      if (still_landing(v, false, l)) return 1;
   uint32_t n = 0;
-  for (uint32_t i = 0; i < d->n_regions; i++) n += d->regions[i].layer == m.layer;
-  if (n != m.n_digests) {
-    K3_WARN("xfer: request %llu: LAYER %u carries %u digests, the layer has %u regions",
-            (unsigned long long)m.request_id, m.layer, m.n_digests, n);
+  for (uint32_t i = 0; i < d->n_regions; i++) n += d->regions[i].layer >= l0 && d->regions[i].layer < l1;
+  if (n != m.n_digests || l1 > d->n_layers) {
+    K3_WARN("xfer: request %llu: LAYER %u..%u carries %u digests, those layers have %u regions",
+            (unsigned long long)m.request_id, l0, l1 - 1, m.n_digests, n);
     v->verdict = K3_EPROTO;
     return 0;
   }
@@ -218,35 +258,43 @@ int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   uint64_t *dev_want = malloc((size_t)n * sizeof(uint64_t));
   uint32_t n_dev = 0, k = 0;
   bool ok = dev_regions && dev_want;
-  for (uint32_t i = 0; i < d->n_regions && ok; i++) {
-    if (d->regions[i].layer != m.layer) continue;
-    uint64_t want;
-    memcpy(&want, m.digests + 8 * (size_t)k++, 8);
-    if (xf_region_dev(v, i)) { /* hashed by a device job below */
-      dev_regions[n_dev] = i;
-      dev_want[n_dev++] = want;
-      continue;
+  /* Digests come layer by layer, each layer's regions in ascending order (the sender's). */
+  for (uint32_t l = l0; l < l1 && ok; l++) {
+    for (uint32_t i = 0; i < d->n_regions && ok; i++) {
+      if (d->regions[i].layer != l) continue;
+      uint64_t want;
+      memcpy(&want, m.digests + 8 * (size_t)k++, 8);
+      if (xf_region_dev(v, i) && r->opts.trust_sender_digests) { /* measurement mode: not re-read */
+        v->known[i] = 1;
+        v->vdigest[i] = want;
+        continue;
+      }
+      if (xf_region_dev(v, i)) { /* hashed by a device job below */
+        dev_regions[n_dev] = i;
+        dev_want[n_dev++] = want;
+        continue;
+      }
+      uint64_t got = host_digest(r, v, i);
+      if (got != want) {
+        log_mismatch(v, i, want, got);
+        v->verdict = K3_EDIGEST;
+        ok = false;
+        break;
+      }
+      v->known[i] = 1;
+      v->vdigest[i] = got;
     }
-    uint64_t got = host_digest(r, v, i);
-    if (got != want) {
-      log_mismatch(v, i, want, got);
-      v->verdict = K3_EDIGEST;
-      ok = false;
-      break;
-    }
-    v->known[i] = 1;
-    v->vdigest[i] = got;
   }
   /* The device part joins the reservation's pending verification (one job for every LAYER of
    * this drive, submitted by xf_recv_jobs_pump or before a DONE is judged), which counts the
    * layer when it completes. A refused job: not verified now; DONE hashes what is left. */
-  if (ok && n_dev) {
+  if (ok && n_dev && v->pend_n + n_dev <= d->n_regions) { /* a repeated LAYER beyond that: DONE hashes */
     memcpy(v->pend_reg + v->pend_n, dev_regions, (size_t)n_dev * sizeof(uint32_t));
     memcpy(v->pend_want + v->pend_n, dev_want, (size_t)n_dev * sizeof(uint64_t));
     v->pend_n += n_dev;
-    v->pend_layers++;
-  } else if (ok) {
-    r->ctx->stats.layers_verified++;
+    v->pend_layers += m.n_layers;
+  } else if (ok && !n_dev) {
+    r->ctx->stats.layers_verified += m.n_layers;
   }
   free(dev_regions);
   free(dev_want);
@@ -352,8 +400,14 @@ static int must_wait(k3_xfer_recv_t *r, const xf_done_t *dm) {
   if (!v->any_dev) return 0;
   uint32_t *left = malloc((size_t)v->desc->n_regions * sizeof(uint32_t)), n = 0;
   if (!left) return 0; /* judge rejects the unhashed device regions (K3_EDEVICE) */
-  for (uint32_t i = 0; i < v->desc->n_regions; i++)
+  for (uint32_t i = 0; i < v->desc->n_regions; i++) {
+    if (!v->known[i] && xf_region_dev(v, i) && r->opts.trust_sender_digests) {
+      v->known[i] = 1; /* measurement mode: DONE's digest taken as ours */
+      memcpy(&v->vdigest[i], dm->digests + 8 * (size_t)i, 8);
+      continue;
+    }
     if (!v->known[i] && xf_region_dev(v, i)) left[n++] = i;
+  }
   int wait = 0;
   if (n) {
     if (r->opts.test_before_verify) r->opts.test_before_verify(r->opts.ud, dm->request_id);
@@ -375,6 +429,7 @@ int xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   resv_t *v = NULL;
   int rc = judge(r, &dm, &v);
   ack(r, &dm, rc);
+  XF_TRACE(r->ctx, "recv %llu: DONE judged, ACK %d sent", (unsigned long long)dm.request_id, rc);
   if (rc) {
     K3_WARN("xfer: DONE for request %llu epoch %llu rejected: %s",
             (unsigned long long)dm.request_id, (unsigned long long)dm.epoch, k3_errname(rc));

@@ -5,7 +5,8 @@
  * on in chunks by send_push.c (direct copy into the mapped pool, DATA messages, or puts),
  * hashing exactly those bytes, and/or by a device job (send_dev.c: cuda-ipc copies and hashes,
  * ucx-cuda hashes while DATA messages move the bytes). When all of a layer's chunks and its job
- * completed, the endpoint is flushed (UCX data only) and LAYER (that layer's digests) is sent so
+ * completed, the endpoint is flushed (UCX data only) and LAYER (that layer's digests; on cuda-ipc
+ * a LANDED LAYER without digests, sent by send_dev.c the moment the job completed) is sent so
  * the receiver verifies it while later layers stream. After every layer was announced it flushes
  * again, and only after that flush completed does it send DONE: neither LAYER nor DONE can
  * overtake data (flush-first by construction). It then waits for the receiver's ACK, whose
@@ -210,7 +211,11 @@ int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
     for (uint32_t k = 0; k < ly->n_regions; k++) s->queue[s->q_len++] = s->order[ly->first_region + k];
   }
   if (s->layers_signalled == n_layers) s->res.t_last_layer_ns = k3_now_ns();
-  xf_drive_api(s->ctx);
+  /* cuda-ipc: the job is submitted by the loop's next drive anyway (layers signalled together
+   * go as one job), so an API drive here would only progress UCX: 93 layers signalled at
+   * once paid 93 of them before the first byte moved. */
+  if (s->mode == XM_JOB) xf_drive_soon(s->ctx);
+  else xf_drive_api(s->ctx);
   return 0;
 }
 
@@ -290,12 +295,15 @@ static int send_done_msg(k3_xfer_send_t *s) {
   return xf_am_send(s->ep, XF_AM_DONE, msg, len);
 }
 
-static int send_layer_msg(k3_xfer_send_t *s, const xf_layer_st_t *ly) {
+/* One LAYER for layers l0 .. l0 + nl - 1 (their regions are consecutive in order[]). */
+static int send_layer_msg(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
   const k3_xfer_desc_t *d = s->desc;
+  const xf_layer_st_t *ly = &s->layers[l0], *lyn = &s->layers[l0 + nl - 1];
+  uint32_t nr = lyn->first_region + lyn->n_regions - ly->first_region;
   uint64_t *dg = s->job_digests; /* scratch: no job of this send is being polled right now */
-  for (uint32_t k = 0; k < ly->n_regions; k++) dg[k] = s->digest[s->order[ly->first_region + k]];
+  for (uint32_t k = 0; k < nr; k++) dg[k] = s->digest[s->order[ly->first_region + k]];
   xf_layer_t m = {.request_id = d->request_id, .epoch = d->epoch, .fingerprint = d->fingerprint,
-                  .send_id = s->send_id, .layer = ly->layer, .n_digests = ly->n_regions,
+                  .send_id = s->send_id, .layer = l0, .n_digests = nr, .n_layers = nl,
                   .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : 0};
   size_t len;
   uint8_t *msg = xf_layer_encode(&m, dg, &len);
@@ -303,10 +311,23 @@ static int send_layer_msg(k3_xfer_send_t *s, const xf_layer_st_t *ly) {
   return xf_am_send(s->ep, XF_AM_LAYER, msg, len);
 }
 
+int xf_send_landed_msg(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
+  const k3_xfer_desc_t *d = s->desc;
+  xf_layer_t m = {.request_id = d->request_id, .epoch = d->epoch, .fingerprint = d->fingerprint,
+                  .send_id = s->send_id, .layer = l0, .n_digests = 0, .n_layers = nl,
+                  .flags = XF_MSG_FLAG_LANDED};
+  size_t len;
+  uint8_t *msg = xf_layer_encode(&m, NULL, &len);
+  if (!msg) return K3_ENOMEM;
+  XF_TRACE(s->ctx, "send %llu: LANDED sent for layers %u..%u", (unsigned long long)d->request_id, l0, l0 + nl - 1);
+  return xf_am_send(s->ep, XF_AM_LAYER, msg, len);
+}
+
 /* Flushes every layer whose bytes were all handed on and completed (and whose device job
  * completed), and announces every flushed layer. cuda-ipc moves no UCX data: no flush. */
 static uint64_t advance_layers(k3_xfer_send_t *s) {
   uint64_t work = 0;
+  uint32_t ann0 = s->layers_announced;
   for (uint32_t l = 0; l < s->n_layers && !s->status; l++) {
     xf_layer_st_t *ly = &s->layers[l];
     bool complete = ly->regions_left == 0 && ly->puts_out == 0 &&
@@ -329,17 +350,45 @@ static uint64_t advance_layers(k3_xfer_send_t *s) {
       ly->state = LY_FLUSHING;
       work++;
     }
-    if (ly->state == LY_FLUSHING && !ly->flush_out) {
-      int rc = send_layer_msg(s, ly);
-      if (rc) {
-        s->status = rc;
-        break;
-      }
-      ly->state = LY_ANNOUNCED;
+  }
+  /* Announce: one LAYER per run of consecutive layers flushed now (all of a finished state's
+   * layers go in one message instead of one each: ~2 us of send and receive per message), at
+   * most XF_LAYER_MSG_MAX digests a message. A layer with no regions is announced alone. */
+  for (uint32_t l = 0; l < s->n_layers && !s->status;) {
+    const xf_layer_st_t *ly = &s->layers[l];
+    if (ly->state == LY_FLUSHING && ly->landed) { /* cuda-ipc: LANDED went out; digests in DONE */
+      s->layers[l].state = LY_ANNOUNCED;
       s->layers_announced++;
       work++;
+      l++;
+      continue;
     }
+    if (ly->state != LY_FLUSHING || ly->flush_out || ly->n_regions == 0) {
+      if (ly->state == LY_FLUSHING && !ly->flush_out) { /* empty layer: nothing to verify */
+        s->layers[l].state = LY_ANNOUNCED;
+        s->layers_announced++;
+        work++;
+      }
+      l++;
+      continue;
+    }
+    uint32_t nl = 1, nd = ly->n_regions;
+    while (l + nl < s->n_layers && s->layers[l + nl].state == LY_FLUSHING && !s->layers[l + nl].flush_out &&
+           s->layers[l + nl].n_regions && nd + s->layers[l + nl].n_regions <= XF_LAYER_MSG_MAX)
+      nd += s->layers[l + nl++].n_regions;
+    int rc = send_layer_msg(s, l, nl);
+    if (rc) {
+      s->status = rc;
+      break;
+    }
+    for (uint32_t i = 0; i < nl; i++) s->layers[l + i].state = LY_ANNOUNCED;
+    s->layers_announced += nl;
+    work++;
+    l += nl;
   }
+  if (s->layers_announced != ann0)
+    XF_TRACE(s->ctx, "send %llu: %u layers announced (%u of %u)", (unsigned long long)s->desc->request_id,
+             s->layers_announced - ann0, s->layers_announced, s->n_layers);
   return work;
 }
 
@@ -365,7 +414,14 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
     work += advance_layers(s);
     if (s->status) return work + 1;
     if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0 &&
-        s->layers_announced == s->n_layers) {
+        s->layers_announced == s->n_layers && s->mode == XM_JOB) {
+      /* cuda-ipc moved no UCX data (every byte was written by a job seen complete): nothing to
+       * flush, DONE goes in this drive right behind the last LAYER. */
+      s->flush_pending = false;
+      s->phase = PH_FLUSH;
+      work++;
+    } else if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0 &&
+               s->layers_announced == s->n_layers) {
       ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                                .cb.send = flush_cb,
                                .user_data = s};
@@ -382,6 +438,7 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
   if (s->phase == PH_FLUSH && !s->flush_pending) {
     s->res.t_flushed_ns = k3_now_ns();
     int rc = send_done_msg(s);
+    XF_TRACE(s->ctx, "send %llu: DONE sent", (unsigned long long)s->desc->request_id);
     if (rc) {
       s->status = rc;
       return work + 1;
@@ -394,6 +451,7 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
 
 uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now, uint64_t *next_deadline) {
   uint64_t work = 0;
+  ctx->spin_ack = false;
   /* Failed endpoints nobody references any more (e.g. ACK endpoints) are closed here. */
   for (xf_ep_t *e = ctx->eps, *nx; e; e = nx) {
     nx = e->next;
@@ -409,6 +467,8 @@ uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now, uint64_t *next_deadline)
       send_free(s);
       continue;
     }
+    if (s->phase == PH_WAIT_ACK && s->mode == XM_JOB && now < s->res.t_flushed_ns + XF_ACK_SPIN_NS)
+      ctx->spin_ack = true;
     if (s->phase == PH_FIRED) { /* draining jobs: their notify wakes us; tick as a backstop */
       if (now + XF_TICK_NS < *next_deadline) *next_deadline = now + XF_TICK_NS;
     } else {
@@ -429,6 +489,7 @@ void xf_send_on_ack(k3_xfer_ctx_t *ctx, const uint8_t *msg, size_t len) {
   for (k3_xfer_send_t *s = ctx->sends; s; s = s->next) {
     if (s->send_id != a.send_id || s->phase != PH_WAIT_ACK) continue;
     if (s->desc->request_id != a.request_id || s->desc->epoch != a.epoch) break;
+    XF_TRACE(ctx, "send %llu: ACK %d received", (unsigned long long)a.request_id, a.status);
     if (a.status)
       K3_WARN("xfer: request %llu epoch %llu rejected by the receiver: %s",
               (unsigned long long)a.request_id, (unsigned long long)a.epoch, k3_errname(a.status));

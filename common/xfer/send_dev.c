@@ -6,8 +6,9 @@
  * device paths, xf_send_dev_pump submits one job per signalled layer through the caller's hooks
  * (k3_xfer_dev_t):
  *   cuda-ipc: segments src → mapped destination for all the layer's regions (split wherever
- *             either side's unit ends); the job copies and hashes; its digests go into LAYER.
- *             No UCX data moves at all.
+ *             either side's unit ends); the job copies and hashes. Once it is seen complete
+ *             (a poll without digests) a LANDED LAYER goes out at once, then its digests are
+ *             collected for DONE. No UCX data moves at all.
  *   ucx-cuda: a hash-only job over the layer's sources (dst NULL); the bytes travel as DATA
  *             rendezvous messages from device memory (send_push.c) in parallel; the layer is
  *             announced after both finished (send.c).
@@ -250,7 +251,11 @@ static int submit_group(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
   int rc = build_segs(s, r0, nr, &segs, &first, &n, &bytes);
   if (rc) return rc;
   void *job = NULL;
-  rc = s->dev.submit(s->dev.ud, segs, first, nr, xf_notify_wake, s->ctx, &job);
+  uint64_t t0 = k3_now_ns();
+  rc = s->dev.submit(s->dev.ud, segs, first, nr, xf_job_notify(s->ctx), s->ctx, &job);
+  XF_TRACE(s->ctx, "send %llu: job for layers %u..%u submitted (%u regions, %u segments, %llu bytes, %.1f us "
+           "in submit)", (unsigned long long)s->desc->request_id, l0, l0 + nl - 1, nr, n,
+           (unsigned long long)bytes, (double)(k3_now_ns() - t0) / 1e3);
   free(segs);
   free(first);
   if (rc) {
@@ -260,6 +265,7 @@ static int submit_group(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
     return K3_EDEVICE;
   }
   s->ctx->stats.dev_jobs++;
+  s->ctx->jobs_running++;
   ly0->job = job;
   ly0->group_n = nl;
   for (uint32_t i = 0; i < nl; i++) {
@@ -281,12 +287,24 @@ static int submit_group(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
 static int poll_group(k3_xfer_send_t *s, uint32_t l0) {
   xf_layer_st_t *ly0 = &s->layers[l0];
   uint32_t nl = ly0->group_n;
+  /* cuda-ipc: the moment the copy job is complete and visible, tell the receiver (LANDED) so
+   * its verification starts while we still combine our digests (~70 us for an 8K state). */
+  if (s->mode == XM_JOB && !ly0->landed && s->phase != PH_FIRED && !s->status) {
+    int d = s->dev.poll(s->dev.ud, ly0->job, NULL);
+    if (d == 0) return 0;
+    if (d == 1) {
+      int rc = xf_send_landed_msg(s, l0, nl);
+      if (rc) s->status = rc;
+      for (uint32_t i = 0; i < nl; i++) s->layers[l0 + i].landed = rc == 0;
+    }
+  }
   int rc = s->dev.poll(s->dev.ud, ly0->job, s->job_digests);
   if (rc == 0) return 0;
   s->dev.release(s->dev.ud, ly0->job);
   ly0->job = NULL;
   for (uint32_t i = 0; i < nl; i++) s->layers[l0 + i].job_state = XJ_DONE;
   s->jobs_out--;
+  s->ctx->jobs_running--;
   if (s->phase == PH_FIRED) return 1; /* desc may be gone: record nothing */
   if (rc < 0) {
     s->ctx->stats.dev_jobs_failed++;
@@ -298,12 +316,21 @@ static int poll_group(k3_xfer_send_t *s, uint32_t l0) {
   const xf_layer_st_t *lyn = &s->layers[l0 + nl - 1];
   uint32_t r0 = ly0->first_region, nr = lyn->first_region + lyn->n_regions - r0;
   uint64_t now = k3_now_ns();
+  XF_TRACE(s->ctx, "send %llu: job for layers %u..%u seen done", (unsigned long long)s->desc->request_id, l0,
+           l0 + nl - 1);
   for (uint32_t k = 0; k < nr; k++) {
     uint32_t r = s->order[r0 + k];
     s->digest[r] = s->job_digests[k];
     s->kind_last[xf_kind_of(&s->desc->regions[r])] = now;
   }
   return 1;
+}
+
+static uint64_t layer_bytes(const k3_xfer_send_t *s, uint32_t l) {
+  const xf_layer_st_t *ly = &s->layers[l];
+  uint64_t b = 0;
+  for (uint32_t k = 0; k < ly->n_regions; k++) b += s->desc->regions[s->order[ly->first_region + k]].len_bytes;
+  return b;
 }
 
 uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now) {
@@ -328,8 +355,12 @@ uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now) {
       continue;
     }
     if (now >= s->deadline_ns) break; /* pump_one fails the send; never submit late */
+    /* A group stops at job_max_bytes (K3PD_XFER_JOB_MIB; 0 = no limit) so that the first
+     * layers are announced, and verified by the receiver, while later ones still copy. */
     uint32_t nl = 1;
-    while (l + nl < s->n_layers && s->layers[l + nl].job_state == XJ_DUE) nl++;
+    uint64_t gb = layer_bytes(s, l), cap = s->ctx->job_max_bytes;
+    while (l + nl < s->n_layers && s->layers[l + nl].job_state == XJ_DUE && (!cap || gb < cap))
+      gb += layer_bytes(s, l + nl++);
     int rc = submit_group(s, l, nl);
     if (rc) {
       s->status = rc;
@@ -349,5 +380,6 @@ void xf_send_dev_release_all(k3_xfer_send_t *s) {
     ly->job = NULL;
     for (uint32_t i = 0; i < ly->group_n; i++) s->layers[l + i].job_state = XJ_DONE;
     s->jobs_out--;
+    s->ctx->jobs_running--;
   }
 }

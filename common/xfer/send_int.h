@@ -41,6 +41,7 @@ typedef struct {
   uint8_t state;
   uint8_t job_state;     /* XJ_* */
   bool flush_out;        /* a flush request for it is outstanding */
+  bool landed;           /* cuda-ipc: announced by a LANDED LAYER (its job seen complete) */
   void *job;             /* dev job while XJ_OUT, held by the first layer of its group */
   uint32_t group_n;      /* on a group's first layer: layers in its job (consecutive layers
                             signalled before the previous job was submitted share one job) */
@@ -124,5 +125,9 @@ int xf_send_choose_path(k3_xfer_send_t *s);
 uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now_ns);
 /* Waits for and releases every running job (ctx close). */
 void xf_send_dev_release_all(k3_xfer_send_t *s);
+
+/* send.c: LAYER with the LANDED flag and no digests for layers l0 .. l0 + nl - 1 (cuda-ipc:
+ * their job's writes are complete and visible; the digests travel in DONE). 0 or K3_E*. */
+int xf_send_landed_msg(k3_xfer_send_t *s, uint32_t l0, uint32_t nl);
 
 #endif

@@ -7,6 +7,7 @@
  * What it is not: the rules of the protocol (who sends what when: send.c, recv_verify.c). The
  * wire version (3) changes whenever the digest function or a layout changes, so a peer of
  * another version is rejected rather than misread. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,7 +73,7 @@ int xf_done_decode(const uint8_t *b, size_t len, xf_done_t *d) {
 }
 
 /* LAYER layout: magic u32 | version u16 | type u16 (3) | request_id u64 | epoch u64 |
- * fingerprint u64 | send_id u64 | layer u32 | n_digests u32 | flags u32 | reserved u32 |
+ * fingerprint u64 | send_id u64 | layer u32 | n_digests u32 | flags u32 | n_layers u32 |
  * digests u64[n]. */
 #define LAYER_HDR 56
 uint8_t *xf_layer_encode(const xf_layer_t *m, const uint64_t *digests, size_t *len) {
@@ -89,6 +90,7 @@ uint8_t *xf_layer_encode(const xf_layer_t *m, const uint64_t *digests, size_t *l
   put32(b + 40, m->layer);
   put32(b + 44, m->n_digests);
   put32(b + 48, m->flags);
+  put32(b + 52, m->n_layers);
   for (uint32_t i = 0; i < m->n_digests; i++) put64(b + LAYER_HDR + 8 * (size_t)i, digests[i]);
   *len = n;
   return b;
@@ -105,7 +107,10 @@ int xf_layer_decode(const uint8_t *b, size_t len, xf_layer_t *m) {
   m->layer = get32(b + 40);
   m->n_digests = get32(b + 44);
   m->flags = get32(b + 48);
-  if (m->n_digests == 0 || m->n_digests > K3_XFER_MAX_REGIONS ||
+  m->n_layers = get32(b + 52);
+  bool landed = (m->flags & XF_MSG_FLAG_LANDED) != 0;
+  if ((landed ? m->n_digests != 0 : m->n_digests == 0) || m->n_digests > K3_XFER_MAX_REGIONS || m->n_layers == 0 ||
+      m->n_layers > K3_XFER_MAX_REGIONS || m->layer > UINT32_MAX - m->n_layers ||
       len != LAYER_HDR + 8 * (size_t)m->n_digests)
     return K3_EPROTO;
   m->digests = b + LAYER_HDR;

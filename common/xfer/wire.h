@@ -19,10 +19,16 @@
 #define XF_AM_LAYER 19
 #define XF_AM_DATA 20 /* host path without mapping (tcp) and ucx-cuda: header + chunk */
 #define XF_WIRE_MAGIC 0x4e58334bu /* "K3XN" */
-/* 3: digests are the K3 chunked XXH3 (k3pd/digest.h); 2: streaming XXH3-64 per region. */
-#define XF_WIRE_VERSION 3
+/* 4: a LAYER announces a run of consecutive layers (layers due together: one message, not one
+ * per layer); 3: one layer per LAYER; digests are the K3 chunked XXH3 (k3pd/digest.h) since 3;
+ * 2: streaming XXH3-64 per region. */
+#define XF_WIRE_VERSION 4
 
-#define XF_MSG_FLAG_AM_DATA 1u /* the data came as DATA messages: wait until it all landed */
+#define XF_MSG_FLAG_AM_DATA 1u
+/* LAYER without digests (n_digests 0): the layers' bytes are complete and visible (cuda-ipc:
+ * the copy job finished); the receiver verifies them now and compares with DONE's digests. */
+#define XF_MSG_FLAG_LANDED 2u
+#define XF_LAYER_MSG_MAX 512 /* digests per LAYER (4 KiB + header: eager on every transport) */ /* the data came as DATA messages: wait until it all landed */
 
 typedef struct {
   uint64_t request_id, epoch, fingerprint, send_id;
@@ -40,11 +46,13 @@ typedef struct {
   int32_t status;
 } xf_ack_t;
 
-/* LAYER: the digests of the layer's regions in ascending region order, so the receiver
- * verifies the layer while later layers stream and DONE only has what is left. */
+/* LAYER: the digests of the regions of layers layer .. layer + n_layers - 1, layer by layer,
+ * each layer's regions in ascending region order, so the receiver verifies those layers while
+ * later layers stream and DONE only has what is left. */
 typedef struct {
   uint64_t request_id, epoch, fingerprint, send_id;
   uint32_t layer, n_digests;
+  uint32_t n_layers;      /* >= 1 */
   uint32_t flags;         /* XF_MSG_FLAG_* */
   const uint8_t *digests; /* points into the message */
 } xf_layer_t;

@@ -27,6 +27,10 @@
  * worker at least this often: under load a shm wake-up was seen lost once in a few dozen
  * bench runs (UCX 1.13 mm transports), which stalled a transfer until its deadline. */
 #define XF_TICK_NS (10ull * 1000000ull)
+/* A cuda-ipc send keeps the loop polling this long after its DONE (spin_jobs): the receiver's
+ * verification of an 8K-token state takes ~0.3 ms, and an ACK picked up by the poll arrives
+ * tens of us before one that wakes the loop through the shm signal and epoll. */
+#define XF_ACK_SPIN_NS (2ull * 1000000ull)
 
 /* An unpacked remote key, cached per endpoint: unpacking a shm rkey attaches (maps) the
  * receiver's segment, and destroying it detaches it again, so a fresh unpack per send paid a
@@ -76,6 +80,17 @@ struct k3_xfer_ctx {
   bool in_drive, drive_again, closing;
   bool api_drive; /* inside xf_drive_api: no user callback may run */
   bool no_peer_mode; /* peer error mode left no AM transport (shm): endpoints use NONE */
+  bool trace;        /* K3PD_XFER_TRACE set: xf_trace lines on stderr */
+  /* While a device job of ours runs, keep driving from the idle handle (poll its event every
+   * loop turn) instead of sleeping until its notify: the notify travels a CUDA host-function
+   * callback (which also holds the next job on the stream), a driver thread and uv_async.
+   * Jobs are then submitted without a notify. Jobs are short (bounded by one state's copy,
+   * ~0.4 ms for an 8K-token K3 state on an H200), so the spin is too. K3PD_XFER_SPIN=0: no
+   * spin, jobs notify. */
+  bool spin_jobs;
+  uint32_t jobs_running; /* device jobs of this ctx submitted and not yet seen finished */
+  bool spin_ack;         /* a cuda-ipc send sent DONE < XF_ACK_SPIN_NS ago: poll for its ACK */
+  uint64_t job_max_bytes; /* K3PD_XFER_JOB_MIB: a sender's job covers at most ~this (0: no cap) */
   uint32_t handles_open; /* uv handles still to close before the ctx memory goes */
   k3_xfer_stats_t stats;
   xf_ep_t *eps;                 /* cached endpoints (in_cache) */
@@ -110,7 +125,12 @@ uint64_t xf_region_run(const k3_xfer_desc_t *d, uint32_t region, uint64_t off, u
 void xf_drive(k3_xfer_ctx_t *ctx);        /* run now unless already inside a drive */
 void xf_drive_api(k3_xfer_ctx_t *ctx);    /* from API calls: moves data, fires nothing */
 void xf_rearm_timer(k3_xfer_ctx_t *ctx);  /* after any deadline changed */
+void xf_drive_soon(k3_xfer_ctx_t *ctx);   /* a drive on the loop's next turn; nothing now */
 void xf_notify_wake(void *arg);           /* device-job notify: arg is the ctx; any thread */
+/* The notify to give a device job: NULL while spin_jobs (the loop polls every running job each
+ * turn, so a host-function callback would only delay the next job on the stream), else
+ * xf_notify_wake. */
+static inline void (*xf_job_notify(const k3_xfer_ctx_t *ctx))(void *) { return ctx->spin_jobs ? NULL : xf_notify_wake; }
 /* Returns a referenced endpoint for addr (cached or new) or NULL (error logged). */
 xf_ep_t *xf_ep_get(k3_xfer_ctx_t *ctx, const uint8_t *addr, size_t len);
 void xf_ep_put(xf_ep_t *e);          /* drop a reference; closes a failed ep at zero */
@@ -124,6 +144,14 @@ void xf_rkey_put(xf_ep_t *e, xf_rkey_t *k);
  * with it, also on error). Returns 0 or K3_ETRANSPORT. */
 int xf_am_send(xf_ep_t *e, unsigned id, void *data, size_t len);
 const char *xf_ucs_str(ucs_status_t st);
+/* K3PD_XFER_TRACE=1: one stderr line per protocol step ("xfer-trace <pid> <k3_now_ns in us>
+ * ..."), monotonic clock shared by the processes of one host, so a sender's and a receiver's
+ * lines merge into one timeline (k3pd-xfer-bench on the GPU host). Off: one branch. */
+void xf_trace(const k3_xfer_ctx_t *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define XF_TRACE(ctx, ...)                 \
+  do {                                     \
+    if ((ctx)->trace) xf_trace(ctx, __VA_ARGS__); \
+  } while (0)
 
 /* send*.c, called by ctx.c */
 uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now_ns, uint64_t *next_deadline_ns); /* work done */

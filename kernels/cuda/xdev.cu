@@ -14,10 +14,14 @@
  * What it is not: thread-safe (k3k_xdev.h: one thread at a time), or ordered with the backend's
  * stream (the caller orders the producer of src before submit, e.g. by synchronising it).
  * Invariants: every CUDA call is checked; on an error before anything was queued nothing
- * changed; a job's slot is reused only after its event completed. */
+ * changed; a job's slot is reused only after its event completed; k3k_xdev_job_free returns
+ * only after the job's notify has run (a poller sees the event before the driver thread runs
+ * the host function), so the notify never reaches an owner that freed its state. */
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_common.cuh"
 #include "xdev_cuda.h"
@@ -25,6 +29,7 @@
 extern "C" {
 #include "core/xdev_int.h"
 #include "k3pd/digest.h"
+#include "k3pd/util.h"
 }
 
 /* ---- jobs and their buffers ---- */
@@ -41,6 +46,7 @@ typedef struct xslot {
   uint32_t *rchunk;     /* [n_regions + 1] first chunk of each region (malloc) */
   size_t rchunk_cap;
   cudaEvent_t done;     /* recorded after the kernel */
+  cudaEvent_t start;    /* recorded before it when tracing (K3PD_XFER_TRACE) */
 } xslot;
 
 enum { J_RUNNING = 0, J_DONE = 1, J_FAILED = 2 };
@@ -53,6 +59,8 @@ typedef struct cu_xjob {
   int state;
   uint32_t n_regions;
   uint64_t *dig;               /* [n_regions] region digests once done */
+  uint64_t t_submit_ns, n_chunks; /* tracing */
+  struct notify_rec *rec;      /* the queued notify, or NULL */
 } cu_xjob;
 
 typedef struct cu_xdev {
@@ -66,12 +74,18 @@ typedef struct cu_xdev {
   bool closed;
   int last_path;
   int kernel;          /* 1 or 2 (xdev_kernels.h) */
+  bool trace;          /* K3PD_XFER_TRACE: per-job timings on stderr */
   k3k_xk_caps caps;    /* kernel 2's occupancy, measured at open */
 } cu_xdev;
 
-typedef struct {
+/* A job's notify, queued behind its event with cudaLaunchHostFunc. The job owns it and frees it
+ * in k3k_xdev_job_free only after `ran` is set: a caller that polls the event can see the job
+ * finished (and free it) microseconds before the driver thread has run the notify, and the
+ * notify's ud (e.g. k3_xfer's ctx) must not be gone by then. */
+typedef struct notify_rec {
   void (*fn)(void *ud);
   void *ud;
+  int ran; /* set (release) by run_notify after fn returned; read with acquire */
 } notify_rec;
 
 /* Logs a failed call and returns K3_EDEVICE (0 on success), for paths that clean up. */
@@ -82,9 +96,26 @@ static int cu_ok(cudaError_t e, const char *what) {
 }
 
 static void CUDART_CB run_notify(void *p) {
-  notify_rec r = *(notify_rec *)p;
-  free(p);
-  r.fn(r.ud);
+  notify_rec *r = (notify_rec *)p;
+  r->fn(r->ud);
+  __atomic_store_n(&r->ran, 1, __ATOMIC_RELEASE);
+}
+
+/* Waits (bounded: 2 s) until a finished job's notify has run, then frees it. The host function
+ * follows the job's event on the stream, so it runs within microseconds of the event; a job
+ * that failed (sticky error: host functions may never run) leaks its record instead. */
+static void notify_drop(notify_rec *r, bool failed) {
+  if (!r) return;
+  if (failed && !__atomic_load_n(&r->ran, __ATOMIC_ACQUIRE)) return;
+  uint64_t t0 = k3_now_ns();
+  while (!__atomic_load_n(&r->ran, __ATOMIC_ACQUIRE)) {
+    if (k3_now_ns() - t0 > 2000000000ull) {
+      K3_ERROR("cuda xdev: a finished job's notify did not run within 2 s; its record is leaked");
+      return;
+    }
+    usleep(10);
+  }
+  free(r);
 }
 
 static size_t grow(size_t want, size_t floor) { return want < floor ? floor : want + want / 4; }
@@ -165,6 +196,11 @@ static int slot_get(cu_xdev *x, size_t n_ent, uint64_t n_chunks, uint32_t n_regi
       free(s);
       return K3_EDEVICE;
     }
+    if (cu_ok(cudaEventCreate(&s->start), "cudaEventCreate")) {
+      cudaEventDestroy(s->done);
+      free(s);
+      return K3_EDEVICE;
+    }
     s->anext = x->all_slots;
     x->all_slots = s;
     x->n_slots++;
@@ -183,6 +219,7 @@ static void slot_destroy(xslot *s) {
   if (s->dent) cudaFree(s->dent);
   if (s->hdig) cudaFreeHost(s->hdig);
   if (s->done) cudaEventDestroy(s->done);
+  if (s->start) cudaEventDestroy(s->start);
   free(s->rchunk);
   free(s);
 }
@@ -192,9 +229,19 @@ static void slot_destroy(xslot *s) {
 static void finish(cu_xjob *j, cudaError_t e) {
   xslot *s = j->slot;
   if (e == cudaSuccess) {
+    uint64_t t0 = k3_now_ns();
     for (uint32_t r = 0; r < j->n_regions; r++)
       j->dig[r] = k3_digest_combine(s->hdig + s->rchunk[r], s->rchunk[r + 1] - s->rchunk[r]);
     j->state = J_DONE;
+    if (j->x->trace) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, s->start, s->done) != cudaSuccess) (void)cudaGetLastError(), ms = -1;
+      uint64_t t1 = k3_now_ns();
+      fprintf(stderr, "xfer-trace %d %.1f xdev: job of %llu chunks (%.1f MB): kernel %.1f us on the GPU, submit to "
+              "seen done %.1f us, combine of %u regions %.1f us\n", (int)getpid(), (double)t1 / 1e3,
+              (unsigned long long)j->n_chunks, (double)j->n_chunks * 4096 / 1e6, ms * 1e3,
+              (double)(t0 - j->t_submit_ns) / 1e3, j->n_regions, (double)(t1 - t0) / 1e3);
+    }
   } else {
     K3_ERROR("cuda xdev: job failed: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
     j->state = J_FAILED;
@@ -222,6 +269,8 @@ extern "C" int k3k_cuda_xdev_open(k3k_backend_t *be, k3k_xdev_t **out) {
   x->base.device = true;
   x->device = cx->device;
   x->kernel = kernel_from_env();
+  const char *tr = getenv("K3PD_XFER_TRACE");
+  x->trace = tr && *tr && strcmp(tr, "0") != 0;
   xslot *s = NULL;
   int rc = cu_ok(cudaSetDevice(x->device), "cudaSetDevice");
   if (!rc) rc = cu_ok(cudaStreamCreateWithFlags(&x->st, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -292,12 +341,15 @@ extern "C" int k3k_cuda_xdev_submit(k3k_xdev_t *xb, const k3k_xseg_t *segs, cons
     free(rec);
     return rc;
   }
+  uint64_t t_sub = k3_now_ns();
   k3k_xplan_fill(segs, first, n_regions, &sz, s->hent, s->rchunk);
-  rc = launch(x, s, &sz);
+  if (x->trace) rc = cu_ok(cudaEventRecord(s->start, x->st), "cudaEventRecord");
+  if (!rc) rc = launch(x, s, &sz);
   if (!rc) rc = cu_ok(cudaEventRecord(s->done, x->st), "cudaEventRecord");
   if (!rc && rec) {
     rec->fn = notify;
     rec->ud = ud;
+    rec->ran = 0;
     rc = cu_ok(cudaLaunchHostFunc(x->st, run_notify, rec), "cudaLaunchHostFunc");
   }
   if (rc) { /* something may be queued: let it end before the slot can be reused */
@@ -314,6 +366,9 @@ extern "C" int k3k_cuda_xdev_submit(k3k_xdev_t *xb, const k3k_xseg_t *segs, cons
   j->state = J_RUNNING;
   j->n_regions = n_regions;
   j->dig = dig;
+  j->t_submit_ns = t_sub;
+  j->n_chunks = sz.n_chunks;
+  j->rec = rec;
   j->next = x->jobs;
   if (x->jobs) x->jobs->prev = j;
   x->jobs = j;
@@ -324,7 +379,6 @@ extern "C" int k3k_cuda_xdev_submit(k3k_xdev_t *xb, const k3k_xseg_t *segs, cons
 
 extern "C" int k3k_cuda_xdev_poll(k3k_xjob_t *jb, uint64_t *digests) {
   cu_xjob *j = (cu_xjob *)jb;
-  if (j->n_regions && !digests) return K3_EINVAL;
   if (j->state == J_RUNNING) {
     if (cu_ok(cudaSetDevice(j->x->device), "cudaSetDevice")) return K3_EDEVICE;
     cudaError_t e = cudaEventQuery(j->slot->done);
@@ -332,10 +386,11 @@ extern "C" int k3k_cuda_xdev_poll(k3k_xjob_t *jb, uint64_t *digests) {
       if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
       return 0;
     }
+    if (e == cudaSuccess && !digests) return 1; /* done; the combine waits for a poll with digests */
     finish(j, e);
   }
   if (j->state == J_FAILED) return K3_EDEVICE;
-  if (j->n_regions) memcpy(digests, j->dig, (size_t)j->n_regions * sizeof *digests);
+  if (j->n_regions && digests) memcpy(digests, j->dig, (size_t)j->n_regions * sizeof *digests);
   return 1;
 }
 
@@ -347,6 +402,7 @@ extern "C" void k3k_cuda_xdev_job_free(k3k_xjob_t *jb) {
     if (e == cudaSuccess) e = cudaEventSynchronize(j->slot->done);
     finish(j, e);
   }
+  notify_drop(j->rec, j->state == J_FAILED);
   if (j->prev) j->prev->next = j->next;
   else x->jobs = j->next;
   if (j->next) j->next->prev = j->prev;

@@ -72,7 +72,8 @@ bool k3k_xdev_on_device(const k3k_xdev_t *x);
 int k3k_xdev_submit(k3k_xdev_t *x, const k3k_xseg_t *segs, const uint32_t *first, uint32_t n_regions,
                     void (*notify)(void *ud), void *ud, k3k_xjob_t **out);
 /* Non-blocking: 1 when the job is done (then digests[n_regions] is filled), 0 while it runs,
- * K3_EDEVICE when it failed. */
+ * K3_EDEVICE when it failed. digests NULL: only whether it is done (its writes complete and
+ * visible), without collecting the digests; poll again with digests to get them. */
 int k3k_xdev_poll(k3k_xjob_t *j, uint64_t *digests);
 /* Frees a job; one still running is waited for first. NULL: no-op. */
 void k3k_xdev_job_free(k3k_xjob_t *j);

@@ -215,9 +215,15 @@ static int xfer_seeds(const char *dir) {
   uint8_t *b = xf_done_encode(&d, dg, &n);
   rc |= !b || put(dir, 0, b, n);
   free(b);
-  xf_layer_t l = {.request_id = 9, .epoch = 5, .fingerprint = 0xabc, .send_id = 1, .layer = 2, .n_digests = 3};
+  xf_layer_t l = {.request_id = 9, .epoch = 5, .fingerprint = 0xabc, .send_id = 1, .layer = 2, .n_digests = 3,
+                  .n_layers = 2};
   b = xf_layer_encode(&l, dg, &n);
   rc |= !b || put(dir, 1, b, n);
+  free(b);
+  xf_layer_t ld = {.request_id = 9, .epoch = 5, .fingerprint = 0xabc, .send_id = 1, .layer = 0, .n_digests = 0,
+                   .n_layers = 93, .flags = XF_MSG_FLAG_LANDED};
+  b = xf_layer_encode(&ld, NULL, &n);
+  rc |= !b || put(dir, 7, b, n); /* selector 7 % 6 = 1: LAYER */
   free(b);
   xf_ack_t a = {.request_id = 9, .epoch = 5, .send_id = 1, .status = -22};
   b = xf_ack_encode(&a, &n);

@@ -73,7 +73,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 1: {
       xf_layer_t m;
-      if (xf_layer_decode(data, size, &m) == 0 && m.digests + 8 * (size_t)m.n_digests != data + size) abort();
+      if (xf_layer_decode(data, size, &m) == 0) {
+        if (m.digests + 8 * (size_t)m.n_digests != data + size) abort();
+        /* a decoded LAYER (digests, or LANDED without) re-encodes to the same bytes */
+        uint64_t *dg = malloc(8 * (size_t)m.n_digests + 8);
+        if (!dg) abort();
+        memcpy(dg, m.digests, 8 * (size_t)m.n_digests);
+        size_t n;
+        uint8_t *b = xf_layer_encode(&m, dg, &n);
+        if (!b || n != size || memcmp(b, data, size)) abort();
+        free(b);
+        free(dg);
+      }
       break;
     }
     case 2: {

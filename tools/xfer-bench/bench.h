@@ -70,6 +70,9 @@ typedef struct bench_mem {
   void (*close)(void *self); /* frees what the mode holds (NULL: nothing) */
 } bench_mem_t;
 
+/* cpu_loops.c: times the host sender's loops over p's regions in this thread (--cpu-loops). */
+int bench_cpu_loops(const bench_plan_t *p);
+
 /* mem_host.c: host memory, no hooks. */
 int bench_mem_host(bench_mem_t *out);
 /* mem_cuda.c: device sources and a device arena (vmm_pool: exported VMM for cuda-ipc; else

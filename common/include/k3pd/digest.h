@@ -42,12 +42,27 @@ void k3_digest_free(k3_digest_t *d);
 void k3_digest_reset(k3_digest_t *d);
 /* Feeds n bytes. */
 void k3_digest_update(k3_digest_t *d, const void *p, size_t n);
-/* Copies n bytes from src to dst and feeds them, in ONE pass over src: each whole chunk is
- * hashed from src and then copied while it is still in L1, with streaming stores (dst is memory
- * this core will not read again: another process's pool). Ends with a store fence, so the bytes
+/* Copies n bytes from src to dst and feeds them, in ONE pass over src: each 64-byte stripe of
+ * a whole chunk is loaded once, fed to XXH3 and stored with a streaming store (dst is memory
+ * this core will not read again: another process's pool); k3_digest_copy_impl below. Ends with a store fence, so the bytes
  * are visible to other processes before anything sent after this call. dst and src must not
  * overlap. The digest equals k3_digest_update over the same bytes. */
 void k3_digest_copy(k3_digest_t *d, void *dst, const void *src, size_t n);
+/* Which whole-chunk loop k3_digest_copy uses: "fused4" (default: one pass, XXH3 computed from
+ * the 64-byte loads that are stored, four chunks side by side, streaming stores; x86-64 with
+ * AVX2), "fused" (one chunk at a time), "fused4-st" (normal stores) and "fused4-pf" (software
+ * prefetch; both measurement variants), "legacy"
+ * (libxxhash per chunk, then the copy; the portable fallback). K3PD_DIGEST_COPY picks one at
+ * first use. _set returns 0, K3_EINVAL (unknown name) or K3_ENOTSUP (not usable on this CPU);
+ * process-wide, call it before other threads copy. */
+int k3_digest_copy_impl_set(const char *name);
+const char *k3_digest_copy_impl(void);
+/* Which whole-chunk loop k3_digest_update uses: "fused4" (four chunks side by side, AVX2; the
+ * default on Intel), "pf" (libxxhash per chunk, the next chunk prefetched first; the default
+ * elsewhere), "lib" (libxxhash alone).
+ * K3PD_DIGEST_HASH picks one at first use; _set as above. Same digests. */
+int k3_digest_hash_impl_set(const char *name);
+const char *k3_digest_hash_impl(void);
 /* The region digest of everything fed since init/reset (the state is left finished: reset it
  * before reuse). */
 uint64_t k3_digest_final(k3_digest_t *d);

@@ -160,10 +160,13 @@ typedef struct k3_xfer_dev {
    * (k3pd/digest.h) of the bytes read at src, writing them to dst where dst is set. The arrays
    * are copied before return. notify(arg) runs once when the job is complete and its writes
    * are visible to other processes; it may run on another thread (k3_xfer passes a function
-   * that only calls k3_xfer_ctx_wake). Returns 0 or K3_E*; on error notify never runs. */
+   * that only calls k3_xfer_ctx_wake, or NULL while its loop polls the job every turn: then no
+   * notify is wanted). Returns 0 or K3_E*; on error notify never runs. */
   int (*submit)(void *ud, const k3_xfer_seg_t *segs, const uint32_t *first, uint32_t n_regions,
                 void (*notify)(void *arg), void *arg, void **job);
-  /* Non-blocking: 1 done (digests[n_regions] filled), 0 running, < 0 failed (K3_EDEVICE). */
+  /* Non-blocking: 1 done (digests[n_regions] filled), 0 running, < 0 failed (K3_EDEVICE).
+   * digests NULL: only whether it is done (writes complete and visible); the digests are
+   * collected by a later poll with digests (cuda-ipc announces a layer before that). */
   int (*poll)(void *ud, void *job, uint64_t *digests);
   /* Frees a job after poll returned non-zero; a job still running is waited for first, and
    * its notify has run (or never will) when release returns. */
@@ -307,6 +310,13 @@ typedef struct {
    * device pools, before the verification job is submitted); may modify memory (to prove
    * corruption is detected). NULL in production. */
   void (*test_before_verify)(void *ud, uint64_t request_id);
+  /* MEASUREMENT ONLY (k3pd-xfer-bench --verify sender); the workers never set it. Regions in
+   * device pools are NOT re-read: the digests the sender's copy kernel computed from the values
+   * it stored (LAYER, DONE) are recorded as ours. Two HBM passes instead of three, but nothing
+   * then checks what landed in our memory at our addresses: a wrong destination mapping or
+   * address, a late write by a stale sender, or a visibility fault is admitted silently
+   * (docs/transfer.md "Two passes"). Host regions are verified as always. */
+  bool trust_sender_digests;
 } k3_xfer_recv_opts_t;
 
 /* One receiver per ctx (it owns the DONE handler). Returns 0, K3_EEXIST, K3_ENOMEM. */

@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include "k3pd/digest.h"
+#include "k3pd/err.h"
 
 static uint64_t rng(uint64_t *s) {
   uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -92,6 +93,71 @@ START_TEST(test_pieces_and_copy) {
 }
 END_TEST
 
+/* Every hash+copy loop (k3_digest_copy_impl_set) against the separate hash + memcpy: random
+ * lengths, source and destination alignments (0..63: both the streaming-store path for
+ * 32-byte aligned destinations and the normal-store one), random piece sizes, guard bytes. */
+START_TEST(test_copy_loops) {
+  static const char *const impls[] = {"legacy", "fused", "fused4", "fused4-st", "fused4-pf"};
+  const char *def = k3_digest_copy_impl();
+  ck_assert_int_eq(k3_digest_copy_impl_set("nope"), K3_EINVAL);
+  int ran = 0;
+  for (int i = 0; i < 5; i++) {
+    if (k3_digest_copy_impl_set(impls[i]) != 0) continue; /* not usable on this CPU */
+    ck_assert_str_eq(k3_digest_copy_impl(), impls[i]);
+    ran++;
+    uint64_t s = 1234 + (uint64_t)i;
+    for (int round = 0; round < 30; round++) {
+      size_t n = round < 3 ? (size_t)(round + 1) * 4 * 4096 : (size_t)(rng(&s) % 90000);
+      size_t so = round < 3 ? 0 : (size_t)(rng(&s) % 64), dof = (rng(&s) & 1) ? 0 : (size_t)(rng(&s) % 64);
+      uint8_t *sb = random_bytes(n + 64, 77 + (uint64_t)round), *src = sb + so;
+      uint8_t *db = aligned_alloc(64, (n + 192 + 63) & ~(size_t)63), *dst = db + 64 + dof;
+      memset(db, 0x5A, n + 192);
+      k3_digest_t e;
+      ck_assert_int_eq(k3_digest_init(&e), 0);
+      for (size_t off = 0; off < n;) {
+        size_t piece = (rng(&s) % 3) ? 4096 * (1 + rng(&s) % 9) : 1 + rng(&s) % 20000;
+        if (piece > n - off) piece = n - off;
+        k3_digest_copy(&e, dst + off, src + off, piece);
+        off += piece;
+      }
+      ck_assert_uint_eq(k3_digest_final(&e), by_definition(src, n));
+      ck_assert_int_eq(memcmp(dst, src, n), 0);
+      ck_assert_uint_eq(dst[-1], 0x5A);
+      ck_assert_uint_eq(dst[n], 0x5A);
+      k3_digest_free(&e);
+      free(sb);
+      free(db);
+    }
+  }
+  ck_assert_int_ge(ran, 1); /* legacy is usable everywhere */
+  ck_assert_int_eq(k3_digest_copy_impl_set(def), 0);
+  /* Every hash-only loop of k3_digest_update, piecewise at random alignments. */
+  static const char *const hashes[] = {"lib", "pf", "fused4"};
+  const char *hdef = k3_digest_hash_impl();
+  ck_assert_int_eq(k3_digest_hash_impl_set("nope"), K3_EINVAL);
+  for (int i = 0; i < 3; i++) {
+    if (k3_digest_hash_impl_set(hashes[i]) != 0) continue;
+    uint64_t s = 777 + (uint64_t)i;
+    for (int round = 0; round < 30; round++) {
+      size_t n = (size_t)(rng(&s) % 120000), so = (size_t)(rng(&s) % 64);
+      uint8_t *sb = random_bytes(n + 64, 99 + (uint64_t)round);
+      k3_digest_t e;
+      ck_assert_int_eq(k3_digest_init(&e), 0);
+      for (size_t off = 0; off < n;) {
+        size_t piece = (rng(&s) % 3) ? 4096 * (1 + rng(&s) % 9) : 1 + rng(&s) % 20000;
+        if (piece > n - off) piece = n - off;
+        k3_digest_update(&e, sb + so + off, piece);
+        off += piece;
+      }
+      ck_assert_uint_eq(k3_digest_final(&e), by_definition(sb + so, n));
+      k3_digest_free(&e);
+      free(sb);
+    }
+  }
+  ck_assert_int_eq(k3_digest_hash_impl_set(hdef), 0);
+}
+END_TEST
+
 START_TEST(test_sensitivity) {
   size_t n = 3 * 4096 + 100;
   uint8_t *b = random_bytes(n, 5);
@@ -113,6 +179,7 @@ int main(void) {
   TCase *tc = tcase_create("core");
   tcase_add_test(tc, test_definition_lengths);
   tcase_add_test(tc, test_pieces_and_copy);
+  tcase_add_test(tc, test_copy_loops);
   tcase_add_test(tc, test_sensitivity);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

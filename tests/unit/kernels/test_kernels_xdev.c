@@ -161,7 +161,7 @@ START_TEST(test_bad_arguments) {
   ck_assert_int_eq(calls, 1);
   uint64_t d[2];
   ck_assert_int_eq(k3k_xdev_poll(j, d), 1);
-  ck_assert_int_eq(k3k_xdev_poll(j, NULL), K3_EINVAL);
+  ck_assert_int_eq(k3k_xdev_poll(j, NULL), 1); /* NULL digests: only "done" */
   k3k_xdev_job_free(j);
   ck_assert_int_eq(memcmp(dst, src, 48), 0);
   uint32_t zero = 0;

@@ -44,6 +44,7 @@ enum { D_OK, D_STALE, D_DIGEST, D_SENDER_DIES, D_RECV_DIES, D_STAGED };
 
 typedef struct {
   int mode, n_req, async_us;
+  bool together; /* every layer signalled in one go (a finished state), no loop turn between */
 } cfg_t;
 
 typedef struct { /* receiver → test */
@@ -324,7 +325,7 @@ static int sender(cfg_t c, int rfd, pid_t victim, sres_t *out, uint64_t *t_start
       uv_run(&loop, UV_RUN_NOWAIT);
       _exit(0); /* mid-transfer: layer 0 pushed, no DONE ever */
     }
-    uv_run(&loop, UV_RUN_NOWAIT); /* some compute happens between layers */
+    if (!c.together) uv_run(&loop, UV_RUN_NOWAIT); /* some compute happens between layers */
   }
   for (int i = 0; i < n; i++)
     if (!out->done[i] && k3_xfer_send_finish(s[i], 1000 + (uint32_t)i, -0.5f) && victim <= 0) return 27;
@@ -378,8 +379,10 @@ static void run(cfg_t c, rres_t *rr, sres_t *sr) {
   close(p1[0]);
 }
 
-static void expect_ok(int mode, int n, int async_us) {
-  cfg_t c = {mode, n, async_us};
+static void expect_ok_cfg(cfg_t c);
+static void expect_ok(int mode, int n, int async_us) { expect_ok_cfg((cfg_t){mode, n, async_us, false}); }
+static void expect_ok_cfg(cfg_t c) {
+  int mode = c.mode, n = c.n_req;
   rres_t rr = {0};
   sres_t sr;
   run(c, &rr, &sr);
@@ -413,9 +416,17 @@ static void expect_ok(int mode, int n, int async_us) {
     ck_assert_uint_eq(sr.st.path_bytes[K3_XFER_PATH_CUDA_IPC], (uint64_t)n * (S_B + CONV_B + N_TOK * TOK_B) * 2);
     ck_assert_uint_eq(rr.st.data_eager + rr.st.data_rndv + rr.st.data_dropped, 0);
   }
+  if (c.together && mode == D_OK) {
+    /* A finished state: ONE copy job per request, its layers announced by one LAYER run (wire
+     * v4) and verified by ONE receiver job, still counted layer by layer. */
+    ck_assert_uint_eq(sr.st.dev_jobs, (uint64_t)n);
+    ck_assert_uint_eq(rr.st.dev_jobs, (uint64_t)n);
+  }
 }
 
 START_TEST(test_ipc_ok) { expect_ok(D_OK, 1, 0); }
+
+START_TEST(test_ipc_together) { expect_ok_cfg((cfg_t){D_OK, 1, 0, true}); }
 END_TEST
 START_TEST(test_ipc_ok_async) { expect_ok(D_OK, 2, 3000); } /* notify from job threads */
 END_TEST
@@ -425,7 +436,7 @@ START_TEST(test_staged_dev_src) { expect_ok(D_STAGED, 1, 0); }
 END_TEST
 
 static void expect_reject(int mode, int code, size_t counter_off, int async_us) {
-  cfg_t c = {mode, 1, async_us};
+  cfg_t c = {mode, 1, async_us, false};
   rres_t rr = {0};
   sres_t sr;
   run(c, &rr, &sr);
@@ -443,7 +454,7 @@ START_TEST(test_ipc_stale) { expect_reject(D_STALE, K3_ESTALE, offsetof(k3_xfer_
 END_TEST
 
 START_TEST(test_ipc_receiver_dies) {
-  cfg_t c = {D_RECV_DIES, 2, 1000};
+  cfg_t c = {D_RECV_DIES, 2, 1000, false};
   rres_t rr;
   sres_t sr;
   run(c, &rr, &sr);
@@ -452,7 +463,7 @@ END_TEST
 
 START_TEST(test_ipc_sender_dies) {
   /* Receiver here, sender in a child that exits after layer 0. */
-  cfg_t c = {D_SENDER_DIES, 1, 0};
+  cfg_t c = {D_SENDER_DIES, 1, 0, false};
   int p1[2], p2[2];
   ck_assert_int_eq(pipe(p1), 0);
   ck_assert_int_eq(pipe(p2), 0);
@@ -493,6 +504,7 @@ int main(void) {
   TCase *tc = tcase_create("fake_device");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_ipc_ok);
+  tcase_add_test(tc, test_ipc_together);
   tcase_add_test(tc, test_ipc_ok_async);
   tcase_add_test(tc, test_ipc_many);
   tcase_add_test(tc, test_staged_dev_src);

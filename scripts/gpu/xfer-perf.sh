@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Handoff bandwidth on the GPU host, every stage timed (issue 17 items 2 and 6): the host path's
+# loops and transfers (shm) and the cuda-ipc path of the 8K-token K3 state, each beside its
+# copy baseline, with variants side by side so one run answers "which loop / which setting".
+#
+#   scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]
+#
+# BUNDLE: scripts/gpu/pack.sh's tarball (or its unpacked directory). Runs, in order, each with a
+# timeout, skipping what no longer fits BUDGET_S (default 128):
+#   ipc             cuda-ipc, the 8K-token K3 state, --repeat 5 (the figures)
+#   ipc-trace       the same with K3PD_XFER_TRACE=1: every protocol step and device job of both
+#                   processes stamped on one clock (xfer-trace lines in ipc-trace.log)
+#   host-loops      k3pd-xfer-bench --cpu-loops: memcpy, every hash and hash+copy loop, one thread
+#   host            --manifest k3 --tokens 1024 --repeat 5 --tls shm (default loops: fused4 copy,
+#                   pf hash); host-old: the loops before issue 17's fix (legacy copy, lib hash);
+#                   host-hashlib / host-hash4: other receiver hash loops; host-copypf: fused4-pf
+#   ipc-sender      --verify sender (two HBM passes, measurement mode)
+#   ipc-nospin      K3PD_XFER_SPIN=0 (job completions seen through the notify only)
+#   xdev-perf       k3k-gpu-xdev --perf (the kernels alone vs read and cudaMemcpy ceilings)
+#   nsys            nsys profile of one cuda-ipc run (LOGDIR/ipc.nsys-rep + a CUDA API/GPU summary)
+# Output: LOGDIR/<run>.log, a summary of RESULT lines in LOGDIR/summary.txt.
+set -uo pipefail
+bundle=${1:?usage: scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]}
+logdir=${2:?usage: scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]}
+budget=${3:-128}
+mkdir -p "$logdir"
+logdir=$(cd "$logdir" && pwd)
+work=$(mktemp -d /tmp/k3pd-xperf.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+if [ -d "$bundle" ]; then k=$(cd "$bundle" && pwd); else k=$work/k; mkdir -p "$k"; tar -xJf "$bundle" -C "$k"; fi
+B=$k/bin
+[ -x "$B/k3pd-xfer-bench" ] || B=$k
+export PATH=$B:$PATH:/usr/local/cuda/bin
+export LD_LIBRARY_PATH=$k/lib:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
+t0=$(date +%s)
+left() { echo $((budget - ($(date +%s) - t0))); }
+# run NAME TIMEOUT CMD...: runs CMD if TIMEOUT still fits the budget, logs, keeps RESULT lines
+run() {
+  local name=$1 to=$2
+  shift 2
+  if [ "$(left)" -lt "$to" ]; then echo "skip $name: $(left) s left" | tee -a "$logdir/summary.txt"; return; fi
+  local s; s=$(date +%s%N)
+  timeout "$to" stdbuf -oL -eL "$@" > "$logdir/$name.log" 2>&1 # line-buffered: a killed run keeps its output
+  local rc=$? e; e=$(date +%s%N)
+  printf '%-14s rc=%d %5.1fs %s\n' "$name" $rc "$(awk -v a="$s" -v b="$e" 'BEGIN { print (b - a) / 1e9 }')" \
+    "$(grep -E '^RESULT|^summary' "$logdir/$name.log" | tr '\n' ' ')" | tee -a "$logdir/summary.txt"
+}
+{ nproc; lscpu | grep -E 'Model name|L3|NUMA node\(s\)'; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; \
+  uptime; head -1 "$k/VERSION" 2>/dev/null; } > "$logdir/host.txt" 2>&1
+HOST="--manifest k3 --tokens 1024 --repeat 5 --tls shm"
+IPC="--device cuda --manifest k3 --tokens 8192 --path cuda-ipc --layout arena --repeat 5 --tls default"
+# shellcheck disable=SC2086
+run ipc 30 k3pd-xfer-bench $IPC
+# shellcheck disable=SC2086
+run ipc-trace 30 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $IPC
+run host-loops 25 k3pd-xfer-bench --manifest k3 --tokens 1024 --cpu-loops
+# shellcheck disable=SC2086
+run host 25 k3pd-xfer-bench $HOST
+# shellcheck disable=SC2086
+run host-old 25 env K3PD_DIGEST_COPY=legacy K3PD_DIGEST_HASH=lib k3pd-xfer-bench $HOST
+# shellcheck disable=SC2086
+run host-hashlib 25 env K3PD_DIGEST_HASH=lib k3pd-xfer-bench $HOST
+# shellcheck disable=SC2086
+run host-hash4 25 env K3PD_DIGEST_HASH=fused4 k3pd-xfer-bench $HOST
+# shellcheck disable=SC2086
+run ipc-sender 30 k3pd-xfer-bench $IPC --verify sender
+# shellcheck disable=SC2086
+run ipc-nospin 30 env K3PD_XFER_SPIN=0 k3pd-xfer-bench $IPC
+# shellcheck disable=SC2086
+run host-copypf 25 env K3PD_DIGEST_COPY=fused4-pf k3pd-xfer-bench $HOST
+run xdev-perf 40 k3k-gpu-xdev --perf
+if command -v nsys > /dev/null; then
+  # shellcheck disable=SC2086
+  run nsys 45 nsys profile --trace=cuda --sample=none --cpuctxsw=none --force-overwrite true -o "$logdir/ipc" \
+    k3pd-xfer-bench ${IPC/--repeat 5/--repeat 2}
+  [ -f "$logdir/ipc.nsys-rep" ] && [ "$(left)" -gt 12 ] && \
+    timeout 12 nsys stats --report cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_trace --format csv "$logdir/ipc.nsys-rep" \
+      > "$logdir/nsys-stats.txt" 2>&1
+fi
+echo "total $(($(date +%s) - t0)) s" | tee -a "$logdir/summary.txt"
