@@ -10,6 +10,8 @@ p50/p99 TTFT and inter-token latency with the relative error of each cell.
 
 usage: tests/plan/validate.py [--build build] [--presets tiny,tiny-48b] [--configs 1x1,2x2]
                               [--rates 0.5,1,2] [--duration 40] [--out DIR]
+       tests/plan/validate.py --replan --out DIR ... (re-predicts stored bench results: those of
+                              scripts/gpu/cluster.sh's plan part too, named the same way)
 Every process it starts is stopped (SIGTERM, then SIGKILL after 5 s) by pid, also on errors.
 Every wait has a deadline. Results land in DIR (default a new /tmp/k3pd-plan-validate.*):
 profile-PRESET.json, bench/plan JSON per cell, table.md.
@@ -123,6 +125,9 @@ def main():
                     help="also predict with k3pd-plan --host-cores N (all workers share this host's cores); 0 = off")
     ap.add_argument("--replan", action="store_true",
                     help="do not run clusters: recompute the predictions for the bench results already in --out")
+    ap.add_argument("--plan-args", default="", help="extra k3pd-plan flags (e.g. \"--prefill-cost line\")")
+    ap.add_argument("--plan-bin", default=None, help="the k3pd-plan binary (default BUILD/tools/plan/k3pd-plan; "
+                    "scripts/gpu/cluster.sh's plan part passes the bundle's)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.replan and not a.out:
@@ -193,8 +198,9 @@ def cell(a, build, out, prof, preset, cfg, P, D, rate, wl, rows):
         if extra is None:
             continue
         pj = os.path.join(out, f"plan-{variant}{tag}.json")
-        rc = run([f"{build}/tools/plan/k3pd-plan", "--profile", prof, "--rate", rate, "--duration", str(a.duration),
-                  "--warmup", "0", "--prefill", str(P), "--decode", str(D), "--json", pj] + wl + extra, 600,
+        rc = run([a.plan_bin or f"{build}/tools/plan/k3pd-plan", "--profile", prof, "--rate", rate, "--duration", str(a.duration),
+                  "--warmup", "0", "--prefill", str(P), "--decode", str(D), "--json", pj] + wl + extra
+                 + a.plan_args.split(), 600,
                  os.path.join(out, f"plan-{variant}{tag}.log"))
         if rc:
             print(f"validate: {tag}: k3pd-plan {variant or 'own'} failed ({rc}); skipped", flush=True)

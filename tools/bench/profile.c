@@ -18,6 +18,8 @@
  *
  * Fitted (bn_fit_lsq, non-negative):
  *   prefill pass ms = fixed + per_seq * seqs + per_token * tokens + per_kctx * Σ(take * ctx)/1000
+ *   and the table k3pd-plan prefers (pl_profile_fit_table: the lone single-pass prompts as
+ *   measured, the shared per-pass cost from phase 2, the context term from multi-pass prompts)
  *   decode step ms  = fixed + per_seq * batch + per_kctx * Σ ctx / 1000
  *   handoff bytes   = bytes_fixed + bytes_per_token * L
  *   with metrics, at concurrency 1: TTFT - compute = overhead + bytes / bandwidth (the time a
@@ -316,6 +318,14 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
   p.pf_per_seq_ms = bp[1];
   p.pf_per_token_ms = bp[2];
   p.pf_per_kctx_ms = bp[3];
+  { /* the lone prompts as measured (k3pd-plan prices passes by them, docs/plan.md) */
+    double rows[64][5];
+    for (int i = 0; i < np; i++) {
+      memcpy(rows[i], &Xp[i * 4], 4 * sizeof(double));
+      rows[i][4] = yp[i];
+    }
+    pl_profile_fit_table(&p, (const double (*)[5])rows, np);
+  }
   p.dc_fixed_ms = bd[0];
   p.dc_per_seq_ms = bd[1];
   p.dc_per_kctx_ms = bd[2];
@@ -353,5 +363,8 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
             o->out, p.pf_fixed_ms, p.pf_per_seq_ms, p.pf_per_token_ms, p.pf_per_kctx_ms, p.dc_fixed_ms,
             p.dc_per_seq_ms, p.dc_per_kctx_ms, p.ho_bytes_fixed, p.ho_bytes_per_token, p.ho_latency_ms,
             p.ho_bandwidth_bytes_per_s, p.ttft_overhead_ms, p.pf_cv, p.dc_cv);
+  if (!rc && p.pf_tab_n >= 2)
+    fprintf(stderr, "k3pd-bench --profile: prefill table of %d lone prompts, %.3f ms shared per pass, %.5f/ktok-ctx ms\n",
+            p.pf_tab_n, p.pf_shared_ms, p.pf_tab_kctx_ms);
   return rc;
 }

@@ -561,7 +561,7 @@ static bool pf_pass(sim_t *s, int pi) {
   }
   free(map);
   for (size_t i = 0; i < f->n_pend; i++) f->pend[i].waited++;
-  double ms = pl_prefill_pass_ms(s->p, f->n_pass, toks, tok_ctx);
+  double ms = pl_prefill_pass_takes_ms(s->p, f->n_pass, f->pass_take, toks, tok_ctx);
   if (!f->busy) s->sum_busy += 1;
   f->busy = true;
   push_ev(s, s->now + ms * share(s) * jitter(s, s->pf_sigma), EV_PF_PASS_END, pi, -1);

@@ -249,6 +249,70 @@ START_TEST(test_prefix_hit) {
 }
 END_TEST
 
+/* The prefill table. Points (16 tokens, 50 ms), (64, 200), (256, 520); shared 20 ms:
+ *   lone(40) = 50 + (200 - 50) * 24 / 48 = 125; lone(8) = 20 + (50 - 20) * 8 / 16 = 35;
+ *   lone(512) = 520 * 512 / 256 = 1040 (the last point's cost per token)
+ *   a pass of takes 16 + 40: 20 + (50 - 20) + (125 - 20) = 155 ms. */
+static pl_profile_t tabled(void) {
+  pl_profile_t p = simple();
+  p.pf_tab_n = 3;
+  double x[] = {16, 64, 256}, y[] = {50, 200, 520};
+  memcpy(p.pf_tab_tok, x, sizeof x);
+  memcpy(p.pf_tab_ms, y, sizeof y);
+  p.pf_shared_ms = 20;
+  return p;
+}
+
+START_TEST(test_prefill_table_cost) {
+  pl_profile_t p = tabled();
+  ck_assert(pl_prefill_uses_table(&p));
+  ck_assert_double_eq_tol(pl_prefill_lone_ms(&p, 40), 125, 1e-9);
+  ck_assert_double_eq_tol(pl_prefill_lone_ms(&p, 8), 35, 1e-9);
+  ck_assert_double_eq_tol(pl_prefill_lone_ms(&p, 512), 1040, 1e-9);
+  int64_t takes[] = {16, 40};
+  ck_assert_double_eq_tol(pl_prefill_pass_takes_ms(&p, 2, takes, 56, 0), 155, 1e-9);
+  p.pf_tab_off = true; /* --prefill-cost line: 1 ms per token */
+  ck_assert_double_eq_tol(pl_prefill_pass_takes_ms(&p, 2, takes, 56, 0), 56, 1e-9);
+  /* Through the simulation: A (40 tokens) at t 0 runs alone, 125 ms; B (16) and C (40) arrive
+   * during it and share the next pass, 155 ms: first tokens at 125 and 280 (no handoff cost,
+   * decode idle: admitted at once). Output 1: no decode step. */
+  p.pf_tab_off = false;
+  double at[] = {0, 1, 2};
+  int64_t pr[] = {40, 16, 40}, out[] = {1, 1, 1};
+  traces_t tr = {0};
+  run_fixed(&p, 1, 1, at, pr, out, 3, &tr);
+  ck_assert_double_eq_tol(tr.t[0].t_first_ms, 125, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_first_ms, 280, 1e-9);
+  ck_assert_double_eq_tol(tr.t[2].t_first_ms, 280, 1e-9);
+}
+END_TEST
+
+/* The table fitted from profile rows (passes, prompts, tokens, Σ take*ctx/1000, ms):
+ *   lone 64 and 16 (unsorted) give the points; the batched phase, 10 passes of 2 prompts of 16
+ *   at 80 ms each (800 ms): shared = (2 * 50 - 80) / (2 - 1) = 20;
+ *   a lone 320-token prompt over chunk 256: 2 passes, ctx = 64 * 256 / 1000 = 16.384 ktok, took
+ *   lone(256) + lone(64) + 16.384 * 2 = 520 + 200 + 32.768 ms (the 256 point from another row)
+ *   → context term 2 ms per ktok. */
+START_TEST(test_prefill_table_fit) {
+  pl_profile_t p;
+  pl_profile_default(&p);
+  const double rows[][5] = {{1, 1, 64, 0, 200},  {1, 1, 16, 0, 50},           {10, 20, 320, 0, 800},
+                            {1, 1, 256, 0, 520}, {2, 2, 320, 16.384, 752.768}};
+  pl_profile_fit_table(&p, rows, 5);
+  ck_assert_int_eq(p.pf_tab_n, 3);
+  ck_assert_double_eq_tol(p.pf_tab_tok[0], 16, 1e-12);
+  ck_assert_double_eq_tol(p.pf_tab_ms[1], 200, 1e-12);
+  ck_assert_double_eq_tol(p.pf_tab_tok[2], 256, 1e-12);
+  ck_assert_double_eq_tol(p.pf_shared_ms, 20, 1e-9);
+  ck_assert_double_eq_tol(p.pf_tab_kctx_ms, 2, 1e-9);
+  /* one point only: no table (the line prices passes) */
+  pl_profile_default(&p);
+  pl_profile_fit_table(&p, rows, 1);
+  ck_assert_int_eq(p.pf_tab_n, 0);
+  ck_assert(!pl_prefill_uses_table(&p));
+}
+END_TEST
+
 START_TEST(test_bad_cluster) {
   pl_profile_t p = simple();
   pl_cluster_t c = {0, 1, 0};
@@ -274,6 +338,8 @@ int main(void) {
   tcase_add_test(tc, test_mg1_variability);
   tcase_add_test(tc, test_prefix_hit);
   tcase_add_test(tc, test_bad_cluster);
+  tcase_add_test(tc, test_prefill_table_cost);
+  tcase_add_test(tc, test_prefill_table_fit);
   tcase_add_test(tc, test_percentiles_match_bench);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
