@@ -210,7 +210,7 @@ int main(int argc, char **argv) {
   int64_t requests = 0, seed = 1, first_index = 0, prefix_tokens = 0;
   int n_prefill = 0, n_decode = 0, max_workers = 1000, host_cores = 0;
   bool do_hpa = false;
-  double hpa_margin = 0.8;
+  double hpa_margin = 0.8, heartbeat_ms = 500;
   pl_profile_t p;
   pl_profile_default(&p);
   /* profile overrides: -1 = keep the profile's value */
@@ -251,6 +251,9 @@ int main(int argc, char **argv) {
       {"hpa-margin", K3_FLAG_DOUBLE, &hpa_margin, "F", "HPA targets = F x the per-pod signal at the SLO edge "
        "(default 0.8: headroom while new pods start)", false},
       {"json", K3_FLAG_STR, &json_path, "FILE", "write the answer as JSON", false},
+      {"heartbeat-ms", K3_FLAG_DOUBLE, &heartbeat_ms, "MS", "the router's heartbeat interval: it balances prefill on "
+       "the workers' queues as of their last heartbeat plus what it sent since (default 500, the router's; 0 = an "
+       "exact view)", false},
       {"prefill-cost", K3_FLAG_STR, &pf_cost, "table|line", "price prefill passes by the profile's measured lone "
        "prompts (table, the default when it has two or more) or by its fitted line", false},
       {"prefill-chunk", K3_FLAG_I64, &o_chunk, "N", "override the profile's prefill --prefill-chunk", false},
@@ -298,6 +301,8 @@ int main(int argc, char **argv) {
   if (pl_profile_load(profile, &p, err, sizeof err)) BAD("--profile: %s", err);
   if (strcmp(pf_cost, "table") && strcmp(pf_cost, "line")) BAD("--prefill-cost: want table or line");
   p.pf_tab_off = !strcmp(pf_cost, "line");
+  if (!(heartbeat_ms >= 0)) BAD("--heartbeat-ms: must be >= 0");
+  p.router_heartbeat_ms = heartbeat_ms;
 #define OVR(flag, v, dst)                                  \
   do {                                                     \
     if ((v) != -1) {                                       \

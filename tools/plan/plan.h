@@ -62,6 +62,11 @@ typedef struct {
   double pf_cv, dc_cv;
   /* fixed latency a request sees outside the workers' compute (router, hops, relay) */
   double ttft_overhead_ms, itl_overhead_ms;
+  /* the router's view of prefill load (router/registry.c rt_choose_prefill): each worker's
+   * queued prompt tokens as of its last heartbeat, plus what the router sent it since (cleared
+   * by the heartbeat, less each Prefill that returned). 0 = an exact view (k3pd-plan sets the
+   * router's default, 500 ms, unless --heartbeat-ms says otherwise). */
+  double router_heartbeat_ms;
   pl_prefill_cfg_t pf;
   pl_decode_cfg_t dc;
   char source[256]; /* free text: where the figures came from */

@@ -313,6 +313,36 @@ START_TEST(test_prefill_table_fit) {
 }
 END_TEST
 
+/* The router's stale view of prefill queues (heartbeat 90 ms, two prefill workers: w0 beats at
+ * 30, w1 at 60, then every 90). 1 ms per token, chunk 64, output 1, no handoff time.
+ *   A (100 tokens) at 0 → w0 (tie), passes 0..64..100; w0's beat at 30 reports 100 queued.
+ *   B (10) at 40 → w1 (w0 seen at 100), 40..50; w1's beat at 60 reports 0.
+ *   C (10) at 105: exact view: both idle, tie → w0. Stale: w0 still seen at 100 (its beat at 30;
+ *   A's Prefill returned at 100 and took back only what was sent since) → w1, 105..115.
+ *   D (50) at 106: exact → w1 (w0 holds C), 106..156. Stale: w1 seen at 0 + 10 sent, w0 at
+ *   100 → w1, behind C: 115..165. */
+START_TEST(test_router_stale_view) {
+  pl_profile_t p = simple();
+  double at[] = {0, 40, 105, 106};
+  int64_t pr[] = {100, 10, 10, 50}, out[] = {1, 1, 1, 1};
+  traces_t tr = {0};
+  run_fixed(&p, 2, 1, at, pr, out, 4, &tr);
+  ck_assert_int_eq(tr.t[1].prefill, 1);
+  ck_assert_int_eq(tr.t[2].prefill, 0);
+  ck_assert_int_eq(tr.t[3].prefill, 1);
+  ck_assert_double_eq_tol(tr.t[3].t_first_ms, 156, 1e-9);
+  p.router_heartbeat_ms = 90;
+  memset(&tr, 0, sizeof tr);
+  pl_result_t r = run_fixed(&p, 2, 1, at, pr, out, 4, &tr);
+  ck_assert_int_eq(tr.t[1].prefill, 1);
+  ck_assert_int_eq(tr.t[2].prefill, 1);
+  ck_assert_int_eq(tr.t[3].prefill, 1);
+  ck_assert_double_eq_tol(tr.t[2].t_first_ms, 115, 1e-9);
+  ck_assert_double_eq_tol(tr.t[3].t_first_ms, 165, 1e-9);
+  ck_assert_double_eq_tol(r.sim_end_ms, 165, 1e-9); /* heartbeats do not outlive the work */
+}
+END_TEST
+
 START_TEST(test_bad_cluster) {
   pl_profile_t p = simple();
   pl_cluster_t c = {0, 1, 0};
@@ -340,6 +370,7 @@ int main(void) {
   tcase_add_test(tc, test_bad_cluster);
   tcase_add_test(tc, test_prefill_table_cost);
   tcase_add_test(tc, test_prefill_table_fit);
+  tcase_add_test(tc, test_router_stale_view);
   tcase_add_test(tc, test_percentiles_match_bench);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
