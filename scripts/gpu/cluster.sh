@@ -293,8 +293,9 @@ part_faults() {
 # plan: k3pd-plan against k3pd-bench on this host's workers (issue 22 item 4). A cost profile
 # measured on a 1P+1D cluster (k3pd-bench --profile with both roles' /metrics), then for each
 # configuration a fresh cluster, a closed-loop warm-up, and k3pd-bench open-loop at three rates
-# (seeded: k3pd-plan replays the same requests at the same offsets). The rates are fractions of
-# one prefill worker's capacity as the profile prices the workload's mean prompt. Everything
+# (seeded: k3pd-plan replays the same requests at the same offsets). The rates are 0.2, 0.4 and
+# 0.6 of the requests per second one prefill + one decode worker serve on their own, the mean
+# request priced by the profile (its decode steps at a batch of 4): on one GPU the roles share it. Everything
 # lands in LOGDIR/plan (profile-MODEL.json, bench-MODEL-PxD-rR.json: tests/plan/validate.py
 # --replan re-predicts them anywhere); with python3 and k3pd-plan here the table is printed.
 # Environment: K3PD_PLAN_S (seconds per rate), K3PD_PLAN_CONFIGS ("1x1 2x2"), K3PD_PLAN_RATES
@@ -325,12 +326,15 @@ part_plan() {
   [ $rc = 0 ] && [ -s "$d/profile-$tag.json" ] && ok "plan: profile measured ($(tail -1 "$d/profile-$tag.log" | cut -c1-400))" \
     || { bad "plan: k3pd-bench --profile failed ($rc): $(tail -2 "$d/profile-$tag.log" | tr '\n' ' ')"; return; }
   local rates=${K3PD_PLAN_RATES:-}
-  if [ -z "$rates" ]; then # 0.15, 0.3 and 0.5 of one prefill worker's capacity at the mean prompt
-    local lo=${prompts%..*} hi=${prompts#*..}
-    rates=$(awk -v L=$(((lo + hi) / 2)) -v C=$chunk '
+  if [ -z "$rates" ]; then # 0.2, 0.4 and 0.6 of what one P + one D can serve (on one GPU: share)
+    local lo=${prompts%..*} hi=${prompts#*..} olo=${outs%..*} ohi=${outs#*..}
+    rates=$(awk -v L=$(((lo + hi) / 2)) -v N=$(((olo + ohi) / 2)) -v C=$chunk '
       /"pass_fixed_ms"/ {f = $2 + 0} /"pass_per_seq_ms"/ {s = $2 + 0} /"pass_per_token_ms"/ {t = $2 + 0}
-      END { n = int((L + C - 1) / C); ms = n * (f + s) + t * L; if (ms <= 0) ms = 100
-            split("0.15 0.3 0.5", u, " ")
+      /"step_fixed_ms"/ {df = $2 + 0} /"step_per_seq_ms"/ {ds = $2 + 0} /"step_per_kilo_token_context_ms"/ {dk = $2 + 0}
+      END { n = int((L + C - 1) / C); ms = n * (f + s) + t * L   # the mean prompt alone
+            ms += N * (df / 4 + ds + dk * (L + N / 2) / 1000)     # its tokens in steps of 4
+            if (ms <= 0) ms = 100
+            split("0.2 0.4 0.6", u, " ")
             for (i = 1; i <= 3; i++) { r = u[i] * 1000 / ms; if (r > 40) r = 40; if (r < 0.2) r = 0.2
                                        printf "%s%.1f", (i > 1 ? " " : ""), r } }' "$d/profile-$tag.json")
   fi
