@@ -123,6 +123,9 @@ def main():
     ap.add_argument("--profile-args", default="", help="extra k3pd-bench --profile flags")
     ap.add_argument("--host-cores", type=int, default=os.cpu_count(),
                     help="also predict with k3pd-plan --host-cores N (all workers share this host's cores); 0 = off")
+    ap.add_argument("--profile-each", action="store_true",
+                    help="measure a profile on each configuration's own cluster (its worker processes, metrics on) "
+                    "and predict its cells with it, instead of one profile per preset from a separate 1x1")
     ap.add_argument("--replan", action="store_true",
                     help="do not run clusters: recompute the predictions for the bench results already in --out")
     ap.add_argument("--plan-args", default="", help="extra k3pd-plan flags (e.g. \"--prefill-cost line\")")
@@ -139,9 +142,11 @@ def main():
     rows = []
     if a.replan:
         for preset in a.presets.split(","):
-            prof = os.path.join(out, f"profile-{preset}.json")
             for cfg in a.configs.split(","):
                 P, D = (int(x) for x in cfg.split("x"))
+                prof = os.path.join(out, f"profile-{preset}-{cfg}.json")
+                if not os.path.exists(prof):
+                    prof = os.path.join(out, f"profile-{preset}.json")
                 for rate in a.rates.split(","):
                     wl = ["--prompt-len", a.prompt_len, "--output-len", a.output_len, "--seed", str(a.seed)]
                     cell(a, build, out, prof, preset, cfg, P, D, rate, wl, rows)
@@ -153,22 +158,19 @@ def main():
                    os.path.join(out, f"mkckpt-{preset}.log")):
                 raise RuntimeError(f"mkckpt {preset} failed")
         prof = os.path.join(out, f"profile-{preset}.json")
-        if not os.path.exists(prof):
+        if not a.profile_each and not os.path.exists(prof):
             c = Cluster(build, model, 1, 1, os.path.join(out, f"logs-{preset}-profile"), metrics=True)
             try:
-                argv = [f"{build}/tools/bench/k3pd-bench", "--router", c.router, "--model", model, "--profile", prof,
-                        "--profile-prefill-metrics", ",".join(c.metrics["prefill"]),
-                        "--profile-decode-metrics", ",".join(c.metrics["decode"])] + a.profile_args.split()
-                rc = run(argv, 1800, os.path.join(out, f"profile-{preset}.log"))
-                if rc:
-                    raise RuntimeError(f"k3pd-bench --profile failed ({rc}); see {out}/profile-{preset}.log")
+                measure_profile(a, build, model, c, prof)
             finally:
                 c.stop()
-        print(open(os.path.join(out, f"profile-{preset}.log")).read().strip().splitlines()[-1], flush=True)
         for cfg in a.configs.split(","):
             P, D = (int(x) for x in cfg.split("x"))
-            c = Cluster(build, model, P, D, os.path.join(out, f"logs-{preset}-{cfg}"))
+            c = Cluster(build, model, P, D, os.path.join(out, f"logs-{preset}-{cfg}"), metrics=a.profile_each)
             try:
+                if a.profile_each:
+                    prof = os.path.join(out, f"profile-{preset}-{cfg}.json")
+                    measure_profile(a, build, model, c, prof)
                 for rate in a.rates.split(","):
                     tag = f"{preset}-{cfg}-r{rate}"
                     bj, pj = os.path.join(out, f"bench-{tag}.json"), os.path.join(out, f"plan-{tag}.json")
@@ -183,6 +185,18 @@ def main():
             finally:
                 c.stop()
     return finish(rows, out, a)
+
+
+def measure_profile(a, build, model, c, prof):
+    """k3pd-bench --profile on cluster c (started with metrics), written to prof."""
+    log = prof[:-len(".json")] + ".log"
+    argv = [f"{build}/tools/bench/k3pd-bench", "--router", c.router, "--model", model, "--profile", prof,
+            "--profile-prefill-metrics", ",".join(c.metrics["prefill"]),
+            "--profile-decode-metrics", ",".join(c.metrics["decode"])] + a.profile_args.split()
+    rc = run(argv, 1800, log)
+    if rc:
+        raise RuntimeError(f"k3pd-bench --profile failed ({rc}); see {log}")
+    print(open(log).read().strip().splitlines()[-1], flush=True)
 
 
 def cell(a, build, out, prof, preset, cfg, P, D, rate, wl, rows):
