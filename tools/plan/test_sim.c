@@ -5,8 +5,10 @@
  * fixed seed, no clocks. */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plan.h"
 
@@ -321,6 +323,42 @@ END_TEST
  *   A's Prefill returned at 100 and took back only what was sent since) → w1, 105..115.
  *   D (50) at 106: exact → w1 (w0 holds C), 106..156. Stale: w1 seen at 0 + 10 sent, w0 at
  *   100 → w1, behind C: 115..165. */
+/* A profile written before the table existed (only fit.points) gets the table the same rows
+ * give; saving writes the table's fields and reading them back gives the same table. */
+START_TEST(test_profile_table_compat) {
+  char path[] = "/tmp/k3pd-plan-test-XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  FILE *f = fdopen(fd, "w");
+  fputs("{\"schema\": \"k3pd-profile/1\", \"prefill\": {\"pass_per_token_ms\": 3},\n"
+        " \"fit\": {\"points\": [\n"
+        "  {\"kind\": \"prefill_pass_sum\", \"x\": [1, 1, 64, 0], \"y_ms\": 200},\n"
+        "  {\"kind\": \"decode_step\", \"x\": [1, 1, 0.1], \"y_ms\": 7},\n"
+        "  {\"kind\": \"prefill_pass_sum\", \"x\": [1, 1, 16, 0], \"y_ms\": 50},\n"
+        "  {\"kind\": \"prefill_pass_sum\", \"x\": [10, 20, 320, 0], \"y_ms\": 800}]}}\n",
+        f);
+  fclose(f);
+  pl_profile_t p;
+  pl_profile_default(&p);
+  char err[256];
+  ck_assert_int_eq(pl_profile_load(path, &p, err, sizeof err), 0);
+  ck_assert_int_eq(p.pf_tab_n, 2);
+  ck_assert_double_eq_tol(p.pf_tab_ms[0], 50, 1e-12);
+  ck_assert_double_eq_tol(p.pf_shared_ms, 20, 1e-9); /* (2 * 50 - 80) / 1 */
+  ck_assert_double_eq_tol(p.pf_per_token_ms, 3, 1e-12);
+  ck_assert_int_eq(pl_profile_save(path, &p, NULL, err, sizeof err), 0);
+  pl_profile_t q;
+  pl_profile_default(&q);
+  ck_assert_int_eq(pl_profile_load(path, &q, err, sizeof err), 0);
+  unlink(path);
+  ck_assert_int_eq(q.pf_tab_n, 2);
+  ck_assert_double_eq_tol(q.pf_tab_tok[1], 64, 1e-12);
+  ck_assert_double_eq_tol(q.pf_tab_ms[1], 200, 1e-9);
+  ck_assert_double_eq_tol(q.pf_shared_ms, 20, 1e-9);
+  ck_assert_double_eq_tol(pl_prefill_lone_ms(&q, 40), 125, 1e-9);
+}
+END_TEST
+
 START_TEST(test_router_stale_view) {
   pl_profile_t p = simple();
   double at[] = {0, 40, 105, 106};
@@ -371,6 +409,7 @@ int main(void) {
   tcase_add_test(tc, test_prefill_table_cost);
   tcase_add_test(tc, test_prefill_table_fit);
   tcase_add_test(tc, test_router_stale_view);
+  tcase_add_test(tc, test_profile_table_compat);
   tcase_add_test(tc, test_percentiles_match_bench);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
