@@ -261,7 +261,14 @@ def write_table(rows, f, v, title):
     errs = [r[k] for r in rows for k in r if k.startswith(v + ("" if v else "")) and k.endswith("_err")
             and (v or not k.startswith("shared_")) and r[k] is not None]
     ok = sum(1 for e in errs if abs(e) <= 0.2)
-    f.write(f"\n{ok} of {len(errs)} cells within 20 %.\n\n")
+    f.write(f"\n{ok} of {len(errs)} cells within 20 %.")
+    per = []
+    for m, q, name in (("ttft_ms", "p50", "TTFT p50"), ("ttft_ms", "p99", "TTFT p99"), ("itl_ms", "p50", "ITL p50"),
+                       ("itl_ms", "p99", "ITL p99")):
+        es = [r[f"{v}{m}_{q}_err"] for r in rows if r.get(f"{v}{m}_{q}_err") is not None]
+        if es:
+            per.append(f"{name} {sum(1 for e in es if abs(e) <= 0.2)}/{len(es)} (mean {sum(es) / len(es) * 100:+.0f} %)")
+    f.write(" By metric: " + ", ".join(per) + ".\n\n")
 
 
 if __name__ == "__main__":
