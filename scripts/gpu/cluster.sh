@@ -344,7 +344,7 @@ part_plan() {
     np=${cfg%x*} nd=${cfg#*x}
     if [ $((SECONDS - t0 + 3 * (S + 10) + 25)) -gt "$budget" ]; then echo "plan: $cfg skipped (budget ${budget} s)"; continue; fi
     up "plan-$cfg" "$m" "$np" "$nd" || { stop_all; continue; }
-    timeout 60 k3pd-bench --router "$ROUTER" --id-max "$idmax" --requests $((4 * (np + nd))) --concurrency $((np + nd)) \
+    timeout 60 k3pd-bench --router "$ROUTER" --id-max "$idmax" --requests $((8 * (np + nd))) --concurrency $((np + nd)) \
       --prompt-len "$prompts" --output-len "$outs" --seed 99 > "$d/warmup-$cfg.txt" 2>&1
     for r in $rates; do
       cells=$((cells + 1))

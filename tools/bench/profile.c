@@ -1,7 +1,8 @@
 /* k3pd-bench --profile: measures a running cluster and writes the cost profile k3pd-plan
  * simulates with (schema "k3pd-profile/1", docs/plan.md "Profile").
  *
- * Phases, each a closed-loop run through the normal load generator (load.c):
+ * Phases, each a closed-loop run through the normal load generator (load.c), each point after
+ * --profile-warmup unmeasured rounds of its own shape (warm()):
  *   1. prefill, concurrency 1, one output token, for each --profile-prompts length L
  *      (--profile-repeats requests each): a prompt alone, ceil(L / chunk) passes;
  *   2. prefill batched: concurrency 4, short prompts (<= one chunk), one output token: passes
@@ -149,6 +150,16 @@ static int phase(const bn_workload_t *w0, const bn_profile_opts_t *o, uint32_t L
   return 0;
 }
 
+/* The point's shape once more, unmeasured, before its measured run (o->warmup rounds): on CUDA
+ * the first call of a shape loads its kernels lazily and sizes workspaces, which on the H200
+ * made a lone 64-token prompt cost 65 ms where a warm one costs ~6 ms. */
+static int warm(const bn_workload_t *w, const bn_profile_opts_t *o, uint32_t L, uint32_t N, int c, uint64_t seed,
+                char *err, size_t errlen) {
+  phase_t ph;
+  return o->warmup > 0 ? phase(w, o, L, N, c, (uint64_t)c * (uint64_t)o->warmup, seed ^ 0x5bd1e995u, &ph, err, errlen)
+                       : 0;
+}
+
 /* Σ over a lone prompt's chunks of take * (tokens before it), and its pass count. */
 static double chunk_ctx(int64_t L, int64_t C, int *passes) {
   double s = 0;
@@ -225,7 +236,7 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
   /* 1. prompts alone */
   for (int i = 0; i < nL && !rc; i++) {
     phase_t ph;
-    if ((rc = snap(o, &a, err, errlen)) ||
+    if ((rc = warm(w, o, (uint32_t)Ls[i], 1, 1, seed, err, errlen)) || (rc = snap(o, &a, err, errlen)) ||
         (rc = phase(w, o, (uint32_t)Ls[i], 1, 1, (uint64_t)R, seed++, &ph, err, errlen)) ||
         (rc = snap(o, &b, err, errlen)))
       break;
@@ -258,7 +269,7 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
     int Ls_short = Ls[0] < C ? Ls[0] : (int)C;
     int n = 4 * R;
     phase_t ph;
-    if (!(rc = snap(o, &a, err, errlen)) &&
+    if (!(rc = warm(w, o, (uint32_t)Ls_short, 1, 4, seed, err, errlen)) && !(rc = snap(o, &a, err, errlen)) &&
         !(rc = phase(w, o, (uint32_t)Ls_short, 1, 4, (uint64_t)n, seed++, &ph, err, errlen)) &&
         !(rc = snap(o, &b, err, errlen))) {
       double passes = b.v[M_FWD_COUNT] - a.v[M_FWD_COUNT];
@@ -278,7 +289,7 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
     for (int j = 0; j < 2 && !rc; j++) {
       int c = Bs[i], N = o->decode_output;
       phase_t ph;
-      if ((rc = snap(o, &a, err, errlen)) ||
+      if ((rc = warm(w, o, (uint32_t)dl[j], (uint32_t)N, c, seed, err, errlen)) || (rc = snap(o, &a, err, errlen)) ||
           (rc = phase(w, o, (uint32_t)dl[j], (uint32_t)N, c, (uint64_t)(R * c), seed++, &ph, err, errlen)) ||
           (rc = snap(o, &b, err, errlen)))
         break;
