@@ -238,7 +238,7 @@ def finish(rows, out, a):
     with open(path, "w") as f:
         write_table(rows, f, "", "each worker on its own hardware (k3pd-plan default)")
         if a.host_cores:
-            write_table(rows, f, "shared_", f"all workers sharing this host's {a.host_cores} cores (--host-cores)")
+            write_table(rows, f, "shared_", f"all workers sharing {a.host_cores} cores, or GPUs, of one host (--host-cores {a.host_cores})")
     print(open(path).read())
     return 0
 
