@@ -30,9 +30,11 @@
 #   medium   the full medium preset (85.3 GiB of weights, one shared copy): correctness, TTFT of
 #            an 8K prompt, inter-token latency at 1 and 32 streams next to k3pd-generate --perf,
 #            a mixed Poisson load at three rates with each worker's GPU memory
+#   plan     k3pd-plan vs k3pd-bench: a profile measured here, then 1x1 and 2x2 (one GPU) at three
+#            rates, the comparison table (tests/plan/validate.py --replan; see part_plan)
 # Output: PASS/FAIL lines, figures, a summary; exit status 0 when every check passed.
 # Environment: K3PD_GPU (device, default 0), K3PD_BACKEND (default cuda; cpu-fast runs the
-# correct/conc/faults parts on the CPU to check this script itself), K3PD_MIXED_S (seconds per
+# correct/conc/faults/plan parts on the CPU to check this script itself), K3PD_MIXED_S (seconds per
 # mixed-load rate, default 40), K3PD_MIXED_RATES (default "0.25 0.5 1"), K3PD_MEDIUM_PERF=0
 # (the medium part checks correctness only), K3PD_PREFIX_USERS / K3PD_PREFIX_SYSTEM /
 # K3PD_PREFIX_CHAT_SYSTEM (the prefix part's sizes: 64, 2048, 1024; smaller for the CPU self-test).
@@ -361,6 +363,85 @@ part_prefix() {
     off=$(grep -ho "later: p50 [0-9.]*" "$logdir/prefix-off/$w.txt" | awk '{print $3}')
     [ -n "$on" ] && [ -n "$off" ] && echo "prefix: $w: later TTFT p50 $off ms off, $on ms on: $(awk -v a="$off" -v b="$on" 'BEGIN {printf "%.1fx", a / b}') lower"
   done
+}
+
+# plan: k3pd-plan against k3pd-bench on this host's workers (issue 22 item 4). A cost profile
+# measured on a 1P+1D cluster (k3pd-bench --profile with both roles' /metrics), then for each
+# configuration a fresh cluster, a closed-loop warm-up, and k3pd-bench open-loop at three rates
+# (seeded: k3pd-plan replays the same requests at the same offsets). The rates are 0.2, 0.4 and
+# 0.6 of the requests per second one prefill + one decode worker serve on their own, the mean
+# request priced by the profile (its decode steps at a batch of 4): on one GPU the roles share it. Everything
+# lands in LOGDIR/plan (profile-MODEL.json, bench-MODEL-PxD-rR.json: tests/plan/validate.py
+# --replan re-predicts them anywhere); with python3 and k3pd-plan here the table is printed.
+# Environment: K3PD_PLAN_S (seconds per rate), K3PD_PLAN_CONFIGS ("1x1 2x2"), K3PD_PLAN_RATES
+# (req/s, instead of the derived ones), K3PD_PLAN_BUDGET_S (wall seconds for the part: cells
+# that would end past it are skipped, 200).
+part_plan() {
+  local t0=$SECONDS d=$logdir/plan tag m prompts outs pprompts pbatches idmax chunk=256
+  local S=${K3PD_PLAN_S:-10} budget=${K3PD_PLAN_BUDGET_S:-200}
+  mkdir -p "$d"
+  if [ "$backend" = cuda ]; then
+    m=$cfg4 tag=k3-4l prompts=256..2048 outs=16..64 pprompts=64,128,256,512,1024,2048 pbatches=1,4,16 idmax=150000
+  else # the script's own check on the CPU: small and short
+    m=tiny tag=tiny prompts=16..64 outs=8..16 pprompts=16,32,64 pbatches=1,2 idmax=4000
+  fi
+  PARGS="--metrics-port 0 --metrics-host 127.0.0.1" up plan-profile "$m" 1 1 || { stop_all; return; }
+  local pm i
+  for i in $(seq 100); do
+    pm=$(grep -ho "metrics on port [0-9]*" "$logdir/plan-profile/prefill-0.log" | awk '{print "127.0.0.1:" $4}')
+    [ -n "$pm" ] && break
+    sleep 0.1
+  done
+  timeout 150 k3pd-bench --router "$ROUTER" --id-max "$idmax" --profile "$d/profile-$tag.json" \
+    --profile-prefill-metrics "$pm" --profile-decode-metrics "127.0.0.1:${DEC_METRICS[0]}" \
+    --profile-prompts "$pprompts" --profile-batches "$pbatches" --profile-repeats 3 --profile-chunk "$chunk" \
+    > "$d/profile-$tag.log" 2>&1
+  local rc=$?
+  stop_all
+  [ $rc = 0 ] && [ -s "$d/profile-$tag.json" ] && ok "plan: profile measured ($(tail -1 "$d/profile-$tag.log" | cut -c1-400))" \
+    || { bad "plan: k3pd-bench --profile failed ($rc): $(tail -2 "$d/profile-$tag.log" | tr '\n' ' ')"; return; }
+  local rates=${K3PD_PLAN_RATES:-}
+  if [ -z "$rates" ]; then # 0.2, 0.4 and 0.6 of what one P + one D can serve (on one GPU: share)
+    local lo=${prompts%..*} hi=${prompts#*..} olo=${outs%..*} ohi=${outs#*..}
+    rates=$(awk -v L=$(((lo + hi) / 2)) -v N=$(((olo + ohi) / 2)) -v C=$chunk '
+      /"pass_fixed_ms"/ {f = $2 + 0} /"pass_per_seq_ms"/ {s = $2 + 0} /"pass_per_token_ms"/ {t = $2 + 0}
+      /"step_fixed_ms"/ {df = $2 + 0} /"step_per_seq_ms"/ {ds = $2 + 0} /"step_per_kilo_token_context_ms"/ {dk = $2 + 0}
+      END { n = int((L + C - 1) / C); ms = n * (f + s) + t * L   # the mean prompt alone
+            ms += N * (df / 4 + ds + dk * (L + N / 2) / 1000)     # its tokens in steps of 4
+            if (ms <= 0) ms = 100
+            split("0.2 0.4 0.6", u, " ")
+            for (i = 1; i <= 3; i++) { r = u[i] * 1000 / ms; if (r > 40) r = 40; if (r < 0.2) r = 0.2
+                                       printf "%s%.1f", (i > 1 ? " " : ""), r } }' "$d/profile-$tag.json")
+  fi
+  echo "plan: rates $rates req/s, $S s each, prompts $prompts, outputs $outs"
+  local cfg np nd r cells=0 done_cells=0
+  for cfg in ${K3PD_PLAN_CONFIGS:-1x1 2x2}; do
+    np=${cfg%x*} nd=${cfg#*x}
+    if [ $((SECONDS - t0 + 3 * (S + 10) + 25)) -gt "$budget" ]; then echo "plan: $cfg skipped (budget ${budget} s)"; continue; fi
+    up "plan-$cfg" "$m" "$np" "$nd" || { stop_all; continue; }
+    timeout 60 k3pd-bench --router "$ROUTER" --id-max "$idmax" --requests $((8 * (np + nd))) --concurrency $((np + nd)) \
+      --prompt-len "$prompts" --output-len "$outs" --seed 99 > "$d/warmup-$cfg.txt" 2>&1
+    for r in $rates; do
+      cells=$((cells + 1))
+      if [ $((SECONDS - t0 + S + 10)) -gt "$budget" ]; then echo "plan: $cfg at $r req/s skipped (budget)"; continue; fi
+      local bj=$d/bench-$tag-$cfg-r$r.json
+      rm -f "$bj"
+      timeout $((S + 40)) k3pd-bench --router "$ROUTER" --id-max "$idmax" --rate "$r" --duration "$S" \
+        --prompt-len "$prompts" --output-len "$outs" --seed 1 --timeout-ms 30000 --json "$bj" --label "$tag-$cfg-r$r" \
+        > "$d/bench-$tag-$cfg-r$r.txt" 2>&1
+      if [ -s "$bj" ]; then done_cells=$((done_cells + 1)); echo "plan: $cfg $r req/s: $(grep -hE 'TTFT|inter-token' "$d/bench-$tag-$cfg-r$r.txt" | tr -s ' ' | tr '\n' ' ')"
+      else bad "plan: k3pd-bench $cfg at $r req/s wrote no result ($(tail -1 "$d/bench-$tag-$cfg-r$r.txt"))"; fi
+    done
+    stop_all
+  done
+  [ "$done_cells" -gt 0 ] && ok "plan: $done_cells of $cells cells measured in $((SECONDS - t0)) s"
+  if command -v python3 > /dev/null && command -v k3pd-plan > /dev/null; then
+    local cl; cl=$(echo ${K3PD_PLAN_CONFIGS:-1x1 2x2} | tr ' ' ,)
+    timeout 120 python3 "$root/tests/plan/validate.py" --replan --out "$d" --presets "$tag" --configs "$cl" \
+      --rates "$(echo $rates | tr ' ' ,)" --prompt-len "$prompts" --output-len "$outs" --duration "$S" \
+      --host-cores 1 --plan-bin "$(command -v k3pd-plan)" > "$d/validate.txt" 2>&1
+    grep -E "^\||cells within" "$d/validate.txt"
+  else echo "plan: no python3 or k3pd-plan here: predict with tests/plan/validate.py --replan --out $d"; fi
 }
 
 part_medium() {

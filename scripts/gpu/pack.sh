@@ -2,7 +2,7 @@
 # Builds the whole cluster with CUDA on this (Debian 12, no GPU) machine and packs everything
 # the GPU host lacks into one tarball (C-STACK.md §8: the GPU host has CUDA, NCCL and the driver
 # but no grpc, libuv, protobuf-c, check, or a CUDA-enabled UCX, and no network):
-#   bin/  k3pd-router k3pd-prefill k3pd-decode k3pd-cli k3pd-bench k3pd-generate k3pd-mkckpt
+#   bin/  k3pd-router k3pd-prefill k3pd-decode k3pd-cli k3pd-bench k3pd-plan k3pd-generate k3pd-mkckpt
 #         k3pd-xfer-bench k3pd-null-worker (scripts/bench/router_capacity.sh) and the GPU test
 #         programs (k3k-gpu-*, test_kernels), every one with RPATH
 #         $ORIGIN/../lib (DT_RPATH: it also serves their libraries' dependencies)
@@ -39,7 +39,7 @@ stage=$work/stage
 rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib/ucx"
 for b in router/k3pd-router prefill_worker/k3pd-prefill decode_worker/k3pd-decode tools/cli/k3pd-cli \
-         tools/bench/k3pd-bench tools/generate/k3pd-generate tools/mkckpt/k3pd-mkckpt \
+         tools/bench/k3pd-bench tools/plan/k3pd-plan tools/generate/k3pd-generate tools/mkckpt/k3pd-mkckpt \
          tools/xfer-bench/k3pd-xfer-bench tools/nullworker/k3pd-null-worker; do
   cp "$work/cmake/$b" "$stage/bin/"
 done

@@ -10,6 +10,8 @@ p50/p99 TTFT and inter-token latency with the relative error of each cell.
 
 usage: tests/plan/validate.py [--build build] [--presets tiny,tiny-48b] [--configs 1x1,2x2]
                               [--rates 0.5,1,2] [--duration 40] [--out DIR]
+       tests/plan/validate.py --replan --out DIR ... (re-predicts stored bench results: those of
+                              scripts/gpu/cluster.sh's plan part too, named the same way)
 Every process it starts is stopped (SIGTERM, then SIGKILL after 5 s) by pid, also on errors.
 Every wait has a deadline. Results land in DIR (default a new /tmp/k3pd-plan-validate.*):
 profile-PRESET.json, bench/plan JSON per cell, table.md.
@@ -121,8 +123,14 @@ def main():
     ap.add_argument("--profile-args", default="", help="extra k3pd-bench --profile flags")
     ap.add_argument("--host-cores", type=int, default=os.cpu_count(),
                     help="also predict with k3pd-plan --host-cores N (all workers share this host's cores); 0 = off")
+    ap.add_argument("--profile-each", action="store_true",
+                    help="measure a profile on each configuration's own cluster (its worker processes, metrics on) "
+                    "and predict its cells with it, instead of one profile per preset from a separate 1x1")
     ap.add_argument("--replan", action="store_true",
                     help="do not run clusters: recompute the predictions for the bench results already in --out")
+    ap.add_argument("--plan-args", default="", help="extra k3pd-plan flags (e.g. \"--prefill-cost line\")")
+    ap.add_argument("--plan-bin", default=None, help="the k3pd-plan binary (default BUILD/tools/plan/k3pd-plan; "
+                    "scripts/gpu/cluster.sh's plan part passes the bundle's)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.replan and not a.out:
@@ -134,9 +142,11 @@ def main():
     rows = []
     if a.replan:
         for preset in a.presets.split(","):
-            prof = os.path.join(out, f"profile-{preset}.json")
             for cfg in a.configs.split(","):
                 P, D = (int(x) for x in cfg.split("x"))
+                prof = os.path.join(out, f"profile-{preset}-{cfg}.json")
+                if not os.path.exists(prof):
+                    prof = os.path.join(out, f"profile-{preset}.json")
                 for rate in a.rates.split(","):
                     wl = ["--prompt-len", a.prompt_len, "--output-len", a.output_len, "--seed", str(a.seed)]
                     cell(a, build, out, prof, preset, cfg, P, D, rate, wl, rows)
@@ -148,22 +158,19 @@ def main():
                    os.path.join(out, f"mkckpt-{preset}.log")):
                 raise RuntimeError(f"mkckpt {preset} failed")
         prof = os.path.join(out, f"profile-{preset}.json")
-        if not os.path.exists(prof):
+        if not a.profile_each and not os.path.exists(prof):
             c = Cluster(build, model, 1, 1, os.path.join(out, f"logs-{preset}-profile"), metrics=True)
             try:
-                argv = [f"{build}/tools/bench/k3pd-bench", "--router", c.router, "--model", model, "--profile", prof,
-                        "--profile-prefill-metrics", ",".join(c.metrics["prefill"]),
-                        "--profile-decode-metrics", ",".join(c.metrics["decode"])] + a.profile_args.split()
-                rc = run(argv, 1800, os.path.join(out, f"profile-{preset}.log"))
-                if rc:
-                    raise RuntimeError(f"k3pd-bench --profile failed ({rc}); see {out}/profile-{preset}.log")
+                measure_profile(a, build, model, c, prof)
             finally:
                 c.stop()
-        print(open(os.path.join(out, f"profile-{preset}.log")).read().strip().splitlines()[-1], flush=True)
         for cfg in a.configs.split(","):
             P, D = (int(x) for x in cfg.split("x"))
-            c = Cluster(build, model, P, D, os.path.join(out, f"logs-{preset}-{cfg}"))
+            c = Cluster(build, model, P, D, os.path.join(out, f"logs-{preset}-{cfg}"), metrics=a.profile_each)
             try:
+                if a.profile_each:
+                    prof = os.path.join(out, f"profile-{preset}-{cfg}.json")
+                    measure_profile(a, build, model, c, prof)
                 for rate in a.rates.split(","):
                     tag = f"{preset}-{cfg}-r{rate}"
                     bj, pj = os.path.join(out, f"bench-{tag}.json"), os.path.join(out, f"plan-{tag}.json")
@@ -180,6 +187,18 @@ def main():
     return finish(rows, out, a)
 
 
+def measure_profile(a, build, model, c, prof):
+    """k3pd-bench --profile on cluster c (started with metrics), written to prof."""
+    log = prof[:-len(".json")] + ".log"
+    argv = [f"{build}/tools/bench/k3pd-bench", "--router", c.router, "--model", model, "--profile", prof,
+            "--profile-prefill-metrics", ",".join(c.metrics["prefill"]),
+            "--profile-decode-metrics", ",".join(c.metrics["decode"])] + a.profile_args.split()
+    rc = run(argv, 1800, log)
+    if rc:
+        raise RuntimeError(f"k3pd-bench --profile failed ({rc}); see {log}")
+    print(open(log).read().strip().splitlines()[-1], flush=True)
+
+
 def cell(a, build, out, prof, preset, cfg, P, D, rate, wl, rows):
     """Predicts one measured cell (own hardware, and on a shared host when --host-cores)."""
     tag = f"{preset}-{cfg}-r{rate}"
@@ -193,8 +212,9 @@ def cell(a, build, out, prof, preset, cfg, P, D, rate, wl, rows):
         if extra is None:
             continue
         pj = os.path.join(out, f"plan-{variant}{tag}.json")
-        rc = run([f"{build}/tools/plan/k3pd-plan", "--profile", prof, "--rate", rate, "--duration", str(a.duration),
-                  "--warmup", "0", "--prefill", str(P), "--decode", str(D), "--json", pj] + wl + extra, 600,
+        rc = run([a.plan_bin or f"{build}/tools/plan/k3pd-plan", "--profile", prof, "--rate", rate, "--duration", str(a.duration),
+                  "--warmup", "0", "--prefill", str(P), "--decode", str(D), "--json", pj] + wl + extra
+                 + a.plan_args.split(), 600,
                  os.path.join(out, f"plan-{variant}{tag}.log"))
         if rc:
             print(f"validate: {tag}: k3pd-plan {variant or 'own'} failed ({rc}); skipped", flush=True)
@@ -218,7 +238,7 @@ def finish(rows, out, a):
     with open(path, "w") as f:
         write_table(rows, f, "", "each worker on its own hardware (k3pd-plan default)")
         if a.host_cores:
-            write_table(rows, f, "shared_", f"all workers sharing this host's {a.host_cores} cores (--host-cores)")
+            write_table(rows, f, "shared_", f"all workers sharing {a.host_cores} cores, or GPUs, of one host (--host-cores {a.host_cores})")
     print(open(path).read())
     return 0
 
@@ -241,7 +261,14 @@ def write_table(rows, f, v, title):
     errs = [r[k] for r in rows for k in r if k.startswith(v + ("" if v else "")) and k.endswith("_err")
             and (v or not k.startswith("shared_")) and r[k] is not None]
     ok = sum(1 for e in errs if abs(e) <= 0.2)
-    f.write(f"\n{ok} of {len(errs)} cells within 20 %.\n\n")
+    f.write(f"\n{ok} of {len(errs)} cells within 20 %.")
+    per = []
+    for m, q, name in (("ttft_ms", "p50", "TTFT p50"), ("ttft_ms", "p99", "TTFT p99"), ("itl_ms", "p50", "ITL p50"),
+                       ("itl_ms", "p99", "ITL p99")):
+        es = [r[f"{v}{m}_{q}_err"] for r in rows if r.get(f"{v}{m}_{q}_err") is not None]
+        if es:
+            per.append(f"{name} {sum(1 for e in es if abs(e) <= 0.2)}/{len(es)} (mean {sum(es) / len(es) * 100:+.0f} %)")
+    f.write(" By metric: " + ", ".join(per) + ".\n\n")
 
 
 if __name__ == "__main__":

@@ -243,6 +243,8 @@ typedef struct {
   int repeats;                 /* requests per prefill point; decode points send repeats * c */
   int decode_output;           /* output tokens of the decode phase's requests */
   int64_t chunk;               /* the prefill workers' --prefill-chunk */
+  int warmup;                  /* unmeasured rounds of each point before it is measured (CUDA: the
+                                  first call of a shape loads its kernels) */
   uint32_t timeout_ms;
 } bn_profile_opts_t;
 

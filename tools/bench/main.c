@@ -39,7 +39,7 @@ int main(int argc, char **argv) {
   double rate = 0, duration = 0, temperature = 0, top_p = 1;
   bool verify = false, ignore_eos = true;
   bn_profile_opts_t po = {.prompts = "16,64,128,256", .batches = "1,2,4,8", .repeats = 4, .decode_output = 32,
-                          .chunk = 256};
+                          .chunk = 256, .warmup = 1};
   int64_t pchunk = 256;
   k3_flag_t flags[] = {
       {"router", K3_FLAG_STR, &router, "HOST:PORT", "the router's public address", true},
@@ -88,6 +88,9 @@ int main(int argc, char **argv) {
       {"profile-output", K3_FLAG_INT, &po.decode_output, "N", "output tokens per decode-phase request (default 32)",
        false},
       {"profile-chunk", K3_FLAG_I64, &pchunk, "N", "the prefill workers' --prefill-chunk (default 256)", false},
+      {"profile-warmup", K3_FLAG_INT, &po.warmup, "N", "unmeasured rounds of each point before measuring it: a "
+       "request per prefill point, concurrency x N per decode point (default 1; CUDA loads a shape's kernels on "
+       "its first call)", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug (default warn)", false},
   };
   k3_flags_info_t info = {.prog = "k3pd-bench",
@@ -171,8 +174,9 @@ int main(int argc, char **argv) {
   w.id_max = id_max ? (uint32_t)id_max : 256;
 
   if (po.out) {
-    if (po.repeats < 1 || po.decode_output < 2 || pchunk < 1)
-      BAD("--profile-repeats >= 1, --profile-output >= 2 and --profile-chunk >= 1 are required");
+    if (po.repeats < 1 || po.decode_output < 2 || pchunk < 1 || po.warmup < 0)
+      BAD("--profile-repeats >= 1, --profile-output >= 2, --profile-chunk >= 1 and --profile-warmup >= 0 are "
+          "required");
     po.router = router;
     po.chunk = pchunk;
     po.timeout_ms = (uint32_t)timeout_ms;

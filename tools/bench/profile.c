@@ -1,7 +1,8 @@
 /* k3pd-bench --profile: measures a running cluster and writes the cost profile k3pd-plan
  * simulates with (schema "k3pd-profile/1", docs/plan.md "Profile").
  *
- * Phases, each a closed-loop run through the normal load generator (load.c):
+ * Phases, each a closed-loop run through the normal load generator (load.c), each point after
+ * --profile-warmup unmeasured rounds of its own shape (warm()):
  *   1. prefill, concurrency 1, one output token, for each --profile-prompts length L
  *      (--profile-repeats requests each): a prompt alone, ceil(L / chunk) passes;
  *   2. prefill batched: concurrency 4, short prompts (<= one chunk), one output token: passes
@@ -18,6 +19,8 @@
  *
  * Fitted (bn_fit_lsq, non-negative):
  *   prefill pass ms = fixed + per_seq * seqs + per_token * tokens + per_kctx * Σ(take * ctx)/1000
+ *   and the table k3pd-plan prefers (pl_profile_fit_table: the lone single-pass prompts as
+ *   measured, the shared per-pass cost from phase 2, the context term from multi-pass prompts)
  *   decode step ms  = fixed + per_seq * batch + per_kctx * Σ ctx / 1000
  *   handoff bytes   = bytes_fixed + bytes_per_token * L
  *   with metrics, at concurrency 1: TTFT - compute = overhead + bytes / bandwidth (the time a
@@ -147,6 +150,16 @@ static int phase(const bn_workload_t *w0, const bn_profile_opts_t *o, uint32_t L
   return 0;
 }
 
+/* The point's shape once more, unmeasured, before its measured run (o->warmup rounds): on CUDA
+ * the first call of a shape loads its kernels lazily and sizes workspaces, which on the H200
+ * made a lone 64-token prompt cost 65 ms where a warm one costs ~6 ms. */
+static int warm(const bn_workload_t *w, const bn_profile_opts_t *o, uint32_t L, uint32_t N, int c, uint64_t seed,
+                char *err, size_t errlen) {
+  phase_t ph;
+  return o->warmup > 0 ? phase(w, o, L, N, c, (uint64_t)c * (uint64_t)o->warmup, seed ^ 0x5bd1e995u, &ph, err, errlen)
+                       : 0;
+}
+
 /* Σ over a lone prompt's chunks of take * (tokens before it), and its pass count. */
 static double chunk_ctx(int64_t L, int64_t C, int *passes) {
   double s = 0;
@@ -223,7 +236,7 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
   /* 1. prompts alone */
   for (int i = 0; i < nL && !rc; i++) {
     phase_t ph;
-    if ((rc = snap(o, &a, err, errlen)) ||
+    if ((rc = warm(w, o, (uint32_t)Ls[i], 1, 1, seed, err, errlen)) || (rc = snap(o, &a, err, errlen)) ||
         (rc = phase(w, o, (uint32_t)Ls[i], 1, 1, (uint64_t)R, seed++, &ph, err, errlen)) ||
         (rc = snap(o, &b, err, errlen)))
       break;
@@ -256,7 +269,7 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
     int Ls_short = Ls[0] < C ? Ls[0] : (int)C;
     int n = 4 * R;
     phase_t ph;
-    if (!(rc = snap(o, &a, err, errlen)) &&
+    if (!(rc = warm(w, o, (uint32_t)Ls_short, 1, 4, seed, err, errlen)) && !(rc = snap(o, &a, err, errlen)) &&
         !(rc = phase(w, o, (uint32_t)Ls_short, 1, 4, (uint64_t)n, seed++, &ph, err, errlen)) &&
         !(rc = snap(o, &b, err, errlen))) {
       double passes = b.v[M_FWD_COUNT] - a.v[M_FWD_COUNT];
@@ -276,7 +289,7 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
     for (int j = 0; j < 2 && !rc; j++) {
       int c = Bs[i], N = o->decode_output;
       phase_t ph;
-      if ((rc = snap(o, &a, err, errlen)) ||
+      if ((rc = warm(w, o, (uint32_t)dl[j], (uint32_t)N, c, seed, err, errlen)) || (rc = snap(o, &a, err, errlen)) ||
           (rc = phase(w, o, (uint32_t)dl[j], (uint32_t)N, c, (uint64_t)(R * c), seed++, &ph, err, errlen)) ||
           (rc = snap(o, &b, err, errlen)))
         break;
@@ -316,6 +329,14 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
   p.pf_per_seq_ms = bp[1];
   p.pf_per_token_ms = bp[2];
   p.pf_per_kctx_ms = bp[3];
+  { /* the lone prompts as measured (k3pd-plan prices passes by them, docs/plan.md) */
+    double rows[64][5];
+    for (int i = 0; i < np; i++) {
+      memcpy(rows[i], &Xp[i * 4], 4 * sizeof(double));
+      rows[i][4] = yp[i];
+    }
+    pl_profile_fit_table(&p, (const double (*)[5])rows, np);
+  }
   p.dc_fixed_ms = bd[0];
   p.dc_per_seq_ms = bd[1];
   p.dc_per_kctx_ms = bd[2];
@@ -353,5 +374,8 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
             o->out, p.pf_fixed_ms, p.pf_per_seq_ms, p.pf_per_token_ms, p.pf_per_kctx_ms, p.dc_fixed_ms,
             p.dc_per_seq_ms, p.dc_per_kctx_ms, p.ho_bytes_fixed, p.ho_bytes_per_token, p.ho_latency_ms,
             p.ho_bandwidth_bytes_per_s, p.ttft_overhead_ms, p.pf_cv, p.dc_cv);
+  if (!rc && p.pf_tab_n >= 2)
+    fprintf(stderr, "k3pd-bench --profile: prefill table of %d lone prompts, %.3f ms shared per pass, %.5f/ktok-ctx ms\n",
+            p.pf_tab_n, p.pf_shared_ms, p.pf_tab_kctx_ms);
   return rc;
 }

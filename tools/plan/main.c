@@ -205,12 +205,12 @@ static int replicas(const plan_t *pl, const char *spec, json_t *js, char *err, s
 
 int main(int argc, char **argv) {
   const char *profile = NULL, *prompt_len = "16", *output_len = "16", *curve_spec = NULL, *replicas_spec = NULL;
-  const char *json_path = NULL;
+  const char *json_path = NULL, *pf_cost = "table";
   double rate = 0, duration = 120, warmup = -1, ttft = 0, itl = 0, max_reject = 0, prefix_hit = 0, overload_s = 30;
   int64_t requests = 0, seed = 1, first_index = 0, prefix_tokens = 0;
   int n_prefill = 0, n_decode = 0, max_workers = 1000, host_cores = 0;
   bool do_hpa = false;
-  double hpa_margin = 0.8;
+  double hpa_margin = 0.8, heartbeat_ms = 500;
   pl_profile_t p;
   pl_profile_default(&p);
   /* profile overrides: -1 = keep the profile's value */
@@ -251,6 +251,11 @@ int main(int argc, char **argv) {
       {"hpa-margin", K3_FLAG_DOUBLE, &hpa_margin, "F", "HPA targets = F x the per-pod signal at the SLO edge "
        "(default 0.8: headroom while new pods start)", false},
       {"json", K3_FLAG_STR, &json_path, "FILE", "write the answer as JSON", false},
+      {"heartbeat-ms", K3_FLAG_DOUBLE, &heartbeat_ms, "MS", "the router's heartbeat interval: it balances prefill on "
+       "the workers' queues as of their last heartbeat plus what it sent since (default 500, the router's; 0 = an "
+       "exact view)", false},
+      {"prefill-cost", K3_FLAG_STR, &pf_cost, "table|line", "price prefill passes by the profile's measured lone "
+       "prompts (table, the default when it has two or more) or by its fitted line", false},
       {"prefill-chunk", K3_FLAG_I64, &o_chunk, "N", "override the profile's prefill --prefill-chunk", false},
       {"prefill-max-batch", K3_FLAG_INT, &o_pf_batch, "N", "override prefill --max-batch", false},
       {"prefill-max-batch-tokens", K3_FLAG_I64, &o_pf_tokens, "N", "override prefill --max-batch-tokens", false},
@@ -294,6 +299,10 @@ int main(int argc, char **argv) {
   if (prefix_tokens < 0) BAD("--prefix-tokens: must be >= 0");
   if (n_prefill == 0 && ttft <= 0 && itl <= 0) BAD("--ttft-p99-ms / --itl-p99-ms: a search needs at least one target");
   if (pl_profile_load(profile, &p, err, sizeof err)) BAD("--profile: %s", err);
+  if (strcmp(pf_cost, "table") && strcmp(pf_cost, "line")) BAD("--prefill-cost: want table or line");
+  p.pf_tab_off = !strcmp(pf_cost, "line");
+  if (!(heartbeat_ms >= 0)) BAD("--heartbeat-ms: must be >= 0");
+  p.router_heartbeat_ms = heartbeat_ms;
 #define OVR(flag, v, dst)                                  \
   do {                                                     \
     if ((v) != -1) {                                       \
@@ -328,6 +337,9 @@ int main(int argc, char **argv) {
   pl.t = (pl_targets_t){.ttft_p99_ms = ttft, .itl_p99_ms = itl, .max_reject = max_reject};
 
   printf("k3pd-plan: profile %s (%s)\n", profile, p.source[0] ? p.source : "no source");
+  if (pl_prefill_uses_table(&p))
+    printf("k3pd-plan: prefill priced by %d measured lone prompts (%g..%g tokens), %.3f ms shared per pass\n",
+           p.pf_tab_n, p.pf_tab_tok[0], p.pf_tab_tok[p.pf_tab_n - 1], p.pf_shared_ms);
   printf("  workload: %g req/s, prompt %s, output %s, %s, seed %lld\n", rate, prompt_len, output_len,
          requests ? "fixed count" : "by duration", (long long)seed);
   printf("  prefill: chunk %lld, batch %d seqs / %lld tokens, %lld pages x %lld, %d slots; decode: batch %d, %lld "

@@ -17,6 +17,8 @@
 
 /* ---- cost profile (profile.c; schema in docs/plan.md) ---- */
 
+enum { PL_TAB_MAX = 16 }; /* lone-prompt points of a profile */
+
 /* One prefill worker's scheduler settings, as its flags set them (prefill_worker/main.c). */
 typedef struct {
   int64_t chunk_tokens;     /* --prefill-chunk (rounded up to 64 by the runner) */
@@ -39,6 +41,17 @@ typedef struct {
   /* prefill pass (one runner call) in ms: fixed + per_seq * seqs + per_token * tokens
    *   + per_token_ctx * Σ(take_i * context_before_i) / 1000 */
   double pf_fixed_ms, pf_per_seq_ms, pf_per_token_ms, pf_per_kctx_ms;
+  /* The measured lone-prompt passes instead of the line (the CPU backend's cost per token falls
+   * with the rows of a pass, so no line fits 16..256 tokens): a prompt of tab_tok[i] tokens
+   * alone in one pass took tab_ms[i] (ascending tokens). With tab_n >= 2 (and !tab_off) a pass
+   * of takes t_1..t_k costs shared + Σ_i (lone(t_i) - shared) + tab_kctx * Σ t_i * ctx_i / 1000,
+   * lone() linear between the points, from (0, shared) to the first, and at the last point's
+   * cost per token beyond it; shared = the pass's cost that its prompts share (the batched
+   * phase of the profile measures it). */
+  int pf_tab_n;
+  double pf_tab_tok[PL_TAB_MAX], pf_tab_ms[PL_TAB_MAX];
+  double pf_shared_ms, pf_tab_kctx_ms;
+  bool pf_tab_off; /* k3pd-plan --prefill-cost line */
   /* decode step in ms: fixed + per_seq * batch + per_kctx * Σ context_i / 1000 */
   double dc_fixed_ms, dc_per_seq_ms, dc_per_kctx_ms;
   /* handoff: state bytes of a prompt = bytes_fixed + bytes_per_token * tokens; what is left
@@ -49,6 +62,11 @@ typedef struct {
   double pf_cv, dc_cv;
   /* fixed latency a request sees outside the workers' compute (router, hops, relay) */
   double ttft_overhead_ms, itl_overhead_ms;
+  /* the router's view of prefill load (router/registry.c rt_choose_prefill): each worker's
+   * queued prompt tokens as of its last heartbeat, plus what the router sent it since (cleared
+   * by the heartbeat, less each Prefill that returned). 0 = an exact view (k3pd-plan sets the
+   * router's default, 500 ms, unless --heartbeat-ms says otherwise). */
+  double router_heartbeat_ms;
   pl_prefill_cfg_t pf;
   pl_decode_cfg_t dc;
   char source[256]; /* free text: where the figures came from */
@@ -63,6 +81,17 @@ int pl_profile_load(const char *path, pl_profile_t *p, char *err, size_t errlen)
 int pl_profile_save(const char *path, const pl_profile_t *p, void *fit_json, char *err, size_t errlen);
 
 double pl_prefill_pass_ms(const pl_profile_t *p, int seqs, int64_t tokens, double tok_ctx_sum);
+/* The same with each prompt's take (what the table needs); takes may be NULL with the line. */
+double pl_prefill_pass_takes_ms(const pl_profile_t *p, int seqs, const int64_t *takes, int64_t tokens,
+                                double tok_ctx_sum);
+/* A prompt of n tokens alone in one pass by the table (table in use only). */
+double pl_prefill_lone_ms(const pl_profile_t *p, double n);
+bool pl_prefill_uses_table(const pl_profile_t *p);
+/* Fits the table from the profile's prefill measurements: rows of (passes, prompts, tokens,
+ * Σ take*ctx / 1000, measured ms), as k3pd-bench --profile records them under fit.points
+ * (kind "prefill_pass_sum"): lone single-pass prompts give the points, the batched phase the
+ * shared cost, lone multi-pass prompts the context term. Leaves tab_n 0 with < 2 points. */
+void pl_profile_fit_table(pl_profile_t *p, const double (*rows)[5], int n);
 double pl_decode_step_ms(const pl_profile_t *p, int batch, double ctx_sum);
 double pl_handoff_ms(const pl_profile_t *p, int64_t prompt_tokens);
 

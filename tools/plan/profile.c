@@ -1,9 +1,10 @@
 /* k3pd-plan cost profile: the JSON file k3pd-bench --profile writes (schema "k3pd-profile/1",
  * docs/plan.md) and the cost functions the simulation calls.
  *
- * Not here: fitting (tools/bench/profile.c measures and fits; this file only reads and writes).
- * Every cost function is linear in its inputs and clamped at 0, so a noisy fit can never make
- * time run backwards in the simulation. */
+ * Not here: measuring (tools/bench/profile.c). Here: reading, writing, the cost functions and the
+ * prefill table's fit (pl_profile_fit_table), which the reader also applies to a file that holds
+ * only the measured points (written before the table existed). Every cost function is clamped at
+ * 0, so a noisy fit can never make time run backwards in the simulation. */
 #include <stdio.h>
 #include <string.h>
 
@@ -24,6 +25,79 @@ double pl_prefill_pass_ms(const pl_profile_t *p, int seqs, int64_t tokens, doubl
   double t = p->pf_fixed_ms + p->pf_per_seq_ms * seqs + p->pf_per_token_ms * (double)tokens +
              p->pf_per_kctx_ms * tok_ctx_sum / 1000.0;
   return t > 0 ? t : 0;
+}
+
+bool pl_prefill_uses_table(const pl_profile_t *p) { return p->pf_tab_n >= 2 && !p->pf_tab_off; }
+
+double pl_prefill_lone_ms(const pl_profile_t *p, double n) {
+  const double *x = p->pf_tab_tok, *y = p->pf_tab_ms;
+  int k = p->pf_tab_n;
+  if (n <= x[0]) return p->pf_shared_ms + (y[0] - p->pf_shared_ms) * n / x[0];
+  if (n >= x[k - 1]) return y[k - 1] * n / x[k - 1];
+  int i = 1;
+  while (x[i] < n) i++;
+  return y[i - 1] + (y[i] - y[i - 1]) * (n - x[i - 1]) / (x[i] - x[i - 1]);
+}
+
+double pl_prefill_pass_takes_ms(const pl_profile_t *p, int seqs, const int64_t *takes, int64_t tokens,
+                                double tok_ctx_sum) {
+  if (!pl_prefill_uses_table(p) || !takes) return pl_prefill_pass_ms(p, seqs, tokens, tok_ctx_sum);
+  double t = p->pf_shared_ms + p->pf_tab_kctx_ms * tok_ctx_sum / 1000.0;
+  for (int i = 0; i < seqs; i++) t += pl_prefill_lone_ms(p, (double)takes[i]) - p->pf_shared_ms;
+  return t > 0 ? t : 0;
+}
+
+void pl_profile_fit_table(pl_profile_t *p, const double (*rows)[5], int n) {
+  p->pf_tab_n = 0;
+  /* 1. points: lone prompts in one pass, ascending, equal lengths averaged */
+  for (int i = 0; i < n; i++) {
+    if (rows[i][0] != 1 || rows[i][1] != 1 || !(rows[i][2] > 0) || !(rows[i][4] > 0)) continue;
+    int j = 0;
+    while (j < p->pf_tab_n && p->pf_tab_tok[j] < rows[i][2]) j++;
+    if (j < p->pf_tab_n && p->pf_tab_tok[j] == rows[i][2]) {
+      p->pf_tab_ms[j] = (p->pf_tab_ms[j] + rows[i][4]) / 2; /* a repeated length (rare): the mean */
+      continue;
+    }
+    if (p->pf_tab_n == PL_TAB_MAX) continue;
+    memmove(p->pf_tab_tok + j + 1, p->pf_tab_tok + j, (size_t)(p->pf_tab_n - j) * sizeof(double));
+    memmove(p->pf_tab_ms + j + 1, p->pf_tab_ms + j, (size_t)(p->pf_tab_n - j) * sizeof(double));
+    p->pf_tab_tok[j] = rows[i][2];
+    p->pf_tab_ms[j] = rows[i][4];
+    p->pf_tab_n++;
+  }
+  if (p->pf_tab_n < 2) {
+    p->pf_tab_n = 0;
+    return;
+  }
+  double ymin = p->pf_tab_ms[0];
+  for (int j = 1; j < p->pf_tab_n; j++) ymin = ymin < p->pf_tab_ms[j] ? ymin : p->pf_tab_ms[j];
+  /* 2. shared: a pass of k prompts of Ls tokens took y/passes = shared + k (lone(Ls) - shared) */
+  double shared = p->pf_fixed_ms, sw = 0, ss = 0;
+  for (int i = 0; i < n; i++) {
+    double passes = rows[i][0], k = passes > 0 ? rows[i][1] / passes : 0;
+    if (!(k > 1.01) || rows[i][3] != 0) continue;
+    double Ls = rows[i][2] / rows[i][1];
+    if (Ls < p->pf_tab_tok[0] || Ls > p->pf_tab_tok[p->pf_tab_n - 1]) continue; /* outside the points */
+    p->pf_shared_ms = 0;
+    ss += (k * pl_prefill_lone_ms(p, Ls) - rows[i][4] / passes) / (k - 1) * passes;
+    sw += passes;
+  }
+  if (sw > 0) shared = ss / sw;
+  p->pf_shared_ms = shared < 0 ? 0 : shared > ymin ? ymin : shared;
+  /* 3. context: lone prompts over several passes; the residual after the table, through 0 */
+  double num = 0, den = 0;
+  const double C = (double)((p->pf.chunk_tokens + 63) / 64 * 64);
+  for (int i = 0; i < n; i++) {
+    if (!(rows[i][0] > 1) || rows[i][1] != rows[i][0] || !(rows[i][3] > 0)) continue;
+    double pred = 0;
+    for (double done = 0; done < rows[i][2]; done += C) {
+      double take = rows[i][2] - done < C ? rows[i][2] - done : C;
+      pred += pl_prefill_lone_ms(p, take);
+    }
+    num += (rows[i][4] - pred) * rows[i][3];
+    den += rows[i][3] * rows[i][3];
+  }
+  p->pf_tab_kctx_ms = den > 0 && num > 0 ? num / den : 0;
 }
 
 double pl_decode_step_ms(const pl_profile_t *p, int batch, double ctx_sum) {
@@ -81,6 +155,60 @@ static const field_t fields[] = {
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 
+/* The prefill table: prefill.lone_pass_ms ([[tokens, ms], ...]) with pass_shared_ms and
+ * lone_per_kilo_token_context_ms when the file has them, else fitted from fit.points (files
+ * written before the table existed hold the same measurements there). */
+static int load_table(json_t *root, pl_profile_t *t, const char *path, char *err, size_t errlen) {
+  json_t *pf = json_object_get(root, "prefill");
+  json_t *tab = json_is_object(pf) ? json_object_get(pf, "lone_pass_ms") : NULL;
+  if (tab) {
+    size_t i;
+    json_t *pt;
+    if (!json_is_array(tab) || json_array_size(tab) > PL_TAB_MAX) {
+      snprintf(err, errlen, "%s: prefill.lone_pass_ms: want an array of up to %d [tokens, ms] pairs", path,
+               PL_TAB_MAX);
+      return K3_EINVAL;
+    }
+    t->pf_tab_n = 0;
+    json_array_foreach(tab, i, pt) {
+      double x = json_number_value(json_array_get(pt, 0)), y = json_number_value(json_array_get(pt, 1));
+      if (!json_is_array(pt) || json_array_size(pt) != 2 || !(x > 0) || !(y >= 0) ||
+          (i > 0 && !(x > t->pf_tab_tok[i - 1]))) {
+        snprintf(err, errlen, "%s: prefill.lone_pass_ms[%zu]: want [tokens > 0, ms >= 0], tokens ascending", path, i);
+        return K3_EINVAL;
+      }
+      t->pf_tab_tok[i] = x;
+      t->pf_tab_ms[i] = y;
+      t->pf_tab_n++;
+    }
+    json_t *v = json_object_get(pf, "pass_shared_ms"), *k = json_object_get(pf, "lone_per_kilo_token_context_ms");
+    t->pf_shared_ms = json_is_number(v) ? json_number_value(v) : 0;
+    t->pf_tab_kctx_ms = json_is_number(k) ? json_number_value(k) : 0;
+    if (t->pf_shared_ms < 0 || t->pf_tab_kctx_ms < 0) {
+      snprintf(err, errlen, "%s: prefill.pass_shared_ms and lone_per_kilo_token_context_ms must be >= 0", path);
+      return K3_EINVAL;
+    }
+    if (t->pf_tab_n < 2) t->pf_tab_n = 0;
+    return 0;
+  }
+  json_t *pts = json_object_get(json_object_get(root, "fit"), "points");
+  double rows[64][5];
+  int n = 0;
+  size_t i;
+  json_t *pt;
+  if (!json_is_array(pts)) return 0;
+  json_array_foreach(pts, i, pt) {
+    const char *kind = json_string_value(json_object_get(pt, "kind"));
+    json_t *x = json_object_get(pt, "x");
+    if (!kind || strcmp(kind, "prefill_pass_sum") || json_array_size(x) != 4 || n == 64) continue;
+    for (int j = 0; j < 4; j++) rows[n][j] = json_number_value(json_array_get(x, (size_t)j));
+    rows[n][4] = json_number_value(json_object_get(pt, "y_ms"));
+    n++;
+  }
+  pl_profile_fit_table(t, (const double (*)[5])rows, n);
+  return 0;
+}
+
 int pl_profile_load(const char *path, pl_profile_t *p, char *err, size_t errlen) {
   json_error_t je;
   json_t *root = json_load_file(path, 0, &je);
@@ -118,6 +246,8 @@ int pl_profile_load(const char *path, pl_profile_t *p, char *err, size_t errlen)
     else if (f->kind == 1) *(int64_t *)dst = (int64_t)x;
     else *(int *)dst = (int)x;
   }
+  if ((rc = load_table(root, &t, path, err, errlen))) goto out;
+  rc = K3_EINVAL;
   const char *src = json_string_value(json_object_get(root, "source"));
   if (src) snprintf(t.source, sizeof t.source, "%s", src);
   *p = t;
@@ -144,6 +274,13 @@ int pl_profile_save(const char *path, const pl_profile_t *p, void *fit_json, cha
                 : f->kind == 1 ? json_integer((json_int_t) * (const int64_t *)src)
                                : json_integer(*(const int *)src);
     json_object_set_new(o, f->key, v);
+  }
+  if (p->pf_tab_n >= 2) {
+    json_t *pf = json_object_get(root, "prefill"), *tab = json_array();
+    for (int i = 0; i < p->pf_tab_n; i++) json_array_append_new(tab, json_pack("[f,f]", p->pf_tab_tok[i], p->pf_tab_ms[i]));
+    json_object_set_new(pf, "lone_pass_ms", tab);
+    json_object_set_new(pf, "pass_shared_ms", json_real(p->pf_shared_ms));
+    json_object_set_new(pf, "lone_per_kilo_token_context_ms", json_real(p->pf_tab_kctx_ms));
   }
   if (fit_json) json_object_set(root, "fit", (json_t *)fit_json);
   int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_REAL_PRECISION(6));

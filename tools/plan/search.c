@@ -33,8 +33,17 @@ static void work_bounds(const pl_profile_t *p, const pl_workload_t *w, double *p
     uint32_t L = 0, N = 0;
     bn_spec_lengths(&bw, w->first_index + (uint64_t)i, &L, &N);
     double ctx2 = (double)L * (double)L / 2.0; /* Σ over tokens of the context before them */
-    a += p->pf_per_seq_ms * ceil((double)L / (double)p->pf.chunk_tokens) + p->pf_per_token_ms * L +
-         p->pf_per_kctx_ms * ctx2 / 1000.0;
+    if (pl_prefill_uses_table(p)) { /* each chunk's own cost; the shared part spread over a full pass */
+      const double C = (double)p->pf.chunk_tokens;
+      for (double done = 0; done < L; done += C) {
+        double take = L - done < C ? L - done : C;
+        a += pl_prefill_lone_ms(p, take) - p->pf_shared_ms * (1.0 - 1.0 / p->pf.max_batch);
+      }
+      a += p->pf_tab_kctx_ms * ctx2 / 1000.0;
+    } else {
+      a += p->pf_per_seq_ms * ceil((double)L / (double)p->pf.chunk_tokens) + p->pf_per_token_ms * L +
+           p->pf_per_kctx_ms * ctx2 / 1000.0;
+    }
     double steps = N > 1 ? N - 1 : 0;
     double mean_ctx = L + N / 2.0;
     b += steps * (p->dc_per_seq_ms + p->dc_fixed_ms / p->dc.max_batch + p->dc_per_kctx_ms * mean_ctx / 1000.0);

@@ -4,7 +4,7 @@
  * last pass, and each decode worker's continuous-batching engine (decode_worker/engine.c).
  *
  * Not here: costs (profile.c) or searching (search.c). Not modelled: worker failures, retries,
- * several routers, heartbeats being a beat behind (the router's view is exact here). CPU
+ * several routers, the heartbeats' network delay. CPU
  * contention between workers on one host is approximated only when host_cores is set (share()).
  *
  * What each part mirrors (keep in step with the code it names):
@@ -12,7 +12,9 @@
  *    with room for ceil((prompt + max_new) / page_tokens) pages and one slot, the lowest
  *    utilisation after admission, ties by fewer running then index; no room anywhere =
  *    RESOURCE_EXHAUSTED (rejected). Then the prefill worker with the fewest unfinished prompt
- *    tokens, ties by index. Pages and the slot stay reserved until the request ends.
+ *    tokens as the router sees them (router_heartbeat_ms > 0: the count of the last heartbeat
+ *    plus the tokens sent since, less those whose Prefill returned at its handoff's end), ties
+ *    by index. Pages and the slot stay reserved until the request ends.
  *  - prefill engine (prefill_worker/engine.c): each iteration admits queued prompts in score
  *    order while pages, a slot and the headroom rule allow (pf_sched_headroom_ok), then picks a
  *    pass (pf_sched_pick: chunk, --max-batch capped at 64, --max-batch-tokens) and runs it;
@@ -34,7 +36,7 @@
 #include "k3pd/err.h"
 #include "plan.h"
 
-enum { EV_ARRIVE = 1, EV_PF_PASS_END, EV_HANDOFF, EV_DC_STEP_END };
+enum { EV_ARRIVE = 1, EV_PF_PASS_END, EV_HANDOFF, EV_DC_STEP_END, EV_HEARTBEAT };
 
 typedef struct {
   double t;
@@ -75,6 +77,8 @@ typedef struct {
   int64_t free_pages;
   int free_slots;
   int64_t queued_tokens; /* prompts not finished: the k3pd_prefill_queued_prompt_tokens gauge */
+  int64_t hb_queued;     /* the router's view: queued_tokens at the last heartbeat */
+  int64_t sent;          /* ... plus the prompt tokens it sent since, less those whose Prefill returned */
   bool busy;
   /* the pass in flight */
   int64_t *pass_req, *pass_take;
@@ -132,6 +136,7 @@ typedef struct {
   double n_over, max_over; /* TTFTs above w->stop_ttft_ms, and how many prove p99 is above it */
   double pf_sigma, dc_sigma;
   int dc_busy;    /* decode workers in a step */
+  size_t n_hb;    /* heartbeat events in the heap */
 } sim_t;
 
 /* ---- event heap (min by time, then sequence) ---- */
@@ -561,7 +566,7 @@ static bool pf_pass(sim_t *s, int pi) {
   }
   free(map);
   for (size_t i = 0; i < f->n_pend; i++) f->pend[i].waited++;
-  double ms = pl_prefill_pass_ms(s->p, f->n_pass, toks, tok_ctx);
+  double ms = pl_prefill_pass_takes_ms(s->p, f->n_pass, f->pass_take, toks, tok_ctx);
   if (!f->busy) s->sum_busy += 1;
   f->busy = true;
   push_ev(s, s->now + ms * share(s) * jitter(s, s->pf_sigma), EV_PF_PASS_END, pi, -1);
@@ -613,6 +618,8 @@ static void pf_handoff_done(sim_t *s, int pi, int64_t ri) {
     break;
   }
   if (!f->busy && f->n_pend) pf_loop(s, pi); /* the FREE wakes an idle engine */
+  int64_t n = pf_tokens(&s->req[ri]); /* the Prefill call returns: the router's pending count drops */
+  f->sent = f->sent > n ? f->sent - n : 0;
   dc_admit(s, s->req[ri].dc, ri);
 }
 
@@ -652,9 +659,14 @@ static void route(sim_t *s, int64_t ri) {
   s->sum_slots += 1;
   dc_set_util(s, d);
   int pi = 0;
-  for (int i = 1; i < s->P; i++)
-    if (s->pf[i].queued_tokens < s->pf[pi].queued_tokens) pi = i;
+  bool stale = s->p->router_heartbeat_ms > 0;
+  for (int i = 1; i < s->P; i++) {
+    int64_t qi = stale ? s->pf[i].hb_queued + s->pf[i].sent : s->pf[i].queued_tokens;
+    int64_t qb = stale ? s->pf[pi].hb_queued + s->pf[pi].sent : s->pf[pi].queued_tokens;
+    if (qi < qb) pi = i;
+  }
   pfw_t *f = &s->pf[pi];
+  f->sent += pf_tokens(r);
   r->pf = pi;
   /* Far past any latency target: stop instead of crawling through an ever longer queue. */
   double limit_ms = (s->w->overload_wait_s > 0 ? s->w->overload_wait_s : 30) * 1000.0;
@@ -735,8 +747,12 @@ int pl_sim_run(const pl_profile_t *p, const pl_cluster_t *c, const pl_workload_t
       pl_samples_init(&s.e2e, 1u << 20, 3))
     goto out;
   if (next_arrival(&s)) goto out;
+  /* heartbeats, spread over the interval: worker i at (i + 1) / (P + 1) of it, then every interval */
+  for (int i = 0; p->router_heartbeat_ms > 0 && s.P > 1 && i < s.P; i++, s.n_hb++)
+    if (push_ev(&s, p->router_heartbeat_ms * (i + 1) / (s.P + 1), EV_HEARTBEAT, i, -1)) goto out;
   while (s.n_heap && !s.err && !s.overloaded) {
     ev_t e = pop_ev(&s);
+    if (e.type == EV_HEARTBEAT && --s.n_hb == s.n_heap) continue; /* nothing else left: the end */
     s.now = e.t;
     stat_advance(&s);
     out->events++;
@@ -751,6 +767,11 @@ int pl_sim_run(const pl_profile_t *p, const pl_cluster_t *c, const pl_workload_t
       case EV_PF_PASS_END: pf_pass_end(&s, e.who); break;
       case EV_HANDOFF: pf_handoff_done(&s, e.who, e.req); break;
       case EV_DC_STEP_END: dc_step_end(&s, e.who); break;
+      case EV_HEARTBEAT:
+        s.pf[e.who].hb_queued = s.pf[e.who].queued_tokens;
+        s.pf[e.who].sent = 0;
+        if (!push_ev(&s, s.now + p->router_heartbeat_ms, EV_HEARTBEAT, e.who, -1)) s.n_hb++;
+        break;
     }
   }
   rc = s.err;

@@ -5,8 +5,10 @@
  * fixed seed, no clocks. */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plan.h"
 
@@ -249,6 +251,136 @@ START_TEST(test_prefix_hit) {
 }
 END_TEST
 
+/* The prefill table. Points (16 tokens, 50 ms), (64, 200), (256, 520); shared 20 ms:
+ *   lone(40) = 50 + (200 - 50) * 24 / 48 = 125; lone(8) = 20 + (50 - 20) * 8 / 16 = 35;
+ *   lone(512) = 520 * 512 / 256 = 1040 (the last point's cost per token)
+ *   a pass of takes 16 + 40: 20 + (50 - 20) + (125 - 20) = 155 ms. */
+static pl_profile_t tabled(void) {
+  pl_profile_t p = simple();
+  p.pf_tab_n = 3;
+  double x[] = {16, 64, 256}, y[] = {50, 200, 520};
+  memcpy(p.pf_tab_tok, x, sizeof x);
+  memcpy(p.pf_tab_ms, y, sizeof y);
+  p.pf_shared_ms = 20;
+  return p;
+}
+
+START_TEST(test_prefill_table_cost) {
+  pl_profile_t p = tabled();
+  ck_assert(pl_prefill_uses_table(&p));
+  ck_assert_double_eq_tol(pl_prefill_lone_ms(&p, 40), 125, 1e-9);
+  ck_assert_double_eq_tol(pl_prefill_lone_ms(&p, 8), 35, 1e-9);
+  ck_assert_double_eq_tol(pl_prefill_lone_ms(&p, 512), 1040, 1e-9);
+  int64_t takes[] = {16, 40};
+  ck_assert_double_eq_tol(pl_prefill_pass_takes_ms(&p, 2, takes, 56, 0), 155, 1e-9);
+  p.pf_tab_off = true; /* --prefill-cost line: 1 ms per token */
+  ck_assert_double_eq_tol(pl_prefill_pass_takes_ms(&p, 2, takes, 56, 0), 56, 1e-9);
+  /* Through the simulation: A (40 tokens) at t 0 runs alone, 125 ms; B (16) and C (40) arrive
+   * during it and share the next pass, 155 ms: first tokens at 125 and 280 (no handoff cost,
+   * decode idle: admitted at once). Output 1: no decode step. */
+  p.pf_tab_off = false;
+  double at[] = {0, 1, 2};
+  int64_t pr[] = {40, 16, 40}, out[] = {1, 1, 1};
+  traces_t tr = {0};
+  run_fixed(&p, 1, 1, at, pr, out, 3, &tr);
+  ck_assert_double_eq_tol(tr.t[0].t_first_ms, 125, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_first_ms, 280, 1e-9);
+  ck_assert_double_eq_tol(tr.t[2].t_first_ms, 280, 1e-9);
+}
+END_TEST
+
+/* The table fitted from profile rows (passes, prompts, tokens, Σ take*ctx/1000, ms):
+ *   lone 64 and 16 (unsorted) give the points; the batched phase, 10 passes of 2 prompts of 16
+ *   at 80 ms each (800 ms): shared = (2 * 50 - 80) / (2 - 1) = 20;
+ *   a lone 320-token prompt over chunk 256: 2 passes, ctx = 64 * 256 / 1000 = 16.384 ktok, took
+ *   lone(256) + lone(64) + 16.384 * 2 = 520 + 200 + 32.768 ms (the 256 point from another row)
+ *   → context term 2 ms per ktok. */
+START_TEST(test_prefill_table_fit) {
+  pl_profile_t p;
+  pl_profile_default(&p);
+  const double rows[][5] = {{1, 1, 64, 0, 200},  {1, 1, 16, 0, 50},           {10, 20, 320, 0, 800},
+                            {1, 1, 256, 0, 520}, {2, 2, 320, 16.384, 752.768}};
+  pl_profile_fit_table(&p, rows, 5);
+  ck_assert_int_eq(p.pf_tab_n, 3);
+  ck_assert_double_eq_tol(p.pf_tab_tok[0], 16, 1e-12);
+  ck_assert_double_eq_tol(p.pf_tab_ms[1], 200, 1e-12);
+  ck_assert_double_eq_tol(p.pf_tab_tok[2], 256, 1e-12);
+  ck_assert_double_eq_tol(p.pf_shared_ms, 20, 1e-9);
+  ck_assert_double_eq_tol(p.pf_tab_kctx_ms, 2, 1e-9);
+  /* one point only: no table (the line prices passes) */
+  pl_profile_default(&p);
+  pl_profile_fit_table(&p, rows, 1);
+  ck_assert_int_eq(p.pf_tab_n, 0);
+  ck_assert(!pl_prefill_uses_table(&p));
+}
+END_TEST
+
+/* The router's stale view of prefill queues (heartbeat 90 ms, two prefill workers: w0 beats at
+ * 30, w1 at 60, then every 90). 1 ms per token, chunk 64, output 1, no handoff time.
+ *   A (100 tokens) at 0 → w0 (tie), passes 0..64..100; w0's beat at 30 reports 100 queued.
+ *   B (10) at 40 → w1 (w0 seen at 100), 40..50; w1's beat at 60 reports 0.
+ *   C (10) at 105: exact view: both idle, tie → w0. Stale: w0 still seen at 100 (its beat at 30;
+ *   A's Prefill returned at 100 and took back only what was sent since) → w1, 105..115.
+ *   D (50) at 106: exact → w1 (w0 holds C), 106..156. Stale: w1 seen at 0 + 10 sent, w0 at
+ *   100 → w1, behind C: 115..165. */
+/* A profile written before the table existed (only fit.points) gets the table the same rows
+ * give; saving writes the table's fields and reading them back gives the same table. */
+START_TEST(test_profile_table_compat) {
+  char path[] = "/tmp/k3pd-plan-test-XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  FILE *f = fdopen(fd, "w");
+  fputs("{\"schema\": \"k3pd-profile/1\", \"prefill\": {\"pass_per_token_ms\": 3},\n"
+        " \"fit\": {\"points\": [\n"
+        "  {\"kind\": \"prefill_pass_sum\", \"x\": [1, 1, 64, 0], \"y_ms\": 200},\n"
+        "  {\"kind\": \"decode_step\", \"x\": [1, 1, 0.1], \"y_ms\": 7},\n"
+        "  {\"kind\": \"prefill_pass_sum\", \"x\": [1, 1, 16, 0], \"y_ms\": 50},\n"
+        "  {\"kind\": \"prefill_pass_sum\", \"x\": [10, 20, 320, 0], \"y_ms\": 800}]}}\n",
+        f);
+  fclose(f);
+  pl_profile_t p;
+  pl_profile_default(&p);
+  char err[256];
+  ck_assert_int_eq(pl_profile_load(path, &p, err, sizeof err), 0);
+  ck_assert_int_eq(p.pf_tab_n, 2);
+  ck_assert_double_eq_tol(p.pf_tab_ms[0], 50, 1e-12);
+  ck_assert_double_eq_tol(p.pf_shared_ms, 20, 1e-9); /* (2 * 50 - 80) / 1 */
+  ck_assert_double_eq_tol(p.pf_per_token_ms, 3, 1e-12);
+  ck_assert_int_eq(pl_profile_save(path, &p, NULL, err, sizeof err), 0);
+  pl_profile_t q;
+  pl_profile_default(&q);
+  ck_assert_int_eq(pl_profile_load(path, &q, err, sizeof err), 0);
+  unlink(path);
+  ck_assert_int_eq(q.pf_tab_n, 2);
+  ck_assert_double_eq_tol(q.pf_tab_tok[1], 64, 1e-12);
+  ck_assert_double_eq_tol(q.pf_tab_ms[1], 200, 1e-9);
+  ck_assert_double_eq_tol(q.pf_shared_ms, 20, 1e-9);
+  ck_assert_double_eq_tol(pl_prefill_lone_ms(&q, 40), 125, 1e-9);
+}
+END_TEST
+
+START_TEST(test_router_stale_view) {
+  pl_profile_t p = simple();
+  double at[] = {0, 40, 105, 106};
+  int64_t pr[] = {100, 10, 10, 50}, out[] = {1, 1, 1, 1};
+  traces_t tr = {0};
+  run_fixed(&p, 2, 1, at, pr, out, 4, &tr);
+  ck_assert_int_eq(tr.t[1].prefill, 1);
+  ck_assert_int_eq(tr.t[2].prefill, 0);
+  ck_assert_int_eq(tr.t[3].prefill, 1);
+  ck_assert_double_eq_tol(tr.t[3].t_first_ms, 156, 1e-9);
+  p.router_heartbeat_ms = 90;
+  memset(&tr, 0, sizeof tr);
+  pl_result_t r = run_fixed(&p, 2, 1, at, pr, out, 4, &tr);
+  ck_assert_int_eq(tr.t[1].prefill, 1);
+  ck_assert_int_eq(tr.t[2].prefill, 1);
+  ck_assert_int_eq(tr.t[3].prefill, 1);
+  ck_assert_double_eq_tol(tr.t[2].t_first_ms, 115, 1e-9);
+  ck_assert_double_eq_tol(tr.t[3].t_first_ms, 165, 1e-9);
+  ck_assert_double_eq_tol(r.sim_end_ms, 165, 1e-9); /* heartbeats do not outlive the work */
+}
+END_TEST
+
 START_TEST(test_bad_cluster) {
   pl_profile_t p = simple();
   pl_cluster_t c = {0, 1, 0};
@@ -274,6 +406,10 @@ int main(void) {
   tcase_add_test(tc, test_mg1_variability);
   tcase_add_test(tc, test_prefix_hit);
   tcase_add_test(tc, test_bad_cluster);
+  tcase_add_test(tc, test_prefill_table_cost);
+  tcase_add_test(tc, test_prefill_table_fit);
+  tcase_add_test(tc, test_router_stale_view);
+  tcase_add_test(tc, test_profile_table_compat);
   tcase_add_test(tc, test_percentiles_match_bench);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
