@@ -22,12 +22,13 @@
  * Stores: streaming (non-temporal) when the destination chunk is 32-byte aligned: the
  * destination is another process's pool this core will not read, and a normal store would first
  * read the line (read-for-ownership). k3_digest_copy ends with an sfence before returning.
- * "fused4-st" uses normal stores, "fused4-pf" adds software prefetches 512 bytes ahead in each
- * chunk (both measurement variants). x86-64 with AVX2 only; elsewhere, or
+ * "fused4-st" uses normal stores (a measurement variant), "fused4-pf" adds software prefetches
+ * 512 bytes ahead in each chunk (the default on Intel, default_copy below). x86-64 with AVX2 only; elsewhere, or
  * without AVX2, the legacy loop (libxxhash + memcpy) is the portable fallback.
  *
  * Choice: K3PD_DIGEST_COPY=legacy|fused|fused4|fused4-st|fused4-pf at first use, or
- * k3_digest_copy_impl_set (benchmarks). Default fused4. Process-wide, set before threads use it. */
+ * k3_digest_copy_impl_set (benchmarks). Default fused4-pf on Intel, fused4 elsewhere.
+ * Process-wide, set before threads use it. */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -214,14 +215,26 @@ static int usable(int want) {
 #endif
 }
 
+/* The sender's default loop, by what was measured (docs/perf-gpu-cluster.md "Host path"): on the
+ * GPU host's Xeon the four-wide loop with software prefetch 512 B ahead in each chunk ran at
+ * 0.95 of a memcpy alone against fused4's 0.80 (k3pd-xfer-bench --cpu-loops, 2026-12-02: one
+ * core's loads from DRAM are latency bound there, and a new 4 KiB page restarts the hardware
+ * prefetcher); elsewhere fused4 (on the AMD VM the loops are within noise of each other). */
+static int default_copy(void) {
+#if HAVE_FUSED
+  if (__builtin_cpu_is("intel")) return XDC_FUSED4_PF;
+#endif
+  return XDC_FUSED4;
+}
+
 int xdc_impl(void) {
   int v = atomic_load_explicit(&g_impl, memory_order_relaxed);
   if (v >= 0) return v;
   const char *e = getenv("K3PD_DIGEST_COPY");
-  int want = XDC_FUSED4;
+  int want = default_copy();
   if (e && *e) {
     int i = impl_from_name(e);
-    if (i < 0) K3_WARN("digest: K3PD_DIGEST_COPY=%s is not legacy|fused|fused4|fused4-st|fused4-pf: using fused4", e);
+    if (i < 0) K3_WARN("digest: K3PD_DIGEST_COPY=%s is not legacy|fused|fused4|fused4-st|fused4-pf: using %s", e, IMPL_NAMES[want]);
     else want = i;
   }
   v = usable(want);
