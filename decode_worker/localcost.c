@@ -1,76 +1,37 @@
 /* The local-prefill threshold from a cost model (localcost.h; formula in docs/design.md
  * "The local-prefill threshold"). Pure functions: no clock, no runner. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
-#include <jansson.h>
-
 #include "k3pd/err.h"
+#include "k3pd/profile_read.h"
 #include "localcost.h"
 
-typedef struct {
-  const char *obj, *key;
-  size_t off;
-  int is_int; /* int64 (chunk_tokens) rather than double */
-  double min;
-} cost_field_t;
-
-#define CF(o, k, f, i, m) {o, k, offsetof(dc_costs_t, f), i, m}
-static const cost_field_t fields[] = {
-    CF("prefill", "pass_fixed_ms", pass_fixed_ms, 0, 0),
-    CF("prefill", "pass_per_seq_ms", pass_per_seq_ms, 0, 0),
-    CF("prefill", "pass_per_token_ms", pass_per_token_ms, 0, 0),
-    CF("prefill", "pass_per_kilo_token_context_ms", pass_per_kctx_ms, 0, 0),
-    CF("decode", "step_fixed_ms", step_fixed_ms, 0, 0),
-    CF("decode", "step_per_seq_ms", step_per_seq_ms, 0, 0),
-    CF("decode", "step_per_kilo_token_context_ms", step_per_kctx_ms, 0, 0),
+/* the numbers of a k3pd-profile/1 file this model takes (a cost must not be negative) */
+static const k3_pf_field_t fields[] = {
+    {"prefill", "pass_fixed_ms", K3_PF_DOUBLE, offsetof(dc_costs_t, pass_fixed_ms), 0},
+    {"prefill", "pass_per_seq_ms", K3_PF_DOUBLE, offsetof(dc_costs_t, pass_per_seq_ms), 0},
+    {"prefill", "pass_per_token_ms", K3_PF_DOUBLE, offsetof(dc_costs_t, pass_per_token_ms), 0},
+    {"prefill", "pass_per_kilo_token_context_ms", K3_PF_DOUBLE, offsetof(dc_costs_t, pass_per_kctx_ms), 0},
+    {"decode", "step_fixed_ms", K3_PF_DOUBLE, offsetof(dc_costs_t, step_fixed_ms), 0},
+    {"decode", "step_per_seq_ms", K3_PF_DOUBLE, offsetof(dc_costs_t, step_per_seq_ms), 0},
+    {"decode", "step_per_kilo_token_context_ms", K3_PF_DOUBLE, offsetof(dc_costs_t, step_per_kctx_ms), 0},
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 
 int dc_costs_load(const char *path, dc_costs_t *c, char *err, size_t errlen) {
-  json_error_t je;
-  json_t *root = json_load_file(path, 0, &je);
-  if (!root) {
-    snprintf(err, errlen, "%s:%d: %s", path, je.line, je.text);
-    return K3_EINVAL;
-  }
-  int rc = K3_EINVAL;
+  void *doc = k3_profile_open(path, err, errlen);
+  if (!doc) return K3_EINVAL;
   dc_costs_t t = *c;
-  const char *schema = json_string_value(json_object_get(root, "schema"));
-  if (!json_is_object(root) || !schema || strcmp(schema, "k3pd-profile/1") != 0) {
-    snprintf(err, errlen, "%s: schema: want \"k3pd-profile/1\", got %s", path, schema ? schema : "none");
-    goto out;
+  int rc = k3_profile_read_fields(doc, path, fields, NFIELDS, &t, err, errlen);
+  if (!rc) {
+    const char *src = k3_profile_source(doc);
+    snprintf(t.source, sizeof t.source, "profile %s%s%s", path, src ? ": " : "", src ? src : "");
+    *c = t;
   }
-  for (size_t i = 0; i < NFIELDS; i++) {
-    const cost_field_t *f = &fields[i];
-    json_t *o = json_object_get(root, f->obj);
-    if (o && !json_is_object(o)) {
-      snprintf(err, errlen, "%s: %s: want an object", path, f->obj);
-      goto out;
-    }
-    json_t *v = o ? json_object_get(o, f->key) : NULL;
-    if (!v) continue;
-    if (!json_is_number(v)) {
-      snprintf(err, errlen, "%s: %s.%s: want a number", path, f->obj, f->key);
-      goto out;
-    }
-    double x = json_number_value(v);
-    if (!(x >= f->min) || !isfinite(x)) {
-      snprintf(err, errlen, "%s: %s.%s: %g is below %g (costs must not be negative)", path, f->obj, f->key, x,
-               f->min);
-      goto out;
-    }
-    char *dst = (char *)&t + f->off;
-    if (f->is_int) *(int64_t *)dst = (int64_t)x;
-    else *(double *)dst = x;
-  }
-  const char *src = json_string_value(json_object_get(root, "source"));
-  snprintf(t.source, sizeof t.source, "profile %s%s%s", path, src ? ": " : "", src ? src : "");
-  *c = t;
-  rc = 0;
-out:
-  json_decref(root);
+  k3_profile_close(doc);
   return rc;
 }
 

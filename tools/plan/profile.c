@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "k3pd/err.h"
+#include "k3pd/profile_read.h"
 #include "plan.h"
 
 void pl_profile_default(pl_profile_t *p) {
@@ -116,16 +117,12 @@ double pl_handoff_ms(const pl_profile_t *p, int64_t prompt_tokens) {
 
 /* ---- JSON ---- */
 
-typedef struct {
-  const char *obj, *key;
-  int kind; /* 0 double, 1 int64, 2 int */
-  size_t off;
-  double min; /* smallest valid value */
-} field_t;
+/* the numbers of a profile, read by the shared reader (k3pd/profile_read.h) and written below */
+typedef k3_pf_field_t field_t;
 
-#define D(o, k, f, m) {o, k, 0, offsetof(pl_profile_t, f), m}
-#define I64(o, k, f, m) {o, k, 1, offsetof(pl_profile_t, f), m}
-#define INT(o, k, f, m) {o, k, 2, offsetof(pl_profile_t, f), m}
+#define D(o, k, f, m) {o, k, K3_PF_DOUBLE, offsetof(pl_profile_t, f), m}
+#define I64(o, k, f, m) {o, k, K3_PF_I64, offsetof(pl_profile_t, f), m}
+#define INT(o, k, f, m) {o, k, K3_PF_INT, offsetof(pl_profile_t, f), m}
 static const field_t fields[] = {
     D("prefill", "pass_fixed_ms", pf_fixed_ms, -1e9),
     D("prefill", "pass_per_seq_ms", pf_per_seq_ms, -1e9),
@@ -210,50 +207,17 @@ static int load_table(json_t *root, pl_profile_t *t, const char *path, char *err
 }
 
 int pl_profile_load(const char *path, pl_profile_t *p, char *err, size_t errlen) {
-  json_error_t je;
-  json_t *root = json_load_file(path, 0, &je);
-  if (!root) {
-    snprintf(err, errlen, "%s:%d: %s", path, je.line, je.text);
-    return K3_EINVAL;
-  }
-  int rc = K3_EINVAL;
+  void *doc = k3_profile_open(path, err, errlen);
+  if (!doc) return K3_EINVAL;
   pl_profile_t t = *p;
-  const char *schema = json_string_value(json_object_get(root, "schema"));
-  if (!json_is_object(root) || !schema || strcmp(schema, "k3pd-profile/1") != 0) {
-    snprintf(err, errlen, "%s: schema: want \"k3pd-profile/1\", got %s", path, schema ? schema : "none");
-    goto out;
+  int rc = k3_profile_read_fields(doc, path, fields, NFIELDS, &t, err, errlen);
+  if (!rc) rc = load_table((json_t *)doc, &t, path, err, errlen);
+  if (!rc) {
+    const char *src = k3_profile_source(doc);
+    if (src) snprintf(t.source, sizeof t.source, "%s", src);
+    *p = t;
   }
-  for (size_t i = 0; i < NFIELDS; i++) {
-    const field_t *f = &fields[i];
-    json_t *o = json_object_get(root, f->obj);
-    if (o && !json_is_object(o)) {
-      snprintf(err, errlen, "%s: %s: want an object", path, f->obj);
-      goto out;
-    }
-    json_t *v = o ? json_object_get(o, f->key) : NULL;
-    if (!v) continue;
-    if (!json_is_number(v)) {
-      snprintf(err, errlen, "%s: %s.%s: want a number", path, f->obj, f->key);
-      goto out;
-    }
-    double x = json_number_value(v);
-    if (x < f->min || x != x) {
-      snprintf(err, errlen, "%s: %s.%s: %g is below %g", path, f->obj, f->key, x, f->min);
-      goto out;
-    }
-    char *dst = (char *)&t + f->off;
-    if (f->kind == 0) *(double *)dst = x;
-    else if (f->kind == 1) *(int64_t *)dst = (int64_t)x;
-    else *(int *)dst = (int)x;
-  }
-  if ((rc = load_table(root, &t, path, err, errlen))) goto out;
-  rc = K3_EINVAL;
-  const char *src = json_string_value(json_object_get(root, "source"));
-  if (src) snprintf(t.source, sizeof t.source, "%s", src);
-  *p = t;
-  rc = 0;
-out:
-  json_decref(root);
+  k3_profile_close(doc);
   return rc;
 }
 
@@ -270,8 +234,8 @@ int pl_profile_save(const char *path, const pl_profile_t *p, void *fit_json, cha
       json_object_set_new(root, f->obj, o);
     }
     const char *src = (const char *)p + f->off;
-    json_t *v = f->kind == 0   ? json_real(*(const double *)src)
-                : f->kind == 1 ? json_integer((json_int_t) * (const int64_t *)src)
+    json_t *v = f->kind == K3_PF_DOUBLE ? json_real(*(const double *)src)
+                : f->kind == K3_PF_I64 ? json_integer((json_int_t) * (const int64_t *)src)
                                : json_integer(*(const int *)src);
     json_object_set_new(o, f->key, v);
   }
