@@ -129,6 +129,13 @@ static void unpin(dc_cache_t *c, dc_centry_t *e) {
   if (--e->pins == 0) c->n_pinned--;
 }
 
+void dc_cache_pin(dc_worker_t *w, dc_centry_t *e) { pin(&w->cache, e); }
+
+void dc_cache_unpin(dc_worker_t *w, dc_centry_t *e) {
+  unpin(&w->cache, e);
+  dc_cache_enforce(w);
+}
+
 static uint32_t req_slots(const dc_worker_t *w) {
   return (uint32_t)(w->num_slots - w->n_free_slots) - w->cache.slots;
 }
@@ -215,11 +222,12 @@ static int take_plain(dc_worker_t *w, dc_req_t *q, int need_pages) {
   return 0;
 }
 
-int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pages) {
+int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pages, bool resume_ok) {
   dc_cache_t *c = &w->cache;
   const uint32_t n = q->n_prompt, B = c->block, pt = (uint32_t)w->page_tokens;
   q->split = false;
-  q->start = q->xfer_tokens = q->cached = 0;
+  q->start = q->xfer_tokens = q->cached = q->resume = 0;
+  q->exp = NULL;
   if (!c->on || !ids) return take_plain(w, q, need_pages);
   if (req_slots(w) >= c->req_slots_max) return K3_ECAPACITY;
   uint32_t nb = n / B;
@@ -244,9 +252,18 @@ int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pag
       hit = e;
     }
   }
+  bool resume = false;
   if (hit && n - p <= c->local_max) {
     q->split = true;
     q->start = q->cached = p;
+  } else if (hit && resume_ok && c->resume && p < cmax) {
+    /* Long-suffix hit (docs/design.md "Long-suffix hits"): the prefill worker receives the
+     * entry's state (Export) and computes [p, cmax); this worker shares [0, p) and computes the
+     * last block. The entry stays pinned until the request ends (its slot is what Export reads). */
+    resume = true;
+    q->split = true;
+    q->xfer_tokens = q->start = cmax;
+    q->cached = q->resume = p;
   } else if (cmax == 0) {
     free(h);
     c->misses++;
@@ -276,7 +293,8 @@ int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pag
   dc_pages_take(w, need_pages - shared, q->pages + shared);
   q->n_pages = need_pages;
   q->slot = w->free_slots[--w->n_free_slots];
-  q->hit = hit;
+  q->hit = resume ? NULL : hit; /* a resume's state at cmax comes from the prefill worker */
+  q->exp = resume ? hit : NULL;
   if (hit) {
     hit->last_use = ++c->tick;
     c->hits++;
@@ -350,6 +368,10 @@ void dc_cache_req_done(dc_worker_t *w, dc_req_t *q) {
   if (q->hit) {
     unpin(&w->cache, q->hit);
     q->hit = NULL;
+  }
+  if (q->exp) {
+    unpin(&w->cache, q->exp);
+    q->exp = NULL;
   }
   for (int i = 0; i < q->n_ck; i++) {
     dc_centry_t *e = q->ck[i];

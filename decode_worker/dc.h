@@ -31,6 +31,7 @@
 #include "k3pd/registrar.h"
 #include "k3pd/rpc.h"
 #include "k3pd/rpc_client.h"
+#include "k3pd/spools.h"
 #include "k3pd/xdev_hooks.h"
 #include "k3pd/xfer.h"
 #include "localcost.h"
@@ -58,6 +59,7 @@ typedef struct dc_centry {
 
 typedef struct {
   bool on;               /* --prefix-cache */
+  bool resume;           /* --prefix-resume and this worker can send from its pools */
   uint32_t block;        /* tokens per hashed block: lcm(64 (KDA chunk), page_tokens) */
   uint32_t local_max;    /* --local-prefill-max-tokens: longest suffix computed here */
   uint64_t max_bytes;    /* --prefix-cache-bytes: pages + slots held only by the cache */
@@ -95,6 +97,10 @@ typedef struct dc_req {
   uint32_t xfer_tokens;   /* tokens the prefill worker computes and hands off (0 = none) */
   uint32_t cached;        /* tokens taken from the cache (0 = miss) */
   dc_centry_t *hit;       /* pinned hit entry (its slot is copied at admission) */
+  uint32_t resume;        /* long-suffix hit: the prefill worker resumes from the cached state at
+                             this position (Export) and pushes only the state from it on */
+  dc_centry_t *exp;       /* that entry, pinned until the request ends */
+  uint32_t n_exports;     /* Export sends running for this reservation */
   dc_centry_t *ck[DC_MAX_CKPT]; /* pinned entries this request creates (from admission) */
   int n_ck;
   uint32_t cand[DC_MAX_CKPT];   /* checkpoint positions planned at Reserve */
@@ -155,6 +161,12 @@ void dc_engine_post(dc_worker_t *w, dc_msg_t *m);
 /* Asks the engine to stop and joins it (loop thread; blocks until the current step ends). */
 void dc_engine_stop(dc_worker_t *w);
 
+/* ---- export (export.c): Decode.Export, the cached state of a long-suffix hit sent into a
+ * prefill worker's receive reservation (docs/design.md "Long-suffix hits") ---- */
+int dc_export_register(dc_worker_t *w);
+/* service.c: the live request under a router request id, or NULL. */
+dc_req_t *dc_req_find(dc_worker_t *w, const char *id);
+
 /* ---- worker ---- */
 struct dc_worker {
   uv_loop_t *loop;
@@ -189,8 +201,7 @@ struct dc_worker {
   uint8_t *rpool;             /* owned, manifest->n entries */
   uint64_t *roff, *rstride;   /* owned, manifest->n entries */
   uint64_t kv_stride, kda_stride; /* staged receive area */
-  char ipc_dir[256];          /* device arena: where its fdshare socket lives ("" = none) */
-  k3_fdshare_t *fds;          /* serves the device arena's file descriptor */
+  k3_spools_t sp;             /* arena layouts: the runner's state arena as one pool */
   k3_xhooks_t *hooks;         /* device digest jobs (cuda arena), NULL otherwise */
   dc_cache_t cache;          /* prefix cache (loop thread) */
   uint64_t next_local_epoch; /* epochs of reservations without a handoff */
@@ -241,7 +252,10 @@ bool dc_cache_make_room(dc_worker_t *w, int pages, int slots);
 /* Reserve-time plan for a prompt (sets q->split, start, xfer_tokens, cached, hit, and the
  * checkpoints to take). Takes the request's pages and slot (sharing the hit's pages) or
  * returns K3_ECAPACITY (nothing taken). */
-int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pages);
+int dc_cache_plan(dc_worker_t *w, dc_req_t *q, const uint32_t *ids, int need_pages, bool resume_ok);
+/* An extra pin (an Export reading the entry) and its release (then the budget is enforced). */
+void dc_cache_pin(dc_worker_t *w, dc_centry_t *e);
+void dc_cache_unpin(dc_worker_t *w, dc_centry_t *e);
 /* Admission of a split request: creates the pending entries of its planned checkpoints (as the
  * pin budget allows). */
 void dc_cache_admit(dc_worker_t *w, dc_req_t *q);

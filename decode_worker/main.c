@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
   int max_context = 0, metrics_port = -1, resolve_ms = 5000, local_max = -1;
   const char *cost_profile = NULL;
   double stall_steps = 16;
-  const char *prefix_cache = "on";
+  const char *prefix_cache = "on", *prefix_resume = "on";
   int64_t cache_bytes = -1;
   int pin_max = 0;
   a->drain_grace_ms = 30000;
@@ -194,6 +194,9 @@ int main(int argc, char **argv) {
       {"prefix-cache", K3_FLAG_STR, &prefix_cache, "on|off", "keep finished prompts' state as exact reusable "
        "prefixes (KDA checkpoints at block boundaries + shared MLA pages) and compute cache hits' suffixes here "
        "(default on)", false},
+      {"prefix-resume", K3_FLAG_STR, &prefix_resume, "on|off", "a cache hit whose uncached suffix is longer than "
+       "--local-prefill-max-tokens sends the cached state to the prefill worker (Export), which then computes only "
+       "the suffix; off: such a prompt is computed from token 0 there (default on; needs --prefix-cache on)", false},
       {"prefix-cache-bytes", K3_FLAG_I64, &cache_bytes, "BYTES", "most state memory (pages + slots) held only by "
        "the prefix cache; LRU beyond it (default: half of the page and slot pools)", false},
       {"prefix-cache-pinned-slots", K3_FLAG_INT, &pin_max, "N", "extra KDA slots (on top of --num-slots, which "
@@ -256,6 +259,10 @@ int main(int argc, char **argv) {
   }
   if (strcmp(prefix_cache, "on") && strcmp(prefix_cache, "off")) {
     fprintf(stderr, "k3pd-decode: --prefix-cache: expected on or off, got \"%s\"\n", prefix_cache);
+    return 2;
+  }
+  if (strcmp(prefix_resume, "on") && strcmp(prefix_resume, "off")) {
+    fprintf(stderr, "k3pd-decode: --prefix-resume: expected on or off, got \"%s\"\n", prefix_resume);
     return 2;
   }
   if (local_max < -1) {
@@ -323,6 +330,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-decode: %s\n", err);
     return 1;
   }
+  /* Exports read the runner's pools: host memory, or device memory through the device hooks
+   * (arena layouts; a staged receiver has none). */
+  w->cache.resume = cache_on && !strcmp(prefix_resume, "on") &&
+                    (k3_runner_backend(w->runner)->host_memory || w->hooks);
+  if (cache_on && !strcmp(prefix_resume, "on") && !w->cache.resume)
+    K3_WARN("--prefix-resume: off on this worker (staged receive: no device services to send cached state)");
   k3_xfer_recv_opts_t ro = {.on_ready = dc_on_xfer_ready, .on_release = dc_on_xfer_release, .ud = w,
                             .dev = w->hooks ? k3_xhooks_dev(w->hooks) : NULL};
   rc = k3_xfer_recv_init(w->xfer, &ro, &w->recv);

@@ -15,12 +15,9 @@
  * What it is not: the page/slot allocator (main.c's free lists) or the transfer protocol.
  * Threads: setup and layout on the loop thread; dc_pools_import on the engine thread (it reads
  * the receive area, whose reservation the loop no longer touches once it is READY). */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "dc.h"
 #include "k3pd/err.h"
@@ -36,22 +33,6 @@ const char *dc_receive_name(int mode) {
   }
 }
 
-/* Host backends: the runner's state arena comes from UCX (called once by the runner's init). */
-static void *arena_alloc(void *ud, size_t bytes) {
-  dc_worker_t *w = ud;
-  if (k3_xfer_pool_alloc_host(w->xfer, bytes, &w->pools[0])) return NULL;
-  w->n_pools = 1;
-  return k3_xfer_pool_base(w->pools[0]);
-}
-static void arena_free(void *ud, void *p) {
-  dc_worker_t *w = ud;
-  if (w->pools[0] && k3_xfer_pool_base(w->pools[0]) == p) {
-    k3_xfer_pool_free(w->pools[0]);
-    w->pools[0] = NULL;
-    w->n_pools = 0;
-  }
-}
-
 int dc_pools_plan(dc_worker_t *w, k3_load_opts_t *mo, const char *receive, const char *ipc_dir, char *err,
                   size_t errlen) {
   bool cuda = mo->backend && !strcmp(mo->backend, "cuda");
@@ -59,33 +40,26 @@ int dc_pools_plan(dc_worker_t *w, k3_load_opts_t *mo, const char *receive, const
     snprintf(err, errlen, "--xfer-receive: expected auto, arena or staged, got \"%s\"", receive);
     return K3_EINVAL;
   }
-  if (!cuda) {
-    if (!strcmp(receive, "staged")) {
-      snprintf(err, errlen, "--xfer-receive staged: only for --backend cuda (host workers receive in place)");
-      return K3_EINVAL;
-    }
-    w->recv_mode = DC_RECV_ARENA_HOST;
-    mo->state = (k3_runner_arena_opts_t){.alloc = arena_alloc, .free = arena_free, .ud = w};
-    return 0;
+  if (!cuda && !strcmp(receive, "staged")) {
+    snprintf(err, errlen, "--xfer-receive staged: only for --backend cuda (host workers receive in place)");
+    return K3_EINVAL;
   }
-  bool ipc = ipc_dir && *ipc_dir && strcmp(ipc_dir, "none");
-  bool ucx = k3_xfer_ctx_cuda_capable(w->xfer);
-  if (!strcmp(receive, "staged") || (!strcmp(receive, "auto") && !ipc && !ucx)) {
-    if (!strcmp(receive, "auto"))
-      K3_WARN("no --ipc-dir and UCX without CUDA: receiving through a host area (staged; slower)");
+  if (cuda && !strcmp(receive, "staged")) {
     w->recv_mode = DC_RECV_STAGED;
     return 0;
   }
-  if (!ipc && !ucx) {
-    snprintf(err, errlen, "--xfer-receive arena on cuda needs --ipc-dir (same-host senders) or a UCX with CUDA "
-                          "(this one lists no CUDA memory)");
-    return K3_EINVAL;
+  char why[256];
+  int rc = k3_spools_plan(&w->sp, w->xfer, mo, ipc_dir, why, sizeof why);
+  if (rc == K3_ENOTSUP && !strcmp(receive, "auto")) {
+    K3_WARN("no --ipc-dir and UCX without CUDA: receiving through a host area (staged; slower)");
+    w->recv_mode = DC_RECV_STAGED;
+    return 0;
   }
-  w->recv_mode = DC_RECV_ARENA_DEVICE;
-  /* VMM: exportable to same-host senders. Without --ipc-dir the arena is plain device memory
-   * UCX's cuda_ipc can export (it cannot export VMM allocations). */
-  mo->state = (k3_runner_arena_opts_t){.vmm = ipc};
-  snprintf(w->ipc_dir, sizeof w->ipc_dir, "%s", ipc ? ipc_dir : "");
+  if (rc) {
+    snprintf(err, errlen, "--xfer-receive arena on cuda: %s", why);
+    return rc;
+  }
+  w->recv_mode = cuda ? DC_RECV_ARENA_DEVICE : DC_RECV_ARENA_HOST;
   return 0;
 }
 
@@ -115,51 +89,6 @@ static int setup_staged(dc_worker_t *w, char *err, size_t errlen) {
   return 0;
 }
 
-/* Exports the device arena on this worker's fdshare socket and registers it as the one pool. */
-static int setup_device(dc_worker_t *w, void *base, size_t bytes, char *err, size_t errlen) {
-  k3k_backend_t *be = k3_runner_backend(w->runner);
-  uint8_t blob[K3_XHOOKS_BLOB_MAX];
-  uint32_t blob_len = 0;
-  int rc = k3_xhooks_open(be, &w->hooks);
-  if (rc) {
-    snprintf(err, errlen, "device transfer services on the GPU: %s", k3_strerror(rc));
-    return rc;
-  }
-  if (w->ipc_dir[0]) {
-    if (mkdir(w->ipc_dir, 0700) && errno != EEXIST) {
-      snprintf(err, errlen, "--ipc-dir %s: %s", w->ipc_dir, strerror(errno));
-      return K3_EIO;
-    }
-    char path[320], name[64];
-    uint64_t id = k3_hash64(&base, sizeof base, (uint64_t)k3_now_ns() ^ (uint64_t)getpid());
-    int pl = snprintf(path, sizeof path, "%s/decode-%d-%08x.sock", w->ipc_dir, (int)getpid(), (unsigned)(id >> 32));
-    if (pl < 0 || pl >= 108) { /* sockaddr_un.sun_path */
-      snprintf(err, errlen, "--ipc-dir %s: too long for a Unix socket path", w->ipc_dir);
-      return K3_EINVAL;
-    }
-    snprintf(name, sizeof name, "state-%016llx", (unsigned long long)id);
-    int fd = -1;
-    rc = k3k_vmm_export(k3_runner_state_vmm(w->runner), &fd);
-    if (!rc) rc = k3_fdshare_start(path, &w->fds);
-    if (!rc) rc = k3_fdshare_add(w->fds, name, fd, &bytes, sizeof bytes);
-    if (fd >= 0) close(fd);
-    blob_len = sizeof blob;
-    if (!rc) rc = k3_xhooks_blob(be, path, name, bytes, blob, &blob_len);
-    if (rc) {
-      snprintf(err, errlen, "exporting the state arena on %s: %s", path, k3_strerror(rc));
-      return rc;
-    }
-    K3_INFO("state arena (%.1f MiB) exported as %s on %s", (double)bytes / 1048576.0, name, path);
-  }
-  rc = k3_xfer_pool_register(w->xfer, base, bytes, K3_XFER_MEM_CUDA, blob, blob_len, &w->pools[0]);
-  if (rc) {
-    snprintf(err, errlen, "registering the device state arena: %s", k3_strerror(rc));
-    return rc;
-  }
-  w->n_pools = 1;
-  return 0;
-}
-
 int dc_pools_setup(dc_worker_t *w, char *err, size_t errlen) {
   const k3_manifest_t *m = w->manifest;
   size_t n = m->n ? m->n : 1;
@@ -173,22 +102,18 @@ int dc_pools_setup(dc_worker_t *w, char *err, size_t errlen) {
   if (w->recv_mode == DC_RECV_STAGED) {
     rc = setup_staged(w, err, errlen);
   } else {
-    void *base = NULL;
-    size_t bytes = 0;
-    k3_runner_state_arena(w->runner, &base, &bytes);
-    for (size_t i = 0; i < m->n && !rc; i++) { /* each region's own pool tensor inside the arena */
-      void *rb;
-      size_t stride, count;
-      rc = k3_runner_pool_mem(w->runner, (int)i, &rb, &stride, &count);
+    if (w->recv_mode == DC_RECV_ARENA_DEVICE && (rc = k3_xhooks_open(k3_runner_backend(w->runner), &w->hooks))) {
+      snprintf(err, errlen, "device transfer services on the GPU: %s", k3_strerror(rc));
+      return rc;
+    }
+    rc = k3_spools_setup(&w->sp, w->runner, "decode", err, errlen);
+    for (size_t i = 0; i < m->n && !rc; i++) {
       w->rpool[i] = 0;
-      w->roff[i] = (uint64_t)((uint8_t *)rb - (uint8_t *)base);
-      w->rstride[i] = stride;
+      w->roff[i] = w->sp.roff[i];
+      w->rstride[i] = w->sp.rstride[i];
     }
-    if (!rc && w->recv_mode == DC_RECV_ARENA_DEVICE) rc = setup_device(w, base, bytes, err, errlen);
-    else if (!rc && (!w->pools[0] || k3_xfer_pool_base(w->pools[0]) != base)) {
-      snprintf(err, errlen, "the runner's state arena is not the UCX-allocated memory");
-      rc = K3_EINTERNAL;
-    }
+    w->pools[0] = w->sp.pool;
+    w->n_pools = 1;
   }
   if (rc) return rc;
   /* Hand out low ids first (stack: push in reverse). */
@@ -200,13 +125,15 @@ int dc_pools_setup(dc_worker_t *w, char *err, size_t errlen) {
 }
 
 void dc_pools_free(dc_worker_t *w) {
-  for (uint32_t p = 0; p < 2; p++) {
-    if (w->recv_mode == DC_RECV_ARENA_HOST && p == 0) continue; /* the runner frees it (arena_free) */
-    k3_xfer_pool_free(w->pools[p]);
-    w->pools[p] = NULL;
+  if (w->recv_mode == DC_RECV_STAGED) {
+    for (uint32_t p = 0; p < 2; p++) {
+      k3_xfer_pool_free(w->pools[p]);
+      w->pools[p] = NULL;
+    }
+  } else {
+    k3_spools_free(&w->sp); /* a host arena is the runner's */
+    w->pools[0] = NULL;
   }
-  k3_fdshare_stop(w->fds);
-  w->fds = NULL;
 }
 
 void dc_pools_close_hooks(dc_worker_t *w) {
@@ -222,10 +149,13 @@ int dc_pools_layout(dc_worker_t *w, const dc_req_t *q, uint32_t *slot_idx, k3_xf
   for (uint32_t p = 0; p < w->n_pools; p++) lay->pools[p] = w->pools[p];
   /* the tokens the prefill worker computes: the whole prompt, or its first xfer_tokens (split) */
   uint32_t xt = q->split ? q->xfer_tokens : q->n_prompt;
-  uint32_t prompt_pages = (uint32_t)((xt + (uint32_t)w->page_tokens - 1) / (uint32_t)w->page_tokens);
+  /* a long-suffix resume: pages [0, resume) are shared from the cache here; only the later ones
+   * are the prefill worker's to write */
+  uint32_t skip = q->resume / (uint32_t)w->page_tokens;
+  uint32_t prompt_pages = (uint32_t)((xt + (uint32_t)w->page_tokens - 1) / (uint32_t)w->page_tokens) - skip;
   lay->n_lists = 2;
   lay->lists[0].n = prompt_pages;
-  lay->lists[0].idx = (uint32_t *)q->pages; /* copied by reserve */
+  lay->lists[0].idx = (uint32_t *)q->pages + skip; /* copied by reserve */
   slot_idx[0] = (uint32_t)q->slot;
   lay->lists[1].n = 1;
   lay->lists[1].idx = slot_idx;

@@ -20,6 +20,8 @@ static dc_req_t *find_id(dc_worker_t *w, const char *id) {
   return NULL;
 }
 
+dc_req_t *dc_req_find(dc_worker_t *w, const char *id) { return find_id(w, id); }
+
 static dc_req_t *find_handle(dc_worker_t *w, uint64_t h) {
   for (dc_req_t *r = w->reqs; r; r = r->next)
     if (r->handle == h) return r;
@@ -88,6 +90,7 @@ static void reply_reservation(k3_rpc_call_t *call, dc_req_t *q, k3_xfer_desc_t *
   res.split = q->split;
   res.prefill_tokens = q->xfer_tokens;
   res.cached_tokens = q->cached;
+  res.resume_tokens = q->resume;
   k3_rpc_call_reply(call, &res.base);
   free(buf);
 }
@@ -164,7 +167,7 @@ static void on_reserve(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
   q->slot = -1;
   /* Pages and a slot (evicting cached prefixes first when short), and with the cache the plan
    * of who computes which part of the prompt. */
-  int rc = dc_cache_plan(w, q, use_cache ? rq->prompt_token_ids : NULL, need_pages);
+  int rc = dc_cache_plan(w, q, use_cache ? rq->prompt_token_ids : NULL, need_pages, rq->resume_ok);
   if (rc) {
     free(q);
     free(pages);
@@ -219,9 +222,10 @@ static void on_reserve(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
   w->reqs = q;
   if (q->split)
     K3_INFO("request %s: reserved %d pages + slot %d, epoch %llu, lease %u ms; prompt %u: cached %u, prefill "
-            "worker %u, here %u, %d checkpoint(s)",
+            "worker %u%s, here %u, %d checkpoint(s)",
             q->id, q->n_pages, q->slot, (unsigned long long)q->epoch, rq->lease_ms, q->n_prompt, q->cached,
-            q->xfer_tokens, q->n_prompt - q->start, (int)q->n_cand);
+            q->xfer_tokens, q->resume ? " resuming from the cached state (Export)" : "", q->n_prompt - q->start,
+            (int)q->n_cand);
   else
     K3_INFO("request %s: reserved %d pages + slot %d, epoch %llu, lease %u ms", q->id, q->n_pages, q->slot,
             (unsigned long long)q->epoch, rq->lease_ms);
@@ -569,5 +573,6 @@ int dc_service_register(dc_worker_t *w) {
   if (!rc)
     rc = k3_rpc_server_add_method(w->srv, "/k3pd.v1.Decode/Stats", K3_RPC_UNARY,
                                   &k3pd__v1__stats_request__descriptor, on_stats, w);
+  if (!rc) rc = dc_export_register(w);
   return rc;
 }

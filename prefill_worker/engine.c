@@ -32,6 +32,7 @@ typedef struct held {
   int64_t done;     /* prompt tokens prefilled into seq */
   uint32_t waited;  /* passes runnable but not chosen (sched.h) */
   bool finished;    /* FINISHED or FAILED posted: nothing more to compute */
+  bool waiting;     /* a prepared resume: its state is being received (not runnable) */
 } held_t;
 
 /* A prompt waiting for local state. */
@@ -222,6 +223,50 @@ static void admit(eng_t *e) {
   free(gone);
 }
 
+/* A prepared resume (PrepareResume): local state for the whole prompt now, outside the fair
+ * queue (the decode worker's state is about to land in it); it runs once RESUME says so. */
+static void reserve_prepared(eng_t *e, pf_job_t *job) {
+  pf_worker_t *w = e->w;
+  int np = k3_runner_pages_for(w->runner, job->n_tokens);
+  held_t *h = calloc(1, sizeof *h);
+  int32_t *pages = calloc((size_t)(np > 0 ? np : 1), sizeof *pages);
+  int rc = h && pages ? 0 : K3_ENOMEM;
+  if (!rc) {
+    h->job = job;
+    h->seq.slot = -1;
+    h->seq.pages = pages;
+    h->seq.cap_pages = np;
+    rc = k3_runner_seq_reserve(w->runner, &h->seq, job->n_tokens);
+  }
+  if (rc) {
+    free(h);
+    free(pages);
+    fail_job(w, job, rc, rc == K3_ECAPACITY ? "no local pages or KDA slot free for a resume now" : "reserving local state");
+    return;
+  }
+  h->waiting = true;
+  h->next = e->held;
+  e->held = h;
+  pf_msg_t *o = new_out(job, PF_MSG_RESERVED);
+  if (o) o->seq = &h->seq;
+  post_out(w, o);
+}
+
+/* The state at job->resume arrived: continue the prompt from there. */
+static void resume_prepared(eng_t *e, pf_job_t *job) {
+  for (held_t *h = e->held; h; h = h->next) {
+    if (h->job != job || !h->waiting) continue;
+    h->waiting = false;
+    h->done = job->resume;
+    h->seq.len = job->resume;
+    pf_msg_t *o = new_out(job, PF_MSG_STARTED);
+    if (o) o->seq = &h->seq;
+    post_out(e->w, o);
+    return;
+  }
+  fail_job(e->w, job, K3_EINTERNAL, "resume: no prepared local state for this job");
+}
+
 static int grow_scratch(eng_t *e, int n) {
   if (n <= e->cap_run) return 0;
   int nc = n + 16;
@@ -242,13 +287,13 @@ static int grow_scratch(eng_t *e, int n) {
 static bool run_pass(eng_t *e) {
   pf_worker_t *w = e->w;
   int n = 0;
-  for (held_t *h = e->held; h; h = h->next) n += !h->finished;
+  for (held_t *h = e->held; h; h = h->next) n += !h->finished && !h->waiting;
   if (n == 0) return false;
   if (grow_scratch(e, n)) return false; /* out of memory: retried after the next wait */
   /* arrival order (the held list is newest first) for the tie rule */
   int k = n;
   for (held_t *h = e->held; h; h = h->next)
-    if (!h->finished) e->run[--k] = h;
+    if (!h->finished && !h->waiting) e->run[--k] = h;
   for (int i = 0; i < n; i++)
     e->cand[i] = (pf_cand_t){.remaining = e->run[i]->job->n_tokens - e->run[i]->done, .waited = e->run[i]->waited};
   int chosen = pf_sched_pick(e->cand, n, e->chunk, w->max_batch_tokens, e->maxb, e->order, e->score);
@@ -332,6 +377,10 @@ static void *engine_main(void *arg) {
       pf_msg_t *pm = (pf_msg_t *)m;
       if (m->type == PF_MSG_RUN) {
         enqueue(&e, pm->job);
+      } else if (m->type == PF_MSG_RESERVE) {
+        reserve_prepared(&e, pm->job);
+      } else if (m->type == PF_MSG_RESUME) {
+        resume_prepared(&e, pm->job);
       } else if (m->type == PF_MSG_FREE) {
         drop_job(&e, pm->job);
         post_out(w, new_out(pm->job, PF_MSG_FREE)); /* tells the loop the job's local state is gone */

@@ -39,7 +39,10 @@ void pf_metrics_refresh(pf_worker_t *w) {
   k3_app_set_ready(w->srv, "k3pd.v1.Prefill", w->mhttp, &w->health, !w->draining && k3_registrar_registered(w->reg));
 }
 
-static void on_metrics_tick(uv_timer_t *t) { pf_metrics_refresh(t->data); }
+static void on_metrics_tick(uv_timer_t *t) {
+  pf_metrics_refresh(t->data);
+  pf_resume_expire(t->data);
+}
 
 /* Peer pools whose decode worker went away are unmapped (their arenas would stay allocated on
  * the GPU as long as this process maps them). */
@@ -70,6 +73,14 @@ static void on_server_done(void *arg) {
   pf_worker_t *w = &a->w;
   pf_engine_stop(w);
   k3_inbox_close(&w->outbox, NULL);
+  k3_xfer_recv_free(w->recv); /* cancels prepared resumes' receive reservations */
+  w->recv = NULL;
+  /* The runner's state arena may be UCX memory (host backends): free it while UCX lives (as the
+   * decode worker does). */
+  k3_runner_free(w->runner);
+  w->runner = NULL;
+  if (w->sp_planned) k3_spools_free(&w->sp);
+  w->sp_planned = false;
   k3_xfer_ctx_close(w->xfer); /* fails sends still running; their callbacks free the jobs */
   k3_registrar_stop(w->reg, true, on_registrar_done, a);
   uv_close((uv_handle_t *)&a->metrics_timer, NULL);
@@ -90,7 +101,10 @@ int main(int argc, char **argv) {
   k3_load_opts_default(&mo);
   mo.num_slots = 8;
   const char *listen = "127.0.0.1:0", *router = NULL, *advertise = NULL, *worker_id = NULL, *ucx_tls = NULL;
-  const char *log_level = NULL, *metrics_host = NULL, *xfer_path = "auto";
+  const char *log_level = NULL, *metrics_host = NULL, *xfer_path = "auto", *ipc_dir = NULL;
+  char ipc_default[64];
+  snprintf(ipc_default, sizeof ipc_default, "/tmp/k3pd-ipc-%u", (unsigned)getuid());
+  ipc_dir = ipc_default;
   int metrics_port = -1, resolve_ms = 5000;
   int64_t max_batch_tokens = 4096, send_deadline_ms = 120000;
   a->drain_grace_ms = 30000;
@@ -120,6 +134,9 @@ int main(int argc, char **argv) {
       {"xfer-path", K3_FLAG_STR, &xfer_path, "PATH", "how state moves to decode workers: auto (per send: cuda-ipc "
        "to a same-host GPU decode worker, else ucx-cuda, else staged; host on CPU backends), or force one of host, "
        "staged, cuda-ipc, ucx-cuda (a send that cannot take it fails)", false},
+      {"ipc-dir", K3_FLAG_STR, &ipc_dir, "DIR", "cuda: directory of this worker's socket that hands its state "
+       "pools to a same-host decode worker sending a cached prefix (long-suffix resume; created 0700; \"none\" = "
+       "off) (default /tmp/k3pd-ipc-<uid>)", false},
       {"log-level", K3_FLAG_STR, &log_level, "LEVEL", "error|warn|info|debug", false},
       {"metrics-port", K3_FLAG_INT, &metrics_port, "N", "HTTP /metrics /healthz /readyz port (0 = ephemeral, -1 = off)",
        false},
@@ -159,6 +176,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-prefill: --max-batch, --max-batch-tokens and --send-deadline-ms must be >= 1\n");
     return 2;
   }
+  uv_loop_t *loop = uv_default_loop();
+  w->loop = loop;
+  k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
+  rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
+  if (rc) {
+    fprintf(stderr, "k3pd-prefill: UCX initialisation failed: %s\n", k3_strerror(rc));
+    return 1;
+  }
+  /* The runner's state arena as a transfer pool, so that a decode worker can send a cached
+   * prefix straight into it (long-suffix resume); without it PrepareResume is refused. */
+  rc = k3_spools_plan(&w->sp, w->xfer, &mo, ipc_dir, w->recv_why, sizeof w->recv_why);
+  w->sp_planned = rc == 0;
   rc = k3_load_model(&mo, &a->weights, &w->runner, err, sizeof err);
   if (rc) {
     fprintf(stderr, "k3pd-prefill: %s\n", err);
@@ -177,8 +206,6 @@ int main(int argc, char **argv) {
     return 2;
   }
   w->path = (k3_xfer_path_t)pth;
-  uv_loop_t *loop = uv_default_loop();
-  w->loop = loop;
   if (k3_metrics_init(&w->mreg) || k3_prefill_metrics_register(w->mreg, K3PD_VERSION, &w->m)) {
     fprintf(stderr, "k3pd-prefill: cannot set up metrics\n");
     return 1;
@@ -186,12 +213,6 @@ int main(int argc, char **argv) {
   if (k3_app_metrics_http(w->mreg, "k3pd-prefill", metrics_host, metrics_port, to.metrics_tls ? a->tls : NULL,
                           &w->mhttp))
     return 1;
-  k3_xfer_ctx_opts_t xo = {.tls = ucx_tls};
-  rc = k3_xfer_ctx_init(loop, &xo, &w->xfer);
-  if (rc) {
-    fprintf(stderr, "k3pd-prefill: UCX initialisation failed: %s\n", k3_strerror(rc));
-    return 1;
-  }
   if (!k3_runner_backend(w->runner)->host_memory) { /* device pools: device jobs move them */
     rc = k3_xhooks_open(k3_runner_backend(w->runner), &w->hooks);
     if (rc) {
@@ -201,6 +222,22 @@ int main(int argc, char **argv) {
     uv_timer_init(loop, &a->gc_timer);
     a->gc_timer.data = w->hooks;
     uv_timer_start(&a->gc_timer, on_gc_tick, 5000, 5000);
+  }
+  if (w->sp_planned && (rc = k3_spools_setup(&w->sp, w->runner, "prefill", w->recv_why, sizeof w->recv_why))) {
+    fprintf(stderr, "k3pd-prefill: %s\n", w->recv_why);
+    return 1;
+  }
+  if (w->sp_planned) {
+    k3_xfer_recv_opts_t ro = {.on_ready = pf_on_xfer_ready, .on_release = pf_on_xfer_release, .ud = w,
+                              .dev = w->hooks ? k3_xhooks_dev(w->hooks) : NULL};
+    if (getenv("K3PD_TEST_CORRUPT_RESUME")) ro.test_before_verify = pf_test_corrupt;
+    rc = k3_xfer_recv_init(w->xfer, &ro, &w->recv);
+    if (rc) {
+      fprintf(stderr, "k3pd-prefill: transfer receiver: %s\n", k3_strerror(rc));
+      return 1;
+    }
+  } else {
+    K3_INFO("long-suffix resumes off on this worker: %s", w->recv_why);
   }
   rc = k3_inbox_init(loop, &w->outbox, pf_on_engine_msg, w);
   if (!rc) rc = k3_rpc_server_init(loop, NULL, &w->srv);

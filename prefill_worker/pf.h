@@ -24,6 +24,7 @@
 #include "k3pd/registrar.h"
 #include "k3pd/rpc.h"
 #include "k3pd/rpc_client.h"
+#include "k3pd/spools.h"
 #include "k3pd/xdev_hooks.h"
 #include "k3pd/xfer.h"
 
@@ -57,9 +58,28 @@ typedef struct pf_job {
   char err[320];
   uint64_t t_arrive_ns, t_start_ns, t_computed_ns, t_done_ns;
   uint64_t bytes;
+  /* Long-suffix resume (resume.c; docs/design.md "Long-suffix hits"). resume: the decode
+   * reservation covers the state from this token on (only that part is pushed). prepared: made
+   * by PrepareResume (local state reserved at once, a receive reservation over its first
+   * `resume` tokens); the Prefill call joins it later. */
+  uint32_t resume;
+  bool prepared;
+  bool retired;              /* a prepared job that will not be used: only waits to be freed */
+  k3_rpc_call_t *prep_call;  /* the PrepareResume call until answered */
+  uint32_t prep_lease_ms;
+  uint64_t recv_handle;      /* its receive reservation (k3_xfer), unique on this worker */
+  bool recv_live;            /* the transfer layer may still write the local state */
+  bool recv_ready;           /* the decode worker's state arrived and was verified */
+  int64_t prep_deadline_ms;  /* wall clock: retired if no Prefill joined by then */
+  const k3_seq_t *seq;       /* the engine's local sequence, once reserved (valid until FREE) */
 } pf_job_t;
 
-typedef enum { PF_MSG_RUN = 1, PF_MSG_FREE, PF_MSG_STOP, PF_MSG_STARTED, PF_MSG_LAYER, PF_MSG_FINISHED, PF_MSG_FAILED } pf_msg_type_t;
+typedef enum {
+  PF_MSG_RUN = 1, PF_MSG_FREE, PF_MSG_STOP, PF_MSG_STARTED, PF_MSG_LAYER, PF_MSG_FINISHED, PF_MSG_FAILED,
+  PF_MSG_RESERVE,  /* loop → engine: a prepared job's local state now (not runnable yet) */
+  PF_MSG_RESERVED, /* engine → loop: reserved (seq set) */
+  PF_MSG_RESUME    /* loop → engine: its state at job->resume arrived: continue from there (STARTED) */
+} pf_msg_type_t;
 
 typedef struct {
   k3_msg_t link;
@@ -91,6 +111,12 @@ typedef struct pf_worker {
   uint32_t send_deadline_ms;
   k3_xfer_path_t path;        /* --xfer-path (AUTO: k3_xfer chooses per send) */
   k3_xhooks_t *hooks;         /* device digest/copy jobs and peer mappings (cuda), else NULL */
+  /* receiving cached state (resume.c): the runner's state arena as a pool, and the receiver */
+  k3_spools_t sp;
+  bool sp_planned;
+  k3_xfer_recv_t *recv;       /* NULL: this worker cannot receive (PrepareResume refused) */
+  char recv_why[200];         /* why not */
+  uint64_t next_recv_handle;
   pf_job_t *jobs;
   bool draining;
   k3_engine_t engine;         /* engine thread + its inbound queue */
@@ -114,6 +140,24 @@ void pf_engine_post(pf_worker_t *w, pf_msg_t *m);
 void pf_engine_stop(pf_worker_t *w);
 
 int pf_service_register(pf_worker_t *w);
+
+/* resume.c: PrepareResume, the receiver's callbacks and prepared jobs' lifetime. */
+int pf_resume_register(pf_worker_t *w);
+void pf_on_xfer_ready(void *ud, const k3_xfer_ready_t *r);
+void pf_on_xfer_release(void *ud, uint64_t request_id, void *owner);
+/* The engine reserved (or failed to reserve) a prepared job's local state. */
+void pf_resume_reserved(pf_worker_t *w, pf_job_t *j, const k3_seq_t *seq);
+/* Test hook (k3_xfer_recv_opts_t.test_before_verify) behind K3PD_TEST_CORRUPT_RESUME. */
+void pf_test_corrupt(void *ud, uint64_t request_id);
+/* Retires prepared jobs whose Prefill did not come within their lease (timer). */
+void pf_resume_expire(pf_worker_t *w);
+/* A prepared job will not be used (fallback, abort, expiry): cancel its receive reservation;
+ * its local state is freed once the transfer layer released it. */
+void pf_resume_retire(pf_worker_t *w, pf_job_t *j);
+/* service.c helpers resume.c shares */
+pf_job_t *pf_job_find(pf_worker_t *w, const char *id, uint64_t epoch);
+void pf_job_post_free(pf_worker_t *w, pf_job_t *j);
+void pf_job_maybe_drop(pf_worker_t *w, pf_job_t *j);
 void pf_on_engine_msg(k3_msg_t *m, void *ud);
 void pf_fill_load(void *ud, K3pd__V1__WorkerLoad *load);
 

@@ -16,9 +16,11 @@
  * failed attempt of the same request is still being torn down here. */
 static pf_job_t *find_job(pf_worker_t *w, const char *id, uint64_t epoch) {
   for (pf_job_t *j = w->jobs; j; j = j->next)
-    if (strcmp(j->id, id) == 0 && j->epoch == epoch) return j;
+    if (!j->retired && strcmp(j->id, id) == 0 && j->epoch == epoch) return j;
   return NULL;
 }
+
+pf_job_t *pf_job_find(pf_worker_t *w, const char *id, uint64_t epoch) { return find_job(w, id, epoch); }
 
 static void unlink_job(pf_worker_t *w, pf_job_t *j) {
   for (pf_job_t **pp = &w->jobs; *pp; pp = &(*pp)->next) {
@@ -40,14 +42,17 @@ static void free_job(pf_job_t *j) {
 /* Drops the job once the engine released its local state, the send is over and the RPC is
  * answered. */
 static void maybe_drop(pf_worker_t *w, pf_job_t *j) {
-  if (j->engine_has || j->send || j->call) return;
+  if (j->engine_has || j->send || j->call || j->prep_call || j->recv_live) return;
   unlink_job(w, j);
   free_job(j);
 }
 
-/* Exactly one FREE goes to the engine per job; the engine answers it exactly once. */
+void pf_job_maybe_drop(pf_worker_t *w, pf_job_t *j) { maybe_drop(w, j); }
+
+/* Exactly one FREE goes to the engine per job; the engine answers it exactly once. Not while a
+ * receive reservation may still write the local state (pf_on_xfer_release posts it then). */
 static void post_free(pf_worker_t *w, pf_job_t *j) {
-  if (j->free_posted) return;
+  if (j->free_posted || j->recv_live) return;
   j->free_posted = true;
   if (!w->engine.running) { /* shutting down: the engine already released everything */
     j->engine_has = false;
@@ -59,6 +64,8 @@ static void post_free(pf_worker_t *w, pf_job_t *j) {
   m->job = j;
   pf_engine_post(w, m);
 }
+
+void pf_job_post_free(pf_worker_t *w, pf_job_t *j) { post_free(w, j); }
 
 static void answer(pf_worker_t *w, pf_job_t *j) {
   if (!j->call) return;
@@ -192,6 +199,10 @@ static int start_send(pf_worker_t *w, pf_job_t *j, const k3_seq_t *seq) {
   if (!j->srcs || !j->src_idx) return K3_ENOMEM;
   for (int p = 0; p < seq->n_pages; p++) j->src_idx[p] = (uint32_t)seq->pages[p];
   j->src_idx[seq->n_pages] = (uint32_t)seq->slot;
+  /* a long-suffix resume's reservation starts at token j->resume (a page boundary, checked at
+   * Prefill): the decode worker holds the pages before it */
+  uint32_t skip = j->resume / (uint32_t)k3_runner_opts(w->runner)->page_tokens;
+  if (skip > (uint32_t)seq->n_pages) return K3_EINVAL;
   for (size_t i = 0; i < m->n; i++) {
     void *base;
     size_t stride, count;
@@ -203,8 +214,8 @@ static int start_send(pf_worker_t *w, pf_job_t *j, const k3_seq_t *seq) {
     s->offset_bytes = 0;
     s->unit_bytes = m->regions[i].bytes;
     if (m->regions[i].kind == K3_REGION_MLA_LATENT) {
-      s->idx = j->src_idx;
-      s->n_idx = (uint32_t)seq->n_pages;
+      s->idx = j->src_idx + skip;
+      s->n_idx = (uint32_t)seq->n_pages - skip;
     } else {
       s->idx = j->src_idx + seq->n_pages;
       s->n_idx = 1;
@@ -263,9 +274,17 @@ void pf_on_engine_msg(k3_msg_t *m, void *ud) {
       }
       break;
     }
+    case PF_MSG_RESERVED:
+      pf_resume_reserved(w, j, o->seq);
+      break;
     case PF_MSG_FAILED:
       unqueue(w, j);
       compute_over(w, j);
+      if (j->prep_call) { /* PrepareResume: no local state for it */
+        k3_rpc_call_finish(j->prep_call, k3_rpc_code_from_err(o->status), o->err);
+        j->prep_call = NULL;
+        j->retired = true;
+      }
       fail(w, j, o->status, o->err);
       if (j->engine_has) post_free(w, j);
       else maybe_drop(w, j);
@@ -291,6 +310,38 @@ static void on_prefill_cancel(k3_rpc_call_t *call, void *arg) {
   if (j->engine_has) post_free(g_w, j); /* drop it from the engine's queue or its passes */
 }
 
+/* Fills a job from its Prefill request (the loop owns it from here). */
+static void fill_job(pf_job_t *j, const K3pd__V1__PrefillRequest *rq, int32_t *toks, k3_xfer_desc_t *desc,
+                     k3_rpc_call_t *call) {
+  snprintf(j->id, sizeof j->id, "%s", rq->request_id);
+  j->epoch = rq->epoch;
+  j->call = call;
+  for (size_t i = 0; i < rq->n_token_ids; i++) toks[i] = (int32_t)rq->token_ids[i];
+  j->tokens = toks;
+  j->n_tokens = (uint32_t)rq->n_token_ids;
+  j->desc = desc;
+  j->resume = rq->resume_tokens;
+  j->sample.temperature = 1.0f;
+  j->sample.top_p = 1.0f;
+  const K3pd__V1__SamplingParams *sp = rq->sampling;
+  if (sp) {
+    if (sp->temperature_opt_case == K3PD__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE)
+      j->sample.temperature = sp->temperature;
+    if (sp->top_p_opt_case == K3PD__V1__SAMPLING_PARAMS__TOP_P_OPT_TOP_P) j->sample.top_p = sp->top_p;
+    j->sample.top_k = sp->top_k;
+    if (sp->seed_opt_case == K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED) j->sample.seed = sp->seed;
+  }
+  if (!sp || sp->seed_opt_case != K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED)
+    j->sample.seed = k3_hash64(j->id, strlen(j->id), (uint64_t)k3_wall_ms());
+  j->t_arrive_ns = k3_now_ns();
+}
+
+static void count_resume(pf_worker_t *w, bool received, uint32_t tokens) {
+  const char *o = received ? "received" : "fallback";
+  k3_metric_inc(w->m.resume_total, &o);
+  if (received) k3_counter_add(k3_metric_default(w->m.resume_tokens_total), (double)tokens);
+}
+
 static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
   pf_worker_t *w = user;
   const K3pd__V1__PrefillRequest *rq = (const K3pd__V1__PrefillRequest *)msg;
@@ -304,7 +355,15 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
     k3_rpc_call_finish(call, K3_RPC_UNAVAILABLE, "prefill worker is draining");
     return;
   }
-  if (find_job(w, rq->request_id, rq->epoch)) {
+  int pt = k3_runner_opts(w->runner)->page_tokens;
+  if (rq->resume_tokens % (uint32_t)pt) {
+    k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT, "resume_tokens: %u is not a multiple of this worker's page "
+                        "size (%d tokens)", rq->resume_tokens, pt);
+    return;
+  }
+  /* A job of this (request, epoch) may exist only as a prepared resume nobody joined yet. */
+  pf_job_t *pj = find_job(w, rq->request_id, rq->epoch);
+  if (pj && !(pj->prepared && !pj->tokens)) {
     k3_rpc_call_finish(call, K3_RPC_ALREADY_EXISTS, "request_id: this epoch is already running on this prefill worker");
     return;
   }
@@ -333,41 +392,37 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
     k3_xfer_desc_free(desc);
     return;
   }
-  pf_job_t *j = calloc(1, sizeof *j);
+  /* Long-suffix resume: use the received state only when it is complete and verified for this
+   * very prompt; anything else computes from token 0 (same pages pushed: exact either way). */
+  if (pj && !(rq->resumed && pj->recv_ready && pj->seq && pj->n_tokens == rq->n_token_ids &&
+              pj->resume == rq->resume_tokens)) {
+    K3_WARN("request %s: prepared resume not used (%s); computing the prompt from token 0", pj->id,
+            !rq->resumed ? "the router fell back" : !pj->recv_ready ? "the state did not arrive" : "prompt differs");
+    pf_resume_retire(w, pj);
+    pj = NULL;
+    count_resume(w, false, 0);
+  } else if (!pj && rq->resumed) {
+    K3_WARN("request %s: resumed, but no prepared state here; computing the prompt from token 0", rq->request_id);
+    count_resume(w, false, 0);
+  }
+  pf_job_t *j = pj ? pj : calloc(1, sizeof *j);
   int32_t *toks = malloc(rq->n_token_ids * sizeof *toks);
   pf_msg_t *m = calloc(1, sizeof *m);
   if (!j || !toks || !m) {
-    free(j);
+    if (!pj) free(j);
     free(toks);
     free(m);
     k3_xfer_desc_free(desc);
     k3_rpc_call_finish(call, K3_RPC_RESOURCE_EXHAUSTED, "prefill worker out of memory");
     return;
   }
-  snprintf(j->id, sizeof j->id, "%s", rq->request_id);
-  j->epoch = rq->epoch;
-  j->call = call;
-  for (size_t i = 0; i < rq->n_token_ids; i++) toks[i] = (int32_t)rq->token_ids[i];
-  j->tokens = toks;
-  j->n_tokens = (uint32_t)rq->n_token_ids;
-  j->desc = desc;
-  j->sample.temperature = 1.0f;
-  j->sample.top_p = 1.0f;
-  const K3pd__V1__SamplingParams *sp = rq->sampling;
-  if (sp) {
-    if (sp->temperature_opt_case == K3PD__V1__SAMPLING_PARAMS__TEMPERATURE_OPT_TEMPERATURE)
-      j->sample.temperature = sp->temperature;
-    if (sp->top_p_opt_case == K3PD__V1__SAMPLING_PARAMS__TOP_P_OPT_TOP_P) j->sample.top_p = sp->top_p;
-    j->sample.top_k = sp->top_k;
-    if (sp->seed_opt_case == K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED) j->sample.seed = sp->seed;
-  }
-  if (!sp || sp->seed_opt_case != K3PD__V1__SAMPLING_PARAMS__SEED_OPT_SEED)
-    j->sample.seed = k3_hash64(j->id, strlen(j->id), (uint64_t)k3_wall_ms());
-  j->t_arrive_ns = k3_now_ns();
+  fill_job(j, rq, toks, desc, call);
   j->state = PF_QUEUED;
   j->engine_has = true;
-  j->next = w->jobs;
-  w->jobs = j;
+  if (!pj) {
+    j->next = w->jobs;
+    w->jobs = j;
+  }
   w->queued_tokens += j->n_tokens;
   j->counted = true;
   /* done first: a pass that ends between the two loads then counts as in progress (one pass
@@ -376,9 +431,18 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
   j->pass_seen = atomic_load(&w->passes_started);
   j->pass_in_progress = j->pass_seen > done;
   k3_rpc_call_set_cancel_cb(call, on_prefill_cancel, j);
-  m->link.type = PF_MSG_RUN;
+  if (pj) {
+    /* the received state is ours now: its reservation ends (no write can come any more) */
+    k3_xfer_recv_release(w->recv, j->recv_handle);
+    count_resume(w, true, j->resume);
+    m->link.type = PF_MSG_RESUME;
+    K3_INFO("request %s: resuming at %u of %u prompt tokens from the received state (epoch %llu)", j->id, j->resume,
+            j->n_tokens, (unsigned long long)j->epoch);
+  } else {
+    m->link.type = PF_MSG_RUN;
+    K3_INFO("request %s: queued %u prompt tokens (epoch %llu)", j->id, j->n_tokens, (unsigned long long)j->epoch);
+  }
   m->job = j;
-  K3_INFO("request %s: queued %u prompt tokens (epoch %llu)", j->id, j->n_tokens, (unsigned long long)j->epoch);
   pf_engine_post(w, m);
   k3_registrar_kick(w->reg);
 }
@@ -393,7 +457,12 @@ static void on_abort(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *use
     return;
   }
   for (pf_job_t *j = w->jobs; j; j = j->next) { /* every attempt of the request */
-    if (strcmp(j->id, rq->request_id) != 0 || j->state == PF_DONE || j->cancelled) continue;
+    if (strcmp(j->id, rq->request_id) != 0 || j->state == PF_DONE || j->cancelled || j->retired) continue;
+    if (j->prepared && !j->tokens) { /* a prepared resume nobody joined */
+      r.found = true;
+      pf_resume_retire(w, j);
+      continue;
+    }
     r.found = true;
     K3_INFO("request %s: aborted (epoch %llu)", j->id, (unsigned long long)j->epoch);
     j->cancelled = true;
@@ -408,7 +477,7 @@ void pf_fill_load(void *ud, K3pd__V1__WorkerLoad *load) {
   load->queued_prompt_tokens = w->queued_tokens;
   load->running_seqs = w->running;
   uint32_t q = 0;
-  for (pf_job_t *j = w->jobs; j; j = j->next) q += j->state == PF_QUEUED;
+  for (pf_job_t *j = w->jobs; j; j = j->next) q += j->state == PF_QUEUED && j->tokens; /* not prepared resumes */
   load->queued_requests = q;
 }
 
@@ -419,5 +488,6 @@ int pf_service_register(pf_worker_t *w) {
   if (!rc)
     rc = k3_rpc_server_add_method(w->srv, "/k3pd.v1.Prefill/Abort", K3_RPC_UNARY,
                                   &k3pd__v1__abort_request__descriptor, on_abort, w);
+  if (!rc) rc = pf_resume_register(w);
   return rc;
 }

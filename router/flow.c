@@ -277,6 +277,7 @@ static void reserve(rt_req_t *q) {
   rr.lease_ms = q->rt->lease_ms;
   if (q->rt->prefix_cache) { /* the decode worker looks the prompt up in its cache */
     rr.prefix_cache = true;
+    rr.resume_ok = true;     /* long-suffix hits: this router runs PrepareResume + Export */
     rr.prompt_token_ids = (uint32_t *)q->prompt; /* ids are >= 0: same bits */
     rr.n_prompt_token_ids = q->n_prompt;
   }
@@ -345,20 +346,24 @@ static void start_prefill(rt_req_t *q) {
   rt_router_t *rt = q->rt;
   const char *ex[RT_MAX_EXCLUDE];
   for (int i = 0; i < q->n_excluded; i++) ex[i] = q->excluded[i];
-  size_t pi;
-  rt_worker_t *dw = worker(q, q->decode_id);
-  uint64_t fp = dw ? dw->info.fingerprint : 0;
-  int rc = rt_choose_prefill(&rt->reg, fp, ex, (size_t)q->n_excluded, &pi);
-  if (rc && q->n_excluded) rc = rt_choose_prefill(&rt->reg, fp, NULL, 0, &pi); /* a preference (above) */
-  if (rc) {
-    end_request(q, K3_RPC_UNAVAILABLE,
-                q->n_excluded ? "no prefill worker is available (the others failed this request)"
-                              : "no prefill worker is available");
-    return;
+  rt_worker_t *pw = q->prefill_chosen ? worker(q, q->prefill_id) : NULL;
+  q->prefill_chosen = false;
+  if (!pw) {
+    size_t pi;
+    rt_worker_t *dw = worker(q, q->decode_id);
+    uint64_t fp = dw ? dw->info.fingerprint : 0;
+    int rc = rt_choose_prefill(&rt->reg, fp, ex, (size_t)q->n_excluded, &pi);
+    if (rc && q->n_excluded) rc = rt_choose_prefill(&rt->reg, fp, NULL, 0, &pi); /* a preference (above) */
+    if (rc) {
+      end_request(q, K3_RPC_UNAVAILABLE,
+                  q->n_excluded ? "no prefill worker is available (the others failed this request)"
+                                : "no prefill worker is available");
+      return;
+    }
+    pw = &rt->reg.workers[pi];
+    snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pw->info.id);
+    snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pw->info.address);
   }
-  rt_worker_t *pw = &rt->reg.workers[pi];
-  snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pw->info.id);
-  snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pw->info.address);
   K3pd__V1__PrefillRequest pr = K3PD__V1__PREFILL_REQUEST__INIT;
   size_t n_send = q->split ? q->prefill_tokens : q->n_prompt; /* split: the decode worker computes the rest */
   uint32_t *ids = malloc((n_send ? n_send : 1) * sizeof *ids);
@@ -381,17 +386,114 @@ static void start_prefill(rt_req_t *q) {
   pr.reservation.len = q->desc_len;
   pr.return_logprobs = q->want_logprobs;
   pr.decode_worker_id = q->decode_id;
+  pr.resume_tokens = q->resume_tokens;
+  pr.resumed = q->resumed;
   k3_rpc_call_opts_t o = {.timeout_ms = call_timeout(q, 0), .request_id = q->id};
   q->t_prefill_start = k3_now_ns();
   if (q->retries == 0 && q->attempt == 1)
     k3_histogram_observe(k3_metric_default(rt->m.queue_seconds), (double)(q->t_prefill_start - q->t_arrive) / 1e9);
-  rc = k3_rpc_unary(rt->cli, q->prefill_addr, "/k3pd.v1.Prefill/Prefill", &pr.base,
+  int rc = k3_rpc_unary(rt->cli, q->prefill_addr, "/k3pd.v1.Prefill/Prefill", &pr.base,
                     &k3pd__v1__prefill_response__descriptor, &o, on_prefill_done, c, &q->prefill_call);
   free(ids);
   if (rc) {
     rt_worker_sub_pending(pw, (int64_t)n_send);
     free(c);
     end_request(q, K3_RPC_INTERNAL, "starting the prefill call failed");
+  }
+}
+
+/* ---- long-suffix resume (docs/protocol.md "Long-suffix hits") ----
+ * The decode worker answered resume_tokens = p: P.PrepareResume (local state + a receive
+ * reservation on the chosen prefill worker), then D.Export (D sends its cached state there), then
+ * P.Prefill with `resumed`. Any failure before Prefill is one fallback: the same Prefill without
+ * `resumed` (the prefill worker computes from token 0 and pushes the same pages). The calls use
+ * the request's prefill call slot, so cancellation and attempts treat them as the prefill. */
+
+static void on_export_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp) {
+  cctx_t *c = arg;
+  rt_req_t *q = c->q;
+  (void)resp;
+  q->busy++;
+  if (!cctx_current(c, &q->prefill_call) || q->phase == RQ_DONE) goto out;
+  q->resumed = st->code == K3_RPC_OK;
+  if (!q->resumed)
+    K3_WARN("request %s: decode worker %s could not send its cached state (%s: %s); the prefill worker computes "
+            "the prompt from token 0", q->id, c->id, k3_rpc_code_name(st->code), st->details);
+  q->prefill_chosen = true;
+  start_prefill(q);
+out:
+  free(c);
+  q->busy--;
+  rt_req_maybe_free(q);
+}
+
+static void on_prepare_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp) {
+  cctx_t *c = arg;
+  rt_req_t *q = c->q;
+  q->busy++;
+  if (!cctx_current(c, &q->prefill_call) || q->phase == RQ_DONE) goto out; /* its lease frees it there */
+  if (st->code != K3_RPC_OK) {
+    K3_WARN("request %s: prefill worker %s cannot take the cached state (%s: %s); it computes the prompt from token "
+            "0", q->id, c->id, k3_rpc_code_name(st->code), st->details);
+    q->prefill_chosen = true;
+    start_prefill(q);
+    goto out;
+  }
+  const K3pd__V1__PrepareResumeResponse *pr = (const K3pd__V1__PrepareResumeResponse *)resp;
+  K3pd__V1__ExportRequest er = K3PD__V1__EXPORT_REQUEST__INIT;
+  er.request_id = q->wid;
+  er.epoch = q->epoch;
+  er.descriptor = pr->descriptor;
+  cctx_t *e = cctx_new(q, q->decode_id, q->decode_addr);
+  k3_rpc_call_opts_t o = {.timeout_ms = call_timeout(q, q->rt->lease_ms), .request_id = q->id};
+  int rc = e ? k3_rpc_unary(q->rt->cli, q->decode_addr, "/k3pd.v1.Decode/Export", &er.base,
+                            &k3pd__v1__export_response__descriptor, &o, on_export_done, e, &q->prefill_call)
+             : K3_ENOMEM;
+  if (rc) {
+    free(e);
+    q->prefill_chosen = true;
+    start_prefill(q);
+  }
+out:
+  free(c);
+  q->busy--;
+  rt_req_maybe_free(q);
+}
+
+/* Chooses the prefill worker and asks it to prepare (falls back to a plain Prefill when that
+ * cannot start). */
+static void start_resume(rt_req_t *q) {
+  rt_router_t *rt = q->rt;
+  const char *ex[RT_MAX_EXCLUDE];
+  for (int i = 0; i < q->n_excluded; i++) ex[i] = q->excluded[i];
+  size_t pi;
+  rt_worker_t *dw = worker(q, q->decode_id);
+  uint64_t fp = dw ? dw->info.fingerprint : 0;
+  q->resumed = false;
+  if (rt_choose_prefill(&rt->reg, fp, ex, (size_t)q->n_excluded, &pi) &&
+      (!q->n_excluded || rt_choose_prefill(&rt->reg, fp, NULL, 0, &pi))) {
+    start_prefill(q); /* it ends the request with the usual message */
+    return;
+  }
+  rt_worker_t *pw = &rt->reg.workers[pi];
+  snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pw->info.id);
+  snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pw->info.address);
+  q->prefill_chosen = true;
+  K3pd__V1__PrepareResumeRequest pr = K3PD__V1__PREPARE_RESUME_REQUEST__INIT;
+  pr.request_id = q->wid;
+  pr.epoch = q->epoch;
+  pr.n_tokens = q->prefill_tokens;
+  pr.resume_tokens = q->resume_tokens;
+  pr.lease_ms = rt->lease_ms;
+  pr.fingerprint = fp;
+  cctx_t *c = cctx_new(q, q->prefill_id, q->prefill_addr);
+  k3_rpc_call_opts_t o = {.timeout_ms = call_timeout(q, RT_RESERVE_TIMEOUT_MS), .request_id = q->id};
+  int rc = c ? k3_rpc_unary(rt->cli, q->prefill_addr, "/k3pd.v1.Prefill/PrepareResume", &pr.base,
+                            &k3pd__v1__prepare_resume_response__descriptor, &o, on_prepare_done, c, &q->prefill_call)
+             : K3_ENOMEM;
+  if (rc) {
+    free(c);
+    start_prefill(q);
   }
 }
 
@@ -454,8 +556,13 @@ static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const Protobuf
   q->split = r->split;
   q->prefill_tokens = r->split ? r->prefill_tokens : 0;
   q->cached_tokens = r->split ? r->cached_tokens : 0;
+  q->resume_tokens = r->split ? r->resume_tokens : 0;
   if (r->split && r->prefill_tokens >= q->n_prompt) {
     end_request(q, K3_RPC_INTERNAL, "decode worker's reservation: prefill_tokens must be < the prompt's length");
+    goto out;
+  }
+  if (q->resume_tokens && q->resume_tokens >= q->prefill_tokens) {
+    end_request(q, K3_RPC_INTERNAL, "decode worker's reservation: resume_tokens must be < prefill_tokens");
     goto out;
   }
   if (first) {
@@ -472,7 +579,8 @@ static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const Protobuf
     q->prefill_ok = true;
     goto out;
   }
-  start_prefill(q);
+  if (q->resume_tokens) start_resume(q);
+  else start_prefill(q);
 out:
   free(c);
   q->busy--;

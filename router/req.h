@@ -100,6 +100,12 @@ typedef struct rt_req {
    * from its cache */
   bool split;
   uint32_t prefill_tokens, cached_tokens;
+  /* long-suffix resume (flow.c): the reservation covers the state from resume_tokens on; the
+   * prefill worker receives the cached state first (PrepareResume + Export: resumed) or, when
+   * that fails, computes from token 0 */
+  uint32_t resume_tokens;
+  bool resumed;
+  bool prefill_chosen;    /* prefill_id/addr already chosen (for PrepareResume) */
   int64_t expect_cached;  /* tokens the router expected cached on the chosen decode worker */
   /* output */
   k3_detok_t *detok;

@@ -32,6 +32,8 @@ static const char *const PATH_VALUES[] = {K3PD_PATH_HOST, K3PD_PATH_STAGED, K3PD
                                             K3PD_PATH_UCX_CUDA};
 static const char *const POOL_VALUES[] = {K3PD_POOL_RESERVED, K3PD_POOL_USED, K3PD_POOL_FREE, K3PD_POOL_CACHED};
 static const char *const LOOKUP_VALUES[] = {"hit", "miss"};
+static const char *const RESUME_VALUES[] = {"received", "fallback"};
+static const char *const EXPORT_VALUES[] = {"ok", "failed"};
 static const char *const REJECT_VALUES[] = {K3PD_REJECT_STALE_EPOCH, K3PD_REJECT_DIGEST_MISMATCH,
                                             K3PD_REJECT_FINGERPRINT_MISMATCH,
                                             K3PD_REJECT_UNKNOWN_REQUEST};
@@ -143,6 +145,11 @@ static const row_t ROWS[] = {
     {R_PREFILL, "k3pd_prefill_first_token_passes", H, NOL, B(K3PD_PASS_BUCKETS), PF(first_token_passes),
      "Forward passes a prompt's wait for its first token overlapped (the one running at arrival and its own "
      "last one included)."},
+    {R_PREFILL, "k3pd_prefill_resume_total", C, L("outcome", RESUME_VALUES), NOB, PF(resume_total),
+     "Long-suffix resumes: received = the decode worker's cached state arrived and only the suffix was computed; "
+     "fallback = the prompt was computed from token 0."},
+    {R_PREFILL, "k3pd_prefill_resume_tokens_total", C, NOL, NOB, PF(resume_tokens_total),
+     "Prompt tokens not recomputed because their state was received from a decode worker's cache."},
     {R_PREFILL, "k3pd_prefill_requests_total", C, L("status", STATUS_VALUES), NOB,
      PF(requests_total), "Prefill requests finished, by final status."},
     {R_PREFILL, "k3pd_prefill_handoff_bytes_total", C, L("region", REGION_VALUES), NOB,
@@ -184,6 +191,8 @@ static const row_t ROWS[] = {
      "Prefix-cache entries (each a KDA checkpoint plus references to its MLA pages)."},
     {R_DECODE, "k3pd_decode_local_prefill_tokens_total", C, NOL, NOB, DC(local_prefill_tokens_total),
      "Prompt tokens this decode worker computed itself (cache-hit suffixes and the tails after a handoff)."},
+    {R_DECODE, "k3pd_decode_cache_exports_total", C, L("outcome", EXPORT_VALUES), NOB, DC(cache_exports_total),
+     "Cached prefix states sent to a prefill worker for a long-suffix resume (Decode.Export), by outcome."},
 };
 
 static const row2_t SECOND_LABELS[] = {

@@ -288,7 +288,29 @@ int k3_rpc_validate_prefill_request(const K3pd__V1__PrefillRequest *r, const k3_
   if (r->reservation.len == 0) return fail(msg, cap, "reservation: required");
   if (r->decode_ucx_address.len > K3_XFER_MAX_ADDR_BYTES)
     return fail(msg, cap, "decode_ucx_address: longer than %d bytes", K3_XFER_MAX_ADDR_BYTES);
+  if (r->resume_tokens >= r->n_token_ids && r->n_token_ids)
+    return fail(msg, cap, "resume_tokens: must be < the number of token_ids (%zu), got %u", r->n_token_ids,
+                r->resume_tokens);
+  if (r->resumed && r->resume_tokens == 0) return fail(msg, cap, "resumed: set without resume_tokens");
   return 0; /* optional: the reservation carries the address (the worker compares them when both exist) */
+}
+
+int k3_rpc_validate_prepare_resume_request(const K3pd__V1__PrepareResumeRequest *r, char *msg, size_t cap) {
+  if (check_id(r->request_id, 1, "request_id", msg, cap)) return K3_EINVAL;
+  if (r->n_tokens < 1) return fail(msg, cap, "n_tokens: must be >= 1");
+  if (r->n_tokens > K3_RPC_MAX_CONTEXT) return fail(msg, cap, "n_tokens: must be <= %u", K3_RPC_MAX_CONTEXT);
+  if (r->resume_tokens < 1 || r->resume_tokens >= r->n_tokens)
+    return fail(msg, cap, "resume_tokens: must be >= 1 and < n_tokens (%u), got %u", r->n_tokens, r->resume_tokens);
+  if (r->lease_ms < 1) return fail(msg, cap, "lease_ms: must be >= 1");
+  if (r->fingerprint == 0) return fail(msg, cap, "fingerprint: required (non-zero)");
+  return 0;
+}
+
+int k3_rpc_validate_export_request(const K3pd__V1__ExportRequest *r, char *msg, size_t cap) {
+  if (check_id(r->request_id, 1, "request_id", msg, cap)) return K3_EINVAL;
+  if (r->epoch == 0) return fail(msg, cap, "epoch: required (non-zero)");
+  if (r->descriptor.len == 0) return fail(msg, cap, "descriptor: required");
+  return 0;
 }
 
 int k3_rpc_validate_abort_request(const K3pd__V1__AbortRequest *r, char *msg, size_t cap) {

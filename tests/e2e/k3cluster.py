@@ -101,7 +101,7 @@ class Cluster:
         somewhere else, e.g. at a closed port, gets that port instead)."""
         return "127.0.0.1:%d" % (self.cport if self.port == self.router_port else self.port)
 
-    def start_worker(self, role, idx, extra=(), wait=True, timeout=60):
+    def start_worker(self, role, idx, extra=(), wait=True, timeout=60, env=None):
         name = "k3pd-%s" % role
         argv = [self._bin(name), "--model", self.model, "--router", self.router_target(),
                 "--tls-dev-dir", self.tls_dir,
@@ -113,7 +113,8 @@ class Cluster:
             # local-prefill threshold") depends on this machine's speed: the drivers pin the old
             # default so which path a request takes does not (test_prefix_cache checks the probe)
             argv += ["--local-prefill-max-tokens", "512"]
-        p = Proc("%s-%d" % (role, idx), argv, os.path.join(self.workdir, "%s-%d.log" % (role, idx)))
+        p = Proc("%s-%d" % (role, idx), argv, os.path.join(self.workdir, "%s-%d.log" % (role, idx)),
+                 env=dict(os.environ, **env) if env else None)
         self.procs.append(p)
         if wait:
             self.wait_registered(p, timeout)

@@ -9,7 +9,13 @@ Phase 1, one decode worker (placement cannot separate a prompt from its cached p
 hit checks do not depend on timing):
   - one multi-turn conversation alone: turns 2..4 must reuse their cached prefix;
   - a shared system prompt: 203 tokens (not a block multiple) + a per-user message, 1 user
-    alone then 11 at once: at least 6 of them must reuse the system prompt's checkpoint.
+    alone then 11 at once: at least 6 of them must reuse the system prompt's checkpoint;
+  - long-suffix hits (docs/design.md "Long-suffix hits"): a 256-token cached prefix + 744 new
+    tokens (over the 512-token local threshold): the prefill worker receives the cached state
+    from the decode worker (PrepareResume + Export) and computes only the suffix; then two such
+    prompts at once, the second of which has its received state corrupted in flight by a test
+    hook (K3PD_TEST_CORRUPT_RESUME=2): the digests refuse it, Export fails, and the request falls
+    back to computing from token 0 — with the same tokens.
 Phase 2, decode-1 joins with a cache budget smaller than one entry:
   - 3 concurrent 4-turn chats (turn n+1 = turn n's prompt + its reply + a new message), during
     which decode-0 is killed and restarted (it lost its cache; it comes back with the small
@@ -81,6 +87,8 @@ class Workload:
         self.base = [r.randrange(VOCAB_SAFE) for _ in range(200)]
         self.tail = [r.randrange(VOCAB_SAFE) for _ in range(80)]
         self.solo = [r.randrange(VOCAB_SAFE) for _ in range(150)]
+        self.long_base = [r.randrange(VOCAB_SAFE) for _ in range(300)]
+        self.long_tail = [r.randrange(VOCAB_SAFE) for _ in range(744)]
 
 
 def run_workloads(cl, stubs, wl, label, restart_cb, add_decode1):
@@ -105,6 +113,15 @@ def run_workloads(cl, stubs, wl, label, restart_cb, add_decode1):
     with cf.ThreadPoolExecutor(max_workers=11) as ex:
         list(ex.map(lambda i: one("user%d" % i, wl.system + wl.users[i], 6, 7 + i, 0.0 if i % 3 else 1.1),
                     range(1, 12)))
+    # (e) long-suffix hit (docs/design.md "Long-suffix hits"): a cached prefix of 256 tokens and a
+    # suffix of 744 > the 512-token local threshold: the prefill worker receives the cached state
+    # (PrepareResume + Export) and computes only [256, 960); then the same prompt with another
+    # ending, racing a copy of itself (two exports of one entry at once)
+    one("long.base", wl.long_base, 5, 11, 0.0)  # cached at 256 (its last block boundary)
+    one("long.ext", wl.long_base[:256] + wl.long_tail, 6, 12, 0.0)
+    with cf.ThreadPoolExecutor(max_workers=2) as ex:
+        list(ex.map(lambda i: one("long.race%d" % i, wl.long_base[:256] + wl.long_tail[::-1], 4, 13 + i, 0.0),
+                    range(2)))
     # Phase 2, decode-1 joins with a tiny cache budget: placement now also depends on load and on
     # reports that go stale (entries decode-1 evicted), decode-0 is killed mid-chat: only
     # exactness (and that hits happened at all) is asserted from here on.
@@ -185,7 +202,10 @@ def start_cluster(args, stubs, model, wdir, prec, cache_on):
     cl = Cluster(args.bindir, model, wdir, n_prefill=1, n_decode=2, worker_args=wargs,
                  prefill_args=["--prefill-chunk", "64"], decode_args=dargs, router_args=rargs, stubs=stubs)
     cl.start_router()
-    ws = [cl.start_worker("prefill", 0, wait=False), cl.start_worker("decode", 0, wait=False)]
+    # the second long-suffix resume's received state is corrupted before verification (test hook):
+    # the digest check must refuse it and the request fall back to computing from token 0
+    penv = {"K3PD_TEST_CORRUPT_RESUME": "2"} if cache_on else None
+    ws = [cl.start_worker("prefill", 0, wait=False, env=penv), cl.start_worker("decode", 0, wait=False)]
     for w in ws:
         cl.wait_registered(w)
     cl.channel = cl.public_channel()
@@ -271,6 +291,20 @@ def run_precision(args, stubs, prec):
                 check(all(finals[n].usage.cached_prompt_tokens >= 128 for n in solo),
                       "%s: the lone conversation's turns 2..4 reused their cached prefix (%s tokens)" %
                       (label, [finals[n].usage.cached_prompt_tokens for n in solo]))
+                longs = ["long.ext", "long.race0", "long.race1"]
+                check(all(finals[n].usage.cached_prompt_tokens == 256 for n in longs),
+                      "%s: the long-suffix prompts hit the 256-token prefix (%s)" %
+                      (label, [finals[n].usage.cached_prompt_tokens for n in longs]))
+                plog = open([p for p in cl.procs if p.name == "prefill-0"][0].log_path).read()
+                dlogs = "".join(open(os.path.join(cl.workdir, f)).read() for f in os.listdir(cl.workdir)
+                                if f.startswith("decode-"))
+                n_res = plog.count("resuming at 256 of 960 prompt tokens from the received state")
+                n_fb = plog.count("prepared resume not used")
+                n_bad = dlogs.count("export of the cached state failed")
+                check(n_res == 2 and n_fb == 1 and "TEST: corrupted" in plog and n_bad == 1,
+                      "%s: long-suffix hits resumed on the prefill worker from the exported state (%d), the one "
+                      "whose state was corrupted in flight was refused by its digests (%d failed export) and fell "
+                      "back to token 0 (%d)" % (label, n_res, n_bad, n_fb))
                 users = [n for n in ids if n.startswith("user") and finals[n].usage.cached_prompt_tokens >= 192]
                 check(len(users) >= 6, "%s: %d of 12 users reused the shared system prompt" % (label, len(users)))
             else:

@@ -125,6 +125,8 @@ typedef struct {
   k3_metric_t *handoff_seconds;        /* histogram {region}: put posted -> completed */
   k3_metric_t *handoff_failures_total; /* counter {reason} */
   k3_metric_t *transfer_path;          /* gauge {path}: 1 for the path in use, 0 otherwise */
+  k3_metric_t *resume_total;           /* counter {outcome}: long-suffix resumes (received / fallback) */
+  k3_metric_t *resume_tokens_total;    /* counter: prompt tokens not recomputed thanks to received state */
 } k3_prefill_metrics_t;
 
 typedef struct {
@@ -144,6 +146,7 @@ typedef struct {
   k3_metric_t *cache_evictions_total;  /* counter: cache entries evicted */
   k3_metric_t *cache_entries;          /* gauge: cache entries (KDA checkpoints) */
   k3_metric_t *local_prefill_tokens_total; /* counter: prompt tokens computed by this decode worker */
+  k3_metric_t *cache_exports_total;    /* counter {outcome}: cached states sent to prefill workers (Export) */
 } k3_decode_metrics_t;
 
 /* Register every metric of a role into m (which should be empty of k3pd_ names) and fill

@@ -58,5 +58,7 @@ int k3_rpc_validate_attach_request(const K3pd__V1__AttachRequest *r, const k3_rp
 int k3_rpc_validate_prefill_request(const K3pd__V1__PrefillRequest *r, const k3_rpc_limits_t *lim,
                                     char *msg, size_t cap);
 int k3_rpc_validate_abort_request(const K3pd__V1__AbortRequest *r, char *msg, size_t cap);
+int k3_rpc_validate_prepare_resume_request(const K3pd__V1__PrepareResumeRequest *r, char *msg, size_t cap);
+int k3_rpc_validate_export_request(const K3pd__V1__ExportRequest *r, char *msg, size_t cap);
 
 #endif
