@@ -48,6 +48,14 @@ static int v_abort(const ProtobufCMessage *m, const k3_rpc_limits_t *l, char *e,
   (void)l;
   return k3_rpc_validate_abort_request((const void *)m, e, c);
 }
+static int v_prepare_resume(const ProtobufCMessage *m, const k3_rpc_limits_t *l, char *e, size_t c) {
+  (void)l;
+  return k3_rpc_validate_prepare_resume_request((const void *)m, e, c);
+}
+static int v_export(const ProtobufCMessage *m, const k3_rpc_limits_t *l, char *e, size_t c) {
+  (void)l;
+  return k3_rpc_validate_export_request((const void *)m, e, c);
+}
 
 /* The message table (fuzz_seeds.c writes one seed per row, with the same selector byte). */
 static const struct {
@@ -76,6 +84,10 @@ static const struct {
     {&k3pd__v1__abort_response__descriptor, NULL},
     {&grpc__health__v1__health_check_request__descriptor, NULL},
     {&grpc__health__v1__health_check_response__descriptor, NULL},
+    {&k3pd__v1__prepare_resume_request__descriptor, v_prepare_resume},
+    {&k3pd__v1__prepare_resume_response__descriptor, NULL},
+    {&k3pd__v1__export_request__descriptor, v_export},
+    {&k3pd__v1__export_response__descriptor, NULL},
 };
 #define N_MSGS (sizeof MSGS / sizeof MSGS[0])
 

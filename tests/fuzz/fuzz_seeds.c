@@ -201,6 +201,31 @@ static int rpc_seeds(const char *dir) {
   Grpc__Health__V1__HealthCheckResponse hs = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
   hs.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
   rc |= put_msg(dir, i++, &hs.base);
+  static uint8_t rdesc[40]; /* stands for a receive descriptor (opaque here) */
+  for (int k = 0; k < 40; k++) rdesc[k] = (uint8_t)(k * 3);
+  K3pd__V1__PrepareResumeRequest prq = K3PD__V1__PREPARE_RESUME_REQUEST__INIT;
+  prq.request_id = "req-1";
+  prq.epoch = 9;
+  prq.n_tokens = 960;
+  prq.resume_tokens = 256;
+  prq.lease_ms = 30000;
+  prq.fingerprint = 0x1234abcdULL;
+  rc |= put_msg(dir, i++, &prq.base);
+  K3pd__V1__PrepareResumeResponse prs = K3PD__V1__PREPARE_RESUME_RESPONSE__INIT;
+  prs.descriptor.data = rdesc;
+  prs.descriptor.len = sizeof rdesc;
+  prs.epoch = 11;
+  rc |= put_msg(dir, i++, &prs.base);
+  K3pd__V1__ExportRequest exq = K3PD__V1__EXPORT_REQUEST__INIT;
+  exq.request_id = "req-1";
+  exq.epoch = 9;
+  exq.descriptor.data = rdesc;
+  exq.descriptor.len = sizeof rdesc;
+  rc |= put_msg(dir, i++, &exq.base);
+  K3pd__V1__ExportResponse exs = K3PD__V1__EXPORT_RESPONSE__INIT;
+  exs.bytes_transferred = 289792;
+  exs.tokens = 256;
+  rc |= put_msg(dir, i++, &exs.base);
   return rc;
 }
 

@@ -227,6 +227,35 @@ START_TEST(test_cluster_decode_prefill) {
   EXPECT_BAD(k3_rpc_validate_prefill_request(&pf, NULL, msg, sizeof msg), "decode_ucx_address: longer than");
   pf.decode_ucx_address.len = 4;
   ck_assert_int_eq(k3_rpc_validate_prefill_request(&pf, NULL, msg, sizeof msg), 0);
+  pf.resume_tokens = 2;
+  EXPECT_BAD(k3_rpc_validate_prefill_request(&pf, NULL, msg, sizeof msg), "resume_tokens: must be < the number");
+  pf.resume_tokens = 0;
+  pf.resumed = 1;
+  EXPECT_BAD(k3_rpc_validate_prefill_request(&pf, NULL, msg, sizeof msg), "resumed: set without resume_tokens");
+  pf.resume_tokens = 1;
+  ck_assert_int_eq(k3_rpc_validate_prefill_request(&pf, NULL, msg, sizeof msg), 0);
+
+  K3pd__V1__PrepareResumeRequest pr = K3PD__V1__PREPARE_RESUME_REQUEST__INIT;
+  pr.request_id = "r1";
+  EXPECT_BAD(k3_rpc_validate_prepare_resume_request(&pr, msg, sizeof msg), "n_tokens: must be >= 1");
+  pr.n_tokens = 128;
+  pr.resume_tokens = 128;
+  EXPECT_BAD(k3_rpc_validate_prepare_resume_request(&pr, msg, sizeof msg), "resume_tokens: must be >= 1 and <");
+  pr.resume_tokens = 64;
+  EXPECT_BAD(k3_rpc_validate_prepare_resume_request(&pr, msg, sizeof msg), "lease_ms: must be >= 1");
+  pr.lease_ms = 1000;
+  EXPECT_BAD(k3_rpc_validate_prepare_resume_request(&pr, msg, sizeof msg), "fingerprint: required");
+  pr.fingerprint = 0x1234;
+  ck_assert_int_eq(k3_rpc_validate_prepare_resume_request(&pr, msg, sizeof msg), 0);
+
+  K3pd__V1__ExportRequest ex = K3PD__V1__EXPORT_REQUEST__INIT;
+  ex.request_id = "r1";
+  EXPECT_BAD(k3_rpc_validate_export_request(&ex, msg, sizeof msg), "epoch: required");
+  ex.epoch = 7;
+  EXPECT_BAD(k3_rpc_validate_export_request(&ex, msg, sizeof msg), "descriptor: required");
+  ex.descriptor.data = addr;
+  ex.descriptor.len = 4;
+  ck_assert_int_eq(k3_rpc_validate_export_request(&ex, msg, sizeof msg), 0);
 
   K3pd__V1__AbortRequest ab = K3PD__V1__ABORT_REQUEST__INIT;
   EXPECT_BAD(k3_rpc_validate_abort_request(&ab, msg, sizeof msg), "request_id: required");
