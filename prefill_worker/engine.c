@@ -41,14 +41,18 @@ typedef struct {
   uint32_t waited;
 } pend_t;
 
+typedef struct eng eng_t;
+
 typedef struct {
   pf_worker_t *w;
   pf_job_t **jobs; /* the jobs whose LAST chunk is in this pass */
   int n;
+  eng_t *e;
 } layer_ctx_t;
 
-typedef struct {
+struct eng {
   pf_worker_t *w;
+  k3_msg_t *stash, *stash_tail; /* messages taken mid-pass, handled after it (FIFO) */
   held_t *held;
   pend_t *pend;
   size_t n_pend, cap_pend;
@@ -61,7 +65,7 @@ typedef struct {
   int *order;
   int64_t *score;
   int cap_run;
-} eng_t;
+};
 
 static pf_msg_t *new_out(pf_job_t *job, int type) {
   pf_msg_t *o = calloc(1, sizeof *o);
@@ -89,8 +93,31 @@ static int test_layer_sleep_ms(void) {
   return v;
 }
 
+static void reserve_prepared(eng_t *e, pf_job_t *job);
+
+/* Between two layers of a pass: PrepareResume's reservations are served at once (a resume
+ * would otherwise wait for the pass to end, the router with it); every other message waits for
+ * the pass's end, in order. Only this thread touches the runner, and the pass's own sequences
+ * hold their pages already. */
+static void serve_reserves(eng_t *e) {
+  if (!e || k3_msgq_len(&e->w->engine.q) == 0) return;
+  for (k3_msg_t *m = k3_msgq_take_all(&e->w->engine.q), *next; m; m = next) {
+    next = m->next;
+    m->next = NULL;
+    if (m->type == PF_MSG_RESERVE) {
+      reserve_prepared(e, ((pf_msg_t *)m)->job);
+      free(m);
+      continue;
+    }
+    if (e->stash_tail) e->stash_tail->next = m;
+    else e->stash = m;
+    e->stash_tail = m;
+  }
+}
+
 static int on_layer(int layer, void *ctx) {
   layer_ctx_t *lc = ctx;
+  serve_reserves(lc->e);
   if (lc->n && test_layer_sleep_ms()) usleep((useconds_t)test_layer_sleep_ms() * 1000u);
   for (int i = 0; i < lc->n; i++) {
     pf_msg_t *o = new_out(lc->jobs[i], PF_MSG_LAYER);
@@ -320,7 +347,7 @@ static bool run_pass(eng_t *e) {
   for (size_t i = 0; i < e->n_pend; i++) e->pend[i].waited++;
   (void)chosen;
   char err[256];
-  layer_ctx_t lc = {w, last, n_last};
+  layer_ctx_t lc = {w, last, n_last, e};
   uint64_t idx = atomic_fetch_add(&w->passes_started, 1);
   uint64_t t0 = k3_now_ns();
   int rc = k3_runner_prefill(w->runner, items, m, on_layer, &lc, err, sizeof err);
@@ -372,6 +399,11 @@ static void *engine_main(void *arg) {
   }
   while (!stop) {
     k3_msg_t *m = k3_msgq_take_all(&w->engine.q);
+    if (e.stash) { /* taken during the last pass: older than what is queued now */
+      e.stash_tail->next = m;
+      m = e.stash;
+      e.stash = e.stash_tail = NULL;
+    }
     while (m) {
       k3_msg_t *next = m->next;
       pf_msg_t *pm = (pf_msg_t *)m;

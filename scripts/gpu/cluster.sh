@@ -133,7 +133,7 @@ up() {
   done
   for ((i = 0; i < np; i++)); do
     # shellcheck disable=SC2086
-    k3pd-prefill $common --worker-id "prefill-$i" "$@" ${PARGS:-} > "$d/prefill-$i.log" 2>&1 &
+    k3pd-prefill $common --worker-id "prefill-$i" --ipc-dir "$work/$name.ipc" "$@" ${PARGS:-} > "$d/prefill-$i.log" 2>&1 &
     pids+=($!)
   done
   local want=$((np + nd)) got=0
@@ -311,6 +311,10 @@ part_prefix() {
   local idmax=150000 cache d
   [ "$backend" = cuda ] || idmax=3800 # tiny: below its special ids
   local users=${K3PD_PREFIX_USERS:-64} sys=${K3PD_PREFIX_SYSTEM:-2048} chat_sys=${K3PD_PREFIX_CHAT_SYSTEM:-1024}
+  # agents: every new message a long tool transcript, over the decode worker's local threshold
+  # (derived ~3K tokens on the H200 for the 4-layer config, ~300 for tiny on a CPU): long-suffix hits
+  local agent_msg=${K3PD_PREFIX_AGENT_MSG:-3500..4500}
+  [ "$backend" = cuda ] || agent_msg=${K3PD_PREFIX_AGENT_MSG:-400..600}
   for cache in on off; do
     d=$logdir/prefix-$cache
     RARGS="--prefix-cache $cache" up "prefix-$cache" "$small" 1 1 || { stop_all; return; }
@@ -323,11 +327,23 @@ part_prefix() {
       --shared-prefix-len "$sys" --prompt-len 16..64 --output-len 16 --id-max "$idmax" --seed 6 \
       --timeout-ms 120000 --ids-out "$d/shared.ids" > "$d/shared.txt" 2>&1 \
       || bad "prefix: shared system prompt with the cache $cache failed ($(tail -1 "$d/shared.txt"))"
-    grep -hE "prefix cache:|TTFT (first|chat|turn|shared)|later:" "$d/chat.txt" "$d/shared.txt" | sed "s/^ */prefix: cache $cache: /"
+    k3pd-bench --router "$ROUTER" --label "agent-cache-$cache" --chat-turns 3 --conversations 4 --concurrency 4 \
+      --shared-prefix-len "$chat_sys" --prompt-len "$agent_msg" --output-len 16 --id-max "$idmax" --seed 7 \
+      --timeout-ms 300000 --ids-out "$d/agent.ids" > "$d/agent.txt" 2>&1 \
+      || bad "prefix: agents with the cache $cache failed ($(tail -1 "$d/agent.txt"))"
+    grep -hE "prefix cache:|TTFT (first|chat|turn|shared)|later:" "$d/chat.txt" "$d/shared.txt" "$d/agent.txt" \
+      | sed "s/^ */prefix: cache $cache: /"
+    if [ "$cache" = on ]; then
+      local nres nfb; nres=$(cat "$d"/prefill-*.log | grep -c "from the received state")
+      nfb=$(cat "$d"/prefill-*.log | grep -c "prepared resume not used")
+      if [ "$nres" -gt 0 ]; then ok "prefix: agent: $nres long-suffix hits resumed on the prefill worker from the decode worker's exported state ($nfb fell back)"
+      else bad "prefix: agent: no long-suffix hit resumed on the prefill worker ($nfb fell back; $(grep -h "resum\|export" "$d"/*.log | tail -2))"; fi
+      grep -h "exported the cached state" "$d"/decode-*.log | tail -2 | sed 's/.*k3pd-decode: /prefix: /'
+    fi
     stop_all
   done
   local w on off son soff
-  for w in chat shared; do
+  for w in chat shared agent; do
     on=$logdir/prefix-on/$w.ids off=$logdir/prefix-off/$w.ids
     # served: as many completed requests as asked for, both ways
     if [ -s "$on" ] && [ -s "$off" ] && [ "$(wc -l < "$on")" = "$(wc -l < "$off")" ]; then
