@@ -147,6 +147,13 @@ typedef struct {
   uint32_t ck_pos[DC_MAX_CKPT];
   int ck_slot[DC_MAX_CKPT];
   int n_ck;
+  /* engine-side progress of a split admission (engine.c run_splits) */
+  bool imported;          /* import_state ran (import_rc its result) */
+  int import_rc;
+  int split_rc;           /* 0, or why the suffix failed (err says) */
+  uint32_t split_pos, split_end;
+  int split_k;            /* next checkpoint index */
+  float split_lp;         /* the first token's logprob */
   /* CKPT (engine → loop): the checkpoint at ck_pos[0] was taken */
   /* TOKENS / DONE (engine → loop) */
   uint32_t n_tokens;

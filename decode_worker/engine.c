@@ -97,54 +97,105 @@ static int copy_hit(dc_worker_t *w, dc_msg_t *a) {
   return 0;
 }
 
-/* A split request (prefix cache, cache.c): starts from the hit's KDA checkpoint when it has one,
- * computes prompt[start, n) in segments that end at the checkpoints to take (each a multiple of
- * the block: prefill(A) then prefill(B) == prefill(A|B) bit for bit there), copies the state
- * into each checkpoint's slot as it passes, and samples the first token (step 0, exactly as a
- * prefill worker does) from the last position's logits (lg: vocab floats). */
-static int run_split(dc_worker_t *w, dc_msg_t *a, float *lg, float *first_lp, char *err, size_t errlen) {
+/* Split requests (prefix cache, cache.c), every one admitted in this turn of the loop at once:
+ * each starts from its hit's KDA checkpoint when it has one (copied before), computes
+ * prompt[start, n) in segments that end at the checkpoints to take (each a multiple of the
+ * block: prefill(A) then prefill(B) == prefill(A|B) bit for bit there), copies the state into
+ * each checkpoint's slot as it passes, and samples the first token (step 0, exactly as a prefill
+ * worker does) from the last position's logits. The requests' segments run together, round by
+ * round (the k-th segment of each in one runner call of at most maxb sequences), so several
+ * conversations' turns arriving together cost about one pass, not one each. Results land in
+ * each message (split_rc, split_lp, err, first_token). lg: maxb rows of vocab floats. */
+static void run_splits(dc_worker_t *w, dc_msg_t **as, int n, int maxb, float *lg) {
   k3_runner_t *r = w->runner;
   int64_t V = k3_runner_vocab(r);
-  int rc = 0;
-  if (a->copy_slot >= 0 && (rc = copy_hit(w, a)) != 0) {
-    snprintf(err, errlen, "copying the cached KDA checkpoint: %s", k3_strerror(rc));
-    return rc;
+  k3_prefill_item_t items[64];
+  dc_msg_t *in[64];
+  if (maxb > 64) maxb = 64;
+  for (int i = 0; i < n; i++) {
+    dc_msg_t *a = as[i];
+    a->split_pos = a->start;
+    a->split_k = 0;
+    a->split_rc = 0;
+    if (a->copy_slot >= 0 && (a->split_rc = copy_hit(w, a)) != 0)
+      snprintf(a->err, sizeof a->err, "copying the cached KDA checkpoint: %s", k3_strerror(a->split_rc));
   }
-  uint32_t pos = a->start;
   uint64_t t0 = k3_now_ns();
-  for (int k = 0; k <= a->n_ck && !rc; k++) {
-    uint32_t end = k < a->n_ck ? a->ck_pos[k] : a->n_prompt;
-    if (end > pos) {
-      k3_prefill_item_t it = {.seq = &a->seq, .tokens = a->prompt + pos, .n_tokens = end - pos,
-                              .logits = end == a->n_prompt ? lg : NULL};
-      rc = k3_runner_prefill(r, &it, 1, NULL, NULL, err, errlen);
-      pos = end;
-    }
-    if (!rc && k < a->n_ck) {
-      rc = k3_runner_slot_copy(r, a->ck_slot[k], a->seq.slot);
-      if (rc) {
-        snprintf(err, errlen, "taking the KDA checkpoint at %u: %s", end, k3_strerror(rc));
+  for (;;) {
+    /* the next segment of every request still computing, maxb at a time */
+    int m = 0;
+    for (int i = 0; i < n && m < maxb; i++) {
+      dc_msg_t *a = as[i];
+      if (a->split_rc || a->split_k > a->n_ck) continue;
+      uint32_t end = a->split_k < a->n_ck ? a->ck_pos[a->split_k] : a->n_prompt;
+      if (end <= a->split_pos) { /* nothing to compute before this checkpoint (it is at start) */
+        a->split_end = end;
       } else {
+        a->split_end = end;
+        items[m] = (k3_prefill_item_t){.seq = &a->seq, .tokens = a->prompt + a->split_pos,
+                                       .n_tokens = end - a->split_pos,
+                                       .logits = end == a->n_prompt ? lg + (size_t)m * (size_t)V : NULL};
+        in[m++] = a;
+        continue;
+      }
+      /* an empty segment: take its checkpoint now */
+      if (a->split_k < a->n_ck) {
+        int rc = k3_runner_slot_copy(r, a->ck_slot[a->split_k], a->seq.slot);
+        if (rc) {
+          a->split_rc = rc;
+          snprintf(a->err, sizeof a->err, "taking the KDA checkpoint at %u: %s", end, k3_strerror(rc));
+        } else {
+          dc_msg_t *o = new_out(a->handle, DC_MSG_CKPT);
+          if (o) o->ck_pos[0] = end;
+          post_out(w, o);
+        }
+      }
+      a->split_k++;
+      i--; /* same request: its next segment */
+    }
+    if (m == 0) break;
+    char err[256];
+    int rc = k3_runner_prefill(r, items, m, NULL, NULL, err, sizeof err);
+    for (int t = 0; t < m; t++) {
+      dc_msg_t *a = in[t];
+      if (rc) {
+        a->split_rc = rc;
+        snprintf(a->err, sizeof a->err, "%s", err);
+        continue;
+      }
+      uint32_t end = a->split_end;
+      a->split_pos = end;
+      if (a->split_k < a->n_ck) {
+        int crc = k3_runner_slot_copy(r, a->ck_slot[a->split_k], a->seq.slot);
+        if (crc) {
+          a->split_rc = crc;
+          snprintf(a->err, sizeof a->err, "taking the KDA checkpoint at %u: %s", end, k3_strerror(crc));
+          continue;
+        }
         dc_msg_t *o = new_out(a->handle, DC_MSG_CKPT);
         if (o) o->ck_pos[0] = end;
         post_out(w, o);
       }
+      if (end == a->n_prompt) { /* the prompt's end (a checkpoint may sit there too): sample the
+                                 * first token from its logits row */
+        k3k_sample_cfg_t cfg = a->sample;
+        cfg.step = 0;
+        int32_t tok = 0;
+        const float *row = items[t].logits;
+        int src = k3k_sample_row(row, V, &cfg, &tok);
+        if (src) {
+          a->split_rc = src;
+          snprintf(a->err, sizeof a->err, "sampling the first token: %s", k3_strerror(src));
+          continue;
+        }
+        a->first_token = (uint32_t)tok;
+        a->split_lp = a->want_logprobs ? (float)k3k_logprob_row(row, V, tok) : 0.0f;
+      }
+      a->split_k++;
     }
   }
-  if (rc) return rc;
-  K3_DEBUG("computed prompt [%u, %u) of request handle %llu here in %.2f ms (%d checkpoints)", a->start, a->n_prompt,
-           (unsigned long long)a->handle, (double)(k3_now_ns() - t0) / 1e6, a->n_ck);
-  k3k_sample_cfg_t cfg = a->sample;
-  cfg.step = 0;
-  int32_t tok = 0;
-  rc = k3k_sample_row(lg, V, &cfg, &tok);
-  if (rc) {
-    snprintf(err, errlen, "sampling the first token: %s", k3_strerror(rc));
-    return rc;
-  }
-  a->first_token = (uint32_t)tok;
-  *first_lp = a->want_logprobs ? (float)k3k_logprob_row(lg, V, tok) : 0.0f;
-  return 0;
+  K3_DEBUG("computed the prompt suffixes of %d split request(s) here in %.2f ms", n,
+           (double)(k3_now_ns() - t0) / 1e6);
 }
 
 static void *engine_main(void *arg) {
@@ -176,9 +227,30 @@ static void *engine_main(void *arg) {
     k3_msg_t *m = k3_msgq_take_all(&w->engine.q);
     /* Hits first: copying a checkpoint is cheap and frees its pin before the suffixes below run
      * (each may take a while); a failure is reported when the request's turn comes. */
+    int n_split = 0;
     for (k3_msg_t *h = m; h; h = h->next) {
       dc_msg_t *dm = (dc_msg_t *)h;
-      if (h->type == DC_MSG_ADMIT && dm->split && dm->copy_slot >= 0) copy_hit(w, dm);
+      if (h->type != DC_MSG_ADMIT || !dm->split) continue;
+      if (dm->copy_slot >= 0) copy_hit(w, dm);
+      n_split++;
+    }
+    /* Then every split request's suffix, together (the staged layout imports the handed-off
+     * part first; a failed import is reported below). */
+    if (n_split) {
+      dc_msg_t **sp = calloc((size_t)n_split, sizeof *sp);
+      int k = 0;
+      for (k3_msg_t *h = m; h && sp; h = h->next) {
+        dc_msg_t *dm = (dc_msg_t *)h;
+        if (h->type != DC_MSG_ADMIT || !dm->split) continue;
+        dm->import_rc = import_state(w, dm, &ibuf, &icap);
+        dm->imported = true;
+        if (!dm->import_rc) sp[k++] = dm;
+      }
+      if (sp) run_splits(w, sp, k, maxb, logits);
+      else
+        for (k3_msg_t *h = m; h; h = h->next)
+          if (h->type == DC_MSG_ADMIT && ((dc_msg_t *)h)->split) ((dc_msg_t *)h)->split_rc = K3_ENOMEM;
+      free(sp);
     }
     while (m) {
       k3_msg_t *next = m->next;
@@ -195,7 +267,7 @@ static void *engine_main(void *arg) {
           }
           post_out(w, o);
           free_admit(dm);
-        } else if ((src_import = import_state(w, dm, &ibuf, &icap)) != 0) {
+        } else if ((src_import = dm->imported ? dm->import_rc : import_state(w, dm, &ibuf, &icap)) != 0) {
           dc_msg_t *o = new_out(dm->handle, DC_MSG_TOKENS);
           if (o) {
             o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR;
@@ -205,11 +277,11 @@ static void *engine_main(void *arg) {
           post_out(w, new_out(dm->handle, DC_MSG_DONE));
           free_admit(dm);
           free(s);
-        } else if (dm->split && (src_import = run_split(w, dm, logits, &split_lp, err, sizeof err)) != 0) {
+        } else if (dm->split && (src_import = dm->split_rc) != 0) {
           dc_msg_t *o = new_out(dm->handle, DC_MSG_TOKENS);
           if (o) {
             o->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR;
-            snprintf(o->err, sizeof o->err, "computing the prompt's suffix: %s", err);
+            snprintf(o->err, sizeof o->err, "computing the prompt's suffix: %.280s", dm->err);
           }
           post_out(w, o);
           post_out(w, new_out(dm->handle, DC_MSG_DONE));
@@ -217,6 +289,7 @@ static void *engine_main(void *arg) {
           free(s);
         } else {
           s->admit = dm;
+          if (dm->split) split_lp = dm->split_lp;
           if (emit_first(w, s, dm->split ? split_lp : NAN)) {
             post_out(w, new_out(dm->handle, DC_MSG_DONE));
             free_admit_r(w->runner, dm);
