@@ -180,7 +180,14 @@ static dc_centry_t *entry_new(dc_worker_t *w, dc_req_t *q, const uint64_t *h, ui
   dc_cache_t *c = &w->cache;
   uint32_t nb = pos / c->block;
   int np = (int)(pos / (uint32_t)w->page_tokens);
-  if (c->n_pinned >= c->pin_max) return NULL; /* would eat into the registered capacity */
+  /* Within the pin budget (beyond it a pinned entry would eat into the registered capacity),
+   * with one exception: a request whose hit pin is the only pin of its hit entry may create one
+   * checkpoint beyond it. That hit pin goes within the engine's next turn (it copies every
+   * admitted hit first), so the excess is transient and bounded by the hits pinned (<= the
+   * budget); without it, conversations whose turns arrive together (their hits pinned at once)
+   * found the budget taken by their own hits and never checkpointed their new turn. */
+  uint32_t lend = q->hit && q->hit->pins == 1 && q->n_ck == 0 ? 1u : 0u;
+  if (c->n_pinned >= c->pin_max + lend) return NULL;
   if (w->n_free_slots < 1 && !dc_cache_make_room(w, 0, 1)) return NULL;
   dc_centry_t *e = calloc(1, sizeof *e);
   if (e) e->chain = malloc(nb * sizeof *e->chain);

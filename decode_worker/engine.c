@@ -92,6 +92,10 @@ static int import_state(dc_worker_t *w, dc_msg_t *a, uint8_t **buf, size_t *cap)
 static int copy_hit(dc_worker_t *w, dc_msg_t *a) {
   int rc = k3_runner_slot_copy(w->runner, a->seq.slot, a->copy_slot);
   if (rc) return rc;
+  /* the unpin lets the loop evict the entry and hand its slot to a new reservation (which a
+   * prefill worker may write at once): the copy must be over on the device first */
+  k3k_backend_t *be = k3_runner_backend(w->runner);
+  if (be->synchronize && (rc = be->synchronize(be)) != 0) return rc;
   a->copy_slot = -1;
   post_out(w, new_out(a->handle, DC_MSG_CKPT));
   return 0;
@@ -108,6 +112,9 @@ static int copy_hit(dc_worker_t *w, dc_msg_t *a) {
  * each message (split_rc, split_lp, err, first_token). lg: maxb rows of vocab floats. */
 static void run_splits(dc_worker_t *w, dc_msg_t **as, int n, int maxb, float *lg) {
   k3_runner_t *r = w->runner;
+  /* CKPT messages wait until the device finished the checkpoint copies: once the loop marks an
+   * entry ready, an Export may read its slot on another stream (export.c) */
+  k3_msg_t *ck_head = NULL, **ck_tail = &ck_head;
   int64_t V = k3_runner_vocab(r);
   k3_prefill_item_t items[64];
   dc_msg_t *in[64];
@@ -146,8 +153,11 @@ static void run_splits(dc_worker_t *w, dc_msg_t **as, int n, int maxb, float *lg
           snprintf(a->err, sizeof a->err, "taking the KDA checkpoint at %u: %s", end, k3_strerror(rc));
         } else {
           dc_msg_t *o = new_out(a->handle, DC_MSG_CKPT);
-          if (o) o->ck_pos[0] = end;
-          post_out(w, o);
+          if (o) {
+            o->ck_pos[0] = end;
+            *ck_tail = &o->link;
+            ck_tail = &o->link.next;
+          }
         }
       }
       a->split_k++;
@@ -173,8 +183,11 @@ static void run_splits(dc_worker_t *w, dc_msg_t **as, int n, int maxb, float *lg
           continue;
         }
         dc_msg_t *o = new_out(a->handle, DC_MSG_CKPT);
-        if (o) o->ck_pos[0] = end;
-        post_out(w, o);
+        if (o) {
+          o->ck_pos[0] = end;
+          *ck_tail = &o->link;
+          ck_tail = &o->link.next;
+        }
       }
       if (end == a->n_prompt) { /* the prompt's end (a checkpoint may sit there too): sample the
                                  * first token from its logits row */
@@ -192,6 +205,16 @@ static void run_splits(dc_worker_t *w, dc_msg_t **as, int n, int maxb, float *lg
         a->split_lp = a->want_logprobs ? (float)k3k_logprob_row(row, V, tok) : 0.0f;
       }
       a->split_k++;
+    }
+  }
+  if (ck_head) {
+    k3k_backend_t *be = k3_runner_backend(r);
+    bool ok = !be->synchronize || be->synchronize(be) == 0; /* else: never ready, dropped at the end */
+    for (k3_msg_t *c = ck_head, *next; c; c = next) {
+      next = c->next;
+      c->next = NULL;
+      if (ok) post_out(w, (dc_msg_t *)c);
+      else free(c);
     }
   }
   K3_DEBUG("computed the prompt suffixes of %d split request(s) here in %.2f ms", n,

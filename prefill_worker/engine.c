@@ -271,6 +271,17 @@ static void reserve_prepared(eng_t *e, pf_job_t *job) {
     fail_job(w, job, rc, rc == K3_ECAPACITY ? "no local pages or KDA slot free for a resume now" : "reserving local state");
     return;
   }
+  /* The pages and slot come back zeroed by the backend, asynchronously on a device: that must
+   * be over before the decode worker's export writes them (found on the H200: a zeroing that
+   * ran after the export landed made the digests fail). */
+  k3k_backend_t *be = k3_runner_backend(w->runner);
+  if (be->synchronize && (rc = be->synchronize(be)) != 0) {
+    k3_runner_seq_release(w->runner, &h->seq);
+    free(h->seq.pages);
+    free(h);
+    fail_job(w, job, rc, "reserving local state: device synchronisation failed");
+    return;
+  }
   h->waiting = true;
   h->next = e->held;
   e->held = h;
