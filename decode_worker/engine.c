@@ -217,8 +217,9 @@ static void run_splits(dc_worker_t *w, dc_msg_t **as, int n, int maxb, float *lg
       else free(c);
     }
   }
-  K3_DEBUG("computed the prompt suffixes of %d split request(s) here in %.2f ms", n,
-           (double)(k3_now_ns() - t0) / 1e6);
+  double secs = (double)(k3_now_ns() - t0) / 1e9;
+  k3_histogram_observe(k3_metric_default(w->m.local_prefill_seconds), secs);
+  K3_DEBUG("computed the prompt suffixes of %d split request(s) here in %.2f ms", n, secs * 1e3);
 }
 
 static void *engine_main(void *arg) {
@@ -366,9 +367,16 @@ static void *engine_main(void *arg) {
       items[i].sampled = want_lp ? NULL : &sampled[i];
     }
     uint64_t t0 = k3_now_ns();
+    k3_runner_stats_t st0, st1;
+    k3_runner_get_stats(w->runner, &st0);
     int rc = k3_runner_decode_step(w->runner, items, n, err, sizeof err);
     uint64_t step_ns = k3_now_ns() - t0;
     k3_histogram_observe(k3_metric_default(w->m.step_seconds), (double)step_ns / 1e9);
+    k3_runner_get_stats(w->runner, &st1);
+    const char *kind = st1.graph_replays > st0.graph_replays    ? "replayed"
+                       : st1.graph_captures > st0.graph_captures ? "captured"
+                                                                 : "eager";
+    k3_metric_inc(w->m.steps_total, &kind);
     for (int i = 0; i < n; i++) {
       eseq_t *s = batch[i];
       dc_msg_t *a = s->admit;

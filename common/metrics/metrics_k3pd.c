@@ -34,6 +34,7 @@ static const char *const POOL_VALUES[] = {K3PD_POOL_RESERVED, K3PD_POOL_USED, K3
 static const char *const LOOKUP_VALUES[] = {"hit", "miss"};
 static const char *const RESUME_VALUES[] = {"received", "fallback"};
 static const char *const EXPORT_VALUES[] = {"ok", "failed"};
+static const char *const STEP_KIND_VALUES[] = {"eager", "captured", "replayed"};
 static const char *const REJECT_VALUES[] = {K3PD_REJECT_STALE_EPOCH, K3PD_REJECT_DIGEST_MISMATCH,
                                             K3PD_REJECT_FINGERPRINT_MISMATCH,
                                             K3PD_REJECT_UNKNOWN_REQUEST};
@@ -193,6 +194,12 @@ static const row_t ROWS[] = {
      "Prompt tokens this decode worker computed itself (cache-hit suffixes and the tails after a handoff)."},
     {R_DECODE, "k3pd_decode_cache_exports_total", C, L("outcome", EXPORT_VALUES), NOB, DC(cache_exports_total),
      "Cached prefix states sent to a prefill worker for a long-suffix resume (Decode.Export), by outcome."},
+    {R_DECODE, "k3pd_decode_steps_total", C, L("kind", STEP_KIND_VALUES), NOB, DC(steps_total),
+     "Decode steps by how they ran on a CUDA backend: eager (op by op), captured (a CUDA graph captured and "
+     "launched: the workspace or the key was new) or replayed; host backends count every step as eager."},
+    {R_DECODE, "k3pd_decode_local_prefill_seconds", H, NOL, NOB, DC(local_prefill_seconds),
+     "Time the engine spent computing the prompt suffixes admitted in one loop turn (prefix-cache hits and "
+     "the tails after a handoff), during which no decode step runs."},
 };
 
 static const row2_t SECOND_LABELS[] = {

@@ -307,6 +307,16 @@ part_faults() {
   stop_all
 }
 
+# decode worker 0's step kinds and local-prefill time so far (cumulative), one line
+dstat() {
+  local p=${DEC_METRICS[0]}
+  echo "$1: decode steps eager $(metric "$p" 'k3pd_decode_steps_total{kind="eager"}') captured" \
+    "$(metric "$p" 'k3pd_decode_steps_total{kind="captured"}') replayed $(metric "$p" 'k3pd_decode_steps_total{kind="replayed"}');" \
+    "local prefill turns $(metric "$p" k3pd_decode_local_prefill_seconds_count)," \
+    "$(metric "$p" k3pd_decode_local_prefill_seconds_sum) s; steps $(metric "$p" k3pd_decode_step_seconds_count)," \
+    "$(metric "$p" k3pd_decode_step_seconds_sum) s"
+}
+
 part_prefix() {
   local idmax=150000 cache d
   [ "$backend" = cuda ] || idmax=3800 # tiny: below its special ids
@@ -323,10 +333,12 @@ part_prefix() {
       --shared-prefix-len "$chat_sys" --prompt-len 32..96 --output-len 32 --id-max "$idmax" --seed 5 \
       --timeout-ms 120000 --ids-out "$d/chat.ids" > "$d/chat.txt" 2>&1 \
       || bad "prefix: chats with the cache $cache failed ($(tail -1 "$d/chat.txt"))"
+    dstat "prefix: cache $cache: after the chats"
     k3pd-bench --router "$ROUTER" --label "shared-cache-$cache" --requests "$users" --concurrency 4 \
       --shared-prefix-len "$sys" --prompt-len 16..64 --output-len 16 --id-max "$idmax" --seed 6 \
       --timeout-ms 120000 --ids-out "$d/shared.ids" > "$d/shared.txt" 2>&1 \
       || bad "prefix: shared system prompt with the cache $cache failed ($(tail -1 "$d/shared.txt"))"
+    dstat "prefix: cache $cache: after the shared prompts"
     k3pd-bench --router "$ROUTER" --label "agent-cache-$cache" --chat-turns 3 --conversations 4 --concurrency 4 \
       --shared-prefix-len "$chat_sys" --prompt-len "$agent_msg" --output-len 16 --id-max "$idmax" --seed 7 \
       --timeout-ms 300000 --ids-out "$d/agent.ids" > "$d/agent.txt" 2>&1 \

@@ -136,6 +136,8 @@ typedef struct {
   k3_metric_t *kv_utilization_ratio;   /* gauge: max(page, slot) non-free fraction, 0..1 */
   k3_metric_t *running_sequences;      /* gauge */
   k3_metric_t *step_seconds;           /* histogram: one batched decode step */
+  k3_metric_t *steps_total;            /* counter {kind}: eager / captured / replayed (CUDA graphs) */
+  k3_metric_t *local_prefill_seconds;  /* histogram: one engine turn's local prompt suffixes (prefix cache) */
   k3_metric_t *generated_tokens_total; /* counter */
   k3_metric_t *reservation_wait_seconds; /* histogram: reserve -> DONE accepted */
   k3_metric_t *lease_expiries_total;   /* counter: reservations dropped because no DONE came */
