@@ -119,7 +119,7 @@ EOF
 
 # trace_report DIR: where the time of each step's requests went (TRACE=1), appended to trace.txt
 trace_report() {
-  [ "$TRACE" = 1 ] || return 0
+  [ "$TRACE" = 1 ] && [ -s "$1/router.trace" ] || return 0 # (a router without the trace writes none)
   /usr/bin/python3 - "$1" <<'EOF' | tee -a "$OUT/trace.txt"
 import sys
 d = sys.argv[1]
