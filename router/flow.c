@@ -1,5 +1,6 @@
 /* k3pd-router, the worker calls of one request (ARCHITECTURE.md §2): D.Reserve, then P.Prefill
- * and D.Attach in parallel; the Attach stream is relayed (req.c).
+ * and D.Attach in parallel (Prefill started first: its reply carries the first token); the
+ * Attach stream is relayed (req.c).
  *
  * Failures, by where they happen (docs/design.md, "Worker failures"):
  *  - a prefill that fails with a transport-class status is re-issued to another prefill worker
@@ -201,6 +202,8 @@ static void on_attach_msg(void *arg, const ProtobufCMessage *msg) {
   const K3pd__V1__AttachResponse *a = (const K3pd__V1__AttachResponse *)msg;
   if (c->attempt != q->attempt || q->phase == RQ_DONE) return;
   RT_TIMED_BEGIN;
+  RT_TRACE(q, RT_TR_ATTACH_IN);
+  if (a->finish_reason) RT_TRACE(q, RT_TR_LAST_IN);
   q->busy++;
   /* An ERROR chunk is followed by the stream's failure status, which decides what happens. */
   if (a->finish_reason && a->finish_reason != K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR)
@@ -215,6 +218,7 @@ static void on_attach_done(void *arg, const k3_rpc_status_t *st) {
   cctx_t *c = arg;
   rt_req_t *q = c->q;
   q->busy++;
+  RT_TRACE(q, RT_TR_ATTACH_DONE);
   if (cctx_current(c, &q->attach_call) && q->phase != RQ_DONE) {
     q->attach_done = true;
     if (st->code == K3_RPC_OK && q->finish_reason) {
@@ -255,6 +259,7 @@ static int start_attach(rt_req_t *q) {
     end_request(q, K3_RPC_INTERNAL, "starting the decode stream failed");
     return K3_EINTERNAL;
   }
+  RT_TRACE(q, RT_TR_ATTACH_OUT);
   return 0;
 }
 
@@ -289,7 +294,9 @@ static void reserve(rt_req_t *q) {
   if (rc) {
     free(c);
     end_request(q, K3_RPC_INTERNAL, "starting the reservation failed");
+    return;
   }
+  RT_TRACE(q, RT_TR_RESERVE_OUT);
 }
 
 static void on_prefill_done(void *arg, const k3_rpc_status_t *st, const ProtobufCMessage *resp) {
@@ -297,6 +304,7 @@ static void on_prefill_done(void *arg, const k3_rpc_status_t *st, const Protobuf
   rt_req_t *q = c->q;
   rt_worker_t *pw = worker(q, c->id);
   if (pw) rt_worker_sub_pending(pw, (int64_t)c->n_tokens);
+  RT_TRACE(q, RT_TR_PREFILL_IN);
   q->busy++;
   if (!cctx_current(c, &q->prefill_call) || q->phase == RQ_DONE) goto out;
   if (st->code == K3_RPC_OK) {
@@ -399,7 +407,9 @@ static void start_prefill(rt_req_t *q) {
     rt_worker_sub_pending(pw, (int64_t)n_send);
     free(c);
     end_request(q, K3_RPC_INTERNAL, "starting the prefill call failed");
+    return;
   }
+  RT_TRACE(q, RT_TR_PREFILL_OUT);
 }
 
 /* ---- long-suffix resume (docs/protocol.md "Long-suffix hits") ----
@@ -512,6 +522,7 @@ static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const Protobuf
   cctx_t *c = arg;
   rt_req_t *q = c->q;
   const K3pd__V1__Reservation *r = st->code == K3_RPC_OK ? (const K3pd__V1__Reservation *)resp : NULL;
+  RT_TRACE(q, RT_TR_RESERVE_IN);
   q->busy++;
   bool cur = cctx_current(c, &q->reserve_call);
   if (!cur || q->phase == RQ_DONE) {
@@ -572,15 +583,18 @@ static void on_reserve_done(void *arg, const k3_rpc_status_t *st, const Protobuf
       K3_DEBUG("request %s: decode worker %s caches %u of %zu prompt tokens (router expected %lld); prefill "
                "worker gets %u", q->id, c->id, q->cached_tokens, q->n_prompt, (long long)q->expect_cached,
                q->split ? q->prefill_tokens : (uint32_t)q->n_prompt);
-    if (start_attach(q)) goto out;
   }
-  if (q->split && q->prefill_tokens == 0) {
-    /* Conditional disaggregation: the decode worker computes the uncached suffix itself. */
-    q->prefill_ok = true;
-    goto out;
-  }
-  if (q->resume_tokens) start_resume(q);
-  else start_prefill(q);
+  /* Prefill first: it is on the path to the first token (its reply carries it), Attach is not
+   * (the decode worker buffers what it produces until the stream arrives, docs/protocol.md), and
+   * starting a call costs the loop tens of µs (call setup, TLS record, write). A long-suffix
+   * resume starts with PrepareResume on the prefill worker (its Prefill follows Export). */
+  if (q->split && q->prefill_tokens == 0)
+    q->prefill_ok = true; /* conditional disaggregation: the decode worker computes the uncached suffix */
+  else if (q->resume_tokens)
+    start_resume(q);
+  else
+    start_prefill(q);
+  if (first && q->phase == RQ_RUNNING) start_attach(q);
 out:
   free(c);
   q->busy--;

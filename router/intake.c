@@ -30,6 +30,7 @@ int rt_req_new(rt_router_t *rt, const char *rid, const char *rid_field, int64_t 
   }
   q->rt = rt;
   q->t_arrive = k3_now_ns();
+  if (rt->trace) q->tr[RT_TR_ARRIVE] = q->t_arrive;
   q->deadline_left_ms = deadline_left_ms;
   if (rid && *rid) {
     size_t n = strlen(rid);
@@ -395,6 +396,7 @@ void rt_req_launch(rt_req_t *q, const rt_sink_t *sink, void *ctx) {
     goto out;
   }
   q->router_ns += k3_now_ns() - q->t_arrive; /* intake: validation, tokenisation and placement */
+  RT_TRACE(q, RT_TR_LAUNCH);
   rt_flow_start(q);
 out:
   q->busy--;

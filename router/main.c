@@ -378,6 +378,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "k3pd-router: gRPC client: %s\n", k3_strerror(rc));
     return 1;
   }
+  rt_trace_open(rt);
   rt_expiry_start(rt);
   rt_lag_start(rt);
   if (http_port >= 0) {
@@ -416,6 +417,7 @@ int main(int argc, char **argv) {
           (long long)max_request_bytes, rt->tokpool ? tokenize_threads : 0, rt->max_token_bytes);
   if (hport) K3_INFO("health-only port %d (plaintext, grpc.health.v1)", hport);
   uv_run(loop, UV_RUN_DEFAULT);
+  rt_trace_close(rt);
   rt_registry_free(&rt->reg);
   rt_auth_free(rt->auth);
   k3_rpc_tls_free(a->tls);

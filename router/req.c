@@ -62,6 +62,7 @@ void rt_req_drop_inflight(rt_req_t *q) {
 
 void rt_req_free(rt_req_t *q) {
   rt_router_t *rt = q->rt;
+  if (rt->trace) rt_trace_write(q);
   rt_req_drop_inflight(q);
   for (rt_req_t **pp = &rt->reqs; *pp; pp = &(*pp)->next) {
     if (*pp == q) {
@@ -153,6 +154,7 @@ void rt_req_fail(rt_req_t *q, k3_rpc_code_t code, const char *fmt, ...) {
   q->phase = RQ_DONE;
   q->busy++;
   q->t_end = k3_now_ns();
+  if (q->rt->trace) q->tr[RT_TR_END] = q->t_end;
   rt_req_drop_inflight(q);
   rt_req_abort_prefill(q);
   if (q->attach_call) k3_rpc_ccall_cancel(q->attach_call);
@@ -180,6 +182,7 @@ void rt_req_finish_ok(rt_req_t *q) {
   q->phase = RQ_DONE;
   q->busy++;
   q->t_end = k3_now_ns();
+  if (q->rt->trace) q->tr[RT_TR_END] = q->t_end;
   rt_req_drop_inflight(q);
   k3_tok_str_t tail = {0};
   if (!q->stopped_by_string && q->detok) k3_detok_finish(q->detok, &tail);
@@ -207,6 +210,7 @@ void rt_req_finish_error(rt_req_t *q, const char *fmt, ...) {
   q->phase = RQ_DONE;
   q->busy++;
   q->t_end = k3_now_ns();
+  if (q->rt->trace) q->tr[RT_TR_END] = q->t_end;
   q->finish_reason = K3PD__V1__FINISH_REASON__FINISH_REASON_ERROR;
   rt_req_drop_inflight(q);
   rt_req_abort_prefill(q);
@@ -284,6 +288,7 @@ void rt_req_relay(rt_req_t *q, uint32_t first_index, const uint32_t *ids, size_t
     uint64_t now = k3_now_ns();
     if (!q->t_first) {
       q->t_first = now;
+      if (q->rt->trace) q->tr[RT_TR_FIRST_OUT] = now;
       k3_histogram_observe(k3_metric_default(q->rt->m.ttft_seconds), (double)(now - q->t_arrive) / 1e9);
     } else if (q->t_last_tok) {
       /* a chunk of n tokens arriving together counts as n gaps of equal share */

@@ -33,6 +33,25 @@
 
 typedef enum { RQ_RESERVING = 0, RQ_RUNNING, RQ_DONE } rq_phase_t;
 
+/* Stages of the per-request trace (K3PD_ROUTER_TRACE=FILE, router/trace.c): k3_now_ns() when the
+ * request (first attempt) reached each stage; 0 = not reached. Diagnostics only: read by
+ * scripts/bench/router_trace.py, never by the request path. */
+typedef enum {
+  RT_TR_ARRIVE = 0,  /* the Generate call reached the loop (t_arrive) */
+  RT_TR_LAUNCH,      /* intake done, placement starts */
+  RT_TR_RESERVE_OUT, /* Reserve handed to gRPC */
+  RT_TR_RESERVE_IN,  /* its reply reached the loop */
+  RT_TR_PREFILL_OUT, /* Prefill handed to gRPC */
+  RT_TR_ATTACH_OUT,  /* Attach handed to gRPC */
+  RT_TR_PREFILL_IN,  /* the Prefill reply reached the loop */
+  RT_TR_FIRST_OUT,   /* the first token's chunk handed to the client's stream */
+  RT_TR_ATTACH_IN,   /* the first Attach message reached the loop */
+  RT_TR_LAST_IN,     /* the Attach message with the finish reason reached the loop */
+  RT_TR_END,         /* the request ended (final chunk handed to the client's stream) */
+  RT_TR_ATTACH_DONE, /* the Attach stream's status reached the loop */
+  RT_TR_N
+} rt_tr_stage_t;
+
 struct rt_req;
 
 /* Where a request's output goes: implemented by each front. Every callback runs on the loop
@@ -126,7 +145,16 @@ typedef struct rt_req {
   uint64_t t_last_tok;   /* for inter-token latency */
   uint64_t router_ns;    /* time spent in this request's router handlers (added latency) */
   bool counted;          /* counted as an active stream */
+  uint64_t tr[RT_TR_N];  /* trace stamps (only with rt->trace; see rt_tr_stage_t) */
 } rt_req_t;
+
+/* Stamps a trace stage once (first attempt's path; cheap when tracing is off). */
+#define RT_TRACE(q, stage)                                          \
+  do {                                                              \
+    if ((q)->rt->trace && !(q)->tr[stage]) (q)->tr[stage] = k3_now_ns(); \
+  } while (0)
+/* trace.c (rt_trace_open/close in rt.h). Writes the request's line (called once, when it is freed). */
+void rt_trace_write(rt_req_t *q);
 
 /* Time the router itself spends on a request, summed over its handlers. */
 #define RT_TIMED_BEGIN uint64_t rt_t0_ = k3_now_ns()

@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <uv.h>
 
 #include "k3pd/detok.h"
@@ -64,6 +65,7 @@ typedef struct rt_router {
   k3_router_metrics_t m;
   k3_metrics_http_t *mhttp;
   struct rt_http *http;     /* the OpenAI-compatible HTTP API (NULL when --http-port is off) */
+  FILE *trace;              /* per-request stage trace (K3PD_ROUTER_TRACE; NULL = off): req.h */
 } rt_router_t;
 
 /* cluster_svc.c: registered_workers{role} from the registry. */
@@ -93,6 +95,11 @@ void rt_worker_lost(rt_router_t *rt, const char *worker_id, const char *why);
 /* lag.c: k3pd_router_loop_lag_seconds, how late the loop runs (start once, stop at shutdown). */
 void rt_lag_start(rt_router_t *rt);
 void rt_lag_stop(rt_router_t *rt);
+
+/* trace.c: opens K3PD_ROUTER_TRACE's file when it is set (an error is logged and tracing stays
+ * off); close flushes it. The stages are in req.h (rt_tr_stage_t). */
+void rt_trace_open(rt_router_t *rt);
+void rt_trace_close(rt_router_t *rt);
 
 /* generate.c */
 int rt_generate_register(rt_router_t *rt);

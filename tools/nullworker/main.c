@@ -13,7 +13,12 @@
  * FINISH_REASON_LENGTH. Never register it with a router that serves real clients.
  *
  * One process is one role (--role prefill|decode), like the real workers: a benchmark runs one
- * of each. Loop thread only; streams are freed when their call ends (finish or cancel). */
+ * of each. Loop thread only; streams are freed when their call ends (finish or cancel).
+ *
+ * K3PD_NULL_TRACE=FILE: one line per Reserve, Prefill and Attach call, "<method letter R|P|A>
+ * <request id> <ns when the handler ran> <ns when the reply (Attach: the last message) was
+ * handed to gRPC>" (CLOCK_MONOTONIC, k3_now_ns), to be joined with the router's trace
+ * (K3PD_ROUTER_TRACE) into one-way hops: scripts/bench/router_trace.py. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +34,7 @@
 #include "k3pd/registrar.h"
 #include "k3pd/rpc.h"
 #include "k3pd/rpc_client.h"
+#include "k3pd/util.h"
 #include "k3pd/v1/decode.pb-c.h"
 #include "k3pd/v1/prefill.pb-c.h"
 
@@ -43,6 +49,8 @@ typedef struct stream {
   uv_timer_t timer;
   uint32_t next_index, max_new;
   bool timer_open, ended;
+  uint64_t t_in;  /* trace: when the Attach handler ran */
+  char *trace_id; /* trace: the request id (owned; NULL when tracing is off) */
 } stream_t;
 
 typedef struct nw {
@@ -60,12 +68,19 @@ typedef struct nw {
   uv_timer_t ready_timer;
   int health;
   bool stopping;
+  FILE *trace; /* K3PD_NULL_TRACE (NULL = off) */
 } nw_t;
+
+static void trace_call(nw_t *w, char method, const char *id, uint64_t t_in) {
+  if (w->trace) fprintf(w->trace, "%c %s %llu %llu\n", method, id ? id : "-", (unsigned long long)t_in,
+                        (unsigned long long)k3_now_ns());
+}
 
 /* ---- Decode ---- */
 
 static void on_reserve(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
   nw_t *w = user;
+  uint64_t t_in = w->trace ? k3_now_ns() : 0;
   const K3pd__V1__ReserveRequest *rq = (const K3pd__V1__ReserveRequest *)msg;
   if (!rq->request_id || !*rq->request_id) {
     k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "request_id: must be 1..128 bytes");
@@ -79,6 +94,7 @@ static void on_reserve(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
   r.descriptor.len = sizeof desc;
   r.n_pages = 1;
   k3_rpc_call_reply(call, &r.base);
+  trace_call(w, 'R', rq->request_id, t_in);
 }
 
 static void on_release(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
@@ -88,7 +104,11 @@ static void on_release(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
   k3_rpc_call_reply(call, &r.base);
 }
 
-static void stream_closed(uv_handle_t *h) { free(h->data); }
+static void stream_closed(uv_handle_t *h) {
+  stream_t *s = h->data;
+  free(s->trace_id);
+  free(s);
+}
 
 /* Ends a stream once: the call (unless cancelled, then finish only drops our reference) and its
  * timer; the stream is freed in the timer's close callback. */
@@ -122,6 +142,7 @@ static void stream_send(stream_t *s) {
     }
     if (last) {
       s->w->served++;
+      if (s->trace_id) trace_call(s->w, 'A', s->trace_id, s->t_in);
       stream_end(s, K3_RPC_OK, NULL);
       return;
     }
@@ -138,6 +159,7 @@ static void on_attach_cancel(k3_rpc_call_t *call, void *arg) {
 
 static void on_attach(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
   nw_t *w = user;
+  uint64_t t_in = w->trace ? k3_now_ns() : 0;
   const K3pd__V1__AttachRequest *rq = (const K3pd__V1__AttachRequest *)msg;
   uint32_t max_new = rq->stop ? rq->stop->max_new_tokens : 0;
   if (max_new < 1) {
@@ -152,6 +174,8 @@ static void on_attach(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *us
   s->w = w;
   s->call = call;
   s->max_new = max_new;
+  s->t_in = t_in;
+  if (w->trace && rq->request_id) s->trace_id = strdup(rq->request_id);
   uv_timer_init(w->loop, &s->timer);
   s->timer.data = s;
   w->streams++;
@@ -173,7 +197,8 @@ static void on_stats(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *use
 /* ---- Prefill ---- */
 
 static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
-  (void)user;
+  nw_t *w = user;
+  uint64_t t_in = w->trace ? k3_now_ns() : 0;
   const K3pd__V1__PrefillRequest *rq = (const K3pd__V1__PrefillRequest *)msg;
   if (!rq->request_id || !*rq->request_id || rq->n_token_ids < 1) {
     k3_rpc_call_finish(call, K3_RPC_INVALID_ARGUMENT, "request_id, token_ids: required");
@@ -183,6 +208,7 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
   r.first_token = FAKE_TOKEN(0);
   r.seed = rq->sampling ? rq->sampling->seed : 0;
   k3_rpc_call_reply(call, &r.base);
+  trace_call(w, 'P', rq->request_id, t_in);
 }
 
 static void on_abort(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *user) {
@@ -353,7 +379,14 @@ int main(int argc, char **argv) {
   uv_signal_start(&w->sigterm, on_signal, SIGTERM);
   K3_WARN("BENCHMARK MODE: %s worker %s with no model (zero compute, fixed token ids) serving on %s (advertised %s)",
           role, wid, listen, adv);
+  const char *tp = getenv("K3PD_NULL_TRACE");
+  if (tp && *tp) {
+    w->trace = fopen(tp, "w");
+    if (w->trace) setvbuf(w->trace, NULL, _IOFBF, 1 << 16);
+    else K3_WARN("K3PD_NULL_TRACE=%s: cannot open it; tracing is off", tp);
+  }
   uv_run(loop, UV_RUN_DEFAULT);
+  if (w->trace) fclose(w->trace);
   k3_rpc_tls_free(w->tls);
   uv_loop_close(loop);
   K3_INFO("stopped");
