@@ -46,6 +46,7 @@ static void send_free(k3_xfer_send_t *s) {
   free(s->digest);
   free(s->queue);
   free(s->layer_ready);
+  free(s->src_desc);
   free(s);
 }
 
@@ -171,6 +172,13 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
     if (!s->slots[i].stage) goto fail;
   }
   s->send_id = ctx->next_send_id++;
+  if (s->mode == XM_PULL) { /* where our bytes are, before any LAYER (same endpoint: in order) */
+    size_t ml;
+    uint8_t *msg = xf_src_encode(s->send_id, s->src_desc, (uint32_t)s->src_desc_len, &ml);
+    if (!msg) goto fail;
+    if ((rc = xf_am_send(s->ep, XF_AM_SRC, msg, ml))) goto fail;
+    XF_TRACE(ctx, "send %llu: SRC sent (%zu bytes)", (unsigned long long)desc->request_id, ml);
+  }
   s->res.request_id = desc->request_id;
   s->res.epoch = desc->epoch;
   s->res.path = s->path;
@@ -193,6 +201,7 @@ const char *k3_xfer_send_mode(const k3_xfer_send_t *s) {
   case XM_DIRECT: return "direct";
   case XM_AM: return "am";
   case XM_PUT: return "put";
+  case XM_PULL: return "pull";
   default: return "job";
   }
 }
@@ -206,7 +215,7 @@ int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
   xf_layer_st_t *ly = &s->layers[layer];
   ly->state = LY_PUSHING;
   if (s->dev_src && !s->staged) ly->job_state = XJ_DUE; /* copy+hash or hash-only job */
-  if (s->mode != XM_JOB) { /* the host movers hand the regions on (ucx-cuda: DATA) */
+  if (!xf_send_jobs_only(s)) { /* the host movers hand the regions on (ucx-cuda: DATA) */
     ly->regions_left = ly->n_regions;
     for (uint32_t k = 0; k < ly->n_regions; k++) s->queue[s->q_len++] = s->order[ly->first_region + k];
   }
@@ -214,8 +223,26 @@ int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
   /* cuda-ipc: the job is submitted by the loop's next drive anyway (layers signalled together
    * go as one job), so an API drive here would only progress UCX: 93 layers signalled at
    * once paid 93 of them before the first byte moved. */
-  if (s->mode == XM_JOB) xf_drive_soon(s->ctx);
+  if (xf_send_jobs_only(s)) xf_drive_soon(s->ctx);
   else xf_drive_api(s->ctx);
+  return 0;
+}
+
+uint32_t k3_xfer_send_layer_regions(const k3_xfer_send_t *s, uint32_t layer) {
+  return layer < s->n_layers ? s->layers[layer].n_regions : 0;
+}
+
+int k3_xfer_send_layer_ready_digests(k3_xfer_send_t *s, uint32_t layer, const uint64_t *digests,
+                                     uint32_t n_digests) {
+  if (s->mode != XM_PULL) return k3_xfer_send_layer_ready(s, layer); /* they hash what they move */
+  if (s->phase == PH_FIRED) return s->status ? s->status : K3_EINVAL;
+  if (layer >= s->n_layers || s->layer_ready[layer] || !digests || n_digests != s->layers[layer].n_regions)
+    return K3_EINVAL;
+  int rc = k3_xfer_send_layer_ready(s, layer);
+  if (rc) return rc;
+  xf_layer_st_t *ly = &s->layers[layer];
+  for (uint32_t k = 0; k < ly->n_regions; k++) s->digest[s->order[ly->first_region + k]] = digests[k];
+  ly->job_state = XJ_NONE; /* the producer hashed it: announced by the next drive */
   return 0;
 }
 
@@ -268,6 +295,11 @@ static void fire(k3_xfer_send_t *s, int status) {
   if (status == 0) ctx->stats.sends_ok++;
   else if (status == K3_ETIMEDOUT) ctx->stats.sends_timed_out++;
   else ctx->stats.sends_failed++;
+  if (status == 0 && s->mode == XM_PULL) { /* the receiver's jobs read every byte it verified */
+    s->res.bytes = k3_xfer_desc_total_bytes(s->desc);
+    for (uint32_t r = 0; r < s->desc->n_regions; r++)
+      s->res.kind_bytes[xf_kind_of(&s->desc->regions[r])] += s->desc->regions[r].len_bytes;
+  }
   ctx->stats.bytes_put += s->res.bytes;
   ctx->stats.path_bytes[s->path] += s->res.bytes;
   if (status && (s->inflight || s->flush_pending || s->layer_flushes_out)) xf_ep_fail(s->ep); /* cancel what is queued */
@@ -285,7 +317,7 @@ static int send_done_msg(k3_xfer_send_t *s) {
                   .send_id = s->send_id,
                   .first_token = s->first_token,
                   .first_logprob = s->first_logprob,
-                  .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : 0,
+                  .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : s->mode == XM_PULL ? XF_MSG_FLAG_PULL : 0,
                   .n_digests = s->desc->n_regions,
                   .addr_len = (uint32_t)addr_len,
                   .addr = addr};
@@ -304,7 +336,7 @@ static int send_layer_msg(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
   for (uint32_t k = 0; k < nr; k++) dg[k] = s->digest[s->order[ly->first_region + k]];
   xf_layer_t m = {.request_id = d->request_id, .epoch = d->epoch, .fingerprint = d->fingerprint,
                   .send_id = s->send_id, .layer = l0, .n_digests = nr, .n_layers = nl,
-                  .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : 0};
+                  .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : s->mode == XM_PULL ? XF_MSG_FLAG_PULL : 0};
   size_t len;
   uint8_t *msg = xf_layer_encode(&m, dg, &len);
   if (!msg) return K3_ENOMEM;
@@ -332,7 +364,7 @@ static uint64_t advance_layers(k3_xfer_send_t *s) {
     xf_layer_st_t *ly = &s->layers[l];
     bool complete = ly->regions_left == 0 && ly->puts_out == 0 &&
                     (ly->job_state == XJ_NONE || ly->job_state == XJ_DONE);
-    if (ly->state == LY_PUSHING && complete && s->mode == XM_JOB) {
+    if (ly->state == LY_PUSHING && complete && xf_send_jobs_only(s)) {
       ly->state = LY_FLUSHING;
     } else if (ly->state == LY_PUSHING && complete) {
       ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
@@ -414,8 +446,8 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
     work += advance_layers(s);
     if (s->status) return work + 1;
     if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0 &&
-        s->layers_announced == s->n_layers && s->mode == XM_JOB) {
-      /* cuda-ipc moved no UCX data (every byte was written by a job seen complete): nothing to
+        s->layers_announced == s->n_layers && xf_send_jobs_only(s)) {
+      /* cuda-ipc and cuda-pull moved no UCX data (every byte was written by a job seen complete): nothing to
        * flush, DONE goes in this drive right behind the last LAYER. */
       s->flush_pending = false;
       s->phase = PH_FLUSH;
@@ -467,7 +499,7 @@ uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now, uint64_t *next_deadline)
       send_free(s);
       continue;
     }
-    if (s->phase == PH_WAIT_ACK && s->mode == XM_JOB && now < s->res.t_flushed_ns + XF_ACK_SPIN_NS)
+    if (s->phase == PH_WAIT_ACK && xf_send_jobs_only(s) && now < s->res.t_flushed_ns + XF_ACK_SPIN_NS)
       ctx->spin_ack = true;
     if (s->phase == PH_FIRED) { /* draining jobs: their notify wakes us; tick as a backstop */
       if (now + XF_TICK_NS < *next_deadline) *next_deadline = now + XF_TICK_NS;
