@@ -466,15 +466,15 @@ static int judge(k3_xfer_recv_t *r, const xf_done_t *dm, resv_t **out) {
     st->done_rejected_malformed++;
     return K3_EPROTO;
   }
-  if (!(dm->flags & XF_MSG_FLAG_PULL) != !v->src) { /* a pull DONE without SRC, or the reverse */
-    st->done_rejected_malformed++;
-    return K3_EPROTO;
-  }
   if (v->verdict) { /* a LAYER, a DATA or a job of this epoch already failed */
     if (v->verdict == K3_EDIGEST) st->done_rejected_digest++;
     else if (v->verdict == K3_EDEVICE) st->done_rejected_device++;
     else st->done_rejected_malformed++;
     return v->verdict;
+  }
+  if (!(dm->flags & XF_MSG_FLAG_PULL) != !v->src) { /* a pull DONE without SRC, or the reverse */
+    st->done_rejected_malformed++;
+    return K3_EPROTO;
   }
   bool hooked = false;
   for (uint32_t i = 0; i < v->desc->n_regions; i++) {

@@ -3,7 +3,19 @@
 # loops and transfers (shm) and the cuda-ipc path of the 8K-token K3 state, each beside its
 # copy baseline, with variants side by side so one run answers "which loop / which setting".
 #
-#   scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]
+#   scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S] [PROFILE]
+#
+# PROFILE all (default): the runs below. PROFILE pull: the device handoff only, cuda-pull against
+# cuda-ipc, one transfer and a stream (docs/perf-gpu-cluster.md "Handoff bandwidth"):
+#   parity          k3k-gpu-xdev (the device digest/copy jobs against the K3 digest reference)
+#   pull            auto path (cuda-pull), producer digests, --repeat 5, then --stream 16 --inflight 4
+#   pull-trace      the same, K3PD_XFER_TRACE=1, --repeat 3, no stream
+#   pull-sender     --digests sender (the sender hashes its sources at layer_ready)
+#   pull-job64/160  K3PD_XFER_PULL_JOB_MIB=64/160 (pull jobs of ~N MiB queued back to back)
+#   push            --path cuda-ipc (the push path, end-to-end verification), with the stream
+#   pull-inflight1  the stream with one transfer in flight (back to back)
+#   xdev-perf       k3k-gpu-xdev --perf
+# BUNDLE may also be a directory with bin/ and lib/ (a carry of those two programs).
 #
 # BUNDLE: scripts/gpu/pack.sh's tarball (or its unpacked directory). Runs, in order, each with a
 # timeout, skipping what no longer fits BUDGET_S (default 128):
@@ -23,6 +35,7 @@ set -uo pipefail
 bundle=${1:?usage: scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]}
 logdir=${2:?usage: scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]}
 budget=${3:-128}
+profile=${4:-all}
 mkdir -p "$logdir"
 logdir=$(cd "$logdir" && pwd)
 work=$(mktemp -d /tmp/k3pd-xperf.XXXXXX)
@@ -43,12 +56,33 @@ run() {
   timeout "$to" stdbuf -oL -eL "$@" > "$logdir/$name.log" 2>&1 # line-buffered: a killed run keeps its output
   local rc=$? e; e=$(date +%s%N)
   printf '%-14s rc=%d %5.1fs %s\n' "$name" $rc "$(awk -v a="$s" -v b="$e" 'BEGIN { print (b - a) / 1e9 }')" \
-    "$(grep -E '^RESULT|^summary' "$logdir/$name.log" | tr '\n' ' ')" | tee -a "$logdir/summary.txt"
+    "$(grep -E '^RESULT|^summary|^stream|^ceiling|^FAIL|PASS' "$logdir/$name.log" | tr '\n' ' ')" | tee -a "$logdir/summary.txt"
 }
 { nproc; lscpu | grep -E 'Model name|L3|NUMA node\(s\)'; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; \
   uptime; head -1 "$k/VERSION" 2>/dev/null; } > "$logdir/host.txt" 2>&1
 HOST="--manifest k3 --tokens 1024 --repeat 5 --tls shm"
 IPC="--device cuda --manifest k3 --tokens 8192 --path cuda-ipc --layout arena --repeat 5 --tls default"
+if [ "$profile" = pull ]; then
+  PULL="--device cuda --manifest k3 --tokens 8192 --layout arena --tls default"
+  run parity 60 k3k-gpu-xdev
+  # shellcheck disable=SC2086
+  run pull 40 k3pd-xfer-bench $PULL --repeat 5 --stream 16 --inflight 4
+  # shellcheck disable=SC2086
+  run pull-trace 30 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $PULL --repeat 3
+  # shellcheck disable=SC2086
+  run push 40 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --stream 16 --inflight 4
+  # shellcheck disable=SC2086
+  run pull-sender 30 k3pd-xfer-bench $PULL --digests sender --repeat 5
+  # shellcheck disable=SC2086
+  run pull-job64 30 env K3PD_XFER_PULL_JOB_MIB=64 k3pd-xfer-bench $PULL --repeat 5 --stream 8 --inflight 4
+  # shellcheck disable=SC2086
+  run pull-job160 30 env K3PD_XFER_PULL_JOB_MIB=160 k3pd-xfer-bench $PULL --repeat 5
+  # shellcheck disable=SC2086
+  run pull-inflight1 30 k3pd-xfer-bench $PULL --repeat 1 --stream 8 --inflight 1
+  run xdev-perf 40 k3k-gpu-xdev --perf
+  echo "total $(($(date +%s) - t0)) s" | tee -a "$logdir/summary.txt"
+  exit 0
+fi
 # shellcheck disable=SC2086
 run ipc 30 k3pd-xfer-bench $IPC
 # shellcheck disable=SC2086
