@@ -66,20 +66,20 @@ if [ "$profile" = pull ]; then
   PULL="--device cuda --manifest k3 --tokens 8192 --layout arena --tls default"
   run parity 60 k3k-gpu-xdev
   # shellcheck disable=SC2086
-  run pull 40 k3pd-xfer-bench $PULL --repeat 5 --stream 16 --inflight 4
+  run pull 30 k3pd-xfer-bench $PULL --repeat 5 --stream 16 --inflight 4
   # shellcheck disable=SC2086
-  run pull-trace 30 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $PULL --repeat 3
+  run push 30 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --stream 16 --inflight 4
   # shellcheck disable=SC2086
-  run push 40 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --stream 16 --inflight 4
+  run pull-trace 25 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $PULL --repeat 3
   # shellcheck disable=SC2086
-  run pull-sender 30 k3pd-xfer-bench $PULL --digests sender --repeat 5
+  run pull-sender 25 k3pd-xfer-bench $PULL --digests sender --repeat 5
   # shellcheck disable=SC2086
-  run pull-job64 30 env K3PD_XFER_PULL_JOB_MIB=64 k3pd-xfer-bench $PULL --repeat 5 --stream 8 --inflight 4
+  run pull-inflight1 25 k3pd-xfer-bench $PULL --repeat 1 --stream 8 --inflight 1
   # shellcheck disable=SC2086
-  run pull-job160 30 env K3PD_XFER_PULL_JOB_MIB=160 k3pd-xfer-bench $PULL --repeat 5
+  run pull-job64 25 env K3PD_XFER_PULL_JOB_MIB=64 k3pd-xfer-bench $PULL --repeat 5 --stream 8 --inflight 4
   # shellcheck disable=SC2086
-  run pull-inflight1 30 k3pd-xfer-bench $PULL --repeat 1 --stream 8 --inflight 1
-  run xdev-perf 40 k3k-gpu-xdev --perf
+  run pull-job160 25 env K3PD_XFER_PULL_JOB_MIB=160 k3pd-xfer-bench $PULL --repeat 5
+  run xdev-perf 30 k3k-gpu-xdev --perf
   echo "total $(($(date +%s) - t0)) s" | tee -a "$logdir/summary.txt"
   exit 0
 fi
