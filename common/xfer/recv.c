@@ -109,6 +109,7 @@ static int make_desc(k3_xfer_recv_t *r, resv_t *v, uint32_t lease_ms, k3_xfer_de
   v->verdict = 0;
   k3_xfer_desc_free(v->src); /* a new attempt tells us where its bytes are anew */
   v->src = NULL;
+  v->src_refused = false;
   v->desc->epoch = r->next_epoch++;
   v->desc->lease_expiry_ms = k3_wall_ms() + lease_ms;
   v->expiry_ns = k3_now_ns() + (uint64_t)lease_ms * 1000000ull;

@@ -42,6 +42,9 @@ typedef struct resv {
    * addresses and hashes what it read. */
   k3_xfer_desc_t *src;
   uint8_t *sbase[K3_XFER_MAX_POOLS];
+  /* The sender's pools did not map here: we answered its SRC with K3_ENOTSUP (it redoes the send
+   * as cuda-ipc) and drop its PULL LAYERs and PULL DONE of this epoch. */
+  bool src_refused;
 } resv_t;
 
 /* A device verification job: hashes some regions of one reservation (its own addresses). With

@@ -275,6 +275,9 @@ static int on_landed(k3_xfer_recv_t *r, resv_t *v, uint32_t l0, uint32_t l1) {
  * becomes the reservation's verdict (DONE is rejected with it). Never an address taken from the
  * message as such: we read at offsets inside pools we mapped ourselves, bounded by their size
  * (the descriptor's validation), and write only at our own addresses. */
+static void ack_to(k3_xfer_recv_t *r, const uint8_t *addr, size_t addr_len, uint64_t request_id, uint64_t epoch,
+                   uint64_t send_id, int status);
+
 static int on_src(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   xf_src_t m;
   k3_xfer_desc_t *x = NULL;
@@ -322,6 +325,17 @@ static int on_src(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
     }
     v->sbase[p] = base;
   }
+  if (err[0] && verdict == K3_EDEVICE) {
+    /* Nothing wrong with the transfer: its pools just do not map here. Tell the sender at once
+     * (it redoes the send as cuda-ipc, pushing into our pools) and drop its pull messages. */
+    K3_WARN("xfer: request %llu epoch %llu: SRC refused, sender asked to push instead: %s",
+            (unsigned long long)d->request_id, (unsigned long long)d->epoch, err);
+    r->ctx->stats.pull_refused++;
+    v->src_refused = true;
+    ack_to(r, x->worker_addr, x->worker_addr_len, d->request_id, d->epoch, m.send_id, K3_ENOTSUP);
+    k3_xfer_desc_free(x);
+    return 0;
+  }
   if (err[0]) {
     K3_WARN("xfer: request %llu epoch %llu: SRC refused: %s", (unsigned long long)d->request_id,
             (unsigned long long)d->epoch, err);
@@ -357,6 +371,7 @@ int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   /* cuda-pull: the bytes are still the sender's; its SRC comes first on the same endpoint (a
    * LAYER that overtook it waits, bounded by the lease). A pull reservation only takes PULL
    * LAYERs. */
+  if ((m.flags & XF_MSG_FLAG_PULL) && v->src_refused) return 0; /* the sender redoes it as cuda-ipc */
   if ((m.flags & XF_MSG_FLAG_PULL) && !v->src) return 1;
   if (!(m.flags & XF_MSG_FLAG_PULL) != !v->src) {
     K3_WARN("xfer: request %llu: LAYER %u..%u %s the PULL flag on a %s transfer", (unsigned long long)m.request_id,
@@ -436,14 +451,18 @@ static int h2d_extent(void *arg, uint64_t off, uintptr_t p, uint64_t n) {
   return a->r->stage.h2d(a->r->stage.ud, a->request_id, a->region, off, (const void *)p, n);
 }
 
-static void ack(k3_xfer_recv_t *r, const xf_done_t *dm, int status) {
-  xf_ep_t *e = xf_ep_get(r->ctx, dm->addr, dm->addr_len);
+static void ack_to(k3_xfer_recv_t *r, const uint8_t *addr, size_t addr_len, uint64_t request_id, uint64_t epoch,
+                   uint64_t send_id, int status) {
+  xf_ep_t *e = xf_ep_get(r->ctx, addr, addr_len);
   if (!e) return; /* sender unreachable: it will time out */
-  xf_ack_t a = {.request_id = dm->request_id, .epoch = dm->epoch, .send_id = dm->send_id, .status = status};
+  xf_ack_t a = {.request_id = request_id, .epoch = epoch, .send_id = send_id, .status = status};
   size_t len;
   uint8_t *msg = xf_ack_encode(&a, &len);
   if (msg) xf_am_send(e, XF_AM_ACK, msg, len);
   xf_ep_put(e);
+}
+static void ack(k3_xfer_recv_t *r, const xf_done_t *dm, int status) {
+  ack_to(r, dm->addr, dm->addr_len, dm->request_id, dm->epoch, dm->send_id, status);
 }
 
 /* Decides on one DONE. Returns 0 (accepted) or the rejection code; counters are updated. */
@@ -550,6 +569,12 @@ int xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   if (xf_done_decode(msg, len, &dm)) {
     r->ctx->stats.done_rejected_malformed++;
     K3_WARN("xfer: malformed DONE (%zu bytes) dropped", len);
+    return 0;
+  }
+  resv_t *rv = xf_resv_find(r, dm.request_id);
+  if (rv && rv->state == RS_LIVE && rv->desc->epoch == dm.epoch && rv->src_refused && (dm.flags & XF_MSG_FLAG_PULL)) {
+    K3_DEBUG("xfer: pull DONE for request %llu dropped: its sender redoes it as cuda-ipc",
+             (unsigned long long)dm.request_id);
     return 0;
   }
   if (must_wait(r, &dm)) return 1;

@@ -424,8 +424,35 @@ static uint64_t advance_layers(k3_xfer_send_t *s) {
   return work;
 }
 
+/* The receiver offered cuda-pull but cannot map our pools (its SRC answer K3_ENOTSUP): the send
+ * goes on as cuda-ipc (try_map proved at start that we map its pools), every layer signalled so
+ * far copied and announced anew (LANDED, digests in DONE); the receiver drops what it got as
+ * pull. Done once no hash job of ours runs. */
+static void pull_fallback(k3_xfer_send_t *s) {
+  s->fallback = false;
+  s->mode = XM_JOB;
+  s->path = s->res.path = K3_XFER_PATH_CUDA_IPC;
+  for (uint32_t l = 0; l < s->n_layers; l++) {
+    xf_layer_st_t *ly = &s->layers[l];
+    if (!s->layer_ready[l]) continue;
+    ly->state = LY_PUSHING;
+    ly->job_state = XJ_DUE;
+    ly->landed = false;
+  }
+  s->layers_announced = 0;
+  if (s->phase == PH_FLUSH || s->phase == PH_WAIT_ACK) s->phase = PH_PUSH;
+  s->flush_pending = false;
+  s->ctx->stats.pull_fallbacks++;
+  K3_WARN("xfer: request %llu epoch %llu: the receiver cannot map our pools; cuda-pull redone as cuda-ipc",
+          (unsigned long long)s->desc->request_id, (unsigned long long)s->desc->epoch);
+}
+
 static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
   uint64_t work = 0;
+  if (s->fallback && !s->status && s->jobs_out == 0) {
+    pull_fallback(s);
+    work++;
+  }
   if (!s->status && s->ep_failed) s->status = K3_ETRANSPORT;
   if (!s->status && now >= s->deadline_ns) {
     K3_WARN("xfer: request %llu epoch %llu: deadline of %u ms exceeded (phase %d)",
@@ -519,6 +546,13 @@ void xf_send_on_ack(k3_xfer_ctx_t *ctx, const uint8_t *msg, size_t len) {
     return;
   }
   for (k3_xfer_send_t *s = ctx->sends; s; s = s->next) {
+    if (s->send_id == a.send_id && s->phase != PH_FIRED && s->mode == XM_PULL && a.status == K3_ENOTSUP &&
+        s->desc->request_id == a.request_id && s->desc->epoch == a.epoch) {
+      XF_TRACE(ctx, "send %llu: cuda-pull refused (receiver cannot map): falling back", (unsigned long long)a.request_id);
+      s->fallback = true; /* the next drive switches to cuda-ipc */
+      ctx->drive_again = true;
+      return;
+    }
     if (s->send_id != a.send_id || s->phase != PH_WAIT_ACK) continue;
     if (s->desc->request_id != a.request_id || s->desc->epoch != a.epoch) break;
     XF_TRACE(ctx, "send %llu: ACK %d received", (unsigned long long)a.request_id, a.status);

@@ -86,6 +86,8 @@ struct k3_xfer_send {
   uint32_t inflight;
   int phase, status;
   bool finish_called, flush_pending, ep_failed;
+  bool fallback; /* cuda-pull refused by the receiver (it cannot map our pools): switch to cuda-ipc
+                    once no job of ours runs (send.c) */
   uint32_t first_token;
   float first_logprob;
   k3_xfer_send_result_t res;

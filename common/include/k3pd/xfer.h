@@ -116,6 +116,7 @@ typedef struct {
   uint64_t pulls;             /* receiver: SRC messages accepted (cuda-pull sends served) */
   uint64_t pull_bytes;        /* receiver: bytes copied by its pull jobs */
   uint64_t pull_refused;      /* receiver: SRC messages refused (malformed, mismatch, unmappable) */
+  uint64_t pull_fallbacks;    /* sender: cuda-pull sends the receiver could not map, redone as cuda-ipc */
 } k3_xfer_stats_t;
 void k3_xfer_ctx_stats(const k3_xfer_ctx_t *ctx, k3_xfer_stats_t *out);
 

@@ -426,7 +426,7 @@ static void expect_ok_cfg(cfg_t c) {
   rres_t rr = {0};
   sres_t sr;
   run(c, &rr, &sr);
-  bool pull = c.pull && !c.no_pull;
+  bool pull = c.pull && !c.no_pull && !c.recv_nomap; /* recv_nomap: started as pull, redone as cuda-ipc */
   const uint64_t bytes = (uint64_t)n * (S_B + CONV_B + N_TOK * TOK_B) * 2;
   for (int i = 0; i < n; i++) {
     ck_assert_msg(sr.status[i] == 0, "send %d: %s", i, k3_errname(sr.status[i]));
@@ -470,16 +470,19 @@ static void expect_ok_cfg(cfg_t c) {
     /* At most one copy+hash job per layer on the sender and one hash job per layer on the
      * receiver (layers signalled or announced together share a job; no DONE remainder: every
      * layer was verified from its LAYER, above), one mapping of the arena for all sends,
-     * nothing through UCX data. */
-    ck_assert_msg(sr.st.dev_jobs >= (uint64_t)n && sr.st.dev_jobs <= 4u * (uint64_t)n, "sender jobs %llu",
-                  (unsigned long long)sr.st.dev_jobs);
+     * nothing through UCX data. A cuda-pull redone as cuda-ipc (recv_nomap) whose sender hashed
+     * first (pull 1) may have run hash jobs too before the refusal came (at most as many, over
+     * the same 12 source segments; how many depends on timing). */
+    const int hashed_first = c.recv_nomap && c.pull == 1 ? 2 : 1;
+    ck_assert_msg(sr.st.dev_jobs >= (uint64_t)n && sr.st.dev_jobs <= 4u * hashed_first * (uint64_t)n,
+                  "sender jobs %llu", (unsigned long long)sr.st.dev_jobs);
     ck_assert_msg(rr.st.dev_jobs >= (uint64_t)n && rr.st.dev_jobs <= 4u * (uint64_t)n, "receiver jobs %llu",
                   (unsigned long long)rr.st.dev_jobs);
     ck_assert_int_eq(sr.maps, 1);
     /* Per request: S and conv one segment each (x2 layers); each MLA region 4: source runs
      * [0,1024) [1024,1536) [1536,2048) [2048,2368) inside destination runs [0,2048) (pages 0-1
      * back to back) and [2048,2368). */
-    ck_assert_int_eq(sr.segs, 12 * n);
+    ck_assert_msg(sr.segs >= 12 * n && sr.segs <= 12 * n * hashed_first, "sender segments %d", sr.segs);
     ck_assert_uint_eq(sr.st.path_bytes[K3_XFER_PATH_CUDA_IPC], (uint64_t)n * (S_B + CONV_B + N_TOK * TOK_B) * 2);
     ck_assert_uint_eq(rr.st.data_eager + rr.st.data_rndv + rr.st.data_dropped, 0);
   }
@@ -548,16 +551,23 @@ START_TEST(test_pull_stale) {
 }
 END_TEST
 START_TEST(test_pull_unmappable) {
-  /* Offered, but the receiver cannot map the sender's area: SRC refused, DONE K3_EDEVICE. */
-  cfg_t c = {D_REJECT, 1, 0, false, 2, false, true};
+  /* Offered, but the receiver cannot map the sender's area: it answers SRC with K3_ENOTSUP and
+   * the sender redoes the send as cuda-ipc (push into the receiver's pools), accepted. */
+  cfg_t c = {D_OK, 2, 0, false, 2, false, true};
+  expect_ok_cfg(c);
+  /* the same with the sender hashing (its jobs still running when the refusal comes) */
+  expect_ok_cfg((cfg_t){D_OK, 2, 1000, false, 1, false, true});
   rres_t rr = {0};
   sres_t sr;
+  c.n_req = 1;
+  c.together = true;
   run(c, &rr, &sr);
-  ck_assert_msg(sr.status[0] == K3_EDEVICE, "sender got %s", k3_errname(sr.status[0]));
-  ck_assert_int_eq(rr.ready, 0);
+  ck_assert_int_eq(sr.status[0], 0);
+  ck_assert_int_eq(sr.path[0], K3_XFER_PATH_CUDA_IPC);
+  ck_assert_uint_eq(sr.st.pull_fallbacks, 1);
   ck_assert_uint_eq(rr.st.pull_refused, 1);
-  ck_assert_uint_eq(rr.st.done_rejected_device, 1);
-  ck_assert_uint_eq(rr.st.dev_jobs, 0);
+  ck_assert_uint_eq(rr.st.pulls, 0);
+  ck_assert_int_eq(rr.bit_identical, 1);
 }
 END_TEST
 
