@@ -8,7 +8,9 @@
 # PROFILE all (default): the runs below. PROFILE pull: the device handoff only, cuda-pull against
 # cuda-ipc, one transfer and a stream (docs/perf-gpu-cluster.md "Handoff bandwidth"):
 #   parity          k3k-gpu-xdev (the device digest/copy jobs against the K3 digest reference)
-#   pull            auto path (cuda-pull), producer digests, --repeat 5, then --stream 16 --inflight 4
+#   pull            auto path (cuda-pull), producer digests, --repeat 5, then --stream 16 --inflight 4,
+#                   --check (request 0 read back bit for bit; a source changed after its digest
+#                   must be rejected: PASS/FAIL lines)
 #   pull-trace      the same, K3PD_XFER_TRACE=1, --repeat 3, no stream
 #   pull-sender     --digests sender (the sender hashes its sources at layer_ready)
 #   pull-job64/160  K3PD_XFER_PULL_JOB_MIB=64/160 (pull jobs of ~N MiB queued back to back)
@@ -66,9 +68,9 @@ if [ "$profile" = pull ]; then
   PULL="--device cuda --manifest k3 --tokens 8192 --layout arena --tls default"
   run parity 60 k3k-gpu-xdev
   # shellcheck disable=SC2086
-  run pull 30 k3pd-xfer-bench $PULL --repeat 5 --stream 16 --inflight 4
+  run pull 35 k3pd-xfer-bench $PULL --repeat 5 --stream 16 --inflight 4 --check
   # shellcheck disable=SC2086
-  run push 30 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --stream 16 --inflight 4
+  run push 35 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --stream 16 --inflight 4 --check
   # shellcheck disable=SC2086
   run pull-trace 25 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $PULL --repeat 3
   # shellcheck disable=SC2086

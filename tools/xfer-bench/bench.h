@@ -69,7 +69,8 @@ typedef struct bench_mem {
    * exits. */
   const k3_xfer_dev_t *(*dev)(void *self);
   /* --path staged: copy len bytes of source memory at src into the host buffer dst (device:
-   * cudaMemcpy device-to-host; host: memcpy). The receiver then uses host pools. */
+   * cudaMemcpy device-to-host; host: memcpy). The receiver then uses host pools. Also used by
+   * --check in both directions (k3k_dev_copy and memcpy copy any way round). */
   int (*d2h)(void *self, void *dst, const void *src, uint64_t len);
   /* The baseline: one copy of `bytes` from src to a destination of the same kind, best of 3;
    * returns GB/s and the CPU ms of the fastest (host: a single-threaded memcpy). */

@@ -79,9 +79,54 @@ static bool g_trust; /* --verify sender: the receiver records the sender's devic
 static k3_xfer_path_t g_path;
 static bench_mem_t g_mem;
 
-static void on_ready(void *ud, const k3_xfer_ready_t *r) { g_ready++; }
+/* --check: request 0 (the warm-up, alone in flight) is read back from the receiver's memory
+ * and compared byte for byte with the source pattern when it is ready (before its ACK leaves);
+ * one more transfer at the end has a source byte changed after the producer's digests and must be
+ * rejected (K3_EDIGEST) on cuda-pull with producer digests. */
+static bool g_check;
+static int g_check_result = -1; /* receiver: 1 identical, 0 differs, -1 not checked */
+static k3_xfer_desc_t *g_chk_desc;
+static k3_xfer_pool_t *g_chk_pools[2];
+static uint64_t g_chk_bytes;
+static const bench_plan_t *g_rplan;
+static int check_request0(void) {
+  const k3_xfer_desc_t *d = g_chk_desc;
+  uint64_t cap = 64ull << 20;
+  uint8_t *h = malloc(cap);
+  if (!h) return 0;
+  int ok = 1;
+  for (uint32_t r = 0; r < d->n_regions && ok; r++) {
+    uint64_t len = d->regions[r].len_bytes, base_src = g_rplan->src_off[r];
+    uint8_t *pb = k3_xfer_pool_base(g_chk_pools[d->regions[r].pool]);
+    for (uint64_t off = 0; off < len && ok;) {
+      uint64_t po, n;
+      k3_xfer_region_locate(d, r, off, &po, &n);
+      if (n > cap) n = cap;
+      if (g_mem.d2h(g_mem.self, h, pb + po, n)) ok = 0;
+      for (uint64_t b = 0; b < n && ok; b++) {
+        uint64_t o = base_src + off + b;
+        if (h[b] != (uint8_t)(o * 131 + (o >> 12))) {
+          printf("  check: region %u byte %llu differs\n", r, (unsigned long long)(off + b));
+          ok = 0;
+        }
+      }
+      g_chk_bytes += n;
+      off += n;
+    }
+  }
+  free(h);
+  return ok;
+}
+static void on_ready(void *ud, const k3_xfer_ready_t *r) {
+  g_ready++;
+  if (g_check && r->request_id == 0) g_check_result = check_request0();
+}
+static k3_xfer_ctx_t *g_rctx;
 static void rstop(uv_timer_t *t) {
-  if (g_ready >= 1 + g_repeat + g_stream) uv_stop(t->loop);
+  k3_xfer_stats_t st;
+  k3_xfer_ctx_stats(g_rctx, &st);
+  int expect = 1 + g_repeat + g_stream + (g_check ? 1 : 0); /* the check's corrupt transfer: judged either way */
+  if (g_ready + (int)st.done_rejected_digest >= expect) uv_stop(t->loop);
 }
 static void rdeadline(uv_timer_t *t) { uv_stop(t->loop); }
 
@@ -91,6 +136,8 @@ static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
   k3_xfer_ctx_t *ctx;
   k3_xfer_ctx_opts_t o = {.tls = tls};
   if (k3_xfer_ctx_init(&loop, &o, &ctx)) return 2;
+  g_rctx = ctx;
+  g_rplan = p;
   /* staged: the receiver's pools are host memory whatever the mode (device sources, d2h). */
   bool staged = g_path == K3_XFER_PATH_STAGED;
   k3_xfer_pool_t *pools[2] = {NULL, NULL};
@@ -102,7 +149,9 @@ static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
   k3_xfer_recv_t *r;
   if (k3_xfer_recv_init(ctx, &ro, &r)) return 2;
   uint32_t *pages = malloc((p->n_pages ? p->n_pages : 1) * sizeof(uint32_t)), slot;
-  for (uint64_t id = 0; id < (uint64_t)(1 + g_repeat + g_stream); id++) {
+  g_chk_pools[0] = pools[0];
+  g_chk_pools[1] = pools[1];
+  for (uint64_t id = 0; id < (uint64_t)(1 + g_repeat + g_stream + (g_check ? 1 : 0)); id++) {
     bench_plan_seq(p, (uint32_t)id, pages, &slot); /* requests in flight together: own pages, slot */
     k3_xfer_layout_t lay = {.n_pools = p->n_pools, .pools = {pools[0], pools[1]}, .n_lists = 2,
                             .lists = {{p->n_pages, pages}, {1, &slot}},
@@ -116,7 +165,8 @@ static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
     wr(wfd, &l32, 4);
     wr(wfd, buf, len);
     free(buf);
-    k3_xfer_desc_free(d);
+    if (id == 0 && g_check) g_chk_desc = d;
+    else k3_xfer_desc_free(d);
   }
   uv_timer_t t, dl;
   uv_timer_init(&loop, &t);
@@ -130,7 +180,14 @@ static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
   for (int i = 0; i < 50; i++) uv_run(&loop, UV_RUN_NOWAIT), usleep(1000);
   k3_xfer_stats_t st;
   k3_xfer_ctx_stats(ctx, &st);
-  int n_tr = 1 + g_repeat + g_stream;
+  int n_tr = 1 + g_repeat + g_stream + (g_check ? 1 : 0);
+  if (g_check)
+    printf("%s check: request 0 read back from the receiver's memory: %s (%llu bytes); corrupt transfer: %llu "
+           "rejected for digests\n", g_check_result == 1 ? "PASS" : "FAIL",
+           g_check_result == 1 ? "bit-identical to the source" : g_check_result == 0 ? "DIFFERS" : "not checked",
+           (unsigned long long)g_chk_bytes, (unsigned long long)st.done_rejected_digest);
+  k3_xfer_desc_free(g_chk_desc);
+  g_chk_desc = NULL;
   printf("  receiver: %llu of %u layers verified as they landed (%d transfers), %llu accepted, "
          "%llu device jobs, %llu pulls (%llu bytes pulled, %llu refused), cpu %.2f ms per transfer\n",
          (unsigned long long)st.layers_verified, n_tr * p->n_layers, n_tr,
@@ -148,7 +205,7 @@ static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
   uv_run(&loop, UV_RUN_DEFAULT);
   free(pages);
   if (g_mem.close) g_mem.close(g_mem.self); /* this (forked) process's share of the mode */
-  return g_ready == n_tr ? 0 : 4;
+  return g_ready + (int)st.done_rejected_digest == n_tr && (!g_check || g_check_result == 1) ? 0 : 4;
 }
 
 /* ---- sender process ---- */
@@ -401,7 +458,7 @@ static int run_tls(const bench_plan_t *p, const char *tls, uint32_t delay_us, fi
     _exit(receiver(p, tls, pp[1]));
   }
   close(pp[1]);
-  int n_d = 1 + g_repeat + g_stream;
+  int n_d = 1 + g_repeat + g_stream + (g_check ? 1 : 0);
   k3_xfer_desc_t **d = calloc((size_t)n_d, sizeof *d);
   if (read_descs(pp[0], n_d, d)) {
     fprintf(stderr, "receiver failed to start (tls=%s)\n", tls ? tls : "default");
@@ -479,6 +536,21 @@ static int run_tls(const bench_plan_t *p, const char *tls, uint32_t delay_us, fi
     double mc_cpu = 0, mc = g_mem.copy_gbps(g_mem.self, mem, p->total_bytes, &mc_cpu);
     run_stream(p, ctx, d + 1 + g_repeat, src, mc);
   }
+  if (!rc && g_check) { /* a source byte changed after the producer hashed it */
+    uint8_t b;
+    uint8_t *at = (uint8_t *)mem + p->src_off[0] + 12345;
+    int crc = g_mem.d2h(g_mem.self, &b, at, 1);
+    b ^= 0x5a;
+    if (!crc) crc = g_mem.d2h(g_mem.self, at, &b, 1);
+    int st_rc = crc ? crc : one_send(ctx, d[n_d - 1], src, 0, &st);
+    bool pull_prod = st.res.path == K3_XFER_PATH_CUDA_PULL && g_pdig;
+    int want = pull_prod ? K3_EDIGEST : 0; /* the push paths hash what they copy: the change travels, verified */
+    printf("%s check: a source byte changed after the producer's digest: path %s, status %s (want %s)\n",
+           st_rc == want ? "PASS" : "FAIL", k3_xfer_path_name(st.res.path), k3_errname(st_rc), k3_errname(want));
+    if (st_rc != want) rc = K3_EDIGEST;
+    b ^= 0x5a;
+    g_mem.d2h(g_mem.self, at, &b, 1);
+  }
   free(g), free(m), free(ratio), free(cr);
   free(g_pdig);
   g_pdig = NULL;
@@ -526,6 +598,9 @@ int main(int argc, char **argv) {
        "(the steady-state bandwidth of a stream of handoffs; RESULT-STREAM line)", false},
       {"inflight", K3_FLAG_INT, &inflight, "K", "transfers in flight in --stream (each into its own pages and slot)",
        false},
+      {"check", K3_FLAG_BOOL, &g_check, NULL, "correctness: the receiver reads request 0 back and compares it with the "
+       "source byte for byte; one more transfer with a source byte changed after the producer's digests must be "
+       "rejected on cuda-pull (PASS/FAIL lines; exit 1 on FAIL)", false},
       {"cpu-loops", K3_FLAG_BOOL, &cpu_loops, NULL, "only time the host sender's loops (memcpy, hash, every "
        "hash+copy loop) over the plan's regions in one thread, then exit (cpu_loops.c)", false},
   };
