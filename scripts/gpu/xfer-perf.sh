@@ -16,6 +16,8 @@
 #   pull-job64/160  K3PD_XFER_PULL_JOB_MIB=64/160 (pull jobs of ~N MiB queued back to back)
 #   push            --path cuda-ipc (the push path, end-to-end verification), with the stream
 #   pull-inflight1  the stream with one transfer in flight (back to back)
+#   pull-overlap, push-overlap  layers signalled 1 ms apart (layer-wise streaming during a prefill):
+#                   how long after the last layer's signal the handoff is done
 #   xdev-perf       k3k-gpu-xdev --perf
 # BUNDLE may also be a directory with bin/ and lib/ (a carry of those two programs).
 #
@@ -77,6 +79,10 @@ if [ "$profile" = pull ]; then
   run pull-sender 25 k3pd-xfer-bench $PULL --digests sender --repeat 5
   # shellcheck disable=SC2086
   run pull-inflight1 25 k3pd-xfer-bench $PULL --repeat 1 --stream 8 --inflight 1
+  # shellcheck disable=SC2086
+  run pull-overlap 25 k3pd-xfer-bench $PULL --repeat 3 --layer-delay-us 1000
+  # shellcheck disable=SC2086
+  run push-overlap 25 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 3 --layer-delay-us 1000
   # shellcheck disable=SC2086
   run pull-job64 25 env K3PD_XFER_PULL_JOB_MIB=64 k3pd-xfer-bench $PULL --repeat 5 --stream 8 --inflight 4
   # shellcheck disable=SC2086
