@@ -60,7 +60,7 @@ run() {
   timeout "$to" stdbuf -oL -eL "$@" > "$logdir/$name.log" 2>&1 # line-buffered: a killed run keeps its output
   local rc=$? e; e=$(date +%s%N)
   printf '%-14s rc=%d %5.1fs %s\n' "$name" $rc "$(awk -v a="$s" -v b="$e" 'BEGIN { print (b - a) / 1e9 }')" \
-    "$(grep -E '^RESULT|^summary|^stream|^ceiling|^FAIL|PASS' "$logdir/$name.log" | tr '\n' ' ')" | tee -a "$logdir/summary.txt"
+    "$(grep -E '^RESULT|^summary|^stream|^ceiling|^FAIL|^PASS check|passed, ' "$logdir/$name.log" | tr '\n' ' ')" | tee -a "$logdir/summary.txt"
 }
 { nproc; lscpu | grep -E 'Model name|L3|NUMA node\(s\)'; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; \
   uptime; head -1 "$k/VERSION" 2>/dev/null; } > "$logdir/host.txt" 2>&1
