@@ -116,7 +116,9 @@ static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, 
     }
   }
   first[n] = sv.n;
+  uint64_t t_sub = k3_now_ns();
   rc = r->dev.submit(r->dev.ud, sv.segs, first, n, xf_job_notify(r->ctx), r->ctx, &j->job);
+  t_sub = k3_now_ns() - t_sub;
   if (rc) {
     r->ctx->stats.dev_jobs_failed++;
     K3_ERROR("xfer: request %llu: device verification job refused: %s",
@@ -125,9 +127,9 @@ static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, 
   }
   r->ctx->stats.dev_jobs++;
   r->ctx->jobs_running++;
-  XF_TRACE(r->ctx, "recv %llu: %s job submitted (%u regions, %u segments, %u layers, %llu bytes copied)",
-           (unsigned long long)v->desc->request_id, v->src ? "pull" : "verification", n, sv.n, n_layers,
-           (unsigned long long)j->pull_bytes);
+  XF_TRACE(r->ctx, "recv %llu: %s job submitted (%u regions, %u segments, %u layers, %llu bytes copied, %.1f us "
+           "in submit)", (unsigned long long)v->desc->request_id, v->src ? "pull" : "verification", n, sv.n, n_layers,
+           (unsigned long long)j->pull_bytes, (double)t_sub / 1e3);
   j->v = v;
   j->epoch = v->desc->epoch;
   j->n = n;

@@ -172,13 +172,6 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
     if (!s->slots[i].stage) goto fail;
   }
   s->send_id = ctx->next_send_id++;
-  if (s->mode == XM_PULL) { /* where our bytes are, before any LAYER (same endpoint: in order) */
-    size_t ml;
-    uint8_t *msg = xf_src_encode(s->send_id, s->src_desc, (uint32_t)s->src_desc_len, &ml);
-    if (!msg) goto fail;
-    if ((rc = xf_am_send(s->ep, XF_AM_SRC, msg, ml))) goto fail;
-    XF_TRACE(ctx, "send %llu: SRC sent (%zu bytes)", (unsigned long long)desc->request_id, ml);
-  }
   s->res.request_id = desc->request_id;
   s->res.epoch = desc->epoch;
   s->res.path = s->path;
@@ -186,6 +179,7 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   s->deadline_ns = s->res.t_start_ns + (uint64_t)o.deadline_ms * 1000000ull;
   s->next = ctx->sends;
   ctx->sends = s;
+  XF_TRACE(ctx, "send %llu: started (path %s)", (unsigned long long)desc->request_id, k3_xfer_path_name(s->path));
   xf_drive_api(ctx); /* arms the deadline timer */
   *out = s;
   return 0;
@@ -249,6 +243,7 @@ int k3_xfer_send_layer_ready_digests(k3_xfer_send_t *s, uint32_t layer, const ui
 int k3_xfer_send_finish(k3_xfer_send_t *s, uint32_t first_token, float first_logprob) {
   if (s->phase == PH_FIRED) return s->status ? s->status : K3_EINVAL;
   if (s->finish_called || s->layers_signalled != s->n_layers) return K3_EINVAL;
+  XF_TRACE(s->ctx, "send %llu: finish called", (unsigned long long)s->desc->request_id);
   s->finish_called = true;
   s->first_token = first_token;
   s->first_logprob = first_logprob;
@@ -307,7 +302,25 @@ static void fire(k3_xfer_send_t *s, int status) {
 }
 
 
+/* cuda-pull: SRC (where our bytes are) goes right before the first LAYER (or DONE), on the same
+ * endpoint, so it arrives first. Not at start: a finished state's SRC, LAYER and DONE then reach
+ * the receiver together (one wake-up, not two); while a prefill computes, the first layer's
+ * announcement carries it. The receiver maps our pools once (cached) when it first sees it. */
+static int send_src_msg(k3_xfer_send_t *s) {
+  if (s->mode != XM_PULL || s->src_sent) return 0;
+  size_t ml;
+  uint8_t *msg = xf_src_encode(s->send_id, s->src_desc, (uint32_t)s->src_desc_len, &ml);
+  if (!msg) return K3_ENOMEM;
+  int rc = xf_am_send(s->ep, XF_AM_SRC, msg, ml);
+  if (rc) return rc;
+  s->src_sent = true;
+  XF_TRACE(s->ctx, "send %llu: SRC sent (%zu bytes)", (unsigned long long)s->desc->request_id, ml);
+  return 0;
+}
+
 static int send_done_msg(k3_xfer_send_t *s) {
+  int src_rc = send_src_msg(s); /* every layer empty: no LAYER carried it */
+  if (src_rc) return src_rc;
   const uint8_t *addr;
   size_t addr_len;
   k3_xfer_ctx_address(s->ctx, &addr, &addr_len);
@@ -330,6 +343,8 @@ static int send_done_msg(k3_xfer_send_t *s) {
 /* One LAYER for layers l0 .. l0 + nl - 1 (their regions are consecutive in order[]). */
 static int send_layer_msg(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
   const k3_xfer_desc_t *d = s->desc;
+  int src_rc = send_src_msg(s);
+  if (src_rc) return src_rc;
   const xf_layer_st_t *ly = &s->layers[l0], *lyn = &s->layers[l0 + nl - 1];
   uint32_t nr = lyn->first_region + lyn->n_regions - ly->first_region;
   uint64_t *dg = s->job_digests; /* scratch: no job of this send is being polled right now */

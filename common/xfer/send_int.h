@@ -94,6 +94,7 @@ struct k3_xfer_send {
   uint64_t kind_first[K3_XFER_KIND_COUNT], kind_last[K3_XFER_KIND_COUNT];
   uint8_t *src_desc; /* cuda-pull: the encoded source descriptor SRC carries (built at path choice) */
   size_t src_desc_len;
+  bool src_sent;     /* SRC went out (with the first LAYER or DONE) */
 };
 
 static inline uint32_t xf_kind_of(const k3_xfer_region_t *rg) {

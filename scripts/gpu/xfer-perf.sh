@@ -6,19 +6,18 @@
 #   scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S] [PROFILE]
 #
 # PROFILE all (default): the runs below. PROFILE pull: the device handoff only, cuda-pull against
-# cuda-ipc, one transfer and a stream (docs/perf-gpu-cluster.md "Handoff bandwidth"):
+# cuda-ipc (docs/perf-gpu-cluster.md "Handoff bandwidth"); single transfers (--repeat) and streams
+# (--stream N with --inflight K at once, after an untimed batch of K):
 #   parity          k3k-gpu-xdev (the device digest/copy jobs against the K3 digest reference)
-#   pull            auto path (cuda-pull), producer digests, --repeat 5, then --stream 16 --inflight 4,
-#                   --check (request 0 read back bit for bit; a source changed after its digest
-#                   must be rejected: PASS/FAIL lines)
-#   pull-trace      the same, K3PD_XFER_TRACE=1, --repeat 3, no stream
-#   pull-sender     --digests sender (the sender hashes its sources at layer_ready)
-#   pull-job64/160  K3PD_XFER_PULL_JOB_MIB=64/160 (pull jobs of ~N MiB queued back to back)
-#   push            --path cuda-ipc (the push path, end-to-end verification), with the stream
-#   pull-inflight1  the stream with one transfer in flight (back to back)
-#   pull-overlap, push-overlap  layers signalled 1 ms apart (layer-wise streaming during a prefill):
-#                   how long after the last layer's signal the handoff is done
-#   xdev-perf       k3k-gpu-xdev --perf
+#   pull, push      auto path (cuda-pull, producer digests) / --path cuda-ipc: --repeat 5 (a copy
+#                   baseline before each), a stream of 32 with 4 in flight, --check (request 0 read
+#                   back bit for bit; a source changed after its digest must be rejected on pull)
+#   pull-once, push-once  --baseline once (no copy in the sender's context right before a transfer)
+#   pull-trace      K3PD_XFER_TRACE=1 timeline of both processes
+#   pull-inflight1/2/8    streams with 1, 2, 8 transfers in flight
+#   pull-job96/160/256    K3PD_XFER_PULL_JOB_MIB (pull jobs of ~N MiB queued back to back)
+#   pull-sender     --digests sender (the sender hashes its sources at layer_ready), with a stream
+#   pull-overlap    layers signalled 1 ms apart: done how long after the last layer's signal
 # BUNDLE may also be a directory with bin/ and lib/ (a carry of those two programs).
 #
 # BUNDLE: scripts/gpu/pack.sh's tarball (or its unpacked directory). Runs, in order, each with a
@@ -70,24 +69,31 @@ if [ "$profile" = pull ]; then
   PULL="--device cuda --manifest k3 --tokens 8192 --layout arena --tls default"
   run parity 60 k3k-gpu-xdev
   # shellcheck disable=SC2086
-  run pull 35 k3pd-xfer-bench $PULL --repeat 5 --stream 16 --inflight 4 --check
+  run pull 30 k3pd-xfer-bench $PULL --repeat 5 --stream 32 --inflight 4 --check
   # shellcheck disable=SC2086
-  run push 35 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --stream 16 --inflight 4 --check
+  run push 30 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --stream 32 --inflight 4 --check
   # shellcheck disable=SC2086
-  run pull-trace 25 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $PULL --repeat 3
+  run pull-once 20 k3pd-xfer-bench $PULL --repeat 5 --baseline once
   # shellcheck disable=SC2086
-  run pull-sender 25 k3pd-xfer-bench $PULL --digests sender --repeat 5
+  run push-once 20 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --baseline once
   # shellcheck disable=SC2086
-  run pull-inflight1 25 k3pd-xfer-bench $PULL --repeat 1 --stream 8 --inflight 1
+  run pull-trace 20 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $PULL --repeat 3 --baseline once
   # shellcheck disable=SC2086
-  run pull-overlap 25 k3pd-xfer-bench $PULL --repeat 3 --layer-delay-us 1000
+  run pull-inflight1 20 k3pd-xfer-bench $PULL --repeat 1 --stream 16 --inflight 1
   # shellcheck disable=SC2086
-  run push-overlap 25 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 3 --layer-delay-us 1000
+  run pull-inflight2 20 k3pd-xfer-bench $PULL --repeat 1 --stream 32 --inflight 2
   # shellcheck disable=SC2086
-  run pull-job64 25 env K3PD_XFER_PULL_JOB_MIB=64 k3pd-xfer-bench $PULL --repeat 5 --stream 8 --inflight 4
+  run pull-inflight8 25 k3pd-xfer-bench $PULL --repeat 1 --stream 32 --inflight 8
   # shellcheck disable=SC2086
-  run pull-job160 25 env K3PD_XFER_PULL_JOB_MIB=160 k3pd-xfer-bench $PULL --repeat 5
-  run xdev-perf 30 k3k-gpu-xdev --perf
+  run pull-job160 20 env K3PD_XFER_PULL_JOB_MIB=160 k3pd-xfer-bench $PULL --repeat 5 --baseline once --stream 32 --inflight 4
+  # shellcheck disable=SC2086
+  run pull-job96 20 env K3PD_XFER_PULL_JOB_MIB=96 k3pd-xfer-bench $PULL --repeat 5 --baseline once
+  # shellcheck disable=SC2086
+  run pull-job256 20 env K3PD_XFER_PULL_JOB_MIB=256 k3pd-xfer-bench $PULL --repeat 5 --baseline once
+  # shellcheck disable=SC2086
+  run pull-sender 20 k3pd-xfer-bench $PULL --digests sender --repeat 5 --stream 16 --inflight 4
+  # shellcheck disable=SC2086
+  run pull-overlap 20 k3pd-xfer-bench $PULL --repeat 3 --layer-delay-us 1000
   echo "total $(($(date +%s) - t0)) s" | tee -a "$logdir/summary.txt"
   exit 0
 fi

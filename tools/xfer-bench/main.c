@@ -71,6 +71,8 @@ static double cpu_ms_now(void) {
 /* ---- receiver process ---- */
 static int g_ready, g_repeat = 1; /* transfers: 1 warm-up + g_repeat measured (+ g_stream) */
 static int g_stream, g_inflight = 4; /* --stream N transfers with --inflight K in flight at once */
+static int g_swarm;                  /* untimed transfers before the stream (K: every slot warm) */
+static bool g_base_once;             /* --baseline once: one copy baseline before the transfers */
 static bool g_producer = true;       /* --digests producer: layer digests computed before the send */
 static uint64_t *g_pdig;             /* the producer's digests, per region (NULL: not computed) */
 static uint64_t g_chunk_bytes;    /* 0 = library default */
@@ -126,7 +128,7 @@ static void rstop(uv_timer_t *t) {
   k3_xfer_stats_t st;
   k3_xfer_ctx_stats(g_rctx, &st);
   int expect = 1 + g_repeat + g_stream + (g_check ? 1 : 0); /* the check's corrupt transfer: judged either way */
-  if (g_ready + (int)st.done_rejected_digest >= expect) uv_stop(t->loop);
+  if (g_ready + (int)st.done_rejected_digest >= expect + g_swarm) uv_stop(t->loop);
 }
 static void rdeadline(uv_timer_t *t) { uv_stop(t->loop); }
 
@@ -151,7 +153,7 @@ static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
   uint32_t *pages = malloc((p->n_pages ? p->n_pages : 1) * sizeof(uint32_t)), slot;
   g_chk_pools[0] = pools[0];
   g_chk_pools[1] = pools[1];
-  for (uint64_t id = 0; id < (uint64_t)(1 + g_repeat + g_stream + (g_check ? 1 : 0)); id++) {
+  for (uint64_t id = 0; id < (uint64_t)(1 + g_repeat + g_swarm + g_stream + (g_check ? 1 : 0)); id++) {
     bench_plan_seq(p, (uint32_t)id, pages, &slot); /* requests in flight together: own pages, slot */
     k3_xfer_layout_t lay = {.n_pools = p->n_pools, .pools = {pools[0], pools[1]}, .n_lists = 2,
                             .lists = {{p->n_pages, pages}, {1, &slot}},
@@ -180,7 +182,7 @@ static int receiver(const bench_plan_t *p, const char *tls, int wfd) {
   for (int i = 0; i < 50; i++) uv_run(&loop, UV_RUN_NOWAIT), usleep(1000);
   k3_xfer_stats_t st;
   k3_xfer_ctx_stats(ctx, &st);
-  int n_tr = 1 + g_repeat + g_stream + (g_check ? 1 : 0);
+  int n_tr = 1 + g_repeat + g_swarm + g_stream + (g_check ? 1 : 0);
   if (g_check)
     printf("%s check: request 0 read back from the receiver's memory: %s (%llu bytes); corrupt transfer: %llu "
            "rejected for digests\n", g_check_result == 1 ? "PASS" : "FAIL",
@@ -409,6 +411,17 @@ static void stream_next(stream_t *sm) {
  * latencies (messages, wake-ups, combines) overlap the others' copies. */
 static void run_stream(const bench_plan_t *p, k3_xfer_ctx_t *ctx, k3_xfer_desc_t **d, const k3_xfer_src_t *src,
                        double mc) {
+  /* Warm-up, untimed: --inflight transfers at once, so the receiver's device services hold a
+   * buffer set (pinned tables, digests, events) per job in flight: steady state allocates
+   * nothing, and the first use of a set costs milliseconds (cudaHostAlloc). */
+  stream_t wm = {.ctx = ctx, .d = d, .src = src, .next = 0, .end = g_swarm};
+  wm.st = calloc((size_t)g_swarm + 1, sizeof *wm.st);
+  if (!wm.st) return;
+  stream_next(&wm);
+  while (wm.done < wm.end) uv_run(uv_default_loop(), UV_RUN_DEFAULT);
+  if (wm.failed) fprintf(stderr, "stream: %d warm-up transfers failed\n", wm.failed);
+  free(wm.st);
+  d += g_swarm;
   stream_t sm = {.ctx = ctx, .d = d, .src = src, .next = 0, .end = g_stream};
   sm.st = calloc((size_t)g_stream, sizeof *sm.st);
   if (!sm.st) return;
@@ -458,7 +471,7 @@ static int run_tls(const bench_plan_t *p, const char *tls, uint32_t delay_us, fi
     _exit(receiver(p, tls, pp[1]));
   }
   close(pp[1]);
-  int n_d = 1 + g_repeat + g_stream + (g_check ? 1 : 0);
+  int n_d = 1 + g_repeat + g_swarm + g_stream + (g_check ? 1 : 0);
   k3_xfer_desc_t **d = calloc((size_t)n_d, sizeof *d);
   if (read_descs(pp[0], n_d, d)) {
     fprintf(stderr, "receiver failed to start (tls=%s)\n", tls ? tls : "default");
@@ -488,9 +501,11 @@ static int run_tls(const bench_plan_t *p, const char *tls, uint32_t delay_us, fi
   double *g = calloc((size_t)g_repeat, sizeof(double)), *m = calloc((size_t)g_repeat, sizeof(double));
   double *ratio = calloc((size_t)g_repeat, sizeof(double)), *cr = calloc((size_t)g_repeat, sizeof(double));
   int done = 0;
+  double once_cpu = 0, once = g_base_once ? g_mem.copy_gbps(g_mem.self, mem, p->total_bytes, &once_cpu) : 0;
+  if (g_base_once) usleep(20000); /* the copy's context is long idle when the transfers start */
   for (int i = 0; i < g_repeat && !rc; i++) {
-    double mc_cpu = 0;
-    m[i] = g_mem.copy_gbps(g_mem.self, mem, p->total_bytes, &mc_cpu);
+    double mc_cpu = once_cpu;
+    m[i] = g_base_once ? once : g_mem.copy_gbps(g_mem.self, mem, p->total_bytes, &mc_cpu);
     struct rusage ru0, ru1;
     getrusage(RUSAGE_SELF, &ru0);
     double c0 = cpu_ms_now();
@@ -568,7 +583,7 @@ static int run_tls(const bench_plan_t *p, const char *tls, uint32_t delay_us, fi
 
 int main(int argc, char **argv) {
   const char *manifest = "tiny", *tls = "shm,tcp,default", *layout = "paged", *path = "auto";
-  const char *device = "host", *verify = "full", *digests = "producer";
+  const char *device = "host", *verify = "full", *digests = "producer", *baseline = "each";
   int stream = 0, inflight = 4;
   int gpu = 0;
   int tokens = 1024, delay_us = 0, chunk_kib = 0, repeat = 1;
@@ -601,6 +616,9 @@ int main(int argc, char **argv) {
       {"check", K3_FLAG_BOOL, &g_check, NULL, "correctness: the receiver reads request 0 back and compares it with the "
        "source byte for byte; one more transfer with a source byte changed after the producer's digests must be "
        "rejected on cuda-pull (PASS/FAIL lines; exit 1 on FAIL)", false},
+      {"baseline", K3_FLAG_STR, &baseline, "each|once", "each (default): a copy baseline right before every measured "
+       "transfer; once: one baseline before them all (on one GPU the baseline runs in the sender's CUDA context, "
+       "and the receiver's first job after it waits for the GPU to switch contexts)", false},
       {"cpu-loops", K3_FLAG_BOOL, &cpu_loops, NULL, "only time the host sender's loops (memcpy, hash, every "
        "hash+copy loop) over the plan's regions in one thread, then exit (cpu_loops.c)", false},
   };
@@ -674,6 +692,12 @@ int main(int argc, char **argv) {
   }
   g_stream = stream;
   g_inflight = inflight;
+  g_swarm = stream ? inflight : 0;
+  if (strcmp(baseline, "each") && strcmp(baseline, "once")) {
+    fprintf(stderr, "k3pd-xfer-bench: --baseline must be each or once, got '%s'\n", baseline);
+    return 2;
+  }
+  g_base_once = !strcmp(baseline, "once");
   g_repeat = repeat;
   g_chunk_bytes = (uint64_t)chunk_kib << 10;
   g_puts_only = puts_only;
