@@ -71,7 +71,7 @@ typedef struct {
 } xf_data_t;
 #define XF_DATA_HDR 40
 
-/* SRC (cuda-pull, sent once at the start of a send, before any LAYER): the sender's sources as
+/* SRC (cuda-pull, sent once per send, right before its first LAYER or DONE): the sender's sources as
  * a descriptor (xfer_desc.h v2, its own checksum): request id, epoch and fingerprint of the
  * receiver's reservation, the sender's exported device pools (size + mapping blob; base_addr is
  * informational), index lists and one region per receiver region (same kind, layer and length)
