@@ -257,7 +257,11 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
   const char *pl = getenv("K3PD_XFER_PULL");
   ctx->pull_off = pl && !strcmp(pl, "0");
   const char *pj = getenv("K3PD_XFER_PULL_JOB_MIB");
-  ctx->pull_job_bytes = pj && *pj ? strtoull(pj, NULL, 10) << 20 : 0;
+  if (pj && *pj) { /* MiB, or KiB with a K suffix (tests) */
+    char *end = NULL;
+    unsigned long long n = strtoull(pj, &end, 10);
+    ctx->pull_job_bytes = end && (*end == 'K' || *end == 'k') ? n << 10 : n << 20;
+  }
   ctx->last_path = -1;
   ucp_config_t *cfg = NULL;
   ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);

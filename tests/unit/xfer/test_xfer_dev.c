@@ -54,6 +54,7 @@ typedef struct {
   int pull;      /* 0 push (cuda-ipc); 1 cuda-pull, sender hashes; 2 cuda-pull, producer digests */
   bool no_pull;  /* receiver: k3_xfer_recv_opts_t no_pull (the sender must fall back to cuda-ipc) */
   bool recv_nomap; /* receiver: offers pull but its map hook refuses (SRC refused, K3_EDEVICE) */
+  const char *pull_job; /* receiver: K3PD_XFER_PULL_JOB_MIB (pull jobs cut by size) or NULL */
 } cfg_t;
 
 typedef struct { /* receiver → test */
@@ -173,6 +174,7 @@ static int receiver(cfg_t c, int wfd, int resfd) {
   regions(x->rg);
   fake_dev_init(&x->dev, c.async_us);
   x->dev.refuse_map = c.recv_nomap;
+  if (c.pull_job) setenv("K3PD_XFER_PULL_JOB_MIB", c.pull_job, 1); /* this (forked) process only */
   k3_xfer_ctx_t *ctx;
   k3_xfer_ctx_opts_t o = {.tls = "shm"};
   if (k3_xfer_ctx_init(&loop, &o, &ctx)) return 10;
@@ -420,7 +422,7 @@ static void run(cfg_t c, rres_t *rr, sres_t *sr) {
 }
 
 static void expect_ok_cfg(cfg_t c);
-static void expect_ok(int mode, int n, int async_us) { expect_ok_cfg((cfg_t){mode, n, async_us, false, 0, false, false}); }
+static void expect_ok(int mode, int n, int async_us) { expect_ok_cfg((cfg_t){mode, n, async_us, false, 0, false, false, NULL}); }
 static void expect_ok_cfg(cfg_t c) {
   int mode = c.mode, n = c.n_req;
   rres_t rr = {0};
@@ -462,7 +464,9 @@ static void expect_ok_cfg(cfg_t c) {
       ck_assert_int_eq(sr.segs, 12 * n);
     }
     ck_assert_uint_eq(rr.st.data_eager + rr.st.data_rndv + rr.st.data_dropped, 0);
-    if (c.together) ck_assert_uint_eq(rr.st.dev_jobs, (uint64_t)n); /* one pull job per finished state */
+    if (c.together && !c.pull_job) ck_assert_uint_eq(rr.st.dev_jobs, (uint64_t)n); /* one pull job per finished state */
+    if (c.together && c.pull_job) /* at most 5 KiB of whole regions a job: S0+conv0 | S1+conv1 | MLA2+MLA3 */
+      ck_assert_uint_eq(rr.st.dev_jobs, 3u * (uint64_t)n);
   } else if (mode == D_STAGED) {
     ck_assert_uint_eq(sr.st.dev_jobs, 0);
     ck_assert_uint_eq(sr.st.path_bytes[K3_XFER_PATH_STAGED], (uint64_t)n * (S_B + CONV_B + N_TOK * TOK_B) * 2);
@@ -496,7 +500,7 @@ static void expect_ok_cfg(cfg_t c) {
 
 START_TEST(test_ipc_ok) { expect_ok(D_OK, 1, 0); }
 
-START_TEST(test_ipc_together) { expect_ok_cfg((cfg_t){D_OK, 1, 0, true, 0, false, false}); }
+START_TEST(test_ipc_together) { expect_ok_cfg((cfg_t){D_OK, 1, 0, true, 0, false, false, NULL}); }
 END_TEST
 START_TEST(test_ipc_ok_async) { expect_ok(D_OK, 2, 3000); } /* notify from job threads */
 END_TEST
@@ -515,7 +519,7 @@ static void expect_reject_cfg(cfg_t c, int code, size_t counter_off) {
   ck_assert_uint_eq(rr.st.done_accepted, 0);
 }
 static void expect_reject(int mode, int code, size_t counter_off, int async_us) {
-  expect_reject_cfg((cfg_t){mode, 1, async_us, false, 0, false, false}, code, counter_off);
+  expect_reject_cfg((cfg_t){mode, 1, async_us, false, 0, false, false, NULL}, code, counter_off);
 }
 START_TEST(test_ipc_digest) {
   /* Corruption through the shadow before the verification job: K3_EDIGEST. */
@@ -526,37 +530,44 @@ START_TEST(test_ipc_stale) { expect_reject(D_STALE, K3_ESTALE, offsetof(k3_xfer_
 END_TEST
 
 /* ---- cuda-pull ---- */
-START_TEST(test_pull_ok) { expect_ok_cfg((cfg_t){D_OK, 1, 0, false, 1, false, false}); }
+START_TEST(test_pull_ok) { expect_ok_cfg((cfg_t){D_OK, 1, 0, false, 1, false, false, NULL}); }
 END_TEST
-START_TEST(test_pull_producer) { expect_ok_cfg((cfg_t){D_OK, 2, 0, false, 2, false, false}); }
+START_TEST(test_pull_producer) { expect_ok_cfg((cfg_t){D_OK, 2, 0, false, 2, false, false, NULL}); }
 END_TEST
-START_TEST(test_pull_together) { expect_ok_cfg((cfg_t){D_OK, 1, 0, true, 2, false, false}); }
+START_TEST(test_pull_together) { expect_ok_cfg((cfg_t){D_OK, 1, 0, true, 2, false, false, NULL}); }
 END_TEST
-START_TEST(test_pull_many_async) { expect_ok_cfg((cfg_t){D_OK, 16, 500, false, 1, false, false}); }
+START_TEST(test_pull_split) {
+  /* A finished state pulled in jobs of ~5 KiB (whole regions), queued back to back. */
+  cfg_t c = {D_OK, 1, 0, true, 2, false, false, NULL};
+  c.pull_job = "5K";
+  expect_ok_cfg(c);
+}
+END_TEST
+START_TEST(test_pull_many_async) { expect_ok_cfg((cfg_t){D_OK, 16, 500, false, 1, false, false, NULL}); }
 END_TEST
 START_TEST(test_pull_fallback) {
   /* The receiver does not offer pull: the sender's exported pools are not used, cuda-ipc is. */
-  expect_ok_cfg((cfg_t){D_OK, 1, 0, false, 2, true, false});
+  expect_ok_cfg((cfg_t){D_OK, 1, 0, false, 2, true, false, NULL});
 }
 END_TEST
 START_TEST(test_pull_digest) {
   /* The source changed after its producer's digest: the receiver's pull hashes what it read. */
-  cfg_t c = {D_DIGEST, 1, 1000, false, 2, false, false};
+  cfg_t c = {D_DIGEST, 1, 1000, false, 2, false, false, NULL};
   expect_reject_cfg(c, K3_EDIGEST, offsetof(k3_xfer_stats_t, done_rejected_digest));
 }
 END_TEST
 START_TEST(test_pull_stale) {
-  cfg_t c = {D_STALE, 1, 0, false, 1, false, false};
+  cfg_t c = {D_STALE, 1, 0, false, 1, false, false, NULL};
   expect_reject_cfg(c, K3_ESTALE, offsetof(k3_xfer_stats_t, done_rejected_stale));
 }
 END_TEST
 START_TEST(test_pull_unmappable) {
   /* Offered, but the receiver cannot map the sender's area: it answers SRC with K3_ENOTSUP and
    * the sender redoes the send as cuda-ipc (push into the receiver's pools), accepted. */
-  cfg_t c = {D_OK, 2, 0, false, 2, false, true};
+  cfg_t c = {D_OK, 2, 0, false, 2, false, true, NULL};
   expect_ok_cfg(c);
   /* the same with the sender hashing (its jobs still running when the refusal comes) */
-  expect_ok_cfg((cfg_t){D_OK, 2, 1000, false, 1, false, true});
+  expect_ok_cfg((cfg_t){D_OK, 2, 1000, false, 1, false, true, NULL});
   rres_t rr = {0};
   sres_t sr;
   c.n_req = 1;
@@ -572,7 +583,7 @@ START_TEST(test_pull_unmappable) {
 END_TEST
 
 START_TEST(test_ipc_receiver_dies) {
-  cfg_t c = {D_RECV_DIES, 2, 1000, false, 0, false, false};
+  cfg_t c = {D_RECV_DIES, 2, 1000, false, 0, false, false, NULL};
   rres_t rr;
   sres_t sr;
   run(c, &rr, &sr);
@@ -581,7 +592,7 @@ END_TEST
 
 START_TEST(test_ipc_sender_dies) {
   /* Receiver here, sender in a child that exits after layer 0. */
-  cfg_t c = {D_SENDER_DIES, 1, 0, false, _i, false, false}; /* push, then pull (the loop index) */
+  cfg_t c = {D_SENDER_DIES, 1, 0, false, _i, false, false, NULL}; /* push, then pull (the loop index) */
   int p1[2], p2[2];
   ck_assert_int_eq(pipe(p1), 0);
   ck_assert_int_eq(pipe(p2), 0);
@@ -633,6 +644,7 @@ int main(void) {
   tcase_add_test(tc, test_pull_ok);
   tcase_add_test(tc, test_pull_producer);
   tcase_add_test(tc, test_pull_together);
+  tcase_add_test(tc, test_pull_split);
   tcase_add_test(tc, test_pull_many_async);
   tcase_add_test(tc, test_pull_fallback);
   tcase_add_test(tc, test_pull_digest);
