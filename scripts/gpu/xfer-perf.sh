@@ -13,9 +13,11 @@
 #                   baseline before each), a stream of 32 with 4 in flight, --check (request 0 read
 #                   back bit for bit; a source changed after its digest must be rejected on pull)
 #   pull-once, push-once  --baseline once (no copy in the sender's context right before a transfer)
-#   pull-trace      K3PD_XFER_TRACE=1 timeline of both processes
+#   pull-trace, pull-trace160  K3PD_XFER_TRACE=1 timeline of both processes (one pull job; jobs of
+#                   160 MiB)
 #   pull-inflight1/2/8    streams with 1, 2, 8 transfers in flight
-#   pull-job96/160/256    K3PD_XFER_PULL_JOB_MIB (pull jobs of ~N MiB queued back to back)
+#   pull-job96/128/160    K3PD_XFER_PULL_JOB_MIB (pull jobs of ~N MiB queued back to back), one
+#                   transfer and a stream
 #   pull-sender     --digests sender (the sender hashes its sources at layer_ready), with a stream
 #   pull-overlap    layers signalled 1 ms apart: done how long after the last layer's signal
 # BUNDLE may also be a directory with bin/ and lib/ (a carry of those two programs).
@@ -77,7 +79,13 @@ if [ "$profile" = pull ]; then
   # shellcheck disable=SC2086
   run push-once 20 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --baseline once
   # shellcheck disable=SC2086
+  run pull-job160 20 env K3PD_XFER_PULL_JOB_MIB=160 k3pd-xfer-bench $PULL --repeat 5 --baseline once --stream 32 --inflight 4
+  # shellcheck disable=SC2086
+  run pull-job128 20 env K3PD_XFER_PULL_JOB_MIB=128 k3pd-xfer-bench $PULL --repeat 5 --baseline once --stream 32 --inflight 4
+  # shellcheck disable=SC2086
   run pull-trace 20 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $PULL --repeat 3 --baseline once
+  # shellcheck disable=SC2086
+  run pull-trace160 20 env K3PD_XFER_TRACE=1 K3PD_XFER_PULL_JOB_MIB=160 k3pd-xfer-bench $PULL --repeat 3 --baseline once
   # shellcheck disable=SC2086
   run pull-inflight1 20 k3pd-xfer-bench $PULL --repeat 1 --stream 16 --inflight 1
   # shellcheck disable=SC2086
@@ -85,11 +93,7 @@ if [ "$profile" = pull ]; then
   # shellcheck disable=SC2086
   run pull-inflight8 25 k3pd-xfer-bench $PULL --repeat 1 --stream 32 --inflight 8
   # shellcheck disable=SC2086
-  run pull-job160 20 env K3PD_XFER_PULL_JOB_MIB=160 k3pd-xfer-bench $PULL --repeat 5 --baseline once --stream 32 --inflight 4
-  # shellcheck disable=SC2086
-  run pull-job96 20 env K3PD_XFER_PULL_JOB_MIB=96 k3pd-xfer-bench $PULL --repeat 5 --baseline once
-  # shellcheck disable=SC2086
-  run pull-job256 20 env K3PD_XFER_PULL_JOB_MIB=256 k3pd-xfer-bench $PULL --repeat 5 --baseline once
+  run pull-job96 20 env K3PD_XFER_PULL_JOB_MIB=96 k3pd-xfer-bench $PULL --repeat 5 --baseline once --stream 32 --inflight 4
   # shellcheck disable=SC2086
   run pull-sender 20 k3pd-xfer-bench $PULL --digests sender --repeat 5 --stream 16 --inflight 4
   # shellcheck disable=SC2086
