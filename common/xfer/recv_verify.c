@@ -273,8 +273,10 @@ static int on_landed(k3_xfer_recv_t *r, resv_t *v, uint32_t l0, uint32_t l1) {
 
 /* SRC (cuda-pull): where the sender's bytes are. Checked against our reservation (same
  * request, epoch, fingerprint; region for region the same kind, layer and length; every region
- * of ours in device memory), then the sender's pools are mapped through our hooks. A refusal
- * becomes the reservation's verdict (DONE is rejected with it). Never an address taken from the
+ * of ours in device memory), then the sender's pools are mapped through our hooks. A malformed
+ * or mismatched SRC becomes the reservation's verdict (DONE is rejected with it); pools that do
+ * not map here are answered at once with an ACK of K3_ENOTSUP (the sender pushes instead, as
+ * cuda-ipc) and this epoch's pull messages are dropped. Never an address taken from the
  * message as such: we read at offsets inside pools we mapped ourselves, bounded by their size
  * (the descriptor's validation), and write only at our own addresses. */
 static void ack_to(k3_xfer_recv_t *r, const uint8_t *addr, size_t addr_len, uint64_t request_id, uint64_t epoch,
