@@ -275,6 +275,8 @@ typedef void (*k3_xfer_send_cb)(void *ud, const k3_xfer_send_result_t *res);
  * choosing the data path (logged at debug, k3_xfer_send_path):
  *   host sources (no dev):   HOST into host pools, STAGED with stage->d2h;
  *   device sources (dev):    STAGED into host pools (needs stage->d2h); into device pools
+ *                            CUDA_PULL when the descriptor offers it (K3_XFER_DESC_F_PULL),
+ *                            opts.src_pools cover every source and every pool maps here, else
  *                            CUDA_IPC when every pool has a blob that dev->map maps, else
  *                            UCX_CUDA when this ctx is cuda capable and every pool has an rkey;
  *   anything else (e.g. device to device with no mapping and no CUDA UCX, host sources into
