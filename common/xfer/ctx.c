@@ -44,7 +44,7 @@ void xf_trace(const k3_xfer_ctx_t *ctx, const char *fmt, ...) {
 }
 
 static const char *const PATH_NAMES[K3_XFER_PATH_COUNT] = {"auto", "host", "staged", "cuda-ipc",
-                                                          "ucx-cuda"};
+                                                          "ucx-cuda", "cuda-pull"};
 
 const char *k3_xfer_path_name(k3_xfer_path_t path) {
   return (unsigned)path < K3_XFER_PATH_COUNT ? PATH_NAMES[path] : "?";
@@ -254,6 +254,15 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
   ctx->spin_jobs = !(sp && !strcmp(sp, "0"));
   const char *jm = getenv("K3PD_XFER_JOB_MIB");
   ctx->job_max_bytes = jm && *jm ? strtoull(jm, NULL, 10) << 20 : 0;
+  const char *pl = getenv("K3PD_XFER_PULL");
+  ctx->pull_off = pl && !strcmp(pl, "0");
+  const char *pj = getenv("K3PD_XFER_PULL_JOB_MIB");
+  if (pj && *pj) { /* MiB, or KiB with a K suffix (tests) */
+    char *end = NULL;
+    unsigned long long n = strtoull(pj, &end, 10);
+    ctx->pull_job_bytes = end && (*end == 'K' || *end == 'k') ? n << 10 : n << 20;
+  }
+  ctx->last_path = -1;
   ucp_config_t *cfg = NULL;
   ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
   if (st != UCS_OK) goto ucx_err;
@@ -292,6 +301,11 @@ int k3_xfer_ctx_init(uv_loop_t *loop, const k3_xfer_ctx_opts_t *opts, k3_xfer_ct
   st = ucp_worker_set_am_recv_handler(ctx->worker, &ap);
   if (st != UCS_OK) goto ucx_err_addr;
   ap.id = XF_AM_LAYER;
+  ap.cb = am_layer_cb;
+  st = ucp_worker_set_am_recv_handler(ctx->worker, &ap);
+  if (st != UCS_OK) goto ucx_err_addr;
+  /* SRC shares LAYER's queue: handled in arrival order, before the LAYERs that need it. */
+  ap.id = XF_AM_SRC;
   ap.cb = am_layer_cb;
   st = ucp_worker_set_am_recv_handler(ctx->worker, &ap);
   if (st != UCS_OK) goto ucx_err_addr;

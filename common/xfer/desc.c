@@ -53,6 +53,7 @@ int k3_xfer_desc_validate(k3_xfer_desc_t *d, char *err, size_t errlen) {
     return K3_EINVAL;                                                                       \
   } while (0)
   if (!d) BAD("descriptor is NULL");
+  if (d->flags & ~K3_XFER_DESC_F_ALL) BAD("flags 0x%x: unknown bits", d->flags);
   if (d->worker_addr_len == 0 || d->worker_addr_len > K3_XFER_MAX_ADDR_BYTES || !d->worker_addr)
     BAD("worker_addr_len %u out of range 1..%u", d->worker_addr_len, K3_XFER_MAX_ADDR_BYTES);
   if (d->n_pools == 0 || d->n_pools > K3_XFER_MAX_POOLS) BAD("n_pools %u out of range", d->n_pools);
@@ -184,7 +185,7 @@ int k3_xfer_desc_encode(const k3_xfer_desc_t *desc, uint8_t **out, size_t *out_l
   wbuf_t w = {0};
   w_u32(&w, DESC_MAGIC);
   w_u16(&w, K3_XFER_DESC_VERSION);
-  w_u16(&w, 0); /* flags: none defined in v2; decoders reject unknown bits */
+  w_u16(&w, (uint16_t)desc->flags); /* K3_XFER_DESC_F_*; decoders reject unknown bits */
   w_u64(&w, desc->request_id);
   w_u64(&w, desc->epoch);
   w_u64(&w, (uint64_t)desc->lease_expiry_ms);
@@ -313,7 +314,8 @@ int k3_xfer_desc_decode(const uint8_t *buf, size_t len, k3_xfer_desc_t **out, ch
   int oom = 0;
   if (r_u32(&r, "magic") != DESC_MAGIC && !r.fail) r.fail = "magic";
   if (r_u16(&r, "version") != K3_XFER_DESC_VERSION && !r.fail) r.fail = "version";
-  if (r_u16(&r, "flags") != 0 && !r.fail) r.fail = "flags";
+  d->flags = r_u16(&r, "flags");
+  if ((d->flags & ~K3_XFER_DESC_F_ALL) && !r.fail) r.fail = "flags";
   d->request_id = r_u64(&r, "request_id");
   d->epoch = r_u64(&r, "epoch");
   d->lease_expiry_ms = (int64_t)r_u64(&r, "lease_expiry_ms");

@@ -44,6 +44,7 @@ int k3_xfer_recv_init(k3_xfer_ctx_t *ctx, const k3_xfer_recv_opts_t *opts, k3_xf
   if (r->opts.dev && r->opts.dev->submit && r->opts.dev->poll && r->opts.dev->release) {
     r->dev = *r->opts.dev;
     r->has_dev = true;
+    r->can_pull = r->dev.map && !r->opts.no_pull && !ctx->pull_off;
   }
   r->opts.stage = NULL;
   r->opts.dev = NULL;
@@ -69,6 +70,7 @@ static void resv_release(k3_xfer_recv_t *r, resv_t *v) {
   uint64_t id = v->desc->request_id;
   void *owner = v->owner;
   k3_xfer_desc_free(v->desc);
+  k3_xfer_desc_free(v->src);
   free(v->known);
   free(v->vdigest);
   free(v->landed);
@@ -105,6 +107,9 @@ static int make_desc(k3_xfer_recv_t *r, resv_t *v, uint32_t lease_ms, k3_xfer_de
   memset(v->landed, 0, (size_t)v->desc->n_regions * sizeof(uint64_t));
   v->pend_n = v->pend_layers = 0;
   v->verdict = 0;
+  k3_xfer_desc_free(v->src); /* a new attempt tells us where its bytes are anew */
+  v->src = NULL;
+  v->src_refused = false;
   v->desc->epoch = r->next_epoch++;
   v->desc->lease_expiry_ms = k3_wall_ms() + lease_ms;
   v->expiry_ns = k3_now_ns() + (uint64_t)lease_ms * 1000000ull;
@@ -183,7 +188,12 @@ int k3_xfer_recv_reserve(k3_xfer_recv_t *r, const k3_xfer_layout_t *layout, uint
   v->vdigest = calloc(d->n_regions, sizeof(uint64_t));
   v->landed = calloc(d->n_regions, sizeof(uint64_t));
   if (!v->known || !v->vdigest || !v->landed) goto fail;
-  for (uint32_t i = 0; i < d->n_regions; i++) v->any_dev |= xf_region_dev(v, i);
+  bool all_dev = true;
+  for (uint32_t i = 0; i < d->n_regions; i++) {
+    v->any_dev |= xf_region_dev(v, i);
+    all_dev &= xf_region_dev(v, i);
+  }
+  if (r->can_pull && all_dev) d->flags |= K3_XFER_DESC_F_PULL; /* cuda-pull offered */
   if (v->any_dev && (!(v->pend_reg = calloc(d->n_regions, sizeof(uint32_t))) ||
                      !(v->pend_want = calloc(d->n_regions, sizeof(uint64_t)))))
     goto fail;

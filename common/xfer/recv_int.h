@@ -36,6 +36,15 @@ typedef struct resv {
   uint32_t *pend_reg;
   uint64_t *pend_want;
   uint32_t pend_n, pend_layers;
+  /* cuda-pull (current epoch): the sender's sources (its SRC message, decoded and checked
+   * against our regions) and each of its pools mapped here. While set, every verification job
+   * of this reservation is a pull: it reads the sender's bytes, writes our memory at our own
+   * addresses and hashes what it read. */
+  k3_xfer_desc_t *src;
+  uint8_t *sbase[K3_XFER_MAX_POOLS];
+  /* The sender's pools did not map here: we answered its SRC with K3_ENOTSUP (it redoes the send
+   * as cuda-ipc) and drop its PULL LAYERs and PULL DONE of this epoch. */
+  bool src_refused;
 } resv_t;
 
 /* A device verification job: hashes some regions of one reservation (its own addresses). With
@@ -50,6 +59,7 @@ typedef struct xf_vjob {
   uint32_t *regions; /* n region ids */
   uint64_t *want;    /* n announced digests (LAYER) or NULL */
   uint64_t *got;     /* n digests from poll */
+  uint64_t pull_bytes; /* a pull job: bytes it copies (0: hash only) */
 } xf_vjob_t;
 
 struct k3_xfer_recv {
@@ -58,6 +68,7 @@ struct k3_xfer_recv {
   k3_xfer_stage_t stage;
   k3_xfer_dev_t dev;
   bool staged, has_dev;
+  bool can_pull; /* device hooks map a sender's pools, pull not switched off: offer cuda-pull */
   resv_t *list;
   xf_vjob_t *jobs; /* device verification jobs running */
   k3_digest_t dg;  /* host verification, one region at a time */

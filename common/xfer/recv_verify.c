@@ -52,8 +52,7 @@ typedef struct {
   uint32_t n, cap;
 } segv_t;
 
-static int seg_extent(void *arg, uint64_t off, uintptr_t p, uint64_t n) {
-  segv_t *sv = arg;
+static int seg_push(segv_t *sv, uintptr_t src, uintptr_t dst, uint64_t n) {
   if (sv->n == sv->cap) {
     uint32_t cap = sv->cap ? 2 * sv->cap : 64;
     k3_xfer_seg_t *ns = realloc(sv->segs, cap * sizeof *ns);
@@ -61,7 +60,27 @@ static int seg_extent(void *arg, uint64_t off, uintptr_t p, uint64_t n) {
     sv->segs = ns;
     sv->cap = cap;
   }
-  sv->segs[sv->n++] = (k3_xfer_seg_t){.src = (const void *)p, .dst = NULL, .len = n};
+  sv->segs[sv->n++] = (k3_xfer_seg_t){.src = (const void *)src, .dst = (void *)dst, .len = n};
+  return 0;
+}
+
+static int seg_extent(void *arg, uint64_t off, uintptr_t p, uint64_t n) { return seg_push(arg, p, 0, n); }
+
+/* cuda-pull: region reg's byte stream as segments from the sender's pool (mapped here, at the
+ * place its SRC gave) into our memory (at our own addresses), cut wherever either side stops
+ * being contiguous. Pure arithmetic: nothing is dereferenced. */
+static int pull_segs(segv_t *sv, const resv_t *v, uint32_t reg) {
+  const k3_xfer_region_t *rg = &v->desc->regions[reg];
+  uintptr_t dbase = (uintptr_t)v->pools[rg->pool]->base;
+  uintptr_t sbase = (uintptr_t)v->sbase[v->src->regions[reg].pool];
+  for (uint64_t off = 0; off < rg->len_bytes;) {
+    uint64_t dpo, spo;
+    uint64_t n = xf_region_run(v->desc, reg, off, UINT64_MAX, &dpo);
+    n = xf_region_run(v->src, reg, off, n, &spo);
+    int rc = seg_push(sv, sbase + spo, dbase + dpo, n);
+    if (rc) return rc;
+    off += n;
+  }
   return 0;
 }
 
@@ -72,8 +91,10 @@ static void vjob_free(xf_vjob_t *j) {
   free(j);
 }
 
-/* Submits a hash-only job over regions[0..n) of v (our own addresses). want: the digests to
- * compare with (copied) or NULL. Returns 0 or K3_E*; on error nothing is queued. */
+/* Submits a hash-only job over regions[0..n) of v (our own addresses), or on cuda-pull (v->src
+ * set) a pull job: copy from the sender's mapped pool into our memory, hashing what it read.
+ * want: the digests to compare with (copied) or NULL. Returns 0 or K3_E*; on error nothing is
+ * queued. */
 static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, uint32_t n,
                          const uint64_t *want, uint32_t n_layers) {
   xf_vjob_t *j = calloc(1, sizeof *j);
@@ -87,10 +108,17 @@ static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, 
   if (want) memcpy(j->want, want, (size_t)n * 8);
   for (uint32_t k = 0; k < n; k++) {
     first[k] = sv.n;
-    if ((rc = xf_for_extents(v, regions[k], seg_extent, &sv))) goto out;
+    if (v->src) {
+      if ((rc = pull_segs(&sv, v, regions[k]))) goto out;
+      j->pull_bytes += v->desc->regions[regions[k]].len_bytes;
+    } else if ((rc = xf_for_extents(v, regions[k], seg_extent, &sv))) {
+      goto out;
+    }
   }
   first[n] = sv.n;
+  uint64_t t_sub = k3_now_ns();
   rc = r->dev.submit(r->dev.ud, sv.segs, first, n, xf_job_notify(r->ctx), r->ctx, &j->job);
+  t_sub = k3_now_ns() - t_sub;
   if (rc) {
     r->ctx->stats.dev_jobs_failed++;
     K3_ERROR("xfer: request %llu: device verification job refused: %s",
@@ -99,8 +127,9 @@ static int submit_verify(k3_xfer_recv_t *r, resv_t *v, const uint32_t *regions, 
   }
   r->ctx->stats.dev_jobs++;
   r->ctx->jobs_running++;
-  XF_TRACE(r->ctx, "recv %llu: verification job submitted (%u regions, %u segments, %u layers)",
-           (unsigned long long)v->desc->request_id, n, sv.n, n_layers);
+  XF_TRACE(r->ctx, "recv %llu: %s job submitted (%u regions, %u segments, %u layers, %llu bytes copied, %.1f us "
+           "in submit)", (unsigned long long)v->desc->request_id, v->src ? "pull" : "verification", n, sv.n, n_layers,
+           (unsigned long long)j->pull_bytes, (double)t_sub / 1e3);
   j->v = v;
   j->epoch = v->desc->epoch;
   j->n = n;
@@ -146,6 +175,7 @@ static void job_done(k3_xfer_recv_t *r, xf_vjob_t *j, int prc) {
     v->vdigest[i] = j->got[k];
   }
   r->ctx->stats.layers_verified += j->n_layers;
+  r->ctx->stats.pull_bytes += j->pull_bytes;
 }
 
 void xf_recv_flush_pending(k3_xfer_recv_t *r, resv_t *v) {
@@ -153,7 +183,22 @@ void xf_recv_flush_pending(k3_xfer_recv_t *r, resv_t *v) {
   uint32_t n = v->pend_n, layers = v->pend_layers;
   v->pend_n = v->pend_layers = 0;
   if (v->state != RS_LIVE || v->verdict) return;
-  submit_verify(r, v, v->pend_reg, n, v->pend_want, layers); /* refused: DONE hashes the rest */
+  uint64_t cap = r->ctx->pull_job_bytes;
+  if (!v->src || !cap) {
+    submit_verify(r, v, v->pend_reg, n, v->pend_want, layers); /* refused: DONE hashes the rest */
+    return;
+  }
+  /* K3PD_XFER_PULL_JOB_MIB: pull jobs of ~cap bytes (whole regions), queued back to back: the
+   * host combines one job's digests while the next copies, so only the last job's combine
+   * follows the last byte. The layers count with the last job. */
+  for (uint32_t k0 = 0; k0 < n;) {
+    uint32_t k1 = k0;
+    uint64_t b = 0;
+    while (k1 < n && (k1 == k0 || b + v->desc->regions[v->pend_reg[k1]].len_bytes <= cap))
+      b += v->desc->regions[v->pend_reg[k1++]].len_bytes;
+    if (submit_verify(r, v, v->pend_reg + k0, k1 - k0, v->pend_want + k0, k1 == n ? layers : 0)) return;
+    k0 = k1;
+  }
 }
 
 uint64_t xf_recv_jobs_pump(k3_xfer_recv_t *r) {
@@ -226,7 +271,92 @@ static int on_landed(k3_xfer_recv_t *r, resv_t *v, uint32_t l0, uint32_t l1) {
   return 0;
 }
 
+/* SRC (cuda-pull): where the sender's bytes are. Checked against our reservation (same
+ * request, epoch, fingerprint; region for region the same kind, layer and length; every region
+ * of ours in device memory), then the sender's pools are mapped through our hooks. A malformed
+ * or mismatched SRC becomes the reservation's verdict (DONE is rejected with it); pools that do
+ * not map here are answered at once with an ACK of K3_ENOTSUP (the sender pushes instead, as
+ * cuda-ipc) and this epoch's pull messages are dropped. Never an address taken from the
+ * message as such: we read at offsets inside pools we mapped ourselves, bounded by their size
+ * (the descriptor's validation), and write only at our own addresses. */
+static void ack_to(k3_xfer_recv_t *r, const uint8_t *addr, size_t addr_len, uint64_t request_id, uint64_t epoch,
+                   uint64_t send_id, int status);
+
+static int on_src(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
+  xf_src_t m;
+  k3_xfer_desc_t *x = NULL;
+  char err[200] = "";
+  if (xf_src_decode(msg, len, &m) || k3_xfer_desc_decode(m.desc, m.desc_len, &x, err, sizeof err)) {
+    r->ctx->stats.pull_refused++;
+    K3_WARN("xfer: malformed SRC (%zu bytes) dropped%s%s", len, err[0] ? ": " : "", err);
+    return 0;
+  }
+  resv_t *v = xf_resv_find(r, x->request_id);
+  if (!v || v->state != RS_LIVE || v->desc->epoch != x->epoch || v->desc->fingerprint != x->fingerprint ||
+      v->verdict) {
+    K3_DEBUG("xfer: SRC for request %llu epoch %llu ignored", (unsigned long long)x->request_id,
+             (unsigned long long)x->epoch);
+    r->ctx->stats.pull_refused++;
+    k3_xfer_desc_free(x);
+    return 0;
+  }
+  const k3_xfer_desc_t *d = v->desc;
+  int verdict = K3_EPROTO;
+  if (!r->can_pull) k3_fmt(err, sizeof err, "this receiver does not pull");
+  else if (!(d->flags & K3_XFER_DESC_F_PULL)) k3_fmt(err, sizeof err, "pull was not offered for it");
+  else if (v->src) k3_fmt(err, sizeof err, "a second SRC in one epoch");
+  else if (x->n_regions != d->n_regions) k3_fmt(err, sizeof err, "%u regions, ours %u", x->n_regions, d->n_regions);
+  for (uint32_t i = 0; !err[0] && i < d->n_regions; i++) {
+    const k3_xfer_region_t *a = &x->regions[i], *b = &d->regions[i];
+    if (a->kind != b->kind || a->layer != b->layer || a->len_bytes != b->len_bytes)
+      k3_fmt(err, sizeof err, "region %u is kind %u layer %u %llu bytes, ours kind %u layer %u %llu bytes", i,
+             a->kind, a->layer, (unsigned long long)a->len_bytes, b->kind, b->layer,
+             (unsigned long long)b->len_bytes);
+    else if (!xf_region_dev(v, i)) k3_fmt(err, sizeof err, "our region %u is not in device memory", i);
+    else if (x->pools[a->pool].mem != K3_XFER_MEM_CUDA || !x->pools[a->pool].blob_len)
+      k3_fmt(err, sizeof err, "its pool %u is not exported device memory", a->pool);
+  }
+  bool used[K3_XFER_MAX_POOLS] = {false};
+  for (uint32_t i = 0; !err[0] && i < x->n_regions; i++) used[x->regions[i].pool] = true;
+  for (uint32_t p = 0; !err[0] && p < x->n_pools; p++) {
+    if (!used[p]) continue;
+    void *base = NULL;
+    int rc = r->dev.map(r->dev.ud, x->pools[p].blob, x->pools[p].blob_len, x->pools[p].size_bytes, &base);
+    if (rc || !base) {
+      k3_fmt(err, sizeof err, "its pool %u (%llu bytes) is not mappable here: %s", p,
+             (unsigned long long)x->pools[p].size_bytes, rc ? k3_errname(rc) : "NULL base");
+      verdict = K3_EDEVICE;
+    }
+    v->sbase[p] = base;
+  }
+  if (err[0] && verdict == K3_EDEVICE) {
+    /* Nothing wrong with the transfer: its pools just do not map here. Tell the sender at once
+     * (it redoes the send as cuda-ipc, pushing into our pools) and drop its pull messages. */
+    K3_WARN("xfer: request %llu epoch %llu: SRC refused, sender asked to push instead: %s",
+            (unsigned long long)d->request_id, (unsigned long long)d->epoch, err);
+    r->ctx->stats.pull_refused++;
+    v->src_refused = true;
+    ack_to(r, x->worker_addr, x->worker_addr_len, d->request_id, d->epoch, m.send_id, K3_ENOTSUP);
+    k3_xfer_desc_free(x);
+    return 0;
+  }
+  if (err[0]) {
+    K3_WARN("xfer: request %llu epoch %llu: SRC refused: %s", (unsigned long long)d->request_id,
+            (unsigned long long)d->epoch, err);
+    r->ctx->stats.pull_refused++;
+    v->verdict = verdict;
+    k3_xfer_desc_free(x);
+    return 0;
+  }
+  v->src = x;
+  r->ctx->stats.pulls++;
+  XF_TRACE(r->ctx, "recv %llu: SRC accepted (%u pools, %u regions)", (unsigned long long)d->request_id,
+           x->n_pools, x->n_regions);
+  return 0;
+}
+
 int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
+  if (xf_wire_type(msg, len) == 5) return on_src(r, msg, len);
   xf_layer_t m;
   if (xf_layer_decode(msg, len, &m)) {
     K3_WARN("xfer: malformed LAYER (%zu bytes) dropped", len);
@@ -242,6 +372,17 @@ int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   const k3_xfer_desc_t *d = v->desc;
   const uint32_t l0 = m.layer, l1 = m.layer + m.n_layers; /* layers [l0, l1) */
   if (m.flags & XF_MSG_FLAG_LANDED) return on_landed(r, v, l0, l1);
+  /* cuda-pull: the bytes are still the sender's; its SRC comes first on the same endpoint (a
+   * LAYER that overtook it waits, bounded by the lease). A pull reservation only takes PULL
+   * LAYERs. */
+  if ((m.flags & XF_MSG_FLAG_PULL) && v->src_refused) return 0; /* the sender redoes it as cuda-ipc */
+  if ((m.flags & XF_MSG_FLAG_PULL) && !v->src) return 1;
+  if (!(m.flags & XF_MSG_FLAG_PULL) != !v->src) {
+    K3_WARN("xfer: request %llu: LAYER %u..%u %s the PULL flag on a %s transfer", (unsigned long long)m.request_id,
+            l0, l1 - 1, m.flags & XF_MSG_FLAG_PULL ? "with" : "without", v->src ? "pull" : "push");
+    v->verdict = K3_EPROTO;
+    return 0;
+  }
   if (m.flags & XF_MSG_FLAG_AM_DATA)
     for (uint32_t l = l0; l < l1 && l < d->n_layers; l++)
       if (still_landing(v, false, l)) return 1;
@@ -264,12 +405,12 @@ int xf_recv_on_layer(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
       if (d->regions[i].layer != l) continue;
       uint64_t want;
       memcpy(&want, m.digests + 8 * (size_t)k++, 8);
-      if (xf_region_dev(v, i) && r->opts.trust_sender_digests) { /* measurement mode: not re-read */
+      if (xf_region_dev(v, i) && r->opts.trust_sender_digests && !v->src) { /* measurement mode: not re-read */
         v->known[i] = 1;
         v->vdigest[i] = want;
         continue;
       }
-      if (xf_region_dev(v, i)) { /* hashed by a device job below */
+      if (xf_region_dev(v, i)) { /* hashed (cuda-pull: pulled and hashed) by a device job below */
         dev_regions[n_dev] = i;
         dev_want[n_dev++] = want;
         continue;
@@ -314,14 +455,18 @@ static int h2d_extent(void *arg, uint64_t off, uintptr_t p, uint64_t n) {
   return a->r->stage.h2d(a->r->stage.ud, a->request_id, a->region, off, (const void *)p, n);
 }
 
-static void ack(k3_xfer_recv_t *r, const xf_done_t *dm, int status) {
-  xf_ep_t *e = xf_ep_get(r->ctx, dm->addr, dm->addr_len);
+static void ack_to(k3_xfer_recv_t *r, const uint8_t *addr, size_t addr_len, uint64_t request_id, uint64_t epoch,
+                   uint64_t send_id, int status) {
+  xf_ep_t *e = xf_ep_get(r->ctx, addr, addr_len);
   if (!e) return; /* sender unreachable: it will time out */
-  xf_ack_t a = {.request_id = dm->request_id, .epoch = dm->epoch, .send_id = dm->send_id, .status = status};
+  xf_ack_t a = {.request_id = request_id, .epoch = epoch, .send_id = send_id, .status = status};
   size_t len;
   uint8_t *msg = xf_ack_encode(&a, &len);
   if (msg) xf_am_send(e, XF_AM_ACK, msg, len);
   xf_ep_put(e);
+}
+static void ack(k3_xfer_recv_t *r, const xf_done_t *dm, int status) {
+  ack_to(r, dm->addr, dm->addr_len, dm->request_id, dm->epoch, dm->send_id, status);
 }
 
 /* Decides on one DONE. Returns 0 (accepted) or the rejection code; counters are updated. */
@@ -349,6 +494,10 @@ static int judge(k3_xfer_recv_t *r, const xf_done_t *dm, resv_t **out) {
     else if (v->verdict == K3_EDEVICE) st->done_rejected_device++;
     else st->done_rejected_malformed++;
     return v->verdict;
+  }
+  if (!(dm->flags & XF_MSG_FLAG_PULL) != !v->src) { /* a pull DONE without SRC, or the reverse */
+    st->done_rejected_malformed++;
+    return K3_EPROTO;
   }
   bool hooked = false;
   for (uint32_t i = 0; i < v->desc->n_regions; i++) {
@@ -395,13 +544,14 @@ static int must_wait(k3_xfer_recv_t *r, const xf_done_t *dm) {
       v->desc->fingerprint != dm->fingerprint || dm->n_digests != v->desc->n_regions || v->verdict)
     return 0;
   if ((dm->flags & XF_MSG_FLAG_AM_DATA) && still_landing(v, true, 0)) return 1;
+  if ((dm->flags & XF_MSG_FLAG_PULL) && !v->src) return 1; /* its SRC has not come (lease bounds) */
   xf_recv_flush_pending(r, v);
   if (v->jobs_out) return 1;
   if (!v->any_dev) return 0;
   uint32_t *left = malloc((size_t)v->desc->n_regions * sizeof(uint32_t)), n = 0;
   if (!left) return 0; /* judge rejects the unhashed device regions (K3_EDEVICE) */
   for (uint32_t i = 0; i < v->desc->n_regions; i++) {
-    if (!v->known[i] && xf_region_dev(v, i) && r->opts.trust_sender_digests) {
+    if (!v->known[i] && xf_region_dev(v, i) && r->opts.trust_sender_digests && !v->src) {
       v->known[i] = 1; /* measurement mode: DONE's digest taken as ours */
       memcpy(&v->vdigest[i], dm->digests + 8 * (size_t)i, 8);
       continue;
@@ -423,6 +573,12 @@ int xf_recv_on_done(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   if (xf_done_decode(msg, len, &dm)) {
     r->ctx->stats.done_rejected_malformed++;
     K3_WARN("xfer: malformed DONE (%zu bytes) dropped", len);
+    return 0;
+  }
+  resv_t *rv = xf_resv_find(r, dm.request_id);
+  if (rv && rv->state == RS_LIVE && rv->desc->epoch == dm.epoch && rv->src_refused && (dm.flags & XF_MSG_FLAG_PULL)) {
+    K3_DEBUG("xfer: pull DONE for request %llu dropped: its sender redoes it as cuda-ipc",
+             (unsigned long long)dm.request_id);
     return 0;
   }
   if (must_wait(r, &dm)) return 1;

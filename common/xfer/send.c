@@ -46,6 +46,7 @@ static void send_free(k3_xfer_send_t *s) {
   free(s->digest);
   free(s->queue);
   free(s->layer_ready);
+  free(s->src_desc);
   free(s);
 }
 
@@ -178,6 +179,7 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
   s->deadline_ns = s->res.t_start_ns + (uint64_t)o.deadline_ms * 1000000ull;
   s->next = ctx->sends;
   ctx->sends = s;
+  XF_TRACE(ctx, "send %llu: started (path %s)", (unsigned long long)desc->request_id, k3_xfer_path_name(s->path));
   xf_drive_api(ctx); /* arms the deadline timer */
   *out = s;
   return 0;
@@ -193,6 +195,7 @@ const char *k3_xfer_send_mode(const k3_xfer_send_t *s) {
   case XM_DIRECT: return "direct";
   case XM_AM: return "am";
   case XM_PUT: return "put";
+  case XM_PULL: return "pull";
   default: return "job";
   }
 }
@@ -206,7 +209,7 @@ int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
   xf_layer_st_t *ly = &s->layers[layer];
   ly->state = LY_PUSHING;
   if (s->dev_src && !s->staged) ly->job_state = XJ_DUE; /* copy+hash or hash-only job */
-  if (s->mode != XM_JOB) { /* the host movers hand the regions on (ucx-cuda: DATA) */
+  if (!xf_send_jobs_only(s)) { /* the host movers hand the regions on (ucx-cuda: DATA) */
     ly->regions_left = ly->n_regions;
     for (uint32_t k = 0; k < ly->n_regions; k++) s->queue[s->q_len++] = s->order[ly->first_region + k];
   }
@@ -214,14 +217,33 @@ int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer) {
   /* cuda-ipc: the job is submitted by the loop's next drive anyway (layers signalled together
    * go as one job), so an API drive here would only progress UCX: 93 layers signalled at
    * once paid 93 of them before the first byte moved. */
-  if (s->mode == XM_JOB) xf_drive_soon(s->ctx);
+  if (xf_send_jobs_only(s)) xf_drive_soon(s->ctx);
   else xf_drive_api(s->ctx);
+  return 0;
+}
+
+uint32_t k3_xfer_send_layer_regions(const k3_xfer_send_t *s, uint32_t layer) {
+  return layer < s->n_layers ? s->layers[layer].n_regions : 0;
+}
+
+int k3_xfer_send_layer_ready_digests(k3_xfer_send_t *s, uint32_t layer, const uint64_t *digests,
+                                     uint32_t n_digests) {
+  if (s->mode != XM_PULL) return k3_xfer_send_layer_ready(s, layer); /* they hash what they move */
+  if (s->phase == PH_FIRED) return s->status ? s->status : K3_EINVAL;
+  if (layer >= s->n_layers || s->layer_ready[layer] || !digests || n_digests != s->layers[layer].n_regions)
+    return K3_EINVAL;
+  int rc = k3_xfer_send_layer_ready(s, layer);
+  if (rc) return rc;
+  xf_layer_st_t *ly = &s->layers[layer];
+  for (uint32_t k = 0; k < ly->n_regions; k++) s->digest[s->order[ly->first_region + k]] = digests[k];
+  ly->job_state = XJ_NONE; /* the producer hashed it: announced by the next drive */
   return 0;
 }
 
 int k3_xfer_send_finish(k3_xfer_send_t *s, uint32_t first_token, float first_logprob) {
   if (s->phase == PH_FIRED) return s->status ? s->status : K3_EINVAL;
   if (s->finish_called || s->layers_signalled != s->n_layers) return K3_EINVAL;
+  XF_TRACE(s->ctx, "send %llu: finish called", (unsigned long long)s->desc->request_id);
   s->finish_called = true;
   s->first_token = first_token;
   s->first_logprob = first_logprob;
@@ -268,6 +290,11 @@ static void fire(k3_xfer_send_t *s, int status) {
   if (status == 0) ctx->stats.sends_ok++;
   else if (status == K3_ETIMEDOUT) ctx->stats.sends_timed_out++;
   else ctx->stats.sends_failed++;
+  if (status == 0 && s->mode == XM_PULL) { /* the receiver's jobs read every byte it verified */
+    s->res.bytes = k3_xfer_desc_total_bytes(s->desc);
+    for (uint32_t r = 0; r < s->desc->n_regions; r++)
+      s->res.kind_bytes[xf_kind_of(&s->desc->regions[r])] += s->desc->regions[r].len_bytes;
+  }
   ctx->stats.bytes_put += s->res.bytes;
   ctx->stats.path_bytes[s->path] += s->res.bytes;
   if (status && (s->inflight || s->flush_pending || s->layer_flushes_out)) xf_ep_fail(s->ep); /* cancel what is queued */
@@ -275,7 +302,25 @@ static void fire(k3_xfer_send_t *s, int status) {
 }
 
 
+/* cuda-pull: SRC (where our bytes are) goes right before the first LAYER (or DONE), on the same
+ * endpoint, so it arrives first. Not at start: a finished state's SRC, LAYER and DONE then reach
+ * the receiver together (one wake-up, not two); while a prefill computes, the first layer's
+ * announcement carries it. The receiver maps our pools once (cached) when it first sees it. */
+static int send_src_msg(k3_xfer_send_t *s) {
+  if (s->mode != XM_PULL || s->src_sent) return 0;
+  size_t ml;
+  uint8_t *msg = xf_src_encode(s->send_id, s->src_desc, (uint32_t)s->src_desc_len, &ml);
+  if (!msg) return K3_ENOMEM;
+  int rc = xf_am_send(s->ep, XF_AM_SRC, msg, ml);
+  if (rc) return rc;
+  s->src_sent = true;
+  XF_TRACE(s->ctx, "send %llu: SRC sent (%zu bytes)", (unsigned long long)s->desc->request_id, ml);
+  return 0;
+}
+
 static int send_done_msg(k3_xfer_send_t *s) {
+  int src_rc = send_src_msg(s); /* every layer empty: no LAYER carried it */
+  if (src_rc) return src_rc;
   const uint8_t *addr;
   size_t addr_len;
   k3_xfer_ctx_address(s->ctx, &addr, &addr_len);
@@ -285,7 +330,7 @@ static int send_done_msg(k3_xfer_send_t *s) {
                   .send_id = s->send_id,
                   .first_token = s->first_token,
                   .first_logprob = s->first_logprob,
-                  .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : 0,
+                  .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : s->mode == XM_PULL ? XF_MSG_FLAG_PULL : 0,
                   .n_digests = s->desc->n_regions,
                   .addr_len = (uint32_t)addr_len,
                   .addr = addr};
@@ -298,13 +343,15 @@ static int send_done_msg(k3_xfer_send_t *s) {
 /* One LAYER for layers l0 .. l0 + nl - 1 (their regions are consecutive in order[]). */
 static int send_layer_msg(k3_xfer_send_t *s, uint32_t l0, uint32_t nl) {
   const k3_xfer_desc_t *d = s->desc;
+  int src_rc = send_src_msg(s);
+  if (src_rc) return src_rc;
   const xf_layer_st_t *ly = &s->layers[l0], *lyn = &s->layers[l0 + nl - 1];
   uint32_t nr = lyn->first_region + lyn->n_regions - ly->first_region;
   uint64_t *dg = s->job_digests; /* scratch: no job of this send is being polled right now */
   for (uint32_t k = 0; k < nr; k++) dg[k] = s->digest[s->order[ly->first_region + k]];
   xf_layer_t m = {.request_id = d->request_id, .epoch = d->epoch, .fingerprint = d->fingerprint,
                   .send_id = s->send_id, .layer = l0, .n_digests = nr, .n_layers = nl,
-                  .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : 0};
+                  .flags = s->mode == XM_AM ? XF_MSG_FLAG_AM_DATA : s->mode == XM_PULL ? XF_MSG_FLAG_PULL : 0};
   size_t len;
   uint8_t *msg = xf_layer_encode(&m, dg, &len);
   if (!msg) return K3_ENOMEM;
@@ -332,7 +379,7 @@ static uint64_t advance_layers(k3_xfer_send_t *s) {
     xf_layer_st_t *ly = &s->layers[l];
     bool complete = ly->regions_left == 0 && ly->puts_out == 0 &&
                     (ly->job_state == XJ_NONE || ly->job_state == XJ_DONE);
-    if (ly->state == LY_PUSHING && complete && s->mode == XM_JOB) {
+    if (ly->state == LY_PUSHING && complete && xf_send_jobs_only(s)) {
       ly->state = LY_FLUSHING;
     } else if (ly->state == LY_PUSHING && complete) {
       ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
@@ -392,8 +439,35 @@ static uint64_t advance_layers(k3_xfer_send_t *s) {
   return work;
 }
 
+/* The receiver offered cuda-pull but cannot map our pools (its SRC answer K3_ENOTSUP): the send
+ * goes on as cuda-ipc (try_map proved at start that we map its pools), every layer signalled so
+ * far copied and announced anew (LANDED, digests in DONE); the receiver drops what it got as
+ * pull. Done once no hash job of ours runs. */
+static void pull_fallback(k3_xfer_send_t *s) {
+  s->fallback = false;
+  s->mode = XM_JOB;
+  s->path = s->res.path = K3_XFER_PATH_CUDA_IPC;
+  for (uint32_t l = 0; l < s->n_layers; l++) {
+    xf_layer_st_t *ly = &s->layers[l];
+    if (!s->layer_ready[l]) continue;
+    ly->state = LY_PUSHING;
+    ly->job_state = XJ_DUE;
+    ly->landed = false;
+  }
+  s->layers_announced = 0;
+  if (s->phase == PH_FLUSH || s->phase == PH_WAIT_ACK) s->phase = PH_PUSH;
+  s->flush_pending = false;
+  s->ctx->stats.pull_fallbacks++;
+  K3_WARN("xfer: request %llu epoch %llu: the receiver cannot map our pools; cuda-pull redone as cuda-ipc",
+          (unsigned long long)s->desc->request_id, (unsigned long long)s->desc->epoch);
+}
+
 static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
   uint64_t work = 0;
+  if (s->fallback && !s->status && s->jobs_out == 0) {
+    pull_fallback(s);
+    work++;
+  }
   if (!s->status && s->ep_failed) s->status = K3_ETRANSPORT;
   if (!s->status && now >= s->deadline_ns) {
     K3_WARN("xfer: request %llu epoch %llu: deadline of %u ms exceeded (phase %d)",
@@ -414,8 +488,8 @@ static uint64_t pump_one(k3_xfer_send_t *s, uint64_t now) {
     work += advance_layers(s);
     if (s->status) return work + 1;
     if (s->finish_called && s->q_pos == s->q_len && s->inflight == 0 &&
-        s->layers_announced == s->n_layers && s->mode == XM_JOB) {
-      /* cuda-ipc moved no UCX data (every byte was written by a job seen complete): nothing to
+        s->layers_announced == s->n_layers && xf_send_jobs_only(s)) {
+      /* cuda-ipc and cuda-pull moved no UCX data (every byte was written by a job seen complete): nothing to
        * flush, DONE goes in this drive right behind the last LAYER. */
       s->flush_pending = false;
       s->phase = PH_FLUSH;
@@ -467,7 +541,7 @@ uint64_t xf_send_pump(k3_xfer_ctx_t *ctx, uint64_t now, uint64_t *next_deadline)
       send_free(s);
       continue;
     }
-    if (s->phase == PH_WAIT_ACK && s->mode == XM_JOB && now < s->res.t_flushed_ns + XF_ACK_SPIN_NS)
+    if (s->phase == PH_WAIT_ACK && xf_send_jobs_only(s) && now < s->res.t_flushed_ns + XF_ACK_SPIN_NS)
       ctx->spin_ack = true;
     if (s->phase == PH_FIRED) { /* draining jobs: their notify wakes us; tick as a backstop */
       if (now + XF_TICK_NS < *next_deadline) *next_deadline = now + XF_TICK_NS;
@@ -487,6 +561,13 @@ void xf_send_on_ack(k3_xfer_ctx_t *ctx, const uint8_t *msg, size_t len) {
     return;
   }
   for (k3_xfer_send_t *s = ctx->sends; s; s = s->next) {
+    if (s->send_id == a.send_id && s->phase != PH_FIRED && s->mode == XM_PULL && a.status == K3_ENOTSUP &&
+        s->desc->request_id == a.request_id && s->desc->epoch == a.epoch) {
+      XF_TRACE(ctx, "send %llu: cuda-pull refused (receiver cannot map): falling back", (unsigned long long)a.request_id);
+      s->fallback = true; /* the next drive switches to cuda-ipc */
+      ctx->drive_again = true;
+      return;
+    }
     if (s->send_id != a.send_id || s->phase != PH_WAIT_ACK) continue;
     if (s->desc->request_id != a.request_id || s->desc->epoch != a.epoch) break;
     XF_TRACE(ctx, "send %llu: ACK %d received", (unsigned long long)a.request_id, a.status);

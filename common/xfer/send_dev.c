@@ -116,6 +116,117 @@ static bool try_map(k3_xfer_send_t *s, const pools_seen_t *ps, char *why, size_t
   return true;
 }
 
+/* cuda-pull: the source descriptor SRC carries (our exported pools, and where each region's
+ * bytes lie in them), encoded into s->src_desc. False with a reason when a source lies outside
+ * every exported pool or the sources need more than K3_XFER_MAX_LISTS index lists. */
+static bool build_src_desc(k3_xfer_send_t *s, char *why, size_t wl) {
+  const k3_xfer_desc_t *d = s->desc;
+  const k3_xfer_src_pool_t *sp = s->opts.src_pools;
+  uint32_t np = s->opts.n_src_pools;
+  k3_xfer_desc_t *x = k3_xfer_desc_new();
+  static uint32_t zero = 0;
+  bool ok = false;
+  if (!x || !(x->regions = calloc(d->n_regions, sizeof *x->regions))) {
+    k3_fmt(why, wl, "out of memory");
+    goto out;
+  }
+  x->request_id = d->request_id;
+  x->epoch = d->epoch;
+  x->lease_expiry_ms = d->lease_expiry_ms;
+  x->fingerprint = d->fingerprint;
+  const uint8_t *addr;
+  size_t addr_len;
+  k3_xfer_ctx_address(s->ctx, &addr, &addr_len);
+  x->worker_addr = (uint8_t *)addr; /* borrowed for the encode; detached before the free */
+  x->worker_addr_len = (uint32_t)addr_len;
+  x->n_pools = np;
+  for (uint32_t p = 0; p < np; p++)
+    x->pools[p] = (k3_xfer_pool_desc_t){.base_addr = (uint64_t)(uintptr_t)sp[p].base, .size_bytes = sp[p].size_bytes,
+                                        .mem = K3_XFER_MEM_CUDA, .blob_len = sp[p].blob_len,
+                                        .blob = (uint8_t *)sp[p].blob}; /* borrowed likewise */
+  /* Index lists: one per distinct (idx, count) of the sources; contiguous sources share a
+   * one-entry list {0} with unit = stride = len. */
+  const uint32_t *lidx[K3_XFER_MAX_LISTS];
+  x->n_regions = d->n_regions;
+  for (uint32_t r = 0; r < d->n_regions; r++) {
+    const k3_xfer_src_t *sr = &s->srcs[r];
+    const k3_xfer_region_t *rg = &d->regions[r];
+    uintptr_t a = (uintptr_t)sr->base + sr->offset_bytes;
+    uint32_t p = 0;
+    while (p < np && !(a >= (uintptr_t)sp[p].base && a - (uintptr_t)sp[p].base < sp[p].size_bytes)) p++;
+    if (p == np) {
+      k3_fmt(why, wl, "source of region %u lies in none of the %u exported pools", r, np);
+      goto out;
+    }
+    const uint32_t *idx = sr->idx ? sr->idx : &zero;
+    uint64_t unit = sr->idx ? sr->unit_bytes : rg->len_bytes;
+    uint32_t n = sr->idx ? (uint32_t)((rg->len_bytes + unit - 1) / unit) : 1;
+    uint32_t l = 0;
+    while (l < x->n_lists && !(lidx[l] == idx && x->lists[l].n == n)) l++;
+    if (l == x->n_lists) {
+      if (l == K3_XFER_MAX_LISTS) {
+        k3_fmt(why, wl, "the sources use more than %u index lists", K3_XFER_MAX_LISTS);
+        goto out;
+      }
+      lidx[l] = idx;
+      x->lists[l] = (k3_xfer_index_list_t){.n = n, .idx = (uint32_t *)idx}; /* borrowed */
+      x->n_lists++;
+    }
+    x->regions[r] = (k3_xfer_region_t){.kind = rg->kind, .pool = p, .list = l, .layer = rg->layer,
+                                       .offset_bytes = a - (uintptr_t)sp[p].base,
+                                       .stride_bytes = sr->idx ? sr->stride_bytes : unit,
+                                       .unit_bytes = unit, .len_bytes = rg->len_bytes};
+  }
+  char err[160];
+  if (k3_xfer_desc_validate(x, err, sizeof err)) {
+    k3_fmt(why, wl, "sources do not fit the exported pools: %s", err);
+    goto out;
+  }
+  if (k3_xfer_desc_encode(x, &s->src_desc, &s->src_desc_len)) {
+    k3_fmt(why, wl, "source descriptor not encodable");
+    goto out;
+  }
+  ok = true;
+out:
+  if (x) { /* detach what was borrowed */
+    x->worker_addr = NULL;
+    for (uint32_t p = 0; p < K3_XFER_MAX_POOLS; p++) x->pools[p].blob = NULL;
+    for (uint32_t l = 0; l < K3_XFER_MAX_LISTS; l++) x->lists[l].idx = NULL;
+    k3_xfer_desc_free(x);
+  }
+  return ok;
+}
+
+/* cuda-pull is possible when the receiver offers it, we export the sources' pools, the
+ * receiver's pools map here (the same host and GPU, so ours map there: the blobs are of one
+ * kind) and every source lies inside an exported pool. */
+static bool pull_ok(k3_xfer_send_t *s, const pools_seen_t *ps, char *why, size_t wl) {
+  if (!(s->desc->flags & K3_XFER_DESC_F_PULL)) {
+    k3_fmt(why, wl, "the receiver does not offer it");
+    return false;
+  }
+  if (s->ctx->pull_off) {
+    k3_fmt(why, wl, "off (K3PD_XFER_PULL=0)");
+    return false;
+  }
+  if (!s->opts.n_src_pools || !s->opts.src_pools || s->opts.n_src_pools > K3_XFER_MAX_POOLS) {
+    k3_fmt(why, wl, "no exported source pools (send opts src_pools)");
+    return false;
+  }
+  for (uint32_t p = 0; p < s->opts.n_src_pools; p++)
+    if (!s->opts.src_pools[p].blob_len || s->opts.src_pools[p].blob_len > K3_XFER_MAX_BLOB_BYTES ||
+        !s->opts.src_pools[p].blob || !s->opts.src_pools[p].size_bytes) {
+      k3_fmt(why, wl, "exported source pool %u has no mapping blob or size", p);
+      return false;
+    }
+  char mw[160] = "";
+  if (!try_map(s, ps, mw, sizeof mw)) {
+    k3_fmt(why, wl, "receiver not on this host and GPU (%s)", mw);
+    return false;
+  }
+  return build_src_desc(s, why, wl);
+}
+
 static bool ucx_cuda_ok(const k3_xfer_send_t *s, const pools_seen_t *ps, char *why, size_t wl) {
   if (!s->ctx->cuda_capable) {
     k3_fmt(why, wl, "this UCX has no CUDA memory support");
@@ -134,7 +245,7 @@ int xf_send_choose_path(k3_xfer_send_t *s) {
   k3_xfer_path_t want = s->opts.path;
   pools_seen_t ps;
   seen_pools(d, &ps);
-  char why[200] = "", why2[200] = "";
+  char why[200] = "", why2[200] = "", whyp[200] = "";
   int rc = 0;
   if (ps.any_host && ps.any_cuda) {
     k3_fmt(why, sizeof why, "the receiver's pools mix host and device memory");
@@ -162,6 +273,13 @@ int xf_send_choose_path(k3_xfer_send_t *s) {
   } else if (!s->dev.submit || !s->dev.poll || !s->dev.release) {
     k3_fmt(why, sizeof why, "device sources without submit/poll/release hooks");
     rc = K3_ENOTSUP;
+  } else if ((want == K3_XFER_PATH_AUTO || want == K3_XFER_PATH_CUDA_PULL) &&
+             pull_ok(s, &ps, whyp, sizeof whyp)) {
+    s->path = K3_XFER_PATH_CUDA_PULL;
+    s->mode = XM_PULL;
+  } else if (want == K3_XFER_PATH_CUDA_PULL) {
+    k3_fmt(why, sizeof why, "path cuda-pull forced: %s", whyp);
+    rc = K3_ENOTSUP;
   } else if ((want == K3_XFER_PATH_AUTO || want == K3_XFER_PATH_CUDA_IPC) &&
              try_map(s, &ps, why, sizeof why)) {
     s->path = K3_XFER_PATH_CUDA_IPC;
@@ -184,10 +302,18 @@ int xf_send_choose_path(k3_xfer_send_t *s) {
       K3_ERROR("xfer: send of request %llu: no data path: %s", (unsigned long long)d->request_id, why);
     return rc;
   }
-  K3_DEBUG("xfer: send of request %llu epoch %llu: path %s, mode %s%s%s",
+  K3_DEBUG("xfer: send of request %llu epoch %llu: path %s, mode %s%s%s%s%s%s",
            (unsigned long long)d->request_id, (unsigned long long)d->epoch,
-           k3_xfer_path_name(s->path), k3_xfer_send_mode(s), why[0] ? " (cuda-ipc: " : "",
-           why[0] ? why : "");
+           k3_xfer_path_name(s->path), k3_xfer_send_mode(s), whyp[0] ? " (cuda-pull: " : "",
+           whyp[0] ? whyp : "", whyp[0] ? ")" : "", why[0] ? " (cuda-ipc: " : "", why[0] ? why : "");
+  /* The first send on each path (and every change of path) is logged at info: the operator
+   * sees which path a worker pair uses, and why pull was not chosen. */
+  if (s->ctx->last_path != (int)s->path) {
+    K3_INFO("xfer: sends now use path %s (mode %s)%s%s%s", k3_xfer_path_name(s->path), k3_xfer_send_mode(s),
+            whyp[0] && s->path == K3_XFER_PATH_CUDA_IPC ? "; cuda-pull not chosen: " : "",
+            whyp[0] && s->path == K3_XFER_PATH_CUDA_IPC ? whyp : "", "");
+    s->ctx->last_path = (int)s->path;
+  }
   return 0;
 }
 

@@ -20,6 +20,8 @@ typedef enum {
   XM_AM,     /* host/staged: DATA messages; ucx-cuda: DATA rendezvous from device memory */
   XM_PUT,    /* host/staged: ucp_put_nbx (puts_only) */
   XM_JOB,    /* cuda-ipc: device jobs copy into the mapped pools */
+  XM_PULL,   /* cuda-pull: the receiver copies from our exported pools (SRC); we only hash
+                (or take the producer's digests) and announce */
 } xf_mode_t;
 
 typedef struct {
@@ -84,10 +86,15 @@ struct k3_xfer_send {
   uint32_t inflight;
   int phase, status;
   bool finish_called, flush_pending, ep_failed;
+  bool fallback; /* cuda-pull refused by the receiver (it cannot map our pools): switch to cuda-ipc
+                    once no job of ours runs (send.c) */
   uint32_t first_token;
   float first_logprob;
   k3_xfer_send_result_t res;
   uint64_t kind_first[K3_XFER_KIND_COUNT], kind_last[K3_XFER_KIND_COUNT];
+  uint8_t *src_desc; /* cuda-pull: the encoded source descriptor SRC carries (built at path choice) */
+  size_t src_desc_len;
+  bool src_sent;     /* SRC went out (with the first LAYER or DONE) */
 };
 
 static inline uint32_t xf_kind_of(const k3_xfer_region_t *rg) {
@@ -125,6 +132,9 @@ int xf_send_choose_path(k3_xfer_send_t *s);
 uint64_t xf_send_dev_pump(k3_xfer_send_t *s, uint64_t now_ns);
 /* Waits for and releases every running job (ctx close). */
 void xf_send_dev_release_all(k3_xfer_send_t *s);
+
+/* No job, no flush, no UCX data: the paths whose bytes device jobs move (cuda-ipc, cuda-pull). */
+static inline bool xf_send_jobs_only(const k3_xfer_send_t *s) { return s->mode == XM_JOB || s->mode == XM_PULL; }
 
 /* send.c: LAYER with the LANDED flag and no digests for layers l0 .. l0 + nl - 1 (cuda-ipc:
  * their job's writes are complete and visible; the digests travel in DONE). 0 or K3_E*. */

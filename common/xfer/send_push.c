@@ -97,7 +97,7 @@ static uint32_t issue_direct(k3_xfer_send_t *s) {
 
 uint32_t xf_send_issue(k3_xfer_send_t *s) {
   if (s->mode == XM_DIRECT) return issue_direct(s);
-  if (s->mode == XM_JOB) return 0; /* cuda-ipc: device jobs move everything (send_dev.c) */
+  if (xf_send_jobs_only(s)) return 0; /* cuda-ipc, cuda-pull: device jobs move everything (send_dev.c) */
   const k3_xfer_desc_t *d = s->desc;
   bool dev_data = s->dev_src && !s->staged; /* ucx-cuda: device addresses, no host hashing */
   uint32_t issued = 0;

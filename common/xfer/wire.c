@@ -1,11 +1,11 @@
-/* The transfer protocol's active messages (wire.h): DONE, ACK, LAYER and the DATA header.
+/* The transfer protocol's active messages (wire.h): DONE, ACK, LAYER, SRC and the DATA header.
  *
  * What it is for: the only code that turns these messages into bytes and back. Every decoder
  * checks magic, version and type, and accepts exactly the length its counts imply; anything else
  * is K3_EPROTO (the caller counts and drops it).
  *
  * What it is not: the rules of the protocol (who sends what when: send.c, recv_verify.c). The
- * wire version (3) changes whenever the digest function or a layout changes, so a peer of
+ * wire version (5) changes whenever the digest function or a layout changes, so a peer of
  * another version is rejected rather than misread. */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -167,5 +167,37 @@ int xf_ack_decode(const uint8_t *b, size_t len, xf_ack_t *a) {
   a->send_id = get64(b + 24);
   a->status = (int32_t)get32(b + 32);
   if (a->status > 0) return K3_EPROTO;
+  return 0;
+}
+
+uint16_t xf_wire_type(const uint8_t *b, size_t len) {
+  if (len < 8 || get32(b) != XF_WIRE_MAGIC || get16(b + 4) != XF_WIRE_VERSION) return 0;
+  return get16(b + 6);
+}
+
+/* SRC layout: magic u32 | version u16 | type u16 (5) | send_id u64 | desc_len u32 |
+ * reserved u32 | descriptor bytes [desc_len]. */
+uint8_t *xf_src_encode(uint64_t send_id, const uint8_t *desc, uint32_t desc_len, size_t *len) {
+  size_t n = XF_SRC_HDR + (size_t)desc_len;
+  uint8_t *b = calloc(1, n);
+  if (!b) return NULL;
+  put32(b, XF_WIRE_MAGIC);
+  put16(b + 4, XF_WIRE_VERSION);
+  put16(b + 6, 5);
+  put64(b + 8, send_id);
+  put32(b + 16, desc_len);
+  memcpy(b + XF_SRC_HDR, desc, desc_len);
+  *len = n;
+  return b;
+}
+
+int xf_src_decode(const uint8_t *b, size_t len, xf_src_t *m) {
+  if (len < XF_SRC_HDR || get32(b) != XF_WIRE_MAGIC || get16(b + 4) != XF_WIRE_VERSION ||
+      get16(b + 6) != 5 || get32(b + 20) != 0)
+    return K3_EPROTO;
+  m->send_id = get64(b + 8);
+  m->desc_len = get32(b + 16);
+  if (m->desc_len == 0 || len != XF_SRC_HDR + (size_t)m->desc_len) return K3_EPROTO;
+  m->desc = b + XF_SRC_HDR;
   return 0;
 }

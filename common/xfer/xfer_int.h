@@ -90,6 +90,9 @@ struct k3_xfer_ctx {
   bool spin_jobs;
   uint32_t jobs_running; /* device jobs of this ctx submitted and not yet seen finished */
   bool spin_ack;         /* a cuda-ipc send sent DONE < XF_ACK_SPIN_NS ago: poll for its ACK */
+  bool pull_off;          /* K3PD_XFER_PULL=0: never send or offer cuda-pull */
+  int last_path;          /* the path of the previous send (-1: none yet), for the info line */
+  uint64_t pull_job_bytes; /* K3PD_XFER_PULL_JOB_MIB: a receiver's pull job covers ~this (0: one job) */
   uint64_t job_max_bytes; /* K3PD_XFER_JOB_MIB: a sender's job covers at most ~this (0: no cap) */
   uint32_t handles_open; /* uv handles still to close before the ctx memory goes */
   k3_xfer_stats_t stats;

@@ -185,10 +185,30 @@ static void slot_put(cu_xdev *x, xslot *s) {
   x->free_slots = s;
 }
 
+static bool slot_holds(const xslot *s, size_t n_ent, uint64_t n_chunks, uint32_t n_regions) {
+  return s->hent_cap >= n_ent && (n_ent <= XK_NI_BIG || s->dent_cap >= n_ent) && s->dig_cap >= n_chunks &&
+         s->rchunk_cap >= (size_t)n_regions + 1;
+}
+
+/* A free slot for the job: the one that already holds it with the fewest digest entries (best
+ * fit), else the largest free one (grown), else a new one. Jobs of mixed sizes in flight (a
+ * transfer cut into jobs, its last one smaller) then never regrow a slot in steady state: the
+ * first-free choice handed a small slot to a big job, and regrowing costs a cudaFreeHost (which
+ * waits for the device) and a cudaHostAlloc, milliseconds. */
 static int slot_get(cu_xdev *x, size_t n_ent, uint64_t n_chunks, uint32_t n_regions, xslot **out) {
-  xslot *s = x->free_slots;
+  xslot **fit = NULL, **big = NULL;
+  for (xslot **pp = &x->free_slots; *pp; pp = &(*pp)->next) {
+    const xslot *c = *pp;
+    if (slot_holds(c, n_ent, n_chunks, n_regions)) {
+      if (!fit || c->dig_cap < (*fit)->dig_cap) fit = pp;
+    } else if (!big || c->dig_cap > (*big)->dig_cap) {
+      big = pp;
+    }
+  }
+  xslot **pick = fit ? fit : big;
+  xslot *s = pick ? *pick : NULL;
   if (s) {
-    x->free_slots = s->next;
+    *pick = s->next;
   } else {
     s = (xslot *)calloc(1, sizeof *s);
     if (!s) return K3_ENOMEM;

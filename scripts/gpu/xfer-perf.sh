@@ -3,7 +3,24 @@
 # loops and transfers (shm) and the cuda-ipc path of the 8K-token K3 state, each beside its
 # copy baseline, with variants side by side so one run answers "which loop / which setting".
 #
-#   scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]
+#   scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S] [PROFILE]
+#
+# PROFILE all (default): the runs below. PROFILE pull: the device handoff only, cuda-pull against
+# cuda-ipc (docs/perf-gpu-cluster.md "Handoff bandwidth"); single transfers (--repeat) and streams
+# (--stream N with --inflight K at once, after an untimed batch of K):
+#   parity          k3k-gpu-xdev (the device digest/copy jobs against the K3 digest reference)
+#   pull, push      auto path (cuda-pull, producer digests) / --path cuda-ipc: --repeat 5 (a copy
+#                   baseline before each), a stream of 32 with 4 in flight, --check (request 0 read
+#                   back bit for bit; a source changed after its digest must be rejected on pull)
+#   pull-once, push-once  --baseline once (no copy in the sender's context right before a transfer)
+#   pull-trace, pull-trace160  K3PD_XFER_TRACE=1 timeline of both processes (one pull job; jobs of
+#                   160 MiB)
+#   pull-inflight1/2/8    streams with 1, 2, 8 transfers in flight
+#   pull-job96/128/160    K3PD_XFER_PULL_JOB_MIB (pull jobs of ~N MiB queued back to back), one
+#                   transfer and a stream
+#   pull-sender     --digests sender (the sender hashes its sources at layer_ready), with a stream
+#   pull-overlap    layers signalled 1 ms apart: done how long after the last layer's signal
+# BUNDLE may also be a directory with bin/ and lib/ (a carry of those two programs).
 #
 # BUNDLE: scripts/gpu/pack.sh's tarball (or its unpacked directory). Runs, in order, each with a
 # timeout, skipping what no longer fits BUDGET_S (default 128):
@@ -23,6 +40,7 @@ set -uo pipefail
 bundle=${1:?usage: scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]}
 logdir=${2:?usage: scripts/gpu/xfer-perf.sh BUNDLE LOGDIR [BUDGET_S]}
 budget=${3:-128}
+profile=${4:-all}
 mkdir -p "$logdir"
 logdir=$(cd "$logdir" && pwd)
 work=$(mktemp -d /tmp/k3pd-xperf.XXXXXX)
@@ -43,12 +61,46 @@ run() {
   timeout "$to" stdbuf -oL -eL "$@" > "$logdir/$name.log" 2>&1 # line-buffered: a killed run keeps its output
   local rc=$? e; e=$(date +%s%N)
   printf '%-14s rc=%d %5.1fs %s\n' "$name" $rc "$(awk -v a="$s" -v b="$e" 'BEGIN { print (b - a) / 1e9 }')" \
-    "$(grep -E '^RESULT|^summary' "$logdir/$name.log" | tr '\n' ' ')" | tee -a "$logdir/summary.txt"
+    "$(grep -E '^RESULT|^summary|^stream|^ceiling|^FAIL|^PASS check|passed, ' "$logdir/$name.log" | tr '\n' ' ')" | tee -a "$logdir/summary.txt"
 }
 { nproc; lscpu | grep -E 'Model name|L3|NUMA node\(s\)'; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; \
   uptime; head -1 "$k/VERSION" 2>/dev/null; } > "$logdir/host.txt" 2>&1
 HOST="--manifest k3 --tokens 1024 --repeat 5 --tls shm"
 IPC="--device cuda --manifest k3 --tokens 8192 --path cuda-ipc --layout arena --repeat 5 --tls default"
+if [ "$profile" = pull ]; then
+  PULL="--device cuda --manifest k3 --tokens 8192 --layout arena --tls default"
+  run parity 60 k3k-gpu-xdev
+  # shellcheck disable=SC2086
+  run pull 30 k3pd-xfer-bench $PULL --repeat 5 --stream 32 --inflight 4 --check
+  # shellcheck disable=SC2086
+  run push 30 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --stream 32 --inflight 4 --check
+  # shellcheck disable=SC2086
+  run pull-once 20 k3pd-xfer-bench $PULL --repeat 5 --baseline once
+  # shellcheck disable=SC2086
+  run push-once 20 k3pd-xfer-bench $PULL --path cuda-ipc --repeat 5 --baseline once
+  # shellcheck disable=SC2086
+  run pull-job160 20 env K3PD_XFER_PULL_JOB_MIB=160 k3pd-xfer-bench $PULL --repeat 5 --baseline once --stream 32 --inflight 4
+  # shellcheck disable=SC2086
+  run pull-job128 20 env K3PD_XFER_PULL_JOB_MIB=128 k3pd-xfer-bench $PULL --repeat 5 --baseline once --stream 32 --inflight 4
+  # shellcheck disable=SC2086
+  run pull-trace 20 env K3PD_XFER_TRACE=1 k3pd-xfer-bench $PULL --repeat 3 --baseline once
+  # shellcheck disable=SC2086
+  run pull-trace160 20 env K3PD_XFER_TRACE=1 K3PD_XFER_PULL_JOB_MIB=160 k3pd-xfer-bench $PULL --repeat 3 --baseline once
+  # shellcheck disable=SC2086
+  run pull-inflight1 20 k3pd-xfer-bench $PULL --repeat 1 --stream 16 --inflight 1
+  # shellcheck disable=SC2086
+  run pull-inflight2 20 k3pd-xfer-bench $PULL --repeat 1 --stream 32 --inflight 2
+  # shellcheck disable=SC2086
+  run pull-inflight8 25 k3pd-xfer-bench $PULL --repeat 1 --stream 32 --inflight 8
+  # shellcheck disable=SC2086
+  run pull-job96 20 env K3PD_XFER_PULL_JOB_MIB=96 k3pd-xfer-bench $PULL --repeat 5 --baseline once --stream 32 --inflight 4
+  # shellcheck disable=SC2086
+  run pull-sender 20 k3pd-xfer-bench $PULL --digests sender --repeat 5 --stream 16 --inflight 4
+  # shellcheck disable=SC2086
+  run pull-overlap 20 k3pd-xfer-bench $PULL --repeat 3 --layer-delay-us 1000
+  echo "total $(($(date +%s) - t0)) s" | tee -a "$logdir/summary.txt"
+  exit 0
+fi
 # shellcheck disable=SC2086
 run ipc 30 k3pd-xfer-bench $IPC
 # shellcheck disable=SC2086

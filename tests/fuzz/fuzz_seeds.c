@@ -248,7 +248,7 @@ static int xfer_seeds(const char *dir) {
   xf_layer_t ld = {.request_id = 9, .epoch = 5, .fingerprint = 0xabc, .send_id = 1, .layer = 0, .n_digests = 0,
                    .n_layers = 93, .flags = XF_MSG_FLAG_LANDED};
   b = xf_layer_encode(&ld, NULL, &n);
-  rc |= !b || put(dir, 7, b, n); /* selector 7 % 6 = 1: LAYER */
+  rc |= !b || put(dir, 8, b, n); /* selector 8 % 7 = 1: LAYER */
   free(b);
   xf_ack_t a = {.request_id = 9, .epoch = 5, .send_id = 1, .status = -22};
   b = xf_ack_encode(&a, &n);
@@ -301,6 +301,11 @@ static int xfer_seeds(const char *dir) {
     rc = 1;
   } else {
     rc |= put(dir, 4, enc, n) || put(dir, 5, enc, n);
+    /* SRC (cuda-pull): the same descriptor as the sender's sources */
+    size_t sn;
+    uint8_t *sb = xf_src_encode(1, enc, (uint32_t)n, &sn);
+    rc |= !sb || put(dir, 6, sb, sn);
+    free(sb);
     free(enc);
   }
   k3_xfer_desc_free(x);

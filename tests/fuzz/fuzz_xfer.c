@@ -1,7 +1,8 @@
 /* libFuzzer harness for the transfer protocol's wire messages as a receiver or sender gets them
  * from the network (common/xfer: wire.c, desc.c): the first byte chooses the decoder (DONE, LAYER,
- * ACK, DATA header, reservation descriptor as is, or the descriptor with its trailing checksum
- * recomputed so mutations reach the field decoding behind it), the rest is the message. Invariants checked on
+ * ACK, DATA header, reservation descriptor as is, the descriptor with its trailing checksum
+ * recomputed so mutations reach the field decoding behind it, or SRC: its header, then the
+ * sender's source descriptor it carries), the rest is the message. Invariants checked on
  * what decodes: counts and pointers stay inside the buffer; a descriptor re-encodes to bytes that
  * decode to the same encoding again, and every region's first and last byte lie inside its pool
  * (the receiver writes there). */
@@ -49,7 +50,7 @@ static void check_desc(const uint8_t *data, size_t size) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
-  int which = data[0] % 6;
+  int which = data[0] % 7;
   data++;
   size--;
   switch (which) {
@@ -100,6 +101,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 4:
       check_desc(data, size);
       break;
+    case 6: {
+      xf_src_t m;
+      if (xf_src_decode(data, size, &m) == 0) {
+        if (m.desc != data + XF_SRC_HDR || m.desc + m.desc_len != data + size || m.desc_len == 0) abort();
+        size_t n;
+        uint8_t *b = xf_src_encode(m.send_id, m.desc, m.desc_len, &n);
+        if (!b || n != size || memcmp(b, data, size)) abort(); /* re-encodes to the same bytes */
+        free(b);
+        check_desc(m.desc, m.desc_len); /* the receiver decodes the sources as a descriptor */
+      }
+      break;
+    }
     default: {
       if (size < 16) break;
       uint8_t *b = malloc(size);

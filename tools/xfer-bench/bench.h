@@ -36,14 +36,18 @@ typedef enum { LAYOUT_PAGED, LAYOUT_ARENA } bench_layout_t;
 typedef struct {
   bench_manifest_t m;
   bench_layout_t layout;
-  uint32_t tokens, n_pages, n_slots, n_layers, n_regions, n_pools;
+  uint32_t tokens, n_pages, n_slots, n_layers, n_regions, n_pools, seqs; /* n_pages: per sequence */
   uint64_t pool_bytes[2];
   k3_xfer_region_t *rg; /* n_regions, owned */
   uint64_t *src_off;    /* n_regions, owned */
   uint64_t total_bytes;
 } bench_plan_t;
 
-int bench_plan_build(bench_plan_t *p, bench_manifest_t m, bench_layout_t layout, uint32_t tokens);
+/* seqs: sequences the receiver's pools hold side by side (transfers in flight at once, each
+ * into its own pages and slot: bench_plan_seq). */
+int bench_plan_build(bench_plan_t *p, bench_manifest_t m, bench_layout_t layout, uint32_t tokens, uint32_t seqs);
+/* Sequence q's pages (n_pages from q * n_pages) and slot (q + 1) in the receiver's pools. */
+void bench_plan_seq(const bench_plan_t *p, uint32_t q, uint32_t *pages, uint32_t *slot);
 void bench_plan_free(bench_plan_t *p);
 
 /* Memory services of a bench mode. All functions return 0 or K3_E*. */
@@ -54,6 +58,9 @@ typedef struct bench_mem {
    * 4 KiB; freed with src_free. */
   int (*src_alloc)(void *self, uint64_t bytes, void **ptr);
   void (*src_free)(void *self, void *ptr, uint64_t bytes);
+  /* cuda-pull: the exported allocation holding the sources (after src_alloc); NULL or an error:
+   * the sources are not exported (then the push paths are used). */
+  int (*src_pool)(void *self, k3_xfer_src_pool_t *out);
   /* Receiver: a pool of `bytes` registered with ctx (host: k3_xfer_pool_alloc_host; device:
    * the arena registered as K3_XFER_MEM_CUDA with its mapping blob). */
   int (*pool_make)(void *self, k3_xfer_ctx_t *ctx, uint64_t bytes, k3_xfer_pool_t **out);
@@ -62,7 +69,8 @@ typedef struct bench_mem {
    * exits. */
   const k3_xfer_dev_t *(*dev)(void *self);
   /* --path staged: copy len bytes of source memory at src into the host buffer dst (device:
-   * cudaMemcpy device-to-host; host: memcpy). The receiver then uses host pools. */
+   * cudaMemcpy device-to-host; host: memcpy). The receiver then uses host pools. Also used by
+   * --check in both directions (k3k_dev_copy and memcpy copy any way round). */
   int (*d2h)(void *self, void *dst, const void *src, uint64_t len);
   /* The baseline: one copy of `bytes` from src to a destination of the same kind, best of 3;
    * returns GB/s and the CPU ms of the fastest (host: a single-threaded memcpy). */

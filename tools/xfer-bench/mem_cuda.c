@@ -4,6 +4,8 @@
  * pattern. The receiver's pool is the device arena the decode worker would have:
  *   - for cuda-ipc (and auto/staged): a k3k_vmm allocation exported on an fdshare socket, its
  *     mapping blob in the pool (the sender maps it and writes with one device job per layer);
+ *     The sources are then an exported k3k_vmm allocation too (served on the sender's own
+ *     fdshare socket), so a receiver that offers cuda-pull can map them (src_pool).
  *   - for ucx-cuda: plain device memory (cudaMalloc through the backend) registered with UCX,
  *     which can export it over cuda_ipc (it cannot export VMM allocations).
  * Both processes get the device hooks of common/worker/xdev_hooks.c (the workers' own). The
@@ -33,6 +35,11 @@ typedef struct {
   void *plain;           /* receiver: the pool (ucx-cuda) */
   void *dst;             /* sender: the baseline's destination */
   uint64_t dst_bytes;
+  k3k_vmm_t *svmm;       /* sender (cuda-ipc arena mode): the sources, exported for cuda-pull */
+  k3_fdshare_t *sfds;    /* sender: serves the sources' fd */
+  uint8_t sblob[K3_XHOOKS_BLOB_MAX];
+  uint32_t sblob_len;
+  uint64_t sbytes;
 } cuda_t;
 
 static int ensure(cuda_t *c) {
@@ -47,11 +54,36 @@ static int ensure(cuda_t *c) {
   return rc;
 }
 
+/* The sources as one exported VMM allocation served on this (the sender's) fdshare socket, as a
+ * prefill worker would export its state arena for cuda-pull. */
+static int src_export(cuda_t *c, uint64_t bytes, void **ptr) {
+  char path[108], name[] = "bench-src";
+  snprintf(path, sizeof path, "/tmp/k3pd-xbench-src-%d.sock", (int)getpid());
+  int fd = -1;
+  int rc = k3k_vmm_alloc(c->be, bytes, &c->svmm);
+  if (!rc) rc = k3k_vmm_export(c->svmm, &fd);
+  if (!rc) rc = k3_fdshare_start(path, &c->sfds);
+  uint64_t size = rc ? 0 : k3k_vmm_size(c->svmm);
+  if (!rc) rc = k3_fdshare_add(c->sfds, name, fd, &size, sizeof size);
+  if (fd >= 0) close(fd);
+  c->sblob_len = sizeof c->sblob;
+  if (!rc) rc = k3_xhooks_blob(c->be, path, name, bytes, c->sblob, &c->sblob_len);
+  if (rc) {
+    fprintf(stderr, "k3pd-xfer-bench: exported sources of %llu bytes: %s\n", (unsigned long long)bytes, k3_strerror(rc));
+    return rc;
+  }
+  c->sbytes = bytes;
+  *ptr = k3k_vmm_ptr(c->svmm);
+  return 0;
+}
+
 static int src_alloc(void *self, uint64_t bytes, void **ptr) {
   cuda_t *c = self;
   int rc = ensure(c);
   if (rc) return rc;
-  if ((rc = c->be->alloc(c->be, bytes ? bytes : 64, ptr))) return rc;
+  if (c->vmm_pool) rc = src_export(c, bytes ? bytes : 64, ptr);
+  else rc = c->be->alloc(c->be, bytes ? bytes : 64, ptr);
+  if (rc) return rc;
   /* the host mode's pattern, uploaded in 64 MiB pieces */
   uint64_t piece = 64ull << 20;
   uint8_t *h = malloc(piece);
@@ -67,7 +99,22 @@ static int src_alloc(void *self, uint64_t bytes, void **ptr) {
 
 static void src_free(void *self, void *ptr, uint64_t bytes) {
   cuda_t *c = self;
+  if (c->svmm) {
+    k3_fdshare_stop(c->sfds);
+    c->sfds = NULL;
+    k3k_vmm_free(c->svmm);
+    c->svmm = NULL;
+    return;
+  }
   if (c->be && ptr) c->be->free(c->be, ptr);
+}
+
+static int src_pool(void *self, k3_xfer_src_pool_t *out) {
+  cuda_t *c = self;
+  if (!c->svmm) return K3_ENOTSUP;
+  *out = (k3_xfer_src_pool_t){.base = k3k_vmm_ptr(c->svmm), .size_bytes = c->sbytes, .blob = c->sblob,
+                              .blob_len = c->sblob_len};
+  return 0;
 }
 
 static int pool_make(void *self, k3_xfer_ctx_t *ctx, uint64_t bytes, k3_xfer_pool_t **out) {
@@ -143,7 +190,7 @@ int bench_mem_cuda(bench_mem_t *out, bool vmm_pool) {
   cuda_t *c = calloc(1, sizeof *c);
   if (!c) return K3_ENOMEM;
   c->vmm_pool = vmm_pool;
-  *out = (bench_mem_t){.name = "cuda", .self = c, .src_alloc = src_alloc, .src_free = src_free,
+  *out = (bench_mem_t){.name = "cuda", .self = c, .src_alloc = src_alloc, .src_free = src_free, .src_pool = src_pool,
                        .pool_make = pool_make, .pool_free = pool_free, .dev = dev, .d2h = d2h,
                        .copy_gbps = copy_gbps, .close = mem_close};
   return 0;

@@ -12,19 +12,21 @@
 #include "bench.h"
 #include "k3pd/err.h"
 
-#define N_SLOTS 2
 
 static bool is_mla(const bench_manifest_t *m, uint32_t l, uint32_t n_layers, uint32_t kda, uint32_t mla) {
   return mla < m->n_mla && (l % 4 == 3 || m->n_kda == kda || l == n_layers - 1);
 }
 
-int bench_plan_build(bench_plan_t *p, bench_manifest_t m, bench_layout_t layout, uint32_t tokens) {
+int bench_plan_build(bench_plan_t *p, bench_manifest_t m, bench_layout_t layout, uint32_t tokens, uint32_t seqs) {
   memset(p, 0, sizeof *p);
+  if (seqs < 1) seqs = 1;
+  p->seqs = seqs;
   p->m = m;
   p->layout = layout;
   p->tokens = tokens;
   p->n_pages = (tokens + BENCH_PAGE_TOK - 1) / BENCH_PAGE_TOK;
-  p->n_slots = N_SLOTS;
+  p->n_slots = seqs + 1; /* slot 0 unused: the requests' slots (1..) make strides matter */
+  const uint32_t rows = seqs * p->n_pages, nsl = p->n_slots;
   p->n_layers = m.n_kda + m.n_mla;
   p->rg = calloc(2 * (size_t)m.n_kda + m.n_mla, sizeof *p->rg);
   p->src_off = calloc(2 * (size_t)m.n_kda + m.n_mla, sizeof *p->src_off);
@@ -42,7 +44,7 @@ int bench_plan_build(bench_plan_t *p, bench_manifest_t m, bench_layout_t layout,
       if (layout == LAYOUT_ARENA) {
         g.offset_bytes = arena;
         g.stride_bytes = page_b;
-        arena += (uint64_t)p->n_pages * page_b;
+        arena += (uint64_t)rows * page_b;
       }
       p->rg[r++] = g;
       mla++;
@@ -55,10 +57,10 @@ int bench_plan_build(bench_plan_t *p, bench_manifest_t m, bench_layout_t layout,
       s.pool = c.pool = 0;
       s.offset_bytes = arena;
       s.stride_bytes = m.s_bytes;
-      arena += N_SLOTS * m.s_bytes;
+      arena += nsl * m.s_bytes;
       c.offset_bytes = arena;
       c.stride_bytes = m.conv_bytes;
-      arena += N_SLOTS * m.conv_bytes;
+      arena += nsl * m.conv_bytes;
     }
     p->rg[r++] = s;
     p->rg[r++] = c;
@@ -70,8 +72,8 @@ int bench_plan_build(bench_plan_t *p, bench_manifest_t m, bench_layout_t layout,
     p->pool_bytes[0] = arena;
   } else {
     p->n_pools = 2;
-    p->pool_bytes[0] = (uint64_t)p->n_pages * kv_stride;
-    p->pool_bytes[1] = N_SLOTS * kda_stride;
+    p->pool_bytes[0] = (uint64_t)rows * kv_stride;
+    p->pool_bytes[1] = nsl * kda_stride;
     if (!p->pool_bytes[0]) p->pool_bytes[0] = 64;
     if (!p->pool_bytes[1]) p->pool_bytes[1] = 64;
   }
@@ -80,6 +82,12 @@ int bench_plan_build(bench_plan_t *p, bench_manifest_t m, bench_layout_t layout,
     p->total_bytes += p->rg[i].len_bytes;
   }
   return 0;
+}
+
+void bench_plan_seq(const bench_plan_t *p, uint32_t q, uint32_t *pages, uint32_t *slot) {
+  q %= p->seqs;
+  for (uint32_t i = 0; i < p->n_pages; i++) pages[i] = q * p->n_pages + i;
+  *slot = q + 1;
 }
 
 void bench_plan_free(bench_plan_t *p) {

@@ -50,9 +50,14 @@ typedef enum {
                                 one device job per layer copies and hashes; no UCX data */
   K3_XFER_PATH_UCX_CUDA = 4, /* device sources, device pools, UCX with CUDA memory: a hash job
                                 plus DATA rendezvous messages from device memory */
-  K3_XFER_PATH_COUNT = 5
+  K3_XFER_PATH_CUDA_PULL = 5, /* device sources in pools the sender exports (send opts
+                                src_pools), device pools of a receiver that can pull (descriptor
+                                flag K3_XFER_DESC_F_PULL): the receiver maps the sender's pools
+                                and copies + hashes with its own job (two HBM passes, verified
+                                against the producer's digests); no UCX data */
+  K3_XFER_PATH_COUNT = 6
 } k3_xfer_path_t;
-/* "auto", "host", "staged", "cuda-ipc", "ucx-cuda" ("?" for other values). */
+/* "auto", "host", "staged", "cuda-ipc", "ucx-cuda", "cuda-pull" ("?" for other values). */
 const char *k3_xfer_path_name(k3_xfer_path_t path);
 /* The path named s (as above), or -1. */
 int k3_xfer_path_parse(const char *s);
@@ -108,6 +113,10 @@ typedef struct {
   uint64_t dev_jobs_failed;   /* submit or job errors (the send / DONE fails with K3_EDEVICE) */
   uint64_t path_bytes[K3_XFER_PATH_COUNT]; /* sender: bytes handed on by finished sends, by path */
   uint64_t poison_skipped;    /* quarantined reservations in device pools, not poisoned */
+  uint64_t pulls;             /* receiver: SRC messages accepted (cuda-pull sends served) */
+  uint64_t pull_bytes;        /* receiver: bytes copied by its pull jobs */
+  uint64_t pull_refused;      /* receiver: SRC messages refused (malformed, mismatch, unmappable) */
+  uint64_t pull_fallbacks;    /* sender: cuda-pull sends the receiver could not map, redone as cuda-ipc */
 } k3_xfer_stats_t;
 void k3_xfer_ctx_stats(const k3_xfer_ctx_t *ctx, k3_xfer_stats_t *out);
 
@@ -213,6 +222,16 @@ typedef struct {
   uint64_t unit_bytes;
 } k3_xfer_src_t;
 
+/* A device pool of the sender that a same-host receiver can map (cuda-pull): the allocation
+ * holding device sources, exported by the caller's device services, and the blob by which the
+ * receiver's dev->map reaches it (the same blob format as the receiver's pools carry). */
+typedef struct {
+  const void *base;    /* first byte (device address; never dereferenced by k3_xfer) */
+  uint64_t size_bytes; /* the exported size */
+  const uint8_t *blob; /* borrowed until the send completes */
+  uint32_t blob_len;   /* 1..K3_XFER_MAX_BLOB_BYTES */
+} k3_xfer_src_pool_t;
+
 typedef struct {
   uint32_t deadline_ms;   /* whole operation, from start to ACK; 0 = 30000; clamped to the lease */
   uint64_t chunk_bytes;   /* max bytes per put/DATA message; 0 = 1 MiB (64 MiB on ucx-cuda) */
@@ -227,6 +246,14 @@ typedef struct {
   /* Host path: always ucp_put_nbx, never a mapped pointer nor DATA messages (one-sided puts on
    * an RDMA fabric; tests and comparisons). */
   bool puts_only;
+  /* cuda-pull: the exported device pools the sources lie in (borrowed until completion; at most
+   * K3_XFER_MAX_POOLS). With them, device sources and a receiver whose descriptor carries
+   * K3_XFER_DESC_F_PULL (and whose pools dev->map maps here: the same host and GPU), AUTO picks
+   * cuda-pull; every region's source must then lie inside one of these pools, else the push
+   * paths are used (logged). The sources must stay unchanged until the callback (the receiver
+   * reads them until it verified everything). */
+  const k3_xfer_src_pool_t *src_pools;
+  uint32_t n_src_pools;
 } k3_xfer_send_opts_t;
 
 /* Outcome of a send, passed to the completion callback. */
@@ -248,6 +275,8 @@ typedef void (*k3_xfer_send_cb)(void *ud, const k3_xfer_send_result_t *res);
  * choosing the data path (logged at debug, k3_xfer_send_path):
  *   host sources (no dev):   HOST into host pools, STAGED with stage->d2h;
  *   device sources (dev):    STAGED into host pools (needs stage->d2h); into device pools
+ *                            CUDA_PULL when the descriptor offers it (K3_XFER_DESC_F_PULL),
+ *                            opts.src_pools cover every source and every pool maps here, else
  *                            CUDA_IPC when every pool has a blob that dev->map maps, else
  *                            UCX_CUDA when this ctx is cuda capable and every pool has an rkey;
  *   anything else (e.g. device to device with no mapping and no CUDA UCX, host sources into
@@ -261,8 +290,18 @@ int k3_xfer_send_start(k3_xfer_ctx_t *ctx, const k3_xfer_desc_t *desc, const k3_
                        const k3_xfer_send_opts_t *opts, k3_xfer_send_cb cb, void *ud,
                        k3_xfer_send_t **out);
 /* Layer `layer` (< desc->n_layers) is final: hash and push its regions. Each layer once.
+ * On cuda-pull the sender hashes the layer's sources with a device job (the producer's digest,
+ * computed while later layers are produced) and announces it; the receiver pulls.
  * Returns 0, K3_EINVAL (bad/repeated layer) or the send's error if it already failed. */
 int k3_xfer_send_layer_ready(k3_xfer_send_t *s, uint32_t layer);
+/* The same, with the layer's digests already computed by the state's producer (digests[k] = the
+ * K3 digest, k3pd/digest.h, of the k-th region of that layer in ascending region order, over
+ * exactly the bytes its source holds): nothing is hashed here, the layer is announced at once.
+ * On the other paths the digests are ignored (they hash what they move). Returns as above. */
+int k3_xfer_send_layer_ready_digests(k3_xfer_send_t *s, uint32_t layer, const uint64_t *digests,
+                                     uint32_t n_digests);
+/* Regions of `layer` in the descriptor (the length k3_xfer_send_layer_ready_digests wants). */
+uint32_t k3_xfer_send_layer_regions(const k3_xfer_send_t *s, uint32_t layer);
 /* All layers signalled: after every put completes, flush, send DONE with the first sampled
  * token, and wait for the ACK. Returns 0 or K3_EINVAL (layers missing, called twice). */
 int k3_xfer_send_finish(k3_xfer_send_t *s, uint32_t first_token, float first_logprob);
@@ -279,6 +318,7 @@ bool k3_xfer_send_direct(const k3_xfer_send_t *s);
  * "put" (ucp_put_nbx; only with puts_only) or "job" (cuda-ipc: device jobs write the mapped
  * pools). */
 const char *k3_xfer_send_mode(const k3_xfer_send_t *s);
+/* (mode "pull": cuda-pull, the receiver's jobs read the sender's exported pools.) */
 
 /* ---- receiver: registered pools + reservation table with leases ------------------------ */
 
@@ -317,6 +357,11 @@ typedef struct {
    * address, a late write by a stale sender, or a visibility fault is admitted silently
    * (docs/transfer.md "Two passes"). Host regions are verified as always. */
   bool trust_sender_digests;
+  /* Do not offer cuda-pull (K3_XFER_DESC_F_PULL) in descriptors even when the device hooks can
+   * map a sender's pools (K3PD_XFER_PULL=0 in the environment does the same). Offered by
+   * default when dev has submit, poll, release and map and the reservation is in device pools.
+   * Regions pulled are never "trusted": the receiver's own job reads, writes and hashes them. */
+  bool no_pull;
 } k3_xfer_recv_opts_t;
 
 /* One receiver per ctx (it owns the DONE handler). Returns 0, K3_EEXIST, K3_ENOMEM. */

@@ -45,6 +45,14 @@
 #define K3_XFER_MAX_RKEY_BYTES 8192    /* packed rkey */
 #define K3_XFER_MAX_BLOB_BYTES 4096    /* a pool's mapping blob */
 
+/* Descriptor flags (the v2 header's flags field; decoders reject bits they do not know, so a
+ * descriptor with a flag an older sender does not understand is refused, never misread). */
+#define K3_XFER_DESC_F_PULL 1u /* the receiver can pull (docs/transfer.md "Pull"): on the same
+                                  host and GPU it maps a sender's exported device pool and copies
+                                  + verifies with its own job; the sender may then choose the
+                                  cuda-pull path */
+#define K3_XFER_DESC_F_ALL K3_XFER_DESC_F_PULL
+
 /* Region kinds: informational (per-kind bandwidth stats and logs); the manifest assigns them. */
 typedef enum {
   K3_XFER_KIND_OTHER = 0,
@@ -94,6 +102,7 @@ typedef struct {
   uint64_t epoch;           /* fencing: DONE must carry the same epoch */
   int64_t lease_expiry_ms;  /* wall clock (k3_wall_ms); the sender must be done before it */
   uint64_t fingerprint;     /* state-manifest fingerprint of the receiver */
+  uint32_t flags;           /* K3_XFER_DESC_F_* (validate rejects unknown bits) */
   uint32_t worker_addr_len; /* receiver's UCX worker address */
   uint8_t *worker_addr;     /* owned */
   uint32_t n_pools;

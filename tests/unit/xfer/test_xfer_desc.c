@@ -1,6 +1,8 @@
 /* Descriptor codec (v2): round trip, strict rejection of truncated/corrupted bytes, validation
  * of the region addressing (pool.base + off + idx[b / unit] * stride + b % unit) in overflow-free
- * arithmetic, pools with memory types, optional rkeys and mapping blobs. */
+ * arithmetic, pools with memory types, optional rkeys and mapping blobs, the flags (PULL known,
+ * other bits refused). Also the wire v5 messages that carry or depend on it: SRC (a descriptor of
+ * the sender's sources) and the PULL flag of LAYER/DONE. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +10,7 @@
 #include "k3pd/err.h"
 #include "k3pd/util.h"
 #include "k3pd/xfer_desc.h"
+#include "wire.h"
 
 static k3_xfer_desc_t *mk(void) {
   k3_xfer_desc_t *d = k3_xfer_desc_new();
@@ -305,6 +308,97 @@ START_TEST(test_hostile_lengths) {
 }
 END_TEST
 
+/* Flags: PULL round-trips; an unknown bit is refused by validate (encode) and by decode, even
+ * with a valid checksum (what an older decoder does with a newer descriptor). */
+START_TEST(test_flags) {
+  k3_xfer_desc_t *d = mk();
+  d->flags = K3_XFER_DESC_F_PULL;
+  uint8_t *buf;
+  size_t len;
+  char err[200] = "";
+  ck_assert_int_eq(k3_xfer_desc_encode(d, &buf, &len), 0);
+  k3_xfer_desc_t *e = NULL;
+  ck_assert_int_eq(k3_xfer_desc_decode(buf, len, &e, err, sizeof err), 0);
+  ck_assert_uint_eq(e->flags, K3_XFER_DESC_F_PULL);
+  k3_xfer_desc_t *c;
+  ck_assert_int_eq(k3_xfer_desc_clone(e, &c), 0);
+  ck_assert_uint_eq(c->flags, K3_XFER_DESC_F_PULL);
+  k3_xfer_desc_free(c);
+  k3_xfer_desc_free(e);
+  buf[6] = 2; /* flags u16 at byte 6: an unknown bit */
+  uint64_t h = k3_hash64(buf, len - 8, 0);
+  memcpy(buf + len - 8, &h, 8);
+  e = NULL;
+  ck_assert_int_eq(k3_xfer_desc_decode(buf, len, &e, err, sizeof err), K3_EPROTO);
+  ck_assert_ptr_null(e);
+  ck_assert_msg(strstr(err, "flags") != NULL, "%s", err);
+  free(buf);
+  d->flags = 4;
+  ck_assert_int_eq(k3_xfer_desc_validate(d, err, sizeof err), K3_EINVAL);
+  ck_assert_msg(strstr(err, "flags") != NULL, "%s", err);
+  ck_assert_int_eq(k3_xfer_desc_encode(d, &buf, &len), K3_EINVAL);
+  k3_xfer_desc_free(d);
+}
+END_TEST
+
+/* SRC: header + descriptor, strict lengths, the version checked; LAYER/DONE carry PULL. */
+START_TEST(test_wire_src) {
+  k3_xfer_desc_t *d = mk();
+  uint8_t *enc;
+  size_t n;
+  ck_assert_int_eq(k3_xfer_desc_encode(d, &enc, &n), 0);
+  size_t len;
+  uint8_t *b = xf_src_encode(77, enc, (uint32_t)n, &len);
+  ck_assert_ptr_nonnull(b);
+  ck_assert_uint_eq(len, XF_SRC_HDR + n);
+  ck_assert_uint_eq(xf_wire_type(b, len), 5);
+  xf_src_t m;
+  ck_assert_int_eq(xf_src_decode(b, len, &m), 0);
+  ck_assert_uint_eq(m.send_id, 77);
+  ck_assert_uint_eq(m.desc_len, n);
+  ck_assert_mem_eq(m.desc, enc, n);
+  /* every truncation and one extra byte are refused */
+  for (size_t k = 0; k < len; k++) ck_assert_int_eq(xf_src_decode(b, k, &m), K3_EPROTO);
+  uint8_t *big = malloc(len + 1);
+  memcpy(big, b, len);
+  big[len] = 0;
+  ck_assert_int_eq(xf_src_decode(big, len + 1, &m), K3_EPROTO);
+  free(big);
+  /* another version (4: a peer without cuda-pull), another type, a reserved word set */
+  uint8_t *x = malloc(len);
+  for (int f = 0; f < 3; f++) {
+    memcpy(x, b, len);
+    if (f == 0) x[4] = 4;
+    if (f == 1) x[6] = 3;
+    if (f == 2) x[20] = 1;
+    ck_assert_int_eq(xf_src_decode(x, len, &m), K3_EPROTO);
+  }
+  x[4] = 4;
+  ck_assert_uint_eq(xf_wire_type(x, len), 0);
+  free(x);
+  free(b);
+  free(enc);
+  /* LAYER with digests and PULL, DONE with PULL */
+  uint64_t dg[2] = {11, 22};
+  xf_layer_t l = {.request_id = 1, .epoch = 2, .fingerprint = 3, .send_id = 4, .layer = 5, .n_digests = 2,
+                  .n_layers = 1, .flags = XF_MSG_FLAG_PULL};
+  b = xf_layer_encode(&l, dg, &len);
+  xf_layer_t l2;
+  ck_assert_int_eq(xf_layer_decode(b, len, &l2), 0);
+  ck_assert_uint_eq(l2.flags, XF_MSG_FLAG_PULL);
+  ck_assert_uint_eq(xf_wire_type(b, len), 3);
+  free(b);
+  uint8_t addr[3] = {1, 2, 3};
+  xf_done_t dn = {.request_id = 1, .epoch = 2, .n_digests = 2, .addr_len = 3, .addr = addr, .flags = XF_MSG_FLAG_PULL};
+  b = xf_done_encode(&dn, dg, &len);
+  xf_done_t dn2;
+  ck_assert_int_eq(xf_done_decode(b, len, &dn2), 0);
+  ck_assert_uint_eq(dn2.flags, XF_MSG_FLAG_PULL);
+  free(b);
+  k3_xfer_desc_free(d);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("xfer_desc");
   TCase *tc = tcase_create("core");
@@ -314,6 +408,8 @@ int main(void) {
   tcase_add_test(tc, test_validate_errors);
   tcase_add_test(tc, test_arena_layout);
   tcase_add_test(tc, test_hostile_lengths);
+  tcase_add_test(tc, test_flags);
+  tcase_add_test(tc, test_wire_src);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

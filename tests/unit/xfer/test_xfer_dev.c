@@ -9,7 +9,12 @@
  * order) so segments split, and merge, at unit boundaries on both sides. cuda-ipc: the sender
  * maps the arena through the blob and its device jobs copy + hash; the receiver verifies each
  * layer with a hash-only job. Contents are pseudo-random from a seed both sides know, so the
- * receiver checks bit identity through its shadow view independently of the digests. */
+ * receiver checks bit identity through its shadow view independently of the digests.
+ * cuda-pull (cfg pull): the sender exports its source area (its blob in send opts src_pools),
+ * the receiver offers pull in its descriptors, maps the sender's area from the SRC message and
+ * copies + hashes with its own jobs; the digests come from the sender's hash-only jobs (pull 1)
+ * or from the "producer" (pull 2: computed by the test before the send, handed over with
+ * k3_xfer_send_layer_ready_digests). */
 #include <check.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -18,6 +23,7 @@
 #include <unistd.h>
 
 #include "fake_dev.h"
+#include "k3pd/digest.h"
 #include "k3pd/err.h"
 #include "k3pd/util.h"
 #include "k3pd/xfer.h"
@@ -40,15 +46,19 @@
 #define A_C(l) (A_S(l) + (uint64_t)R_SLOTS * S_B)
 #define ARENA (2ull * R_PAGES * PAGE_B + 2ull * R_SLOTS * (S_B + CONV_B))
 
-enum { D_OK, D_STALE, D_DIGEST, D_SENDER_DIES, D_RECV_DIES, D_STAGED };
+enum { D_OK, D_STALE, D_DIGEST, D_SENDER_DIES, D_RECV_DIES, D_STAGED, D_REJECT /* nothing done wrong here */ };
 
 typedef struct {
   int mode, n_req, async_us;
   bool together; /* every layer signalled in one go (a finished state), no loop turn between */
+  int pull;      /* 0 push (cuda-ipc); 1 cuda-pull, sender hashes; 2 cuda-pull, producer digests */
+  bool no_pull;  /* receiver: k3_xfer_recv_opts_t no_pull (the sender must fall back to cuda-ipc) */
+  bool recv_nomap; /* receiver: offers pull but its map hook refuses (SRC refused, K3_EDEVICE) */
+  const char *pull_job; /* receiver: K3PD_XFER_PULL_JOB_MIB (pull jobs cut by size) or NULL */
 } cfg_t;
 
 typedef struct { /* receiver → test */
-  int ready, bit_identical, released, live, quarantined, flipped;
+  int ready, bit_identical, released, live, quarantined, flipped, maps, segs;
   k3_xfer_stats_t st;
 } rres_t;
 
@@ -163,6 +173,8 @@ static int receiver(cfg_t c, int wfd, int resfd) {
   x->c = c;
   regions(x->rg);
   fake_dev_init(&x->dev, c.async_us);
+  x->dev.refuse_map = c.recv_nomap;
+  if (c.pull_job) setenv("K3PD_XFER_PULL_JOB_MIB", c.pull_job, 1); /* this (forked) process only */
   k3_xfer_ctx_t *ctx;
   k3_xfer_ctx_opts_t o = {.tls = "shm"};
   if (k3_xfer_ctx_init(&loop, &o, &ctx)) return 10;
@@ -184,7 +196,7 @@ static int receiver(cfg_t c, int wfd, int resfd) {
                             .quarantine_ms = c.mode == D_SENDER_DIES ? 300 : 2000,
                             .poison = true, .test_before_verify = flip,
                             .stage = c.mode == D_STAGED ? &stage : NULL,
-                            .dev = c.mode == D_STAGED ? NULL : &x->dev.hooks};
+                            .dev = c.mode == D_STAGED ? NULL : &x->dev.hooks, .no_pull = c.no_pull};
   k3_xfer_recv_t *r;
   if (k3_xfer_recv_init(ctx, &ro, &r)) return 12;
   uint32_t lease = c.mode == D_SENDER_DIES ? 500 : 8000;
@@ -195,6 +207,9 @@ static int receiver(cfg_t c, int wfd, int resfd) {
                             .lists = {{3, pages}, {1, &slot}}, .n_regions = N_REG, .regions = x->rg};
     k3_xfer_desc_t *d;
     if (k3_xfer_recv_reserve(r, &lay, (uint64_t)i, FP, lease, NULL, &d)) return 13;
+    /* Pull is offered exactly when the hooks can map and it was not switched off. */
+    bool offer = c.mode != D_STAGED && !c.no_pull;
+    if (!(d->flags & K3_XFER_DESC_F_PULL) != !offer) return 15;
     uint8_t *buf;
     size_t len;
     if (k3_xfer_desc_encode(d, &buf, &len)) return 14;
@@ -225,6 +240,8 @@ static int receiver(cfg_t c, int wfd, int resfd) {
   x->res.live = (int)k3_xfer_recv_live(r);
   x->res.quarantined = (int)k3_xfer_recv_quarantined(r);
   k3_xfer_ctx_stats(ctx, &x->res.st);
+  x->res.maps = x->dev.maps;
+  x->res.segs = x->dev.segs;
   k3_xfer_recv_free(r);
   k3_xfer_pool_free(pool);
   k3_xfer_ctx_close(ctx);
@@ -277,7 +294,13 @@ static int sender(cfg_t c, int rfd, pid_t victim, sres_t *out, uint64_t *t_start
   fake_dev_t *fd = calloc(1, sizeof *fd);
   fake_dev_init(fd, c.async_us);
   void *src_dev;
-  if (fake_dev_alloc(fd, (size_t)MAX_REQ * N_REG * BLOCK, &src_dev, &g_src_shadow, NULL)) return 19;
+  const char *sblob;
+  if (fake_dev_alloc(fd, (size_t)MAX_REQ * N_REG * BLOCK, &src_dev, &g_src_shadow, &sblob)) return 19;
+  k3_xfer_src_pool_t spool = {.base = src_dev, .size_bytes = (uint64_t)MAX_REQ * N_REG * BLOCK,
+                              .blob = (const uint8_t *)sblob, .blob_len = (uint32_t)strlen(sblob)};
+  uint64_t pdig[MAX_REQ][N_REG]; /* the producer's digests (pull 2) */
+  k3_digest_t dg;
+  if (k3_digest_init(&dg)) return 19;
   k3_xfer_ctx_t *ctx;
   k3_xfer_ctx_opts_t o = {.tls = "shm"};
   if (k3_xfer_ctx_init(&loop, &o, &ctx)) return 20;
@@ -300,22 +323,41 @@ static int sender(cfg_t c, int rfd, pid_t victim, sres_t *out, uint64_t *t_start
       src[i][r] = r < 4 ? (k3_xfer_src_t){.base = (const void *)block}
                         : (k3_xfer_src_t){.base = (const void *)block, .stride_bytes = SRC_UNIT,
                                           .idx = SRC_IDX, .n_idx = 5, .unit_bytes = SRC_UNIT};
+      k3_digest_reset(&dg);
+      for (uint64_t b = 0; b < d[i]->regions[r].len_bytes; b++) k3_digest_update(&dg, &g_src_shadow[src_off(i, r, b)], 1);
+      pdig[i][r] = k3_digest_final(&dg);
     }
+    /* cuda-pull, corruption: the source changes after its producer hashed it (a bit flip in
+     * memory, a late writer); the receiver's pull hashes what it read and rejects. */
+    if (c.pull && c.mode == D_DIGEST) g_src_shadow[src_off(i, 0, 100)] ^= 0x5a;
   }
+  k3_digest_free(&dg);
   *t_start = k3_now_ns();
   for (int i = 0; i < n; i++) {
     ud[i] = (sud_t){out, i};
     k3_xfer_stage_t st = {.d2h = d2h, .ud = (void *)(intptr_t)i};
     k3_xfer_send_opts_t so = {.deadline_ms = 2000, .chunk_bytes = 1000, .max_inflight = 4,
-                              .stage = c.mode == D_STAGED ? &st : NULL, .dev = &fd->hooks};
+                              .stage = c.mode == D_STAGED ? &st : NULL, .dev = &fd->hooks,
+                              .src_pools = c.pull ? &spool : NULL, .n_src_pools = c.pull ? 1 : 0};
     if (k3_xfer_send_start(ctx, d[i], src[i], &so, sent, &ud[i], &s[i])) return 24;
-    k3_xfer_path_t want = c.mode == D_STAGED ? K3_XFER_PATH_STAGED : K3_XFER_PATH_CUDA_IPC;
+    bool pull = c.pull && !c.no_pull;
+    k3_xfer_path_t want = c.mode == D_STAGED ? K3_XFER_PATH_STAGED : pull ? K3_XFER_PATH_CUDA_PULL : K3_XFER_PATH_CUDA_IPC;
     if (k3_xfer_send_path(s[i]) != want) return 25;
-    if (strcmp(k3_xfer_send_mode(s[i]), c.mode == D_STAGED ? "direct" : "job")) return 28;
+    if (strcmp(k3_xfer_send_mode(s[i]), c.mode == D_STAGED ? "direct" : pull ? "pull" : "job")) return 28;
   }
   for (uint32_t l = 0; l < 4; l++) {
-    for (int i = 0; i < n; i++)
-      if (!out->done[i] && k3_xfer_send_layer_ready(s[i], l) && victim <= 0) return 26;
+    for (int i = 0; i < n; i++) {
+      if (out->done[i]) continue;
+      int rc;
+      if (c.pull == 2) { /* layer l's regions in ascending order: 0-1, 2-3, 4, 5 */
+        uint32_t r0 = l < 2 ? 2 * l : 2 + l, nr = l < 2 ? 2 : 1;
+        if (k3_xfer_send_layer_regions(s[i], l) != nr) return 29;
+        rc = k3_xfer_send_layer_ready_digests(s[i], l, &pdig[i][r0], nr);
+      } else {
+        rc = k3_xfer_send_layer_ready(s[i], l);
+      }
+      if (rc && victim <= 0) return 26;
+    }
     if (l == 0 && victim > 0) {
       uv_run(&loop, UV_RUN_NOWAIT);
       kill(victim, SIGKILL);
@@ -380,15 +422,19 @@ static void run(cfg_t c, rres_t *rr, sres_t *sr) {
 }
 
 static void expect_ok_cfg(cfg_t c);
-static void expect_ok(int mode, int n, int async_us) { expect_ok_cfg((cfg_t){mode, n, async_us, false}); }
+static void expect_ok(int mode, int n, int async_us) { expect_ok_cfg((cfg_t){mode, n, async_us, false, 0, false, false, NULL}); }
 static void expect_ok_cfg(cfg_t c) {
   int mode = c.mode, n = c.n_req;
   rres_t rr = {0};
   sres_t sr;
   run(c, &rr, &sr);
+  bool pull = c.pull && !c.no_pull && !c.recv_nomap; /* recv_nomap: started as pull, redone as cuda-ipc */
+  const uint64_t bytes = (uint64_t)n * (S_B + CONV_B + N_TOK * TOK_B) * 2;
   for (int i = 0; i < n; i++) {
     ck_assert_msg(sr.status[i] == 0, "send %d: %s", i, k3_errname(sr.status[i]));
-    ck_assert_int_eq(sr.path[i], mode == D_STAGED ? K3_XFER_PATH_STAGED : K3_XFER_PATH_CUDA_IPC);
+    ck_assert_int_eq(sr.path[i], mode == D_STAGED ? K3_XFER_PATH_STAGED
+                                 : pull           ? K3_XFER_PATH_CUDA_PULL
+                                                  : K3_XFER_PATH_CUDA_IPC);
   }
   ck_assert_int_eq(rr.ready, n);
   ck_assert_int_eq(rr.bit_identical, 1);
@@ -396,27 +442,55 @@ static void expect_ok_cfg(cfg_t c) {
   ck_assert_int_eq(rr.released, n);
   /* Every layer was verified from its LAYER announcement, before DONE. */
   ck_assert_uint_eq(rr.st.layers_verified, 4u * (uint64_t)n);
-  if (mode == D_STAGED) {
+  if (pull) {
+    /* The receiver moved every byte with its own jobs (at most one per layer, none for DONE:
+     * every layer was pulled from its LAYER), reading the sender's area mapped once; the sender
+     * only hashed (pull 1: hash-only jobs, the same 12 source segments per request) or did
+     * nothing on the device (pull 2: the producer's digests). */
+    ck_assert_uint_eq(rr.st.pulls, (uint64_t)n);
+    ck_assert_uint_eq(rr.st.pull_refused, 0);
+    ck_assert_uint_eq(rr.st.pull_bytes, bytes);
+    ck_assert_uint_eq(sr.st.path_bytes[K3_XFER_PATH_CUDA_PULL], bytes);
+    ck_assert_msg(rr.st.dev_jobs >= (uint64_t)n && rr.st.dev_jobs <= 4u * (uint64_t)n, "receiver jobs %llu",
+                  (unsigned long long)rr.st.dev_jobs);
+    ck_assert_int_eq(rr.maps, 1);
+    ck_assert_int_eq(rr.segs, 12 * n);
+    if (c.pull == 2) {
+      ck_assert_uint_eq(sr.st.dev_jobs, 0);
+      ck_assert_int_eq(sr.segs, 0);
+    } else {
+      ck_assert_msg(sr.st.dev_jobs >= (uint64_t)n && sr.st.dev_jobs <= 4u * (uint64_t)n, "sender jobs %llu",
+                    (unsigned long long)sr.st.dev_jobs);
+      ck_assert_int_eq(sr.segs, 12 * n);
+    }
+    ck_assert_uint_eq(rr.st.data_eager + rr.st.data_rndv + rr.st.data_dropped, 0);
+    if (c.together && !c.pull_job) ck_assert_uint_eq(rr.st.dev_jobs, (uint64_t)n); /* one pull job per finished state */
+    if (c.together && c.pull_job) /* at most 5 KiB of whole regions a job: S0+conv0 | S1+conv1 | MLA2+MLA3 */
+      ck_assert_uint_eq(rr.st.dev_jobs, 3u * (uint64_t)n);
+  } else if (mode == D_STAGED) {
     ck_assert_uint_eq(sr.st.dev_jobs, 0);
     ck_assert_uint_eq(sr.st.path_bytes[K3_XFER_PATH_STAGED], (uint64_t)n * (S_B + CONV_B + N_TOK * TOK_B) * 2);
   } else {
     /* At most one copy+hash job per layer on the sender and one hash job per layer on the
      * receiver (layers signalled or announced together share a job; no DONE remainder: every
      * layer was verified from its LAYER, above), one mapping of the arena for all sends,
-     * nothing through UCX data. */
-    ck_assert_msg(sr.st.dev_jobs >= (uint64_t)n && sr.st.dev_jobs <= 4u * (uint64_t)n, "sender jobs %llu",
-                  (unsigned long long)sr.st.dev_jobs);
+     * nothing through UCX data. A cuda-pull redone as cuda-ipc (recv_nomap) whose sender hashed
+     * first (pull 1) may have run hash jobs too before the refusal came (at most as many, over
+     * the same 12 source segments; how many depends on timing). */
+    const int hashed_first = c.recv_nomap && c.pull == 1 ? 2 : 1;
+    ck_assert_msg(sr.st.dev_jobs >= (uint64_t)n && sr.st.dev_jobs <= 4u * hashed_first * (uint64_t)n,
+                  "sender jobs %llu", (unsigned long long)sr.st.dev_jobs);
     ck_assert_msg(rr.st.dev_jobs >= (uint64_t)n && rr.st.dev_jobs <= 4u * (uint64_t)n, "receiver jobs %llu",
                   (unsigned long long)rr.st.dev_jobs);
     ck_assert_int_eq(sr.maps, 1);
     /* Per request: S and conv one segment each (x2 layers); each MLA region 4: source runs
      * [0,1024) [1024,1536) [1536,2048) [2048,2368) inside destination runs [0,2048) (pages 0-1
      * back to back) and [2048,2368). */
-    ck_assert_int_eq(sr.segs, 12 * n);
+    ck_assert_msg(sr.segs >= 12 * n && sr.segs <= 12 * n * hashed_first, "sender segments %d", sr.segs);
     ck_assert_uint_eq(sr.st.path_bytes[K3_XFER_PATH_CUDA_IPC], (uint64_t)n * (S_B + CONV_B + N_TOK * TOK_B) * 2);
     ck_assert_uint_eq(rr.st.data_eager + rr.st.data_rndv + rr.st.data_dropped, 0);
   }
-  if (c.together && mode == D_OK) {
+  if (c.together && mode == D_OK && !pull) {
     /* A finished state: ONE copy job per request, its layers announced by one LAYER run (wire
      * v4) and verified by ONE receiver job, still counted layer by layer. */
     ck_assert_uint_eq(sr.st.dev_jobs, (uint64_t)n);
@@ -426,7 +500,7 @@ static void expect_ok_cfg(cfg_t c) {
 
 START_TEST(test_ipc_ok) { expect_ok(D_OK, 1, 0); }
 
-START_TEST(test_ipc_together) { expect_ok_cfg((cfg_t){D_OK, 1, 0, true}); }
+START_TEST(test_ipc_together) { expect_ok_cfg((cfg_t){D_OK, 1, 0, true, 0, false, false, NULL}); }
 END_TEST
 START_TEST(test_ipc_ok_async) { expect_ok(D_OK, 2, 3000); } /* notify from job threads */
 END_TEST
@@ -435,8 +509,7 @@ END_TEST
 START_TEST(test_staged_dev_src) { expect_ok(D_STAGED, 1, 0); }
 END_TEST
 
-static void expect_reject(int mode, int code, size_t counter_off, int async_us) {
-  cfg_t c = {mode, 1, async_us, false};
+static void expect_reject_cfg(cfg_t c, int code, size_t counter_off) {
   rres_t rr = {0};
   sres_t sr;
   run(c, &rr, &sr);
@@ -444,6 +517,9 @@ static void expect_reject(int mode, int code, size_t counter_off, int async_us) 
   ck_assert_int_eq(rr.ready, 0);
   ck_assert_uint_eq(*(uint64_t *)((char *)&rr.st + counter_off), 1);
   ck_assert_uint_eq(rr.st.done_accepted, 0);
+}
+static void expect_reject(int mode, int code, size_t counter_off, int async_us) {
+  expect_reject_cfg((cfg_t){mode, 1, async_us, false, 0, false, false, NULL}, code, counter_off);
 }
 START_TEST(test_ipc_digest) {
   /* Corruption through the shadow before the verification job: K3_EDIGEST. */
@@ -453,8 +529,61 @@ END_TEST
 START_TEST(test_ipc_stale) { expect_reject(D_STALE, K3_ESTALE, offsetof(k3_xfer_stats_t, done_rejected_stale), 0); }
 END_TEST
 
+/* ---- cuda-pull ---- */
+START_TEST(test_pull_ok) { expect_ok_cfg((cfg_t){D_OK, 1, 0, false, 1, false, false, NULL}); }
+END_TEST
+START_TEST(test_pull_producer) { expect_ok_cfg((cfg_t){D_OK, 2, 0, false, 2, false, false, NULL}); }
+END_TEST
+START_TEST(test_pull_together) { expect_ok_cfg((cfg_t){D_OK, 1, 0, true, 2, false, false, NULL}); }
+END_TEST
+START_TEST(test_pull_split) {
+  /* A finished state pulled in jobs of ~5 KiB (whole regions), queued back to back. */
+  cfg_t c = {D_OK, 1, 0, true, 2, false, false, NULL};
+  c.pull_job = "5K";
+  expect_ok_cfg(c);
+}
+END_TEST
+START_TEST(test_pull_many_async) { expect_ok_cfg((cfg_t){D_OK, 16, 500, false, 1, false, false, NULL}); }
+END_TEST
+START_TEST(test_pull_fallback) {
+  /* The receiver does not offer pull: the sender's exported pools are not used, cuda-ipc is. */
+  expect_ok_cfg((cfg_t){D_OK, 1, 0, false, 2, true, false, NULL});
+}
+END_TEST
+START_TEST(test_pull_digest) {
+  /* The source changed after its producer's digest: the receiver's pull hashes what it read. */
+  cfg_t c = {D_DIGEST, 1, 1000, false, 2, false, false, NULL};
+  expect_reject_cfg(c, K3_EDIGEST, offsetof(k3_xfer_stats_t, done_rejected_digest));
+}
+END_TEST
+START_TEST(test_pull_stale) {
+  cfg_t c = {D_STALE, 1, 0, false, 1, false, false, NULL};
+  expect_reject_cfg(c, K3_ESTALE, offsetof(k3_xfer_stats_t, done_rejected_stale));
+}
+END_TEST
+START_TEST(test_pull_unmappable) {
+  /* Offered, but the receiver cannot map the sender's area: it answers SRC with K3_ENOTSUP and
+   * the sender redoes the send as cuda-ipc (push into the receiver's pools), accepted. */
+  cfg_t c = {D_OK, 2, 0, false, 2, false, true, NULL};
+  expect_ok_cfg(c);
+  /* the same with the sender hashing (its jobs still running when the refusal comes) */
+  expect_ok_cfg((cfg_t){D_OK, 2, 1000, false, 1, false, true, NULL});
+  rres_t rr = {0};
+  sres_t sr;
+  c.n_req = 1;
+  c.together = true;
+  run(c, &rr, &sr);
+  ck_assert_int_eq(sr.status[0], 0);
+  ck_assert_int_eq(sr.path[0], K3_XFER_PATH_CUDA_IPC);
+  ck_assert_uint_eq(sr.st.pull_fallbacks, 1);
+  ck_assert_uint_eq(rr.st.pull_refused, 1);
+  ck_assert_uint_eq(rr.st.pulls, 0);
+  ck_assert_int_eq(rr.bit_identical, 1);
+}
+END_TEST
+
 START_TEST(test_ipc_receiver_dies) {
-  cfg_t c = {D_RECV_DIES, 2, 1000, false};
+  cfg_t c = {D_RECV_DIES, 2, 1000, false, 0, false, false, NULL};
   rres_t rr;
   sres_t sr;
   run(c, &rr, &sr);
@@ -463,7 +592,7 @@ END_TEST
 
 START_TEST(test_ipc_sender_dies) {
   /* Receiver here, sender in a child that exits after layer 0. */
-  cfg_t c = {D_SENDER_DIES, 1, 0, false};
+  cfg_t c = {D_SENDER_DIES, 1, 0, false, _i, false, false, NULL}; /* push, then pull (the loop index) */
   int p1[2], p2[2];
   ck_assert_int_eq(pipe(p1), 0);
   ck_assert_int_eq(pipe(p2), 0);
@@ -511,7 +640,16 @@ int main(void) {
   tcase_add_test(tc, test_ipc_digest);
   tcase_add_test(tc, test_ipc_stale);
   tcase_add_test(tc, test_ipc_receiver_dies);
-  tcase_add_test(tc, test_ipc_sender_dies);
+  tcase_add_loop_test(tc, test_ipc_sender_dies, 0, 2);
+  tcase_add_test(tc, test_pull_ok);
+  tcase_add_test(tc, test_pull_producer);
+  tcase_add_test(tc, test_pull_together);
+  tcase_add_test(tc, test_pull_split);
+  tcase_add_test(tc, test_pull_many_async);
+  tcase_add_test(tc, test_pull_fallback);
+  tcase_add_test(tc, test_pull_digest);
+  tcase_add_test(tc, test_pull_stale);
+  tcase_add_test(tc, test_pull_unmappable);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

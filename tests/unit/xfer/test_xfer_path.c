@@ -24,6 +24,7 @@ typedef struct {
   k3_xfer_recv_t *r;
   k3_xfer_pool_t *dev_blob, *dev_noblob, *host;
   void *src_dev;
+  const char *src_blob; /* the source area's blob (exported for cuda-pull) */
   uint8_t *src_host;
   uint64_t next_id;
   int fired, status;
@@ -57,7 +58,7 @@ static void env_init(env_t *e, int async_us) {
   k3_xfer_pool_rkey(e->dev_noblob, &rk, &rk_len);
   ck_assert_uint_eq(rk_len, 0); /* this UCX has no CUDA: device pools are not registered */
   ck_assert_int_eq(k3_xfer_pool_alloc_host(e->ctx, POOL_B, &e->host), 0);
-  ck_assert_int_eq(fake_dev_alloc(&e->f, REG_B, &e->src_dev, &shadow, NULL), 0);
+  ck_assert_int_eq(fake_dev_alloc(&e->f, REG_B, &e->src_dev, &shadow, &e->src_blob), 0);
   e->src_host = calloc(1, REG_B);
 }
 
@@ -102,6 +103,63 @@ static int start(env_t *e, const k3_xfer_desc_t *d, bool dev, bool stage, k3_xfe
                            .path = path, .deadline_ms = deadline_ms};
   return k3_xfer_send_start(e->ctx, d, &g_src, &o, cb, e, s);
 }
+
+/* cuda-pull: a send with the source area exported (spool_bytes of it: smaller than the region
+ * puts the source outside). */
+static int start_pull(env_t *e, const k3_xfer_desc_t *d, k3_xfer_path_t path, uint64_t spool_bytes,
+                      k3_xfer_send_t **s) {
+  g_src = (k3_xfer_src_t){.base = e->src_dev};
+  static k3_xfer_src_pool_t sp;
+  sp = (k3_xfer_src_pool_t){.base = e->src_dev, .size_bytes = spool_bytes, .blob = (const uint8_t *)e->src_blob,
+                            .blob_len = (uint32_t)strlen(e->src_blob)};
+  k3_xfer_send_opts_t o = {.dev = &e->f.hooks, .path = path, .src_pools = &sp, .n_src_pools = 1};
+  return k3_xfer_send_start(e->ctx, d, &g_src, &o, cb, e, s);
+}
+
+START_TEST(test_pull_choice) {
+  env_t e;
+  env_init(&e, 0);
+  k3_xfer_desc_t *blob = reserve(&e, e.dev_blob), *host = reserve(&e, e.host);
+  k3_xfer_send_t *s;
+  /* This receiver maps (its hooks have map): device reservations offer pull, host ones not. */
+  ck_assert_uint_eq(blob->flags, K3_XFER_DESC_F_PULL);
+  ck_assert_uint_eq(host->flags, 0);
+  /* Offered + exported sources that cover the region: AUTO picks cuda-pull. */
+  ck_assert_int_eq(start_pull(&e, blob, K3_XFER_PATH_AUTO, REG_B, &s), 0);
+  ck_assert_int_eq(k3_xfer_send_path(s), K3_XFER_PATH_CUDA_PULL);
+  ck_assert_str_eq(k3_xfer_send_mode(s), "pull");
+  k3_xfer_send_cancel(s);
+  /* The source lies partly outside the exported pool: AUTO falls back to cuda-ipc (push),
+   * forcing cuda-pull is refused. */
+  ck_assert_int_eq(start_pull(&e, blob, K3_XFER_PATH_AUTO, REG_B / 2, &s), 0);
+  ck_assert_int_eq(k3_xfer_send_path(s), K3_XFER_PATH_CUDA_IPC);
+  k3_xfer_send_cancel(s);
+  ck_assert_int_eq(start_pull(&e, blob, K3_XFER_PATH_CUDA_PULL, REG_B / 2, &s), K3_ENOTSUP);
+  /* No exported sources: forced cuda-pull refused. */
+  ck_assert_int_eq(start(&e, blob, true, false, K3_XFER_PATH_CUDA_PULL, 0, &s), K3_ENOTSUP);
+  /* Not offered (a receiver that cannot or will not pull): push, or refused when forced. */
+  k3_xfer_desc_t *nopull;
+  ck_assert_int_eq(k3_xfer_desc_clone(blob, &nopull), 0);
+  nopull->flags = 0;
+  ck_assert_int_eq(start_pull(&e, nopull, K3_XFER_PATH_AUTO, REG_B, &s), 0);
+  ck_assert_int_eq(k3_xfer_send_path(s), K3_XFER_PATH_CUDA_IPC);
+  k3_xfer_send_cancel(s);
+  ck_assert_int_eq(start_pull(&e, nopull, K3_XFER_PATH_CUDA_PULL, REG_B, &s), K3_ENOTSUP);
+  /* Offered, but the receiver's pool does not map here (another host or GPU): neither pull nor
+   * cuda-ipc. */
+  e.f.refuse_map = 1;
+  ck_assert_int_eq(start_pull(&e, blob, K3_XFER_PATH_AUTO, REG_B, &s), K3_ENOTSUP);
+  e.f.refuse_map = 0;
+  /* Host pools: pull never applies. */
+  ck_assert_int_eq(start_pull(&e, host, K3_XFER_PATH_CUDA_PULL, REG_B, &s), K3_ENOTSUP);
+  for (int i = 0; i < 50 && e.fired < 3; i++) uv_run(&e.loop, UV_RUN_NOWAIT);
+  ck_assert_int_eq(e.fired, 3); /* the three cancelled sends, nothing else */
+  k3_xfer_desc_free(nopull);
+  k3_xfer_desc_free(blob);
+  k3_xfer_desc_free(host);
+  env_close(&e);
+}
+END_TEST
 
 START_TEST(test_refusals) {
   env_t e;
@@ -234,6 +292,7 @@ int main(void) {
   TCase *tc = tcase_create("choice");
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_pull_choice);
   tcase_add_test(tc, test_cancel_with_job_running);
   tcase_add_test(tc, test_close_waits_for_job);
   tcase_add_test(tc, test_no_submit_after_deadline);
