@@ -209,6 +209,7 @@ struct dc_worker {
   uint64_t *roff, *rstride;   /* owned, manifest->n entries */
   uint64_t kv_stride, kda_stride; /* staged receive area */
   k3_spools_t sp;             /* arena layouts: the runner's state arena as one pool */
+  k3_xfer_src_pool_t src_pool; /* sp as a cuda-pull source pool (exports borrow it) */
   k3_xhooks_t *hooks;         /* device digest jobs (cuda arena), NULL otherwise */
   dc_cache_t cache;          /* prefix cache (loop thread) */
   uint64_t next_local_epoch; /* epochs of reservations without a handoff */

@@ -161,6 +161,10 @@ static void on_export(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *us
   int64_t left = k3_rpc_call_deadline_left_ms(call);
   k3_xfer_send_opts_t so = {.deadline_ms = left > 0 && left < 120000 ? (uint32_t)left : 120000};
   if (w->hooks) so.dev = k3_xhooks_dev(w->hooks); /* device pools: device jobs read them */
+  if (w->hooks && k3_spools_src_pool(&w->sp, &w->src_pool)) { /* exported: the prefill worker may pull */
+    so.src_pools = &w->src_pool; /* borrowed for the send: the worker's */
+    so.n_src_pools = 1;
+  }
   if (!rc) rc = k3_xfer_send_start(w->xfer, x->desc, x->srcs, &so, on_send_done, x, &x->send);
   if (rc) {
     count(w, false);

@@ -114,6 +114,7 @@ typedef struct pf_worker {
   /* receiving cached state (resume.c): the runner's state arena as a pool, and the receiver */
   k3_spools_t sp;
   bool sp_planned;
+  k3_xfer_src_pool_t src_pool; /* sp as a cuda-pull source pool (sends borrow it) */
   k3_xfer_recv_t *recv;       /* NULL: this worker cannot receive (PrepareResume refused) */
   char recv_why[200];         /* why not */
   uint64_t next_recv_handle;

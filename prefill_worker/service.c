@@ -229,6 +229,12 @@ static int start_send(pf_worker_t *w, pf_job_t *j, const k3_seq_t *seq) {
   if (w->hooks) { /* the runner's pools are device memory */
     so.dev = k3_xhooks_dev(w->hooks);
     so.stage = &st;
+    /* the exported arena (borrowed for the send: the worker's): a same-GPU decode worker can
+     * pull (two HBM passes, docs/transfer.md) */
+    if (w->sp_planned && k3_spools_src_pool(&w->sp, &w->src_pool)) {
+      so.src_pools = &w->src_pool;
+      so.n_src_pools = 1;
+    }
   }
   return k3_xfer_send_start(w->xfer, j->desc, j->srcs, &so, on_send_done_cb, j, &j->send);
 }

@@ -85,8 +85,24 @@ static int setup_device(k3_spools_t *sp, k3_runner_t *r, const char *role, void 
     K3_INFO("state arena (%.1f MiB) exported as %s on %s", (double)bytes / 1048576.0, name, path);
   }
   rc = k3_xfer_pool_register(sp->xfer, base, bytes, K3_XFER_MEM_CUDA, blob, blob_len, &sp->pool);
-  if (rc) snprintf(err, errlen, "registering the device state arena: %s", k3_strerror(rc));
-  return rc;
+  if (rc) {
+    snprintf(err, errlen, "registering the device state arena: %s", k3_strerror(rc));
+    return rc;
+  }
+  if (blob_len <= sizeof sp->blob) {
+    memcpy(sp->blob, blob, blob_len);
+    sp->blob_len = blob_len;
+  }
+  return 0;
+}
+
+bool k3_spools_src_pool(const k3_spools_t *sp, k3_xfer_src_pool_t *out) {
+  if (!sp->device || !sp->pool || sp->blob_len == 0) return false;
+  *out = (k3_xfer_src_pool_t){.base = k3_xfer_pool_base(sp->pool),
+                              .size_bytes = k3_xfer_pool_size(sp->pool),
+                              .blob = sp->blob,
+                              .blob_len = sp->blob_len};
+  return true;
 }
 
 int k3_spools_setup(k3_spools_t *sp, k3_runner_t *r, const char *role, char *err, size_t errlen) {

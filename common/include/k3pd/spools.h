@@ -28,6 +28,8 @@ typedef struct {
   bool host;                 /* host arena allocated through UCX (the runner frees it) */
   char ipc_dir[256];         /* cuda: where the fdshare socket lives ("" = not exported) */
   k3_fdshare_t *fds;
+  uint8_t blob[512];         /* cuda with an ipc dir: the arena's mapping blob (k3_xhooks_blob) */
+  uint32_t blob_len;         /* 0: not exported */
   size_t n;                  /* manifest regions */
   uint64_t *roff, *rstride;  /* region i of page/slot id: pool base + roff[i] + id * rstride[i] */
 } k3_spools_t;
@@ -40,6 +42,9 @@ int k3_spools_plan(k3_spools_t *sp, k3_xfer_ctx_t *x, k3_load_opts_t *mo, const 
 /* After the model loaded: the region placement, and on cuda the export (socket
  * "<ipc_dir>/<role>-<pid>-<id>.sock") and the registration. Returns 0 or K3_E* with err. */
 int k3_spools_setup(k3_spools_t *sp, k3_runner_t *r, const char *role, char *err, size_t errlen);
+/* The exported arena as a cuda-pull source pool (send opts src_pools): true when there is one
+ * (cuda with an ipc dir), *out filled (borrowing sp's blob). */
+bool k3_spools_src_pool(const k3_spools_t *sp, k3_xfer_src_pool_t *out);
 /* Unregisters (a cuda arena; a host arena is freed by the runner) and stops the socket. */
 void k3_spools_free(k3_spools_t *sp);
 
