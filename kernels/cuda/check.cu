@@ -10,7 +10,7 @@
  * nothing changed" holds on the GPU too.
  * k3k_cuda_check_seqs_slots_begin/_end split a check from its synchronisation: the op queues
  * its kernels between the two, gated on the device flag, so its one synchronisation comes after
- * the work instead of a GPU-idle round trip before it (CONV_PREFILL).
+ * the work instead of a GPU-idle round trip before it (CONV_PREFILL; two checks, one sync).
  * What it is not: free. One synchronisation per call (~10-20 µs of latency), paid by every op
  * that calls it (KDA_CHUNK, CONV_PREFILL, CONV_STEP, KDA_STEP, MLA_DECODE, GET_ROWS). The raw fused
  * decode entry (k3k_cu_kda_decode) does not call it; it skips out-of-range slots in the kernel.
@@ -88,11 +88,18 @@ __global__ void pages_check_kernel(dv pt, dv lens, int64_t n, int64_t max_pages,
   }
 }
 
-/* Scratch layout: [result word | bitmap]. Reads the result back (one synchronisation). */
+/* Scratch layout: [result word | bitmap]. Reads the result back into the context's pinned
+ * word (one synchronisation). */
 static int finish(k3k_cuda_ctx *cx, unsigned *res) {
-  unsigned host = 0;
-  K3K_CU(cudaMemcpyAsync(&host, res, sizeof host, cudaMemcpyDeviceToHost, cx->stream));
+  if (!cx->check_host) {
+    void *p = NULL;
+    K3K_CU(cudaMallocHost(&p, 64));
+    cx->check_host = (unsigned *)p;
+  }
+  K3K_CU(cudaMemcpyAsync(cx->check_host, res, sizeof(unsigned), cudaMemcpyDeviceToHost,
+                         cx->stream));
   K3K_CU(cudaStreamSynchronize(cx->stream));
+  const unsigned host = *cx->check_host;
   if (host & 5u) return K3_ERANGE;
   if (host & 2u) return K3_EINVAL;
   return 0;
@@ -149,19 +156,6 @@ int k3k_cuda_check_seqs_slots_begin(k3k_cuda_ctx *cx, const k3k_tensor_t *cu,
   seqs_slots_check_kernel<<<blocks > 1024 ? 1024 : blocks, 256, 0, cx->stream>>>(
       mkdv(cu), mkdv(slots), n, total, n_slots, res + 1, res);
   K3K_LAUNCHED("seqs_slots_check");
-  *flag = res;
-  return 0;
-}
-
-int k3k_cuda_check_pages_begin(k3k_cuda_ctx *cx, const k3k_tensor_t *pt,
-                               const k3k_tensor_t *lens, int64_t n, int64_t page_size,
-                               int64_t n_pages, unsigned *res, unsigned **flag) {
-  *flag = NULL;
-  if (n <= 0 || cx->trusted_ids) return 0;
-  K3K_CU(cudaMemsetAsync(res, 0, sizeof(unsigned), cx->stream));
-  pages_check_kernel<<<(unsigned)n, 128, 0, cx->stream>>>(mkdv(pt), mkdv(lens), n, pt->shape[1],
-                                                         page_size, n_pages, res);
-  K3K_LAUNCHED("pages_check");
   *flag = res;
   return 0;
 }

@@ -43,6 +43,9 @@ struct k3k_cuda_ctx { /* typedef in k3k_cuda.h */
    * check.cu functions return 0 without launching or synchronising (k3k_cuda_set_trusted_ids).
    * 0 (the default) for every other caller: ops validate as k3k.h says. */
   int trusted_ids;
+  /* Pinned host word the checks read their result into (check.cu; allocated at the first
+   * check, freed with the context): a device-to-host copy into pageable memory is staged. */
+  unsigned *check_host;
   /* Bumped whenever memory the ops use implicitly (scratch, pinned host staging) is
    * reallocated: a CUDA graph captured under an older value holds dangling pointers. */
   uint64_t mem_gen;
@@ -111,12 +114,6 @@ int k3k_cuda_check_seqs(k3k_cuda_ctx *cx, const k3k_tensor_t *cu, int64_t n, int
 int k3k_cuda_check_seqs_slots_begin(k3k_cuda_ctx *cx, const k3k_tensor_t *cu,
                                     const k3k_tensor_t *slots, int64_t n, int64_t total,
                                     int64_t n_slots, unsigned **flag);
-/* The page check above in the same split form (MLA_DECODE's fast path), with the flag in a
- * device word the caller provides (`word`, in the scratch the op has already sized), since the
- * op's own scratch request would otherwise move or overwrite it. */
-int k3k_cuda_check_pages_begin(k3k_cuda_ctx *cx, const k3k_tensor_t *page_table,
-                               const k3k_tensor_t *seq_lens, int64_t n, int64_t page_size,
-                               int64_t n_pages, unsigned *word, unsigned **flag);
 int k3k_cuda_check_end(k3k_cuda_ctx *cx, unsigned *flag);
 int k3k_cuda_check_pages(k3k_cuda_ctx *cx, const k3k_tensor_t *page_table,
                          const k3k_tensor_t *seq_lens, int64_t n, int64_t page_size,

@@ -69,7 +69,6 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_kernel(k3k_cu_mla_d
   const int len = a.seq_lens[(size_t)b * a.sl_stride];
   const int tok0 = split * chunk, tok1 = min(len, tok0 + chunk);
   const int32_t *bt = a.block_table + (size_t)b * a.pt_stride;
-  if (a.bad && *a.bad) return; /* the page check failed: read nothing (uniform per block) */
 
   /* Q rows: warp w copies rows w, w+8, ...; a row is 72 chunks of 16 B (lanes 0..31, +32, +64). */
   const uint16_t *qg = a.q + ((size_t)b * a.heads + hbase) * MLA_D;
@@ -358,10 +357,10 @@ __global__ void mla_prep_kernel(dv q, int64_t nh, uint16_t *qb, uint16_t *qabs) 
   if (d >= 128) qabs[(n * nh + h) * MLA_D + MLA_DV + (d - 128)] = v;
 }
 
-/* o32 [N][NH*128] fp32 → o (its dtype/strides); nothing when the page check's flag is set. */
-__global__ void mla_out_kernel(const float *o32, int64_t cols, dv o, const unsigned *bad) {
+/* o32 [N][NH*128] fp32 → o (its dtype/strides). */
+__global__ void mla_out_kernel(const float *o32, int64_t cols, dv o) {
   int64_t n = blockIdx.y, i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i >= cols || (bad && *bad)) return;
+  if (i >= cols) return;
   dv_st(o, n * o.s[0] + i * o.s[1], o32[n * cols + i]);
 }
 
@@ -398,6 +397,10 @@ int k3k_cuda_mla_decode_fast(k3k_cuda_ctx *cx, const void *params, const k3k_ten
   const k3k_tensor_t *q = t[0], *w = t[1], *cache = t[2], *pt = t[3], *sl = t[4], *o = t[5];
   int64_t N = p->n_seqs, NH = p->n_heads, ldw = w->stride[0];
   if (N == 0) return 0;
+  /* seq_lens within the page table and every used page id within the pool: checked on the
+   * device before the kernels index the cache. */
+  int rc = k3k_cuda_check_pages(cx, pt, sl, N, cache->shape[1], cache->shape[0]);
+  if (rc) return rc;
   k3k_cu_mla_decode_args a;
   memset(&a, 0, sizeof a);
   a.batch = (int)N;
@@ -418,17 +421,8 @@ int k3k_cuda_mla_decode_fast(k3k_cuda_ctx *cx, const void *params, const k3k_ten
          b_olat = al256(N * NH * MLA_DV * 2), b_o32 = al256(N * NH * 128 * 4),
          b_work = al256(mla_work_bytes(&a));
   char *base;
-  int rc = k3k_cuda_scratch(cx, b_qb + b_qabs + b_olat + b_o32 + b_work + 256, (void **)&base);
+  rc = k3k_cuda_scratch(cx, b_qb + b_qabs + b_olat + b_o32 + b_work, (void **)&base);
   if (rc) return rc;
-  /* seq_lens within the page table and every used page id within the pool: checked on the
-   * device; the attention kernels and the output cast do nothing when the check's flag is set,
-   * and the op's one synchronisation (the flag read back) comes last, not before the work. */
-  unsigned *bad = NULL;
-  rc = k3k_cuda_check_pages_begin(cx, pt, sl, N, cache->shape[1], cache->shape[0],
-                                  (unsigned *)(base + b_qb + b_qabs + b_olat + b_o32 + b_work),
-                                  &bad);
-  if (rc) return rc;
-  a.bad = bad;
   uint16_t *qb = (uint16_t *)base, *qabs = (uint16_t *)(base + b_qb);
   uint16_t *olat = (uint16_t *)(base + b_qb + b_qabs);
   float *o32 = (float *)(base + b_qb + b_qabs + b_olat);
@@ -456,10 +450,10 @@ int k3k_cuda_mla_decode_fast(k3k_cuda_ctx *cx, const void *params, const k3k_ten
                         CUDA_R_32F, NH * 128, 128, (int)NH);
   if (rc) return rc;
   mla_out_kernel<<<dim3(k3k_ceil_div(NH * 128, 256), (unsigned)N), 256, 0, cx->stream>>>(
-      o32, NH * 128, mkdv(o), bad);
+      o32, NH * 128, mkdv(o));
   K3K_LAUNCHED("mla_out");
   MLA_MARK(4);
-  return k3k_cuda_check_end(cx, bad);
+  return 0;
 }
 
 /* ---- MLA_CACHE_WRITE / MLA_CACHE_GATHER: one block per token row. ---- */

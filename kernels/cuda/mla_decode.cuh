@@ -6,8 +6,7 @@
  * What it is not: a public header (kernels/cuda/ only).
  * Invariants: q, kv 16-byte aligned; heads % 48 == 0 for the mma.sync kernel, heads % 8 == 0
  * for the Hopper one, whose q then needs 48 readable rows past the end; every page id a sequence uses was checked
- * to lie in the pool (k3k_cuda_check_pages) before either kernel runs, or the check's flag is
- * in `bad` (queued before them on the same stream) and the kernels read nothing when it is set. */
+ * to lie in the pool (k3k_cuda_check_pages) before either kernel runs. */
 #ifndef K3K_MLA_DECODE_CUH
 #define K3K_MLA_DECODE_CUH
 
@@ -29,8 +28,6 @@ typedef struct {
   float *work;                 /* split-KV scratch: [splits][B*NH][512] O, then [splits][B*NH] lse */
   int num_sms;
   int probe;                   /* benchmark variants (k3k_cuda_mla_probe); 0 in service */
-  const unsigned *bad;         /* page check's device flag (k3k_cuda_check_pages_begin): when
-                                  nonzero the attention kernels return at once; NULL: none */
 } k3k_cu_mla_decode_args;
 
 /* The Hopper kernel takes the shape: page_size % 8 == 0 (a page boundary never splits an

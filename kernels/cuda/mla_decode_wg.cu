@@ -246,7 +246,6 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
   const int tok0 = split * chunk, tok1 = min(len, tok0 + chunk);
   const int ntiles = tok1 > tok0 ? (tok1 - tok0 + WG_TILE - 1) / WG_TILE : 0;
   if ((a.probe & 8) && blockIdx.x > 0) return;
-  if (a.bad && *a.bad) return; /* the page check failed: read nothing (uniform per block) */
 
   if (tid == 0) {
     for (int s = 0; s < 2; s++) mbar_init(bar0 + 8 * s, 2);
