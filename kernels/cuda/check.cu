@@ -88,18 +88,11 @@ __global__ void pages_check_kernel(dv pt, dv lens, int64_t n, int64_t max_pages,
   }
 }
 
-/* Scratch layout: [result word | bitmap]. Reads the result back into the context's pinned
- * word (one synchronisation). */
+/* Scratch layout: [result word | bitmap]. Reads the result back (one synchronisation). */
 static int finish(k3k_cuda_ctx *cx, unsigned *res) {
-  if (!cx->check_host) {
-    void *p = NULL;
-    K3K_CU(cudaMallocHost(&p, 64));
-    cx->check_host = (unsigned *)p;
-  }
-  K3K_CU(cudaMemcpyAsync(cx->check_host, res, sizeof(unsigned), cudaMemcpyDeviceToHost,
-                         cx->stream));
+  unsigned host = 0;
+  K3K_CU(cudaMemcpyAsync(&host, res, sizeof host, cudaMemcpyDeviceToHost, cx->stream));
   K3K_CU(cudaStreamSynchronize(cx->stream));
-  const unsigned host = *cx->check_host;
   if (host & 5u) return K3_ERANGE;
   if (host & 2u) return K3_EINVAL;
   return 0;

@@ -4,15 +4,13 @@
  * one-token decode update. W (kernel width) <= 8. Fast path (BF16 x rows with inner stride 1,
  * BF16/F32 y rows, 16-byte aligned, C % 8 == 0, 2 <= W <= 8): a thread owns 8 channels of one
  * contiguous token range (one range per block, the grid one wave), streams its 16-byte chunk of
- * each row through a private cp.async ring in shared memory (12 rows in flight, 4 per step) and
- * keeps the W-1 previous inputs and the weights in registers, so x is read once (plus a W-1 row
- * halo per range) and y written once, both in 512-byte warp-wide runs; steps of 4 tokens inside
- * one sequence run fully unrolled (window shifts become renames). The sequence of the range's
- * first token is found once by binary search and later ones by walking cu_seqlens. Same
- * summation order as the generic kernel (one thread per (token, channel)), which every other
- * view takes; the fast path's SiLU uses ex2/rcp.approx.ftz (see silu_fast). The cu_seqlens/slot
- * check is one kernel whose device flag gates the kernels here, with the op's one
- * synchronisation last.
+ * each row through a private cp.async ring in shared memory (15 rows in flight) and keeps the
+ * W-1 previous inputs and the weights in registers, so x is read once (plus a W-1 row halo per
+ * range) and y written once, both in 512-byte warp-wide runs; the sequence of the range's first
+ * token is found once by binary search and later ones by walking cu_seqlens. Same summation
+ * order as the generic kernel (one thread per (token, channel)), which every other view takes;
+ * the fast path's SiLU uses __expf/__fdividef (see silu_fast). The cu_seqlens/slot check is
+ * one kernel whose device flag gates the kernels here, with the op's one synchronisation last.
  * What it is not: fused with the projections; the fused decode step (kda.cu) has its own copy of
  * the step for the K3 shapes.
  * Invariants (k3k.h): state[slot][c][j] = x_{start-W+1+j}, oldest first; after the outputs the
@@ -107,81 +105,32 @@ __device__ __forceinline__ void conv_window(float win[W > 1 ? W - 1 : 1][8], con
   }
 }
 
-/* SiLU a / (1 + e^-a) on the MUFU unit directly: ex2.approx.ftz and rcp.approx.ftz (~2 ulp in
- * fp32 each, like __expf / __fdividef, far below the BF16 output rounding and the F32
- * tolerance 1e-4), without the denormal-range fix-ups the non-ftz intrinsics add, which were a
- * large part of the fast path's instructions per element. a < -87: e = inf (or 1 + e past
- * 2^126), the reciprocal flushes to 0 and the result is -0 (silu's limit; the old __fdividef
- * form gave the same). */
-__device__ __forceinline__ float silu_fast(float a) {
-  float e, r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(a * -1.4426950408889634f));
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
-  return a * r;
-}
-
-/* One token of 8 channels: y = act(Σ_{j<W-1} w[j]·win[j] + w[W-1]·x), then the window moves
- * on by x. Same summation order as the generic kernel and the reference. */
-template <int W, bool YF32, bool ACT>
-__device__ __forceinline__ void conv_token(const float (&wr)[8][W], float (&win)[W - 1][8],
-                                           const uint4 &raw, char *yp) {
-  float xt[8], o[8];
-  unpack8(*reinterpret_cast<const bf16x8 *>(&raw), xt);
-#pragma unroll
-  for (int k = 0; k < 8; k++) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < W - 1; j++) acc += wr[k][j] * win[j][k];
-    acc += wr[k][W - 1] * xt[k];
-    o[k] = ACT ? silu_fast(acc) : acc;
-  }
-#pragma unroll
-  for (int j = 0; j + 1 < W - 1; j++)
-#pragma unroll
-    for (int k = 0; k < 8; k++) win[j][k] = win[j + 1][k];
-#pragma unroll
-  for (int k = 0; k < 8; k++) win[W - 2][k] = xt[k];
-  if (YF32) {
-    float4 *yr = (float4 *)yp;
-    yr[0] = make_float4(o[0], o[1], o[2], o[3]);
-    yr[1] = make_float4(o[4], o[5], o[6], o[7]);
-  } else {
-    *(bf16x8 *)yp = pack8(o);
-  }
-}
-
-/* Tokens per step of the stream loop: a step waits for, reads and refills CONV_U ring slots
- * (one commit group) and, when its tokens lie inside one sequence (all but a few steps),
- * computes them fully unrolled, so the window shifts become register renames and the loop,
- * the sequence test and the address arithmetic are paid once per CONV_U tokens. */
-#define CONV_U 4
-#define CONV_NG (CONV_D / CONV_U) /* commit groups in the ring: CONV_NG - 1 steps in flight */
+/* SiLU with the fast intrinsics (ex2.approx-based __expf, __fdividef): ~2 ulp in fp32, far
+ * below the BF16 output rounding and the F32 tolerance (1e-4); it roughly halves the per-
+ * element instruction count. For a < -87, __expf(-a) = inf and __fdividef returns 0 (silu's
+ * limit). */
+__device__ __forceinline__ float silu_fast(float a) { return __fdividef(a, 1.0f + __expf(-a)); }
 
 /* wf: the weights as F32 [C][W] contiguous with a 16-byte aligned base (loaded as float4), or
  * NULL (then w through dv). bad: the metadata check's device flag (nothing written when set),
  * or NULL. */
-template <int W, bool YF32, bool ACT>
-__global__ void __launch_bounds__(CONV_TPB, W <= 4 ? 4 : W <= 6 ? 3 : 2)
+template <int W, bool YF32>
+__global__ void __launch_bounds__(CONV_TPB, W <= 5 ? 4 : 2)
     conv_prefill_vec_kernel(const uint16_t *x, int64_t ldx, dv w, const float *wf,
                             const int32_t *cu, const int32_t *slots, int nseq, dv st, void *y,
-                            int64_t ldy, int64_t c8, int64_t T, int G, int read_state,
+                            int64_t ldy, int64_t c8, int64_t T, int G, int read_state, int act,
                             const unsigned *bad) {
   __shared__ uint4 ring[CONV_D][CONV_TPB];
   if (bad && *bad) return;
   const int64_t c = blockIdx.x * (int64_t)CONV_TPB + threadIdx.x;
   const int64_t tb = T * blockIdx.y / G, te = T * (blockIdx.y + 1) / G, n = te - tb;
   if (c >= c8 || n <= 0) return;
+  const uint16_t *xc = x + c * 8;
   /* The first CONV_D rows go out before anything else, so the weight loads, the sequence
-   * search and the window below run under their latency. xr: the next row to issue. */
-  const uint16_t *xr = x + tb * ldx + c * 8;
+   * search and the window below run under their latency. One commit group per row. */
 #pragma unroll
-  for (int g = 0; g < CONV_NG; g++) {
-#pragma unroll
-    for (int u = 0; u < CONV_U; u++) {
-      const int r = g * CONV_U + u;
-      cp_async16(&ring[r][threadIdx.x], r < n ? xr : x, r < n);
-      xr += ldx;
-    }
+  for (int i = 0; i < CONV_D; i++) {
+    cp_async16(&ring[i][threadIdx.x], xc + (i < n ? tb + i : tb) * ldx, i < n);
     cp_async_commit();
   }
   float wr[8][W];
@@ -211,41 +160,47 @@ __global__ void __launch_bounds__(CONV_TPB, W <= 4 ? 4 : W <= 6 ? 3 : 2)
   int64_t start = cu[s], next = s + 1 < nseq ? cu[s + 1] : INT64_MAX;
   float win[W - 1][8];
   if (t_lo < t_hi) conv_window<W>(win, x, ldx, c, t_lo, start, st, slots[s], read_state);
-  const int64_t ldyb = ldy * (YF32 ? 4 : 2);
-  char *yp = (char *)y + tb * ldyb + c * (YF32 ? 32 : 16);
-  for (int64_t i0 = 0; i0 < n; i0 += CONV_U, yp += CONV_U * ldyb) {
-    const int64_t t0 = tb + i0;
-    const int sb = (int)(i0 & (CONV_D - 1));
-    cp_async_wait<CONV_NG - 1>(); /* this thread's rows i0 .. i0 + CONV_U - 1 have landed */
-    uint4 raw[CONV_U];
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t t = tb + i;
+    uint4 *slot = &ring[i & (CONV_D - 1)][threadIdx.x];
+    cp_async_wait<CONV_D - 1>(); /* this thread's row i has landed */
+    if (t >= t_lo && t < t_hi) {
+      if (t >= next) { /* a new sequence starts here (empty ones skipped): state window */
+        while (s + 1 < nseq && cu[s + 1] <= t) s++;
+        start = cu[s];
+        next = s + 1 < nseq ? cu[s + 1] : INT64_MAX;
+        conv_window<W>(win, x, ldx, c, t, start, st, slots[s], read_state);
+      }
+      const uint4 raw = *slot;
+      float xt[8], o[8];
+      unpack8(*reinterpret_cast<const bf16x8 *>(&raw), xt);
 #pragma unroll
-    for (int u = 0; u < CONV_U; u++) raw[u] = ring[sb + u][threadIdx.x];
-    if (t0 >= t_lo && t0 + CONV_U <= t_hi && t0 + CONV_U <= next) {
+      for (int k = 0; k < 8; k++) {
+        float acc = 0.0f;
 #pragma unroll
-      for (int u = 0; u < CONV_U; u++) conv_token<W, YF32, ACT>(wr, win, raw[u], yp + u * ldyb);
-    } else { /* a range edge or a sequence start inside the step: token by token */
+        for (int j = 0; j < W - 1; j++) acc += wr[k][j] * win[j][k];
+        acc += wr[k][W - 1] * xt[k];
+        o[k] = act ? silu_fast(acc) : acc;
+      }
 #pragma unroll
-      for (int u = 0; u < CONV_U; u++) {
-        const int64_t t = t0 + u;
-        if (t < t_lo || t >= t_hi) continue;
-        if (t >= next) { /* a new sequence starts here (empty ones skipped): state window */
-          while (s + 1 < nseq && cu[s + 1] <= t) s++;
-          start = cu[s];
-          next = s + 1 < nseq ? cu[s + 1] : INT64_MAX;
-          conv_window<W>(win, x, ldx, c, t, start, st, slots[s], read_state);
-        }
-        conv_token<W, YF32, ACT>(wr, win, raw[u], yp + u * ldyb);
+      for (int j = 0; j + 1 < W - 1; j++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) win[j][k] = win[j + 1][k];
+#pragma unroll
+      for (int k = 0; k < 8; k++) win[W - 2][k] = xt[k];
+      if (YF32) {
+        float4 *yr = (float4 *)((float *)y + t * ldy) + 2 * c;
+        yr[0] = make_float4(o[0], o[1], o[2], o[3]);
+        yr[1] = make_float4(o[4], o[5], o[6], o[7]);
+      } else {
+        ((bf16x8 *)((uint16_t *)y + t * ldy))[c] = pack8(o);
       }
     }
-    /* Refill the step's slots with rows i0 + CONV_D ... Issued after the stores of y, which
-     * depend on the slots' values (the asm's memory clobber keeps the order), so the reads
-     * have completed before the asynchronous writes can land. */
-#pragma unroll
-    for (int u = 0; u < CONV_U; u++) {
-      const int64_t r = i0 + CONV_D + u;
-      cp_async16(&ring[sb + u][threadIdx.x], r < n ? xr : x, r < n);
-      xr += ldx;
-    }
+    /* Refill the slot just read with row i + CONV_D. Issued after the store of y, which
+     * depends on the slot's value, and the asm's memory clobber keeps it there, so the read
+     * has completed before the asynchronous write can land. */
+    const int64_t r = i + CONV_D;
+    cp_async16(slot, xc + (r < n ? tb + r : tb) * ldx, r < n);
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -254,12 +209,12 @@ __global__ void __launch_bounds__(CONV_TPB, W <= 4 ? 4 : W <= 6 ? 3 : 2)
 static bool al16c(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Blocks of the kernel that fit on one SM (occupancy API, asked once per instance). */
-template <int W, bool YF32, bool ACT>
+template <int W, bool YF32>
 static int conv_blocks_per_sm() {
   static int cached;
   if (!cached) {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, conv_prefill_vec_kernel<W, YF32, ACT>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, conv_prefill_vec_kernel<W, YF32>,
                                                       CONV_TPB, 0) != cudaSuccess || b < 1)
       b = 1;
     cached = b;
@@ -267,14 +222,14 @@ static int conv_blocks_per_sm() {
   return cached;
 }
 
-template <int W, bool YF32, bool ACT>
+template <int W, bool YF32>
 static void launch_conv_vec_t(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
                               const k3k_conv_params_t *p, const unsigned *bad) {
   const k3k_tensor_t *x = t[0], *w = t[1], *y = t[5];
   int64_t T = x->shape[0], c8 = x->shape[1] / 8;
   int64_t nct = k3k_ceil_div(c8, CONV_TPB);
   /* One wave: G token ranges per channel tile, at least 16 tokens each. */
-  int64_t slots_total = (int64_t)conv_blocks_per_sm<W, YF32, ACT>() * (cx->num_sms > 0 ? cx->num_sms : 132);
+  int64_t slots_total = (int64_t)conv_blocks_per_sm<W, YF32>() * (cx->num_sms > 0 ? cx->num_sms : 132);
   int64_t G = slots_total / nct, gmax = (T + 15) / 16;
   if (G > gmax) G = gmax;
   if (G > 65535) G = 65535;
@@ -282,21 +237,19 @@ static void launch_conv_vec_t(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
   const float *wf = w->dtype == K3K_F32 && w->stride[1] == 1 && w->stride[0] == W && al16c(w->data)
                         ? (const float *)w->data
                         : NULL;
-  conv_prefill_vec_kernel<W, YF32, ACT><<<dim3((unsigned)nct, (unsigned)G), CONV_TPB, 0,
-                                           cx->stream>>>(
+  conv_prefill_vec_kernel<W, YF32><<<dim3((unsigned)nct, (unsigned)G), CONV_TPB, 0, cx->stream>>>(
       (const uint16_t *)x->data, x->stride[0], mkdv(w), wf, (const int32_t *)t[2]->data,
       (const int32_t *)t[3]->data, p->n_seqs, mkdv(t[4]), y->data, y->stride[0], c8, T, (int)G,
-      p->read_state, bad);
+      p->read_state, p->activation, bad);
 }
 
 template <int W>
 static void launch_conv_vec(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
                             const k3k_conv_params_t *p, const unsigned *bad) {
-  const bool f32 = t[5]->dtype == K3K_F32;
-  if (p->activation)
-    f32 ? launch_conv_vec_t<W, true, true>(cx, t, p, bad) : launch_conv_vec_t<W, false, true>(cx, t, p, bad);
+  if (t[5]->dtype == K3K_F32)
+    launch_conv_vec_t<W, true>(cx, t, p, bad);
   else
-    f32 ? launch_conv_vec_t<W, true, false>(cx, t, p, bad) : launch_conv_vec_t<W, false, false>(cx, t, p, bad);
+    launch_conv_vec_t<W, false>(cx, t, p, bad);
 }
 
 int k3k_cuda_conv_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {

@@ -43,9 +43,6 @@ struct k3k_cuda_ctx { /* typedef in k3k_cuda.h */
    * check.cu functions return 0 without launching or synchronising (k3k_cuda_set_trusted_ids).
    * 0 (the default) for every other caller: ops validate as k3k.h says. */
   int trusted_ids;
-  /* Pinned host word the checks read their result into (check.cu; allocated at the first
-   * check, freed with the context): a device-to-host copy into pageable memory is staged. */
-  unsigned *check_host;
   /* Bumped whenever memory the ops use implicitly (scratch, pinned host staging) is
    * reallocated: a CUDA graph captured under an older value holds dangling pointers. */
   uint64_t mem_gen;
