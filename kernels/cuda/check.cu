@@ -8,6 +8,9 @@
  * K3_EINVAL (duplicate slot: two sequences would race on one state) exactly like the CPU
  * reference (kernels/cpu/cpu_backend.c k3k_cpu_check_slots / k3k_cpu_check_seqs), so "on error
  * nothing changed" holds on the GPU too.
+ * k3k_cuda_check_seqs_slots_begin/_end split a check from its synchronisation: the op queues
+ * its kernels between the two, gated on the device flag, so its one synchronisation comes after
+ * the work instead of a GPU-idle round trip before it (CONV_PREFILL; two checks, one sync).
  * What it is not: free. One synchronisation per call (~10-20 µs of latency), paid by every op
  * that calls it (KDA_CHUNK, CONV_PREFILL, CONV_STEP, KDA_STEP, MLA_DECODE, GET_ROWS). The raw fused
  * decode entry (k3k_cu_kda_decode) does not call it; it skips out-of-range slots in the kernel.
@@ -44,6 +47,26 @@ __global__ void seqs_check_kernel(dv cu, int64_t n, int64_t total, unsigned *res
     bool bad = i == 0 ? c < 0 : c < dv_ldi(cu, (i - 1) * cu.s[0]);
     if (i == n && c > total) bad = true;
     if (bad) atomicOr(res, 4u);
+  }
+}
+
+/* Both checks of a sequence op in one launch: cu [n+1] (bit 4) and slots [n] (bits 1, 2). */
+__global__ void seqs_slots_check_kernel(dv cu, dv ids, int64_t n, int64_t total, int64_t limit,
+                                        unsigned *bitmap, unsigned *res) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i <= n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int32_t c = dv_ldi(cu, i * cu.s[0]);
+    bool bad = i == 0 ? c < 0 : c < dv_ldi(cu, (i - 1) * cu.s[0]);
+    if (i == n && c > total) bad = true;
+    if (bad) atomicOr(res, 4u);
+    if (i == n) continue;
+    int32_t s = dv_ldi(ids, i * ids.s[0]);
+    if (s < 0 || s >= limit) {
+      atomicOr(res, 1u);
+      continue;
+    }
+    unsigned bit = 1u << (s & 31), old = atomicOr(bitmap + (s >> 5), bit);
+    if (old & bit) atomicOr(res, 2u);
   }
 }
 
@@ -110,6 +133,27 @@ int k3k_cuda_check_seqs(k3k_cuda_ctx *cx, const k3k_tensor_t *cu, int64_t n, int
   K3K_LAUNCHED("seqs_check");
   return finish(cx, res);
 }
+
+int k3k_cuda_check_seqs_slots_begin(k3k_cuda_ctx *cx, const k3k_tensor_t *cu,
+                                    const k3k_tensor_t *slots, int64_t n, int64_t total,
+                                    int64_t n_slots, unsigned **flag) {
+  *flag = NULL;
+  if (cx->trusted_ids) return 0;
+  size_t words = (size_t)(n_slots + 31) / 32;
+  void *sc;
+  int rc = k3k_cuda_scratch(cx, (1 + words) * sizeof(unsigned), &sc);
+  if (rc) return rc;
+  unsigned *res = (unsigned *)sc;
+  K3K_CU(cudaMemsetAsync(res, 0, (1 + words) * sizeof(unsigned), cx->stream));
+  unsigned blocks = k3k_ceil_div((size_t)n + 1, 256);
+  seqs_slots_check_kernel<<<blocks > 1024 ? 1024 : blocks, 256, 0, cx->stream>>>(
+      mkdv(cu), mkdv(slots), n, total, n_slots, res + 1, res);
+  K3K_LAUNCHED("seqs_slots_check");
+  *flag = res;
+  return 0;
+}
+
+int k3k_cuda_check_end(k3k_cuda_ctx *cx, unsigned *flag) { return flag ? finish(cx, flag) : 0; }
 
 int k3k_cuda_check_pages(k3k_cuda_ctx *cx, const k3k_tensor_t *pt, const k3k_tensor_t *lens,
                          int64_t n, int64_t page_size, int64_t n_pages) {

@@ -2,12 +2,15 @@
  *
  * What it is for: packed ragged sequences (cu_seqlens) with a per-sequence state slot, and the
  * one-token decode update. W (kernel width) <= 8. Fast path (BF16 x rows with inner stride 1,
- * BF16/F32 y rows, 16-byte aligned, C % 8 == 0, 2 <= W <= 8): one thread per (8 channels, run of
- * CONV_RUN tokens) keeps the W-1 previous inputs in registers, so each input is loaded once (plus
- * a W-1 token halo per run) with 16-byte loads, CONV_UNROLL tokens in flight; the sequence of the
- * run's first token is found once by binary search and later ones by walking cu_seqlens. Same
- * summation order as the generic kernel (one thread per (token, channel)), which every other
- * view takes; the fast path's SiLU uses __expf/__fdividef (see silu_fast).
+ * BF16/F32 y rows, 16-byte aligned, C % 8 == 0, 2 <= W <= 8): a thread owns 8 channels of one
+ * contiguous token range (one range per block, the grid one wave), streams its 16-byte chunk of
+ * each row through a private cp.async ring in shared memory (15 rows in flight) and keeps the
+ * W-1 previous inputs and the weights in registers, so x is read once (plus a W-1 row halo per
+ * range) and y written once, both in 512-byte warp-wide runs; the sequence of the range's first
+ * token is found once by binary search and later ones by walking cu_seqlens. Same summation
+ * order as the generic kernel (one thread per (token, channel)), which every other view takes;
+ * the fast path's SiLU uses __expf/__fdividef (see silu_fast). The cu_seqlens/slot check is
+ * one kernel whose device flag gates the kernels here, with the op's one synchronisation last.
  * What it is not: fused with the projections; the fused decode step (kda.cu) has its own copy of
  * the step for the K3 shapes.
  * Invariants (k3k.h): state[slot][c][j] = x_{start-W+1+j}, oldest first; after the outputs the
@@ -15,6 +18,7 @@
  * sequence of length 0 keeps its state. The outputs are computed by one kernel and the states
  * rewritten by a second one queued after it, so no thread reads a state another has replaced. */
 #include "cuda_common.cuh"
+#include "mma_sm80.cuh" /* cp_async16 */
 
 #define CONV_MAXW 8
 
@@ -22,10 +26,12 @@ __device__ __forceinline__ float silu_f(float a) { return a / (1.0f + expf(-a));
 
 __global__ void conv_prefill_kernel(dv x, dv w, const int32_t *cu, const int32_t *slots,
                                     int nseq, dv st, dv y, int64_t T, int64_t c_total,
-                                    int width, int read_state, int act) {
+                                    int width, int read_state, int act, const unsigned *bad) {
   int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (c >= c_total) return;
+  if (c >= c_total || (bad && *bad)) return;
+  const int64_t t_lo = cu[0], t_hi = cu[nseq]; /* rows outside every sequence: not written */
   for (int64_t t = blockIdx.y; t < T; t += gridDim.y) { /* T may exceed the grid's 65535 rows */
+    if (t < t_lo || t >= t_hi) continue;
     int lo = 0, hi = nseq - 1; /* the last sequence s with cu[s] <= t (skips empty ones) */
     while (lo < hi) {
       int mid = (lo + hi + 1) >> 1;
@@ -48,10 +54,11 @@ __global__ void conv_prefill_kernel(dv x, dv w, const int32_t *cu, const int32_t
 }
 
 __global__ void conv_state_kernel(dv x, const int32_t *cu, const int32_t *slots, dv st,
-                                  int64_t c_total, int width, int read_state) {
+                                  int64_t c_total, int width, int read_state,
+                                  const unsigned *bad) {
   int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   int s = blockIdx.y;
-  if (c >= c_total) return;
+  if (c >= c_total || (bad && *bad)) return;
   int64_t start = cu[s], end = cu[s + 1];
   if (end == start) return;
   int64_t base = slots[s] * st.s[0] + c * st.s[1];
@@ -66,8 +73,15 @@ __global__ void conv_state_kernel(dv x, const int32_t *cu, const int32_t *slots,
   for (int j = 0; j < width - 1; j++) dv_st(st, base + j * st.s[2], nv[j]);
 }
 
-#define CONV_RUN 32
-#define CONV_UNROLL 4
+/* Fast path: a block of CONV_TPB threads owns 8 * CONV_TPB channels (a thread 8 channels, one
+ * 16-byte chunk of a row) and one contiguous range of tokens, the grid is one wave (ranges of
+ * T / G tokens, G from the occupancy), so every block streams about the same bytes and none
+ * waits for a second wave. Each thread streams its chunk of every row through its own ring of
+ * CONV_D shared-memory slots with cp.async (CONV_D - 1 rows in flight per thread, independent
+ * of the registers, which hold the weights and the W-1 window); no thread reads another's slot,
+ * so there is no barrier. */
+#define CONV_TPB 128
+#define CONV_D 16
 
 /* win[j] holds the 8 inputs at position t-(W-1)+j (j < W-1) for the sequence [start, ...) that t
  * belongs to: earlier positions come from the slot's state (or zeros). */
@@ -93,55 +107,73 @@ __device__ __forceinline__ void conv_window(float win[W > 1 ? W - 1 : 1][8], con
 
 /* SiLU with the fast intrinsics (ex2.approx-based __expf, __fdividef): ~2 ulp in fp32, far
  * below the BF16 output rounding and the F32 tolerance (1e-4); it roughly halves the per-
- * element instruction count, which otherwise is on a par with the memory time here. For
- * a < -87, __expf(-a) = inf and __fdividef returns 0 (silu's limit). */
+ * element instruction count. For a < -87, __expf(-a) = inf and __fdividef returns 0 (silu's
+ * limit). */
 __device__ __forceinline__ float silu_fast(float a) { return __fdividef(a, 1.0f + __expf(-a)); }
 
+/* wf: the weights as F32 [C][W] contiguous with a 16-byte aligned base (loaded as float4), or
+ * NULL (then w through dv). bad: the metadata check's device flag (nothing written when set),
+ * or NULL. */
 template <int W, bool YF32>
-__global__ void __launch_bounds__(128)
-    conv_prefill_vec_kernel(const uint16_t *x, int64_t ldx, dv w, const int32_t *cu,
-                            const int32_t *slots, int nseq, dv st, void *y, int64_t ldy,
-                            int64_t c8, int64_t T, int read_state, int act) {
-  int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  int64_t t0 = (int64_t)blockIdx.y * CONV_RUN;
-  if (c >= c8 || t0 >= T) return;
-  int64_t t_end = t0 + CONV_RUN < T ? t0 + CONV_RUN : T;
+__global__ void __launch_bounds__(CONV_TPB, W <= 5 ? 4 : 2)
+    conv_prefill_vec_kernel(const uint16_t *x, int64_t ldx, dv w, const float *wf,
+                            const int32_t *cu, const int32_t *slots, int nseq, dv st, void *y,
+                            int64_t ldy, int64_t c8, int64_t T, int G, int read_state, int act,
+                            const unsigned *bad) {
+  __shared__ uint4 ring[CONV_D][CONV_TPB];
+  if (bad && *bad) return;
+  const int64_t c = blockIdx.x * (int64_t)CONV_TPB + threadIdx.x;
+  const int64_t tb = T * blockIdx.y / G, te = T * (blockIdx.y + 1) / G, n = te - tb;
+  if (c >= c8 || n <= 0) return;
+  const uint16_t *xc = x + c * 8;
+  /* The first CONV_D rows go out before anything else, so the weight loads, the sequence
+   * search and the window below run under their latency. One commit group per row. */
+#pragma unroll
+  for (int i = 0; i < CONV_D; i++) {
+    cp_async16(&ring[i][threadIdx.x], xc + (i < n ? tb + i : tb) * ldx, i < n);
+    cp_async_commit();
+  }
   float wr[8][W];
+  if (wf) {
+    const float4 *wp = (const float4 *)(wf + c * 8 * W);
 #pragma unroll
-  for (int k = 0; k < 8; k++)
+    for (int q = 0; q < 2 * W; q++) {
+      const float4 v = wp[q];
+      const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int j = 0; j < W; j++) wr[k][j] = dv_ld(w, (c * 8 + k) * w.s[0] + j * w.s[1]);
-  int lo = 0, hi = nseq - 1; /* the last sequence s with cu[s] <= t0 (skips empty ones) */
+      for (int r = 0; r < 4; r++) wr[(4 * q + r) / W][(4 * q + r) % W] = e[r];
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+#pragma unroll
+      for (int j = 0; j < W; j++) wr[k][j] = dv_ld(w, (c * 8 + k) * w.s[0] + j * w.s[1]);
+  }
+  /* Rows before cu[0] or from cu[n] on belong to no sequence: not written (as the reference). */
+  const int64_t t_lo = cu[0] > tb ? cu[0] : tb, t_hi = cu[nseq] < te ? cu[nseq] : te;
+  int lo = 0, hi = nseq - 1; /* the last sequence s with cu[s] <= t_lo (skips empty ones) */
   while (lo < hi) {
     int mid = (lo + hi + 1) >> 1;
-    if (cu[mid] <= t0) lo = mid; else hi = mid - 1;
+    if (cu[mid] <= t_lo) lo = mid; else hi = mid - 1;
   }
   int s = lo;
   int64_t start = cu[s], next = s + 1 < nseq ? cu[s + 1] : INT64_MAX;
   float win[W - 1][8];
-  conv_window<W>(win, x, ldx, c, t0, start, st, slots[s], read_state);
-  /* Software pipeline: the next CONV_UNROLL rows are loaded before this group's math, so a
-   * thread always has loads in flight (the math alone is about as long as the load latency). */
-  bf16x8 cur[CONV_UNROLL], nxt[CONV_UNROLL];
-#pragma unroll
-  for (int u = 0; u < CONV_UNROLL; u++)
-    if (t0 + u < t_end) cur[u] = ((const bf16x8 *)(x + (t0 + u) * ldx))[c];
-  for (int64_t tb = t0; tb < t_end; tb += CONV_UNROLL) {
-#pragma unroll
-    for (int u = 0; u < CONV_UNROLL; u++)
-      if (tb + CONV_UNROLL + u < t_end) nxt[u] = ((const bf16x8 *)(x + (tb + CONV_UNROLL + u) * ldx))[c];
-#pragma unroll
-    for (int u = 0; u < CONV_UNROLL; u++) {
-      int64_t t = tb + u;
-      if (t >= t_end) break;
-      if (t >= next) { /* a new sequence starts here (empty ones skipped) */
+  if (t_lo < t_hi) conv_window<W>(win, x, ldx, c, t_lo, start, st, slots[s], read_state);
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t t = tb + i;
+    uint4 *slot = &ring[i & (CONV_D - 1)][threadIdx.x];
+    cp_async_wait<CONV_D - 1>(); /* this thread's row i has landed */
+    if (t >= t_lo && t < t_hi) {
+      if (t >= next) { /* a new sequence starts here (empty ones skipped): state window */
         while (s + 1 < nseq && cu[s + 1] <= t) s++;
         start = cu[s];
         next = s + 1 < nseq ? cu[s + 1] : INT64_MAX;
         conv_window<W>(win, x, ldx, c, t, start, st, slots[s], read_state);
       }
+      const uint4 raw = *slot;
       float xt[8], o[8];
-      unpack8(cur[u], xt);
+      unpack8(*reinterpret_cast<const bf16x8 *>(&raw), xt);
 #pragma unroll
       for (int k = 0; k < 8; k++) {
         float acc = 0.0f;
@@ -164,29 +196,60 @@ __global__ void __launch_bounds__(128)
         ((bf16x8 *)((uint16_t *)y + t * ldy))[c] = pack8(o);
       }
     }
-#pragma unroll
-    for (int u = 0; u < CONV_UNROLL; u++) cur[u] = nxt[u];
+    /* Refill the slot just read with row i + CONV_D. Issued after the store of y, which
+     * depends on the slot's value, and the asm's memory clobber keeps it there, so the read
+     * has completed before the asynchronous write can land. */
+    const int64_t r = i + CONV_D;
+    cp_async16(slot, xc + (r < n ? tb + r : tb) * ldx, r < n);
+    cp_async_commit();
   }
+  cp_async_wait<0>();
 }
 
 static bool al16c(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+/* Blocks of the kernel that fit on one SM (occupancy API, asked once per instance). */
+template <int W, bool YF32>
+static int conv_blocks_per_sm() {
+  static int cached;
+  if (!cached) {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, conv_prefill_vec_kernel<W, YF32>,
+                                                      CONV_TPB, 0) != cudaSuccess || b < 1)
+      b = 1;
+    cached = b;
+  }
+  return cached;
+}
+
+template <int W, bool YF32>
+static void launch_conv_vec_t(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
+                              const k3k_conv_params_t *p, const unsigned *bad) {
+  const k3k_tensor_t *x = t[0], *w = t[1], *y = t[5];
+  int64_t T = x->shape[0], c8 = x->shape[1] / 8;
+  int64_t nct = k3k_ceil_div(c8, CONV_TPB);
+  /* One wave: G token ranges per channel tile, at least 16 tokens each. */
+  int64_t slots_total = (int64_t)conv_blocks_per_sm<W, YF32>() * (cx->num_sms > 0 ? cx->num_sms : 132);
+  int64_t G = slots_total / nct, gmax = (T + 15) / 16;
+  if (G > gmax) G = gmax;
+  if (G > 65535) G = 65535;
+  if (G < 1) G = 1;
+  const float *wf = w->dtype == K3K_F32 && w->stride[1] == 1 && w->stride[0] == W && al16c(w->data)
+                        ? (const float *)w->data
+                        : NULL;
+  conv_prefill_vec_kernel<W, YF32><<<dim3((unsigned)nct, (unsigned)G), CONV_TPB, 0, cx->stream>>>(
+      (const uint16_t *)x->data, x->stride[0], mkdv(w), wf, (const int32_t *)t[2]->data,
+      (const int32_t *)t[3]->data, p->n_seqs, mkdv(t[4]), y->data, y->stride[0], c8, T, (int)G,
+      p->read_state, p->activation, bad);
+}
+
 template <int W>
 static void launch_conv_vec(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
-                            const k3k_conv_params_t *p) {
-  const k3k_tensor_t *x = t[0], *y = t[5];
-  int64_t T = x->shape[0], c8 = x->shape[1] / 8;
-  dim3 grid(k3k_ceil_div(c8, 128), k3k_ceil_div(T, CONV_RUN));
-  if (y->dtype == K3K_F32)
-    conv_prefill_vec_kernel<W, true><<<grid, 128, 0, cx->stream>>>(
-        (const uint16_t *)x->data, x->stride[0], mkdv(t[1]), (const int32_t *)t[2]->data,
-        (const int32_t *)t[3]->data, p->n_seqs, mkdv(t[4]), y->data, y->stride[0], c8, T,
-        p->read_state, p->activation);
+                            const k3k_conv_params_t *p, const unsigned *bad) {
+  if (t[5]->dtype == K3K_F32)
+    launch_conv_vec_t<W, true>(cx, t, p, bad);
   else
-    conv_prefill_vec_kernel<W, false><<<grid, 128, 0, cx->stream>>>(
-        (const uint16_t *)x->data, x->stride[0], mkdv(t[1]), (const int32_t *)t[2]->data,
-        (const int32_t *)t[3]->data, p->n_seqs, mkdv(t[4]), y->data, y->stride[0], c8, T,
-        p->read_state, p->activation);
+    launch_conv_vec_t<W, false>(cx, t, p, bad);
 }
 
 int k3k_cuda_conv_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
@@ -195,11 +258,12 @@ int k3k_cuda_conv_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor
   int64_t T = x->shape[0], C = x->shape[1];
   int width = (int)w->shape[1];
   if (p->n_seqs == 0 || C == 0) return 0;
-  /* cu_seqlens and slots (range, uniqueness) are checked on the device before any write. */
-  int rc;
-  if ((rc = k3k_cuda_check_seqs(cx, t[2], p->n_seqs, T)) ||
-      (rc = k3k_cuda_check_ids(cx, t[3], p->n_seqs, t[4]->shape[0], 1, 0)))
-    return rc;
+  /* cu_seqlens and slots (range, uniqueness) are checked on the device; the kernels below
+   * write nothing when the check's flag is set, and the one synchronisation (reading the flag
+   * back for the return code) comes after them. */
+  unsigned *bad = NULL;
+  int rc = k3k_cuda_check_seqs_slots_begin(cx, t[2], t[3], p->n_seqs, T, t[4]->shape[0], &bad);
+  if (rc) return rc;
   bool vec = x->dtype == K3K_BF16 && C % 8 == 0 && width >= 2 && width <= CONV_MAXW &&
              x->stride[1] == 1 && y->stride[1] == 1 && cu->stride[0] == 1 &&
              sl->stride[0] == 1 && al16c(x->data) && al16c(y->data) &&
@@ -207,27 +271,27 @@ int k3k_cuda_conv_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor
              (y->stride[0] * (int64_t)k3k_dtype_size(y->dtype)) % 16 == 0;
   if (T > 0 && vec) {
     switch (width) {
-      case 2: launch_conv_vec<2>(cx, t, p); break;
-      case 3: launch_conv_vec<3>(cx, t, p); break;
-      case 4: launch_conv_vec<4>(cx, t, p); break;
-      case 5: launch_conv_vec<5>(cx, t, p); break;
-      case 6: launch_conv_vec<6>(cx, t, p); break;
-      case 7: launch_conv_vec<7>(cx, t, p); break;
-      default: launch_conv_vec<8>(cx, t, p); break;
+      case 2: launch_conv_vec<2>(cx, t, p, bad); break;
+      case 3: launch_conv_vec<3>(cx, t, p, bad); break;
+      case 4: launch_conv_vec<4>(cx, t, p, bad); break;
+      case 5: launch_conv_vec<5>(cx, t, p, bad); break;
+      case 6: launch_conv_vec<6>(cx, t, p, bad); break;
+      case 7: launch_conv_vec<7>(cx, t, p, bad); break;
+      default: launch_conv_vec<8>(cx, t, p, bad); break;
     }
     K3K_LAUNCHED("conv_prefill");
   } else if (T > 0) {
     conv_prefill_kernel<<<dim3(k3k_ceil_div(C, 256), (unsigned)(T < 65535 ? T : 65535)), 256, 0,
                           cx->stream>>>(
         mkdv(x), mkdv(w), (const int32_t *)cu->data, (const int32_t *)sl->data, p->n_seqs,
-        mkdv(st), mkdv(y), T, C, width, p->read_state, p->activation);
+        mkdv(st), mkdv(y), T, C, width, p->read_state, p->activation, bad);
     K3K_LAUNCHED("conv_prefill");
   }
   conv_state_kernel<<<dim3(k3k_ceil_div(C, 256), (unsigned)p->n_seqs), 256, 0, cx->stream>>>(
       mkdv(x), (const int32_t *)cu->data, (const int32_t *)sl->data, mkdv(st), C, width,
-      p->read_state);
+      p->read_state, bad);
   K3K_LAUNCHED("conv_state");
-  return 0;
+  return k3k_cuda_check_end(cx, bad);
 }
 
 /* CONV_STEP: y = act(Σ_{j<W-1} w[j]·s[j] + w[W-1]·x); state ← [s[1..W-2], x]. Each thread owns

@@ -102,6 +102,16 @@ void k3k_cuda_side_destroy(k3k_cuda_ctx *cx);
 int k3k_cuda_check_ids(k3k_cuda_ctx *cx, const k3k_tensor_t *ids, int64_t n, int64_t limit,
                        int unique, int allow_neg);
 int k3k_cuda_check_seqs(k3k_cuda_ctx *cx, const k3k_tensor_t *cu, int64_t n, int64_t total);
+/* The cu_seqlens and slot checks of a sequence op (the two checks above, same codes) without
+ * the synchronisation: one memset and one kernel are queued and *flag gets a device word that
+ * is nonzero when a check failed (NULL when ctx->trusted_ids: nothing queued). The op passes
+ * the flag to its kernels, which write nothing when it is set, then calls
+ * k3k_cuda_check_end, which reads it back (the op's one synchronisation) and returns 0,
+ * K3_ERANGE or K3_EINVAL. The flag lives in ctx scratch: nothing in between may grow it. */
+int k3k_cuda_check_seqs_slots_begin(k3k_cuda_ctx *cx, const k3k_tensor_t *cu,
+                                    const k3k_tensor_t *slots, int64_t n, int64_t total,
+                                    int64_t n_slots, unsigned **flag);
+int k3k_cuda_check_end(k3k_cuda_ctx *cx, unsigned *flag);
 int k3k_cuda_check_pages(k3k_cuda_ctx *cx, const k3k_tensor_t *page_table,
                          const k3k_tensor_t *seq_lens, int64_t n, int64_t page_size,
                          int64_t n_pages);

@@ -153,6 +153,31 @@ static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_
   k3k_mla_params_t p = {n, (int32_t)NH, 128, 64, 128, 512, 1, 0, 0.0f};
   gpair *a[] = {&q, &w, &cache, &pt, &sl, &o};
   if (!g_run2(g, K3K_OP_MLA_DECODE, &p, a, 6, what)) gpair_check(g, &o, TOL_BF16, what);
+  if (lens[0] > 0) {
+    /* Rejected calls on the device (the page check's flag gates the kernels): a used page id
+     * past the pool and a seq_len past the page table -> K3_ERANGE, output untouched. */
+    const k3k_tensor_t *td[] = {&q.d, &w.d, &cache.d, &pt.d, &sl.d, &o.d};
+    gpair_poison(g, &o);
+    int32_t p0 = (int32_t)gpair_host_get(&pt, 0);
+    gpair_host_set(&pt, 0, (float)pages);
+    gpair_upload(g, &pt);
+    int rc1 = k3k_run(g->cuda, K3K_OP_MLA_DECODE, &p, td, 6);
+    gpair_host_set(&pt, 0, (float)p0);
+    gpair_upload(g, &pt);
+    gpair_host_set(&sl, 0, (float)(maxp * ps + 1));
+    gpair_upload(g, &sl);
+    int rc2 = k3k_run(g->cuda, K3K_OP_MLA_DECODE, &p, td, 6);
+    gpair_host_set(&sl, 0, (float)lens[0]);
+    gpair_upload(g, &sl);
+    int rc = g->cuda->synchronize(g->cuda);
+    bool untouched = rc == 0;
+    unsigned char *hb = (unsigned char *)o.h.data;
+    if (untouched && g->cuda->copy_to_host(g->cuda, hb, o.d.data, o.bytes)) untouched = false;
+    for (size_t i = 0; untouched && i < o.bytes; i++) untouched = hb[i] == 0xFF;
+    g_record(g, rc1 == K3_ERANGE && rc2 == K3_ERANGE && untouched,
+             "%s: bad page id -> %s, seq_len past the table -> %s, output %s", what,
+             k3_errname(rc1), k3_errname(rc2), untouched ? "untouched" : "WRITTEN");
+  }
 out:
   gpair_free(g, &q), gpair_free(g, &w), gpair_free(g, &cache), gpair_free(g, &pt);
   gpair_free(g, &sl), gpair_free(g, &o);

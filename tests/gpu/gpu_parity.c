@@ -206,19 +206,35 @@ static int split_lens(int64_t T, int32_t *cu, int maxn) {
   return n;
 }
 
-static void t_conv(gctx *g, int64_t T, int64_t C, int read_state, k3k_dtype_t ydt) {
+/* CONV_PREFILL of width W over T tokens: ragged (split_lens), `equal` > 0 sequences of T/equal
+ * tokens, or -`equal` sequences covering rows [T/10, T - T/10) only (the rows outside every
+ * sequence must stay as they were: poisoned on both sides); state of dtype sdt in reversed slots. With bad != 0 also the rejected calls: an
+ * out-of-range slot and cu_seqlens past T (K3_ERANGE), a duplicate slot (K3_EINVAL), each
+ * leaving y (poisoned first) and the state pool as they were. */
+static void t_conv_w(gctx *g, int64_t T, int64_t C, int W, int read_state, k3k_dtype_t ydt,
+                     k3k_dtype_t sdt, int equal, int bad) {
   int32_t cu[8];
-  int n = split_lens(T, cu, 8);
+  int n;
+  if (equal > 0 && equal < 8) {
+    n = equal;
+    for (int i = 0; i <= n; i++) cu[i] = (int32_t)(T * i / n);
+  } else if (equal < 0 && equal > -8) { /* -n: n sequences inside rows [T/10, T - T/10) */
+    n = -equal;
+    int64_t lo = T / 10, hi = T - T / 10;
+    for (int i = 0; i <= n; i++) cu[i] = (int32_t)(lo + (hi - lo) * i / n);
+  } else {
+    n = split_lens(T, cu, 8);
+  }
   int64_t S = n + 2;
   gpair x = {0}, w = {0}, cup = {0}, sl = {0}, st = {0}, y = {0};
-  char what[128];
-  snprintf(what, sizeof what, "conv_prefill T=%lld C=%lld seqs=%d read_state=%d ->%s",
-           (long long)T, (long long)C, n, read_state, k3k_dtype_name(ydt));
+  char what[160];
+  snprintf(what, sizeof what, "conv_prefill T=%lld C=%lld W=%d seqs=%d read_state=%d ->%s state %s",
+           (long long)T, (long long)C, W, n, read_state, k3k_dtype_name(ydt), k3k_dtype_name(sdt));
   NEW(x, K3K_BF16, 2, T, C);
-  NEW(w, K3K_F32, 2, C, 4);
+  NEW(w, K3K_F32, 2, C, W);
   NEW(cup, K3K_I32, 1, n + 1);
   NEW(sl, K3K_I32, 1, n);
-  NEW(st, K3K_BF16, 3, S, C, 3);
+  NEW(st, sdt, 3, S, C, W - 1);
   NEW(y, ydt, 2, T, C);
   gpair_rand(g, &x, -2, 2), gpair_rand(g, &w, -0.7f, 0.7f), gpair_rand(g, &st, -2, 2);
   for (int i = 0; i <= n; i++) gpair_host_set(&cup, i, (float)cu[i]);
@@ -232,9 +248,62 @@ static void t_conv(gctx *g, int64_t T, int64_t C, int read_state, k3k_dtype_t yd
     strncat(what, " state", sizeof what - strlen(what) - 1);
     gpair_check(g, &st, 0.0, what); /* raw inputs copied: exact */
   }
+  if (bad && n >= 2) {
+    const k3k_tensor_t *td[] = {&x.d, &w.d, &cup.d, &sl.d, &st.d, &y.d};
+    gpair_poison(g, &y);
+    int32_t good1 = (int32_t)gpair_host_get(&sl, 1), last = (int32_t)gpair_host_get(&cup, n);
+    gpair_host_set(&sl, 1, (float)S); /* out of range */
+    gpair_upload(g, &sl);
+    int rc1 = k3k_run(g->cuda, K3K_OP_CONV_PREFILL, &p, td, 6);
+    gpair_host_set(&sl, 1, gpair_host_get(&sl, 0)); /* duplicate */
+    gpair_upload(g, &sl);
+    int rc2 = k3k_run(g->cuda, K3K_OP_CONV_PREFILL, &p, td, 6);
+    gpair_host_set(&sl, 1, (float)good1);
+    gpair_upload(g, &sl);
+    gpair_host_set(&cup, n, (float)(T + 1)); /* past T */
+    gpair_upload(g, &cup);
+    int rc3 = k3k_run(g->cuda, K3K_OP_CONV_PREFILL, &p, td, 6);
+    gpair_host_set(&cup, n, (float)last);
+    gpair_upload(g, &cup);
+    g_record(g, rc1 == K3_ERANGE && rc2 == K3_EINVAL && rc3 == K3_ERANGE,
+             "conv_prefill T=%lld W=%d bad slot -> %s, duplicate slot -> %s, cu past T -> %s",
+             (long long)T, W, k3_errname(rc1), k3_errname(rc2), k3_errname(rc3));
+    snprintf(what, sizeof what, "conv_prefill T=%lld W=%d y untouched by rejected calls",
+             (long long)T, W);
+    gpair_check(g, &y, 0.0, what);
+    snprintf(what, sizeof what, "conv_prefill T=%lld W=%d state unchanged after rejected calls",
+             (long long)T, W);
+    gpair_check(g, &st, 0.0, what);
+  }
 out:
   gpair_free(g, &x), gpair_free(g, &w), gpair_free(g, &cup), gpair_free(g, &sl);
   gpair_free(g, &st), gpair_free(g, &y);
+}
+
+static void t_conv(gctx *g, int64_t T, int64_t C, int read_state, k3k_dtype_t ydt) {
+  t_conv_w(g, T, C, 4, read_state, ydt, K3K_BF16, 0, 0);
+}
+
+/* The conv group (also alone: k3k-gpu-check --cases conv): the fast path at the perf shape (4
+ * sequences of 2048 tokens x 12288 channels), ragged batches at every width the fast path
+ * takes, F32 states, a zero start, the rejected calls; then the generic kernel's views. */
+void gpu_conv_cases(gctx *g) {
+  t_conv_w(g, 8192, 12288, 4, 1, K3K_BF16, K3K_BF16, 4, 1);
+  t_conv_w(g, 8192, 12288, 4, 1, K3K_F32, K3K_F32, 0, 0);
+  for (int W = 2; W <= 8; W++) {
+    t_conv_w(g, 1000, 2048, W, 1, K3K_BF16, W & 1 ? K3K_F32 : K3K_BF16, 0, W == 8);
+    t_conv_w(g, 65, 256, W, W & 1, K3K_F32, K3K_BF16, 0, 0);
+  }
+  t_conv_w(g, 3000, 512, 3, 0, K3K_BF16, K3K_F32, 3, 0);
+  t_conv_w(g, 3000, 512, 4, 1, K3K_BF16, K3K_BF16, -3, 0); /* rows outside sequences */
+  t_conv_w(g, 300, 12, 4, 1, K3K_F32, K3K_BF16, -2, 0);    /* the same, generic kernel */
+  t_conv(g, 70000, 12, 1, K3K_BF16); /* more tokens than grid rows: generic kernel (C % 8) */
+  t_conv(g, 70000, 16, 1, K3K_F32);  /* and the 16-byte kernel */
+  for (int i = 0; i < NT; i++) {
+    t_conv(g, kT[i], 12288, 1, K3K_BF16);
+    t_conv(g, kT[i], 256, 0, K3K_F32);
+    t_conv_w(g, kT[i], 12, 3, 1, K3K_F32, K3K_F32, 0, kT[i] > 1); /* generic kernel: C % 8 */
+  }
 }
 
 static void t_conv_step(gctx *g, int64_t N, int64_t C) {
@@ -512,8 +581,7 @@ int gpu_parity(gctx *g, bool quick) {
    * the 16-byte path (D % 8 == 0) and the generic kernel's row loop (D = 100). */
   t_get_rows(g, 69632, 512, 2304);
   t_get_rows(g, 70001, 64, 100);
-  t_conv(g, 70000, 12, 1, K3K_BF16); /* more tokens than grid rows: generic kernel (C % 8) */
-  t_conv(g, 70000, 16, 1, K3K_F32);  /* and the 16-byte kernel */
+  gpu_conv_cases(g);
   for (int i = 0; i < NT; i++) {
     int64_t T = kT[i];
     t_rmsnorm(g, T, 7168, K3K_BF16, 1, 1e-5f);
@@ -527,8 +595,6 @@ int gpu_parity(gctx *g, bool quick) {
     t_gemm(g, T, T <= 65 ? 12288 : 1024, 7168, K3K_BF16, K3K_BF16);
     t_gemm(g, T, 576, 7168, K3K_BF16, K3K_F32);
     t_gemm(g, T, 96, 256, K3K_F32, K3K_F32);
-    t_conv(g, T, 12288, 1, K3K_BF16);
-    t_conv(g, T, 256, 0, K3K_F32);
     t_gate(g, T, 96, K3K_GATE_LOWER_BOUND);
     t_gate(g, T, 4, K3K_GATE_SOFTPLUS);
     t_attn_res(g, T == 1000 ? 8 : i % 3, T, 7168);

@@ -354,8 +354,8 @@ int gpu_perf(gctx *g) {
   bench_gemm(&P, TP, 576, H, "gemm prefill kv_a M=8192 N=576 K=7168");
   bench_gemm(&P, B, 163840, H, "lm_head rows M=64 N=163840 K=7168");
   }
-  /* Row ops at prefill shape. */
-  if (want(&P, "rows")) {
+  /* Row ops at prefill shape (group "conv": the conv prefill lines alone). */
+  if (want(&P, "rows") || want(&P, "conv")) {
     void *x = dbuf(&P, TP * Pd, K3K_BF16, -2, 2), *z = dbuf(&P, TP * Pd, K3K_BF16, -2, 2),
          *y = dbuf(&P, TP * Pd, K3K_BF16, 0, 0), *yf = dbuf(&P, TP * Pd, K3K_F32, 0, 0),
          *wf = dbuf(&P, Pd * 4, K3K_F32, -.7f, .7f), *wb = dbuf(&P, H, K3K_BF16, .5f, 1.5f),
@@ -374,9 +374,19 @@ int gpu_perf(gctx *g) {
                  twb = k3k_tensor_1d(be, K3K_BF16, wb, H), tw128 = k3k_tensor_1d(be, K3K_F32, al, 128),
                  tal = k3k_tensor_1d(be, K3K_F32, al, 128), tdt = k3k_tensor_1d(be, K3K_F32, dt, Pd);
     double e = (double)TP * Pd;
-    k3k_conv_params_t cp = {4, 1, 1};
-    opb o1 = {&P, K3K_OP_CONV_PREFILL, &cp, {&tx, &tw, &tcu, &tsl, &tst, &ty}, 6};
-    report(&P, "conv_prefill T=8192 C=12288 (4 seqs)", time_it(&P, run_op, &o1, 20), e * 4, 0);
+    if (want(&P, "rows") || want(&P, "conv")) {
+      /* The op as any caller gets it (the device check of cu_seqlens/slots and the one
+       * synchronisation included), then as the model runner calls it (trusted ids: the conv
+       * and state kernels alone). Floor: x read + y written once (BF16). */
+      k3k_conv_params_t cp = {4, 1, 1};
+      opb o1 = {&P, K3K_OP_CONV_PREFILL, &cp, {&tx, &tw, &tcu, &tsl, &tst, &ty}, 6};
+      report(&P, "conv_prefill T=8192 C=12288 (4 seqs)", time_it(&P, run_op, &o1, 20), e * 4, 0);
+      int old_trust = k3k_cuda_set_trusted_ids(P.cx, 1);
+      report(&P, "conv_prefill same, trusted ids (no check/sync)", time_it(&P, run_op, &o1, 20),
+             e * 4, 0);
+      k3k_cuda_set_trusted_ids(P.cx, old_trust);
+    }
+    if (want(&P, "rows")) {
     k3k_rmsnorm_params_t rp = {1e-5f, 1};
     opb o2 = {&P, K3K_OP_RMSNORM, &rp, {&txh, &twb, &tyh}, 3};
     report(&P, "rmsnorm T=8192 D=7168 bf16", time_it(&P, run_op, &o2, 20), (double)TP * H * 4, 0);
@@ -422,6 +432,7 @@ int gpu_perf(gctx *g) {
     tout.data = ids64;
     opb o9 = {&P, K3K_OP_SAMPLE, &sp, {&tlg, &tout}, 2};
     report(&P, "sample greedy N=64 V=163840", time_it(&P, run_op, &o9, 20), 64.0 * 163840 * 4, 0);
+    }
   }
   return 0;
 }

@@ -123,6 +123,70 @@ static void t_conv(void) {
   tt_free(&x), tt_free(&w), tt_free(&st1), tt_free(&st2), tt_free(&y1), tt_free(&y2), tt_free(&cu), tt_free(&sl);
 }
 
+/* CONV_PREFILL at channel counts a device backend takes its 16-byte path for (C % 8 == 0): a
+ * packed batch long enough that the device splits it into many token ranges, so ranges start
+ * inside sequences (window from x rows before the range) and sequences start inside ranges
+ * (window from the state), with an empty sequence and sequences shorter than W-1. */
+static void conv_fast_case(int64_t C, int W, const int32_t *lens, int N, k3k_dtype_t ydt,
+                           k3k_dtype_t sdt, int rs) {
+  int64_t T = 0;
+  for (int i = 0; i < N; i++) T += lens[i];
+  const int64_t S = N + 3;
+  int64_t stsh[3] = {S, C, W - 1};
+  tt_t s[6] = {tt_2d(K3K_BF16, T, C, 0), tt_2d(K3K_F32, C, W, 0), tt_1d(K3K_I32, N + 1),
+               tt_1d(K3K_I32, N), tt_new(sdt, 3, stsh, 0), tt_2d(ydt, T, C, 0)};
+  tt_rand(&s[0], -2, 2);
+  tt_rand(&s[1], -1, 1);
+  tt_rand(&s[4], -2, 2);
+  int32_t cu = 0;
+  for (int i = 0; i < N; i++) {
+    tt_seti(&s[2], i, cu);
+    tt_seti(&s[3], i, (int32_t)(S - 1 - 2 * i % S)); /* scrambled, distinct (S odd vs 2i) */
+    cu += lens[i];
+  }
+  tt_seti(&s[2], N, cu);
+  /* F32 y: fp32 sums of W terms |w·x| <= 2 against float64, plus the fast SiLU's ulps */
+  double *wy = ydt == K3K_BF16 ? tt_expect(&s[5], 1e-6, tol_rel(K3K_BF16)) : tt_expect(&s[5], 1e-5, 1e-5);
+  double *ws = tt_expect(&s[4], 0, 0);
+  s[4].inout = true;
+  for (int64_t i = 0; i < tt_numel(&s[4]); i++) ws[i] = tt_get(&s[4], i);
+  double *xin = malloc((size_t)(T + W) * sizeof *xin);
+  for (int i = 0; i < N; i++) {
+    int32_t st = tt_geti(&s[2], i), en = tt_geti(&s[2], i + 1), sl = tt_geti(&s[3], i);
+    for (int64_t c = 0; c < C; c++) {
+      for (int j = 0; j < W - 1; j++) xin[j] = rs ? tt_get(&s[4], (sl * C + c) * (W - 1) + j) : 0.0;
+      for (int t = st; t < en; t++) xin[W - 1 + t - st] = tt_get(&s[0], t * C + c);
+      for (int t = 0; t < en - st; t++) {
+        double a = 0;
+        for (int j = 0; j < W; j++) a += tt_get(&s[1], c * W + j) * xin[t + j];
+        wy[(st + t) * C + c] = ydt == K3K_BF16 ? rbf(a * sigm(a)) : a * sigm(a);
+      }
+      if (en > st)
+        for (int j = 0; j < W - 1; j++) {
+          double v = xin[en - st + j]; /* a raw bf16 input or a state value: exact in sdt */
+          ws[(sl * C + c) * (W - 1) + j] = v;
+        }
+    }
+  }
+  free(xin);
+  char name[128];
+  snprintf(name, sizeof name, "conv_prefill C=%lld W=%d T=%lld ->%s state %s%s", (long long)C, W,
+           (long long)T, k3k_dtype_name(ydt), k3k_dtype_name(sdt), rs ? "" : " zero start");
+  k3k_conv_params_t p = {.n_seqs = N, .read_state = rs, .activation = 1};
+  run_case(name, K3K_OP_CONV_PREFILL, &p, s, 6, 0);
+  for (int i = 0; i < 6; i++) tt_free(&s[i]);
+}
+
+static void t_conv_fast(void) {
+  static const int32_t lens[] = {1, 70, 0, 129, 3, 97};
+  const int N = (int)(sizeof lens / sizeof lens[0]);
+  conv_fast_case(24, 4, lens, N, K3K_BF16, K3K_BF16, 1);
+  conv_fast_case(24, 4, lens, N, K3K_F32, K3K_F32, 0);
+  conv_fast_case(16, 2, lens, N, K3K_F32, K3K_BF16, 1);
+  conv_fast_case(8, 8, lens, N, K3K_BF16, K3K_F32, 1);
+  conv_fast_case(16, 5, lens, N, K3K_F32, K3K_F32, 1);
+}
+
 /* ---------------- KDA ---------------- */
 
 enum { H = 2, DK = 16, DV = 12, NSLOT = 8 };
@@ -352,5 +416,6 @@ static void t_kda(void) {
 void t_seq(void) {
   rng_seed(3);
   t_conv();
+  t_conv_fast();
   t_kda();
 }
