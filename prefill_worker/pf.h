@@ -148,6 +148,9 @@ void pf_on_xfer_ready(void *ud, const k3_xfer_ready_t *r);
 void pf_on_xfer_release(void *ud, uint64_t request_id, void *owner);
 /* The engine reserved (or failed to reserve) a prepared job's local state. */
 void pf_resume_reserved(pf_worker_t *w, pf_job_t *j, const k3_seq_t *seq);
+/* resume_tokens must be a multiple of this worker's page size: else the call is answered
+ * INVALID_ARGUMENT naming the field and true is returned. */
+bool pf_resume_tokens_bad(pf_worker_t *w, k3_rpc_call_t *call, uint32_t resume_tokens);
 /* Test hook (k3_xfer_recv_opts_t.test_before_verify) behind K3PD_TEST_CORRUPT_RESUME. */
 void pf_test_corrupt(void *ud, uint64_t request_id);
 /* Retires prepared jobs whose Prefill did not come within their lease (timer). */

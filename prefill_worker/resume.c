@@ -176,6 +176,14 @@ void pf_resume_expire(pf_worker_t *w) {
   }
 }
 
+bool pf_resume_tokens_bad(pf_worker_t *w, k3_rpc_call_t *call, uint32_t resume_tokens) {
+  int pt = k3_runner_opts(w->runner)->page_tokens;
+  if (resume_tokens % (uint32_t)pt == 0) return false;
+  k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT, "resume_tokens: %u is not a multiple of this worker's page "
+                      "size (%d tokens)", resume_tokens, pt);
+  return true;
+}
+
 /* The loop-side worker for callbacks that only carry the job (one worker per process). */
 static pf_worker_t *g_w;
 
@@ -208,12 +216,7 @@ static void on_prepare_resume(k3_rpc_call_t *call, const ProtobufCMessage *msg, 
                         (unsigned long long)rq->fingerprint, (unsigned long long)w->fingerprint);
     return;
   }
-  int pt = k3_runner_opts(w->runner)->page_tokens;
-  if (rq->resume_tokens % (uint32_t)pt) {
-    k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT, "resume_tokens: %u is not a multiple of this worker's page "
-                        "size (%d tokens)", rq->resume_tokens, pt);
-    return;
-  }
+  if (pf_resume_tokens_bad(w, call, rq->resume_tokens)) return;
   if (pf_job_find(w, rq->request_id, rq->epoch)) {
     k3_rpc_call_finish(call, K3_RPC_ALREADY_EXISTS, "request_id: this epoch already has a job on this worker");
     return;

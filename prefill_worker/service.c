@@ -361,12 +361,7 @@ static void on_prefill(k3_rpc_call_t *call, const ProtobufCMessage *msg, void *u
     k3_rpc_call_finish(call, K3_RPC_UNAVAILABLE, "prefill worker is draining");
     return;
   }
-  int pt = k3_runner_opts(w->runner)->page_tokens;
-  if (rq->resume_tokens % (uint32_t)pt) {
-    k3_rpc_call_finishf(call, K3_RPC_INVALID_ARGUMENT, "resume_tokens: %u is not a multiple of this worker's page "
-                        "size (%d tokens)", rq->resume_tokens, pt);
-    return;
-  }
+  if (pf_resume_tokens_bad(w, call, rq->resume_tokens)) return;
   /* A job of this (request, epoch) may exist only as a prepared resume nobody joined yet. */
   pf_job_t *pj = find_job(w, rq->request_id, rq->epoch);
   if (pj && !(pj->prepared && !pj->tokens)) {

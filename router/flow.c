@@ -350,28 +350,34 @@ out:
   rt_req_maybe_free(q);
 }
 
-static void start_prefill(rt_req_t *q) {
+/* Chooses the request's prefill worker (the excluded ones only when nothing else is there: a
+ * preference) and records it in q; NULL (request ended) when there is none. */
+static rt_worker_t *choose_prefill(rt_req_t *q) {
   rt_router_t *rt = q->rt;
   const char *ex[RT_MAX_EXCLUDE];
   for (int i = 0; i < q->n_excluded; i++) ex[i] = q->excluded[i];
+  size_t pi;
+  rt_worker_t *dw = worker(q, q->decode_id);
+  uint64_t fp = dw ? dw->info.fingerprint : 0;
+  int rc = rt_choose_prefill(&rt->reg, fp, ex, (size_t)q->n_excluded, &pi);
+  if (rc && q->n_excluded) rc = rt_choose_prefill(&rt->reg, fp, NULL, 0, &pi);
+  if (rc) {
+    end_request(q, K3_RPC_UNAVAILABLE,
+                q->n_excluded ? "no prefill worker is available (the others failed this request)"
+                              : "no prefill worker is available");
+    return NULL;
+  }
+  rt_worker_t *pw = &rt->reg.workers[pi];
+  snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pw->info.id);
+  snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pw->info.address);
+  return pw;
+}
+
+static void start_prefill(rt_req_t *q) {
+  rt_router_t *rt = q->rt;
   rt_worker_t *pw = q->prefill_chosen ? worker(q, q->prefill_id) : NULL;
   q->prefill_chosen = false;
-  if (!pw) {
-    size_t pi;
-    rt_worker_t *dw = worker(q, q->decode_id);
-    uint64_t fp = dw ? dw->info.fingerprint : 0;
-    int rc = rt_choose_prefill(&rt->reg, fp, ex, (size_t)q->n_excluded, &pi);
-    if (rc && q->n_excluded) rc = rt_choose_prefill(&rt->reg, fp, NULL, 0, &pi); /* a preference (above) */
-    if (rc) {
-      end_request(q, K3_RPC_UNAVAILABLE,
-                  q->n_excluded ? "no prefill worker is available (the others failed this request)"
-                                : "no prefill worker is available");
-      return;
-    }
-    pw = &rt->reg.workers[pi];
-    snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pw->info.id);
-    snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pw->info.address);
-  }
+  if (!pw && !(pw = choose_prefill(q))) return;
   K3pd__V1__PrefillRequest pr = K3PD__V1__PREFILL_REQUEST__INIT;
   size_t n_send = q->split ? q->prefill_tokens : q->n_prompt; /* split: the decode worker computes the rest */
   uint32_t *ids = malloc((n_send ? n_send : 1) * sizeof *ids);
@@ -474,20 +480,10 @@ out:
  * cannot start). */
 static void start_resume(rt_req_t *q) {
   rt_router_t *rt = q->rt;
-  const char *ex[RT_MAX_EXCLUDE];
-  for (int i = 0; i < q->n_excluded; i++) ex[i] = q->excluded[i];
-  size_t pi;
+  q->resumed = false;
+  if (!choose_prefill(q)) return;
   rt_worker_t *dw = worker(q, q->decode_id);
   uint64_t fp = dw ? dw->info.fingerprint : 0;
-  q->resumed = false;
-  if (rt_choose_prefill(&rt->reg, fp, ex, (size_t)q->n_excluded, &pi) &&
-      (!q->n_excluded || rt_choose_prefill(&rt->reg, fp, NULL, 0, &pi))) {
-    start_prefill(q); /* it ends the request with the usual message */
-    return;
-  }
-  rt_worker_t *pw = &rt->reg.workers[pi];
-  snprintf(q->prefill_id, sizeof q->prefill_id, "%s", pw->info.id);
-  snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pw->info.address);
   q->prefill_chosen = true;
   K3pd__V1__PrepareResumeRequest pr = K3PD__V1__PREPARE_RESUME_REQUEST__INIT;
   pr.request_id = q->wid;
