@@ -15,6 +15,7 @@ cmake -S . -B build-asan -DK3PD_CUDA=OFF -DK3PD_SANITIZE=ON -DCMAKE_BUILD_TYPE=D
 cmake --build build-asan -j"$jobs"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
 ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE 'gpu|_known'
 if [ "${K3PD_SKIP_CUDA_BUILD:-0}" != 1 ] && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }; then
   export PATH=$PATH:/usr/local/cuda/bin
