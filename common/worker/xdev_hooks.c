@@ -2,8 +2,11 @@
  *
  * The hook table forwards submit/poll/release to k3k_xdev one to one (k3_xfer_seg_t and
  * k3k_xseg_t have the same layout, checked below). map parses the receiver's blob, refuses
- * another host or GPU, and keeps one mapping per (socket path, object name): the first use
- * fetches the descriptor from the peer's fdshare socket and imports it read-write. A peer that
+ * another host or GPU, and keeps one mapping per (socket path, object name, access): the first
+ * use fetches the descriptor from the peer's fdshare socket and imports it read-write (a sender
+ * pushing into a receiver's pool) or read-only (a receiver pulling from a sender's source pool:
+ * cuMemSetAccess PROT_READ, so a fault on this side cannot write the peer's state); a read-write
+ * mapping also serves read-only requests. A peer that
  * restarts on the same path exports a new object name; the old mapping is dropped at once (its
  * process is gone, and our mapping would keep its whole arena allocated). */
 #include "k3pd/xdev_hooks.h"
@@ -36,6 +39,7 @@ typedef struct map {
   char path[108];
   char name[K3_FDSHARE_NAME_MAX + 1];
   uint64_t size;
+  bool writable;
   k3k_vmm_t *vmm;
   int dead_ticks; /* consecutive k3_xhooks_gc calls that found its socket dead */
 } map_t;
@@ -103,7 +107,8 @@ static void map_free(map_t *m) {
   free(m);
 }
 
-static int h_map(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size_bytes, void **base) {
+static int h_map(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size_bytes, bool writable,
+                 void **base) {
   k3_xhooks_t *h = ud;
   if (blob_len < BLOB_HDR || get32(blob) != BLOB_MAGIC || get16(blob + 4) != BLOB_VERSION) return K3_ENOTSUP;
   uint16_t pl = get16(blob + 48), nl = get16(blob + 50);
@@ -121,10 +126,14 @@ static int h_map(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size
   for (map_t **pp = &h->maps; *pp;) {
     map_t *m = *pp;
     if (!strcmp(m->path, path)) {
-      if (!strcmp(m->name, name) && m->size >= size_bytes) {
-        m->dead_ticks = 0;
-        *base = k3k_vmm_ptr(m->vmm);
-        return 0;
+      if (!strcmp(m->name, name)) {
+        if (m->size >= size_bytes && (m->writable || !writable)) {
+          m->dead_ticks = 0;
+          *base = k3k_vmm_ptr(m->vmm);
+          return 0;
+        }
+        pp = &m->next; /* the same pool mapped read-only: a read-write mapping is added beside it */
+        continue;
       }
       /* the peer on this socket restarted with a new arena: the old one's process is gone */
       K3_INFO("xfer: peer %s now serves %s: unmapping its previous pool %s", path, name, m->name);
@@ -140,7 +149,7 @@ static int h_map(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size
   int rc = k3_fdshare_fetch(path, name, K3_XHOOKS_FETCH_MS, &fd, &meta, &meta_len);
   free(meta);
   if (rc) {
-    K3_WARN("xfer: cannot map the receiver's pool %s from %s: %s", name, path, k3_strerror(rc));
+    K3_WARN("xfer: cannot map the peer's pool %s from %s: %s", name, path, k3_strerror(rc));
     return K3_EUNAVAIL;
   }
   map_t *m = calloc(1, sizeof *m);
@@ -148,20 +157,22 @@ static int h_map(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size
     close(fd);
     return K3_ENOMEM;
   }
-  rc = k3k_vmm_import(h->be, fd, size, true, &m->vmm);
+  rc = k3k_vmm_import(h->be, fd, size, writable, &m->vmm);
   close(fd);
   if (rc) {
     free(m);
-    K3_WARN("xfer: importing the receiver's pool %s (%llu bytes) failed: %s", name, (unsigned long long)size,
-            k3_strerror(rc));
+    K3_WARN("xfer: importing the peer's pool %s (%llu bytes, %s) failed: %s", name, (unsigned long long)size,
+            writable ? "read-write" : "read-only", k3_strerror(rc));
     return K3_EUNAVAIL;
   }
   snprintf(m->path, sizeof m->path, "%s", path);
   snprintf(m->name, sizeof m->name, "%s", name);
   m->size = size;
+  m->writable = writable;
   m->next = h->maps;
   h->maps = m;
-  K3_INFO("xfer: mapped the receiver's pool %s (%.1f MiB) from %s", name, (double)size / 1048576.0, path);
+  K3_INFO("xfer: mapped the %s pool %s (%.1f MiB) from %s, %s", writable ? "receiver's" : "sender's", name,
+          (double)size / 1048576.0, path, writable ? "read-write" : "read-only");
   *base = k3k_vmm_ptr(m->vmm);
   return 0;
 }

@@ -321,7 +321,7 @@ static int on_src(k3_xfer_recv_t *r, const uint8_t *msg, size_t len) {
   for (uint32_t p = 0; !err[0] && p < x->n_pools; p++) {
     if (!used[p]) continue;
     void *base = NULL;
-    int rc = r->dev.map(r->dev.ud, x->pools[p].blob, x->pools[p].blob_len, x->pools[p].size_bytes, &base);
+    int rc = r->dev.map(r->dev.ud, x->pools[p].blob, x->pools[p].blob_len, x->pools[p].size_bytes, false, &base);
     if (rc || !base) {
       k3_fmt(err, sizeof err, "its pool %u (%llu bytes) is not mappable here: %s", p,
              (unsigned long long)x->pools[p].size_bytes, rc ? k3_errname(rc) : "NULL base");

@@ -106,7 +106,7 @@ static bool try_map(k3_xfer_send_t *s, const pools_seen_t *ps, char *why, size_t
       return false;
     }
     void *base = NULL;
-    int rc = s->dev.map(s->dev.ud, d->pools[p].blob, d->pools[p].blob_len, d->pools[p].size_bytes, &base);
+    int rc = s->dev.map(s->dev.ud, d->pools[p].blob, d->pools[p].blob_len, d->pools[p].size_bytes, true, &base);
     if (rc || !base) {
       k3_fmt(why, wl, "pool %u not mappable here (%s)", p, rc ? k3_errname(rc) : "NULL base");
       return false;

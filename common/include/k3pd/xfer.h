@@ -180,13 +180,16 @@ typedef struct k3_xfer_dev {
   /* Frees a job after poll returned non-zero; a job still running is waited for first, and
    * its notify has run (or never will) when release returns. */
   void (*release)(void *ud, void *job);
-  /* Maps a receiver pool on this host from its descriptor blob: *base = a local device pointer
+  /* Maps a peer's pool on this host from its descriptor blob: *base = a local device pointer
    * to the pool's first byte (the hook caches mappings; they stay valid until the hook's owner
-   * tears it down, after k3_xfer_ctx_close). Called from k3_xfer_send_start on the loop: a
-   * cached answer must be fast (the first mapping of a peer may block briefly, bounded).
-   * Returns 0, K3_ENOTSUP / K3_EUNAVAIL (not mappable here: another host or GPU, ...). NULL =
-   * never mappable. */
-  int (*map)(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size_bytes, void **base);
+   * tears it down, after k3_xfer_ctx_close). `writable`: true when this process will write the
+   * pool (cuda-ipc push: a sender maps the receiver's pool), false when it only reads it
+   * (cuda-pull: a receiver maps the sender's source pool) — the hook must then map it read-only,
+   * so no bug on this side can write a peer's state. A cached read-write mapping may answer a
+   * read-only request; never the reverse. Called on the loop: a cached answer must be fast (the
+   * first mapping of a peer may block briefly, bounded). Returns 0, K3_ENOTSUP / K3_EUNAVAIL
+   * (not mappable here: another host or GPU, ...). NULL = never mappable. */
+  int (*map)(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size_bytes, bool writable, void **base);
 } k3_xfer_dev_t;
 
 /* ---- staging hooks for device memory (supplied by the model runner) -------------------- */

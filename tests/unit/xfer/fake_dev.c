@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,19 +43,21 @@ static int map_twice(int fd, size_t len, fake_area_t *a) {
   return 0;
 }
 
-/* The shadow of [dev, dev+len) when one area covers all of it, else NULL. */
-static uint8_t *shadow_range(fake_dev_t *f, const void *dev, uint64_t len) {
+/* The shadow of [dev, dev+len) when one area covers all of it (a writable one when `write`),
+ * else NULL. */
+static uint8_t *shadow_range(fake_dev_t *f, const void *dev, uint64_t len, bool write) {
   uintptr_t p = (uintptr_t)dev;
   uint8_t *out = NULL;
   pthread_mutex_lock(&f->mu);
   for (int i = 0; i < f->n_areas && !out; i++)
-    if (p >= f->areas[i].dev && len <= f->areas[i].len && p - f->areas[i].dev <= f->areas[i].len - len)
+    if (p >= f->areas[i].dev && len <= f->areas[i].len && p - f->areas[i].dev <= f->areas[i].len - len &&
+        (f->areas[i].writable || !write))
       out = f->areas[i].shadow + (p - f->areas[i].dev);
   pthread_mutex_unlock(&f->mu);
   return out;
 }
 
-uint8_t *fake_dev_shadow(fake_dev_t *f, const void *dev) { return shadow_range(f, dev, 1); }
+uint8_t *fake_dev_shadow(fake_dev_t *f, const void *dev) { return shadow_range(f, dev, 1, false); }
 
 static void run_job(fake_job_t *j) {
   k3_digest_t d;
@@ -66,9 +69,9 @@ static void run_job(fake_job_t *j) {
     k3_digest_reset(&d);
     for (uint32_t s = j->first[r]; s < j->first[r + 1]; s++) {
       const k3_xfer_seg_t *g = &j->segs[s];
-      const uint8_t *src = shadow_range(j->f, g->src, g->len);
-      uint8_t *dst = g->dst ? shadow_range(j->f, g->dst, g->len) : NULL;
-      if (!src || (g->dst && !dst)) { /* an address no device allocation covers */
+      const uint8_t *src = shadow_range(j->f, g->src, g->len, false);
+      uint8_t *dst = g->dst ? shadow_range(j->f, g->dst, g->len, true) : NULL;
+      if (!src || (g->dst && !dst)) { /* an address no device allocation covers, or a read-only one written */
         j->status = K3_EDEVICE;
         break;
       }
@@ -138,7 +141,7 @@ static void release(void *ud, void *job) {
   free(j);
 }
 
-static int map(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size_bytes, void **base) {
+static int map(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size_bytes, bool writable, void **base) {
   fake_dev_t *f = ud;
   if (f->refuse_map) return K3_ENOTSUP;
   char b[64];
@@ -147,7 +150,7 @@ static int map(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size_b
   b[blob_len] = 0;
   pthread_mutex_lock(&f->mu);
   for (int i = 0; i < f->n_areas; i++) /* cached: one mapping per peer pool */
-    if (strcmp(f->areas[i].blob, b) == 0) {
+    if (strcmp(f->areas[i].blob, b) == 0 && (f->areas[i].writable || !writable)) {
       *base = (void *)f->areas[i].dev;
       pthread_mutex_unlock(&f->mu);
       return 0;
@@ -165,10 +168,12 @@ static int map(void *ud, const uint8_t *blob, uint32_t blob_len, uint64_t size_b
     return K3_EUNAVAIL;
   }
   snprintf(a.blob, sizeof a.blob, "%s", b);
+  a.writable = writable;
   pthread_mutex_lock(&f->mu);
   f->areas[f->n_areas++] = a;
   pthread_mutex_unlock(&f->mu);
   f->maps++;
+  if (!writable) f->maps_ro++;
   *base = (void *)a.dev;
   return 0;
 }
@@ -193,6 +198,7 @@ int fake_dev_alloc(fake_dev_t *f, size_t len, void **dev, uint8_t **shadow, cons
     return -1;
   }
   snprintf(a.blob, sizeof a.blob, "/proc/%d/fd/%d %zu", (int)getpid(), fd, len);
+  a.writable = 1;
   pthread_mutex_lock(&f->mu);
   int i = f->n_areas++;
   f->areas[i] = a;

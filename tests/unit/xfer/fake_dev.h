@@ -7,7 +7,9 @@
  * The hooks implement k3_xfer_dev_t: submit computes each region's K3 digest (k3_digest) over
  * the shadows, copying where dst is set, either inside submit or on a thread of its own after a
  * delay (then notify runs on that thread, exercising k3_xfer_ctx_wake); map opens a peer
- * process's memfd from the pool's blob ("/proc/<pid>/fd/<n> <size>") and maps it twice too.
+ * process's memfd from the pool's blob ("/proc/<pid>/fd/<n> <size>") and maps it twice too,
+ * read-only when k3_xfer asks so: a job that writes into a read-only mapping fails like a
+ * device fault would (K3_EDEVICE).
  *
  * What it is not: a model of CUDA timing or of partial failures beyond "an address no
  * allocation or mapping covers" (the job then fails with K3_EDEVICE).
@@ -31,6 +33,7 @@ typedef struct {
   size_t len;
   int fd;
   char blob[64]; /* "/proc/<pid>/fd/<fd> <len>" (own allocations), or the blob mapped */
+  int writable;  /* own allocations and read-write mappings; a job writing elsewhere fails */
 } fake_area_t;
 
 typedef struct {
@@ -40,6 +43,7 @@ typedef struct {
   int n_areas;
   int async_us;         /* 0: jobs complete inside submit; > 0: on a thread after this delay */
   int jobs, maps, segs; /* counters: jobs submitted, peer pools mapped, segments submitted */
+  int maps_ro;          /* of maps: mapped read-only (a receiver pulling from a sender) */
   int refuse_map;       /* map returns K3_ENOTSUP */
 } fake_dev_t;
 

@@ -58,7 +58,7 @@ typedef struct {
 } cfg_t;
 
 typedef struct { /* receiver → test */
-  int ready, bit_identical, released, live, quarantined, flipped, maps, segs;
+  int ready, bit_identical, released, live, quarantined, flipped, maps, maps_ro, segs;
   k3_xfer_stats_t st;
 } rres_t;
 
@@ -67,7 +67,7 @@ typedef struct { /* sender → test */
   int path[MAX_REQ];
   uint64_t t_done[MAX_REQ];
   k3_xfer_stats_t st;
-  int maps, segs;
+  int maps, maps_ro, segs;
 } sres_t;
 
 static void regions(k3_xfer_region_t *rg) {
@@ -241,6 +241,7 @@ static int receiver(cfg_t c, int wfd, int resfd) {
   x->res.quarantined = (int)k3_xfer_recv_quarantined(r);
   k3_xfer_ctx_stats(ctx, &x->res.st);
   x->res.maps = x->dev.maps;
+  x->res.maps_ro = x->dev.maps_ro;
   x->res.segs = x->dev.segs;
   k3_xfer_recv_free(r);
   k3_xfer_pool_free(pool);
@@ -379,6 +380,7 @@ static int sender(cfg_t c, int rfd, pid_t victim, sres_t *out, uint64_t *t_start
   uv_close((uv_handle_t *)&t, NULL);
   k3_xfer_ctx_stats(ctx, &out->st);
   out->maps = fd->maps;
+  out->maps_ro = fd->maps_ro;
   out->segs = fd->segs;
   k3_xfer_ctx_close(ctx);
   uv_run(&loop, UV_RUN_DEFAULT);
@@ -454,6 +456,7 @@ static void expect_ok_cfg(cfg_t c) {
     ck_assert_msg(rr.st.dev_jobs >= (uint64_t)n && rr.st.dev_jobs <= 4u * (uint64_t)n, "receiver jobs %llu",
                   (unsigned long long)rr.st.dev_jobs);
     ck_assert_int_eq(rr.maps, 1);
+    ck_assert_int_eq(rr.maps_ro, 1); /* the sender's state mapped read-only: a pull never writes it */
     ck_assert_int_eq(rr.segs, 12 * n);
     if (c.pull == 2) {
       ck_assert_uint_eq(sr.st.dev_jobs, 0);
@@ -483,6 +486,7 @@ static void expect_ok_cfg(cfg_t c) {
     ck_assert_msg(rr.st.dev_jobs >= (uint64_t)n && rr.st.dev_jobs <= 4u * (uint64_t)n, "receiver jobs %llu",
                   (unsigned long long)rr.st.dev_jobs);
     ck_assert_int_eq(sr.maps, 1);
+    ck_assert_int_eq(sr.maps_ro, 0); /* a push writes the receiver's pool: mapped read-write */
     /* Per request: S and conv one segment each (x2 layers); each MLA region 4: source runs
      * [0,1024) [1024,1536) [1536,2048) [2048,2368) inside destination runs [0,2048) (pages 0-1
      * back to back) and [2048,2368). */
