@@ -489,17 +489,20 @@ part_medium() {
       --perf-batch 32 > "$d/mono.out" 2> "$d/mono.perf" || bad "medium: k3pd-generate --perf failed"
     grep "perf:" "$d/mono.perf"
     # TTFT of an 8K prompt; inter-token latency at 1 and 32 streams
+    # each k3pd-bench run its own seed: the same seed sends the same prompts again, and with the
+    # prefix cache on (the default) a repeated prompt is a hit, not a prefill
     k3pd-bench --router "$ROUTER" --label ttft-8k --requests 3 --concurrency 1 --prompt-len 8192 --output-len 4 \
-      --id-max 150000 --mono-perf "$d/mono.perf" --json "$d/bench.json" > "$d/ttft.txt" 2>&1
+      --seed 11 --id-max 150000 --mono-perf "$d/mono.perf" --json "$d/bench.json" > "$d/ttft.txt" 2>&1
     k3pd-bench --router "$ROUTER" --label itl-1 --requests 2 --concurrency 1 --prompt-len 128 --output-len 256 \
-      --id-max 150000 --mono-perf "$d/mono.perf" --json "$d/bench.json" > "$d/itl1.txt" 2>&1
+      --seed 12 --id-max 150000 --mono-perf "$d/mono.perf" --json "$d/bench.json" > "$d/itl1.txt" 2>&1
     k3pd-bench --router "$ROUTER" --label itl-32 --requests 64 --concurrency 32 --warmup 32 --prompt-len 128 \
-      --output-len 128 --id-max 150000 --mono-perf "$d/mono.perf" --json "$d/bench.json" > "$d/itl32.txt" 2>&1
+      --output-len 128 --seed 13 --id-max 150000 --mono-perf "$d/mono.perf" --json "$d/bench.json" > "$d/itl32.txt" 2>&1
     grep -hE "^k3pd-bench|TTFT|inter-token|vs monolithic|requests:" "$d/ttft.txt" "$d/itl1.txt" "$d/itl32.txt"
     # mixed load: prompts 1K-8K, outputs 128-512, Poisson arrivals at three rates
-    local r
+    local r seed=20
     for r in ${K3PD_MIXED_RATES:-0.25 0.5 1}; do
-      k3pd-bench --router "$ROUTER" --label "mixed-$r" --rate "$r" --duration "${K3PD_MIXED_S:-40}" \
+      seed=$((seed + 1))
+      k3pd-bench --router "$ROUTER" --label "mixed-$r" --rate "$r" --duration "${K3PD_MIXED_S:-40}" --seed "$seed" \
         --prompt-len 1024..8192 --output-len 128..512 --id-max 150000 --timeout-ms 300000 --max-inflight 64 \
         --json "$d/bench.json" > "$d/mixed-$r.txt" 2>&1
       nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader > "$d/mem-$r.txt" 2>&1
