@@ -390,7 +390,8 @@ def measure_config(a, bins, out, preset, cfg, cpus, t0=None):
                 os.unlink(bj)
             t = time.monotonic()
             rc = run([bins("k3pd-bench"), "--router", c.router, "--model", model, "--rate", rate, "--json", bj,
-                      "--label", tag, "--timeout-ms", "60000"] + span(a) + workload(a),
+                      "--label", tag, "--timeout-ms", "60000",
+                      "--requests-out", os.path.join(out, f"req-{tag}.jsonl")] + span(a) + workload(a),
                      cell_seconds(a, float(rate)) * 10 + 300, os.path.join(out, f"bench-{tag}.log"), cpu=front)
             entry[f"cell_r{rate}_s"] = round(time.monotonic() - t, 1)
             print(f"validate: {tag}: measured ({rc}) in {entry[f'cell_r{rate}_s']} s", flush=True)
