@@ -427,7 +427,8 @@ def cell(a, out, prof, preset, cfg, P, D, rate, rows):
             continue
         pj = os.path.join(out, f"plan-{variant}{tag}.json")
         rc = run([a.plan_bin, "--profile", prof, "--rate", rate, "--warmup", "0", "--prefill", str(P), "--decode",
-                  str(D), "--json", pj] + span(a) + workload(a) + extra + a.plan_args.split(), 600,
+                  str(D), "--json", pj] + (["--requests-out", os.path.join(out, f"plan-req-{tag}.jsonl")] if not variant
+                                             else []) + span(a) + workload(a) + extra + a.plan_args.split(), 600,
                  os.path.join(out, f"plan-{variant}{tag}.log"))
         if rc:
             print(f"validate: {tag}: k3pd-plan {variant or 'own'} failed ({rc}); skipped", flush=True)
