@@ -234,6 +234,10 @@ def main():
     ap.add_argument("--output-len", default="8..32")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile-args", default="", help="extra k3pd-bench --profile flags")
+    ap.add_argument("--profile-batches", default=None,
+                    help="decode batches per decode worker the profile measures (with --profile-each: a PxD "
+                    "cluster's profile runs concurrency 1 and b x D for each b > 1, so every decode worker sees "
+                    "batches up to b, not b / D)")
     ap.add_argument("--worker-args", default="", help="extra flags for every worker (e.g. \"--backend cpu-fast "
                     "--threads 1\")")
     ap.add_argument("--host-cores", type=int, default=None,
@@ -381,7 +385,7 @@ def measure_config(a, bins, out, preset, cfg, cpus, t0=None):
     try:
         if a.profile_each:
             t = time.monotonic()
-            measure_profile(a, bins, c, os.path.join(out, f"profile-{preset}-{cfg}.json"), cpu=front)
+            measure_profile(a, bins, c, os.path.join(out, f"profile-{preset}-{cfg}.json"), cpu=front, n_decode=D)
             entry["profile_s"] = round(time.monotonic() - t, 1)
         for rate in cell_rates(a, P, D):
             tag = f"{preset}-{cfg}-r{rate}"
@@ -401,12 +405,15 @@ def measure_config(a, bins, out, preset, cfg, cpus, t0=None):
     return entry
 
 
-def measure_profile(a, bins, c, prof, cpu=None):
+def measure_profile(a, bins, c, prof, cpu=None, n_decode=1):
     """k3pd-bench --profile on cluster c (started with metrics), written to prof."""
     log = prof[:-len(".json")] + ".log"
     argv = [bins("k3pd-bench"), "--router", c.router, "--model", c.model, "--profile", prof,
             "--profile-prefill-metrics", ",".join(c.metrics["prefill"]),
             "--profile-decode-metrics", ",".join(c.metrics["decode"])] + a.profile_args.split()
+    if a.profile_batches:  # the router spreads concurrent requests over the decode workers
+        bs = [int(b) for b in a.profile_batches.split(",")]
+        argv += ["--profile-batches", ",".join(str(b if b == 1 else b * n_decode) for b in bs)]
     rc = run(argv, 1800, log, cpu=cpu)
     if rc:
         raise RuntimeError(f"k3pd-bench --profile failed ({rc}); see {log}")
