@@ -54,13 +54,17 @@ export LD_LIBRARY_PATH=$w/k/lib:${LD_LIBRARY_PATH:-}
 } > "$out/host.txt" 2>&1
 v=$w/v
 mkdir -p "$v"
+# its own process group (setsid), so that whatever it leaves behind is stopped below
 # shellcheck disable=SC2086
-timeout 560 /usr/bin/python3 "$validate" --bin "$w/k/bin" --presets "${PLAN_PRESETS:-tiny,tiny-48b}" \
+setsid timeout -k 10 560 /usr/bin/python3 "$validate" --bin "$w/k/bin" --presets "${PLAN_PRESETS:-tiny,tiny-48b}" \
   --configs "${PLAN_CONFIGS:-1x1,2x1,1x2,2x2,3x3}" --rates 2,3.5,5 --rates-per-pair --requests "${PLAN_REQUESTS:-100}" \
   --prompt-len 16..64 --output-len 8..32 --profile-each --cpus auto --budget-s 330 ${PLAN_EXTRA:-} \
   --profile-batches 1,2,4 --profile-args "--profile-prompts 16,32,48,64 --profile-repeats 3 --profile-output 32" \
-  --out "$v" > "$out/validate.log" 2>&1
+  --out "$v" > "$out/validate.log" 2>&1 &
+vpid=$!
+wait $vpid
 rc=$?
+kill -TERM -- -$vpid 2>/dev/null && sleep 3 && kill -KILL -- -$vpid 2>/dev/null
 echo "validate.py exit $rc after $((SECONDS - t0)) s; load after: $(cat /proc/loadavg)" | tee -a "$out/host.txt"
 cp "$v/table.md" "$v/jobs.json" "$v/rows.json" "$out/" 2>/dev/null
 (cd "$v" && tar --exclude='ckpt-*' -cJf "$out/results.tar.xz" .)

@@ -40,6 +40,19 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+LIVE = set()  # clusters running now: stopped by on_term too
+
+
+def on_term(signum, frame):
+    """SIGTERM (e.g. timeout): stop every cluster's processes before exiting."""
+    for c in list(LIVE):
+        for _, p in c.procs:
+            if p.poll() is None:
+                p.kill()
+    print(f"validate: signal {signum}: clusters stopped", flush=True)
+    os._exit(128 + signum)
+
+
 class Cluster:
     """Router + P prefill + D decode workers on loopback (what scripts/bench/run.sh starts)."""
 
@@ -49,6 +62,7 @@ class Cluster:
         self.procs = []
         self.logs = logs
         self.cpus = cpus
+        LIVE.add(self)
         os.makedirs(logs, exist_ok=True)
         rport, cport = os.path.join(logs, "router.port"), os.path.join(logs, "router.cport")
         for f in (rport, cport):
@@ -114,6 +128,7 @@ class Cluster:
                 p.kill()
                 p.wait(timeout=5)
         self.procs = []
+        LIVE.discard(self)
 
 
 def pinned(argv, cpu):
@@ -262,6 +277,7 @@ def main():
                     "scripts/gpu/cluster.sh's plan part passes the bundle's)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, on_term)
     if a.replan and not a.out:
         ap.error("--replan needs --out")
     if a.host_cores is None:
