@@ -99,6 +99,7 @@ typedef struct {
   uint64_t t_start, t_first, t_end; /* ns; t_first 0 when no token arrived */
   uint32_t n_tokens;          /* tokens received */
   double gap_max_ms;          /* the longest inter-token gap (as the ITL samples count it) */
+  double gap1_ms;             /* the first one: first token (the Prefill reply's) -> the next */
   uint32_t prompt_tokens;     /* usage.prompt_tokens from the final chunk */
   uint32_t cached_tokens;     /* usage.cached_prompt_tokens: from the decode worker's prefix cache */
   uint32_t *prompt;           /* chat: the prompt sent (owned; its ids depend on earlier replies) */

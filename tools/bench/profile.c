@@ -92,6 +92,8 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 /* Runs `n` requests of fixed prompt length L and output N at concurrency c. */
+static bn_vec_t *g_gaps; /* when set, phase() appends the run's inter-token gaps here */
+
 static int phase(const bn_workload_t *w0, const bn_profile_opts_t *o, uint32_t L, uint32_t N, int c, uint64_t n,
                  uint64_t seed, phase_t *ph, char *err, size_t errlen) {
   bn_workload_t w = *w0;
@@ -131,6 +133,8 @@ static int phase(const bn_workload_t *w0, const bn_profile_opts_t *o, uint32_t L
     double d = (double)(r->t_first - r->t_start) / 1e6 - ph->ttft_ms;
     ph->ttft_var += d * d / (double)(ph->ok - 1);
   }
+  for (size_t i = 0; g_gaps && i < run.itl_ms.n; i++)
+    if (bn_vec_push(g_gaps, run.itl_ms.v[i])) rc = K3_ENOMEM;
   if (run.itl_ms.n > 1) {
     double m = 0, v = 0;
     for (size_t i = 0; i < run.itl_ms.n; i++) m += run.itl_ms.v[i];
@@ -147,7 +151,7 @@ static int phase(const bn_workload_t *w0, const bn_profile_opts_t *o, uint32_t L
              c, bad, (unsigned long long)n);
     return K3_EUNAVAIL;
   }
-  return 0;
+  return rc;
 }
 
 /* The point's shape once more, unmeasured, before its measured run (o->warmup rounds): on CUDA
@@ -285,14 +289,17 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
   }
   /* 3. decode */
   int dl[2] = {Ls[0], Ls[nL - 1]};
+  bn_vec_t gaps1 = {0};
   for (int i = 0; i < nB && !rc; i++)
     for (int j = 0; j < 2 && !rc; j++) {
       int c = Bs[i], N = o->decode_output;
       phase_t ph;
-      if ((rc = warm(w, o, (uint32_t)dl[j], (uint32_t)N, c, seed, err, errlen)) || (rc = snap(o, &a, err, errlen)) ||
-          (rc = phase(w, o, (uint32_t)dl[j], (uint32_t)N, c, (uint64_t)(R * c), seed++, &ph, err, errlen)) ||
-          (rc = snap(o, &b, err, errlen)))
+      if ((rc = warm(w, o, (uint32_t)dl[j], (uint32_t)N, c, seed, err, errlen)) || (rc = snap(o, &a, err, errlen)))
         break;
+      g_gaps = c == 1 ? &gaps1 : NULL; /* batch 1: the step's own spread (pl_profile_fit_spread) */
+      rc = phase(w, o, (uint32_t)dl[j], (uint32_t)N, c, (uint64_t)(R * c), seed++, &ph, err, errlen);
+      g_gaps = NULL;
+      if (rc || (rc = snap(o, &b, err, errlen))) break;
       double step, batch;
       if (a.dc) {
         double steps = b.v[M_STEP_COUNT] - a.v[M_STEP_COUNT];
@@ -312,11 +319,14 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
               batch, ph.tpot_ms);
     }
   if (rc) {
+    free(gaps1.v);
     json_decref(pts);
     return rc;
   }
   pl_profile_t p;
   pl_profile_default(&p);
+  pl_profile_fit_spread(&p, gaps1.v, gaps1.n);
+  free(gaps1.v);
   p.pf.chunk_tokens = C;
   bool nn4[4] = {true, true, true, true};
   double bp[4], bd[3], bbytes[2] = {0, 0}, btail[2] = {0, 0};
@@ -374,6 +384,10 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
             o->out, p.pf_fixed_ms, p.pf_per_seq_ms, p.pf_per_token_ms, p.pf_per_kctx_ms, p.dc_fixed_ms,
             p.dc_per_seq_ms, p.dc_per_kctx_ms, p.ho_bytes_fixed, p.ho_bytes_per_token, p.ho_latency_ms,
             p.ho_bandwidth_bytes_per_s, p.ttft_overhead_ms, p.pf_cv, p.dc_cv);
+  if (!rc && p.dc_q_n >= 2)
+    fprintf(stderr, "k3pd-bench --profile: decode step spread from %zu gaps at batch 1 (/ mean): p50 %.2f p90 %.2f "
+            "p99 %.2f max %.2f\n", gaps1.n, pl_decode_spread(&p, 0.5), pl_decode_spread(&p, 0.9),
+            pl_decode_spread(&p, 0.99), pl_decode_spread(&p, 1));
   if (!rc && p.pf_tab_n >= 2)
     fprintf(stderr, "k3pd-bench --profile: prefill table of %d lone prompts, %.3f ms shared per pass, %.5f/ktok-ctx ms\n",
             p.pf_tab_n, p.pf_shared_ms, p.pf_tab_kctx_ms);

@@ -374,10 +374,10 @@ int bn_report_requests(const bn_run_t *run, const char *path, char *err, size_t 
     double e2e = r->t_end > r->t_start ? (double)(r->t_end - r->t_start) / 1e6 : -1;
     fprintf(f,
             "{\"index\":%llu,\"ok\":%s,\"send_ms\":%.3f,\"prompt\":%u,\"tokens\":%u,\"ttft_ms\":%.3f,"
-            "\"e2e_ms\":%.3f,\"gap_max_ms\":%.3f,\"queue_ms\":%.3f,\"prefill_ms\":%.3f,\"handoff_ms\":%.3f,"
+            "\"e2e_ms\":%.3f,\"gap_max_ms\":%.3f,\"gap1_ms\":%.3f,\"queue_ms\":%.3f,\"prefill_ms\":%.3f,\"handoff_ms\":%.3f,"
             "\"decode_ms\":%.3f}\n",
             (unsigned long long)r->index, r->complete ? "true" : "false", t0, r->prompt_tokens, r->n_tokens, ttft, e2e,
-            r->gap_max_ms, (double)r->queue_us / 1e3, (double)r->prefill_us / 1e3, (double)r->handoff_us / 1e3,
+            r->gap_max_ms, r->gap1_ms, (double)r->queue_us / 1e3, (double)r->prefill_us / 1e3, (double)r->handoff_us / 1e3,
             (double)r->decode_us / 1e3);
   }
   int bad = ferror(f);

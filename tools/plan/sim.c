@@ -422,7 +422,8 @@ static void dc_loop(sim_t *s, int di) {
   d->n_batch = b;
   s->steps += 1;
   s->step_seqs += b;
-  push_ev(s, s->now + pl_decode_step_ms(s->p, b, ctx) * share(s) * jitter(s, s->dc_sigma), EV_DC_STEP_END, di, -1);
+  double spread = s->p->dc_q_n >= 2 ? pl_decode_spread(s->p, bn_rng_uniform(&s->rng_jitter)) : jitter(s, s->dc_sigma);
+  push_ev(s, s->now + pl_decode_step_ms(s->p, b, ctx) * share(s) * spread, EV_DC_STEP_END, di, -1);
 }
 
 static void dc_step_end(sim_t *s, int di) {

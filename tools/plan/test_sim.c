@@ -251,6 +251,40 @@ START_TEST(test_percentiles_match_bench) {
 }
 END_TEST
 
+/* The measured step spread (decode.step_spread). One request of 1 prompt token and 20001 output
+ * tokens alone: 20000 gaps, each a 10 ms step x R(U). (1) A flat table [[0, 2], [1, 2]]: every
+ * gap is 20 ms. (2) [[0, 0.5], [1, 1.5]]: R(U) = 0.5 + U, uniform on [0.5, 1.5]: gaps uniform on
+ * [5, 15] ms: mean 10, p50 10, p99 14.9 (within 1 % at 20000 draws). (3) The fit: gaps 1..100
+ * (mean 50.5) make R(0) = 1/50.5, R(1) = 100/50.5, R(0.5) = 50.5/50.5 = 1. */
+START_TEST(test_decode_step_spread) {
+  pl_profile_t p = simple();
+  p.dc_q_n = 2;
+  p.dc_q_p[0] = 0, p.dc_q_p[1] = 1;
+  p.dc_q_r[0] = p.dc_q_r[1] = 2;
+  double at[] = {0};
+  int64_t pr[] = {1}, out[] = {20001};
+  traces_t tr = {0};
+  pl_result_t r = run_fixed(&p, 1, 1, at, pr, out, 1, &tr);
+  ck_assert_double_eq_tol(r.itl_ms.p50, 20, 1e-9);
+  ck_assert_double_eq_tol(r.itl_ms.max, 20, 1e-9);
+  p.dc_q_r[0] = 0.5, p.dc_q_r[1] = 1.5;
+  r = run_fixed(&p, 1, 1, at, pr, out, 1, &tr);
+  ck_assert_msg(fabs(r.itl_ms.mean - 10) < 0.1, "mean gap %.3f, want 10", r.itl_ms.mean);
+  ck_assert_msg(fabs(r.itl_ms.p50 - 10) < 0.1, "p50 gap %.3f, want 10", r.itl_ms.p50);
+  ck_assert_msg(fabs(r.itl_ms.p99 - 14.9) < 0.149, "p99 gap %.3f, want 14.9", r.itl_ms.p99);
+  ck_assert(r.itl_ms.max <= 15 && r.itl_ms.max > 14.9);
+  double g[100];
+  for (int i = 0; i < 100; i++) g[99 - i] = i + 1; /* descending: the fit sorts */
+  pl_profile_fit_spread(&p, g, 100);
+  ck_assert_int_ge(p.dc_q_n, 2);
+  ck_assert_double_eq_tol(pl_decode_spread(&p, 0), 1 / 50.5, 1e-9);
+  ck_assert_double_eq_tol(pl_decode_spread(&p, 1), 100 / 50.5, 1e-9);
+  ck_assert_double_eq_tol(pl_decode_spread(&p, 0.5), 50.5 / 50.5, 1e-9);
+  pl_profile_fit_spread(&p, g, 19); /* too few gaps: no table */
+  ck_assert_int_eq(p.dc_q_n, 0);
+}
+END_TEST
+
 /* M/G/1 with the profile's variability: pass cost 10 ms x exp(sigma Z), cv 0.5, so
  * E[S] = 10 sqrt(1.25) = 11.180 ms and E[S^2] = 100 (1.25)^2 = 156.25 ms^2; at 40 req/s
  * (rho = 0.4472) Pollaczek-Khinchine gives W = lambda E[S^2] / (2 (1 - rho)) = 5.652 ms, so the
@@ -443,6 +477,7 @@ int main(void) {
   tcase_add_test(tc, test_md1_mean_wait);
   tcase_add_test(tc, test_host_cores_share);
   tcase_add_test(tc, test_mg1_variability);
+  tcase_add_test(tc, test_decode_step_spread);
   tcase_add_test(tc, test_prefix_hit);
   tcase_add_test(tc, test_bad_cluster);
   tcase_add_test(tc, test_prefill_table_cost);
