@@ -40,10 +40,27 @@
 #include "k3pd/err.h"
 #include "plan.h"
 
-enum { M_FWD_SUM, M_FWD_COUNT, M_HO_BYTES, M_STEP_SUM, M_STEP_COUNT, M_GEN, M_N };
+enum { M_FWD_SUM, M_FWD_COUNT, M_HO_BYTES, M_STEP_SUM, M_STEP_COUNT, M_GEN, M_PF_REQ, M_N };
 static const char *const m_names[M_N] = {"k3pd_prefill_forward_seconds_sum", "k3pd_prefill_forward_seconds_count",
                                          "k3pd_prefill_handoff_bytes_total", "k3pd_decode_step_seconds_sum",
-                                         "k3pd_decode_step_seconds_count", "k3pd_decode_generated_tokens_total"};
+                                         "k3pd_decode_step_seconds_count", "k3pd_decode_generated_tokens_total",
+                                         "k3pd_prefill_requests_total"};
+
+/* Each address of a comma-separated list scraped on its own: v[k][metric] for address k. */
+static int scrape_each(const char *list, double (*v)[M_N], int max, int *n, char *err, size_t errlen) {
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", list);
+  *n = 0;
+  for (char *save = NULL, *a = strtok_r(buf, ",", &save); a && *n < max; a = strtok_r(NULL, ",", &save)) {
+    char *text = NULL;
+    int rc = bn_scrape(a, &text, err, errlen);
+    if (rc) return rc;
+    for (int i = 0; i < M_N; i++) v[*n][i] = bn_metric_sum(text, m_names[i]);
+    free(text);
+    (*n)++;
+  }
+  return 0;
+}
 
 typedef struct {
   double v[M_N];
@@ -318,6 +335,49 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
       fprintf(stderr, "  decode c=%d L=%d: step %.3f ms at mean batch %.2f (TPOT p50 %.3f ms)\n", c, dl[j], step,
               batch, ph.tpot_ms);
     }
+  /* 4. each worker's speed (several workers of a role): as many requests at once as workers, so
+   * the router gives each one its own; per worker, the prefill compute per prompt and the decode
+   * step time at its mean batch, against worker 0 (prefill: the table is worker 0's) or the
+   * fit (decode: phase 3 spread over every worker). */
+  double pf_speed[PL_WMAX], dc_speed[PL_WMAX];
+  int n_pf = 0, n_dc = 0;
+  double va[PL_WMAX][M_N], vb[PL_WMAX][M_N];
+  int na = 0, nb2 = 0;
+  if (!rc && o->prefill_metrics && strchr(o->prefill_metrics, ',')) {
+    phase_t ph;
+    int L = Ls[nL - 1] < C ? Ls[nL - 1] : (int)C, P = 0;
+    if (!(rc = scrape_each(o->prefill_metrics, va, PL_WMAX, &na, err, errlen))) {
+      P = na;
+      if (!(rc = phase(w, o, (uint32_t)L, 1, P, (uint64_t)(2 * R * P), seed++, &ph, err, errlen)))
+        rc = scrape_each(o->prefill_metrics, vb, PL_WMAX, &nb2, err, errlen);
+    }
+    for (int k = 0; !rc && k < na && k < nb2; k++) {
+      double req = vb[k][M_PF_REQ] - va[k][M_PF_REQ], ms = (vb[k][M_FWD_SUM] - va[k][M_FWD_SUM]) * 1000.0;
+      pf_speed[n_pf++] = req > 0 && ms > 0 ? ms / req : 0;
+    }
+    double ref = n_pf ? pf_speed[0] : 0;
+    fprintf(stderr, "  prefill per worker (L=%d, %d at once):", L, P);
+    for (int k = 0; k < n_pf; k++) {
+      fprintf(stderr, " %.2f ms", pf_speed[k]);
+      pf_speed[k] = ref > 0 && pf_speed[k] > 0 ? pf_speed[k] / ref : 1;
+    }
+    fputc('\n', stderr);
+  }
+  double dc_ms[PL_WMAX], dc_b[PL_WMAX];
+  if (!rc && o->decode_metrics && strchr(o->decode_metrics, ',')) {
+    phase_t ph;
+    int D = 0, N = o->decode_output;
+    if (!(rc = scrape_each(o->decode_metrics, va, PL_WMAX, &na, err, errlen))) {
+      D = na;
+      if (!(rc = phase(w, o, (uint32_t)Ls[0], (uint32_t)N, D, (uint64_t)(R * D), seed++, &ph, err, errlen)))
+        rc = scrape_each(o->decode_metrics, vb, PL_WMAX, &nb2, err, errlen);
+    }
+    for (int k = 0; !rc && k < na && k < nb2; k++) {
+      double steps = vb[k][M_STEP_COUNT] - va[k][M_STEP_COUNT];
+      dc_ms[n_dc] = steps > 0 ? (vb[k][M_STEP_SUM] - va[k][M_STEP_SUM]) * 1000.0 / steps : 0;
+      dc_b[n_dc++] = steps > 0 ? (vb[k][M_GEN] - va[k][M_GEN] - (double)R) / steps : 0; /* less first tokens */
+    }
+  }
   if (rc) {
     free(gaps1.v);
     json_decref(pts);
@@ -350,6 +410,23 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
   p.dc_fixed_ms = bd[0];
   p.dc_per_seq_ms = bd[1];
   p.dc_per_kctx_ms = bd[2];
+  p.pf_speed_n = n_pf;
+  memcpy(p.pf_speed, pf_speed, (size_t)n_pf * sizeof *pf_speed);
+  if (n_dc) { /* measured / fitted at each worker's batch, then scaled to a mean of 1 */
+    double sum = 0;
+    fprintf(stderr, "  decode per worker (%d at once):", n_dc);
+    for (int k = 0; k < n_dc; k++) {
+      double b = dc_b[k] > 0 ? dc_b[k] : 1;
+      double fit = pl_decode_step_ms(&p, (int)(b + 0.5) > 0 ? (int)(b + 0.5) : 1, b * (Ls[0] + o->decode_output / 2.0));
+      fprintf(stderr, " %.3f ms at batch %.2f", dc_ms[k], b);
+      dc_speed[k] = dc_ms[k] > 0 && fit > 0 ? dc_ms[k] / fit : 1;
+      sum += dc_speed[k];
+    }
+    fputc('\n', stderr);
+    for (int k = 0; k < n_dc; k++) dc_speed[k] /= sum / n_dc;
+    p.dc_speed_n = n_dc;
+    memcpy(p.dc_speed, dc_speed, (size_t)n_dc * sizeof *dc_speed);
+  }
   /* Variability: the spread of TTFT of one prompt alone (pooled over the lengths) and of the
    * inter-token gaps at batch 1. It holds everything that makes a pass or a step slower than
    * its fitted cost (other processes, the engine's admission work between steps, relay). */

@@ -19,6 +19,7 @@
 
 enum { PL_TAB_MAX = 16 }; /* lone-prompt points of a profile */
 enum { PL_Q_MAX = 32 };   /* points of the decode step's measured spread */
+enum { PL_WMAX = 64 };    /* workers of a role whose speed a profile records */
 
 /* One prefill worker's scheduler settings, as its flags set them (prefill_worker/main.c). */
 typedef struct {
@@ -68,6 +69,13 @@ typedef struct {
    * mean step stays the fitted one. */
   int dc_q_n;
   double dc_q_p[PL_Q_MAX], dc_q_r[PL_Q_MAX];
+  /* Each worker's speed in the profiled cluster (prefill.worker_speed, decode.worker_speed: cost
+   * multipliers by worker index; the router's tie order is the workers' ids, the simulation's
+   * their indices). Prefill: against worker 0, which the table measured; decode: against the
+   * fit, mean 1. Applied only to a simulated cluster of exactly that many workers of the role
+   * (the cluster that was profiled): other sizes take 1. */
+  int pf_speed_n, dc_speed_n;
+  double pf_speed[PL_WMAX], dc_speed[PL_WMAX];
   /* fixed latency a request sees outside the workers' compute (router, hops, relay) */
   double ttft_overhead_ms, itl_overhead_ms;
   /* the router's view of prefill load (router/registry.c rt_choose_prefill): each worker's

@@ -256,6 +256,33 @@ static int load_spread(json_t *root, pl_profile_t *t, const char *path, char *er
   return 0;
 }
 
+/* prefill.worker_speed / decode.worker_speed ([f0, f1, ...], each > 0): optional. */
+static int load_speeds(json_t *root, pl_profile_t *t, const char *path, char *err, size_t errlen) {
+  static const char *const role[2] = {"prefill", "decode"};
+  for (int r = 0; r < 2; r++) {
+    int *n = r ? &t->dc_speed_n : &t->pf_speed_n;
+    double *v = r ? t->dc_speed : t->pf_speed;
+    json_t *a = json_object_get(json_object_get(root, role[r]), "worker_speed");
+    *n = 0;
+    if (!a) continue;
+    size_t i;
+    json_t *x;
+    if (!json_is_array(a) || json_array_size(a) > PL_WMAX) {
+      snprintf(err, errlen, "%s: %s.worker_speed: want an array of up to %d numbers", path, role[r], PL_WMAX);
+      return K3_EINVAL;
+    }
+    json_array_foreach(a, i, x) {
+      double f = json_number_value(x);
+      if (!json_is_number(x) || !(f > 0 && f < 100)) {
+        snprintf(err, errlen, "%s: %s.worker_speed[%zu]: want a number in (0, 100)", path, role[r], i);
+        return K3_EINVAL;
+      }
+      v[(*n)++] = f;
+    }
+  }
+  return 0;
+}
+
 static int fit_table_from_points(json_t *root, pl_profile_t *t) {
   json_t *pts = json_object_get(json_object_get(root, "fit"), "points");
   double rows[64][5];
@@ -282,6 +309,7 @@ int pl_profile_load(const char *path, pl_profile_t *p, char *err, size_t errlen)
   int rc = k3_profile_read_fields(doc, path, fields, NFIELDS, &t, err, errlen);
   if (!rc) rc = load_table((json_t *)doc, &t, path, err, errlen);
   if (!rc) rc = load_spread((json_t *)doc, &t, path, err, errlen);
+  if (!rc) rc = load_speeds((json_t *)doc, &t, path, err, errlen);
   if (!rc) {
     const char *src = k3_profile_source(doc);
     if (src) snprintf(t.source, sizeof t.source, "%s", src);
@@ -320,6 +348,14 @@ int pl_profile_save(const char *path, const pl_profile_t *p, void *fit_json, cha
     json_t *tab = json_array();
     for (int i = 0; i < p->dc_q_n; i++) json_array_append_new(tab, json_pack("[f,f]", p->dc_q_p[i], p->dc_q_r[i]));
     json_object_set_new(json_object_get(root, "decode"), "step_spread", tab);
+  }
+  for (int r = 0; r < 2; r++) {
+    int n = r ? p->dc_speed_n : p->pf_speed_n;
+    const double *v = r ? p->dc_speed : p->pf_speed;
+    if (n < 1) continue;
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
+    json_object_set_new(json_object_get(root, r ? "decode" : "prefill"), "worker_speed", a);
   }
   if (fit_json) json_object_set(root, "fit", (json_t *)fit_json);
   int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_REAL_PRECISION(6));

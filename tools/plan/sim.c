@@ -423,7 +423,8 @@ static void dc_loop(sim_t *s, int di) {
   s->steps += 1;
   s->step_seqs += b;
   double spread = s->p->dc_q_n >= 2 ? pl_decode_spread(s->p, bn_rng_uniform(&s->rng_jitter)) : jitter(s, s->dc_sigma);
-  push_ev(s, s->now + pl_decode_step_ms(s->p, b, ctx) * share(s) * spread, EV_DC_STEP_END, di, -1);
+  double speed = s->p->dc_speed_n == s->D ? s->p->dc_speed[di] : 1;
+  push_ev(s, s->now + pl_decode_step_ms(s->p, b, ctx) * speed * share(s) * spread, EV_DC_STEP_END, di, -1);
 }
 
 static void dc_step_end(sim_t *s, int di) {
@@ -584,6 +585,7 @@ static bool pf_pass(sim_t *s, int pi) {
   double ms = pl_prefill_pass_takes_ms(s->p, f->n_pass, f->pass_take, toks, tok_ctx);
   if (!f->busy) s->sum_busy += 1;
   f->busy = true;
+  if (s->p->pf_speed_n == s->P) ms *= s->p->pf_speed[pi]; /* the profiled cluster's own workers */
   push_ev(s, s->now + ms * share(s) * jitter(s, s->pf_sigma), EV_PF_PASS_END, pi, -1);
   return true;
 }

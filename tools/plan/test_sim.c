@@ -285,6 +285,33 @@ START_TEST(test_decode_step_spread) {
 }
 END_TEST
 
+/* Workers' own speeds (prefill.worker_speed / decode.worker_speed). Two prompts of 10 tokens at
+ * 0 on 2 prefill workers (the router: fewest queued tokens, ties to the lower index: the first
+ * to worker 0, the second to worker 1), speeds [1, 2]: passes end at 10 and 20 (TTFT 10, 20).
+ * Output 2 on 2 decode workers with speeds [1, 3] (decode: lowest utilisation, the first to 0,
+ * the second to 1): the second tokens at 10 + 10 and 20 + 30. A cluster of another size (3
+ * prefill workers) ignores the factors: both prompts take 10. */
+START_TEST(test_worker_speed) {
+  pl_profile_t p = simple();
+  p.pf_speed_n = 2, p.pf_speed[0] = 1, p.pf_speed[1] = 2;
+  p.dc_speed_n = 2, p.dc_speed[0] = 1, p.dc_speed[1] = 3;
+  double at[] = {0, 0};
+  int64_t pr[] = {10, 10}, out[] = {2, 2};
+  traces_t tr = {0};
+  run_fixed(&p, 2, 2, at, pr, out, 2, &tr);
+  ck_assert_int_eq(tr.t[0].prefill, 0);
+  ck_assert_int_eq(tr.t[1].prefill, 1);
+  ck_assert_int_eq(tr.t[1].decode, 1);
+  ck_assert_double_eq_tol(tr.t[0].t_first_ms, 10, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_first_ms, 20, 1e-9);
+  ck_assert_double_eq_tol(tr.t[0].t_end_ms, 20, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_end_ms, 50, 1e-9);
+  traces_t t3 = {0};
+  run_fixed(&p, 3, 2, at, pr, out, 2, &t3);
+  ck_assert_double_eq_tol(t3.t[1].t_first_ms, 10, 1e-9);
+}
+END_TEST
+
 /* M/G/1 with the profile's variability: pass cost 10 ms x exp(sigma Z), cv 0.5, so
  * E[S] = 10 sqrt(1.25) = 11.180 ms and E[S^2] = 100 (1.25)^2 = 156.25 ms^2; at 40 req/s
  * (rho = 0.4472) Pollaczek-Khinchine gives W = lambda E[S^2] / (2 (1 - rho)) = 5.652 ms, so the
@@ -478,6 +505,7 @@ int main(void) {
   tcase_add_test(tc, test_host_cores_share);
   tcase_add_test(tc, test_mg1_variability);
   tcase_add_test(tc, test_decode_step_spread);
+  tcase_add_test(tc, test_worker_speed);
   tcase_add_test(tc, test_prefix_hit);
   tcase_add_test(tc, test_bad_cluster);
   tcase_add_test(tc, test_prefill_table_cost);
