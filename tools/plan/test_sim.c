@@ -445,11 +445,22 @@ START_TEST(test_profile_table_compat) {
   ck_assert_double_eq_tol(p.pf_tab_ms[0], 50, 1e-12);
   ck_assert_double_eq_tol(p.pf_shared_ms, 20, 1e-9); /* (2 * 50 - 80) / 1 */
   ck_assert_double_eq_tol(p.pf_per_token_ms, 3, 1e-12);
+  /* the optional step spread and worker speeds travel too */
+  p.dc_q_n = 3, p.dc_q_p[0] = 0, p.dc_q_p[1] = 0.5, p.dc_q_p[2] = 1;
+  p.dc_q_r[0] = 0.25, p.dc_q_r[1] = 1, p.dc_q_r[2] = 2.5;
+  p.pf_speed_n = 2, p.pf_speed[0] = 1, p.pf_speed[1] = 1.25;
+  p.dc_speed_n = 3, p.dc_speed[0] = 0.9, p.dc_speed[1] = 1, p.dc_speed[2] = 1.1;
   ck_assert_int_eq(pl_profile_save(path, &p, NULL, err, sizeof err), 0);
   pl_profile_t q;
   pl_profile_default(&q);
   ck_assert_int_eq(pl_profile_load(path, &q, err, sizeof err), 0);
   unlink(path);
+  ck_assert_int_eq(q.dc_q_n, 3);
+  ck_assert_double_eq_tol(pl_decode_spread(&q, 0.75), 1.75, 1e-9);
+  ck_assert_int_eq(q.pf_speed_n, 2);
+  ck_assert_double_eq_tol(q.pf_speed[1], 1.25, 1e-9);
+  ck_assert_int_eq(q.dc_speed_n, 3);
+  ck_assert_double_eq_tol(q.dc_speed[2], 1.1, 1e-9);
   ck_assert_int_eq(q.pf_tab_n, 2);
   ck_assert_double_eq_tol(q.pf_tab_tok[1], 64, 1e-12);
   ck_assert_double_eq_tol(q.pf_tab_ms[1], 200, 1e-9);
