@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Re-predicts the measured cells recorded in docs/perf-cluster.md ("Planner vs measurement")
+"""Re-predicts the measured cells recorded in docs/perf-cluster.md ("Appendix: planner vs
+measurement history", session 9)
 with the current k3pd-plan and the recorded profiles (tools/plan/testdata/cpu-PRESET.json).
 
 This is an offline re-evaluation on the SAME data the model changes were studied on, not a
@@ -29,7 +30,7 @@ def main():
     build = args[args.index("--build") + 1] if "--build" in args else os.path.join(ROOT, "build")
     out = args[args.index("--out") + 1] if "--out" in args else tempfile.mkdtemp(prefix="k3pd-replan-doc.")
     doc = open(os.path.join(ROOT, "docs", "perf-cluster.md")).read()
-    sec = doc[doc.index("## Planner vs measurement"):]
+    sec = doc[doc.index("### Session 9 (2026-12-02): one profile per model"):]
     sec = sec[:sec.index("A re-run of tiny")]  # the two recorded tables only
     cells = {}
     for line in sec.splitlines():

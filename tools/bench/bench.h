@@ -98,6 +98,8 @@ typedef struct {
   int finish_reason;
   uint64_t t_start, t_first, t_end; /* ns; t_first 0 when no token arrived */
   uint32_t n_tokens;          /* tokens received */
+  double gap_max_ms;          /* the longest inter-token gap (as the ITL samples count it) */
+  double gap1_ms;             /* the first one: first token (the Prefill reply's) -> the next */
   uint32_t prompt_tokens;     /* usage.prompt_tokens from the final chunk */
   uint32_t cached_tokens;     /* usage.cached_prompt_tokens: from the decode worker's prefix cache */
   uint32_t *prompt;           /* chat: the prompt sent (owned; its ids depend on earlier replies) */
@@ -212,6 +214,10 @@ int bn_report_json(const bn_report_in_t *in, const bn_run_t *run, const char *pa
  * prompt ids TAB generated ids TAB their count TAB sampling seed (the cluster's tokens become
  * the monolithic run's teacher, tools/generate/requests.h). Returns 0 or K3_EIO. */
 int bn_report_ids(const bn_workload_t *w, const bn_run_t *run, const char *path, char *err, size_t errlen);
+/* --requests-out: one JSON object per measured request and line (index, send time from the
+ * measured phase's start, lengths, TTFT, end-to-end, longest inter-token gap, the Timings), for
+ * comparing a run request by request (tests/plan/validate.py keeps them). */
+int bn_report_requests(const bn_run_t *run, const char *path, char *err, size_t errlen);
 /* p-th percentile (0..100) of v[0..n) by linear interpolation; sorts v. NAN when n == 0. */
 double bn_percentile(double *v, size_t n, double p);
 

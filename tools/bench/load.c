@@ -96,6 +96,8 @@ static void on_msg(void *arg, const ProtobufCMessage *msg) {
       double gap_ms = (double)(now - f->t_prev) / 1e6 / (double)r->n_token_ids;
       for (size_t i = 0; i < r->n_token_ids; i++)
         if (bn_vec_push(&c->run->itl_ms, gap_ms)) c->fatal = K3_ENOMEM;
+      if (gap_ms > x->gap_max_ms) x->gap_max_ms = gap_ms;
+      if (x->gap1_ms == 0) x->gap1_ms = gap_ms;
     }
     f->t_prev = now;
     if (f->measured && c->o->keep_ids) {

@@ -32,7 +32,7 @@ static int tokenize_cb(void *ctx, const char *text, uint32_t **ids, size_t *n, c
 int main(int argc, char **argv) {
   const char *router = NULL, *prompt_len = "16", *output_len = "16", *prompt_file = NULL, *json_path = NULL;
   const char *generate = NULL, *model = NULL, *backend = "cpu", *precision = "fp32", *label = NULL;
-  const char *log_level = "warn", *ids_out = NULL, *mono_perf = NULL;
+  const char *log_level = "warn", *ids_out = NULL, *mono_perf = NULL, *requests_out = NULL;
   int concurrency = 4, max_inflight = 1024, top_k = 0, id_max = 0, timeout_ms = 60000, mono_timeout_ms = 120000;
   int chat_turns = 0, shared_prefix = 0, conversations = 0;
   int64_t requests = 0, warmup = 0, seed = 1, sample_seed = 0;
@@ -73,6 +73,8 @@ int main(int argc, char **argv) {
       {"shared-prefix-len", K3_FLAG_INT, &shared_prefix, "N", "every prompt (a chat's first turn) starts with the same N random ids, then its own --prompt-len draw: a shared system prompt (default 0)", false},
       {"chat-turns", K3_FLAG_INT, &chat_turns, "T", "multi-turn chats: turn t > 1 sends the previous turn's prompt + its reply + a new --prompt-len draw; --conversations of them, --concurrency at a time, turns in order (default 0 = independent requests)", false},
       {"conversations", K3_FLAG_INT, &conversations, "C", "with --chat-turns: number of conversations (requests = C x T; default 8)", false},
+      {"requests-out", K3_FLAG_STR, &requests_out, "FILE", "write one JSON line per measured request (send time, "
+       "lengths, TTFT, end-to-end, longest inter-token gap, Timings)", false},
       {"profile", K3_FLAG_STR, &po.out, "FILE", "measure the cluster's costs in phases and write the k3pd-plan cost "
        "profile to FILE instead of a load run (docs/plan.md)", false},
       {"profile-prefill-metrics", K3_FLAG_STR, &po.prefill_metrics, "LIST", "HOST:PORT,... of the prefill workers' "
@@ -201,6 +203,7 @@ int main(int argc, char **argv) {
   bn_report_prefix(&in, &run);
   if (json_path && bn_report_json(&in, &run, json_path, err, sizeof err)) goto fail;
   if (ids_out && bn_report_ids(&w, &run, ids_out, err, sizeof err)) goto fail;
+  if (requests_out && bn_report_requests(&run, requests_out, err, sizeof err)) goto fail;
   size_t ok = 0;
   for (size_t i = 0; i < run.n_res; i++) ok += run.res[i].complete;
   exit_code = ok == run.n_res && run.dropped == 0 && run.n_res > 0 ? 0 : 1;

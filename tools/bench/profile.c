@@ -40,10 +40,27 @@
 #include "k3pd/err.h"
 #include "plan.h"
 
-enum { M_FWD_SUM, M_FWD_COUNT, M_HO_BYTES, M_STEP_SUM, M_STEP_COUNT, M_GEN, M_N };
+enum { M_FWD_SUM, M_FWD_COUNT, M_HO_BYTES, M_STEP_SUM, M_STEP_COUNT, M_GEN, M_PF_REQ, M_N };
 static const char *const m_names[M_N] = {"k3pd_prefill_forward_seconds_sum", "k3pd_prefill_forward_seconds_count",
                                          "k3pd_prefill_handoff_bytes_total", "k3pd_decode_step_seconds_sum",
-                                         "k3pd_decode_step_seconds_count", "k3pd_decode_generated_tokens_total"};
+                                         "k3pd_decode_step_seconds_count", "k3pd_decode_generated_tokens_total",
+                                         "k3pd_prefill_requests_total"};
+
+/* Each address of a comma-separated list scraped on its own: v[k][metric] for address k. */
+static int scrape_each(const char *list, double (*v)[M_N], int max, int *n, char *err, size_t errlen) {
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", list);
+  *n = 0;
+  for (char *save = NULL, *a = strtok_r(buf, ",", &save); a && *n < max; a = strtok_r(NULL, ",", &save)) {
+    char *text = NULL;
+    int rc = bn_scrape(a, &text, err, errlen);
+    if (rc) return rc;
+    for (int i = 0; i < M_N; i++) v[*n][i] = bn_metric_sum(text, m_names[i]);
+    free(text);
+    (*n)++;
+  }
+  return 0;
+}
 
 typedef struct {
   double v[M_N];
@@ -92,6 +109,8 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 /* Runs `n` requests of fixed prompt length L and output N at concurrency c. */
+static bn_vec_t *g_gaps; /* when set, phase() appends the run's inter-token gaps here */
+
 static int phase(const bn_workload_t *w0, const bn_profile_opts_t *o, uint32_t L, uint32_t N, int c, uint64_t n,
                  uint64_t seed, phase_t *ph, char *err, size_t errlen) {
   bn_workload_t w = *w0;
@@ -131,6 +150,8 @@ static int phase(const bn_workload_t *w0, const bn_profile_opts_t *o, uint32_t L
     double d = (double)(r->t_first - r->t_start) / 1e6 - ph->ttft_ms;
     ph->ttft_var += d * d / (double)(ph->ok - 1);
   }
+  for (size_t i = 0; g_gaps && i < run.itl_ms.n; i++)
+    if (bn_vec_push(g_gaps, run.itl_ms.v[i])) rc = K3_ENOMEM;
   if (run.itl_ms.n > 1) {
     double m = 0, v = 0;
     for (size_t i = 0; i < run.itl_ms.n; i++) m += run.itl_ms.v[i];
@@ -147,7 +168,7 @@ static int phase(const bn_workload_t *w0, const bn_profile_opts_t *o, uint32_t L
              c, bad, (unsigned long long)n);
     return K3_EUNAVAIL;
   }
-  return 0;
+  return rc;
 }
 
 /* The point's shape once more, unmeasured, before its measured run (o->warmup rounds): on CUDA
@@ -285,14 +306,17 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
   }
   /* 3. decode */
   int dl[2] = {Ls[0], Ls[nL - 1]};
+  bn_vec_t gaps1 = {0};
   for (int i = 0; i < nB && !rc; i++)
     for (int j = 0; j < 2 && !rc; j++) {
       int c = Bs[i], N = o->decode_output;
       phase_t ph;
-      if ((rc = warm(w, o, (uint32_t)dl[j], (uint32_t)N, c, seed, err, errlen)) || (rc = snap(o, &a, err, errlen)) ||
-          (rc = phase(w, o, (uint32_t)dl[j], (uint32_t)N, c, (uint64_t)(R * c), seed++, &ph, err, errlen)) ||
-          (rc = snap(o, &b, err, errlen)))
+      if ((rc = warm(w, o, (uint32_t)dl[j], (uint32_t)N, c, seed, err, errlen)) || (rc = snap(o, &a, err, errlen)))
         break;
+      g_gaps = c == 1 ? &gaps1 : NULL; /* batch 1: the step's own spread (pl_profile_fit_spread) */
+      rc = phase(w, o, (uint32_t)dl[j], (uint32_t)N, c, (uint64_t)(R * c), seed++, &ph, err, errlen);
+      g_gaps = NULL;
+      if (rc || (rc = snap(o, &b, err, errlen))) break;
       double step, batch;
       if (a.dc) {
         double steps = b.v[M_STEP_COUNT] - a.v[M_STEP_COUNT];
@@ -311,12 +335,58 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
       fprintf(stderr, "  decode c=%d L=%d: step %.3f ms at mean batch %.2f (TPOT p50 %.3f ms)\n", c, dl[j], step,
               batch, ph.tpot_ms);
     }
+  /* 4. each worker's speed (several workers of a role): as many requests at once as workers, so
+   * the router gives each one its own; per worker, the prefill compute per prompt and the decode
+   * step time at its mean batch, against worker 0 (prefill: the table is worker 0's) or the
+   * fit (decode: phase 3 spread over every worker). */
+  double pf_speed[PL_WMAX], dc_speed[PL_WMAX];
+  int n_pf = 0, n_dc = 0;
+  double va[PL_WMAX][M_N], vb[PL_WMAX][M_N];
+  int na = 0, nb2 = 0;
+  if (!rc && o->prefill_metrics && strchr(o->prefill_metrics, ',')) {
+    phase_t ph;
+    int L = Ls[nL - 1] < C ? Ls[nL - 1] : (int)C, P = 0;
+    if (!(rc = scrape_each(o->prefill_metrics, va, PL_WMAX, &na, err, errlen))) {
+      P = na;
+      if (!(rc = phase(w, o, (uint32_t)L, 1, P, (uint64_t)(2 * R * P), seed++, &ph, err, errlen)))
+        rc = scrape_each(o->prefill_metrics, vb, PL_WMAX, &nb2, err, errlen);
+    }
+    for (int k = 0; !rc && k < na && k < nb2; k++) {
+      double req = vb[k][M_PF_REQ] - va[k][M_PF_REQ], ms = (vb[k][M_FWD_SUM] - va[k][M_FWD_SUM]) * 1000.0;
+      pf_speed[n_pf++] = req > 0 && ms > 0 ? ms / req : 0;
+    }
+    double ref = n_pf ? pf_speed[0] : 0;
+    fprintf(stderr, "  prefill per worker (L=%d, %d at once):", L, P);
+    for (int k = 0; k < n_pf; k++) {
+      fprintf(stderr, " %.2f ms", pf_speed[k]);
+      pf_speed[k] = ref > 0 && pf_speed[k] > 0 ? pf_speed[k] / ref : 1;
+    }
+    fputc('\n', stderr);
+  }
+  double dc_ms[PL_WMAX], dc_b[PL_WMAX];
+  if (!rc && o->decode_metrics && strchr(o->decode_metrics, ',')) {
+    phase_t ph;
+    int D = 0, N = o->decode_output;
+    if (!(rc = scrape_each(o->decode_metrics, va, PL_WMAX, &na, err, errlen))) {
+      D = na;
+      if (!(rc = phase(w, o, (uint32_t)Ls[0], (uint32_t)N, D, (uint64_t)(R * D), seed++, &ph, err, errlen)))
+        rc = scrape_each(o->decode_metrics, vb, PL_WMAX, &nb2, err, errlen);
+    }
+    for (int k = 0; !rc && k < na && k < nb2; k++) {
+      double steps = vb[k][M_STEP_COUNT] - va[k][M_STEP_COUNT];
+      dc_ms[n_dc] = steps > 0 ? (vb[k][M_STEP_SUM] - va[k][M_STEP_SUM]) * 1000.0 / steps : 0;
+      dc_b[n_dc++] = steps > 0 ? (vb[k][M_GEN] - va[k][M_GEN] - (double)R) / steps : 0; /* less first tokens */
+    }
+  }
   if (rc) {
+    free(gaps1.v);
     json_decref(pts);
     return rc;
   }
   pl_profile_t p;
   pl_profile_default(&p);
+  pl_profile_fit_spread(&p, gaps1.v, gaps1.n);
+  free(gaps1.v);
   p.pf.chunk_tokens = C;
   bool nn4[4] = {true, true, true, true};
   double bp[4], bd[3], bbytes[2] = {0, 0}, btail[2] = {0, 0};
@@ -340,6 +410,23 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
   p.dc_fixed_ms = bd[0];
   p.dc_per_seq_ms = bd[1];
   p.dc_per_kctx_ms = bd[2];
+  p.pf_speed_n = n_pf;
+  memcpy(p.pf_speed, pf_speed, (size_t)n_pf * sizeof *pf_speed);
+  if (n_dc) { /* measured / fitted at each worker's batch, then scaled to a mean of 1 */
+    double sum = 0;
+    fprintf(stderr, "  decode per worker (%d at once):", n_dc);
+    for (int k = 0; k < n_dc; k++) {
+      double b = dc_b[k] > 0 ? dc_b[k] : 1;
+      double fit = pl_decode_step_ms(&p, (int)(b + 0.5) > 0 ? (int)(b + 0.5) : 1, b * (Ls[0] + o->decode_output / 2.0));
+      fprintf(stderr, " %.3f ms at batch %.2f", dc_ms[k], b);
+      dc_speed[k] = dc_ms[k] > 0 && fit > 0 ? dc_ms[k] / fit : 1;
+      sum += dc_speed[k];
+    }
+    fputc('\n', stderr);
+    for (int k = 0; k < n_dc; k++) dc_speed[k] /= sum / n_dc;
+    p.dc_speed_n = n_dc;
+    memcpy(p.dc_speed, dc_speed, (size_t)n_dc * sizeof *dc_speed);
+  }
   /* Variability: the spread of TTFT of one prompt alone (pooled over the lengths) and of the
    * inter-token gaps at batch 1. It holds everything that makes a pass or a step slower than
    * its fitted cost (other processes, the engine's admission work between steps, relay). */
@@ -374,6 +461,10 @@ int bn_profile_run(const bn_workload_t *w, const bn_profile_opts_t *o, char *err
             o->out, p.pf_fixed_ms, p.pf_per_seq_ms, p.pf_per_token_ms, p.pf_per_kctx_ms, p.dc_fixed_ms,
             p.dc_per_seq_ms, p.dc_per_kctx_ms, p.ho_bytes_fixed, p.ho_bytes_per_token, p.ho_latency_ms,
             p.ho_bandwidth_bytes_per_s, p.ttft_overhead_ms, p.pf_cv, p.dc_cv);
+  if (!rc && p.dc_q_n >= 2)
+    fprintf(stderr, "k3pd-bench --profile: decode step spread from %zu gaps at batch 1 (/ mean): p50 %.2f p90 %.2f "
+            "p99 %.2f max %.2f\n", gaps1.n, pl_decode_spread(&p, 0.5), pl_decode_spread(&p, 0.9),
+            pl_decode_spread(&p, 0.99), pl_decode_spread(&p, 1));
   if (!rc && p.pf_tab_n >= 2)
     fprintf(stderr, "k3pd-bench --profile: prefill table of %d lone prompts, %.3f ms shared per pass, %.5f/ktok-ctx ms\n",
             p.pf_tab_n, p.pf_shared_ms, p.pf_tab_kctx_ms);

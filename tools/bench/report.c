@@ -360,3 +360,30 @@ int bn_report_ids(const bn_workload_t *w, const bn_run_t *run, const char *path,
   if (rc) snprintf(err, errlen, "--ids-out: writing %s failed: %s", path, k3_strerror(rc));
   return rc;
 }
+
+int bn_report_requests(const bn_run_t *run, const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    snprintf(err, errlen, "--requests-out: cannot write %s", path);
+    return K3_EIO;
+  }
+  for (size_t i = 0; i < run->n_res; i++) {
+    const bn_result_t *r = &run->res[i];
+    double t0 = r->t_start >= run->t_begin ? (double)(r->t_start - run->t_begin) / 1e6 : 0;
+    double ttft = r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1;
+    double e2e = r->t_end > r->t_start ? (double)(r->t_end - r->t_start) / 1e6 : -1;
+    fprintf(f,
+            "{\"index\":%llu,\"ok\":%s,\"send_ms\":%.3f,\"prompt\":%u,\"tokens\":%u,\"ttft_ms\":%.3f,"
+            "\"e2e_ms\":%.3f,\"gap_max_ms\":%.3f,\"gap1_ms\":%.3f,\"queue_ms\":%.3f,\"prefill_ms\":%.3f,\"handoff_ms\":%.3f,"
+            "\"decode_ms\":%.3f}\n",
+            (unsigned long long)r->index, r->complete ? "true" : "false", t0, r->prompt_tokens, r->n_tokens, ttft, e2e,
+            r->gap_max_ms, r->gap1_ms, (double)r->queue_us / 1e3, (double)r->prefill_us / 1e3, (double)r->handoff_us / 1e3,
+            (double)r->decode_us / 1e3);
+  }
+  int bad = ferror(f);
+  if (fclose(f) || bad) {
+    snprintf(err, errlen, "--requests-out: write error on %s", path);
+    return K3_EIO;
+  }
+  return 0;
+}

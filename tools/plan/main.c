@@ -203,7 +203,23 @@ static int replicas(const plan_t *pl, const char *spec, json_t *js, char *err, s
   return 0;
 }
 
+typedef struct {
+  FILE *f;
+  double overhead_ms;
+} req_out_t;
+
+/* --requests-out: one line per request as k3pd-bench --requests-out writes them (same index). */
+static void on_request(void *ctx, const pl_trace_t *t) {
+  req_out_t *o = ctx;
+  bool ok = t->t_first_ms >= 0;
+  fprintf(o->f, "{\"index\":%llu,\"ok\":%s,\"send_ms\":%.3f,\"ttft_ms\":%.3f,\"e2e_ms\":%.3f,\"prefill\":%d,"
+          "\"decode\":%d}\n", (unsigned long long)t->index, ok ? "true" : "false", t->t_arrive_ms,
+          ok ? t->t_first_ms - t->t_arrive_ms + o->overhead_ms : -1.0,
+          ok ? t->t_end_ms - t->t_arrive_ms + o->overhead_ms : -1.0, t->prefill, t->decode);
+}
+
 int main(int argc, char **argv) {
+  const char *requests_out = NULL;
   const char *profile = NULL, *prompt_len = "16", *output_len = "16", *curve_spec = NULL, *replicas_spec = NULL;
   const char *json_path = NULL, *pf_cost = "table";
   double rate = 0, duration = 120, warmup = -1, ttft = 0, itl = 0, max_reject = 0, prefix_hit = 0, overload_s = 30;
@@ -251,6 +267,8 @@ int main(int argc, char **argv) {
       {"hpa-margin", K3_FLAG_DOUBLE, &hpa_margin, "F", "HPA targets = F x the per-pod signal at the SLO edge "
        "(default 0.8: headroom while new pods start)", false},
       {"json", K3_FLAG_STR, &json_path, "FILE", "write the answer as JSON", false},
+      {"requests-out", K3_FLAG_STR, &requests_out, "FILE", "with --prefill/--decode: one JSON line per simulated "
+       "request (index, send time, TTFT, end-to-end, workers), as k3pd-bench --requests-out", false},
       {"heartbeat-ms", K3_FLAG_DOUBLE, &heartbeat_ms, "MS", "the router's heartbeat interval: it balances prefill on "
        "the workers' queues as of their last heartbeat plus what it sent since (default 500, the router's; 0 = an "
        "exact view)", false},
@@ -354,7 +372,11 @@ int main(int argc, char **argv) {
   pl_cluster_t c = {n_prefill, n_decode, host_cores};
   pl_result_t r;
   if (n_prefill > 0) {
-    if ((rc = pl_sim_run(&p, &c, &pl.w, NULL, NULL, NULL, &r, err, sizeof err))) goto fail;
+    req_out_t ro = {requests_out ? fopen(requests_out, "w") : NULL, p.ttft_overhead_ms};
+    if (requests_out && !ro.f) BAD("--requests-out: cannot write %s", requests_out);
+    rc = pl_sim_run(&p, &c, &pl.w, NULL, ro.f ? on_request : NULL, &ro, &r, err, sizeof err);
+    if (ro.f && fclose(ro.f) && !rc) BAD("--requests-out: write error on %s", requests_out);
+    if (rc) goto fail;
     print_result("cluster", &c, &r);
     if (ttft > 0 || itl > 0) printf("  targets %s\n", pl_meets(&r, &pl.t) ? "met" : "NOT met");
     exit_code = 0;

@@ -18,6 +18,8 @@
 /* ---- cost profile (profile.c; schema in docs/plan.md) ---- */
 
 enum { PL_TAB_MAX = 16 }; /* lone-prompt points of a profile */
+enum { PL_Q_MAX = 32 };   /* points of the decode step's measured spread */
+enum { PL_WMAX = 64 };    /* workers of a role whose speed a profile records */
 
 /* One prefill worker's scheduler settings, as its flags set them (prefill_worker/main.c). */
 typedef struct {
@@ -60,6 +62,20 @@ typedef struct {
   /* run-to-run variability: each pass / step takes its cost x exp(sigma Z), Z standard normal,
    * sigma = sqrt(ln(1 + cv^2)) (the median stays the cost; 0 = deterministic costs) */
   double pf_cv, dc_cv;
+  /* The decode step's spread as measured, instead of the lognormal of dc_cv: with q_n >= 2 each
+   * step takes its cost x R(U), U uniform, R the inverse of the measured distribution of the
+   * inter-token gaps at batch 1 divided by their mean (points (q_p[i], q_r[i]), q_p ascending
+   * from 0 to 1, linear between them), so batch-1 gaps come out with the measured shape and the
+   * mean step stays the fitted one. */
+  int dc_q_n;
+  double dc_q_p[PL_Q_MAX], dc_q_r[PL_Q_MAX];
+  /* Each worker's speed in the profiled cluster (prefill.worker_speed, decode.worker_speed: cost
+   * multipliers by worker index; the router's tie order is the workers' ids, the simulation's
+   * their indices). Prefill: against worker 0, which the table measured; decode: against the
+   * fit, mean 1. Applied only to a simulated cluster of exactly that many workers of the role
+   * (the cluster that was profiled): other sizes take 1. */
+  int pf_speed_n, dc_speed_n;
+  double pf_speed[PL_WMAX], dc_speed[PL_WMAX];
   /* fixed latency a request sees outside the workers' compute (router, hops, relay) */
   double ttft_overhead_ms, itl_overhead_ms;
   /* the router's view of prefill load (router/registry.c rt_choose_prefill): each worker's
@@ -93,6 +109,11 @@ bool pl_prefill_uses_table(const pl_profile_t *p);
  * shared cost, lone multi-pass prompts the context term. Leaves tab_n 0 with < 2 points. */
 void pl_profile_fit_table(pl_profile_t *p, const double (*rows)[5], int n);
 double pl_decode_step_ms(const pl_profile_t *p, int batch, double ctx_sum);
+/* R(u) of the measured step spread (dc_q_n >= 2), u in [0, 1]. */
+double pl_decode_spread(const pl_profile_t *p, double u);
+/* Fills dc_q_* from inter-token gaps measured at batch 1 (sorts them); leaves dc_q_n 0 with
+ * fewer than 20 gaps. */
+void pl_profile_fit_spread(pl_profile_t *p, double *gaps, size_t n);
 double pl_handoff_ms(const pl_profile_t *p, int64_t prompt_tokens);
 
 /* ---- workload ---- */

@@ -101,6 +101,42 @@ void pl_profile_fit_table(pl_profile_t *p, const double (*rows)[5], int n) {
   p->pf_tab_kctx_ms = den > 0 && num > 0 ? num / den : 0;
 }
 
+double pl_decode_spread(const pl_profile_t *p, double u) {
+  int n = p->dc_q_n;
+  if (n < 2) return 1;
+  if (u <= p->dc_q_p[0]) return p->dc_q_r[0];
+  for (int i = 1; i < n; i++)
+    if (u <= p->dc_q_p[i]) {
+      double w = p->dc_q_p[i] - p->dc_q_p[i - 1];
+      double f = w > 0 ? (u - p->dc_q_p[i - 1]) / w : 1;
+      return p->dc_q_r[i - 1] + f * (p->dc_q_r[i] - p->dc_q_r[i - 1]);
+    }
+  return p->dc_q_r[n - 1];
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+void pl_profile_fit_spread(pl_profile_t *p, double *gaps, size_t n) {
+  static const double q[] = {0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 1};
+  p->dc_q_n = 0;
+  if (n < 20) return;
+  qsort(gaps, n, sizeof *gaps, cmp_dbl);
+  double mean = 0;
+  for (size_t i = 0; i < n; i++) mean += gaps[i];
+  mean /= (double)n;
+  if (!(mean > 0)) return;
+  for (size_t k = 0; k < sizeof q / sizeof q[0]; k++) {
+    double pos = q[k] * (double)(n - 1); /* bn_percentile's interpolation */
+    size_t i = (size_t)pos;
+    double v = i + 1 < n ? gaps[i] + (gaps[i + 1] - gaps[i]) * (pos - (double)i) : gaps[n - 1];
+    p->dc_q_p[p->dc_q_n] = q[k];
+    p->dc_q_r[p->dc_q_n++] = v / mean;
+  }
+}
+
 double pl_decode_step_ms(const pl_profile_t *p, int batch, double ctx_sum) {
   double t = p->dc_fixed_ms + p->dc_per_seq_ms * batch + p->dc_per_kctx_ms * ctx_sum / 1000.0;
   return t > 0 ? t : 0;
@@ -155,6 +191,8 @@ static const field_t fields[] = {
 /* The prefill table: prefill.lone_pass_ms ([[tokens, ms], ...]) with pass_shared_ms and
  * lone_per_kilo_token_context_ms when the file has them, else fitted from fit.points (files
  * written before the table existed hold the same measurements there). */
+static int fit_table_from_points(json_t *root, pl_profile_t *t);
+
 static int load_table(json_t *root, pl_profile_t *t, const char *path, char *err, size_t errlen) {
   json_t *pf = json_object_get(root, "prefill");
   json_t *tab = json_is_object(pf) ? json_object_get(pf, "lone_pass_ms") : NULL;
@@ -188,6 +226,64 @@ static int load_table(json_t *root, pl_profile_t *t, const char *path, char *err
     if (t->pf_tab_n < 2) t->pf_tab_n = 0;
     return 0;
   }
+  return fit_table_from_points(root, t);
+}
+
+/* decode.step_spread ([[q, ratio], ...], q ascending from 0 to 1): optional. */
+static int load_spread(json_t *root, pl_profile_t *t, const char *path, char *err, size_t errlen) {
+  json_t *dc = json_object_get(root, "decode");
+  json_t *tab = json_is_object(dc) ? json_object_get(dc, "step_spread") : NULL;
+  t->dc_q_n = 0;
+  if (!tab) return 0;
+  size_t i;
+  json_t *pt;
+  if (!json_is_array(tab) || json_array_size(tab) > PL_Q_MAX) {
+    snprintf(err, errlen, "%s: decode.step_spread: want an array of up to %d [q, ratio] pairs", path, PL_Q_MAX);
+    return K3_EINVAL;
+  }
+  json_array_foreach(tab, i, pt) {
+    double x = json_number_value(json_array_get(pt, 0)), y = json_number_value(json_array_get(pt, 1));
+    if (!json_is_array(pt) || json_array_size(pt) != 2 || !(x >= 0 && x <= 1) || !(y >= 0) ||
+        (i > 0 && !(x > t->dc_q_p[i - 1] && y >= t->dc_q_r[i - 1]))) {
+      snprintf(err, errlen, "%s: decode.step_spread[%zu]: want [0 <= q <= 1, ratio >= 0], both ascending", path, i);
+      return K3_EINVAL;
+    }
+    t->dc_q_p[i] = x;
+    t->dc_q_r[i] = y;
+    t->dc_q_n++;
+  }
+  if (t->dc_q_n < 2) t->dc_q_n = 0;
+  return 0;
+}
+
+/* prefill.worker_speed / decode.worker_speed ([f0, f1, ...], each > 0): optional. */
+static int load_speeds(json_t *root, pl_profile_t *t, const char *path, char *err, size_t errlen) {
+  static const char *const role[2] = {"prefill", "decode"};
+  for (int r = 0; r < 2; r++) {
+    int *n = r ? &t->dc_speed_n : &t->pf_speed_n;
+    double *v = r ? t->dc_speed : t->pf_speed;
+    json_t *a = json_object_get(json_object_get(root, role[r]), "worker_speed");
+    *n = 0;
+    if (!a) continue;
+    size_t i;
+    json_t *x;
+    if (!json_is_array(a) || json_array_size(a) > PL_WMAX) {
+      snprintf(err, errlen, "%s: %s.worker_speed: want an array of up to %d numbers", path, role[r], PL_WMAX);
+      return K3_EINVAL;
+    }
+    json_array_foreach(a, i, x) {
+      double f = json_number_value(x);
+      if (!json_is_number(x) || !(f > 0 && f < 100)) {
+        snprintf(err, errlen, "%s: %s.worker_speed[%zu]: want a number in (0, 100)", path, role[r], i);
+        return K3_EINVAL;
+      }
+      v[(*n)++] = f;
+    }
+  }
+  return 0;
+}
+
+static int fit_table_from_points(json_t *root, pl_profile_t *t) {
   json_t *pts = json_object_get(json_object_get(root, "fit"), "points");
   double rows[64][5];
   int n = 0;
@@ -212,6 +308,8 @@ int pl_profile_load(const char *path, pl_profile_t *p, char *err, size_t errlen)
   pl_profile_t t = *p;
   int rc = k3_profile_read_fields(doc, path, fields, NFIELDS, &t, err, errlen);
   if (!rc) rc = load_table((json_t *)doc, &t, path, err, errlen);
+  if (!rc) rc = load_spread((json_t *)doc, &t, path, err, errlen);
+  if (!rc) rc = load_speeds((json_t *)doc, &t, path, err, errlen);
   if (!rc) {
     const char *src = k3_profile_source(doc);
     if (src) snprintf(t.source, sizeof t.source, "%s", src);
@@ -245,6 +343,19 @@ int pl_profile_save(const char *path, const pl_profile_t *p, void *fit_json, cha
     json_object_set_new(pf, "lone_pass_ms", tab);
     json_object_set_new(pf, "pass_shared_ms", json_real(p->pf_shared_ms));
     json_object_set_new(pf, "lone_per_kilo_token_context_ms", json_real(p->pf_tab_kctx_ms));
+  }
+  if (p->dc_q_n >= 2) {
+    json_t *tab = json_array();
+    for (int i = 0; i < p->dc_q_n; i++) json_array_append_new(tab, json_pack("[f,f]", p->dc_q_p[i], p->dc_q_r[i]));
+    json_object_set_new(json_object_get(root, "decode"), "step_spread", tab);
+  }
+  for (int r = 0; r < 2; r++) {
+    int n = r ? p->dc_speed_n : p->pf_speed_n;
+    const double *v = r ? p->dc_speed : p->pf_speed;
+    if (n < 1) continue;
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
+    json_object_set_new(json_object_get(root, r ? "decode" : "prefill"), "worker_speed", a);
   }
   if (fit_json) json_object_set(root, "fit", (json_t *)fit_json);
   int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_REAL_PRECISION(6));

@@ -4,9 +4,10 @@
  * role never makes the tail worse (true of the model: the router spreads load by least
  * queued / least utilised), so it gallops up from a work-conservation lower bound and then
  * bisects. Decode is sized first (inter-token latency and page/slot room depend on decode
- * alone), with a generous prefill count, then prefill against the found decode count; TTFT
- * also contains the decode engine's admission wait, so when no prefill count in range meets
- * TTFT the decode count grows and prefill is searched again. */
+ * alone), with a generous prefill count, then prefill against the found decode count; when no
+ * prefill count in range meets the targets the decode count grows and prefill is searched again
+ * (decode refusals for pages or slots count against --max-reject, and a prefix hit's first token
+ * waits for the decode engine). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,7 +137,7 @@ int pl_search(const pl_profile_t *p, const pl_workload_t *w_full, const pl_targe
   for (int tries = 0; !rc && tries < 8; tries++) {
     rc = smallest(&c, true, D, p_lo, max_workers, t, &P);
     if (rc != K3_ECAPACITY || D == max_workers) break;
-    int nd = D + D / 4 + 1; /* TTFT also waits for decode step boundaries: more decode */
+    int nd = D + D / 4 + 1; /* refusals, prefix hits' admission wait: more decode */
     D = nd > max_workers ? max_workers : nd;
     rc = 0;
   }

@@ -20,8 +20,12 @@
  *    pass (pf_sched_pick: chunk, --max-batch capped at 64, --max-batch-tokens) and runs it;
  *    queued prompts age by one per pass. A prompt's local state is freed when its handoff is
  *    over (last pass end + handoff time), which may admit more.
- *  - decode engine (decode_worker/engine.c): between steps it drains admissions (the first
- *    token is emitted then: TTFT), new sequences go to the head of the run list; a step serves
+ *  - first token (router/flow.c on_prefill_done): the Prefill reply carries it and the router
+ *    relays it at once, so TTFT ends when the handoff is over (the Prefill call returns), not at
+ *    the decode engine's next step boundary; that wait falls into the second token's gap. A
+ *    prefix hit (a split request) gets its first token from the decode engine at admission.
+ *  - decode engine (decode_worker/engine.c): between steps it drains admissions, new sequences
+ *    go to the head of the run list; a step serves
  *    the first max_batch sequences, each gets one token; finished ones leave; when the batch was
  *    full the served prefix rotates to the tail (round-robin).
  *
@@ -365,18 +369,28 @@ static void dc_release(sim_t *s, int di, int64_t ri) {
 }
 
 /* The engine's loop top: drain admissions, then start a step if anything runs. */
+/* The request's first token reaches the client now: TTFT. */
+static void first_token(sim_t *s, req_t *r) {
+  r->generated = 1;
+  r->t_first = r->t_last = s->now;
+  if (r->measured) {
+    double ttft = s->now - r->t_arrive + s->p->ttft_overhead_ms;
+    pl_samples_add(&s->ttft, ttft);
+    if (s->w->stop_ttft_ms > 0 && ttft > s->w->stop_ttft_ms && ++s->n_over > s->max_over) s->overloaded = true;
+  }
+}
+
+/* The first token of a prompt computed whole by a prefill worker travels with its Prefill reply
+ * (router/flow.c on_prefill_done relays it): it does not wait for the decode engine. A prefix
+ * hit is a split request whose first token the decode worker samples itself, at admission. */
+static bool first_from_prefill(const req_t *r) { return r->cached == 0; }
+
 static void dc_loop(sim_t *s, int di) {
   dcw_t *d = &s->dc[di];
   for (size_t i = 0; i < d->n_inbox; i++) {
     int64_t ri = d->inbox[i];
     req_t *r = &s->req[ri];
-    r->generated = 1;
-    r->t_first = r->t_last = s->now;
-    if (r->measured) {
-      double ttft = s->now - r->t_arrive + s->p->ttft_overhead_ms;
-      pl_samples_add(&s->ttft, ttft);
-      if (s->w->stop_ttft_ms > 0 && ttft > s->w->stop_ttft_ms && ++s->n_over > s->max_over) s->overloaded = true;
-    }
+    if (!first_from_prefill(r)) first_token(s, r);
     if (r->output <= 1) {
       dc_release(s, di, ri);
       finish_req(s, ri, false);
@@ -408,7 +422,9 @@ static void dc_loop(sim_t *s, int di) {
   d->n_batch = b;
   s->steps += 1;
   s->step_seqs += b;
-  push_ev(s, s->now + pl_decode_step_ms(s->p, b, ctx) * share(s) * jitter(s, s->dc_sigma), EV_DC_STEP_END, di, -1);
+  double spread = s->p->dc_q_n >= 2 ? pl_decode_spread(s->p, bn_rng_uniform(&s->rng_jitter)) : jitter(s, s->dc_sigma);
+  double speed = s->p->dc_speed_n == s->D ? s->p->dc_speed[di] : 1;
+  push_ev(s, s->now + pl_decode_step_ms(s->p, b, ctx) * speed * share(s) * spread, EV_DC_STEP_END, di, -1);
 }
 
 static void dc_step_end(sim_t *s, int di) {
@@ -569,6 +585,7 @@ static bool pf_pass(sim_t *s, int pi) {
   double ms = pl_prefill_pass_takes_ms(s->p, f->n_pass, f->pass_take, toks, tok_ctx);
   if (!f->busy) s->sum_busy += 1;
   f->busy = true;
+  if (s->p->pf_speed_n == s->P) ms *= s->p->pf_speed[pi]; /* the profiled cluster's own workers */
   push_ev(s, s->now + ms * share(s) * jitter(s, s->pf_sigma), EV_PF_PASS_END, pi, -1);
   return true;
 }
@@ -620,6 +637,7 @@ static void pf_handoff_done(sim_t *s, int pi, int64_t ri) {
   if (!f->busy && f->n_pend) pf_loop(s, pi); /* the FREE wakes an idle engine */
   int64_t n = pf_tokens(&s->req[ri]); /* the Prefill call returns: the router's pending count drops */
   f->sent = f->sent > n ? f->sent - n : 0;
+  if (first_from_prefill(&s->req[ri])) first_token(s, &s->req[ri]); /* and relays the first token */
   dc_admit(s, s->req[ri].dc, ri);
 }
 

@@ -82,14 +82,15 @@ END_TEST
  *   t 1   B, C queue
  *   t 10  A done, handed off at once; the engine admits B, C and runs pass [B, C] (5) → 15;
  *         decode admits A (first token 10) and steps [A] → 20
- *   t 15  B, C handed off: the decode engine is mid-step, they wait in its queue
- *   t 20  A token 2; loop top: B then C go to the head: run [C, B, A] (first tokens 20);
- *         step [C, B] → 30
+ *   t 15  B, C handed off: their Prefill calls return with the first token (15); the decode
+ *         engine is mid-step, they wait in its queue
+ *   t 20  A token 2; loop top: B then C go to the head: run [C, B, A]; step [C, B] → 30
  *   t 30  C, B token 2; full batch: rotate 2 → [A, C, B]; step [A, C] → 40
  *   t 40  A, C token 3; rotate → [B, A, C]; step [B, A] → 50
  *   t 50  B token 3, A token 4 (done at 50): run [B, C], rotate 1 → [C, B]; step → 60
  *   t 60  C and B token 4, both done.
- * TTFT: A 10, B 19, C 19. ITL: A 10 20 10, B 10 20 10, C 10 10 20. */
+ * TTFT: A 10, B 14, C 14. ITL: A 10 20 10, B 15 20 10, C 15 10 20 (B's and C's first gaps hold
+ * the wait for the step boundary). */
 START_TEST(test_decode_round_robin) {
   pl_profile_t p = simple();
   p.dc.max_batch = 2;
@@ -98,17 +99,54 @@ START_TEST(test_decode_round_robin) {
   traces_t tr = {0};
   pl_result_t r = run_fixed(&p, 1, 1, at, pr, out, 3, &tr);
   ck_assert_int_eq((int)r.completed, 3);
-  double first[] = {10, 20, 20}, end[] = {50, 60, 60};
+  double first[] = {10, 15, 15}, end[] = {50, 60, 60};
   for (int i = 0; i < 3; i++) {
     ck_assert_double_eq_tol(tr.t[i].t_first_ms, first[i], 1e-9);
     ck_assert_double_eq_tol(tr.t[i].t_end_ms, end[i], 1e-9);
   }
   ck_assert_int_eq((int)r.itl_ms.n, 9);
-  /* nine gaps: six of 10 and three of 20 → mean 120/9, p50 10, max 20 */
-  ck_assert_double_eq_tol(r.itl_ms.mean, 120.0 / 9.0, 1e-9);
-  ck_assert_double_eq_tol(r.itl_ms.p50, 10, 1e-9);
+  /* nine gaps: 10 10 10 10 15 15 20 20 20 → mean 130/9, p50 15, max 20 */
+  ck_assert_double_eq_tol(r.itl_ms.mean, 130.0 / 9.0, 1e-9);
+  ck_assert_double_eq_tol(r.itl_ms.p50, 15, 1e-9);
   ck_assert_double_eq_tol(r.itl_ms.max, 20, 1e-9);
-  ck_assert_double_eq_tol(r.ttft_ms.mean, 16, 1e-9);
+  ck_assert_double_eq_tol(r.ttft_ms.mean, 38.0 / 3.0, 1e-9);
+}
+END_TEST
+
+/* Where TTFT ends (router/flow.c on_prefill_done relays the first token from the Prefill reply).
+ * simple(): 1 ms per prefill token, 10 ms per decode step. A (prompt 10, output 3) at 0: pass
+ * 0 → 10, first token 10, steps [A] 10 → 20 → 30. B (prompt 5, output 2) at 11: pass 11 → 16,
+ * handed off at 16: the Prefill reply carries its first token: TTFT 5, although the decode
+ * engine is mid-step until 20; B joins at 20, step [B, A] → 30: B's token 2 at 30 (gap 14).
+ * With a prefix hit of 4 tokens on every request (a split request: the decode worker samples
+ * the first token itself) A (prompt 14: 10 computed) is the same, B (prompt 9: 5 computed, pass
+ * 11 → 16) gets its first token at the admission, 20: TTFT 9, gap 10. */
+START_TEST(test_first_token_with_prefill_reply) {
+  pl_profile_t p = simple();
+  double at[] = {0, 11};
+  int64_t pr[] = {10, 5}, out[] = {3, 2};
+  traces_t tr = {0};
+  pl_result_t r = run_fixed(&p, 1, 1, at, pr, out, 2, &tr);
+  ck_assert_int_eq((int)r.completed, 2);
+  ck_assert_double_eq_tol(tr.t[0].t_first_ms, 10, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_first_ms, 16, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_end_ms, 30, 1e-9);
+  ck_assert_double_eq_tol(r.ttft_ms.max, 10, 1e-9); /* A 10, B 5 */
+  ck_assert_double_eq_tol(r.ttft_ms.mean, 7.5, 1e-9);
+  ck_assert_double_eq_tol(r.itl_ms.max, 14, 1e-9); /* A 10 10, B 14 */
+
+  pl_cluster_t c = {1, 1, 0};
+  pl_workload_t w = {.prefix_hit = 1, .prefix_tokens = 4, .seed = 1};
+  int64_t pr_hit[] = {14, 9};
+  pl_fixed_reqs_t fx = {at, pr_hit, out, 2};
+  traces_t th = {0};
+  char err[256];
+  ck_assert_int_eq(pl_sim_run(&p, &c, &w, &fx, on_trace, &th, &r, err, sizeof err), 0);
+  ck_assert_double_eq_tol(th.t[0].t_first_ms, 10, 1e-9);
+  ck_assert_double_eq_tol(th.t[1].t_first_ms, 20, 1e-9);
+  ck_assert_double_eq_tol(th.t[1].t_end_ms, 30, 1e-9);
+  ck_assert_double_eq_tol(r.ttft_ms.mean, 9.5, 1e-9); /* A 10, B 9 */
+  ck_assert_double_eq_tol(r.itl_ms.max, 10, 1e-9);
 }
 END_TEST
 
@@ -210,6 +248,67 @@ START_TEST(test_percentiles_match_bench) {
   ck_assert_double_eq(m.p90, bn_percentile(copy, 37, 90));
   ck_assert_double_eq(m.p99, bn_percentile(copy, 37, 99));
   pl_samples_free(&s);
+}
+END_TEST
+
+/* The measured step spread (decode.step_spread). One request of 1 prompt token and 20001 output
+ * tokens alone: 20000 gaps, each a 10 ms step x R(U). (1) A flat table [[0, 2], [1, 2]]: every
+ * gap is 20 ms. (2) [[0, 0.5], [1, 1.5]]: R(U) = 0.5 + U, uniform on [0.5, 1.5]: gaps uniform on
+ * [5, 15] ms: mean 10, p50 10, p99 14.9 (within 1 % at 20000 draws). (3) The fit: gaps 1..100
+ * (mean 50.5) make R(0) = 1/50.5, R(1) = 100/50.5, R(0.5) = 50.5/50.5 = 1. */
+START_TEST(test_decode_step_spread) {
+  pl_profile_t p = simple();
+  p.dc_q_n = 2;
+  p.dc_q_p[0] = 0, p.dc_q_p[1] = 1;
+  p.dc_q_r[0] = p.dc_q_r[1] = 2;
+  double at[] = {0};
+  int64_t pr[] = {1}, out[] = {20001};
+  traces_t tr = {0};
+  pl_result_t r = run_fixed(&p, 1, 1, at, pr, out, 1, &tr);
+  ck_assert_double_eq_tol(r.itl_ms.p50, 20, 1e-9);
+  ck_assert_double_eq_tol(r.itl_ms.max, 20, 1e-9);
+  p.dc_q_r[0] = 0.5, p.dc_q_r[1] = 1.5;
+  r = run_fixed(&p, 1, 1, at, pr, out, 1, &tr);
+  ck_assert_msg(fabs(r.itl_ms.mean - 10) < 0.1, "mean gap %.3f, want 10", r.itl_ms.mean);
+  ck_assert_msg(fabs(r.itl_ms.p50 - 10) < 0.1, "p50 gap %.3f, want 10", r.itl_ms.p50);
+  ck_assert_msg(fabs(r.itl_ms.p99 - 14.9) < 0.149, "p99 gap %.3f, want 14.9", r.itl_ms.p99);
+  ck_assert(r.itl_ms.max <= 15 && r.itl_ms.max > 14.9);
+  double g[100];
+  for (int i = 0; i < 100; i++) g[99 - i] = i + 1; /* descending: the fit sorts */
+  pl_profile_fit_spread(&p, g, 100);
+  ck_assert_int_ge(p.dc_q_n, 2);
+  ck_assert_double_eq_tol(pl_decode_spread(&p, 0), 1 / 50.5, 1e-9);
+  ck_assert_double_eq_tol(pl_decode_spread(&p, 1), 100 / 50.5, 1e-9);
+  ck_assert_double_eq_tol(pl_decode_spread(&p, 0.5), 50.5 / 50.5, 1e-9);
+  pl_profile_fit_spread(&p, g, 19); /* too few gaps: no table */
+  ck_assert_int_eq(p.dc_q_n, 0);
+}
+END_TEST
+
+/* Workers' own speeds (prefill.worker_speed / decode.worker_speed). Two prompts of 10 tokens at
+ * 0 on 2 prefill workers (the router: fewest queued tokens, ties to the lower index: the first
+ * to worker 0, the second to worker 1), speeds [1, 2]: passes end at 10 and 20 (TTFT 10, 20).
+ * Output 2 on 2 decode workers with speeds [1, 3] (decode: lowest utilisation, the first to 0,
+ * the second to 1): the second tokens at 10 + 10 and 20 + 30. A cluster of another size (3
+ * prefill workers) ignores the factors: both prompts take 10. */
+START_TEST(test_worker_speed) {
+  pl_profile_t p = simple();
+  p.pf_speed_n = 2, p.pf_speed[0] = 1, p.pf_speed[1] = 2;
+  p.dc_speed_n = 2, p.dc_speed[0] = 1, p.dc_speed[1] = 3;
+  double at[] = {0, 0};
+  int64_t pr[] = {10, 10}, out[] = {2, 2};
+  traces_t tr = {0};
+  run_fixed(&p, 2, 2, at, pr, out, 2, &tr);
+  ck_assert_int_eq(tr.t[0].prefill, 0);
+  ck_assert_int_eq(tr.t[1].prefill, 1);
+  ck_assert_int_eq(tr.t[1].decode, 1);
+  ck_assert_double_eq_tol(tr.t[0].t_first_ms, 10, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_first_ms, 20, 1e-9);
+  ck_assert_double_eq_tol(tr.t[0].t_end_ms, 20, 1e-9);
+  ck_assert_double_eq_tol(tr.t[1].t_end_ms, 50, 1e-9);
+  traces_t t3 = {0};
+  run_fixed(&p, 3, 2, at, pr, out, 2, &t3);
+  ck_assert_double_eq_tol(t3.t[1].t_first_ms, 10, 1e-9);
 }
 END_TEST
 
@@ -346,11 +445,22 @@ START_TEST(test_profile_table_compat) {
   ck_assert_double_eq_tol(p.pf_tab_ms[0], 50, 1e-12);
   ck_assert_double_eq_tol(p.pf_shared_ms, 20, 1e-9); /* (2 * 50 - 80) / 1 */
   ck_assert_double_eq_tol(p.pf_per_token_ms, 3, 1e-12);
+  /* the optional step spread and worker speeds travel too */
+  p.dc_q_n = 3, p.dc_q_p[0] = 0, p.dc_q_p[1] = 0.5, p.dc_q_p[2] = 1;
+  p.dc_q_r[0] = 0.25, p.dc_q_r[1] = 1, p.dc_q_r[2] = 2.5;
+  p.pf_speed_n = 2, p.pf_speed[0] = 1, p.pf_speed[1] = 1.25;
+  p.dc_speed_n = 3, p.dc_speed[0] = 0.9, p.dc_speed[1] = 1, p.dc_speed[2] = 1.1;
   ck_assert_int_eq(pl_profile_save(path, &p, NULL, err, sizeof err), 0);
   pl_profile_t q;
   pl_profile_default(&q);
   ck_assert_int_eq(pl_profile_load(path, &q, err, sizeof err), 0);
   unlink(path);
+  ck_assert_int_eq(q.dc_q_n, 3);
+  ck_assert_double_eq_tol(pl_decode_spread(&q, 0.75), 1.75, 1e-9);
+  ck_assert_int_eq(q.pf_speed_n, 2);
+  ck_assert_double_eq_tol(q.pf_speed[1], 1.25, 1e-9);
+  ck_assert_int_eq(q.dc_speed_n, 3);
+  ck_assert_double_eq_tol(q.dc_speed[2], 1.1, 1e-9);
   ck_assert_int_eq(q.pf_tab_n, 2);
   ck_assert_double_eq_tol(q.pf_tab_tok[1], 64, 1e-12);
   ck_assert_double_eq_tol(q.pf_tab_ms[1], 200, 1e-9);
@@ -398,12 +508,15 @@ int main(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_single_request_chunked);
   tcase_add_test(tc, test_decode_round_robin);
+  tcase_add_test(tc, test_first_token_with_prefill_reply);
   tcase_add_test(tc, test_prefill_fair_chunks);
   tcase_add_test(tc, test_pages_slots_reject);
   tcase_add_test(tc, test_prefill_least_queued);
   tcase_add_test(tc, test_md1_mean_wait);
   tcase_add_test(tc, test_host_cores_share);
   tcase_add_test(tc, test_mg1_variability);
+  tcase_add_test(tc, test_decode_step_spread);
+  tcase_add_test(tc, test_worker_speed);
   tcase_add_test(tc, test_prefix_hit);
   tcase_add_test(tc, test_bad_cluster);
   tcase_add_test(tc, test_prefill_table_cost);
