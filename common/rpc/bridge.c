@@ -40,10 +40,10 @@ static void *drain_main(void *p) {
         b->q = nq;
         b->q_cap = cap;
       }
-      /* Only the first completion of a batch wakes the loop: it takes the whole vector, and a
-       * non-empty vector means a wakeup is already on its way (async_cb empties it before it
-       * returns, under this lock). */
-      wake = b->q_len == 0;
+      /* Only the first completion of a batch wakes the loop, and none while the loop is in
+       * async_cb: it checks the vector once more (under this lock) before it returns. A
+       * non-empty vector outside async_cb means a wakeup is already on its way. */
+      wake = b->q_len == 0 && !b->in_cb;
       b->q[b->q_len++] = (rpc_ev_t){ev.tag, ev.success};
     }
     pthread_mutex_unlock(&b->mu);
@@ -84,6 +84,9 @@ static void async_cb(uv_async_t *h) {
   /* Take the queue under the lock, dispatch outside it. A callback may detach owners or attach
    * new ones; the bridge itself stays valid until async_closed. */
   rpc_ev_t local[128];
+  pthread_mutex_lock(&b->mu);
+  b->in_cb = 1;
+  pthread_mutex_unlock(&b->mu);
   for (;;) {
     pthread_mutex_lock(&b->mu);
     size_t n = b->q_len < 128 ? b->q_len : 128;
@@ -105,8 +108,14 @@ static void async_cb(uv_async_t *h) {
     ((rpc_tag_t *)ev.tag)->cb(ev.tag, ev.success);
     budget--;
   }
-  if (budget == 0) {
-    uv_async_send(&b->async); /* more may be ready: come back after other handles ran */
+  /* What the drain thread queued meanwhile did not wake the loop (in_cb): come back for it
+   * after the other handles ran, as when the budget is used up (more may be ready). */
+  pthread_mutex_lock(&b->mu);
+  int again = budget == 0 || b->q_len > 0;
+  b->in_cb = 0;
+  pthread_mutex_unlock(&b->mu);
+  if (again) {
+    uv_async_send(&b->async);
     return;
   }
   tell_gone(b);

@@ -9,10 +9,12 @@
  * uv loop, shared by every server and client on that loop (each is an owner of the bridge). The
  * drain thread blocks in grpc_completion_queue_next() and appends completions to a
  * mutex-protected vector, then uv_async_send()s the loop (sends coalesce, so the loop drains the
- * whole vector per wakeup). After dispatching, the loop thread itself polls the CQ with an
- * already-past deadline, up to a budget, so back-to-back completions are taken without a thread
- * hop each (P7). When the budget is used up it re-arms the async so timers and other handles
- * still get their turn. One CQ per process instead of one per owner: a request that crosses the
+ * whole vector per wakeup); it sends only for the first completion of an empty vector and not
+ * while the loop is inside the bridge's callback, which looks at the vector again on its way
+ * out. After dispatching, the loop thread itself polls the CQ with an already-past deadline, up
+ * to a budget, so back-to-back completions are taken without a thread hop each (P7). When the
+ * budget is used up, or completions were queued meanwhile, it re-arms the async so timers and
+ * other handles still get their turn. One CQ per process instead of one per owner: a request that crosses the
  * router's two servers and its client costs one drain thread's hops, not three.
  *
  * Owners and shutdown: the bridge does not count tags. Each owner knows when none of its own
@@ -71,6 +73,7 @@ struct rpc_bridge {
   size_t q_cap;      /* guarded by mu */
   int cq_drained;    /* guarded by mu: the drain thread saw GRPC_QUEUE_SHUTDOWN and exits */
   int async_ok;      /* guarded by mu: the async handle exists (set once init succeeded) */
+  int in_cb;         /* guarded by mu: async_cb runs and will look at q again before it returns */
   int owners;        /* guarded by the registry lock: attached owners not yet detached */
   int cq_shutdown;   /* loop only: the last owner left; grpc_completion_queue_shutdown called */
   int finished;      /* loop only: the CQ is destroyed, async is closing */
