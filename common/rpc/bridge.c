@@ -13,6 +13,11 @@
 /* Completions the loop thread polls itself per wakeup before yielding to other handles. */
 #define HYBRID_BUDGET 512
 
+/* The per-loop registry: bridges that still accept owners (one per loop). Owners are created
+ * on their loop's thread, but several loops may live in one process (tools, tests). */
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static rpc_bridge_t *reg_head; /* guarded by reg_mu */
+
 static void *drain_main(void *p) {
   rpc_bridge_t *b = p;
   for (;;) {
@@ -25,6 +30,7 @@ static void *drain_main(void *p) {
       if (ok) uv_async_send(&b->async);
       return NULL;
     }
+    int wake = 0;
     if (ev.type == GRPC_OP_COMPLETE) {
       if (b->q_len == b->q_cap) {
         size_t cap = b->q_cap ? b->q_cap * 2 : 64;
@@ -34,32 +40,61 @@ static void *drain_main(void *p) {
         b->q = nq;
         b->q_cap = cap;
       }
+      /* Only the first completion of a batch wakes the loop, and none while the loop is in
+       * async_cb: it checks the vector once more (under this lock) before it returns. A
+       * non-empty vector outside async_cb means a wakeup is already on its way. */
+      wake = b->q_len == 0 && !b->in_cb;
       b->q[b->q_len++] = (rpc_ev_t){ev.tag, ev.success};
     }
     pthread_mutex_unlock(&b->mu);
-    uv_async_send(&b->async);
+    if (wake) uv_async_send(&b->async);
+  }
+}
+
+/* Tells the detached owners; stops when the bridge starts shutting down (a callback may detach
+ * the last owner): the rest are told once the bridge is closed. */
+static void tell_gone(rpc_bridge_t *b) {
+  while (b->gone && !b->cq_shutdown) {
+    rpc_owner_t *o = b->gone;
+    b->gone = o->next;
+    if (!b->gone) b->gone_tail = &b->gone;
+    o->next = NULL;
+    o->on_detached(o);
   }
 }
 
 static void async_closed(uv_handle_t *h) {
   rpc_bridge_t *b = h->data;
+  rpc_owner_t *gone = b->gone;
   pthread_mutex_destroy(&b->mu);
   free(b->q);
-  b->q = NULL;
-  if (b->on_closed) b->on_closed(b);
+  free(b);
+  grpc_shutdown(); /* the bridge's own reference, taken in bridge_create */
+  while (gone) {
+    rpc_owner_t *o = gone;
+    gone = o->next;
+    o->next = NULL;
+    o->on_detached(o);
+  }
 }
 
 static void async_cb(uv_async_t *h) {
   rpc_bridge_t *b = h->data;
   if (b->finished) return;
-  /* Swap the queue out under the lock, dispatch outside it. */
+  /* Take the queue under the lock, dispatch outside it. A callback may detach owners or attach
+   * new ones; the bridge itself stays valid until async_closed. */
   rpc_ev_t local[128];
+  pthread_mutex_lock(&b->mu);
+  b->in_cb = 1;
+  pthread_mutex_unlock(&b->mu);
   for (;;) {
     pthread_mutex_lock(&b->mu);
     size_t n = b->q_len < 128 ? b->q_len : 128;
-    memcpy(local, b->q, n * sizeof *local);
-    memmove(b->q, b->q + n, (b->q_len - n) * sizeof *local);
-    b->q_len -= n;
+    if (n > 0) { /* (q is NULL until the first completion: a detach wakes the loop too) */
+      memcpy(local, b->q, n * sizeof *local);
+      memmove(b->q, b->q + n, (b->q_len - n) * sizeof *local);
+      b->q_len -= n;
+    }
     pthread_mutex_unlock(&b->mu);
     if (n == 0) break;
     for (size_t i = 0; i < n; i++) local[i].tag->cb(local[i].tag, local[i].ok);
@@ -73,35 +108,44 @@ static void async_cb(uv_async_t *h) {
     ((rpc_tag_t *)ev.tag)->cb(ev.tag, ev.success);
     budget--;
   }
-  if (budget == 0) {
-    uv_async_send(&b->async); /* more may be ready: come back after other handles ran */
+  /* What the drain thread queued meanwhile did not wake the loop (in_cb): come back for it
+   * after the other handles ran, as when the budget is used up (more may be ready). */
+  pthread_mutex_lock(&b->mu);
+  int again = budget == 0 || b->q_len > 0;
+  b->in_cb = 0;
+  pthread_mutex_unlock(&b->mu);
+  if (again) {
+    uv_async_send(&b->async);
     return;
   }
+  tell_gone(b);
+  if (!b->cq_shutdown) return;
   pthread_mutex_lock(&b->mu);
   int drained = b->cq_drained && b->q_len == 0;
   pthread_mutex_unlock(&b->mu);
   if (drained) {
+    /* Every owner detached with nothing outstanding, so the drain found no completion. */
     pthread_join(b->thread, NULL);
     b->finished = 1;
-    if (b->on_drained) b->on_drained(b);
     grpc_completion_queue_destroy(b->cq);
     b->cq = NULL;
     uv_close((uv_handle_t *)&b->async, async_closed);
   }
 }
 
-int rpc_bridge_init(rpc_bridge_t *b, uv_loop_t *loop, void *owner,
-                    void (*on_drained)(rpc_bridge_t *), void (*on_closed)(rpc_bridge_t *)) {
-  memset(b, 0, sizeof *b);
+/* A new bridge on loop: the CQ, the async handle and the drain thread. NULL on error, with
+ * nothing left behind. */
+static rpc_bridge_t *bridge_create(uv_loop_t *loop) {
+  rpc_bridge_t *b = calloc(1, sizeof *b);
+  if (!b) return NULL;
   b->loop = loop;
-  b->owner = owner;
-  b->on_drained = on_drained;
-  b->on_closed = on_closed;
-  if (pthread_mutex_init(&b->mu, NULL) != 0) return K3_ENOMEM;
+  b->gone_tail = &b->gone;
+  if (pthread_mutex_init(&b->mu, NULL) != 0) goto err_free;
+  grpc_init(); /* the CQ outlives the owners' references: it is destroyed after they left */
   b->cq = grpc_completion_queue_create_for_next(NULL);
   if (!b->cq) goto err_mu;
   /* The thread starts before the async handle exists: nothing can complete on the fresh CQ
-   * until the owner starts batches, and async_ok (under mu) gates its uv_async_send so a
+   * until an owner starts batches, and async_ok (under mu) gates its uv_async_send so a
    * failed uv_async_init can still be unwound without a libuv close round-trip. */
   if (pthread_create(&b->thread, NULL, drain_main, b) != 0) goto err_cq;
   if (uv_async_init(loop, &b->async, async_cb) != 0) goto err_thread;
@@ -109,7 +153,7 @@ int rpc_bridge_init(rpc_bridge_t *b, uv_loop_t *loop, void *owner,
   pthread_mutex_lock(&b->mu);
   b->async_ok = 1;
   pthread_mutex_unlock(&b->mu);
-  return 0;
+  return b;
 err_thread:
   grpc_completion_queue_shutdown(b->cq);
   pthread_join(b->thread, NULL);
@@ -119,16 +163,60 @@ err_cq:
          GRPC_QUEUE_SHUTDOWN) {
   }
   grpc_completion_queue_destroy(b->cq);
-  b->cq = NULL;
 err_mu:
+  grpc_shutdown();
   pthread_mutex_destroy(&b->mu);
-  return K3_ENOMEM;
+err_free:
+  free(b);
+  return NULL;
 }
 
-void rpc_bridge_shutdown(rpc_bridge_t *b) {
-  if (b->cq_shutdown) return;
-  b->cq_shutdown = 1;
-  grpc_completion_queue_shutdown(b->cq);
+int rpc_bridge_attach(uv_loop_t *loop, rpc_owner_t *o, void (*on_detached)(rpc_owner_t *)) {
+  memset(o, 0, sizeof *o);
+  o->on_detached = on_detached;
+  pthread_mutex_lock(&reg_mu);
+  rpc_bridge_t *b = reg_head;
+  while (b && b->loop != loop) b = b->next;
+  if (!b) {
+    b = bridge_create(loop);
+    if (!b) {
+      pthread_mutex_unlock(&reg_mu);
+      return K3_ENOMEM;
+    }
+    b->next = reg_head;
+    reg_head = b;
+  }
+  b->owners++;
+  pthread_mutex_unlock(&reg_mu);
+  o->br = b;
+  return 0;
+}
+
+void rpc_bridge_detach(rpc_owner_t *o) {
+  K3_ASSERT(!o->detached);
+  o->detached = 1;
+  rpc_bridge_t *b = o->br;
+  *b->gone_tail = o;
+  b->gone_tail = &o->next;
+  pthread_mutex_lock(&reg_mu);
+  int last = --b->owners == 0;
+  if (last) {
+    /* Out of the registry now: an owner created from here on starts a fresh bridge. */
+    for (rpc_bridge_t **pp = &reg_head; *pp; pp = &(*pp)->next) {
+      if (*pp == b) {
+        *pp = b->next;
+        break;
+      }
+    }
+  }
+  pthread_mutex_unlock(&reg_mu);
+  if (last) {
+    /* The drain thread sees GRPC_QUEUE_SHUTDOWN and wakes the loop to finish (async_cb). */
+    b->cq_shutdown = 1;
+    grpc_completion_queue_shutdown(b->cq);
+  } else {
+    uv_async_send(&b->async); /* on_detached runs on the loop's next turn */
+  }
 }
 
 grpc_byte_buffer *rpc_pack(const ProtobufCMessage *m) {

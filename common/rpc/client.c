@@ -26,7 +26,7 @@ typedef struct chan {
 } chan_t;
 
 struct k3_rpc_client {
-  rpc_bridge_t br;
+  rpc_owner_t own;  /* first: on_detached casts back */
   k3_rpc_client_opts_t opts;
   chan_t *chans;
   chan_t *retired;  /* forgotten while calls were still running on them */
@@ -274,7 +274,7 @@ static int start_call(k3_rpc_client_t *cli, const char *target, const char *meth
   gpr_timespec deadline =
       gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(ms, GPR_TIMESPAN));
   grpc_slice mslice = grpc_slice_from_copied_string(method);
-  c->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cli->br.cq, mslice, NULL,
+  c->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, rpc_owner_cq(&cli->own), mslice, NULL,
                                      deadline, NULL);
   grpc_slice_unref(mslice);
   if (!c->send_bb || !c->call) goto err;
@@ -369,10 +369,8 @@ int k3_rpc_client_forget(k3_rpc_client_t *cli, const char *target) {
 
 size_t k3_rpc_client_live_calls(const k3_rpc_client_t *cli) { return cli->live; }
 
-static void on_drained(rpc_bridge_t *b) { (void)b; }
-
-static void on_closed(rpc_bridge_t *b) {
-  k3_rpc_client_t *cli = b->owner;
+static void on_detached(rpc_owner_t *o) {
+  k3_rpc_client_t *cli = (k3_rpc_client_t *)o;
   void (*done)(void *) = cli->done;
   void *arg = cli->done_arg;
   free(cli);
@@ -381,7 +379,7 @@ static void on_closed(rpc_bridge_t *b) {
 }
 
 static void maybe_finish_close(k3_rpc_client_t *cli) {
-  if (cli->live > 0 || cli->br.cq_shutdown) return;
+  if (cli->live > 0 || cli->own.detached) return;
   while (cli->chans) {
     chan_t *ch = cli->chans;
     cli->chans = ch->next;
@@ -392,7 +390,8 @@ static void maybe_finish_close(k3_rpc_client_t *cli) {
     cli->retired = ch->next;
     chan_free(ch);
   }
-  rpc_bridge_shutdown(&cli->br);
+  /* No call is left, so no tag of this client is outstanding on the shared CQ. */
+  rpc_bridge_detach(&cli->own);
 }
 
 int k3_rpc_client_init(uv_loop_t *loop, const k3_rpc_client_opts_t *opts, k3_rpc_client_t **out) {
@@ -402,7 +401,7 @@ int k3_rpc_client_init(uv_loop_t *loop, const k3_rpc_client_opts_t *opts, k3_rpc
   if (!cli->opts.max_msg_bytes) cli->opts.max_msg_bytes = K3_RPC_DEFAULT_MAX_MSG_BYTES;
   if (!cli->opts.default_timeout_ms) cli->opts.default_timeout_ms = 30000;
   grpc_init();
-  int rc = rpc_bridge_init(&cli->br, loop, cli, on_drained, on_closed);
+  int rc = rpc_bridge_attach(loop, &cli->own, on_detached);
   if (rc) {
     free(cli);
     grpc_shutdown();

@@ -5,13 +5,27 @@
  * owns the batch; its cb runs on the loop thread with the batch's success bit. The object stays
  * alive until every tag it handed out has fired (refcounts in server.c / client.c).
  *
- * Bridge (C-STACK.md §3, "pattern A + hybrid"): a drain thread blocks in
- * grpc_completion_queue_next() and appends completions to a mutex-protected vector, then
- * uv_async_send()s the loop (sends coalesce, so the loop drains the whole vector per wakeup).
- * After dispatching, the loop thread itself polls the CQ with an already-past deadline, up to a
- * budget, so back-to-back stream sends complete without a thread hop each (P7). When the
- * budget is used up it re-arms the async so timers and other handles still get their turn.
- * Lock order: only rpc_bridge_t.mu exists; no callback runs under it. */
+ * Bridge (C-STACK.md §3, "pattern A + hybrid"): ONE completion queue and ONE drain thread per
+ * uv loop, shared by every server and client on that loop (each is an owner of the bridge). The
+ * drain thread blocks in grpc_completion_queue_next() and appends completions to a
+ * mutex-protected vector, then uv_async_send()s the loop (sends coalesce, so the loop drains the
+ * whole vector per wakeup); it sends only for the first completion of an empty vector and not
+ * while the loop is inside the bridge's callback, which looks at the vector again on its way
+ * out. After dispatching, the loop thread itself polls the CQ with an already-past deadline, up
+ * to a budget, so back-to-back completions are taken without a thread hop each (P7). When the
+ * budget is used up, or completions were queued meanwhile, it re-arms the async so timers and
+ * other handles still get their turn. One CQ per process instead of one per owner: a request that crosses the
+ * router's two servers and its client costs one drain thread's hops, not three.
+ *
+ * Owners and shutdown: the bridge does not count tags. Each owner knows when none of its own
+ * tags is outstanding (client: no live call; server: shutdown notified, no live call and no
+ * armed request) and then calls rpc_bridge_detach(). Its on_detached runs later on the loop
+ * thread (never inside detach), and for the last owner only after the CQ was shut down and
+ * drained, the thread joined, the CQ destroyed and the async handle closed. The last detach
+ * also takes the bridge out of the per-loop registry at once, so an owner created meanwhile
+ * (workers create and close clients at any time) starts a fresh bridge.
+ * Lock order: rpc_bridge_t.mu and the registry lock are never held together; no callback runs
+ * under either. */
 #ifndef K3PD_RPC_INTERNAL_H
 #define K3PD_RPC_INTERNAL_H
 
@@ -37,6 +51,17 @@ typedef struct {
 } rpc_ev_t;
 
 typedef struct rpc_bridge rpc_bridge_t;
+typedef struct rpc_owner rpc_owner_t;
+
+/* A server or client attached to its loop's bridge; embedded in the owner. Loop thread only. */
+struct rpc_owner {
+  rpc_bridge_t *br;
+  /* Loop thread, once, after rpc_bridge_detach (never inside it). The owner may free itself. */
+  void (*on_detached)(rpc_owner_t *o);
+  int detached;
+  rpc_owner_t *next;  /* the bridge's list of detached owners still to be told */
+};
+
 struct rpc_bridge {
   uv_loop_t *loop;
   grpc_completion_queue *cq;
@@ -48,22 +73,21 @@ struct rpc_bridge {
   size_t q_cap;      /* guarded by mu */
   int cq_drained;    /* guarded by mu: the drain thread saw GRPC_QUEUE_SHUTDOWN and exits */
   int async_ok;      /* guarded by mu: the async handle exists (set once init succeeded) */
-  int cq_shutdown;   /* loop only: grpc_completion_queue_shutdown was called */
-  int finished;      /* loop only: on_drained ran, async is closing */
-  /* Loop thread, once, after the CQ is fully drained and the thread joined. The owner
-   * destroys its grpc objects here; the CQ is destroyed by the bridge right after. */
-  void (*on_drained)(rpc_bridge_t *b);
-  /* Loop thread, once, after the async handle is closed: the owner may free the bridge. */
-  void (*on_closed)(rpc_bridge_t *b);
-  void *owner;
+  int in_cb;         /* guarded by mu: async_cb runs and will look at q again before it returns */
+  int owners;        /* guarded by the registry lock: attached owners not yet detached */
+  int cq_shutdown;   /* loop only: the last owner left; grpc_completion_queue_shutdown called */
+  int finished;      /* loop only: the CQ is destroyed, async is closing */
+  rpc_owner_t *gone, **gone_tail; /* loop only: detached owners whose on_detached is due */
+  rpc_bridge_t *next; /* the per-loop registry (bridge.c) */
 };
 
-/* Creates the CQ, the async handle and the drain thread. On error nothing is left behind. */
-int rpc_bridge_init(rpc_bridge_t *b, uv_loop_t *loop, void *owner,
-                    void (*on_drained)(rpc_bridge_t *), void (*on_closed)(rpc_bridge_t *));
-/* grpc_completion_queue_shutdown(); completions still in the queue are delivered, then
- * on_drained and on_closed run. Idempotent. */
-void rpc_bridge_shutdown(rpc_bridge_t *b);
+/* Attaches o to the bridge of `loop`, creating it (CQ, async handle, drain thread) when the
+ * loop has none. The caller holds a grpc_init() reference. On error o is not attached. */
+int rpc_bridge_attach(uv_loop_t *loop, rpc_owner_t *o, void (*on_detached)(rpc_owner_t *));
+/* The owner has no tag outstanding and starts no more batches: it leaves the bridge, and
+ * o->on_detached runs later on the loop thread. The last owner shuts the CQ down. Once. */
+void rpc_bridge_detach(rpc_owner_t *o);
+static inline grpc_completion_queue *rpc_owner_cq(const rpc_owner_t *o) { return o->br->cq; }
 
 /* Packs a protobuf-c message into a new byte buffer (caller destroys it). NULL on OOM. */
 grpc_byte_buffer *rpc_pack(const ProtobufCMessage *m);

@@ -58,7 +58,7 @@ struct k3_rpc_call {
 typedef struct rpc_health rpc_health_t;
 
 struct k3_rpc_server {
-  rpc_bridge_t br;
+  rpc_owner_t own;             /* first: on_detached casts back */
   uv_loop_t *loop;
   grpc_server *server;
   k3_rpc_server_opts_t opts;

@@ -343,8 +343,8 @@ static int arm_request(k3_rpc_server_t *srv, rpc_method_t *m) {
   c->t_send.cb = on_send;
   grpc_metadata_array_init(&c->md);
   grpc_call_error e = grpc_server_request_registered_call(
-      srv->server, m->handle, &c->call, &c->deadline, &c->md, &c->payload, srv->br.cq,
-      srv->br.cq, &c->t_request);
+      srv->server, m->handle, &c->call, &c->deadline, &c->md, &c->payload, rpc_owner_cq(&srv->own),
+      rpc_owner_cq(&srv->own), &c->t_request);
   if (e != GRPC_CALL_OK) {
     grpc_metadata_array_destroy(&c->md);
     free(c);
@@ -368,7 +368,7 @@ static int arm_unregistered(k3_rpc_server_t *srv) {
   grpc_metadata_array_init(&c->md);
   grpc_call_details_init(&c->details_in);
   grpc_call_error e = grpc_server_request_call(srv->server, &c->call, &c->details_in, &c->md,
-                                               srv->br.cq, srv->br.cq, &c->t_request);
+                                               rpc_owner_cq(&srv->own), rpc_owner_cq(&srv->own), &c->t_request);
   if (e != GRPC_CALL_OK) {
     grpc_metadata_array_destroy(&c->md);
     grpc_call_details_destroy(&c->details_in);
@@ -383,19 +383,13 @@ static int arm_unregistered(k3_rpc_server_t *srv) {
 
 /* ---- server lifecycle ---- */
 
-static void on_drained(rpc_bridge_t *b) {
-  k3_rpc_server_t *srv = b->owner;
-  grpc_server_destroy(srv->server);
-  srv->server = NULL;
-}
-
 static void timer_closed(uv_handle_t *h) {
   k3_rpc_server_t *srv = h->data;
   if (--srv->handles_open == 0) srv_free(srv);
 }
 
-static void on_bridge_closed(rpc_bridge_t *b) {
-  k3_rpc_server_t *srv = b->owner;
+static void on_detached(rpc_owner_t *o) {
+  k3_rpc_server_t *srv = (k3_rpc_server_t *)o;
   uv_close((uv_handle_t *)&srv->grace_timer, timer_closed);
 }
 
@@ -427,9 +421,9 @@ int k3_rpc_server_init(uv_loop_t *loop, const k3_rpc_server_opts_t *opts, k3_rpc
   rpc_size_args(a, &args, (int)srv->opts.max_msg_bytes);
   srv->server = grpc_server_create(&args, NULL);
   if (!srv->server) goto err;
-  int rc = rpc_bridge_init(&srv->br, loop, srv, on_drained, on_bridge_closed);
+  int rc = rpc_bridge_attach(loop, &srv->own, on_detached);
   if (rc) goto err_server;
-  grpc_server_register_completion_queue(srv->server, srv->br.cq, NULL);
+  grpc_server_register_completion_queue(srv->server, rpc_owner_cq(&srv->own), NULL);
   uv_timer_init(loop, &srv->grace_timer);
   srv->grace_timer.data = srv;
   srv->handles_open = 1;
@@ -524,9 +518,13 @@ static void on_grace_expired(uv_timer_t *t) {
 }
 
 static void maybe_finish_shutdown(k3_rpc_server_t *srv) {
-  if (!srv->shutdown_notified || srv->live_calls > 0 || srv->armed > 0 || srv->br.cq_shutdown)
+  if (!srv->shutdown_notified || srv->live_calls > 0 || srv->armed > 0 || srv->own.detached)
     return;
-  rpc_bridge_shutdown(&srv->br);
+  /* Nothing of this server is outstanding on the shared CQ: the shutdown tag came back, every
+   * armed request returned and every call was destroyed. gRPC allows the destroy now. */
+  grpc_server_destroy(srv->server);
+  srv->server = NULL;
+  rpc_bridge_detach(&srv->own);
 }
 
 void k3_rpc_server_shutdown(k3_rpc_server_t *srv, k3_rpc_server_done_fn done, void *arg) {
@@ -542,7 +540,7 @@ void k3_rpc_server_shutdown(k3_rpc_server_t *srv, k3_rpc_server_done_fn done, vo
     maybe_finish_shutdown(srv);
     return;
   }
-  grpc_server_shutdown_and_notify(srv->server, srv->br.cq, &srv->t_shutdown);
+  grpc_server_shutdown_and_notify(srv->server, rpc_owner_cq(&srv->own), &srv->t_shutdown);
   uv_timer_start(&srv->grace_timer, on_grace_expired, srv->opts.grace_ms, 0);
 }
 
