@@ -305,6 +305,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
   const int wg = w >> 2, wq = w & 3, g = lane >> 2, t4 = lane & 3;
   const bool math = !(a.probe & 2);
   const bool order = !(a.probe & 2048); /* benchmark variant: S(i+1) may run ahead of P.V(i) */
+  /* Who looks up and L2-prefetches tile i+3: warpgroup 0's thread 0 during S of tile i
+   * (default), or warpgroup 1's producer thread after the P.V issue (probe 4096, the kernel as
+   * measured on 2026-11-29). Either writes rows_s slot (i+3)&3 before the barrier that lets
+   * the refill of tile i+3 (iteration i+1 of warpgroup 1) read it: bar 6/7 of tile i+1. */
+  const bool ahead_wg0 = !(a.probe & 4096);
   /* The two warpgroups run separate loops, so each keeps only its own state live (warpgroup
    * 1's 192 accumulators never share registers with warpgroup 0's softmax state). */
   if (wg == 0) {
@@ -315,6 +320,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     float m_c[12], l_c[12];
 #pragma unroll
     for (int c = 0; c < 12; c++) m_c[c] = -INFINITY, l_c[c] = 0.f;
+    int page_nx = 0; /* first page of tile i+3 (thread 0, ahead_wg0) */
+    if (ahead_wg0 && tid == 0 && ntiles > 3) page_nx = bt[(tok0 + 3 * WG_TILE) / a.page_size];
     if (ntiles > 0) mbar_wait(qbar, 0);
     /* A partial head group (heads % 48 != 0, e.g. the 48B's 32): the Q box also brought the
      * next rows of the q buffer; zero them so the padding heads score 0 everywhere and nothing
@@ -338,6 +345,15 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       float sc[24];
 #pragma unroll
       for (int k = 0; k < 24; k++) sc[k] = 0.f;
+      /* Tile i+3's page lookup and L2 prefetch, before waiting for tile i (warpgroup 0 mostly
+       * waits there anyway), with the page id loaded one iteration earlier. Off warpgroup 1's
+       * producer thread, whose refill issues gate that warpgroup's barrier 5 (probe 4096: the
+       * old placement). Not between the S commit and its wait: ptxas then serialises the wgmma
+       * pipeline (C7514). */
+      if (ahead_wg0 && tid == 0 && i + 3 < ntiles) {
+        ahead(i + 3, page_nx);
+        if (i + 4 < ntiles) page_nx = bt[(tok0 + (i + 4) * WG_TILE) / a.page_size];
+      }
       /* S^T = K Q^T once the whole tile landed (an mbarrier poll between the wgmma issues makes
        * ptxas serialise them: it sees a divergent loop inside the pipeline). */
       mbar_wait(bar0 + 8 * s, par);
@@ -477,7 +493,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       const bool refill = tid == 128 && i + 2 < ntiles;
       /* Tile i+3's page-table load is issued here and used after P.V is issued (ahead() on
        * the path to the P.V issue delayed it, and warpgroup 0 waits for that issue). */
-      const bool ah = tid == 128 && i + 3 < ntiles;
+      const bool ah = !ahead_wg0 && tid == 128 && i + 3 < ntiles;
       int page3 = 0;
       if (ah) page3 = bt[(tok0 + (i + 3) * WG_TILE) / a.page_size];
       bar_sync(6 + s, 256); /* the rescale flag and alpha of this tile */
