@@ -135,7 +135,8 @@ int k3k_cuda_lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int6
 /* Benchmarks: with ev != NULL (5 created events), every later MLA_DECODE records ev[0..4]
  * around its phases (q prep | absorption GEMM | attention | output GEMM + cast); NULL stops. */
 void k3k_cuda_mla_phase_events(cudaEvent_t *ev);
-/* Benchmarks only: MLA decode attention variants that leave a stage out (mla.cu); 0 = normal. */
+/* Benchmarks and parity only: MLA decode variants (mla.cu: some leave a stage out, 4096 / 8192
+ * select the fallback kernel placement / op path); 0 = normal. */
 void k3k_cuda_mla_probe(int mode);
 
 
