@@ -422,9 +422,16 @@ int k3k_cuda_mla_decode_fast(k3k_cuda_ctx *cx, const void *params, const k3k_ten
   const k3k_tensor_t *q = t[0], *w = t[1], *cache = t[2], *pt = t[3], *sl = t[4], *o = t[5];
   int64_t N = p->n_seqs, NH = p->n_heads, ldw = w->stride[0];
   if (N == 0) return 0;
+  const int probe = g_mla_probe | mla_old_bits();
+  /* Direct paths (off with K3PD_MLA_DECODE_OLD=1 or probe 8192): the page check's host wait
+   * overlaps q prep + absorption (they write scratch only); a bf16 q with unit column stride
+   * and 16-byte aligned rows feeds the absorption GEMM as it is (only q_rot is copied); a bf16
+   * o of that kind takes the output GEMM's result straight (no fp32 staging + cast). Same
+   * products, same fp32 accumulation; the output is rounded to bf16 once either way. */
+  const bool direct = !(probe & 8192);
   /* seq_lens within the page table and every used page id within the pool: checked on the
-   * device before the kernels index the cache. */
-  int rc = k3k_cuda_check_pages(cx, pt, sl, N, cache->shape[1], cache->shape[0]);
+   * device before the kernels index the cache (old path: here, with its synchronisation). */
+  int rc = direct ? 0 : k3k_cuda_check_pages(cx, pt, sl, N, cache->shape[1], cache->shape[0]);
   if (rc) return rc;
   k3k_cu_mla_decode_args a;
   memset(&a, 0, sizeof a);
@@ -441,14 +448,20 @@ int k3k_cuda_mla_decode_fast(k3k_cuda_ctx *cx, const void *params, const k3k_ten
   a.max_len = (int)(p->max_seqlen_k > 0 && p->max_seqlen_k < cap ? p->max_seqlen_k : cap);
   a.scale = p->scale != 0.0f ? p->scale : 1.0f / sqrtf(192.0f);
   a.num_sms = cx->num_sms;
-  a.probe = g_mla_probe | mla_old_bits();
+  a.probe = probe;
   /* qabs: MLA_HB spare rows for a partial last head group (mla_decode.cuh) */
   size_t b_qb = al256(N * NH * 192 * 2), b_qabs = al256((N * NH + MLA_HB) * MLA_D * 2),
          b_olat = al256(N * NH * MLA_DV * 2), b_o32 = al256(N * NH * 128 * 4),
          b_work = al256(mla_work_bytes(&a));
   char *base;
-  rc = k3k_cuda_scratch(cx, b_qb + b_qabs + b_olat + b_o32 + b_work, (void **)&base);
+  rc = k3k_cuda_scratch(cx, b_qb + b_qabs + b_olat + b_o32 + b_work + 256, (void **)&base);
   if (rc) return rc;
+  bool chk = false;
+  if (direct) {
+    unsigned *res = (unsigned *)(base + b_qb + b_qabs + b_olat + b_o32 + b_work);
+    rc = k3k_cuda_check_pages_begin(cx, pt, sl, N, cache->shape[1], cache->shape[0], res, &chk);
+    if (rc) return rc;
+  }
   uint16_t *qb = (uint16_t *)base, *qabs = (uint16_t *)(base + b_qb);
   uint16_t *olat = (uint16_t *)(base + b_qb + b_qabs);
   float *o32 = (float *)(base + b_qb + b_qabs + b_olat);
@@ -456,11 +469,6 @@ int k3k_cuda_mla_decode_fast(k3k_cuda_ctx *cx, const void *params, const k3k_ten
   a.q = qabs;
   a.out = olat;
 
-  /* Direct paths (off with K3PD_MLA_DECODE_OLD=1 or probe 8192): a bf16 q with unit column
-   * stride and 16-byte aligned rows feeds the absorption GEMM as it is (only q_rot is copied);
-   * a bf16 o of that kind takes the output GEMM's result straight (no fp32 staging + cast).
-   * Same products, same fp32 accumulation; the output is rounded to bf16 once either way. */
-  const bool direct = !(a.probe & 8192);
   const bool q_direct = direct && q->dtype == K3K_BF16 && q->stride[1] == 1 &&
                         q->stride[0] % 8 == 0 && ((uintptr_t)q->data & 15) == 0;
   const bool o_direct = direct && o->dtype == K3K_BF16 && o->stride[1] == 1 &&
@@ -484,6 +492,8 @@ int k3k_cuda_mla_decode_fast(k3k_cuda_ctx *cx, const void *params, const k3k_ten
   /* q_lat[n][h][c] = Σ_d W[h*256+d][c] q_nope[n][h][d]  (col-major: 512 x N per head). */
   rc = k3k_cuda_lt_gemm(cx, 0, 0, MLA_DV, N, 128, w->data, CUDA_R_16BF, ldw, 256 * ldw, qn,
                         CUDA_R_16BF, ldq, 192, qabs, CUDA_R_16BF, NH * MLA_D, MLA_D, (int)NH);
+  if (rc) return rc;
+  rc = k3k_cuda_check_pages_end(cx, chk); /* the host waited for the check alone */
   if (rc) return rc;
   MLA_MARK(2);
   rc = mla_attend(cx->stream, &a);
