@@ -59,6 +59,10 @@
  * (log2 units) keeps the old reference, so P <= 2^8 (exact in bf16's 8-bit exponent; l and O
  * stay far from fp32 overflow: 8192 tokens x 256) and no per-head max is exchanged. */
 #define WG_LAZY 8.0f
+/* Probe 16384: L2 prefetch distance in tiles (the default prefetches with the page lookup, 3
+ * tiles ahead). 64 sequences x 5 tiles x 72 KB = 23 MB of the 60 MB L2 (the two head groups
+ * of a sequence share their tiles). */
+#define WG_PF_FAR 5
 
 /* ---- PTX wrappers ---- */
 __device__ __forceinline__ unsigned smem_u32(const void *p) {
@@ -270,8 +274,18 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       int t = ts + sg * box_rows;
       int row = (sg ? bt[t / a.page_size] : page0) * a.page_size + t % a.page_size;
       rows_s[(i & 3) * 8 + sg] = row;
-      if (!(a.probe & 32))
+      if (!(a.probe & (32 | 16384)))
         for (int j = 0; j < 9; j++) tma_prefetch_2d(&tkv, 64 * j, row);
+    }
+  };
+  /* Probe 16384 (far prefetch): tile i goes to L2 WG_PF_FAR tiles ahead instead of with its
+   * page lookup 3 ahead (warpgroup 0's thread 0; page0 loaded an iteration earlier). */
+  auto l2_far = [&](int i, int page0) {
+    int ts = tok0 + i * WG_TILE, nseg = tile_runs(i);
+    for (int sg = 0; sg < nseg; sg++) {
+      int t = ts + sg * box_rows;
+      int row = (sg ? bt[t / a.page_size] : page0) * a.page_size + t % a.page_size;
+      for (int j = 0; j < 9; j++) tma_prefetch_2d(&tkv, 64 * j, row);
     }
   };
   /* Batch 0: blocks 8, 0-3; batch 1: blocks 4-7; each one expect_tx arrival on full. */
@@ -322,6 +336,16 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     for (int c = 0; c < 12; c++) m_c[c] = -INFINITY, l_c[c] = 0.f;
     int page_nx = 0; /* first page of tile i+3 (thread 0, ahead_wg0) */
     if (ahead_wg0 && tid == 0 && ntiles > 3) page_nx = bt[(tok0 + 3 * WG_TILE) / a.page_size];
+    /* Far prefetch (probe 16384, warpgroup 0's thread 0): tiles 3 .. WG_PF_FAR - 1 now, then
+     * tile i + WG_PF_FAR at iteration i (tiles 0-2 were prefetched by the producer's prologue
+     * lookups: ahead() skips its own prefetch under this probe, so do those here too). */
+    const bool far = (a.probe & 16384) && ahead_wg0 && !(a.probe & 32);
+    int page_far = 0;
+    if (far && tid == 0) {
+      for (int j = 0; j < WG_PF_FAR && j < ntiles; j++)
+        l2_far(j, bt[(tok0 + j * WG_TILE) / a.page_size]);
+      if (WG_PF_FAR < ntiles) page_far = bt[(tok0 + WG_PF_FAR * WG_TILE) / a.page_size];
+    }
     if (ntiles > 0) mbar_wait(qbar, 0);
     /* A partial head group (heads % 48 != 0, e.g. the 48B's 32): the Q box also brought the
      * next rows of the q buffer; zero them so the padding heads score 0 everywhere and nothing
@@ -353,6 +377,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       if (ahead_wg0 && tid == 0 && i + 3 < ntiles) {
         ahead(i + 3, page_nx);
         if (i + 4 < ntiles) page_nx = bt[(tok0 + (i + 4) * WG_TILE) / a.page_size];
+      }
+      if (far && tid == 0 && i + WG_PF_FAR < ntiles) {
+        l2_far(i + WG_PF_FAR, page_far);
+        if (i + WG_PF_FAR + 1 < ntiles)
+          page_far = bt[(tok0 + (i + WG_PF_FAR + 1) * WG_TILE) / a.page_size];
       }
       /* S^T = K Q^T once the whole tile landed (an mbarrier poll between the wgmma issues makes
        * ptxas serialise them: it sees a divergent loop inside the pipeline). */

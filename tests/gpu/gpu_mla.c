@@ -123,7 +123,9 @@ static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_
   gpair q = {0}, w = {0}, cache = {0}, pt = {0}, sl = {0}, o = {0};
   char what[160];
   int off = snprintf(what, sizeof what, "mla_decode%s%s NH=%lld ps=%lld lens=",
-                     spike ? " spike" : "", probe ? " old-path" : "", (long long)NH, (long long)ps);
+                     spike ? " spike" : "",
+                     probe == 16384 ? " far-prefetch" : probe ? " old-path" : "", (long long)NH,
+                     (long long)ps);
   for (int i = 0; i < n && off < 120; i++) off += snprintf(what + off, sizeof what - off, "%s%d", i ? "," : "", lens[i]);
   NEW(q, K3K_BF16, 2, n, NH * 192);
   NEW(w, K3K_BF16, 2, NH * 256, 512);
@@ -220,5 +222,6 @@ void gpu_mla_decode_cases(gctx *g, bool quick) {
     t_mla_decode(g, 16, l5, 96, 64, 1, 0);
     t_mla_decode(g, 16, l5, 96, 16, 1, 0);
     t_mla_decode(g, 16, l5, 96, 64, 1, 4096 | 8192);
+    t_mla_decode(g, 16, l5, 96, 16, 1, 16384); /* far L2 prefetch variant */
   }
 }
