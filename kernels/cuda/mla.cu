@@ -315,7 +315,8 @@ static size_t mla_work_bytes(const k3k_cu_mla_decode_args *a) {
  * Hopper kernel with an exact max exchange and rescale on every tile, 2048 = without queueing
  * S of the next tile behind P.V, 4096 = warpgroup 1's producer thread does the page lookups and
  * L2 prefetches (the kernel before session 10), 8192 = the op path before session 10 (q staged,
- * output through fp32 + cast), 16384 = L2 prefetch 5 tiles ahead instead of 3 (all correct). Flags that leave a stage of
+ * output through fp32 + cast), 16384 = L2 prefetch 5 tiles ahead instead of 3, 32768 = split S
+ * (S starts on the first refill batch; mla_decode_wg.cu) (all correct). Flags that leave a stage of
  * the Hopper kernel out (wrong results, timing only): 2 = no wgmma, 8 = only the first head
  * group runs, 32 = no loads after the first two tiles. 0 = normal. */
 static int g_mla_probe;

@@ -53,8 +53,8 @@
 #define WG_OFF_AL (WG_OFF_RED + 2 * 4 * WG_HB * 4) /* [2][48] fp32 alpha, then [2] int rescale */
 #define WG_OFF_FIN (WG_OFF_AL + 2 * WG_HB * 4 + 16) /* [4][48] l partials + [48] m */
 #define WG_OFF_ROWS (WG_OFF_FIN + 5 * WG_HB * 4)  /* [4][8] int: pool rows of a tile's runs */
-#define WG_OFF_BAR (WG_OFF_ROWS + 4 * 8 * 4)      /* full[2], q: 3 x 8 B */
-#define WG_SMEM (WG_OFF_BAR + 3 * 8 + 1024)       /* + alignment slack */
+#define WG_OFF_BAR (WG_OFF_ROWS + 4 * 8 * 4)      /* full[2], q, fullB[2]: 5 x 8 B */
+#define WG_SMEM (WG_OFF_BAR + 5 * 8 + 1024)       /* + alignment slack */
 /* Lazy rescaling: a tile whose scores exceed the running reference max by at most this much
  * (log2 units) keeps the old reference, so P <= 2^8 (exact in bf16's 8-bit exponent; l and O
  * stay far from fp32 overflow: 8192 tokens x 256) and no per-head max is exchanged. */
@@ -92,6 +92,17 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned par) {
     if (ok) return;
     if (n > (1u << 31)) __trap();
   }
+}
+/* The same wait with its poll loop inside one asm block and no bound: placed between two
+ * wgmma accumulator chains (each its own commit group), it does not make ptxas serialise
+ * them (checked with -Xptxas -v: no C7520), unlike the C loop of mbar_wait. */
+__device__ __forceinline__ void mbar_wait_in_pipe(unsigned bar, unsigned par) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(par)
+      : "memory");
 }
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap *map, int x, int y,
                                             unsigned bar) {
@@ -244,6 +255,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
   int *rows_s = (int *)(sm + WG_OFF_ROWS);
   const unsigned bar0 = s0 + WG_OFF_BAR; /* full[s] = bar0 + 8s, q = bar0 + 16 */
   const unsigned qbar = bar0 + 16;
+  /* Probe 32768 (split S): the refill's two batches complete on their own barriers, full[s]
+   * (blocks 8, 0-3) and fullB[s] = bar0 + 24 + 8s (blocks 4-7), and S runs as two accumulator
+   * chains: blocks 8, 0-3 as soon as batch 0 landed, blocks 4-7 after batch 1 (the refill of a
+   * stage starts with batch 0 when P.V's first half is done, so S of the next-but-one tile can
+   * start before the whole tile is there). Otherwise both batches complete on full[s]. */
+  const bool split_s = (a.probe & 32768) != 0;
   const int split = blockIdx.y, b = blockIdx.z, hbase = blockIdx.x * WG_HB;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int len = a.seq_lens[(size_t)b * a.sl_stride];
@@ -252,7 +269,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
   if ((a.probe & 8) && blockIdx.x > 0) return;
 
   if (tid == 0) {
-    for (int s = 0; s < 2; s++) mbar_init(bar0 + 8 * s, 2);
+    for (int s = 0; s < 2; s++) {
+      mbar_init(bar0 + 8 * s, split_s ? 1 : 2);
+      mbar_init(bar0 + 24 + 8 * s, 1);
+    }
     mbar_init(qbar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -290,7 +310,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
   };
   /* Batch 0: blocks 8, 0-3; batch 1: blocks 4-7; each one expect_tx arrival on full. */
   auto issue = [&](int i, int batch) {
-    const unsigned fb = bar0 + 8 * (i & 1);
+    const unsigned fb = bar0 + 8 * (i & 1) + (split_s && batch ? 24 : 0);
     if ((a.probe & 32) && i >= 2) { /* timing probe: reuse the resident tiles, no loads */
       mbar_arrive(fb);
       return;
@@ -383,13 +403,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         if (i + WG_PF_FAR + 1 < ntiles)
           page_far = bt[(tok0 + (i + WG_PF_FAR + 1) * WG_TILE) / a.page_size];
       }
-      /* S^T = K Q^T once the whole tile landed (an mbarrier poll between the wgmma issues makes
-       * ptxas serialise them: it sees a divergent loop inside the pipeline). */
+      /* S^T = K Q^T once the whole tile landed (an mbarrier poll between the wgmma issues of one
+       * accumulator chain makes ptxas serialise them: it sees a divergent loop inside the
+       * pipeline); under probe 32768 once batch 0 landed, batch 1 waited for between chains. */
       mbar_wait(bar0 + 8 * s, par);
       /* P.V of the previous tile goes to the tensor cores first: its stage is then released
        * ~1.2 K cycles sooner (S would otherwise run ahead of it), which is the refill window. */
       if (i > 0 && order) bar_sync(8, 256);
-      if (math) {
+      if (math && !split_s) {
         fence_regs<24>(sc);
         wg_fence();
 #pragma unroll
@@ -402,6 +423,41 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         wg_commit();
         wg_wait<0>();
         fence_regs<24>(sc);
+      } else if (math) {
+        /* split S (probe 32768): blocks 8, 0-3 into sc, then blocks 4-7 into sb once batch 1
+         * landed; two chains, two commit groups, the wait between them. */
+        float sb[24];
+#pragma unroll
+        for (int k = 0; k < 24; k++) sb[k] = 0.f;
+        fence_regs<24>(sc);
+        fence_regs<24>(sb);
+        wg_fence();
+#pragma unroll
+        for (int jj = 0; jj < 5; jj++) {
+          const int j = jj == 0 ? 8 : jj - 1;
+#pragma unroll
+          for (int kk = 0; kk < 4; kk++)
+            wgmma48<0>(sc, dplus(dk, j * WG_KBLK + kk * 32), dplus(dq, j * WG_QBLK + kk * 32),
+                       jj + kk > 0);
+        }
+        wg_commit();
+        mbar_wait_in_pipe(bar0 + 24 + 8 * s, par);
+        wg_fence();
+#pragma unroll
+        for (int j = 4; j < 8; j++) {
+#pragma unroll
+          for (int kk = 0; kk < 4; kk++)
+            wgmma48<0>(sb, dplus(dk, j * WG_KBLK + kk * 32), dplus(dq, j * WG_QBLK + kk * 32),
+                       j + kk > 4);
+        }
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<24>(sc);
+        fence_regs<24>(sb);
+#pragma unroll
+        for (int k = 0; k < 24; k++) sc[k] += sb[k];
+      } else if (split_s) {
+        mbar_wait(bar0 + 24 + 8 * s, par); /* no-wgmma probe: the whole tile before zeroing */
       }
       /* Mask rows past the split end and scale; then the lazy test per column (this thread's
        * 2 rows), OR-ed over the warpgroup. */
@@ -543,6 +599,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       }
       bar_sync(2 + s, 256); /* P of this tile */
       mbar_wait(bar0 + 8 * s, par); /* TMA bytes visible here too */
+      if (split_s) mbar_wait(bar0 + 24 + 8 * s, par);
       if (math) {
 #pragma unroll
         for (int mt = 0; mt < 8; mt++) fence_regs<24>(o[mt]);

@@ -124,8 +124,12 @@ static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_
   char what[160];
   int off = snprintf(what, sizeof what, "mla_decode%s%s NH=%lld ps=%lld lens=",
                      spike ? " spike" : "",
-                     probe == 16384 ? " far-prefetch" : probe ? " old-path" : "", (long long)NH,
-                     (long long)ps);
+                     probe == 16384             ? " far-prefetch"
+                     : probe == 32768           ? " split-S"
+                     : probe == (32768 | 16384) ? " split-S far-prefetch"
+                     : probe                    ? " old-path"
+                                                : "",
+                     (long long)NH, (long long)ps);
   for (int i = 0; i < n && off < 120; i++) off += snprintf(what + off, sizeof what - off, "%s%d", i ? "," : "", lens[i]);
   NEW(q, K3K_BF16, 2, n, NH * 192);
   NEW(w, K3K_BF16, 2, NH * 256, 512);
@@ -208,6 +212,9 @@ void gpu_mla_decode_cases(gctx *g, bool quick) {
   t_mla_decode(g, 5, l2, 32, 64, 0, 0);
   t_mla_decode(g, 3, l3, 80, 16, 1, 0);
   t_mla_decode(g, 1, l1, 32, 8, 0, 0);
+  /* split S (probe 32768): partial tiles, splits, page sizes 16 and 8, a partial head group */
+  t_mla_decode(g, 5, l2, 96, 16, 1, 32768);
+  t_mla_decode(g, 3, l3, 80, 8, 0, 32768);
   /* the fallback path (K3PD_MLA_DECODE_OLD=1) */
   t_mla_decode(g, 5, l2, 96, 64, 1, 4096 | 8192);
   t_mla_decode(g, 3, l3, 80, 16, 0, 4096 | 8192);
@@ -223,5 +230,7 @@ void gpu_mla_decode_cases(gctx *g, bool quick) {
     t_mla_decode(g, 16, l5, 96, 16, 1, 0);
     t_mla_decode(g, 16, l5, 96, 64, 1, 4096 | 8192);
     t_mla_decode(g, 16, l5, 96, 16, 1, 16384); /* far L2 prefetch variant */
+    t_mla_decode(g, 16, l5, 96, 64, 1, 32768); /* split S */
+    t_mla_decode(g, 16, l5, 96, 16, 1, 32768 | 16384);
   }
 }

@@ -272,7 +272,8 @@ int gpu_perf(gctx *g) {
     static const struct { int m; const char *n; } ab[] = {
         {4096 | 8192, "old (K3PD_MLA_DECODE_OLD=1)"}, {0, "new"},
         {4096, "new op, old prefetch placement"}, {8192, "new kernel, old op path"},
-        {16384, "new, L2 prefetch 5 tiles ahead"}};
+        {16384, "new, L2 prefetch 5 tiles ahead"}, {32768, "new, split S"},
+        {32768 | 16384, "new, split S + far prefetch"}};
     for (int round = 0; round < 2; round++)
       for (size_t v = 0; v < sizeof ab / sizeof ab[0]; v++) {
         size_t m = round ? sizeof ab / sizeof ab[0] - 1 - v : v;
