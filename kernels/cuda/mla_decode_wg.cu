@@ -24,13 +24,17 @@
  * data that is tile 0 alone. Warpgroup 1's first thread issues the TMA copies (no separate
  * producer warp: ptxas sizes registers for whole warpgroups, and a third one would cap a
  * thread at 168); it refills a stage in two batches as P.V releases its blocks (see the
- * kernel).
+ * kernel). Warpgroup 0's thread 0 looks up the pool rows of tile i+3 and prefetches it into L2
+ * before waiting for tile i (since session 10; probe 4096 = the producer thread did it).
+ * Benchmark variants (probe bits, all correct): 16384 prefetches 5 tiles ahead; 32768 splits S
+ * over the two refill batches (their own mbarriers, two accumulator chains).
  * What it is not: the op (mla.cu builds q_lat, picks this kernel or the mma.sync one, merges
  * splits); page sizes that are not multiples of 8 (mla.cu's kernel takes those).
  * Invariants: shared tiles are 1024-byte aligned (128-byte swizzle atoms); token rows past the
  * split end are zeroed in shared memory before P.V (pool rows there may hold anything, and
- * 0 * NaN would poison O); every mbarrier wait is bounded (a trap, not a hang, if a phase never
- * completes). */
+ * 0 * NaN would poison O); every mbarrier wait but split S's in-pipe one is bounded (a trap,
+ * not a hang, if a phase never completes; the in-pipe wait follows one on full[s] of the same
+ * refill, whose second batch was issued by then). */
 #include <cuda.h> /* CUtensorMap and its enums only; the encoder comes from the runtime */
 #include <string.h>
 
