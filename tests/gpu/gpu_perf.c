@@ -307,6 +307,7 @@ int gpu_perf(gctx *g) {
                "attention %6.1f (x%.2f of %.1f)  out %5.1f us\n",
                round, ab[m].n, tab * 1e6, tab / fl, fl * 1e6, med[0] * 1e3, med[1] * 1e3,
                med[2] * 1e3, med[2] * 1e-3 / afl, afl * 1e6, med[3] * 1e3);
+        fflush(stdout);
       }
     /* Kernel variants (attention only): the mma.sync kernel and the Hopper kernel without the
      * lazy rescale (both correct), then Hopper-kernel variants that leave a stage out
