@@ -155,6 +155,34 @@ int k3k_cuda_check_seqs_slots_begin(k3k_cuda_ctx *cx, const k3k_tensor_t *cu,
 
 int k3k_cuda_check_end(k3k_cuda_ctx *cx, unsigned *flag) { return flag ? finish(cx, flag) : 0; }
 
+int k3k_cuda_check_pages_begin(k3k_cuda_ctx *cx, const k3k_tensor_t *pt,
+                               const k3k_tensor_t *lens, int64_t n, int64_t page_size,
+                               int64_t n_pages, unsigned *res, bool *queued) {
+  *queued = false;
+  if (n <= 0 || cx->trusted_ids) return 0;
+  if (!cx->check_host) {
+    void *p = NULL;
+    K3K_CU(cudaMallocHost(&p, 64));
+    cx->check_host = (unsigned *)p;
+  }
+  if (!cx->check_ev) K3K_CU(cudaEventCreateWithFlags(&cx->check_ev, cudaEventDisableTiming));
+  K3K_CU(cudaMemsetAsync(res, 0, sizeof(unsigned), cx->stream));
+  pages_check_kernel<<<(unsigned)n, 128, 0, cx->stream>>>(mkdv(pt), mkdv(lens), n, pt->shape[1],
+                                                         page_size, n_pages, res);
+  K3K_LAUNCHED("pages_check");
+  K3K_CU(cudaMemcpyAsync(cx->check_host, res, sizeof(unsigned), cudaMemcpyDeviceToHost,
+                         cx->stream));
+  K3K_CU(cudaEventRecord(cx->check_ev, cx->stream));
+  *queued = true;
+  return 0;
+}
+
+int k3k_cuda_check_pages_end(k3k_cuda_ctx *cx, bool queued) {
+  if (!queued) return 0;
+  K3K_CU(cudaEventSynchronize(cx->check_ev));
+  return *cx->check_host & 5u ? K3_ERANGE : 0;
+}
+
 int k3k_cuda_check_pages(k3k_cuda_ctx *cx, const k3k_tensor_t *pt, const k3k_tensor_t *lens,
                          int64_t n, int64_t page_size, int64_t n_pages) {
   if (n <= 0 || cx->trusted_ids) return 0;

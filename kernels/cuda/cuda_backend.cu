@@ -358,6 +358,8 @@ void k3k_cuda_backend_destroy(k3k_backend_t *be) {
     if (cx->lt_ws) cudaFree(cx->lt_ws);
     if (cx->scratch) cudaFree(cx->scratch);
     if (cx->host_buf) cudaFreeHost(cx->host_buf);
+    if (cx->check_host) cudaFreeHost(cx->check_host);
+    if (cx->check_ev) cudaEventDestroy(cx->check_ev);
     pool_destroy(cx->pool);
     if (cx->stream) cudaStreamDestroy(cx->stream);
     free(cx->algo_cache);

@@ -56,6 +56,10 @@ struct k3k_cuda_ctx { /* typedef in k3k_cuda.h */
   } other;
   cudaEvent_t side_ev[3]; /* [0]: fork point on main; [1], [2]: marks on the side stream */
   int side_ready, on_side;
+  /* Split page check (k3k_cuda_check_pages_begin/_end): the pinned word the flag is copied to
+   * and the event after that copy, created at first use, freed by the backend's destroy. */
+  unsigned *check_host;
+  cudaEvent_t check_ev;
   /* The dequant-once MoE path's own stream and events (moe_dq.cu), created at its first use,
    * freed by k3k_cu_moe_dq_release from the backend's destroy. Kept last in the struct. */
   void *moe_dq;
@@ -115,6 +119,16 @@ int k3k_cuda_check_end(k3k_cuda_ctx *cx, unsigned *flag);
 int k3k_cuda_check_pages(k3k_cuda_ctx *cx, const k3k_tensor_t *page_table,
                          const k3k_tensor_t *seq_lens, int64_t n, int64_t page_size,
                          int64_t n_pages);
+/* The page check of k3k_cuda_check_pages split so that the host waits for the check alone
+ * while work queued behind it runs: _begin queues the check into the device word `res` (the
+ * caller's scratch; 4 bytes) and its copy to a pinned host word, then records an event; the
+ * caller may queue work that writes nothing the op's caller can see (its scratch) before
+ * _end, which waits for that event only and returns 0 or K3_ERANGE. *queued = false (and
+ * nothing queued) under trusted ids; _end then returns 0. */
+int k3k_cuda_check_pages_begin(k3k_cuda_ctx *cx, const k3k_tensor_t *page_table,
+                               const k3k_tensor_t *seq_lens, int64_t n, int64_t page_size,
+                               int64_t n_pages, unsigned *res, bool *queued);
+int k3k_cuda_check_pages_end(k3k_cuda_ctx *cx, bool queued);
 bool k3k_cuda_mla_decode_ok(const void *params, const k3k_tensor_t *const *t);
 bool k3k_cuda_mla_prefill_ok(const void *params, const k3k_tensor_t *const *t);
 /* MLA_PREFILL's sequence bounds brought to the host (one synchronisation) and checked as the
@@ -135,7 +149,8 @@ int k3k_cuda_lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int6
 /* Benchmarks: with ev != NULL (5 created events), every later MLA_DECODE records ev[0..4]
  * around its phases (q prep | absorption GEMM | attention | output GEMM + cast); NULL stops. */
 void k3k_cuda_mla_phase_events(cudaEvent_t *ev);
-/* Benchmarks only: MLA decode attention variants that leave a stage out (mla.cu); 0 = normal. */
+/* Benchmarks and parity only: MLA decode variants (mla.cu: some leave a stage out, 4096 / 8192
+ * select the fallback kernel placement / op path); 0 = normal. */
 void k3k_cuda_mla_probe(int mode);
 
 

@@ -24,13 +24,17 @@
  * data that is tile 0 alone. Warpgroup 1's first thread issues the TMA copies (no separate
  * producer warp: ptxas sizes registers for whole warpgroups, and a third one would cap a
  * thread at 168); it refills a stage in two batches as P.V releases its blocks (see the
- * kernel).
+ * kernel). Warpgroup 0's thread 0 looks up the pool rows of tile i+3 and prefetches it into L2
+ * before waiting for tile i (since session 10; probe 4096 = the producer thread did it).
+ * Benchmark variants (probe bits, all correct): 16384 prefetches 5 tiles ahead; 32768 splits S
+ * over the two refill batches (their own mbarriers, two accumulator chains).
  * What it is not: the op (mla.cu builds q_lat, picks this kernel or the mma.sync one, merges
  * splits); page sizes that are not multiples of 8 (mla.cu's kernel takes those).
  * Invariants: shared tiles are 1024-byte aligned (128-byte swizzle atoms); token rows past the
  * split end are zeroed in shared memory before P.V (pool rows there may hold anything, and
- * 0 * NaN would poison O); every mbarrier wait is bounded (a trap, not a hang, if a phase never
- * completes). */
+ * 0 * NaN would poison O); every mbarrier wait but split S's in-pipe one is bounded (a trap,
+ * not a hang, if a phase never completes; the in-pipe wait follows one on full[s] of the same
+ * refill, whose second batch was issued by then). */
 #include <cuda.h> /* CUtensorMap and its enums only; the encoder comes from the runtime */
 #include <string.h>
 
@@ -53,12 +57,16 @@
 #define WG_OFF_AL (WG_OFF_RED + 2 * 4 * WG_HB * 4) /* [2][48] fp32 alpha, then [2] int rescale */
 #define WG_OFF_FIN (WG_OFF_AL + 2 * WG_HB * 4 + 16) /* [4][48] l partials + [48] m */
 #define WG_OFF_ROWS (WG_OFF_FIN + 5 * WG_HB * 4)  /* [4][8] int: pool rows of a tile's runs */
-#define WG_OFF_BAR (WG_OFF_ROWS + 4 * 8 * 4)      /* full[2], q: 3 x 8 B */
-#define WG_SMEM (WG_OFF_BAR + 3 * 8 + 1024)       /* + alignment slack */
+#define WG_OFF_BAR (WG_OFF_ROWS + 4 * 8 * 4)      /* full[2], q, fullB[2]: 5 x 8 B */
+#define WG_SMEM (WG_OFF_BAR + 5 * 8 + 1024)       /* + alignment slack */
 /* Lazy rescaling: a tile whose scores exceed the running reference max by at most this much
  * (log2 units) keeps the old reference, so P <= 2^8 (exact in bf16's 8-bit exponent; l and O
  * stay far from fp32 overflow: 8192 tokens x 256) and no per-head max is exchanged. */
 #define WG_LAZY 8.0f
+/* Probe 16384: L2 prefetch distance in tiles (the default prefetches with the page lookup, 3
+ * tiles ahead). 64 sequences x 5 tiles x 72 KB = 23 MB of the 60 MB L2 (the two head groups
+ * of a sequence share their tiles). */
+#define WG_PF_FAR 5
 
 /* ---- PTX wrappers ---- */
 __device__ __forceinline__ unsigned smem_u32(const void *p) {
@@ -88,6 +96,17 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned par) {
     if (ok) return;
     if (n > (1u << 31)) __trap();
   }
+}
+/* The same wait with its poll loop inside one asm block and no bound: placed between two
+ * wgmma accumulator chains (each its own commit group), it does not make ptxas serialise
+ * them (checked with -Xptxas -v: no C7520), unlike the C loop of mbar_wait. */
+__device__ __forceinline__ void mbar_wait_in_pipe(unsigned bar, unsigned par) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(par)
+      : "memory");
 }
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const CUtensorMap *map, int x, int y,
                                             unsigned bar) {
@@ -240,6 +259,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
   int *rows_s = (int *)(sm + WG_OFF_ROWS);
   const unsigned bar0 = s0 + WG_OFF_BAR; /* full[s] = bar0 + 8s, q = bar0 + 16 */
   const unsigned qbar = bar0 + 16;
+  /* Probe 32768 (split S): the refill's two batches complete on their own barriers, full[s]
+   * (blocks 8, 0-3) and fullB[s] = bar0 + 24 + 8s (blocks 4-7), and S runs as two accumulator
+   * chains: blocks 8, 0-3 as soon as batch 0 landed, blocks 4-7 after batch 1 (the refill of a
+   * stage starts with batch 0 when P.V's first half is done, so S of the next-but-one tile can
+   * start before the whole tile is there). Otherwise both batches complete on full[s]. */
+  const bool split_s = (a.probe & 32768) != 0;
   const int split = blockIdx.y, b = blockIdx.z, hbase = blockIdx.x * WG_HB;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int len = a.seq_lens[(size_t)b * a.sl_stride];
@@ -248,7 +273,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
   if ((a.probe & 8) && blockIdx.x > 0) return;
 
   if (tid == 0) {
-    for (int s = 0; s < 2; s++) mbar_init(bar0 + 8 * s, 2);
+    for (int s = 0; s < 2; s++) {
+      mbar_init(bar0 + 8 * s, split_s ? 1 : 2);
+      mbar_init(bar0 + 24 + 8 * s, 1);
+    }
     mbar_init(qbar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -270,13 +298,23 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       int t = ts + sg * box_rows;
       int row = (sg ? bt[t / a.page_size] : page0) * a.page_size + t % a.page_size;
       rows_s[(i & 3) * 8 + sg] = row;
-      if (!(a.probe & 32))
+      if (!(a.probe & (32 | 16384)))
         for (int j = 0; j < 9; j++) tma_prefetch_2d(&tkv, 64 * j, row);
+    }
+  };
+  /* Probe 16384 (far prefetch): tile i goes to L2 WG_PF_FAR tiles ahead instead of with its
+   * page lookup 3 ahead (warpgroup 0's thread 0; page0 loaded an iteration earlier). */
+  auto l2_far = [&](int i, int page0) {
+    int ts = tok0 + i * WG_TILE, nseg = tile_runs(i);
+    for (int sg = 0; sg < nseg; sg++) {
+      int t = ts + sg * box_rows;
+      int row = (sg ? bt[t / a.page_size] : page0) * a.page_size + t % a.page_size;
+      for (int j = 0; j < 9; j++) tma_prefetch_2d(&tkv, 64 * j, row);
     }
   };
   /* Batch 0: blocks 8, 0-3; batch 1: blocks 4-7; each one expect_tx arrival on full. */
   auto issue = [&](int i, int batch) {
-    const unsigned fb = bar0 + 8 * (i & 1);
+    const unsigned fb = bar0 + 8 * (i & 1) + (split_s && batch ? 24 : 0);
     if ((a.probe & 32) && i >= 2) { /* timing probe: reuse the resident tiles, no loads */
       mbar_arrive(fb);
       return;
@@ -305,6 +343,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
   const int wg = w >> 2, wq = w & 3, g = lane >> 2, t4 = lane & 3;
   const bool math = !(a.probe & 2);
   const bool order = !(a.probe & 2048); /* benchmark variant: S(i+1) may run ahead of P.V(i) */
+  /* Who looks up and L2-prefetches tile i+3: warpgroup 0's thread 0 during S of tile i
+   * (default), or warpgroup 1's producer thread after the P.V issue (probe 4096, the kernel as
+   * measured on 2026-11-29). Either writes rows_s slot (i+3)&3 before the barrier that lets
+   * the refill of tile i+3 (iteration i+1 of warpgroup 1) read it: bar 6/7 of tile i+1. */
+  const bool ahead_wg0 = !(a.probe & 4096);
   /* The two warpgroups run separate loops, so each keeps only its own state live (warpgroup
    * 1's 192 accumulators never share registers with warpgroup 0's softmax state). */
   if (wg == 0) {
@@ -315,6 +358,18 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     float m_c[12], l_c[12];
 #pragma unroll
     for (int c = 0; c < 12; c++) m_c[c] = -INFINITY, l_c[c] = 0.f;
+    int page_nx = 0; /* first page of tile i+3 (thread 0, ahead_wg0) */
+    if (ahead_wg0 && tid == 0 && ntiles > 3) page_nx = bt[(tok0 + 3 * WG_TILE) / a.page_size];
+    /* Far prefetch (probe 16384, warpgroup 0's thread 0): tiles 3 .. WG_PF_FAR - 1 now, then
+     * tile i + WG_PF_FAR at iteration i (tiles 0-2 were prefetched by the producer's prologue
+     * lookups: ahead() skips its own prefetch under this probe, so do those here too). */
+    const bool far = (a.probe & 16384) && ahead_wg0 && !(a.probe & 32);
+    int page_far = 0;
+    if (far && tid == 0) {
+      for (int j = 0; j < WG_PF_FAR && j < ntiles; j++)
+        l2_far(j, bt[(tok0 + j * WG_TILE) / a.page_size]);
+      if (WG_PF_FAR < ntiles) page_far = bt[(tok0 + WG_PF_FAR * WG_TILE) / a.page_size];
+    }
     if (ntiles > 0) mbar_wait(qbar, 0);
     /* A partial head group (heads % 48 != 0, e.g. the 48B's 32): the Q box also brought the
      * next rows of the q buffer; zero them so the padding heads score 0 everywhere and nothing
@@ -338,13 +393,28 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       float sc[24];
 #pragma unroll
       for (int k = 0; k < 24; k++) sc[k] = 0.f;
-      /* S^T = K Q^T once the whole tile landed (an mbarrier poll between the wgmma issues makes
-       * ptxas serialise them: it sees a divergent loop inside the pipeline). */
+      /* Tile i+3's page lookup and L2 prefetch, before waiting for tile i (warpgroup 0 mostly
+       * waits there anyway), with the page id loaded one iteration earlier. Off warpgroup 1's
+       * producer thread, whose refill issues gate that warpgroup's barrier 5 (probe 4096: the
+       * old placement). Not between the S commit and its wait: ptxas then serialises the wgmma
+       * pipeline (C7514). */
+      if (ahead_wg0 && tid == 0 && i + 3 < ntiles) {
+        ahead(i + 3, page_nx);
+        if (i + 4 < ntiles) page_nx = bt[(tok0 + (i + 4) * WG_TILE) / a.page_size];
+      }
+      if (far && tid == 0 && i + WG_PF_FAR < ntiles) {
+        l2_far(i + WG_PF_FAR, page_far);
+        if (i + WG_PF_FAR + 1 < ntiles)
+          page_far = bt[(tok0 + (i + WG_PF_FAR + 1) * WG_TILE) / a.page_size];
+      }
+      /* S^T = K Q^T once the whole tile landed (an mbarrier poll between the wgmma issues of one
+       * accumulator chain makes ptxas serialise them: it sees a divergent loop inside the
+       * pipeline); under probe 32768 once batch 0 landed, batch 1 waited for between chains. */
       mbar_wait(bar0 + 8 * s, par);
       /* P.V of the previous tile goes to the tensor cores first: its stage is then released
        * ~1.2 K cycles sooner (S would otherwise run ahead of it), which is the refill window. */
       if (i > 0 && order) bar_sync(8, 256);
-      if (math) {
+      if (math && !split_s) {
         fence_regs<24>(sc);
         wg_fence();
 #pragma unroll
@@ -357,6 +427,41 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         wg_commit();
         wg_wait<0>();
         fence_regs<24>(sc);
+      } else if (math) {
+        /* split S (probe 32768): blocks 8, 0-3 into sc, then blocks 4-7 into sb once batch 1
+         * landed; two chains, two commit groups, the wait between them. */
+        float sb[24];
+#pragma unroll
+        for (int k = 0; k < 24; k++) sb[k] = 0.f;
+        fence_regs<24>(sc);
+        fence_regs<24>(sb);
+        wg_fence();
+#pragma unroll
+        for (int jj = 0; jj < 5; jj++) {
+          const int j = jj == 0 ? 8 : jj - 1;
+#pragma unroll
+          for (int kk = 0; kk < 4; kk++)
+            wgmma48<0>(sc, dplus(dk, j * WG_KBLK + kk * 32), dplus(dq, j * WG_QBLK + kk * 32),
+                       jj + kk > 0);
+        }
+        wg_commit();
+        mbar_wait_in_pipe(bar0 + 24 + 8 * s, par);
+        wg_fence();
+#pragma unroll
+        for (int j = 4; j < 8; j++) {
+#pragma unroll
+          for (int kk = 0; kk < 4; kk++)
+            wgmma48<0>(sb, dplus(dk, j * WG_KBLK + kk * 32), dplus(dq, j * WG_QBLK + kk * 32),
+                       j + kk > 4);
+        }
+        wg_commit();
+        wg_wait<0>();
+        fence_regs<24>(sc);
+        fence_regs<24>(sb);
+#pragma unroll
+        for (int k = 0; k < 24; k++) sc[k] += sb[k];
+      } else if (split_s) {
+        mbar_wait(bar0 + 24 + 8 * s, par); /* no-wgmma probe: the whole tile before zeroing */
       }
       /* Mask rows past the split end and scale; then the lazy test per column (this thread's
        * 2 rows), OR-ed over the warpgroup. */
@@ -477,7 +582,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       const bool refill = tid == 128 && i + 2 < ntiles;
       /* Tile i+3's page-table load is issued here and used after P.V is issued (ahead() on
        * the path to the P.V issue delayed it, and warpgroup 0 waits for that issue). */
-      const bool ah = tid == 128 && i + 3 < ntiles;
+      const bool ah = !ahead_wg0 && tid == 128 && i + 3 < ntiles;
       int page3 = 0;
       if (ah) page3 = bt[(tok0 + (i + 3) * WG_TILE) / a.page_size];
       bar_sync(6 + s, 256); /* the rescale flag and alpha of this tile */
@@ -498,6 +603,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
       }
       bar_sync(2 + s, 256); /* P of this tile */
       mbar_wait(bar0 + 8 * s, par); /* TMA bytes visible here too */
+      if (split_s) mbar_wait(bar0 + 24 + 8 * s, par);
       if (math) {
 #pragma unroll
         for (int mt = 0; mt < 8; mt++) fence_regs<24>(o[mt]);

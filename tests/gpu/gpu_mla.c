@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "gpu_util.h"
+#include "k3k_cuda_ops.h"
 #include "k3pd/err.h"
 
 #define TOL_BF16 1e-2
@@ -107,8 +108,10 @@ void gpu_mla_prefill_cases(gctx *g, bool quick) {
  * from the RNG), so some heads' scores jump far above the running max in a late tile (the
  * Hopper kernel's exact rescale path) and others land a few units above it (the lazy path's
  * P > 1). */
+/* probe: k3k_cuda_mla_probe bits for this case (0: the service path; 4096 | 8192: the path
+ * that K3PD_MLA_DECODE_OLD=1 selects, kept as fallback). */
 static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_t ps,
-                         int spike) {
+                         int spike, int probe) {
   int64_t maxp = 0, pages = 0;
   for (int i = 0; i < n; i++) {
     int64_t pg = (lens[i] + ps - 1) / ps;
@@ -119,8 +122,14 @@ static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_
   pages += 3;
   gpair q = {0}, w = {0}, cache = {0}, pt = {0}, sl = {0}, o = {0};
   char what[160];
-  int off = snprintf(what, sizeof what, "mla_decode%s NH=%lld ps=%lld lens=",
-                     spike ? " spike" : "", (long long)NH, (long long)ps);
+  int off = snprintf(what, sizeof what, "mla_decode%s%s NH=%lld ps=%lld lens=",
+                     spike ? " spike" : "",
+                     probe == 16384             ? " far-prefetch"
+                     : probe == 32768           ? " split-S"
+                     : probe == (32768 | 16384) ? " split-S far-prefetch"
+                     : probe                    ? " old-path"
+                                                : "",
+                     (long long)NH, (long long)ps);
   for (int i = 0; i < n && off < 120; i++) off += snprintf(what + off, sizeof what - off, "%s%d", i ? "," : "", lens[i]);
   NEW(q, K3K_BF16, 2, n, NH * 192);
   NEW(w, K3K_BF16, 2, NH * 256, 512);
@@ -152,7 +161,10 @@ static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_
   gpair_poison(g, &o);
   k3k_mla_params_t p = {n, (int32_t)NH, 128, 64, 128, 512, 1, 0, 0.0f};
   gpair *a[] = {&q, &w, &cache, &pt, &sl, &o};
-  if (!g_run2(g, K3K_OP_MLA_DECODE, &p, a, 6, what)) gpair_check(g, &o, TOL_BF16, what);
+  k3k_cuda_mla_probe(probe);
+  int rrc = g_run2(g, K3K_OP_MLA_DECODE, &p, a, 6, what);
+  k3k_cuda_mla_probe(0);
+  if (!rrc) gpair_check(g, &o, TOL_BF16, what);
   if (lens[0] > 0) {
     /* Rejected calls on the device (the page check's flag gates the kernels): a used page id
      * past the pool and a seq_len past the page table -> K3_ERANGE, output untouched. */
@@ -185,24 +197,40 @@ out:
 
 void gpu_mla_decode_cases(gctx *g, bool quick) {
   static const int32_t l1[] = {1}, l2[] = {63, 64, 65, 1000, 1}, l3[] = {1000, 0, 130};
-  t_mla_decode(g, 1, l1, 48, 64, 0);
-  t_mla_decode(g, 5, l2, 96, 64, 0);
-  t_mla_decode(g, 3, l3, 96, 64, 0);
+  t_mla_decode(g, 1, l1, 48, 64, 0, 0);
+  t_mla_decode(g, 5, l2, 96, 64, 0, 0);
+  t_mla_decode(g, 3, l3, 96, 64, 0, 0);
   /* Page sizes: 16 and 8 (TMA runs inside a page), 7 (the mma.sync kernel), 128 (2 tiles). */
-  t_mla_decode(g, 5, l2, 96, 16, 0);
-  t_mla_decode(g, 3, l3, 48, 8, 0);
-  t_mla_decode(g, 5, l2, 96, 7, 0);
-  t_mla_decode(g, 3, l3, 96, 128, 0);
-  t_mla_decode(g, 5, l2, 96, 64, 1);
-  t_mla_decode(g, 3, l3, 96, 16, 1);
+  t_mla_decode(g, 5, l2, 96, 16, 0, 0);
+  t_mla_decode(g, 3, l3, 48, 8, 0, 0);
+  t_mla_decode(g, 5, l2, 96, 7, 0, 0);
+  t_mla_decode(g, 3, l3, 96, 128, 0, 0);
+  t_mla_decode(g, 5, l2, 96, 64, 1, 0);
+  t_mla_decode(g, 3, l3, 96, 16, 1, 0);
   /* head counts that are not multiples of 48 (the Hopper kernel pads the last group): the 48B's
    * 32 heads, and 80 = 48 + 32 (two groups, the second partial), page sizes 64, 16 and 8 */
-  t_mla_decode(g, 5, l2, 32, 64, 0);
-  t_mla_decode(g, 3, l3, 80, 16, 1);
-  t_mla_decode(g, 1, l1, 32, 8, 0);
+  t_mla_decode(g, 5, l2, 32, 64, 0, 0);
+  t_mla_decode(g, 3, l3, 80, 16, 1, 0);
+  t_mla_decode(g, 1, l1, 32, 8, 0, 0);
+  /* split S (probe 32768): partial tiles, splits, page sizes 16 and 8, a partial head group */
+  t_mla_decode(g, 5, l2, 96, 16, 1, 32768);
+  t_mla_decode(g, 3, l3, 80, 8, 0, 32768);
+  /* the fallback path (K3PD_MLA_DECODE_OLD=1) */
+  t_mla_decode(g, 5, l2, 96, 64, 1, 4096 | 8192);
+  t_mla_decode(g, 3, l3, 80, 16, 0, 4096 | 8192);
   if (!quick) {
     int32_t l4[64];
     for (int i = 0; i < 64; i++) l4[i] = 1 + (i * 997) % 2048;
-    t_mla_decode(g, 64, l4, 96, 64, 0);
+    t_mla_decode(g, 64, l4, 96, 64, 0, 0);
+    /* long splits (tens of tiles per block: the page lookups and L2 prefetches 3 tiles ahead
+     * run in steady state), with spikes in late tiles, page sizes 64 and 16, both paths */
+    int32_t l5[16];
+    for (int i = 0; i < 16; i++) l5[i] = 2500 + (i * 331) % 2600;
+    t_mla_decode(g, 16, l5, 96, 64, 1, 0);
+    t_mla_decode(g, 16, l5, 96, 16, 1, 0);
+    t_mla_decode(g, 16, l5, 96, 64, 1, 4096 | 8192);
+    t_mla_decode(g, 16, l5, 96, 16, 1, 16384); /* far L2 prefetch variant */
+    t_mla_decode(g, 16, l5, 96, 64, 1, 32768); /* split S */
+    t_mla_decode(g, 16, l5, 96, 16, 1, 32768 | 16384);
   }
 }

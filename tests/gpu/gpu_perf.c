@@ -267,6 +267,48 @@ int gpu_perf(gctx *g) {
       report(&P, "mla_decode attention kernel alone", ms * 1e-3, (double)B * ctx * 1152,
              2.0 * B * NH * ctx * (576 + 512));
     }
+    /* Old vs new in the same run (session 10): the op and its phases under each switch,
+     * two rounds in alternating order; phases are medians of 9 event-bracketed calls. */
+    static const struct { int m; const char *n; } ab[] = {
+        {4096 | 8192, "old (K3PD_MLA_DECODE_OLD=1)"}, {0, "new"},
+        {4096, "new op, old prefetch placement"}, {8192, "new kernel, old op path"},
+        {16384, "new, L2 prefetch 5 tiles ahead"}, {32768, "new, split S"},
+        {32768 | 16384, "new, split S + far prefetch"}};
+    for (int round = 0; round < 2; round++)
+      for (size_t v = 0; v < sizeof ab / sizeof ab[0]; v++) {
+        size_t m = round ? sizeof ab / sizeof ab[0] - 1 - v : v;
+        k3k_cuda_mla_probe(ab[m].m);
+        double tab = time_it(&P, run_op, &ob, 20);
+        float ph[9][4];
+        int got = 0;
+        k3k_cuda_mla_phase_events(ev);
+        for (int r = 0; r < 9 && tab > 0; r++) {
+          if (run_op(&ob) || cudaEventSynchronize(ev[4]) != cudaSuccess) break;
+          for (int i = 0; i < 4; i++) cudaEventElapsedTime(&ph[r][i], ev[i], ev[i + 1]);
+          got++;
+        }
+        k3k_cuda_mla_phase_events(NULL);
+        k3k_cuda_mla_probe(0);
+        float med[4] = {0, 0, 0, 0};
+        for (int i = 0; i < 4 && got > 0; i++) {
+          float col[9];
+          for (int r = 0; r < got; r++) col[r] = ph[r][i];
+          for (int x = 1; x < got; x++) /* insertion sort */
+            for (int y = x; y > 0 && col[y] < col[y - 1]; y--) {
+              float t0 = col[y];
+              col[y] = col[y - 1];
+              col[y - 1] = t0;
+            }
+          med[i] = col[got / 2];
+        }
+        double fl = fmax(bytes / P.bw, flop / P.flops);
+        double afl = fmax((double)B * ctx * 1152 / P.bw, 2.0 * B * NH * ctx * (576 + 512) / P.flops);
+        printf("AB mla_decode round %d %-32s op %7.1f us (x%.2f of %.1f)  prep %5.1f  absorb %5.1f  "
+               "attention %6.1f (x%.2f of %.1f)  out %5.1f us\n",
+               round, ab[m].n, tab * 1e6, tab / fl, fl * 1e6, med[0] * 1e3, med[1] * 1e3,
+               med[2] * 1e3, med[2] * 1e-3 / afl, afl * 1e6, med[3] * 1e3);
+        fflush(stdout);
+      }
     /* Kernel variants (attention only): the mma.sync kernel and the Hopper kernel without the
      * lazy rescale (both correct), then Hopper-kernel variants that leave a stage out
      * (wrong results, timing only; see k3k_cuda_mla_probe in mla.cu). */
