@@ -23,6 +23,7 @@
  * (groups, GEMM rows) is core/moe_dq_plan.c's, whose invariants test_kernels checks.
  * Inside the group loop stream/event errors are collected in one cudaError_t instead of
  * K3K_CU's early return, so the schedule array is freed on every path. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,36 +98,32 @@ bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E) {
 struct dq_kargs {
   mx_dset s0, s1;
   int ids[K3K_CU_MOE_DQ_GROUP];
-  int N, K, rows; /* rows per slot: N, or 2N with s1 */
+  int N, K;
+  int64_t ld_slot; /* elements between two slots' first weights (>= rows · K) */
   uint16_t *dst;
 };
 
-/* grid (x: 32-code groups, y: slot i, z: matrix 0 = s0 rows [0,N), 1 = s1 rows [N,2N)); each
- * thread one group: 16 packed bytes + 1 scale byte in, 64 bytes of bf16 out. */
+/* grid (x: chunks of 8 codes, y: slot i, z: matrix 0 = s0 rows [0,N), 1 = s1 rows [N,2N)); each
+ * thread 8 codes at a time: 4 packed bytes + their scale byte in, 16 bytes of bf16 out, so a
+ * warp reads 128 contiguous bytes of codes and writes 512 contiguous bytes (every access
+ * coalesced; 32-bit index math: one matrix of one expert has < 2^31 codes). */
 __global__ void __launch_bounds__(256) dq_kernel(dq_kargs a) {
   const int i = blockIdx.y, e = a.ids[i];
   const mx_dset &s = blockIdx.z ? a.s1 : a.s0;
   const uint8_t *P = mx_packed(s, e), *S = mx_scale(s, e);
-  uint16_t *out = a.dst + ((int64_t)i * a.rows + (int64_t)blockIdx.z * a.N) * a.K;
-  const int gpr = a.K / 32;
-  const int64_t ng = (int64_t)a.N * gpr;
-  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < ng;
-       g += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = g / gpr, c = g % gpr;
-    const uint4 p = __ldg((const uint4 *)(P + r * s.ldp + c * 16));
-    const uint32_t sc = S[r * s.lds + c];
-    const uint32_t w[4] = {p.x, p.y, p.z, p.w};
-    uint32_t o[16];
+  uint16_t *out = a.dst + (int64_t)i * a.ld_slot + (int64_t)blockIdx.z * a.N * a.K;
+  const uint32_t cpr = (uint32_t)a.K / 8, n = (uint32_t)a.N * cpr; /* chunks per row, in all */
+  for (uint32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < n; g += gridDim.x * blockDim.x) {
+    const uint32_t r = g / cpr, c = g - r * cpr; /* row, chunk: codes [8c, 8c + 8) */
+    const uint32_t w = __ldg((const uint32_t *)(P + (int64_t)r * s.ldp + 4 * c));
+    const uint32_t sc = __ldg(S + (int64_t)r * s.lds + c / 4);
+    uint32_t o[4];
 #pragma unroll
-    for (int q = 0; q < 4; q++)
-#pragma unroll
-      for (int b = 0; b < 4; b++) {
-        const uint32_t byte = (w[q] >> (8 * b)) & 0xFFu; /* codes k = 2j (low), 2j + 1 (high) */
-        o[4 * q + b] = k3k_mx_bf16_bits(byte & 15u, sc) | (k3k_mx_bf16_bits(byte >> 4, sc) << 16);
-      }
-    uint4 *d = (uint4 *)(out + r * a.K + c * 32);
-#pragma unroll
-    for (int v = 0; v < 4; v++) d[v] = make_uint4(o[4 * v], o[4 * v + 1], o[4 * v + 2], o[4 * v + 3]);
+    for (int b = 0; b < 4; b++) {
+      const uint32_t byte = (w >> (8 * b)) & 0xFFu; /* codes 2b (low nibble), 2b + 1 (high) */
+      o[b] = k3k_mx_bf16_bits(byte & 15u, sc) | (k3k_mx_bf16_bits(byte >> 4, sc) << 16);
+    }
+    *(uint4 *)(out + (int64_t)r * a.K + 8 * c) = make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
 
@@ -177,10 +174,14 @@ static unsigned grid_for(int64_t work, int64_t per_block, unsigned cap) {
 }
 
 int k3k_cu_mx_dequant_experts(cudaStream_t st, const k3k_cu_mx_set *s0, const k3k_cu_mx_set *s1,
-                              const int32_t *ids, int n, int32_t N, int32_t K, uint16_t *dst) {
+                              const int32_t *ids, int n, int32_t N, int32_t K, uint16_t *dst,
+                              int64_t ld_slot) {
   if (n <= 0) return 0;
+  const int64_t rows = s1 ? 2 * (int64_t)N : N;
+  if (ld_slot == 0) ld_slot = rows * K;
   if (n > K3K_CU_MOE_DQ_GROUP || N <= 0 || K <= 0 || K % 32 || !s0 || !dst ||
-      ((uintptr_t)dst & 15) || s0->ld_packed % 16 || (s1 && s1->ld_packed % 16))
+      ((uintptr_t)dst & 15) || ld_slot < rows * K || ld_slot % 8 || (int64_t)N * K / 8 > INT32_MAX ||
+      s0->ld_packed % 4 || (s1 && s1->ld_packed % 4))
     return K3_EINVAL;
   dq_kargs a;
   memset(&a, 0, sizeof a);
@@ -189,9 +190,9 @@ int k3k_cu_mx_dequant_experts(cudaStream_t st, const k3k_cu_mx_set *s0, const k3
   for (int i = 0; i < n; i++) a.ids[i] = ids[i];
   a.N = N;
   a.K = K;
-  a.rows = s1 ? 2 * N : N;
+  a.ld_slot = ld_slot;
   a.dst = dst;
-  const unsigned gx = grid_for((int64_t)N * (K / 32), 256, 2048);
+  const unsigned gx = grid_for((int64_t)N * (K / 8), 256 * 4, 1024);
   dq_kernel<<<dim3(gx, (unsigned)n, s1 ? 2u : 1u), 256, 0, st>>>(a);
   K3K_LAUNCHED("moe_dq_dequant");
   return 0;
@@ -284,8 +285,10 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
       uint16_t *slot = set[sidx];
       if (lane && job >= 2) ce = cudaStreamWaitEvent(ds, lane->used[sidx], 0);
       if (ce == cudaSuccess)
-        rc = phase == 0 ? k3k_cu_mx_dequant_experts(ds, &a->w1, &a->w3, ids, n, a->F, a->D, slot)
-                        : k3k_cu_mx_dequant_experts(ds, &a->w2, NULL, ids, n, a->D, a->F, slot);
+        rc = phase == 0 ? k3k_cu_mx_dequant_experts(ds, &a->w1, &a->w3, ids, n, a->F, a->D, slot,
+                                                    slot_elems)
+                        : k3k_cu_mx_dequant_experts(ds, &a->w2, NULL, ids, n, a->D, a->F, slot,
+                                                    slot_elems);
       if (!rc && lane && ce == cudaSuccess) ce = cudaEventRecord(lane->dq[sidx], ds);
       if (!rc && lane && ce == cudaSuccess) ce = cudaStreamWaitEvent(st, lane->dq[sidx], 0);
       for (int i = 0; i < n && !rc && ce == cudaSuccess; i++) {

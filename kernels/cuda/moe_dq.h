@@ -39,11 +39,14 @@ extern "C" {
 /* Frees the path's stream and events of cx (backend destroy; no work may be in flight). */
 void k3k_cu_moe_dq_release(k3k_cuda_ctx *cx);
 
-/* The dequantisation alone (tests): for i < n, experts ids[i] of s0 (rows [0,N)) and, when s1
- * is not NULL, of s1 (rows [N,2N)) into dst + i·rows·K bf16 (rows = N or 2N), row-major [rows][K],
- * K % 32 == 0. Exact (the E2M1 value times 2^(s-127) fits bf16). n <= K3K_CU_MOE_DQ_GROUP. */
+/* The dequantisation alone (tests) and the path's own step: for i < n, experts ids[i] of s0
+ * (rows [0,N)) and, when s1 is not NULL, of s1 (rows [N,2N)) into dst + i·ld_slot bf16,
+ * row-major [rows][K] (rows = N or 2N), K % 32 == 0; ld_slot (elements, % 8 == 0, >= rows·K; 0
+ * means rows·K) is the distance between two slots, the same distance the GEMMs that read them
+ * use. Exact (the E2M1 value times 2^(s-127) fits bf16). n <= K3K_CU_MOE_DQ_GROUP. */
 int k3k_cu_mx_dequant_experts(cudaStream_t st, const k3k_cu_mx_set *s0, const k3k_cu_mx_set *s1,
-                              const int32_t *ids, int n, int32_t N, int32_t K, uint16_t *dst);
+                              const int32_t *ids, int n, int32_t N, int32_t K, uint16_t *dst,
+                              int64_t ld_slot);
 
 #ifdef __cplusplus
 }

@@ -39,7 +39,9 @@ static void dequant_case(gctx *g, int32_t E, int32_t N, int32_t K, int n, int tw
   memset(pk, 0, sizeof pk);
   memset(sc, 0, sizeof sc);
   int64_t sp[2] = {(int64_t)E * N, K / 2}, ss[2] = {(int64_t)E * N, K / 32};
-  const int64_t rows = two ? 2 * (int64_t)N : N, elems = (int64_t)n * rows * K;
+  /* slots further apart than one slot's weights (as the path's 256-byte aligned slots can
+   * be): a kernel that ignored the distance would leave the second slot's bytes poisoned */
+  const int64_t rows = two ? 2 * (int64_t)N : N, ld_slot = rows * K + 64, elems = (int64_t)n * ld_slot;
   uint16_t *dev = NULL, *back = malloc((size_t)elems * 2), *ref = malloc((size_t)N * K * 2);
   int rc = back && ref ? 0 : K3_ENOMEM;
   for (int m = 0; m < 2 && !rc; m++)
@@ -50,7 +52,8 @@ static void dequant_case(gctx *g, int32_t E, int32_t N, int32_t K, int n, int tw
   int32_t ids[K3K_CU_MOE_DQ_GROUP];
   for (int i = 0; i < n; i++) ids[i] = (int32_t)(((E - 1 - 2 * (int64_t)i) % E + E) % E);
   k3k_cu_mx_set s0 = stacked_set(&pk[0], &sc[0], N), s1 = stacked_set(&pk[1], &sc[1], N);
-  if (!rc) rc = k3k_cu_mx_dequant_experts(stream_of(g), &s0, two ? &s1 : NULL, ids, n, N, K, dev);
+  if (!rc) rc = k3k_cu_mx_dequant_experts(stream_of(g), &s0, two ? &s1 : NULL, ids, n, N, K, dev,
+                                                 ld_slot);
   if (!rc) rc = g->cuda->synchronize(g->cuda);
   if (!rc) rc = g->cuda->copy_to_host(g->cuda, back, dev, (size_t)elems * 2);
   int64_t bad = -1;
@@ -60,7 +63,7 @@ static void dequant_case(gctx *g, int32_t E, int32_t N, int32_t K, int n, int tw
       k3k_tensor_t s = k3k_tensor_slice(&sc[m].h, 0, (int64_t)ids[i] * N, N);
       k3k_tensor_t w = k3k_tensor_2d(g->ref, K3K_BF16, ref, N, K);
       rc = k3k_mxfp4_dequant(g->ref, &p, &s, &w);
-      const uint16_t *got = back + ((int64_t)i * rows + (int64_t)m * N) * K;
+      const uint16_t *got = back + (int64_t)i * ld_slot + (int64_t)m * N * K;
       for (int64_t j = 0; j < (int64_t)N * K && !rc && bad < 0; j++)
         if (got[j] != ref[j]) {
           bad = j;
