@@ -5,22 +5,26 @@
  * work. The grouped W4A16 kernel (mxfp4_wg.cu) dequantises each weight tile in registers for
  * every token tile (224 rows) it meets and was measured bound by that copy + dequant chain at
  * ×3.6-3.75 of the FLOP floor. Here each expert's bf16 weights are written once (bandwidth work:
- * 2 bytes per weight, ~7 µs for one expert's 3 matrices at 4 TB/s) and cuBLASLt runs the
- * per-expert GEMMs at its own rate; what it costs is one host round trip per call (the plan's
- * offsets size the GEMMs) and the scratch.
+ * 2 bytes per weight, ~16 µs for one expert's 3 matrices at 4 TB/s) and cuBLASLt runs the GEMMs
+ * at its own rate; what it costs is one host round trip per call (the plan's offsets size the
+ * GEMMs), the bf16 weight traffic and the scratch.
  *
- * Order of work on the stream, for one call (plan rows: the grouped order of the device plan):
- *   1. gather: xs[r] = x[gather_tok[r]] for all T·k rows;
- *   2. gate/up, per group of K3K_CU_MOE_DQ_GROUP active experts: dequantise [w1_e; w3_e] into
- *      the group's slots ([2F][D] bf16 each), one GEMM per expert gu[rows_e] = xs[rows_e] · slotᵀ
- *      (bf16 out: the reference's rounding of the gate/up GEMM outputs), then the activation over
- *      the group's rows into h;
- *   3. down, per group: dequantise w2_e into the slots ([D][F]), y[rows_e] = h[rows_e] · slotᵀ.
- * GEMM row counts are rounded up to a multiple of 16 (so cuBLASLt sees a few shapes and its
- * algorithm cache stays small) but never past the last plan row: the extra rows belong to the
- * next expert(s), are computed from whatever is there and overwritten by that expert's own GEMM
- * later on the same stream (a GEMM's output row depends only on its input row). The schedule
- * (groups, GEMM rows) is core/moe_dq_plan.c's, whose invariants test_kernels checks.
+ * Layout: core/moe_dq_plan.c orders the active experts by rows and cuts them into groups of up
+ * to K3K_CU_MOE_DQ_GROUP experts of similar size; a group's experts sit in a padded row space at
+ * one distance (the group's cap, a multiple of DQ_PAD), so ONE strided-batched cuBLASLt GEMM runs
+ * the group (one expert of 512 rows gives 96 tiles of 128x256, under one wave of the 132 SMs;
+ * four give ~3 waves). Padding rows hold whatever the scratch held: their GEMM outputs and
+ * activations are computed and never read (a GEMM's output row depends only on its input row).
+ *
+ * Order of work on cx->stream, for one call:
+ *   1. upload the per-expert padded bases; gather xs[pad(r)] = x[gather_tok[r]] for all T·k rows;
+ *   2. gate/up, per group: dequantise [w1_e; w3_e] of its experts into one slot set ([2F][D]
+ *      bf16 per expert, on the path's own stream, double-buffered so group j + 1 is dequantised
+ *      while group j's GEMM runs), one batched GEMM gu = xs · slotᵀ (bf16 out: the reference's
+ *      rounding of the gate/up GEMM outputs), the activation over the group's padded rows → hp;
+ *   3. down, per group: dequantise w2_e ([D][F]), one batched GEMM yp = hp · slotᵀ (yp reuses
+ *      xs's rows: xs is dead after step 2);
+ *   4. y[r] = yp[pad(r)] for all T·k rows (plan order, what the combine reads).
  * Inside the group loop stream/event errors are collected in one cudaError_t instead of
  * K3K_CU's early return, so the schedule array is freed on every path. */
 #include <stdint.h>
@@ -33,14 +37,17 @@
 #include "moe_dq.h"
 #include "mxfp4_args.cuh"
 
-#define DQ_PAD 16
+#define DQ_PAD 32 /* padded rows per expert: multiples of 32 */
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t F, int32_t D) {
-  if (tk <= 0 || F <= 0 || D <= 0) return 0;
-  return al256((size_t)tk * D * 2) + al256((size_t)tk * 2 * F * 2) +
-         (size_t)2 * K3K_CU_MOE_DQ_GROUP * al256((size_t)2 * F * D * 2);
+/* Scratch: xs / yp [P][D], gu [P][2F], hp [P][F] (P = the most padded rows), the padded bases
+ * [E] (int32), then the two slot sets. */
+size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t E, int32_t F, int32_t D) {
+  if (tk <= 0 || E <= 0 || F <= 0 || D <= 0) return 0;
+  const int64_t P = k3k_moe_dq_pad_rows_max(tk, E, DQ_PAD);
+  return al256((size_t)P * D * 2) + al256((size_t)P * 2 * F * 2) + al256((size_t)P * F * 2) +
+         al256((size_t)E * 4) + (size_t)2 * K3K_CU_MOE_DQ_GROUP * al256((size_t)2 * F * D * 2);
 }
 
 /* The path's own stream: dequantisation of group j + 1 overlaps the GEMMs of group j. */
@@ -80,11 +87,11 @@ static int lane_of(k3k_cuda_ctx *cx, dq_lane **out) {
 }
 
 bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E) {
-  static int mode = -2; /* 0: off (default until measured), 1: by rows, 2: always; read once */
+  static int mode = -2; /* 0: off, 1: by rows (default), 2: always; read once */
   static int64_t rows = K3K_CU_MOE_DQ_ROWS_DEFAULT;
   if (mode == -2) {
     const char *m = getenv("K3PD_MOE_DQ"), *r = getenv("K3PD_MOE_DQ_ROWS");
-    mode = m && *m == '1' ? 1 : m && *m == '2' ? 2 : 0;
+    mode = m && *m == '0' ? 0 : m && *m == '2' ? 2 : 1;
     if (r && atoll(r) > 0) rows = atoll(r);
   }
   if (mode == 0 || T <= 0 || k <= 0 || E <= 0) return false;
@@ -103,39 +110,68 @@ struct dq_kargs {
   uint16_t *dst;
 };
 
-/* grid (x: chunks of 8 codes, y: slot i, z: matrix 0 = s0 rows [0,N), 1 = s1 rows [N,2N)); each
- * thread 8 codes at a time: 4 packed bytes + their scale byte in, 16 bytes of bf16 out, so a
- * warp reads 128 contiguous bytes of codes and writes 512 contiguous bytes (every access
- * coalesced; 32-bit index math: one matrix of one expert has < 2^31 codes). */
+/* grid (x: chunks of 8 codes, y: slot i, z: matrix 0 = s0 rows [0,N), 1 = s1 rows [N,2N)); a
+ * chunk is 4 packed bytes + their scale byte in, 16 bytes of bf16 out, so a warp reads 128
+ * contiguous bytes of codes and writes 512 contiguous bytes (every access coalesced; 32-bit
+ * index math: one matrix of one expert has < 2^31 codes). Each thread takes DQ_UNROLL chunks one
+ * grid-width apart and issues all their loads before the first store (loads in flight). */
+#define DQ_UNROLL 4
 __global__ void __launch_bounds__(256) dq_kernel(dq_kargs a) {
   const int i = blockIdx.y, e = a.ids[i];
   const mx_dset &s = blockIdx.z ? a.s1 : a.s0;
   const uint8_t *P = mx_packed(s, e), *S = mx_scale(s, e);
   uint16_t *out = a.dst + (int64_t)i * a.ld_slot + (int64_t)blockIdx.z * a.N * a.K;
   const uint32_t cpr = (uint32_t)a.K / 8, n = (uint32_t)a.N * cpr; /* chunks per row, in all */
-  for (uint32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < n; g += gridDim.x * blockDim.x) {
-    const uint32_t r = g / cpr, c = g - r * cpr; /* row, chunk: codes [8c, 8c + 8) */
-    const uint32_t w = __ldg((const uint32_t *)(P + (int64_t)r * s.ldp + 4 * c));
-    const uint32_t sc = __ldg(S + (int64_t)r * s.lds + c / 4);
-    uint32_t o[4];
+  const uint32_t step = gridDim.x * blockDim.x;
+  for (uint32_t g0 = blockIdx.x * blockDim.x + threadIdx.x; g0 < n; g0 += DQ_UNROLL * step) {
+    uint32_t w[DQ_UNROLL] = {0}, sc[DQ_UNROLL] = {0};
 #pragma unroll
-    for (int b = 0; b < 4; b++) {
-      const uint32_t byte = (w >> (8 * b)) & 0xFFu; /* codes 2b (low nibble), 2b + 1 (high) */
-      o[b] = k3k_mx_bf16_bits(byte & 15u, sc) | (k3k_mx_bf16_bits(byte >> 4, sc) << 16);
+    for (int u = 0; u < DQ_UNROLL; u++) {
+      const uint32_t g = g0 + u * step, r = g / cpr, c = g - r * cpr; /* codes [8c, 8c + 8) */
+      if (g < n) {
+        w[u] = __ldg((const uint32_t *)(P + (int64_t)r * s.ldp + 4 * c));
+        sc[u] = __ldg(S + (int64_t)r * s.lds + c / 4);
+      }
     }
-    *(uint4 *)(out + (int64_t)r * a.K + 8 * c) = make_uint4(o[0], o[1], o[2], o[3]);
+#pragma unroll
+    for (int u = 0; u < DQ_UNROLL; u++) {
+      const uint32_t g = g0 + u * step, r = g / cpr, c = g - r * cpr;
+      if (g >= n) break;
+      uint32_t o[4];
+#pragma unroll
+      for (int b = 0; b < 4; b++) {
+        const uint32_t byte = (w[u] >> (8 * b)) & 0xFFu; /* codes 2b (low nibble), 2b + 1 (high) */
+        o[b] = k3k_mx_bf16_bits(byte & 15u, sc[u]) | (k3k_mx_bf16_bits(byte >> 4, sc[u]) << 16);
+      }
+      *(uint4 *)(out + (int64_t)r * a.K + 8 * c) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
   }
 }
 
-/* xs[r][0..D) = x[gt[r]][0..D), 16-byte vectors (D % 8 == 0, ldx % 8 == 0, aligned). */
-__global__ void dq_gather_kernel(const uint16_t *x, int64_t ldx, const int32_t *gt, int64_t n,
-                                 int D, uint16_t *xs) {
-  const int vpr = D / 8;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * vpr;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = i / vpr, v = i % vpr;
-    ((uint4 *)(xs + r * D))[v] = __ldg((const uint4 *)(x + gt[r] * ldx) + v);
+/* Moves W-wide bf16 rows between plan order and the padded layout, one block per plan row r:
+ * e = the expert whose rows [off[e], off[e+1]) hold r (binary search over the plan's offsets),
+ * pr = pbase[e] + r - off[e]. to_pad: dst[pr] = src[gt ? gt[r] : r] (ld_src elements apart);
+ * else dst[r] = src[pr]. 16-byte vectors (W % 8 == 0, ld_src % 8 == 0, aligned). */
+__global__ void __launch_bounds__(128) dq_pad_kernel(const uint16_t *src, int64_t ld_src,
+                                                     const int32_t *gt, const int32_t *off,
+                                                     const int32_t *pbase, int E, int W, int to_pad,
+                                                     uint16_t *dst) {
+  __shared__ int64_t s_from, s_to;
+  const int64_t r = blockIdx.x;
+  if (threadIdx.x == 0) {
+    int lo = 0, hi = E; /* off[lo] <= r < off[hi] */
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) >> 1;
+      if (off[mid] <= r) lo = mid; else hi = mid;
+    }
+    const int64_t pr = (int64_t)pbase[lo] + (r - off[lo]);
+    s_from = to_pad ? (gt ? (int64_t)gt[r] : r) * ld_src : pr * W;
+    s_to = to_pad ? pr * W : r * W;
   }
+  __syncthreads();
+  const uint4 *from = (const uint4 *)(src + s_from);
+  uint4 *to = (uint4 *)(dst + s_to);
+  for (int v = threadIdx.x; v < W / 8; v += blockDim.x) to[v] = __ldg(from + v);
 }
 
 struct dq_act_args {
@@ -192,27 +228,32 @@ int k3k_cu_mx_dequant_experts(cudaStream_t st, const k3k_cu_mx_set *s0, const k3
   a.K = K;
   a.ld_slot = ld_slot;
   a.dst = dst;
-  const unsigned gx = grid_for((int64_t)N * (K / 8), 256 * 4, 1024);
+  const unsigned gx = grid_for((int64_t)N * (K / 8), 256 * DQ_UNROLL, 1u << 20);
   dq_kernel<<<dim3(gx, (unsigned)n, s1 ? 2u : 1u), 256, 0, st>>>(a);
   K3K_LAUNCHED("moe_dq_dequant");
   return 0;
 }
 
-/* The per-expert GEMM y[rows][m] = x[rows][kk] · W[m][kk]ᵀ (all row-major bf16). */
-static int expert_gemm(k3k_cuda_ctx *cx, const uint16_t *w, int64_t m, int64_t kk,
-                       const uint16_t *x, int64_t rows, uint16_t *y) {
-  return k3k_cuda_lt_gemm(cx, 1, 0, m, rows, kk, w, CUDA_R_16BF, kk, 0, x, CUDA_R_16BF, kk, 0, y,
-                          CUDA_R_16BF, m, 0, 1);
+/* One group's GEMMs, batched: y_i[cap][m] = x_i[cap][kk] · W_iᵀ for the group's n experts (all
+ * row-major bf16; W_i slot_elems apart, x_i and y_i cap rows apart). */
+static int group_gemm(k3k_cuda_ctx *cx, const uint16_t *w, int64_t slot_elems, int64_t m,
+                      int64_t kk, const uint16_t *x, int64_t cap, int n, uint16_t *y) {
+  return k3k_cuda_lt_gemm(cx, 1, 0, m, cap, kk, w, CUDA_R_16BF, kk, slot_elems, x, CUDA_R_16BF, kk,
+                          cap * kk, y, CUDA_R_16BF, m, cap * m, n);
 }
+
+static unsigned pad_grid(int64_t tk) { return (unsigned)tk; } /* one block per plan row */
 
 int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
   if (!cx || !a || a->F <= 0 || a->D <= 0 || a->E <= 0 || a->T < 0 || a->k <= 0 ||
       a->F % 32 || a->D % 32 || a->ldx % 8 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->h & 15) ||
       ((uintptr_t)a->y & 15) || ((uintptr_t)a->scratch & 15) || !a->gather_tok ||
       !a->expert_off || (a->act != K3K_CU_ACT_SITU && a->act != K3K_CU_ACT_SILU_MUL) ||
-      a->w1.ld_packed % 16 || a->w3.ld_packed % 16 || a->w2.ld_packed % 16)
+      a->w1.ld_packed % 16 || a->w3.ld_packed % 16 || a->w2.ld_packed % 16 ||
+      (int64_t)a->T * a->k > INT32_MAX)
     return K3_EINVAL;
   const int64_t tk = (int64_t)a->T * a->k, F = a->F, D = a->D;
+  const int E = a->E;
   const unsigned parts = a->parts ? a->parts : 3u;
   if (tk == 0) return 0;
   cudaStream_t st = cx->stream;
@@ -220,15 +261,15 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
   K3K_CU(cudaStreamIsCapturing(st, &cs));
   if (cs != cudaStreamCaptureStatusNone) return K3_ENOTSUP;
 
-  /* the plan's offsets on the host: the one synchronisation */
-  int32_t *off = NULL;
-  int rc = k3k_cuda_host_scratch(cx, (size_t)(a->E + 1) * 4, (void **)&off);
+  /* the plan's offsets on the host (the one synchronisation); the padded bases go back up */
+  int32_t *hbuf = NULL;
+  int rc = k3k_cuda_host_scratch(cx, (size_t)(2 * E + 1) * 4, (void **)&hbuf);
   if (rc) return rc;
-  K3K_CU(cudaMemcpyAsync(off, a->expert_off, (size_t)(a->E + 1) * 4, cudaMemcpyDeviceToHost, st));
+  int32_t *ho = hbuf, *hpb = hbuf + E + 1; /* pinned; nothing else uses it during this call */
+  K3K_CU(cudaMemcpyAsync(ho, a->expert_off, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost, st));
   K3K_CU(cudaStreamSynchronize(st));
-  const int32_t *ho = off; /* pinned host scratch; nothing else uses it during this call */
-  if (ho[0] != 0 || ho[a->E] != tk) {
-    K3_ERROR("moe_dq: plan offsets [0]=%d [E]=%d, want 0 and %lld", ho[0], ho[a->E], (long long)tk);
+  if (ho[0] != 0 || ho[E] != tk) {
+    K3_ERROR("moe_dq: plan offsets [0]=%d [E]=%d, want 0 and %lld", ho[0], ho[E], (long long)tk);
     return K3_EINVAL;
   }
   static int overlap = -1, group = K3K_CU_MOE_DQ_GROUP;
@@ -237,40 +278,55 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
     overlap = !(o && *o == '0');
     if (gs && atoi(gs) >= 1 && atoi(gs) <= K3K_CU_MOE_DQ_GROUP) group = atoi(gs);
   }
-  dq_lane *lane = NULL;
-  if (overlap && (rc = lane_of(cx, &lane))) return rc;
-  cudaStream_t ds = lane ? lane->st : st; /* where the dequantisation runs */
-
-  char *p = (char *)a->scratch;
-  uint16_t *xs = (uint16_t *)p;
-  p += al256((size_t)tk * D * 2);
-  uint16_t *gu = (uint16_t *)p;
-  p += al256((size_t)tk * 2 * F * 2);
-  const int64_t slot_elems = al256((size_t)2 * F * D * 2) / 2;
-  uint16_t *set[2] = {(uint16_t *)p, (uint16_t *)p + K3K_CU_MOE_DQ_GROUP * slot_elems};
-  dq_act_args aa = {a->act, 1, a->beta, a->beta_lin};
-
-  if (parts & 1) {
-    dq_gather_kernel<<<grid_for(tk * (D / 8), 256, 8192), 256, 0, st>>>(a->x, a->ldx,
-                                                                         a->gather_tok, tk,
-                                                                         (int)D, xs);
-    K3K_LAUNCHED("moe_dq_gather");
-  }
-  /* the lane starts after everything queued on st so far (earlier users of the scratch) */
-  if (lane) {
-    K3K_CU(cudaEventRecord(lane->start, st));
-    K3K_CU(cudaStreamWaitEvent(ds, lane->start, 0));
-  }
-  /* the schedule: active experts in order, groups, GEMM rows (core/moe_dq_plan.h) */
-  k3k_moe_dq_item *it = (k3k_moe_dq_item *)malloc((size_t)a->E * sizeof *it);
+  /* the schedule: groups of similar experts, padded bases (core/moe_dq_plan.h) */
+  k3k_moe_dq_item *it = (k3k_moe_dq_item *)malloc((size_t)E * sizeof *it);
   if (!it) return K3_ENOMEM;
-  const int32_t n_it = k3k_moe_dq_schedule(ho, a->E, group, DQ_PAD, it);
+  int64_t prows = 0;
+  const int32_t n_it = k3k_moe_dq_schedule(ho, E, group, DQ_PAD, it, &prows);
   if (n_it < 0) { /* offsets not non-decreasing: not a plan */
     free(it);
     K3_ERROR("moe_dq: plan offsets are not non-decreasing");
     return K3_EINVAL;
   }
-  cudaError_t ce = cudaSuccess; /* first failed stream/event call; the loop stops there */
+  if (prows > k3k_moe_dq_pad_rows_max(tk, E, DQ_PAD)) { /* the schedule's own bound */
+    free(it);
+    K3_ERROR("moe_dq: %lld padded rows past the bound", (long long)prows);
+    return K3_EINVAL;
+  }
+  for (int e = 0; e < E; e++) hpb[e] = 0;
+  for (int32_t i = 0; i < n_it; i++) hpb[it[i].expert] = (int32_t)it[i].prow0;
+
+  const int64_t P = k3k_moe_dq_pad_rows_max(tk, E, DQ_PAD);
+  char *p = (char *)a->scratch;
+  uint16_t *xs = (uint16_t *)p; /* [P][D]: gathered x (gate/up), then yp (down) */
+  p += al256((size_t)P * D * 2);
+  uint16_t *gu = (uint16_t *)p;
+  p += al256((size_t)P * 2 * F * 2);
+  uint16_t *hp = (uint16_t *)p;
+  p += al256((size_t)P * F * 2);
+  int32_t *pbase = (int32_t *)p;
+  p += al256((size_t)E * 4);
+  const int64_t slot_elems = al256((size_t)2 * F * D * 2) / 2;
+  uint16_t *set[2] = {(uint16_t *)p, (uint16_t *)p + K3K_CU_MOE_DQ_GROUP * slot_elems};
+  dq_act_args aa = {a->act, 1, a->beta, a->beta_lin};
+
+  cudaError_t ce = cudaMemcpyAsync(pbase, hpb, (size_t)E * 4, cudaMemcpyHostToDevice, st);
+  dq_lane *lane = NULL;
+  if (ce == cudaSuccess && overlap) rc = lane_of(cx, &lane);
+  cudaStream_t ds = lane ? lane->st : st; /* where the dequantisation runs */
+  if (!rc && ce == cudaSuccess && (parts & 1)) {
+    dq_pad_kernel<<<pad_grid(tk), 128, 0, st>>>(a->x, a->ldx, a->gather_tok, a->expert_off, pbase,
+                                                  E, (int)D, 1, xs);
+    ce = cudaGetLastError();
+  }
+  if (!rc && ce == cudaSuccess && !(parts & 1)) { /* down alone (timing): h from the caller */
+    dq_pad_kernel<<<pad_grid(tk), 128, 0, st>>>(a->h, F, NULL, a->expert_off, pbase, E, (int)F, 1,
+                                                  hp);
+    ce = cudaGetLastError();
+  }
+  /* the lane starts after everything queued on st so far (earlier users of the scratch) */
+  if (!rc && lane && ce == cudaSuccess && (ce = cudaEventRecord(lane->start, st)) == cudaSuccess)
+    ce = cudaStreamWaitEvent(ds, lane->start, 0);
   int job = 0; /* groups in order over both phases; group j uses buffer set j % 2 */
   for (int phase = 0; phase < 2 && !rc && ce == cudaSuccess; phase++) {
     if (!(parts & (1u << phase))) continue;
@@ -283,6 +339,7 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
       }
       const int sidx = job & 1;
       uint16_t *slot = set[sidx];
+      const int64_t cap = it[g0].cap, pr0 = it[g0].prow0;
       if (lane && job >= 2) ce = cudaStreamWaitEvent(ds, lane->used[sidx], 0);
       if (ce == cudaSuccess)
         rc = phase == 0 ? k3k_cu_mx_dequant_experts(ds, &a->w1, &a->w3, ids, n, a->F, a->D, slot,
@@ -291,22 +348,30 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
                                                     slot_elems);
       if (!rc && lane && ce == cudaSuccess) ce = cudaEventRecord(lane->dq[sidx], ds);
       if (!rc && lane && ce == cudaSuccess) ce = cudaStreamWaitEvent(st, lane->dq[sidx], 0);
-      for (int i = 0; i < n && !rc && ce == cudaSuccess; i++) {
-        const k3k_moe_dq_item *x = &it[g0 + i];
-        const int64_t b = x->row0;
-        const uint16_t *w = slot + i * slot_elems;
-        rc = phase == 0 ? expert_gemm(cx, w, 2 * F, D, xs + b * D, x->gemm_rows, gu + b * 2 * F)
-                        : expert_gemm(cx, w, D, F, a->h + b * F, x->gemm_rows, a->y + b * D);
-      }
-      if (!rc && ce == cudaSuccess && phase == 0) { /* the group's rows are contiguous */
-        const int64_t r0 = it[g0].row0, r1 = it[g0 + n - 1].row0 + it[g0 + n - 1].rows;
-        dq_act_kernel<<<grid_for((r1 - r0) * (F / 8), 256, 8192), 256, 0, st>>>(aa, gu, (int)F, r0,
-                                                                                 r1, a->h);
+      if (!rc && ce == cudaSuccess)
+        rc = phase == 0 ? group_gemm(cx, slot, slot_elems, 2 * F, D, xs + pr0 * D, cap, n,
+                                     gu + pr0 * 2 * F)
+                        : group_gemm(cx, slot, slot_elems, D, F, hp + pr0 * F, cap, n,
+                                     xs + pr0 * D);
+      if (!rc && ce == cudaSuccess && phase == 0) { /* the group's padded rows, contiguous */
+        const int64_t r1 = pr0 + n * cap;
+        dq_act_kernel<<<grid_for((r1 - pr0) * (F / 8), 256, 8192), 256, 0, st>>>(aa, gu, (int)F,
+                                                                                  pr0, r1, hp);
         ce = cudaGetLastError();
       }
       if (!rc && lane && ce == cudaSuccess) ce = cudaEventRecord(lane->used[sidx], st);
       g0 += n;
     }
+  }
+  if (!rc && ce == cudaSuccess && (parts & 2)) { /* plan order for the combine */
+    dq_pad_kernel<<<pad_grid(tk), 128, 0, st>>>(xs, D, NULL, a->expert_off, pbase, E, (int)D, 0,
+                                                  a->y);
+    ce = cudaGetLastError();
+  }
+  if (!rc && ce == cudaSuccess && !(parts & 2)) { /* gate/up alone (timing): h to the caller */
+    dq_pad_kernel<<<pad_grid(tk), 128, 0, st>>>(hp, F, NULL, a->expert_off, pbase, E, (int)F, 0,
+                                                  a->h);
+    ce = cudaGetLastError();
   }
   free(it);
   if (ce != cudaSuccess) {

@@ -173,9 +173,10 @@ int k3k_cu_moe_bf16_experts(cudaStream_t st, const uint16_t *const *tab, int32_t
  * GEMM wins. Deterministic in (T, k, E): the same pass always takes the same path. */
 bool k3k_cu_moe_bf16_wanted(int64_t T, int32_t k, int32_t E);
 
-/* Experts dequantised per launch; the scratch holds two such groups (one being dequantised on
- * the path's own stream while the other one's GEMMs run on cx->stream). */
-#define K3K_CU_MOE_DQ_GROUP 2
+/* Experts per group: dequantised by one launch and multiplied by one batched GEMM; the scratch
+ * holds two such groups (one being dequantised on the path's own stream while the other one's
+ * GEMM runs on cx->stream). */
+#define K3K_CU_MOE_DQ_GROUP 4
 
 typedef struct {
   k3k_cu_mx_set w1, w3, w2; /* gate [F,D], up [F,D], down [D,F] per expert */
@@ -186,24 +187,30 @@ typedef struct {
   const uint16_t *x;        /* [T][D] bf16, row stride ldx (elements, % 8 == 0) */
   int64_t ldx;
   const int32_t *gather_tok, *expert_off; /* the device plan (k3k_cu_moe_route_plan) */
-  uint16_t *h;              /* [T*k][F] bf16: activation rows in plan order (written) */
+  uint16_t *h;              /* [T*k][F] bf16, plan order: the activation rows, written only
+                             * when parts == 1 and read only when parts == 2 (the timing
+                             * split; the full call keeps them in its scratch) */
   uint16_t *y;              /* [T*k][D] bf16: expert output rows in plan order (written) */
   void *scratch;            /* k3k_cu_moe_dq_scratch_bytes(T*k, F, D), 16-byte aligned */
   unsigned parts;           /* 0 or 3: both; 1: gate/up + activation only; 2: down only
                              * (timing: h must hold the activation rows already) */
 } k3k_cu_moe_dq_args;
 
-/* Scratch bytes for tk = T*k plan rows: the gathered x rows [tk][D], the gate/up GEMM outputs
- * [tk][2F], 2 × K3K_CU_MOE_DQ_GROUP dequantised experts of 2·F·D bf16 each. */
-size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t F, int32_t D);
+/* Scratch bytes for tk = T*k plan rows over E experts: the gathered x rows (later the expert
+ * outputs), the gate/up GEMM outputs and the activation rows in the padded layout (at most
+ * tk + tk/7 + 32·min(E, tk) rows of D, 2F and F), the padded bases, and 2 ×
+ * K3K_CU_MOE_DQ_GROUP dequantised experts of 2·F·D bf16 each (4.3 GB at the medium preset's
+ * 8K-token prefill). */
+size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t E, int32_t F, int32_t D);
 
-/* The path rule. OFF by default: the path has passed its checks on the host only (the device
- * run of scripts/gpu/dq-all.sh is still to come), so nothing takes it unless asked.
- * K3PD_MOE_DQ=1: true when the batch has at least K3PD_MOE_DQ_ROWS (default below, a guess
- * until the crossover is measured: perf-gpu-moe.md "Dequant-once prefill") plan rows per active
- * expert on average, i.e. T*k / min(E, T*k) >= rows; K3PD_MOE_DQ=2: true for any batch.
- * Deterministic in (T, k, E) and the environment read at the first call. */
-#define K3K_CU_MOE_DQ_ROWS_DEFAULT 64
+/* The path rule. ON by default for batches with at least K3K_CU_MOE_DQ_ROWS_DEFAULT plan rows
+ * per active expert on average, i.e. T*k / min(E, T*k) >= rows (the measured crossover against
+ * the grouped W4A16 kernel: perf-gpu-moe.md "Dequant-once prefill"): the medium preset's 8K
+ * prefill (512 rows per expert) takes it, a K3 8K prefill (E = 896: ~146) and every decode step
+ * do not. K3PD_MOE_DQ=0 turns it off, K3PD_MOE_DQ=2 takes it for every batch (tests),
+ * K3PD_MOE_DQ_ROWS sets the threshold. Deterministic in (T, k, E) and the environment read at
+ * the first call. */
+#define K3K_CU_MOE_DQ_ROWS_DEFAULT 256
 bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E);
 
 /* Runs the routed experts of one MoE layer (see the file comment). */

@@ -17,8 +17,9 @@
  * Invariants: the expert pointer tables are built once at init from the uploaded weights (the
  * runner owns both); every expert scale is checked for 0xFF (E8M0 NaN) once at init, because
  * the grouped GEMM does not check them per call. Nothing here synchronises per layer, except
- * the dequant-once expert path of prefill batches (moe_dq.h, opt-in with K3PD_MOE_DQ=1: one
- * host round trip per layer for the plan's offsets; never taken while a graph is captured). */
+ * the dequant-once expert path of prefill batches (moe_dq.h: batches with many rows per expert,
+ * K3PD_MOE_DQ=0 turns it off; one host round trip per layer for the plan's offsets; never taken
+ * while a graph is captured). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,8 +249,8 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
                                  gt.data, off.data, act.data, maxa, ha.data, yr.data);
     return rc ? rc : k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
   }
-  if (k3k_cu_moe_dq_wanted(T, K, E)) { /* prefill batch, K3PD_MOE_DQ=1: dequant-once (moe_dq.h) */
-    k3k_tensor_t dqs = rn_buf(ws, K3K_U8, 1, (int64_t)k3k_cu_moe_dq_scratch_bytes(TK, F, D));
+  if (k3k_cu_moe_dq_wanted(T, K, E)) { /* prefill batch: dequant-once (moe_dq.h) */
+    k3k_tensor_t dqs = rn_buf(ws, K3K_U8, 1, (int64_t)k3k_cu_moe_dq_scratch_bytes(TK, E, F, D));
     if (ws->rc) return ws->rc;
     k3k_cu_moe_dq_args d;
     memset(&d, 0, sizeof d);

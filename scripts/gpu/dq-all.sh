@@ -28,11 +28,12 @@ step() { # name timeout_s command...
 }
 K3PD_CUDA_SYNC=1 step test_kernels 60 "$bin/test_kernels"
 K3PD_CUDA_SYNC=1 step moe-dq-parity 60 "$bin/k3k-gpu-moe" --dq-only
-step moe-e896 60 "$bin/k3k-gpu-moe" --no-parity --perf-t 512,2048,8192
-step moe-e256 40 "$bin/k3k-gpu-moe" --no-parity --perf-e 256 --perf-t 1024,8192
+step moe-e896 90 "$bin/k3k-gpu-moe" --no-parity --perf-t ${DQ_E896_T:-2048,8192,16384}
+step moe-e256 90 "$bin/k3k-gpu-moe" --no-parity --perf-e 256 --perf-t ${DQ_E256_T:-2048,4096,6144,8192,16384}
+K3PD_MOE_DQ_GROUP=1 step moe-e256-g1 40 "$bin/k3k-gpu-moe" --no-parity --perf-e 256 --perf-t 8192
 K3PD_MOE_DQ=1 K3PD_MOE_DQ_ROWS=8 step model4l-dq 90 "$bin/k3k-gpu-model" --synthetic-config "$cfg" --device-synth \
   --steps 8 --graph-steps 3
-K3PD_MOE_DQ=1 step medium-dq 120 "$bin/k3k-gpu-model" --synthetic medium --device-synth --no-parity --perf \
+step medium-dq 120 "$bin/k3k-gpu-model" --synthetic medium --device-synth --no-parity --perf \
   --graph-steps 3 --perf-steps 10
 K3PD_MOE_DQ=0 step medium-base 120 "$bin/k3k-gpu-model" --synthetic medium --device-synth \
   --no-parity --perf --graph-steps 3 --perf-steps 10

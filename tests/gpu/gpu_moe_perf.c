@@ -88,6 +88,21 @@ static int run_moe20(void *p) {
   return 0;
 }
 
+/* The dequant-once path's dequantisation alone: K3K_CU_MOE_DQ_GROUP experts' gate + up matrices
+ * (what one gate/up group writes) into bf16 slots. */
+typedef struct {
+  gctx *g;
+  const moe_run *m;
+  uint16_t *dst;
+} dq_arg;
+static int run_dequant(void *p) {
+  dq_arg *d = (dq_arg *)p;
+  int32_t ids[K3K_CU_MOE_DQ_GROUP];
+  for (int i = 0; i < K3K_CU_MOE_DQ_GROUP; i++) ids[i] = i % d->m->E;
+  return k3k_cu_mx_dequant_experts(k3k_cuda_ctx_of(d->g->cuda)->stream, &d->m->w1, &d->m->w3, ids,
+                                   K3K_CU_MOE_DQ_GROUP, H1, DL, d->dst, 0);
+}
+
 static void line(const char *name, double t, double floor_t, double bytes, double flop) {
   printf("PERF %-52s %9.1f us  %7.1f GB/s %6.1f TFLOP/s  floor %8.1f us  x%.2f\n", name, t * 1e6,
          bytes / t * 1e-9, flop / t * 1e-12, floor_t * 1e6, t / floor_t);
@@ -268,6 +283,17 @@ int gpu_moe_perf(gctx *g, const int32_t *Ts, size_t nT, int32_t E) {
         line(name, d_13, fl * 2.0 / 3.0, bytes * 2.0 / 3.0, flop * 2.0 / 3.0);
         snprintf(name, sizeof name, "  dq down T=%d", T);
         line(name, d_2, fl / 3.0, bytes / 3.0, flop / 3.0);
+      }
+      /* the dequantisation alone: bytes read (codes + scales) and written (bf16), copy floor */
+      const double w_el = (double)K3K_CU_MOE_DQ_GROUP * 2 * H1 * DL;
+      const double dq_bytes = w_el * 2 + w_el / 2 + w_el / 32;
+      uint16_t *slots = rc ? NULL : dalloc(g, (size_t)w_el * 2);
+      if (slots) {
+        dq_arg da = {g, &m, slots};
+        const double t_dq = median_s(g, run_dequant, &da, 20);
+        snprintf(name, sizeof name, "  dq dequantise %d experts' gate+up", K3K_CU_MOE_DQ_GROUP);
+        line(name, t_dq, dq_bytes / bw, dq_bytes, 0);
+        g->cuda->free(g->cuda, slots);
       }
       m.dq = 0;
     }

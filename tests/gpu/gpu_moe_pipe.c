@@ -74,7 +74,7 @@ static int run_ref_chain(gctx *g, moe_case *c, k3k_router_params_t *rp, gpair *y
 size_t moe_dev_bytes(int32_t T, int32_t E, int32_t k) {
   size_t TK = (size_t)T * k;
   return TK * 4 * 4 + (size_t)(2 * E + 4) * 4 + TK * (H1 + DL) * 2 + k3k_cu_moe_plan_scratch(T, E) +
-         k3k_cu_moe_dq_scratch_bytes((int64_t)TK, H1, DL) + 2048;
+         k3k_cu_moe_dq_scratch_bytes((int64_t)TK, E, H1, DL) + 2048;
 }
 int moe_gpu_stages(gctx *g, const moe_run *m, unsigned stage_mask) {
   cudaStream_t st = stream_of(g);
@@ -92,7 +92,7 @@ int moe_gpu_stages(gctx *g, const moe_run *m, unsigned stage_mask) {
   TAKE(h, uint16_t, (size_t)TK * H1);
   TAKE(yr, uint16_t, (size_t)TK * DL);
   TAKE(scr, char, k3k_cu_moe_plan_scratch(m->T, E));
-  TAKE(dqs, char, k3k_cu_moe_dq_scratch_bytes(TK, H1, DL));
+  TAKE(dqs, char, k3k_cu_moe_dq_scratch_bytes(TK, E, H1, DL));
 #undef TAKE
   k3k_tensor_t ti = k3k_tensor_2d(g->cuda, K3K_I32, idx, m->T, m->k);
   k3k_tensor_t tw = k3k_tensor_2d(g->cuda, K3K_F32, w, m->T, m->k);

@@ -208,67 +208,78 @@ static void t_sample(void) {
 }
 
 /* The dequant-once MoE path's host schedule (kernels/core/moe_dq_plan.h) on random plans:
- * items = the experts with rows, ascending; groups of at most G consecutive items; GEMM rows a
- * multiple of the padding (unless clipped at the last plan row) covering the expert's rows. Then
- * the launch order of moe_dq.cu is replayed on a row-owner array: per group, its GEMMs write
- * [row0, row0 + gemm_rows), then the activation reads the group's rows, each of which must have
- * been written last by its own expert; after the down phase likewise every output row. */
+ * every expert with rows once, ordered by rows descending (ties by expert); groups of at most G
+ * consecutive items, cut only when full or when the next expert would waste more than an eighth
+ * of the cap; a group's cap its first item's rows rounded up to the padding, every member within
+ * 7/8 of it; members at base + i · cap, groups back to back from 0, the total within
+ * k3k_moe_dq_pad_rows_max. Then every plan row is mapped into the padded space: no padded row
+ * is claimed twice and none lies past the total (what makes one batched GEMM per group safe). */
 static void t_moe_dq_schedule(void) {
   int bad = 0, cases = 0;
   for (int it = 0; it < 400; it++) {
     const int32_t E = 1 + (int32_t)(rng_u32() % 300), G = 1 + (int32_t)(rng_u32() % 4);
-    const int32_t pad = (it & 1) ? 16 : 1 + (int32_t)(rng_u32() % 40);
+    const int32_t pad = (it & 1) ? 32 : 1 + (int32_t)(rng_u32() % 40);
     int32_t *off = malloc(sizeof(int32_t) * (size_t)(E + 1));
     off[0] = 0;
-    const int mode = it % 4; /* 0: dense, 1: many empty experts, 2: one big expert, 3: multiples of pad */
+    const int mode = it % 5; /* dense, many empty, one big, multiples of pad, near-equal */
     for (int32_t e = 0; e < E; e++) {
       int32_t n = (int32_t)(rng_u32() % 200);
       if (mode == 1 && rng_u32() % 3) n = 0;
-      if (mode == 2) n = e == E / 2 ? 5000 : 0;
+      if (mode == 2) n = e == E / 2 ? 5000 : (int32_t)(rng_u32() % 3);
       if (mode == 3) n = pad * (int32_t)(rng_u32() % 5);
+      if (mode == 4) n = 500 + (int32_t)(rng_u32() % 40);
       off[e + 1] = off[e] + n;
     }
     const int64_t tk = off[E];
     k3k_moe_dq_item *items = malloc(sizeof *items * (size_t)E);
-    const int32_t n = k3k_moe_dq_schedule(off, E, G, pad, items);
+    int64_t prows = -1;
+    const int32_t n = k3k_moe_dq_schedule(off, E, G, pad, items, &prows);
     int32_t active = 0;
     for (int32_t e = 0; e < E; e++) active += off[e + 1] > off[e];
-    bool ok = n == active;
-    for (int32_t i = 0; ok && i < n; i++) {
-      const k3k_moe_dq_item *x = &items[i];
-      ok = x->row0 == off[x->expert] && x->rows == off[x->expert + 1] - off[x->expert] &&
-           x->rows > 0 && (i == 0 || x->expert > items[i - 1].expert) && x->group == i / G &&
-           x->gemm_rows >= x->rows && x->row0 + x->gemm_rows <= tk &&
-           (x->gemm_rows % pad == 0 || x->row0 + x->gemm_rows == tk) && x->gemm_rows < x->rows + pad;
-    }
-    int32_t *owner = malloc(sizeof(int32_t) * (size_t)(tk + 1));
-    for (int phase = 0; ok && phase < 2; phase++) {
-      for (int64_t r = 0; r < tk; r++) owner[r] = -1;
-      for (int32_t g0 = 0; ok && g0 < n;) {
-        int32_t g1 = g0;
-        while (g1 < n && items[g1].group == items[g0].group) g1++;
-        for (int32_t i = g0; i < g1; i++)
-          for (int64_t r = items[i].row0; r < items[i].row0 + items[i].gemm_rows; r++) owner[r] = i;
-        if (phase == 0) /* the activation over the group's rows */
-          for (int32_t i = g0; ok && i < g1; i++)
-            for (int64_t r = items[i].row0; ok && r < items[i].row0 + items[i].rows; r++) ok = owner[r] == i;
-        ok = ok && (g1 == n || items[g1].row0 == items[g1 - 1].row0 + items[g1 - 1].rows);
-        g0 = g1;
+    bool ok = n == active && prows >= tk && prows <= k3k_moe_dq_pad_rows_max(tk, E, pad);
+    char *seen = calloc((size_t)E, 1);
+    int64_t base = 0;
+    for (int32_t i = 0, g = 0; ok && i < n; g++) { /* group by group */
+      const int64_t cap = items[i].cap;
+      int32_t m = 0;
+      while (ok && i + m < n && items[i + m].group == g) {
+        const k3k_moe_dq_item *x = &items[i + m];
+        ok = x->rows > 0 && !seen[x->expert] && x->row0 == off[x->expert] &&
+             x->rows == off[x->expert + 1] - off[x->expert] && x->cap == cap &&
+             x->prow0 == base + (int64_t)m * cap && x->rows <= cap &&
+             (m == 0 ? cap % pad == 0 && cap - x->rows < pad : x->rows * 8 >= cap * 7) &&
+             (i + m == 0 || items[i + m - 1].rows > x->rows ||
+              (items[i + m - 1].rows == x->rows && items[i + m - 1].expert < x->expert));
+        seen[x->expert] = 1;
+        m++;
       }
-      for (int32_t i = 0; ok && i < n; i++) /* every output row written last by its expert */
-        for (int64_t r = items[i].row0; ok && r < items[i].row0 + items[i].rows; r++) ok = owner[r] == i;
+      ok = ok && m >= 1 && m <= G &&
+           (i + m == n || items[i + m].group == g + 1) && /* cut only when full or too small */
+           (i + m == n || m == G || items[i + m].rows * 8 < cap * 7);
+      base += (int64_t)m * cap;
+      i += m;
     }
+    ok = ok && base == prows;
+    char *claimed = calloc((size_t)prows + 1, 1);
+    for (int32_t i = 0; ok && i < n; i++)
+      for (int64_t r = items[i].row0; ok && r < items[i].row0 + items[i].rows; r++) {
+        const int64_t pr = items[i].prow0 + (r - items[i].row0);
+        ok = pr >= 0 && pr < prows && !claimed[pr];
+        if (ok) claimed[pr] = 1;
+      }
     bad += !ok;
     cases++;
-    free(owner);
+    free(claimed);
+    free(seen);
     free(items);
     free(off);
   }
   int32_t non_mono[4] = {0, 5, 3, 9};
   k3k_moe_dq_item tmp[3];
-  check(bad == 0 && k3k_moe_dq_schedule(non_mono, 3, 2, 16, tmp) == -1,
-        "moe_dq schedule: %d random plans (%d bad), padded GEMM rows overwritten by their own expert; "
-        "non-monotone offsets refused", cases, bad);
+  int64_t pr = 0;
+  check(bad == 0 && k3k_moe_dq_schedule(non_mono, 3, 2, 16, tmp, &pr) == -1,
+        "moe_dq schedule: %d random plans (%d bad): groups by size within 7/8 of their cap, padded "
+        "rows disjoint and within the bound; non-monotone offsets refused", cases, bad);
 }
 
 void t_route(void) {
