@@ -141,10 +141,12 @@ done:
   return best;
 }
 
-int k3k_cuda_lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int64_t n,
-                     int64_t k, const void *a, int type_a, int64_t lda, int64_t stride_a,
-                     const void *b, int type_b, int64_t ldb, int64_t stride_b, void *c,
-                     int type_c, int64_t ldc, int64_t stride_c, int batch) {
+/* ptrs: a, b and c are device arrays of `batch` matrix pointers (CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+ * strides unused, every matrix 16-byte aligned); else strided batches. */
+static int lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                   const void *a, int type_a, int64_t lda, int64_t stride_a, const void *b,
+                   int type_b, int64_t ldb, int64_t stride_b, void *c, int type_c, int64_t ldc,
+                   int64_t stride_c, int batch, bool ptrs) {
   int rc = 0;
   cublasLtHandle_t lt = (cublasLtHandle_t)cx->lt;
   cublasLtMatmulDesc_t op = NULL;
@@ -153,9 +155,10 @@ int k3k_cuda_lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int6
   cublasOperation_t ta = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t tb = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   float alpha = 1.0f, beta = 0.0f;
-  uint32_t al_a = align_of(a), al_b = align_of(b), al_c = align_of(c);
+  uint32_t al_a = ptrs ? 16 : align_of(a), al_b = ptrs ? 16 : align_of(b), al_c = ptrs ? 16 : align_of(c);
   cublasLtMatmulAlgo_t algo;
   unsigned slot;
+  if (ptrs) stride_a = stride_b = stride_c = -1; /* distinct cache keys for the pointer mode */
   int64_t key[16] = {trans_a, trans_b, m, n, k, type_a, type_b, type_c, lda, ldb, ldc,
                      stride_a, stride_b, stride_c, batch, (int64_t)(al_a | al_b << 9 | (int64_t)al_c << 18)};
   algo_slot *g_algos = (algo_slot *)cx->algo_cache;
@@ -169,7 +172,15 @@ int k3k_cuda_lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int6
   LT_CHECK(cublasLtMatrixLayoutCreate(&lb, (cudaDataType_t)type_b, trans_b ? n : k,
                                       trans_b ? k : n, ldb));
   LT_CHECK(cublasLtMatrixLayoutCreate(&lc, (cudaDataType_t)type_c, m, n, ldc));
-  if (batch > 1) {
+  if (ptrs) {
+    int32_t bc = batch;
+    uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+    cublasLtMatrixLayout_t lay[3] = {la, lb, lc};
+    for (int i = 0; i < 3; i++) {
+      LT_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+      LT_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode));
+    }
+  } else if (batch > 1) {
     int32_t bc = batch;
     LT_CHECK(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
     LT_CHECK(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
@@ -185,7 +196,7 @@ int k3k_cuda_lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int6
     cublasLtMatmulHeuristicResult_t res[8];
     cublasLtMatmulAlgo_t cand[TUNE_MAX];
     int found = 0, nc = 0;
-    bool tune = tune_wanted(cx, m, n, k, batch);
+    bool tune = !ptrs && tune_wanted(cx, m, n, k, batch);
     if (tune) { /* repeated runs must not feed the output back into an input */
       uintptr_t alo, ahi, blo, bhi, clo, chi;
       extent(a, trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch, type_a, &alo, &ahi);
@@ -260,6 +271,23 @@ out:
   if (la) cublasLtMatrixLayoutDestroy(la);
   if (op) cublasLtMatmulDescDestroy(op);
   return rc;
+}
+
+int k3k_cuda_lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int64_t n,
+                     int64_t k, const void *a, int type_a, int64_t lda, int64_t stride_a,
+                     const void *b, int type_b, int64_t ldb, int64_t stride_b, void *c,
+                     int type_c, int64_t ldc, int64_t stride_c, int batch) {
+  return lt_gemm(cx, trans_a, trans_b, m, n, k, a, type_a, lda, stride_a, b, type_b, ldb, stride_b,
+                 c, type_c, ldc, stride_c, batch, false);
+}
+
+int k3k_cuda_lt_gemm_ptrs(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int64_t n,
+                          int64_t k, const void *const *a, int type_a, int64_t lda,
+                          const void *const *b, int type_b, int64_t ldb, void *const *c,
+                          int type_c, int64_t ldc, int batch) {
+  if (batch < 1) return K3_EINVAL;
+  return lt_gemm(cx, trans_a, trans_b, m, n, k, a, type_a, lda, 0, b, type_b, ldb, 0, (void *)c,
+                 type_c, ldc, 0, batch, true);
 }
 
 static int cuda_type(k3k_dtype_t dt) { return dt == K3K_F32 ? CUDA_R_32F : CUDA_R_16BF; }

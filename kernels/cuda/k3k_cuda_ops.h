@@ -146,6 +146,15 @@ int k3k_cuda_lt_gemm(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int6
                      const void *b, int type_b, int64_t ldb, int64_t stride_b, void *c,
                      int type_c, int64_t ldc, int64_t stride_c, int batch);
 
+/* The same product for `batch` matrices given by device arrays of pointers (cuBLASLt's pointer-
+ * array batch mode): C_i = op(A_i) · op(B_i) with one m, n, k and leading dimensions; every
+ * matrix 16-byte aligned. K3_ENOTSUP when cuBLASLt offers no algorithm (the caller falls back to
+ * one k3k_cuda_lt_gemm per matrix). */
+int k3k_cuda_lt_gemm_ptrs(k3k_cuda_ctx *cx, int trans_a, int trans_b, int64_t m, int64_t n,
+                          int64_t k, const void *const *a, int type_a, int64_t lda,
+                          const void *const *b, int type_b, int64_t ldb, void *const *c,
+                          int type_c, int64_t ldc, int batch);
+
 /* Benchmarks: with ev != NULL (5 created events), every later MLA_DECODE records ev[0..4]
  * around its phases (q prep | absorption GEMM | attention | output GEMM + cast); NULL stops. */
 void k3k_cuda_mla_phase_events(cudaEvent_t *ev);

@@ -30,6 +30,7 @@
 #define KA_THREADS 256
 #define KP 136 /* bf16 pitch of 128-wide rows (272 B: conflict-free ldmatrix) */
 #define KPF 65 /* fp32 pitch of 64x64 matrices */
+#define KPW 129 /* fp32 pitch of the wide-span staging rows (16 x 128 per array) */
 
 /* Shared memory map (bytes); the regions are reused phase by phase. */
 #define KA_RA 0                      /* Kr bf16 [64][KP] | L fp32 [64][KPF] */
@@ -42,6 +43,7 @@
 #define KA_FLAG (KA_Y + 6 * 16 * 8 * 4)
 #define KA_SMEM (KA_FLAG + 16)
 #define KA_RC_X (64 * KP * 2) /* inside RC */
+static_assert(3 * 16 * KPW * 4 <= 160 * KP * 2, "wide-span staging fits in RC");
 
 /* Eight consecutive elements (row, col..col+7) of a [T, C] tensor as floats. */
 __device__ __forceinline__ void kc_ld8(const dv &t, int vec, int64_t row, int64_t col, float f[8]) {
@@ -317,28 +319,49 @@ __global__ void __launch_bounds__(KA_THREADS, 2) kc_intra_kernel(kc_args a) {
   }
   __syncthreads();
   const int fl = *flag;
-  if (fl) { /* diagonal blocks whose gate span is too wide to factorise: per element */
-    for (int pi = tid; pi < 4 * 136; pi += KA_THREADS) {
-      const int bl = pi / 136, m = pi % 136;
-      int rr = 0;
-      while ((rr + 1) * (rr + 2) / 2 <= m) rr++;
-      const int ss = m - rr * (rr + 1) / 2, r = (bl << 4) + rr, s = (bl << 4) + ss;
-      if (!((fl >> bl) & 1) || r >= n) continue;
-      float lk = 0.0f, aq = 0.0f;
-      for (int d = 0; d < KC_D; d++) {
-        float gs = 0.0f; /* G_r - G_s = g_{s+1} + ... + g_r */
-        for (int m2 = s + 1; m2 <= r; m2++) gs += dv_ld(a.g, (int64_t)(cs + m2) * a.g.s[0] + (ch + d) * a.g.s[1]);
-        const float e = expf(gs);
-        const float ks = dv_ld(a.k, (int64_t)(cs + s) * a.k.s[0] + (ch + d) * a.k.s[1]);
-        const float kr = dv_ld(a.k, (int64_t)(cs + r) * a.k.s[0] + (ch + d) * a.k.s[1]);
-        const float qr = dv_ld(a.q, (int64_t)(cs + r) * a.q.s[0] + (ch + d) * a.q.s[1]) * a.scale;
-        lk += kr * ks * e;
-        aq += qr * ks * e;
+  if (fl) { /* diagonal blocks whose gate span is too wide to factorise: per element, from the
+             * block's own cumulative gates; its k, q (times the scale) and gate sums are staged
+             * in RC (free between P3's last read of Bc and P4's first write of X), one flagged
+             * block at a time; a thread per (r, s) pair of the block, channels in order */
+    float *Gs = (float *)(sm + KA_RC), *Ks = Gs + 16 * KPW, *Qs = Ks + 16 * KPW;
+    for (int bl = 0; bl < 4; bl++) {
+      if (!((fl >> bl) & 1)) continue; /* fl is the same in every thread */
+      const int b0 = bl << 4;
+      for (int e = tid; e < 16 * KC_D; e += KA_THREADS) {
+        const int rr = e / KC_D, d = e % KC_D, row = b0 + rr;
+        const bool in = row < n;
+        Ks[rr * KPW + d] = in ? dv_ld(a.k, (int64_t)(cs + row) * a.k.s[0] + (ch + d) * a.k.s[1]) : 0.0f;
+        Qs[rr * KPW + d] =
+            in ? dv_ld(a.q, (int64_t)(cs + row) * a.q.s[0] + (ch + d) * a.q.s[1]) * a.scale : 0.0f;
       }
-      Lf[r * KPF + s] = s < r ? beta_s[r] * lk : 0.0f;
-      Af[r * KPF + s] = aq;
+      if (tid < KC_D) { /* Gs[rr] = g_{b0+1} + ... + g_{b0+rr}: G_r - G_s = Gs[r] - Gs[s] */
+        float acc = 0.0f;
+        Gs[tid] = 0.0f;
+        for (int rr = 1; rr < 16; rr++) {
+          const int row = b0 + rr;
+          if (row < n) acc += dv_ld(a.g, (int64_t)(cs + row) * a.g.s[0] + (ch + tid) * a.g.s[1]);
+          Gs[rr * KPW + tid] = acc;
+        }
+      }
+      __syncthreads();
+      for (int m = tid; m < 136; m += KA_THREADS) {
+        int rr = 0;
+        while ((rr + 1) * (rr + 2) / 2 <= m) rr++;
+        const int ss = m - rr * (rr + 1) / 2, r = b0 + rr, s2 = b0 + ss;
+        if (r >= n) continue;
+        const float *Gr = Gs + rr * KPW, *Gq = Gs + ss * KPW, *Kr2 = Ks + rr * KPW, *Kq = Ks + ss * KPW,
+                    *Qr2 = Qs + rr * KPW;
+        float lk = 0.0f, aq = 0.0f;
+        for (int d = 0; d < KC_D; d++) {
+          const float e = expf(Gr[d] - Gq[d]), ke = Kq[d] * e;
+          lk += Kr2[d] * ke;
+          aq += Qr2[d] * ke;
+        }
+        Lf[r * KPF + s2] = s2 < r ? beta_s[r] * lk : 0.0f;
+        Af[r * KPF + s2] = aq;
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
 
   /* ---- P4: X = (I + L)^-1. Diagonal blocks: one thread per column, the column in registers;

@@ -38,16 +38,19 @@
 #include "mxfp4_args.cuh"
 
 #define DQ_PAD 32 /* padded rows per expert: multiples of 32 */
+#define DQ_GROUP_BF16 32 /* experts per group in the bf16 mode */
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /* Scratch: xs / yp [P][D], gu [P][2F], hp [P][F] (P = the most padded rows), the padded bases
- * [E] (int32), then the two slot sets. */
+ * [E] (int32), the bf16 mode's pointer arrays (9 per active expert), then the two slot sets. */
 size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t E, int32_t F, int32_t D) {
   if (tk <= 0 || E <= 0 || F <= 0 || D <= 0) return 0;
   const int64_t P = k3k_moe_dq_pad_rows_max(tk, E, DQ_PAD);
+  const size_t act = (size_t)(tk < E ? tk : E);
   return al256((size_t)P * D * 2) + al256((size_t)P * 2 * F * 2) + al256((size_t)P * F * 2) +
-         al256((size_t)E * 4) + (size_t)2 * K3K_CU_MOE_DQ_GROUP * al256((size_t)2 * F * D * 2);
+         al256((size_t)E * 4) + al256(9 * act * sizeof(void *)) +
+         (size_t)2 * K3K_CU_MOE_DQ_GROUP * al256((size_t)2 * F * D * 2);
 }
 
 /* The path's own stream: dequantisation of group j + 1 overlaps the GEMMs of group j. */
@@ -242,6 +245,27 @@ static int group_gemm(k3k_cuda_ctx *cx, const uint16_t *w, int64_t slot_elems, i
                           cap * kk, y, CUDA_R_16BF, m, cap * m, n);
 }
 
+/* One group's GEMMs in the bf16 mode: gate and up of its n experts as 2n pointer-array
+ * instances (m = F, ldc = 2F: gate into columns [0, F) of gu's rows, up into [F, 2F)), or down as
+ * n instances; hp / dp: the group's 9n pointers on the host / device. Where cuBLASLt offers no
+ * pointer-array algorithm, one GEMM per matrix from the host pointers (same products). */
+static int bf16_group(k3k_cuda_ctx *cx, const void *const *hp, const void *const *dp, int n,
+                      int phase, int64_t cap, int64_t F, int64_t D) {
+  const int cnt = phase == 0 ? 2 * n : n, off = phase == 0 ? 0 : 6 * n;
+  const int64_t m = phase == 0 ? F : D, kk = phase == 0 ? D : F, ldc = phase == 0 ? 2 * F : D;
+  const void *const *A = dp + off, *const *B = A + cnt;
+  void *const *C = (void *const *)(B + cnt);
+  int rc = k3k_cuda_lt_gemm_ptrs(cx, 1, 0, m, cap, kk, A, CUDA_R_16BF, kk, B, CUDA_R_16BF, kk, C,
+                                 CUDA_R_16BF, ldc, cnt);
+  if (rc != K3_ENOTSUP) return rc;
+  const void *const *Ah = hp + off, *const *Bh = Ah + cnt, *const *Ch = Bh + cnt;
+  rc = 0;
+  for (int i = 0; i < cnt && !rc; i++)
+    rc = k3k_cuda_lt_gemm(cx, 1, 0, m, cap, kk, Ah[i], CUDA_R_16BF, kk, 0, Bh[i], CUDA_R_16BF, kk,
+                          0, (void *)Ch[i], CUDA_R_16BF, ldc, 0, 1);
+  return rc;
+}
+
 static unsigned pad_grid(int64_t tk) { return (unsigned)tk; } /* one block per plan row */
 
 int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
@@ -249,9 +273,10 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
       a->F % 32 || a->D % 32 || a->ldx % 8 || ((uintptr_t)a->x & 15) || ((uintptr_t)a->h & 15) ||
       ((uintptr_t)a->y & 15) || ((uintptr_t)a->scratch & 15) || !a->gather_tok ||
       !a->expert_off || (a->act != K3K_CU_ACT_SITU && a->act != K3K_CU_ACT_SILU_MUL) ||
-      a->w1.ld_packed % 16 || a->w3.ld_packed % 16 || a->w2.ld_packed % 16 ||
-      (int64_t)a->T * a->k > INT32_MAX)
+      (!a->w1_bf16 && (a->w1.ld_packed % 16 || a->w3.ld_packed % 16 || a->w2.ld_packed % 16)) ||
+      (a->w1_bf16 && (!a->w3_bf16 || !a->w2_bf16)) || (int64_t)a->T * a->k > INT32_MAX)
     return K3_EINVAL;
+  const bool bf = a->w1_bf16 != NULL; /* bf16 experts: no dequantisation, pointer arrays */
   const int64_t tk = (int64_t)a->T * a->k, F = a->F, D = a->D;
   const int E = a->E;
   const unsigned parts = a->parts ? a->parts : 3u;
@@ -263,9 +288,11 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
 
   /* the plan's offsets on the host (the one synchronisation); the padded bases go back up */
   int32_t *hbuf = NULL;
-  int rc = k3k_cuda_host_scratch(cx, (size_t)(2 * E + 1) * 4, (void **)&hbuf);
+  const size_t hp_off = al256((size_t)(2 * E + 1) * 4), n_ptr = 9 * (size_t)(tk < E ? tk : E);
+  int rc = k3k_cuda_host_scratch(cx, hp_off + n_ptr * sizeof(void *), (void **)&hbuf);
   if (rc) return rc;
   int32_t *ho = hbuf, *hpb = hbuf + E + 1; /* pinned; nothing else uses it during this call */
+  const void **hptr = (const void **)((char *)hbuf + hp_off); /* bf16 mode's pointer arrays */
   K3K_CU(cudaMemcpyAsync(ho, a->expert_off, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost, st));
   K3K_CU(cudaStreamSynchronize(st));
   if (ho[0] != 0 || ho[E] != tk) {
@@ -282,7 +309,10 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
   k3k_moe_dq_item *it = (k3k_moe_dq_item *)malloc((size_t)E * sizeof *it);
   if (!it) return K3_ENOMEM;
   int64_t prows = 0;
-  const int32_t n_it = k3k_moe_dq_schedule(ho, E, group, DQ_PAD, it, &prows);
+  /* bf16 experts need no slots, so a group is bounded only by the size rule (one launch for up
+   * to DQ_GROUP_BF16 experts of similar size; the knob still caps it) */
+  const int32_t gmax = bf && group == K3K_CU_MOE_DQ_GROUP ? DQ_GROUP_BF16 : group;
+  const int32_t n_it = k3k_moe_dq_schedule(ho, E, gmax, DQ_PAD, it, &prows);
   if (n_it < 0) { /* offsets not non-decreasing: not a plan */
     free(it);
     K3_ERROR("moe_dq: plan offsets are not non-decreasing");
@@ -306,13 +336,40 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
   p += al256((size_t)P * F * 2);
   int32_t *pbase = (int32_t *)p;
   p += al256((size_t)E * 4);
+  const void **dptr = (const void **)p; /* device copy of hptr */
+  p += al256(n_ptr * sizeof(void *));
   const int64_t slot_elems = al256((size_t)2 * F * D * 2) / 2;
   uint16_t *set[2] = {(uint16_t *)p, (uint16_t *)p + K3K_CU_MOE_DQ_GROUP * slot_elems};
   dq_act_args aa = {a->act, 1, a->beta, a->beta_lin};
 
+  /* bf16 mode: per group (in order) 9n pointers: gate/up A, B, C (2n each: gate of member i at
+   * 2i, up at 2i + 1), then down A, B, C (n each) */
+  if (bf)
+    for (int32_t g0 = 0, q = 0; g0 < n_it;) {
+      int n = 0;
+      while (g0 + n < n_it && it[g0 + n].group == it[g0].group) n++;
+      const void **A = hptr + q, **B = A + 2 * n, **C = B + 2 * n, **Ad = C + 2 * n, **Bd = Ad + n,
+                 **Cd = Bd + n;
+      for (int i = 0; i < n; i++) {
+        const int e = it[g0 + i].expert;
+        const int64_t pr = it[g0 + i].prow0;
+        A[2 * i] = a->w1_bf16[e];
+        A[2 * i + 1] = a->w3_bf16[e];
+        B[2 * i] = B[2 * i + 1] = xs + pr * D;
+        C[2 * i] = gu + pr * 2 * F;
+        C[2 * i + 1] = gu + pr * 2 * F + F;
+        Ad[i] = a->w2_bf16[e];
+        Bd[i] = hp + pr * F;
+        Cd[i] = xs + pr * D;
+      }
+      q += 9 * n;
+      g0 += n;
+    }
   cudaError_t ce = cudaMemcpyAsync(pbase, hpb, (size_t)E * 4, cudaMemcpyHostToDevice, st);
+  if (bf && ce == cudaSuccess)
+    ce = cudaMemcpyAsync(dptr, hptr, (size_t)9 * n_it * sizeof(void *), cudaMemcpyHostToDevice, st);
   dq_lane *lane = NULL;
-  if (ce == cudaSuccess && overlap) rc = lane_of(cx, &lane);
+  if (ce == cudaSuccess && overlap && !bf) rc = lane_of(cx, &lane);
   cudaStream_t ds = lane ? lane->st : st; /* where the dequantisation runs */
   if (!rc && ce == cudaSuccess && (parts & 1)) {
     dq_pad_kernel<<<pad_grid(tk), 128, 0, st>>>(a->x, a->ldx, a->gather_tok, a->expert_off, pbase,
@@ -330,25 +387,30 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
   int job = 0; /* groups in order over both phases; group j uses buffer set j % 2 */
   for (int phase = 0; phase < 2 && !rc && ce == cudaSuccess; phase++) {
     if (!(parts & (1u << phase))) continue;
+    int32_t q = 0; /* bf16 mode: the group's first pointer */
     for (int32_t g0 = 0; g0 < n_it && !rc && ce == cudaSuccess; job++) {
-      int32_t ids[K3K_CU_MOE_DQ_GROUP];
+      int32_t ids[K3K_CU_MOE_DQ_GROUP]; /* the experts to dequantise (not the bf16 mode) */
       int n = 0;
       while (g0 + n < n_it && it[g0 + n].group == it[g0].group) {
-        ids[n] = it[g0 + n].expert;
+        if (!bf) ids[n] = it[g0 + n].expert; /* n < K3K_CU_MOE_DQ_GROUP without bf */
         n++;
       }
       const int sidx = job & 1;
       uint16_t *slot = set[sidx];
       const int64_t cap = it[g0].cap, pr0 = it[g0].prow0;
-      if (lane && job >= 2) ce = cudaStreamWaitEvent(ds, lane->used[sidx], 0);
-      if (ce == cudaSuccess)
+      if (bf) {
+        rc = bf16_group(cx, hptr + q, dptr + q, n, phase, cap, F, D);
+        q += 9 * n;
+      }
+      if (!bf && lane && job >= 2) ce = cudaStreamWaitEvent(ds, lane->used[sidx], 0);
+      if (!bf && ce == cudaSuccess)
         rc = phase == 0 ? k3k_cu_mx_dequant_experts(ds, &a->w1, &a->w3, ids, n, a->F, a->D, slot,
                                                     slot_elems)
                         : k3k_cu_mx_dequant_experts(ds, &a->w2, NULL, ids, n, a->D, a->F, slot,
                                                     slot_elems);
       if (!rc && lane && ce == cudaSuccess) ce = cudaEventRecord(lane->dq[sidx], ds);
       if (!rc && lane && ce == cudaSuccess) ce = cudaStreamWaitEvent(st, lane->dq[sidx], 0);
-      if (!rc && ce == cudaSuccess)
+      if (!bf && !rc && ce == cudaSuccess)
         rc = phase == 0 ? group_gemm(cx, slot, slot_elems, 2 * F, D, xs + pr0 * D, cap, n,
                                      gu + pr0 * 2 * F)
                         : group_gemm(cx, slot, slot_elems, D, F, hp + pr0 * F, cap, n,

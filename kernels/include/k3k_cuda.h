@@ -194,6 +194,11 @@ typedef struct {
   void *scratch;            /* k3k_cu_moe_dq_scratch_bytes(T*k, F, D), 16-byte aligned */
   unsigned parts;           /* 0 or 3: both; 1: gate/up + activation only; 2: down only
                              * (timing: h must hold the activation rows already) */
+  /* bf16 experts (Kimi-Linear-48B): host arrays of E device pointers to each expert's bf16
+   * gate [F][D], up [F][D] and down [D][F] (contiguous rows, 16-byte aligned). When w1_bf16 is
+   * set, w1/w3/w2 are not used: nothing is dequantised and each group's experts are multiplied
+   * in place through cuBLASLt's pointer-array batches (same layout and schedule). */
+  const void *const *w1_bf16, *const *w3_bf16, *const *w2_bf16;
 } k3k_cu_moe_dq_args;
 
 /* Scratch bytes for tk = T*k plan rows over E experts: the gathered x rows (later the expert

@@ -414,8 +414,10 @@ int main(int argc, char **argv) {
   }
   if (parity && dec_only)
     dec_variant_cases(&g);
-  else if (parity && dq_only)
+  else if (parity && dq_only) { /* the dequant-once path and its bf16 mode (and the bf16 cases) */
     gpu_moe_dq_parity(&g);
+    gpu_moe_bf16_parity(&g);
+  }
   else if (parity)
     gpu_moe_parity(&g);
   if (perf) gpu_moe_perf(&g, Ts, nT, perf_e);

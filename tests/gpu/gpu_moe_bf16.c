@@ -6,8 +6,10 @@
  *   reference: k3k_moe_plan → per active expert GEMM gate/up (bf16) → SILU_MUL → GEMM down (bf16)
  *              → MOE_COMBINE, all on the reference backend;
  *   device:    k3k_cu_moe_plan → k3k_cu_moe_bf16_experts (gate/up+SiLU, then down: what the
- *              runner calls) → k3k_cu_moe_combine_raw, and the same again to prove the result bit-identical
- *              from run to run (the kernel's fixed summation order).
+ *              runner calls at decode) → k3k_cu_moe_combine_raw, and the same again to prove the
+ *              result bit-identical from run to run (the kernel's fixed summation order); or, for
+ *              the prefill cases, k3k_cu_moe_dq_experts with bf16 weights (padded layout,
+ *              pointer-array batched cuBLASLt GEMMs) in place of k3k_cu_moe_bf16_experts.
  * Tolerance 1e-2 (bf16 outputs: one rounding each of gate, up, act, down, combine; the fp32 sums
  * differ from the reference's only in order). Outputs poisoned first. */
 #include <cuda_runtime.h>
@@ -23,6 +25,7 @@
 
 typedef struct {
   int32_t T, E, k, D, F;
+  int batched; /* the prefill path: k3k_cu_moe_dq_experts in its bf16 mode (moe_dq.h) */
   gpair z, w1, w3, w2, y; /* experts stacked: w1/w3 [E*F, D], w2 [E*D, F] */
   int32_t *idx;
   float *wt;
@@ -77,6 +80,7 @@ static int device(gctx *g, bcase *c, void *mem, const int32_t *didx, const float
   TAKE(h, uint16_t, (size_t)TK * F);
   TAKE(yr, uint16_t, (size_t)TK * D);
   TAKE(scr, char, k3k_cu_moe_plan_scratch(T, E));
+  TAKE(bscr, char, c->batched ? k3k_cu_moe_dq_scratch_bytes(TK, E, F, D) : 0);
 #undef TAKE
   const uint16_t **ht = malloc((size_t)(3 * E) * sizeof *ht);
   if (!ht) return K3_ENOMEM;
@@ -86,10 +90,28 @@ static int device(gctx *g, bcase *c, void *mem, const int32_t *didx, const float
     ht[2 * E + e] = (const uint16_t *)c->w2.d.data + (size_t)e * D * F;
   }
   int rc = g->cuda->copy_from_host(g->cuda, tab, ht, (size_t)(3 * E) * sizeof *ht);
-  free(ht);
   if (!rc) rc = k3k_cu_moe_plan(st, didx, T, k, E, off, gt, ri, act, NULL, scr);
   const int32_t maxa = TK < E ? TK : E;
-  if (!rc) rc = k3k_cu_moe_bf16_experts(st, tab, E, F, D, c->z.d.data, D, gt, off, act, maxa, h, yr);
+  if (!rc && !c->batched)
+    rc = k3k_cu_moe_bf16_experts(st, tab, E, F, D, c->z.d.data, D, gt, off, act, maxa, h, yr);
+  if (!rc && c->batched) {
+    k3k_cu_moe_dq_args d;
+    memset(&d, 0, sizeof d);
+    d.w1_bf16 = (const void *const *)ht;
+    d.w3_bf16 = (const void *const *)ht + E;
+    d.w2_bf16 = (const void *const *)ht + 2 * E;
+    d.act = K3K_CU_ACT_SILU_MUL;
+    d.F = F, d.D = D, d.E = E, d.T = T, d.k = k;
+    d.x = (const uint16_t *)c->z.d.data;
+    d.ldx = D;
+    d.gather_tok = gt;
+    d.expert_off = off;
+    d.h = h;
+    d.y = yr;
+    d.scratch = bscr;
+    rc = k3k_cu_moe_dq_experts(k3k_cuda_ctx_of(g->cuda), &d);
+  }
+  free(ht);
   k3k_tensor_t tyr = k3k_tensor_2d(g->cuda, K3K_BF16, yr, TK, D);
   k3k_tensor_t tri = k3k_tensor_2d(g->cuda, K3K_I32, ri, T, k);
   k3k_tensor_t tw = k3k_tensor_2d(g->cuda, K3K_F32, (void *)dwt, T, k);
@@ -98,16 +120,17 @@ static int device(gctx *g, bcase *c, void *mem, const int32_t *didx, const float
   return rc;
 }
 
-static void bf16_case(gctx *g, int32_t T, int32_t E, int32_t k, int32_t D, int32_t F) {
-  char what[128];
-  snprintf(what, sizeof what, "moe bf16 experts (plan+gate/up+SiLU+down+combine) T=%d E=%d k=%d D=%d F=%d",
-           T, E, k, D, F);
+static void bf16_case(gctx *g, int32_t T, int32_t E, int32_t k, int32_t D, int32_t F, int batched) {
+  char what[160];
+  snprintf(what, sizeof what, "moe bf16 experts%s (plan+gate/up+SiLU+down+combine) T=%d E=%d k=%d D=%d F=%d",
+           batched ? " batched prefill path" : "", T, E, k, D, F);
   bcase c;
   memset(&c, 0, sizeof c);
-  c.T = T, c.E = E, c.k = k, c.D = D, c.F = F;
+  c.T = T, c.E = E, c.k = k, c.D = D, c.F = F, c.batched = batched;
   const int32_t TK = T * k;
   const size_t mem_bytes = (size_t)TK * 8 + (size_t)(2 * E + 2) * 4 + (size_t)(3 * E) * 8 +
-                           (size_t)TK * (F + D) * 2 + k3k_cu_moe_plan_scratch(T, E) + 8 * 256;
+                           (size_t)TK * (F + D) * 2 + k3k_cu_moe_plan_scratch(T, E) + 9 * 256 +
+                           (batched ? k3k_cu_moe_dq_scratch_bytes(TK, E, F, D) : 0);
   void *mem = NULL, *didx = NULL, *dwt = NULL;
   uint16_t *first = NULL;
   c.idx = malloc((size_t)TK * 4);
@@ -186,9 +209,12 @@ static void bf16_rules(gctx *g) {
 
 int gpu_moe_bf16_parity(gctx *g) {
   bf16_rules(g);
-  bf16_case(g, 1, 256, 8, 2304, 1024);  /* 48B decode, batch 1 */
-  bf16_case(g, 16, 256, 8, 2304, 1024); /* batch 16: some experts with 2+ rows */
-  bf16_case(g, 40, 6, 2, 2304, 1024);   /* ~13 rows per expert: two x chunks of 8 */
-  bf16_case(g, 7, 16, 4, 264, 72);      /* odd widths: N tail of a block, K not a multiple of 256 */
+  bf16_case(g, 1, 256, 8, 2304, 1024, 0);  /* 48B decode, batch 1 */
+  bf16_case(g, 16, 256, 8, 2304, 1024, 0); /* batch 16: some experts with 2+ rows */
+  bf16_case(g, 40, 6, 2, 2304, 1024, 0);   /* ~13 rows per expert: two x chunks of 8 */
+  bf16_case(g, 7, 16, 4, 264, 72, 0);      /* odd widths: N tail of a block, K not a multiple of 256 */
+  bf16_case(g, 1024, 256, 8, 2304, 1024, 1); /* 48B prefill: ~32 rows per expert, many groups */
+  bf16_case(g, 300, 16, 4, 2304, 1024, 1);   /* ~75 rows per expert, groups of 4 */
+  bf16_case(g, 97, 64, 2, 288, 96, 1);       /* ~3 rows, empty experts, small widths */
   return g->failed;
 }
