@@ -223,30 +223,50 @@ bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T) {
          bf16_batched_ok(r);
 }
 
-/* The routed bf16 experts of a prefill-sized group through the batched path (moe_dq.h); the
- * weights' host pointers come from the layer. K3_ENOTSUP (a capture is running): nothing queued. */
-static int bf16_batched(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
-                        const k3k_tensor_t *gt, const k3k_tensor_t *off, const k3k_tensor_t *ha,
-                        const k3k_tensor_t *yr) {
+static k3k_cu_mx_set mx_set(void *tab, int j, int64_t E, int64_t cols) {
+  k3k_cu_mx_set s;
+  memset(&s, 0, sizeof s);
+  const uint8_t *const *t = (const uint8_t *const *)tab;
+  s.packed_tab = t + (2 * j) * E;
+  s.scale_tab = t + (2 * j + 1) * E;
+  s.ld_packed = cols / 2;
+  s.ld_scale = cols / K3_MXFP4_GROUP;
+  return s;
+}
+
+/* The routed experts of a prefill-sized group through the batched path of moe_dq.h: MXFP4
+ * experts from the layer's device table (dequantised once per group), or bf16 experts from their
+ * own weights (the layer's host pointers). K3_ENOTSUP (a capture is running): nothing queued. */
+static int moe_batched(k3_runner_t *r, rn_ws_t *ws, int layer, void *tab, const k3k_tensor_t *z,
+                       const k3k_tensor_t *gt, const k3k_tensor_t *off, const k3k_tensor_t *ha,
+                       const k3k_tensor_t *yr) {
   const k3_model_config_t *c = &r->cfg;
   const int32_t T = (int32_t)z->shape[0], K = c->top_k, E = c->num_experts;
   const int32_t F = (int32_t)c->moe_intermediate_size, D = (int32_t)c->expert_in_dim;
   k3k_tensor_t dqs = rn_buf(ws, K3K_U8, 1, (int64_t)k3k_cu_moe_dq_scratch_bytes((int64_t)T * K, E, F, D));
   if (ws->rc) return ws->rc;
-  const void **h = malloc((size_t)(3 * E) * sizeof *h);
-  if (!h) return K3_ENOMEM;
-  const rn_layer_t *L = &r->layers[layer];
-  for (int32_t e = 0; e < E; e++) {
-    h[e] = L->w1[e].w.data;
-    h[E + e] = L->w3[e].w.data;
-    h[2 * E + e] = L->w2[e].w.data;
-  }
   k3k_cu_moe_dq_args d;
   memset(&d, 0, sizeof d);
-  d.w1_bf16 = h;
-  d.w3_bf16 = h + E;
-  d.w2_bf16 = h + 2 * E;
-  d.act = K3K_CU_ACT_SILU_MUL;
+  const void **h = NULL;
+  if (r->dev->bf16) {
+    if (!(h = malloc((size_t)(3 * E) * sizeof *h))) return K3_ENOMEM;
+    const rn_layer_t *L = &r->layers[layer];
+    for (int32_t e = 0; e < E; e++) {
+      h[e] = L->w1[e].w.data;
+      h[E + e] = L->w3[e].w.data;
+      h[2 * E + e] = L->w2[e].w.data;
+    }
+    d.w1_bf16 = h;
+    d.w3_bf16 = h + E;
+    d.w2_bf16 = h + 2 * E;
+  } else {
+    d.w1 = mx_set(tab, 0, E, D);
+    d.w3 = mx_set(tab, 1, E, D);
+    d.w2 = mx_set(tab, 2, E, F);
+  }
+  d.act = c->act == K3_ACT_SITU ? K3K_CU_ACT_SITU : K3K_CU_ACT_SILU_MUL;
+  d.beta = (float)c->situ_beta;
+  d.beta_lin = (float)c->situ_linear_beta;
   d.F = F;
   d.D = D;
   d.E = E;
@@ -262,17 +282,6 @@ static int bf16_batched(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor
   const int rc = k3k_cu_moe_dq_experts(k3k_cuda_ctx_of(r->be), &d);
   free(h);
   return rc;
-}
-
-static k3k_cu_mx_set mx_set(void *tab, int j, int64_t E, int64_t cols) {
-  k3k_cu_mx_set s;
-  memset(&s, 0, sizeof s);
-  const uint8_t *const *t = (const uint8_t *const *)tab;
-  s.packed_tab = t + (2 * j) * E;
-  s.scale_tab = t + (2 * j + 1) * E;
-  s.ld_packed = cols / 2;
-  s.ld_scale = cols / K3_MXFP4_GROUP;
-  return s;
 }
 
 int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
@@ -298,42 +307,19 @@ int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_
   /* z comes from the side stream: the route/plan launch above overlapped its projection */
   if (side_wait && (rc = rn_dev_side_wait(r, side_wait))) return rc;
   const int32_t maxa = TK < E ? (int32_t)TK : E;
-  if (r->dev->bf16 && !k3k_cu_moe_bf16_wanted(T, K, E) && bf16_batched_ok(r)) {
-    rc = bf16_batched(r, ws, layer, z, &gt, &off, &ha, &yr);
+  /* prefill-sized groups: the batched path (moe_dq.h); bf16 experts above the grouped W16A16
+   * kernel's 16 rows per expert, MXFP4 experts from K3K_CU_MOE_DQ_ROWS_DEFAULT rows */
+  const bool batched = r->dev->bf16 ? !k3k_cu_moe_bf16_wanted(T, K, E) && bf16_batched_ok(r)
+                                    : k3k_cu_moe_dq_wanted(T, K, E);
+  if (batched) {
+    rc = moe_batched(r, ws, layer, tab, z, &gt, &off, &ha, &yr);
     if (!rc) return k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
-    if (rc != K3_ENOTSUP) return rc; /* a capture is running: the grouped kernel below */
+    if (rc != K3_ENOTSUP) return rc; /* a capture is running, nothing queued: the grouped kernels */
   }
   if (r->dev->bf16) { /* gate/up with SiLU fused, then down (moe_bf16.h), then the combine */
     rc = k3k_cu_moe_bf16_experts(st, (const uint16_t *const *)tab, E, F, D, z->data, z->stride[0],
                                  gt.data, off.data, act.data, maxa, ha.data, yr.data);
     return rc ? rc : k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
-  }
-  if (k3k_cu_moe_dq_wanted(T, K, E)) { /* prefill batch: dequant-once (moe_dq.h) */
-    k3k_tensor_t dqs = rn_buf(ws, K3K_U8, 1, (int64_t)k3k_cu_moe_dq_scratch_bytes(TK, E, F, D));
-    if (ws->rc) return ws->rc;
-    k3k_cu_moe_dq_args d;
-    memset(&d, 0, sizeof d);
-    d.w1 = mx_set(tab, 0, E, D);
-    d.w3 = mx_set(tab, 1, E, D);
-    d.w2 = mx_set(tab, 2, E, F);
-    d.act = c->act == K3_ACT_SITU ? K3K_CU_ACT_SITU : K3K_CU_ACT_SILU_MUL;
-    d.beta = (float)c->situ_beta;
-    d.beta_lin = (float)c->situ_linear_beta;
-    d.F = F;
-    d.D = D;
-    d.E = E;
-    d.T = T;
-    d.k = K;
-    d.x = z->data;
-    d.ldx = z->stride[0];
-    d.gather_tok = gt.data;
-    d.expert_off = off.data;
-    d.h = ha.data;
-    d.y = yr.data;
-    d.scratch = dqs.data;
-    rc = k3k_cu_moe_dq_experts(k3k_cuda_ctx_of(be), &d);
-    if (!rc) return k3k_cu_moe_combine_raw(st, &yr, &ri, wt, comb, NULL);
-    if (rc != K3_ENOTSUP) return rc; /* K3_ENOTSUP: a capture is running, nothing was queued */
   }
   k3k_cu_moe_gemm_args a;
   memset(&a, 0, sizeof a);
