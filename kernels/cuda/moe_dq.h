@@ -1,16 +1,19 @@
 /* Dequant-once prefill of the routed MXFP4 experts (moe_dq.cu): for a prefill batch (many rows
  * per active expert), each active expert's gate, up and down matrices are dequantised ONCE into
- * a bf16 scratch and multiplied by its whole token group with cuBLASLt bf16 GEMMs, instead of
- * the grouped W4A16 kernel, which dequantises every weight tile in registers once per token
- * tile it meets (mxfp4_wg.cu) and is bound by that copy + dequant chain (perf-gpu-moe.md).
+ * a bf16 scratch and multiplied by its whole token group with cuBLASLt bf16 GEMMs (one batched
+ * GEMM per group of similar experts over a padded row layout), instead of the grouped W4A16
+ * kernel, which dequantises every weight tile in registers once per token tile it meets
+ * (mxfp4_wg.cu) and is bound by that copy + dequant chain (perf-gpu-moe.md). Its bf16 mode
+ * (k3k_cu_moe_dq_args.w1_bf16) runs bf16 experts (Kimi-Linear-48B) the same way without the
+ * dequantisation, through pointer-array batches over the experts' own weights.
  *
  * What it is for: the runner's device MoE path (kernels/runner/ffn_device.c) and k3k-gpu-moe
- * call it after k3k_cu_moe_route_plan when k3k_cu_moe_dq_wanted() says the batch is a prefill
- * batch. Same meaning as the grouped path: rows in plan order (by expert, token, choice), gate/up
+ * call it after k3k_cu_moe_route_plan when k3k_cu_moe_dq_wanted() (MXFP4) or the bf16 rule
+ * says the batch is a prefill batch. Same meaning as the grouped path: rows in plan order (by expert, token, choice), gate/up
  * outputs rounded to bf16 before the activation (the reference chain stores them bf16), bf16
  * activation rows h, bf16 expert outputs y; only the GEMMs' fp32 summation order differs.
  * What it is not: capture-safe or synchronisation-free. It copies the plan's expert offsets to
- * the host (one stream synchronisation per call) to size the per-expert GEMMs, so it refuses a
+ * the host (one stream synchronisation per call) to size the GEMMs, so it refuses a
  * stream that is being captured (K3_ENOTSUP, nothing queued) and the caller keeps the grouped
  * kernel; decode steps never take it (they are below the row threshold).
  * Invariants: weights are read, never written; scratch is the caller's
