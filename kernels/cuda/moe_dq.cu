@@ -266,6 +266,13 @@ static int bf16_group(k3k_cuda_ctx *cx, const void *const *hp, const void *const
   return rc;
 }
 
+/* Members of the group that starts at schedule item g0 (a group's items are consecutive). */
+static int group_len(const k3k_moe_dq_item *it, int32_t n_it, int32_t g0) {
+  int n = 1;
+  while (g0 + n < n_it && it[g0 + n].group == it[g0].group) n++;
+  return n;
+}
+
 static unsigned pad_grid(int64_t tk) { return (unsigned)tk; } /* one block per plan row */
 
 int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
@@ -318,7 +325,8 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
     K3_ERROR("moe_dq: plan offsets are not non-decreasing");
     return K3_EINVAL;
   }
-  if (prows > k3k_moe_dq_pad_rows_max(tk, E, DQ_PAD)) { /* the schedule's own bound */
+  const int64_t P = k3k_moe_dq_pad_rows_max(tk, E, DQ_PAD); /* the scratch's padded rows */
+  if (prows > P) { /* the schedule's own bound */
     free(it);
     K3_ERROR("moe_dq: %lld padded rows past the bound", (long long)prows);
     return K3_EINVAL;
@@ -326,7 +334,6 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
   for (int e = 0; e < E; e++) hpb[e] = 0;
   for (int32_t i = 0; i < n_it; i++) hpb[it[i].expert] = (int32_t)it[i].prow0;
 
-  const int64_t P = k3k_moe_dq_pad_rows_max(tk, E, DQ_PAD);
   char *p = (char *)a->scratch;
   uint16_t *xs = (uint16_t *)p; /* [P][D]: gathered x (gate/up), then yp (down) */
   p += al256((size_t)P * D * 2);
@@ -346,8 +353,7 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
    * 2i, up at 2i + 1), then down A, B, C (n each) */
   if (bf)
     for (int32_t g0 = 0, q = 0; g0 < n_it;) {
-      int n = 0;
-      while (g0 + n < n_it && it[g0 + n].group == it[g0].group) n++;
+      const int n = group_len(it, n_it, g0);
       const void **A = hptr + q, **B = A + 2 * n, **C = B + 2 * n, **Ad = C + 2 * n, **Bd = Ad + n,
                  **Cd = Bd + n;
       for (int i = 0; i < n; i++) {
@@ -389,12 +395,9 @@ int k3k_cu_moe_dq_experts(k3k_cuda_ctx *cx, const k3k_cu_moe_dq_args *a) {
     if (!(parts & (1u << phase))) continue;
     int32_t q = 0; /* bf16 mode: the group's first pointer */
     for (int32_t g0 = 0; g0 < n_it && !rc && ce == cudaSuccess; job++) {
+      const int n = group_len(it, n_it, g0);
       int32_t ids[K3K_CU_MOE_DQ_GROUP]; /* the experts to dequantise (not the bf16 mode) */
-      int n = 0;
-      while (g0 + n < n_it && it[g0 + n].group == it[g0].group) {
-        if (!bf) ids[n] = it[g0 + n].expert; /* n < K3K_CU_MOE_DQ_GROUP without bf */
-        n++;
-      }
+      for (int i = 0; !bf && i < n; i++) ids[i] = it[g0 + i].expert; /* n <= the group knob */
       const int sidx = job & 1;
       uint16_t *slot = set[sidx];
       const int64_t cap = it[g0].cap, pr0 = it[g0].prow0;
