@@ -46,13 +46,18 @@ static bool bf16_expert_ok(const k3k_tensor_t *w, int64_t N, int64_t K) {
          w->stride[1] == 1 && w->stride[0] == K && ((uintptr_t)w->data & 15) == 0;
 }
 
+/* h[0..3E): the layer's bf16 expert weights' device pointers, gate, up, down ([E] each). */
+static void bf16_ptrs(const rn_layer_t *L, int64_t E, const void **h) {
+  const rn_expw_t *sets[3] = {L->w1, L->w3, L->w2};
+  for (int j = 0; j < 3; j++)
+    for (int64_t e = 0; e < E; e++) h[j * E + e] = sets[j][e].w.data;
+}
+
 static int build_tab_bf16(k3_runner_t *r, const rn_layer_t *L, void **out) {
   const int64_t E = r->cfg.num_experts;
   const void **h = malloc((size_t)(3 * E) * sizeof *h);
   if (!h) return K3_ENOMEM;
-  const rn_expw_t *sets[3] = {L->w1, L->w3, L->w2};
-  for (int j = 0; j < 3; j++)
-    for (int64_t e = 0; e < E; e++) h[j * E + e] = sets[j][e].w.data;
+  bf16_ptrs(L, E, h);
   void *d = NULL;
   int rc = r->be->alloc(r->be, (size_t)(3 * E) * sizeof *h, &d);
   if (!rc && r->be->copy_from_host(r->be, d, h, (size_t)(3 * E) * sizeof *h)) rc = K3_EDEVICE;
@@ -250,12 +255,7 @@ static int moe_batched(k3_runner_t *r, rn_ws_t *ws, int layer, void *tab, const 
   const void **h = NULL;
   if (r->dev->bf16) {
     if (!(h = malloc((size_t)(3 * E) * sizeof *h))) return K3_ENOMEM;
-    const rn_layer_t *L = &r->layers[layer];
-    for (int32_t e = 0; e < E; e++) {
-      h[e] = L->w1[e].w.data;
-      h[E + e] = L->w3[e].w.data;
-      h[2 * E + e] = L->w2[e].w.data;
-    }
+    bf16_ptrs(&r->layers[layer], E, h);
     d.w1_bf16 = h;
     d.w3_bf16 = h + E;
     d.w2_bf16 = h + 2 * E;
