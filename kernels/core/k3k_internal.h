@@ -51,6 +51,16 @@ k3k_cpu_fn k3k_cpu_ref_fn(k3k_op_t op);
 #include "k3k_ops.def"
 #undef K3K_OP_X
 
+/* Tensor slots of op (k3k_ops.def), 0 for an unknown op. */
+int k3k_op_nargs(k3k_op_t op);
+/* Runs one validated op of a fused op's chain (the reference table, or the fast backend's
+ * dispatch: its GEMMs packed); ctx is the dispatcher's. */
+typedef int (*k3k_chain_fn)(void *ctx, k3k_op_t op, const void *params,
+                            const k3k_tensor_t *const *t);
+/* MOE_ROUTED's chain (k3k.h) over host memory with each op run by `run` (cpu/fused.c). */
+int k3k_moe_routed_chain(k3k_chain_fn run, void *ctx, const void *params,
+                         const k3k_tensor_t *const *t);
+
 /* Pieces the fast backend reuses so both paths share one definition of the math. */
 /* E2M1 code → value. */
 extern const float k3k_e2m1_table[16];

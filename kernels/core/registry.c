@@ -119,6 +119,9 @@ static void log_unsupported(const k3k_backend_t *be, k3k_op_t op, const k3k_tens
           "not logged)", be->name, k3k_op_name(op), shapes);
 }
 
+/* The slot of an op's device scratch (k3k.h k3k_workspace), -1 for ops without one. */
+static int ws_slot(k3k_op_t op) { return op == K3K_OP_MOE_ROUTED ? 7 : -1; }
+
 int k3k_run(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor_t *const *t,
             int nt) {
   if (!be) return K3_EINVAL;
@@ -132,7 +135,22 @@ int k3k_run(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor
     log_unsupported(be, op, t, nt);
     return K3_ENOTSUP;
   }
+  const int ws = ws_slot(op);
+  if (ws >= 0) {
+    const size_t need = k3k_workspace(be, op, params, t, nt);
+    const size_t have = t[ws] ? (size_t)t[ws]->shape[0] : 0;
+    if (have < need) {
+      K3_DEBUG("k3k_run(%s): %s: t[%d] ws: %zu bytes, the backend needs %zu", be->name,
+               k3k_op_name(op), ws, have, need);
+      return K3_EINVAL;
+    }
+  }
   return be->run(be, op, params, t, nt);
+}
+
+size_t k3k_workspace(k3k_backend_t *be, k3k_op_t op, const void *params,
+                     const k3k_tensor_t *const *t, int nt) {
+  return be && be->workspace ? be->workspace(be, op, params, t, nt) : 0;
 }
 
 bool k3k_supports(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor_t *const *t,

@@ -8,6 +8,7 @@ size_t k3k_dtype_size(k3k_dtype_t dt) {
     case K3K_BF16: return 2;
     case K3K_U8: return 1;
     case K3K_I32: return 4;
+    case K3K_PTR: return 8;
   }
   return 0;
 }
@@ -18,6 +19,7 @@ const char *k3k_dtype_name(k3k_dtype_t dt) {
     case K3K_BF16: return "bf16";
     case K3K_U8: return "u8";
     case K3K_I32: return "i32";
+    case K3K_PTR: return "ptr";
   }
   return "?";
 }

@@ -38,7 +38,7 @@ static int slot(vctx_t *v, const k3k_tensor_t *const *t, int i, const char *nm, 
                 int nd, bool any_stride) {
   const k3k_tensor_t *x = t[i];
   if (!x) return fail(v, "t[%d] %s: missing", i, nm);
-  if (x->dtype > K3K_I32 || !(mask & (1u << x->dtype)))
+  if (x->dtype > K3K_PTR || !(mask & (1u << x->dtype)))
     return fail(v, "t[%d] %s: dtype %s not accepted", i, nm, k3k_dtype_name(x->dtype));
   if (x->ndim != nd) return fail(v, "t[%d] %s: ndim %d, want %d", i, nm, x->ndim, nd);
   for (int d = 0; d < nd; d++) {
@@ -80,6 +80,8 @@ static const char *k_names[K3K_OP_COUNT] = {
 #include "k3k_ops.def"
 #undef K3K_OP_X
 };
+
+int k3k_op_nargs(k3k_op_t op) { return (op >= 0 && op < K3K_OP_COUNT) ? k_nargs[op] : 0; }
 
 const char *k3k_op_name(k3k_op_t op) {
   return (op >= 0 && op < K3K_OP_COUNT) ? k_names[op] : "unknown-op";
@@ -160,6 +162,63 @@ static int v_gemm_multi(vctx_t *v, const void *params, const k3k_tensor_t *const
     if ((rc = sub(v, K3K_OP_GEMM, NULL, g, 3))) return rc;
   }
   return 0;
+}
+
+/* MOE_ROUTED: the chain's checks on stand-ins for its intermediates and one expert's weights
+ * (every table entry has the same shape; the entries themselves are trusted pointers). */
+static int v_moe_routed(vctx_t *v, const void *params, const k3k_tensor_t *const *t) {
+  const k3k_moe_routed_params_t *p = params;
+  int rc;
+  if (!p) return fail(v, "params missing");
+  for (int i = 0; i < 7; i++)
+    if (!t[i]) return fail(v, "t[%d]: missing", i);
+  if (p->act != 0 && p->act != 1) return fail(v, "params.act=%d, want 0 (SITU) or 1 (SILU_MUL)", p->act);
+  if (p->x_mark < 0 || p->x_mark > 2) return fail(v, "params.x_mark=%d, want 0..2", p->x_mark);
+  const bool mx = p->wdtype == K3K_U8;
+  if (!mx && p->wdtype != K3K_F32 && p->wdtype != K3K_BF16)
+    return fail(v, "params.wdtype %s, want u8 (MXFP4), f32 or bf16", k3k_dtype_name(p->wdtype));
+  const k3k_tensor_t *r4[4] = {t[0], t[1], t[4], t[5]};
+  if ((rc = sub(v, K3K_OP_ROUTER, &p->router, r4, 4))) return rc;
+  if ((rc = slot(v, t, 2, "x", F32_BF16, 2, false)) ||
+      (rc = slot(v, t, 3, "experts", 1u << K3K_PTR, 2, false)) ||
+      (rc = slot(v, t, 6, "y", F32_BF16, 2, false)))
+    return rc;
+  const int64_t T = t[0]->shape[0], E = t[0]->shape[1], K = p->router.top_k;
+  const int64_t D = t[2]->shape[1], F = p->F, TK = T * K;
+  if ((rc = dim_eq(v, t, 2, "x", 0, T))) return rc;
+  if ((rc = dim_eq(v, t, 3, "experts", 0, mx ? 6 : 3)) || (rc = dim_eq(v, t, 3, "experts", 1, E)))
+    return rc;
+  if (t[3]->shape[1] > 1 && t[3]->stride[0] != E)
+    return fail(v, "t[3] experts: stride[0]=%lld, want %lld (contiguous)", (long long)t[3]->stride[0],
+                (long long)E);
+  if (t[6]->dtype != t[2]->dtype) return fail(v, "t[6] y: dtype %s != x's %s",
+                                              k3k_dtype_name(t[6]->dtype), k3k_dtype_name(t[2]->dtype));
+  if (F <= 0) return fail(v, "params.F=%d must be > 0", p->F);
+  if (mx && (D % 32 || F % 32))
+    return fail(v, "MXFP4 experts need D=%lld and params.F=%d multiples of 32", (long long)D, p->F);
+  if (t[7] && (rc = slot(v, t, 7, "ws", M_U8, 1, false))) return rc;
+  const k3k_dtype_t A = t[2]->dtype;
+  const k3k_tensor_t *x = t[2];
+  k3k_tensor_t gt = tmp_t(x, K3K_I32, TK, -1), ri = tmp_t(x, K3K_I32, T, K);
+  k3k_tensor_t xg = tmp_t(x, A, TK, D), g = tmp_t(x, A, TK, F), u = tmp_t(x, A, TK, F);
+  k3k_tensor_t a = tmp_t(x, A, TK, F), r = tmp_t(x, A, TK, D);
+  const k3k_tensor_t *gr[3] = {x, &gt, &xg};
+  if ((rc = sub(v, K3K_OP_GET_ROWS, NULL, gr, 3))) return rc;
+  if (mx) {
+    k3k_tensor_t wp = tmp_t(x, K3K_U8, F, D / 2), ws = tmp_t(x, K3K_U8, F, D / 32);
+    k3k_tensor_t dp = tmp_t(x, K3K_U8, D, F / 2), ds = tmp_t(x, K3K_U8, D, F / 32);
+    const k3k_tensor_t *m1[4] = {&xg, &wp, &ws, &g}, *m2[4] = {&a, &dp, &ds, &r};
+    if ((rc = sub(v, K3K_OP_MXFP4_GEMM, NULL, m1, 4)) || (rc = sub(v, K3K_OP_MXFP4_GEMM, NULL, m2, 4)))
+      return rc;
+  } else {
+    k3k_tensor_t wg = tmp_t(x, p->wdtype, F, D), wd = tmp_t(x, p->wdtype, D, F);
+    const k3k_tensor_t *m1[3] = {&xg, &wg, &g}, *m2[3] = {&a, &wd, &r};
+    if ((rc = sub(v, K3K_OP_GEMM, NULL, m1, 3)) || (rc = sub(v, K3K_OP_GEMM, NULL, m2, 3))) return rc;
+  }
+  const k3k_tensor_t *ac[3] = {&g, &u, &a};
+  if ((rc = sub(v, p->act ? K3K_OP_SILU_MUL : K3K_OP_SITU, p->act ? NULL : &p->situ, ac, 3))) return rc;
+  const k3k_tensor_t *cb[4] = {&r, &ri, t[5], t[6]};
+  return sub(v, K3K_OP_MOE_COMBINE, NULL, cb, 4);
 }
 
 static int v_kda_decode(vctx_t *v, const void *params, const k3k_tensor_t *const *t) {
@@ -527,6 +586,7 @@ int k3k_op_validate(k3k_op_t op, const void *params, const k3k_tensor_t *const *
     case K3K_OP_RES_MIX_NORM: return v_res_mix_norm(&v, params, t);
     case K3K_OP_GEMM_MULTI: return v_gemm_multi(&v, params, t);
     case K3K_OP_KDA_DECODE: return v_kda_decode(&v, params, t);
+    case K3K_OP_MOE_ROUTED: return v_moe_routed(&v, params, t);
     case K3K_OP_COUNT: break;
   }
   return fail(&v, "unknown op");

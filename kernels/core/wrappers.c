@@ -152,6 +152,11 @@ int k3k_gemm_multi(k3k_backend_t *be, const k3k_gemm_multi_params_t *p, const k3
   return k3k_run(be, K3K_OP_GEMM_MULTI, p, t, 1 + 2 * K3K_GEMM_MULTI_MAX);
 }
 
+int k3k_moe_routed(k3k_backend_t *be, const k3k_moe_routed_params_t *p,
+                   const k3k_tensor_t *const *t) {
+  return k3k_run(be, K3K_OP_MOE_ROUTED, p, t, 8);
+}
+
 int k3k_kda_decode(k3k_backend_t *be, const k3k_kda_decode_params_t *p,
                    const k3k_tensor_t *const *t) {
   return k3k_run(be, K3K_OP_KDA_DECODE, p, t, 18);

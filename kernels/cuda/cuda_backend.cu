@@ -278,8 +278,16 @@ static bool cuda_supports(k3k_backend_t *be, k3k_op_t op, const void *params,
   case K3K_OP_ROUTER: case K3K_OP_MOE_COMBINE: return k3k_cuda_moe_ok(op, params, t);
   case K3K_OP_RES_MIX_NORM: case K3K_OP_GEMM_MULTI: case K3K_OP_KDA_DECODE:
     return k3k_cuda_fused_ok(CX(be), op, params, t);
+  case K3K_OP_MOE_ROUTED: return k3k_cuda_moe_routed_ok(params, t);
   default: return true;
   }
+}
+
+static size_t cuda_workspace(k3k_backend_t *be, k3k_op_t op, const void *params,
+                             const k3k_tensor_t *const *t, int nt) {
+  (void)be;
+  (void)nt;
+  return op == K3K_OP_MOE_ROUTED ? k3k_cuda_moe_routed_ws(params, t) : 0;
 }
 
 static int cuda_run(k3k_backend_t *be, k3k_op_t op, const void *params,
@@ -397,6 +405,7 @@ int k3k_cuda_backend_create(k3k_backend_t **out) {
   be->run = cuda_run;
   be->side = be_side;
   be->graph = be_graph;
+  be->workspace = cuda_workspace;
   const char *dev = getenv("K3PD_CUDA_DEVICE");
   cx->device = dev ? atoi(dev) : 0;
   int rc = K3_EDEVICE;

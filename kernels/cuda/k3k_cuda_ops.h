@@ -19,6 +19,7 @@
 #include "k3k.h"
 #include "k3k_cuda.h" /* the runner-facing part, moved there (issue 19) */
 #include "cuda_fused.h" /* the fused kernels behind RES_MIX_NORM, GEMM_MULTI, KDA_DECODE */
+#include "moe_block.h"  /* the MoE pieces behind MOE_ROUTED */
 
 #ifdef __cplusplus
 extern "C" {
@@ -90,6 +91,10 @@ K3K_CUDA_DECL(mla_decode_fast);
  * (fused_ops.cu); cuda_supports answers with it. */
 bool k3k_cuda_fused_ok(const k3k_cuda_ctx *cx, k3k_op_t op, const void *params,
                        const k3k_tensor_t *const *t);
+/* MOE_ROUTED (moe_routed.cu): whether the device path takes the operands, and the bytes it
+ * needs in the op's ws slot. */
+bool k3k_cuda_moe_routed_ok(const void *params, const k3k_tensor_t *const *t);
+size_t k3k_cuda_moe_routed_ws(const void *params, const k3k_tensor_t *const *t);
 
 /* Shape/dtype checks beyond k3k_op_validate() for ops with restricted fast paths. */
 bool k3k_cuda_gemm_ok(const k3k_tensor_t *const *t);

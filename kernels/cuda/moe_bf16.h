@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "k3k_cuda.h" /* k3k_cu_moe_bf16_experts, k3k_cu_moe_bf16_wanted */
+#include "moe_block.h" /* k3k_cu_moe_bf16_experts, k3k_cu_moe_bf16_wanted */
 
 #ifdef __cplusplus
 extern "C" {

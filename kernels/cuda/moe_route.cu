@@ -21,7 +21,8 @@
  *      pairs before it in the segment); per expert the 16 segment counts become bases, then
  *      two block scans over E give expert_off and the active list; each pair's row =
  *      expert_off[e] + segment base + rank.
- * What it is not: the grouped (n_groups > 1) router, large batches (T·k > 4096), E > 1024,
+ * What it is not: the grouped (n_groups > 1) router, batches above 32 tokens (measured: the
+ * block's serial token rounds then cost more than the multi-block ROUTER kernel), E > 1024,
  * k > 32, logits other than F32 with unit column stride, strided bias: those take the ROUTER
  * kernel + k3k_cu_moe_plan (same results, 4 launches).
  * Invariants: outputs equal the ROUTER op's and k3k_cu_moe_plan's for the same inputs (both
@@ -36,6 +37,7 @@
 #define RP_WARPS 16
 #define RP_MAXE 1024 /* E/32 scores per lane in registers */
 #define RP_MAXPAIRS 4096
+#define RP_MAX_TOKENS 32 /* above: the 4-launch form is faster (k3k_cu_moe_route_plan) */
 #define RP_CACHE 4 /* candidates per lane kept sorted between rescans */
 
 namespace {
@@ -307,7 +309,10 @@ int k3k_cu_moe_route_plan(cudaStream_t st, const k3k_router_params_t *p, const k
       E % p->n_groups || p->topk_group < 1 || p->topk_group > p->n_groups || k > 256 ||
       k > (int64_t)p->topk_group * (E / p->n_groups))
     return K3_EINVAL;
-  if (p->n_groups > 1 || T * k > RP_MAXPAIRS || E > RP_MAXE || k > 32 || lg->dtype != K3K_F32 ||
+  /* Above RP_MAX_TOKENS the single block's serial token rounds cost more than the multi-block
+   * ROUTER kernel + 3-launch plan (H200, E = 256, k = 16, session 12: one launch 14 / 21 / 39 /
+   * 70 / 131 us at T = 1 / 16 / 32 / 64 / 128 against 27 / 32 / 37 / 49 / 69 us). */
+  if (p->n_groups > 1 || T > RP_MAX_TOKENS || T * k > RP_MAXPAIRS || E > RP_MAXE || k > 32 || lg->dtype != K3K_F32 ||
       lg->stride[1] != 1 || bias->stride[0] != 1 || (bias->dtype != K3K_F32 && bias->dtype != K3K_BF16)) {
     const k3k_tensor_t *t4[4] = {lg, bias, idx, wt};
     int rc = k3k_cu_router_launch(st, p, t4);

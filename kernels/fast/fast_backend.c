@@ -19,23 +19,40 @@ static bool fast_supports(k3k_backend_t *be, k3k_op_t op, const void *params,
   return true;
 }
 
+static int dispatch(k3k_pool_t *pool, k3k_op_t op, const void *params,
+                    const k3k_tensor_t *const *t, int nt);
+
+/* An op of MOE_ROUTED's chain through this backend's own dispatch (GEMMs packed). */
+static int chain_run(void *ctx, k3k_op_t op, const void *params, const k3k_tensor_t *const *t) {
+  return dispatch(ctx, op, params, t, k3k_op_nargs(op));
+}
+
 static int fast_run(k3k_backend_t *be, k3k_op_t op, const void *params,
                     const k3k_tensor_t *const *t, int nt) {
   fast_t *f = be->ctx;
   pthread_mutex_lock(&f->mu);
+  const int rc = dispatch(f->pool, op, params, t, nt);
+  pthread_mutex_unlock(&f->mu);
+  return rc;
+}
+
+/* One op on the pool (the caller holds the mutex). */
+static int dispatch(k3k_pool_t *pool, k3k_op_t op, const void *params,
+                    const k3k_tensor_t *const *t, int nt) {
   int rc;
-  if (op == K3K_OP_GEMM || op == K3K_OP_MXFP4_GEMM) {
-    rc = k3k_fast_gemm(f->pool, t, op == K3K_OP_MXFP4_GEMM);
+  if (op == K3K_OP_MOE_ROUTED) {
+    rc = k3k_moe_routed_chain(chain_run, pool, params, t);
+  } else if (op == K3K_OP_GEMM || op == K3K_OP_MXFP4_GEMM) {
+    rc = k3k_fast_gemm(pool, t, op == K3K_OP_MXFP4_GEMM);
   } else if (op == K3K_OP_GEMM_MULTI) { /* the reference's chain, each GEMM packed */
     rc = 0;
     for (int j = 0; j < ((const k3k_gemm_multi_params_t *)params)->n && !rc; j++) {
       const k3k_tensor_t *g[3] = {t[0], t[1 + j], t[1 + K3K_GEMM_MULTI_MAX + j]};
-      rc = k3k_fast_gemm(f->pool, g, false);
+      rc = k3k_fast_gemm(pool, g, false);
     }
-  } else if ((rc = k3k_fast_op(f->pool, op, params, t, nt)) == K3_ENOTSUP) {
+  } else if ((rc = k3k_fast_op(pool, op, params, t, nt)) == K3_ENOTSUP) {
     rc = k3k_cpu_ref_fn(op)(params, t);
   }
-  pthread_mutex_unlock(&f->mu);
   return rc;
 }
 

@@ -43,6 +43,7 @@ typedef enum {
   K3K_BF16 = 1, /* bfloat16 stored as uint16_t, RNE on write (k3_f32_to_bf16) */
   K3K_U8 = 2,   /* bytes: packed MXFP4 codes (two per byte) or E8M0 scales */
   K3K_I32 = 3,  /* int32 indices and lengths */
+  K3K_PTR = 4,  /* addresses in the backend's memory (8 bytes each): MOE_ROUTED's expert table */
 } k3k_dtype_t;
 
 #define K3K_MAX_DIMS 4
@@ -372,6 +373,37 @@ typedef struct {
   float scale;               /* KDA_STEP q scale; 0 → Dh^-0.5 */
 } k3k_kda_decode_params_t;
 
+/* MOE_ROUTED (the routed experts of a MoE block, §5.2-§5.4, router to combine):
+ * t[0]=logits F32 [T,E], t[1]=bias [E], t[2]=x [T,D] (the experts' input), t[3]=experts PTR
+ * [6,E] (MXFP4 experts) or [3,E] (dense experts), t[4]=idx I32 [T,k] (out), t[5]=w F32 [T,k]
+ * (out), t[6]=y [T,D] (out, x's dtype), t[7]=ws U8 [bytes] or NULL (k3k_workspace bytes; NULL
+ * when that is 0).  With A = x's dtype and the grouping of k3k_moe_plan:
+ *   idx, w = ROUTER(logits, bias; router)
+ *   expert_off, gather_tok, row_idx = k3k_moe_plan(idx)       (host helper)
+ *   xg = GET_ROWS(x, gather_tok)                               (A, [T*k, D])
+ *   for each expert e with rows [b, b+n) of the plan, on those rows of xg:
+ *     g = G(xg, gate_e), u = G(xg, up_e)                       (A, [n, F])
+ *     a = SITU(g, u; situ) (act 0) or SILU_MUL(g, u) (act 1)   (A)
+ *     r = G(a, down_e)                                         (A, [n, D])
+ *   y = MOE_COMBINE(r, row_idx, w)
+ * G is MXFP4_GEMM when wdtype is U8 and t[3] has 6 rows (row 0/1: gate packed U8 [F,D/2] / scale U8 [F,D/32],
+ * row 2/3: up, row 4/5: down packed [D,F/2] / scale [D,F/32]; D and F multiples of 32), GEMM
+ * with wdtype weights when wdtype is F32/BF16 and t[3] has 3 rows (gate [F,D], up [F,D], down
+ * [D,F]). Each table entry is the address of a
+ * contiguous row-major matrix of that shape in the backend's memory (its k3k_backend_t alloc);
+ * the table is trusted like a tensor's data pointer. A device backend does not check MXFP4
+ * scales per call (the reference refuses 0xFF with K3_EINVAL): validate them once when loading.
+ * x_mark (1..2; 0 none): x may still be produced on the side lane: the op joins side mark
+ * x_mark (k3k_backend_side WAIT) before its first read of x (the router may run before). */
+typedef struct {
+  k3k_router_params_t router;
+  k3k_dtype_t wdtype;     /* K3K_U8: MXFP4 experts (t[3] [6,E]); F32/BF16: dense ([3,E]) */
+  int32_t F;              /* expert width (intermediate size) */
+  int32_t act;            /* 0 = SITU (K3), 1 = SILU_MUL (48B) */
+  k3k_situ_params_t situ; /* act 0 */
+  int32_t x_mark;         /* side-lane mark to join before x is read; 0 = none */
+} k3k_moe_routed_params_t;
+
 /* Counter-based RNG used by SAMPLE. With sm(z) = the SplitMix64 output for state z
  * (z += 0x9E3779B97F4A7C15; z = (z^(z>>30))·0xBF58476D1CE4E5B9; z = (z^(z>>27))·0x94D049BB133111EB;
  * z^(z>>31)): x = sm(seed ^ sm(step)); returns (x >> 40)·2^-24, a multiple of 2^-24 in [0,1),
@@ -422,6 +454,9 @@ typedef struct k3k_backend {
   /* Optional (NULL = the k3k_backend_side / k3k_backend_graph defaults below). */
   int (*side)(struct k3k_backend *be, int what, int mark);
   int (*graph)(struct k3k_backend *be, int what, void **g);
+  /* Optional: bytes of device scratch the op needs in its `ws` slot (NULL = 0 for every op). */
+  size_t (*workspace)(struct k3k_backend *be, k3k_op_t op, const void *params,
+                      const k3k_tensor_t *const *t, int nt);
 } k3k_backend_t;
 
 /* The side lane (k3k_backend_side): work that does not depend on what the main lane does next
@@ -480,6 +515,12 @@ int k3k_op_validate(k3k_op_t op, const void *params, const k3k_tensor_t *const *
 /* Whether be would run this op (validation and `supports`, nothing logged, nothing run). */
 bool k3k_supports(k3k_backend_t *be, k3k_op_t op, const void *params, const k3k_tensor_t *const *t,
                   int nt);
+
+/* Bytes the op needs in its `ws` slot on be (ops with a ws slot: MOE_ROUTED; 0 for the others
+ * and on the CPU backends, which pass NULL there). Asks the backend; call after validation
+ * would pass (the ws slot itself is ignored here). */
+size_t k3k_workspace(k3k_backend_t *be, k3k_op_t op, const void *params,
+                     const k3k_tensor_t *const *t, int nt);
 
 /* Validates, asks `supports`, and runs. K3_EINVAL on bad args (message via K3_DEBUG only; use
  * k3k_op_validate for the text), K3_ENOTSUP when the backend lacks the op. */
@@ -559,6 +600,9 @@ int k3k_res_mix_norm(k3k_backend_t *be, const k3k_res_mix_norm_params_t *p, cons
 /* w[n], y[n]: n = p->n pointers each. */
 int k3k_gemm_multi(k3k_backend_t *be, const k3k_gemm_multi_params_t *p, const k3k_tensor_t *x,
                    const k3k_tensor_t *const *w, const k3k_tensor_t *const *y);
+/* t: the 8 slots of MOE_ROUTED in order. */
+int k3k_moe_routed(k3k_backend_t *be, const k3k_moe_routed_params_t *p,
+                   const k3k_tensor_t *const *t);
 /* t: the 18 slots of KDA_DECODE in order. */
 int k3k_kda_decode(k3k_backend_t *be, const k3k_kda_decode_params_t *p,
                    const k3k_tensor_t *const *t);

@@ -1,7 +1,9 @@
 /* The FFN half of a layer as k3k ops: the dense MLP (layers < first_k_dense_replace) and the
  * MoE block: sigmoid noaux_tc router (fp32), routed experts (MXFP4 for K3, bf16 for the 48B)
- * run per expert on the rows grouped by k3k_moe_plan (or, on a cuda backend, all at once by
- * ffn_device.c), fp32 combine with one rounding, K3's
+ * as one MOE_ROUTED op over the layer's expert table (experts.c; one fused path on a device,
+ * the reference chain on the CPU backends), or, without a table or where the backend refuses
+ * the operands, the same chain run here per expert on the rows grouped by k3k_moe_plan; fp32
+ * combine with one rounding, K3's
  * LatentMoE down/norm/up around the experts, plus the shared expert (spec §5; 48B §5).
  * Every expert GEMM computes each output row independently of the other rows, so a token's
  * result never depends on which other tokens share the batch. */
@@ -93,7 +95,7 @@ static int experts_ops(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k
   return k3k_moe_combine(be, &yr, &rt, wt, comb);
 }
 
-/* The side stream's part of a decode-shaped MoE block (rn_dev_side_wanted): z = lat_down x
+/* The side lane's part of a decode-shaped MoE block (moe(): MOE_ROUTED taken, rn_dev_side_ok): z = lat_down x
  * (mark 1) and sh = the shared expert of x (mark 2), both independent of the router; always
  * back on the main stream when it returns. */
 static int moe_side(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tensor_t *x,
@@ -119,32 +121,49 @@ static int moe(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tenso
   /* router (fp32 logits, §5.3) */
   k3k_tensor_t lg = rn_buf(ws, K3K_F32, T, E), idx = rn_buf(ws, K3K_I32, T, K);
   k3k_tensor_t wt = rn_buf(ws, K3K_F32, T, K);
-  if (ws->rc) return ws->rc;
-  /* decode on the GPU: the latent projection and the shared expert go to the side stream first
-   * (same ops, same inputs: the results do not change) */
-  const bool side = rn_dev_side_wanted(r, T) && (latent || shared);
   k3k_tensor_t z = latent ? rn_buf(ws, A, T, D) : *x, comb = rn_buf(ws, A, T, D);
   k3k_tensor_t sh = shared ? rn_buf(ws, A, T, H) : comb;
   if (ws->rc) return ws->rc;
+  /* the routed experts as one op (MOE_ROUTED: router to combine) where the layer has an expert
+   * table and the backend takes the operands, else the chain of ops below */
+  k3k_moe_routed_params_t mp = {
+      .router = {.top_k = (int32_t)K,
+                 .n_groups = c->use_grouped_topk ? c->num_expert_group : 1,
+                 .topk_group = c->use_grouped_topk ? c->topk_group : 1,
+                 .renormalize = c->moe_renormalize,
+                 .use_biased_weights = c->router_bias_in_weights,
+                 .scaling = (float)c->routed_scaling_factor},
+      .wdtype = r->exp_wdtype,
+      .F = (int32_t)c->moe_intermediate_size,
+      .act = c->act == K3_ACT_SITU ? 0 : 1,
+      .situ = {(float)c->situ_beta, (float)c->situ_linear_beta}};
+  k3k_tensor_t wsb;
+  const k3k_tensor_t *mt[8] = {&lg, &L->router_bias, &z, &L->etab, &idx, &wt, &comb, NULL};
+  bool fused = L->etab.data != NULL;
+  if (fused) {
+    const size_t need = k3k_workspace(be, K3K_OP_MOE_ROUTED, &mp, mt, 8);
+    if (need) {
+      wsb = rn_buf(ws, K3K_U8, 1, (int64_t)need);
+      if (ws->rc) return ws->rc;
+      wsb = k3k_tensor_1d(be, K3K_U8, wsb.data, (int64_t)need);
+      mt[7] = &wsb;
+    }
+    fused = k3k_supports(be, K3K_OP_MOE_ROUTED, &mp, mt, 8);
+  }
+  /* decode on a device: the latent projection and the shared expert go to the side lane first
+   * (same ops, same inputs: the results do not change); the op joins the latent's mark */
+  const bool side = fused && rn_dev_side_ok(r, T) && (latent || shared);
   if (side) TRY(moe_side(r, ws, L, x, latent ? &z : NULL, shared ? &sh : NULL));
   TRY(k3k_gemm(be, x, &L->router, &lg));
-  k3k_router_params_t rp = {.top_k = (int32_t)K,
-                            .n_groups = c->use_grouped_topk ? c->num_expert_group : 1,
-                            .topk_group = c->use_grouped_topk ? c->topk_group : 1,
-                            .renormalize = c->moe_renormalize,
-                            .use_biased_weights = c->router_bias_in_weights,
-                            .scaling = (float)c->routed_scaling_factor};
-  /* the device MoE path routes and plans in one launch (k3k_cu_moe_route_plan: the same ids and
-   * weights as the ROUTER op) */
-  const bool dev = rn_dev_moe_wanted(r, T);
-  if (!dev) TRY(k3k_router(be, &rp, &lg, &L->router_bias, &idx, &wt));
+  if (!fused) TRY(k3k_router(be, &mp.router, &lg, &L->router_bias, &idx, &wt));
   /* expert inputs: the latent z (K3) or the normed x (48B) */
   if (latent && !side) TRY(k3k_gemm(be, x, &L->lat_down, &z));
-  if (dev)
-    TRY(rn_dev_moe_experts(r, ws, (int)(L - r->layers), &z, &rp, &lg, &L->router_bias, &idx, &wt,
-                           &comb, side && latent ? 1 : 0));
-  else
+  if (fused) {
+    mp.x_mark = side && latent ? 1 : 0;
+    TRY(k3k_moe_routed(be, &mp, mt));
+  } else {
     TRY(experts_ops(r, ws, L, &z, &idx, &wt, &comb));
+  }
   k3k_tensor_t routed = comb;
   if (latent) {
     k3k_tensor_t lat = comb;

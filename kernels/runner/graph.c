@@ -117,7 +117,7 @@ int rn_gd_init(k3_runner_t *r, char *err, size_t errlen) {
   const k3_model_config_t *c = &r->cfg;
   if (!k3k_cuda_ctx_of(r->be) || !r->bf16 || r->embed.dtype != K3K_BF16) return 0;
   for (int l = 0; l < c->num_layers; l++)
-    if (r->layers[l].moe && !r->dev) {
+    if (r->layers[l].moe && !r->layers[l].etab.data) {
       K3_INFO("runner: MoE experts on per-expert ops (host plan): decode steps not captured");
       return 0;
     }

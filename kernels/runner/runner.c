@@ -129,6 +129,7 @@ static int init_common(const k3_weights_t *w, const k3_model_config_t *cfg, uint
             (unsigned long long)patched, (double)verified / (1 << 20));
   }
   if (!rc) rc = rn_state_init(r, err, errlen);
+  if (!rc) rc = rn_experts_init(r, err, errlen);
   if (!rc) rc = rn_dev_init(r, err, errlen);
   if (!rc) rn_dev_kda_init(r);
   if (!rc) rc = rn_gd_init(r, err, errlen);
@@ -171,6 +172,7 @@ void k3_runner_free(k3_runner_t *r) {
   rn_ws_destroy(r);
   rn_state_free(r);
   if (r->be) rn_dev_free(r);
+  if (r->be) rn_experts_free(r);
   if (r->be) rn_free_weights(r);
   if (r->be) rn_syn_end(r);
   free(r);

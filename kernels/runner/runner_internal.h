@@ -45,6 +45,7 @@ typedef struct {
   k3k_tensor_t lat_down, lat_up, lat_norm;
   k3k_tensor_t sh_gate, sh_up, sh_down;
   rn_expw_t *w1, *w3, *w2;                       /* [E] */
+  k3k_tensor_t etab; /* MOE_ROUTED's expert table (experts.c), data NULL = none */
 } rn_layer_t;
 
 /* Activation workspace (workspace.c): a per-runner arena of backend memory, bump-allocated
@@ -136,7 +137,8 @@ struct k3_runner {
 
   rn_ws_t ws;              /* activation arena (workspace.c) */
 
-  struct rn_dev *dev;      /* device MoE path (ffn_device.c), NULL = k3k ops only */
+  k3k_dtype_t exp_wdtype;  /* MOE_ROUTED's wdtype of the expert tables (experts.c) */
+  struct rn_dev *dev;      /* device side lane + expert scale check (ffn_device.c), or NULL */
   struct rn_gd *gd;        /* device decode + CUDA graphs (graph.c), NULL = rn_forward only */
   bool kda_fused;          /* KDA decode in one launch per layer (kda_device.c) */
   bool graphs_off;         /* k3_runner_set_graphs(r, false) */
@@ -210,48 +212,34 @@ int rn_mla_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, int mi, con
 int rn_ffn_forward(k3_runner_t *r, rn_ws_t *ws, const rn_layer_t *L, const k3k_tensor_t *x,
                    const k3k_tensor_t *out);
 
+/* experts.c: the expert tables of MOE_ROUTED (every backend); none when some expert's layout
+ * is not the op's (ffn.c then runs the chain of ops). */
+int rn_experts_init(k3_runner_t *r, char *err, size_t errlen);
+void rn_experts_free(k3_runner_t *r);
+
 /* ffn_device.c (built only with the CUDA backend, K3_RUNNER_CUDA): rn_dev_init sets r->dev
- * when the backend is "cuda", the precision bf16 and the experts MXFP4 (K3) or bf16 SiLU-gated
- * (48B, moe_bf16.h) (else leaves it NULL and returns 0); rn_dev_moe_experts computes comb [T,D] (bf16) = the routed experts' weighted sum
- * from the latent/normed input z [T,D] and the router's device idx [T,K] / weights wt [T,K]. */
+ * when the backend is "cuda", the precision bf16 and the model has experts: it checks every
+ * MXFP4 expert scale once (the device MOE_ROUTED path does not check per call) and prepares
+ * the side lane (K3PD_CUDA_SIDE not 0). */
 #ifdef K3_RUNNER_CUDA
 int rn_dev_init(k3_runner_t *r, char *err, size_t errlen);
 void rn_dev_free(k3_runner_t *r);
-int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
-                       const k3k_router_params_t *rp, const k3k_tensor_t *lg,
-                       const k3k_tensor_t *bias, const k3k_tensor_t *idx, const k3k_tensor_t *wt,
-                       const k3k_tensor_t *comb, int side_wait);
-/* Whether a pass of T tokens takes rn_dev_moe_experts (MXFP4: always when r->dev; bf16 experts:
- * at most 16 rows per active expert, else the per-expert ops). Deterministic in T. */
-bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T);
-/* The side stream (k3k_cuda_side_* in k3k_cuda_ops.h) for the MoE block of a decode-shaped pass
- * (rn_dev_side_wanted: the device MoE path, T <= 256, K3PD_CUDA_SIDE not 0): ffn.c queues the
- * latent down-projection (mark 1) and the shared expert (mark 2) on it; rn_dev_moe_experts
- * waits for mark side_wait (0: none) after its route/plan launch, the block's add for mark 2. */
-bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T);
-/* The side stream for the mixers of a decode-shaped pass (T <= 256, K3PD_CUDA_SIDE not 0):
- * rn_dev_side_gemms queues y[i] = x[i]·w[i]ᵀ there in order, marks 1 and returns on the main
- * stream (the MLA output gate's projection; KDA's small f_a → f_b and beta projections). */
+/* The side stream for a decode-shaped pass (T <= 256, the side lane ready): ffn.c queues the
+ * MoE block's latent down-projection (mark 1, joined by MOE_ROUTED's x_mark) and shared expert
+ * (mark 2) on it; rn_dev_side_gemms queues y[i] = x[i]·w[i]ᵀ there in order, marks 1 and
+ * returns on the main stream (the MLA output gate's projection; KDA's small f_a → f_b and beta
+ * projections). */
 bool rn_dev_side_ok(const k3_runner_t *r, int64_t T);
 int rn_dev_side_gemms(k3_runner_t *r, int n, const k3k_tensor_t *const *x,
                       const k3k_tensor_t *const *w, const k3k_tensor_t *const *y);
 #else
-static inline bool rn_dev_side_wanted(const k3_runner_t *r, int64_t T) { return false; }
 static inline bool rn_dev_side_ok(const k3_runner_t *r, int64_t T) { return false; }
 static inline int rn_dev_side_gemms(k3_runner_t *r, int n, const k3k_tensor_t *const *x,
                                     const k3k_tensor_t *const *w, const k3k_tensor_t *const *y) {
   return K3_ENOTSUP;
 }
-static inline bool rn_dev_moe_wanted(const k3_runner_t *r, int64_t T) { return false; }
 static inline int rn_dev_init(k3_runner_t *r, char *err, size_t errlen) { return 0; }
 static inline void rn_dev_free(k3_runner_t *r) {}
-static inline int rn_dev_moe_experts(k3_runner_t *r, rn_ws_t *ws, int layer, const k3k_tensor_t *z,
-                                     const k3k_router_params_t *rp, const k3k_tensor_t *lg,
-                                     const k3k_tensor_t *bias, const k3k_tensor_t *idx,
-                                     const k3k_tensor_t *wt, const k3k_tensor_t *comb,
-                                     int side_wait) {
-  return K3_ENOTSUP; /* never called: r->dev stays NULL without the CUDA backend */
-}
 #endif
 
 /* The backend's side lane (k3k.h k3k_backend_side; no-ops on the CPU backends, which the runner

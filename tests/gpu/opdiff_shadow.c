@@ -158,10 +158,10 @@ static const char *dt_name(k3k_dtype_t d) {
 
 static int shadow_run(k3k_backend_t *be, k3k_op_t op, const void *params,
                       const k3k_tensor_t *const *t, int nt) {
-  /* The fused ops (k3k.h "Fusions") have optional (NULL) slots and several outputs; they run
-   * unshadowed (their parity is test_kernels --real's: the fused kernel against the chain). */
+  /* The fused ops (k3k.h "Fusions") have optional (NULL) slots and several outputs (and
+   * MOE_ROUTED a table of device addresses a host copy cannot follow); they run unshadowed (their parity is test_kernels --real's: the fused kernel against the chain). */
   if (be != S.be || op == K3K_OP_SAMPLE || op == K3K_OP_RES_MIX_NORM || op == K3K_OP_GEMM_MULTI ||
-      op == K3K_OP_KDA_DECODE || !((S.check | S.fix) & OD_MASK(op)))
+      op == K3K_OP_KDA_DECODE || op == K3K_OP_MOE_ROUTED || !((S.check | S.fix) & OD_MASK(op)))
     return S.orig(be, op, params, t, nt);
   int rc = be->synchronize ? be->synchronize(be) : 0;
   k3k_tensor_t ht[K3K_MAX_ARGS], dt[K3K_MAX_ARGS];

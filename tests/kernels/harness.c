@@ -79,6 +79,7 @@ static double get_t(const k3k_tensor_t *t, int64_t i) {
     case K3K_BF16: return k3_bf16_to_f32(((const uint16_t *)t->data)[o]);
     case K3K_U8: return ((const uint8_t *)t->data)[o];
     case K3K_I32: return ((const int32_t *)t->data)[o];
+    case K3K_PTR: break; /* addresses are not values */
   }
   return 0;
 }
@@ -90,6 +91,7 @@ void tt_set(tt_t *x, int64_t i, double v) {
     case K3K_BF16: ((uint16_t *)x->t.data)[o] = k3_f32_to_bf16((float)v); break;
     case K3K_U8: ((uint8_t *)x->t.data)[o] = (uint8_t)v; break;
     case K3K_I32: ((int32_t *)x->t.data)[o] = (int32_t)v; break;
+    case K3K_PTR: break;
   }
 }
 int32_t tt_geti(const tt_t *x, int64_t i) { return (int32_t)tt_get(x, i); }

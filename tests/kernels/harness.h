@@ -72,6 +72,20 @@ void t_mx_bf16_bits(void);
 void t_mem(void);
 void t_fused(void);                        /* t_fused.c: the fused ops, tiny shapes */
 void t_fused_real(bool require_device);    /* the same at the real K3 shapes (--real) */
+/* Shared by t_fused.c and t_fused_moe.c: a PTR slot's matrices (uploaded per backend, the slot
+ * filled with their addresses), the one-tolerance-model check of a fused op (chain: the outputs
+ * computed op by op on "cpu", or NULL), and buffer helpers. */
+typedef struct {
+  int slot, n;
+  const tt_t *mats;
+} ft_table_t;
+extern bool g_require_dev;
+void fused_check(const char *name, k3k_op_t op, const void *params, tt_t *s, int n, void **chain,
+                 const ft_table_t *tab);
+void *dup_buf(const tt_t *s);
+k3k_tensor_t view_in(const tt_t *s, void *buf);
+void t_fused_moe(void);                    /* t_fused_moe.c: MOE_ROUTED, tiny shapes */
+void t_fused_moe_real(void);               /* MOE_ROUTED at real expert shapes (--real) */
 void t_gemm_direct(void);
 int perf_main(int argc, char **argv);
 int perf_mx_main(void);

@@ -1,4 +1,5 @@
-/* The fused ops (k3k.h "Fusions": RES_MIX_NORM, GEMM_MULTI, KDA_DECODE) on every backend against
+/* The fused ops (k3k.h "Fusions": RES_MIX_NORM, GEMM_MULTI, KDA_DECODE; MOE_ROUTED in
+ * t_fused_moe.c) on every backend against
  * the "cpu" reference, at the tiny shapes (CI, `test_kernels`) and at the real K3 shapes (GPU
  * host, `test_kernels --real`), with ONE tolerance model for both:
  *
@@ -22,16 +23,37 @@
 #define TOL_BF16 1e-2
 #define TOL_F32 1e-4
 
-static bool g_require_dev;
+bool g_require_dev;
 
-/* Runs op on be with slots (a slot with buf NULL is a NULL tensor) uploaded from orig (outputs poisoned), downloads every output into
- * got[i] (malloc'd, slot bytes). Returns the op's rc, or K3_ENOMEM. */
+/* Uploads the table's matrices to be (dev: tab->n allocations) and writes their addresses into
+ * the PTR slot's buffer dst (be's memory). */
+static int upload_table(k3k_backend_t *be, const ft_table_t *tab, void **dev, void *dst) {
+  void **addr = calloc((size_t)tab->n, sizeof *addr);
+  int rc = addr ? 0 : K3_ENOMEM;
+  for (int j = 0; j < tab->n && !rc; j++) {
+    const tt_t *m = &tab->mats[j];
+    if (be->alloc(be, m->bytes, &dev[j])) {
+      rc = K3_ENOMEM;
+      break;
+    }
+    be->copy_from_host(be, dev[j], m->buf, m->bytes);
+    addr[j] = (char *)dev[j] + ((char *)m->t.data - (char *)m->buf);
+  }
+  if (!rc) be->copy_from_host(be, dst, addr, (size_t)tab->n * sizeof *addr);
+  free(addr);
+  return rc;
+}
+
+/* Runs op on be with slots (a slot with buf NULL is a NULL tensor) uploaded from orig (outputs
+ * poisoned; tab's PTR slot filled with the addresses of its matrices uploaded to be; an op's
+ * NULL ws slot given k3k_workspace bytes when the backend needs them), downloads every output
+ * into got[i] (malloc'd, slot bytes). Returns the op's rc, or K3_ENOMEM. */
 static int run_on(k3k_backend_t *be, k3k_op_t op, const void *params, tt_t *s, int n,
-                  void **orig, void **got) {
-  void *dev[K3K_MAX_ARGS] = {0};
+                  void **orig, void **got, const ft_table_t *tab) {
+  void *dev[K3K_MAX_ARGS] = {0}, **mdev = tab ? calloc((size_t)tab->n, sizeof *mdev) : NULL;
   k3k_tensor_t tv[K3K_MAX_ARGS];
   const k3k_tensor_t *tp[K3K_MAX_ARGS];
-  int rc = 0;
+  int rc = tab && !mdev ? K3_ENOMEM : 0;
   for (int i = 0; i < n && !rc; i++) {
     tp[i] = NULL;
     if (!s[i].buf) continue;
@@ -51,6 +73,16 @@ static int run_on(k3k_backend_t *be, k3k_op_t op, const void *params, tt_t *s, i
     tv[i].data = (char *)dev[i] + ((char *)s[i].t.data - (char *)s[i].buf);
     tv[i].backend = be;
     tp[i] = &tv[i];
+    if (tab && i == tab->slot) rc = upload_table(be, tab, mdev, dev[i]);
+  }
+  const int ws = op == K3K_OP_MOE_ROUTED ? 7 : -1;
+  if (!rc && ws >= 0 && !tp[ws]) {
+    const size_t need = k3k_workspace(be, op, params, tp, n);
+    if (need && be->alloc(be, need, &dev[ws])) rc = K3_ENOMEM;
+    if (need && !rc) {
+      tv[ws] = k3k_tensor_1d(be, K3K_U8, dev[ws], (int64_t)need);
+      tp[ws] = &tv[ws];
+    }
   }
   if (!rc) rc = k3k_run(be, op, params, tp, n);
   be->synchronize(be);
@@ -62,6 +94,9 @@ static int run_on(k3k_backend_t *be, k3k_op_t op, const void *params, tt_t *s, i
     }
     be->free(be, dev[i]);
   }
+  for (int j = 0; tab && mdev && j < tab->n; j++)
+    if (mdev[j]) be->free(be, mdev[j]);
+  free(mdev);
   return rc;
 }
 
@@ -104,11 +139,12 @@ static void compare(const char *name, const char *be_name, bool exact, int i, co
     printf("  %s[%s] t[%d]: rel_fro %.3e (tol %.0e)\n", name, be_name, i, rel, tol);
 }
 
-/* Runs the case on "cpu" (the reference) and every other backend, compares by the model.
+/* Runs the case on "cpu" (the reference) and every other backend, compares by the model (tab:
+ * the PTR slot's matrices, or NULL).
  * chain: when not NULL, the reference outputs the test computed op by op (same layout as the
  * slots' buffers, NULL for non-outputs): "cpu" must equal them bit for bit. */
-static void op_check(const char *name, k3k_op_t op, const void *params, tt_t *s, int n,
-                     void **chain) {
+void fused_check(const char *name, k3k_op_t op, const void *params, tt_t *s, int n,
+                 void **chain, const ft_table_t *tab) {
   void *orig[K3K_MAX_ARGS] = {0}, *ref[K3K_MAX_ARGS] = {0};
   for (int i = 0; i < n; i++) {
     if (!s[i].buf) continue;
@@ -116,7 +152,7 @@ static void op_check(const char *name, k3k_op_t op, const void *params, tt_t *s,
     memcpy(orig[i], s[i].buf, s[i].bytes);
   }
   k3k_backend_t *cpu = k3k_backend_get("cpu");
-  int rc = run_on(cpu, op, params, s, n, orig, ref);
+  int rc = run_on(cpu, op, params, s, n, orig, ref, tab);
   check(rc == 0, "%s[cpu]: rc %d (%s)", name, rc, k3_errname(rc));
   for (int i = 0; i < n && !rc && chain; i++)
     if (s[i].out && chain[i]) compare(name, "cpu vs chain", true, i, &s[i], ref[i], chain[i]);
@@ -124,7 +160,7 @@ static void op_check(const char *name, k3k_op_t op, const void *params, tt_t *s,
     k3k_backend_t *be = k3k_backend_get(*nm);
     if (!be || be == cpu) continue;
     void *got[K3K_MAX_ARGS] = {0};
-    int brc = run_on(be, op, params, s, n, orig, got);
+    int brc = run_on(be, op, params, s, n, orig, got, tab);
     if (brc == K3_ENOTSUP && !be->host_memory && !g_require_dev) {
       g_skip++;
       printf("SKIP: %s[%s]: not supported\n", name, be->name);
@@ -144,12 +180,12 @@ static void op_check(const char *name, k3k_op_t op, const void *params, tt_t *s,
 
 /* A host copy of slot s's buffer after running `fn` on cpu over views into it is the chain
  * output; helpers to make the chain's intermediates. */
-static void *dup_buf(const tt_t *s) {
+void *dup_buf(const tt_t *s) {
   void *p = malloc(s->bytes);
   memcpy(p, s->buf, s->bytes);
   return p;
 }
-static k3k_tensor_t view_in(const tt_t *s, void *buf) {
+k3k_tensor_t view_in(const tt_t *s, void *buf) {
   k3k_tensor_t t = s->t;
   t.data = (char *)buf + ((char *)s->t.data - (char *)s->buf);
   return t;
@@ -193,7 +229,7 @@ static void res_case(int64_t T, int64_t D, int64_t nb, bool add, bool mix, k3k_d
     if (!rc) rc = k3k_rmsnorm(cpu, &np, mix ? &h : &P, &s[6].t, &xn);
     check(rc == 0, "%s: chain rc %d", name, rc);
   }
-  op_check(name, K3K_OP_RES_MIX_NORM, &p, s, 8, with_chain ? chain : NULL);
+  fused_check(name, K3K_OP_RES_MIX_NORM, &p, s, 8, with_chain ? chain : NULL, NULL);
   for (int i = 0; i < 8; i++) {
     free(chain[i]);
     if (s[i].buf) tt_free(&s[i]);
@@ -223,7 +259,7 @@ static void multi_case(int64_t M, int64_t K, int n, const int64_t *N, k3k_dtype_
       check(rc == 0, "%s: chain rc %d", name, rc);
     }
   }
-  op_check(name, K3K_OP_GEMM_MULTI, &p, s, 9, with_chain ? chain : NULL);
+  fused_check(name, K3K_OP_GEMM_MULTI, &p, s, 9, with_chain ? chain : NULL, NULL);
   for (int i = 0; i < 9; i++) {
     free(chain[i]);
     if (s[i].buf) tt_free(&s[i]);
@@ -299,7 +335,7 @@ static void kda_case(int64_t N, int64_t NH, int64_t Dh, int64_t W, k3k_dtype_t d
            k3k_dtype_name(bdt), form == K3K_GATE_LOWER_BOUND ? "lower-bound" : "softplus");
   void *chain[18] = {0};
   if (with_chain) kda_chain(s, &p, chain, name);
-  op_check(name, K3K_OP_KDA_DECODE, &p, s, 18, with_chain ? chain : NULL);
+  fused_check(name, K3K_OP_KDA_DECODE, &p, s, 18, with_chain ? chain : NULL, NULL);
   for (int i = 0; i < 18; i++) {
     free(chain[i]);
     if (s[i].buf) tt_free(&s[i]);
@@ -386,6 +422,7 @@ void t_fused(void) {
   kda_case(2, 2, 128, 4, K3K_BF16, K3K_BF16, K3K_GATE_LOWER_BOUND, true); /* the device's shape */
   fused_errors();
   kda_bad_slot();
+  t_fused_moe();
 }
 
 /* The real K3 shapes (spec §1.5: hidden 7168, 96 KDA heads of 128, q/k/v 12288 wide), bf16
@@ -409,5 +446,6 @@ void t_fused_real(bool require_device) {
   multi_case(4, 7168, 2, (const int64_t[]){2048, 2048}, K3K_BF16, 0, false);
   kda_case(1, 96, 128, 4, K3K_BF16, K3K_BF16, K3K_GATE_LOWER_BOUND, false);
   kda_case(8, 96, 128, 4, K3K_BF16, K3K_F32, K3K_GATE_LOWER_BOUND, false);
+  t_fused_moe_real();
   g_require_dev = false;
 }
