@@ -35,6 +35,41 @@ import urllib.request
 
 import grpc
 
+# UCX below 1.14 (Debian 12 ships 1.13.1, built with assertions) aborts a process when a TCP
+# endpoint fails while a wireup REP message is still pending on it: a decode worker answering a
+# prefill worker's wireup request just as the driver SIGKILLs that prefill worker
+# (`ucp_request.c:684 Assertion ... got REP message`; removed upstream in openucx/ucx PR 8175,
+# UCX 1.14). Such a worker died of the driver's kill of its peer inside the library, and k3pd-cli
+# restarts it like a killed one; the soak counts it (one per aborted process) and says so. Any
+# other death still fails the restart check, and with UCX >= 1.14 none is tolerated.
+UCX_ABORT = re.compile(r"ucp_request\.c:\d+\s+Assertion\b.*\bgot [A-Z_]+ message")
+UCX_PID = re.compile(r"\[[^\]\s:]*:(\d+):\d+:\d+\]")  # UCX's [host:pid:thread:tid] prefix
+
+
+def ucx_below_1_14():
+    try:
+        v = subprocess.run(["pkg-config", "--modversion", "ucx"], capture_output=True, text=True,
+                           timeout=10).stdout.strip().split(".")
+        return len(v) >= 2 and (int(v[0]), int(v[1])) < (1, 14)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return False  # unknown version: nothing tolerated
+
+
+def ucx_wireup_aborts(text):
+    """Processes (distinct pids) that aborted in UCX < 1.14's wireup purge assertion."""
+    if not ucx_below_1_14():
+        return 0
+    pids = set()
+    for n, line in enumerate(text.splitlines()):
+        if UCX_ABORT.search(line):
+            m = UCX_PID.search(line)
+            pids.add(m.group(1) if m else "line %d" % (n + 1))
+    if pids:
+        print("chaos: %d worker(s) aborted in UCX's wireup assertion (openucx/ucx PR 8175, fixed in "
+              "1.14): pid %s" % (len(pids), ", ".join(sorted(pids))), flush=True)
+    return len(pids)
+
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3cluster import load_stubs  # noqa: E402
 from k3check import run as run_driver, check, wait_until as _wait_until, scrape, msum  # noqa: E402
@@ -323,8 +358,12 @@ def main():
         check(counts.get("OK", 0) > 0, "requests completed during the chaos (%d)" % counts.get("OK", 0))
         # ---- after the chaos ----
         wait_until(registered, 120, "every worker back and registered")
-        restarts = len(re.findall(r"k3pd-cli up: restarting", up.text()))
-        check(restarts == kills, "k3pd-cli up restarted every killed worker (%d of %d)" % (restarts, kills))
+        text = up.text()
+        restarts = len(re.findall(r"k3pd-cli up: restarting", text))
+        known = ucx_wireup_aborts(text)
+        check(restarts == kills + known,
+              "k3pd-cli up restarted every killed worker (%d restarts: %d kills + %d workers aborted by "
+              "UCX < 1.14's wireup assertion)" % (restarts, kills, known))
         check(0 < sent[1] < sent[0], "the load was spread over both routers (%d of %d via router 1)" %
               (sent[1], sent[0]))
         for i in range(len(tpl)):
