@@ -10,11 +10,12 @@
  *      head and rescans its registers only when its cache ran dry (candidates worse than the
  *      last one taken: all better ones are gone, so no taken flags). Weights are summed and
  *      renormalised by lane 0 in selection order (same float operations as kernels/cpu/moe.c).
- *   1'. for few tokens (T <= 4, T·E² <= 2^20: decode at batch 1) the warp form's k serial arg-max
- *      rounds (~18 µs at E = 256, k = 16) are replaced by ranks: the block computes each
- *      candidate's rank (the number of candidates before it in the reference order: a higher
- *      biased score, or the same at a lower index; NaN scores rank last), the first k ranks are
- *      the same choices in the same order, and one thread sums/renormalises as above.
+ *   1'. for few tokens of few experts (T <= 4, T·E² <= 2^16: decode at batch 1 up to E = 256)
+ *      the warp form's k serial arg-max rounds (~18 µs at E = 256, k = 16) are replaced by
+ *      ranks: the block computes each candidate's rank (the number of candidates before it in
+ *      the reference order: a higher biased score, or the same at a lower index; NaN scores
+ *      rank last), the first k ranks are the same choices in the same order, and one thread
+ *      sums/renormalises as above.
  *   2. plan, a stable counting sort of the T·k (token, choice) pairs by expert, identical to
  *      k3k_moe_plan (by expert, then token, then choice): each warp owns a contiguous segment
  *      of pairs and ranks them per expert with __match_any_sync (a pair's rank = same-expert
@@ -339,11 +340,14 @@ int k3k_cu_moe_route_plan(cudaStream_t st, const k3k_router_params_t *p, const k
   a.renorm = p->renormalize;
   a.biased = p->use_biased_weights;
   a.scaling = p->scaling;
-  /* The rank form handles one token at a time with the whole block (~2-3 µs per token: a
-   * round trip for the logits, two barriers, one thread's weights) and T·E²/512 comparisons per
-   * thread; the warp form runs 16 tokens at once but each through k serial arg-max rounds
-   * (~18 µs at E = 256, k = 16). So: the rank form for a few tokens (decode at small batch). */
-  a.rank_mode = T <= 4 && T * E * E <= (1 << 20);
+  /* The rank form handles one token at a time with the whole block and T·E²/512 comparisons
+   * per thread; the warp form runs 16 tokens at once but each through k serial arg-max rounds.
+   * Measured route + plan (k3k-gpu-moe --perf, H200, 2026-12-03, k = 16): E = 256, T = 1: rank
+   * 14.0 µs (warp ~19); T = 4: rank 35.6 µs (worse than the warp form's ~19-22 µs); E = 896,
+   * T = 1: rank 89.3 µs (2026-12-02) vs warp 22.4 µs. So the rank form only where T·E² <= 2^16:
+   * one token at up to 256 experts (decode at batch 1 of the medium preset), T <= 4 always
+   * (the block takes the tokens one after another). */
+  a.rank_mode = T <= 4 && T * E * E <= (1 << 16);
   a.rank_tpc = 1;
   while (a.rank_tpc < 32 && E * a.rank_tpc * 2 <= RP_THREADS) a.rank_tpc *= 2;
   a.expert_off = expert_off;

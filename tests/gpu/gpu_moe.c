@@ -336,9 +336,10 @@ int gpu_moe_parity(gctx *g) {
   plan_case(g, 16, 16, 896);
   plan_case(g, 300, 16, 896); /* three chunks */
   plan_case(g, 64, 8, 32);
-  route_plan_case(g, 1, 896, 16, 1, 1, 0);  /* K3 decode: one launch (rank form) */
+  route_plan_case(g, 1, 896, 16, 1, 1, 0);  /* K3 decode: one launch (warp form: E² too big) */
   route_plan_case(g, 1, 256, 16, 1, 1, 1);  /* medium decode, batch 1 (rank form) */
-  route_plan_case(g, 4, 256, 16, 1, 1, 0);  /* rank form, 2 threads per candidate */
+  route_plan_case(g, 4, 256, 16, 1, 1, 0);  /* warp form (T·E² > 2^16) */
+  route_plan_case(g, 2, 128, 16, 1, 1, 0);  /* rank form, 2 threads per candidate */
   route_plan_case(g, 16, 256, 16, 1, 1, 0); /* warp form */
   route_plan_case(g, 3, 16, 8, 1, 1, 0);    /* 4-layer config, batch 3 (rank form) */
   route_plan_case(g, 16, 896, 16, 1, 1, 0);
