@@ -48,7 +48,7 @@ static int run_on(k3k_backend_t *be, k3k_op_t op, const void *params, tt_t *s, i
                   void **orig, void **got, const ft_table_t *tab) {
   void *dev[K3K_MAX_ARGS] = {0}, **mdev = tab ? calloc((size_t)tab->n, sizeof *mdev) : NULL;
   k3k_tensor_t tv[K3K_MAX_ARGS];
-  const k3k_tensor_t *tp[K3K_MAX_ARGS];
+  const k3k_tensor_t *tp[K3K_MAX_ARGS] = {0};
   int rc = tab && !mdev ? K3_ENOMEM : 0;
   for (int i = 0; i < n && !rc; i++) {
     tp[i] = NULL;
