@@ -124,6 +124,8 @@ void t_fused_moe(void);                    /* t_fused_moe.c: MOE_ROUTED, tiny sh
 void t_fused_moe_real(void);               /* MOE_ROUTED at real expert shapes (--real) */
 /* --real (real.c): every op at the real K3 shapes; quick: T in {1, 65}, fewer big cases. */
 extern bool g_quick;
+extern const char *g_real_groups; /* --groups: NULL = all */
+bool real_groups_valid(const char *list);
 void t_real(void);
 void t_gemm_direct(void);
 int perf_main(int argc, char **argv);

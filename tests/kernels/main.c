@@ -2,7 +2,8 @@
  * backend: at tiny shapes (the default; CI), "cpu" against float64 expectations, cpu-fast bit
  * for bit against "cpu", a device backend against "cpu" by the one tolerance model
  * (tolerance.c); `--real` every op at the real K3 shapes (real.c), each backend against the
- * reference (`--ref`, default cpu-fast there) by the same model; `--quick` a shorter --real;
+ * reference (`--ref`, default cpu-fast there) by the same model; `--quick` a shorter --real,
+ * `--groups LIST` only some of its files (fused, rows, gemm, seq, mla, moe);
  * `--require-device`: a device backend must be present and take every case, and every op must
  * have run on it. Both runs end with the coverage check (coverage.c). `--perf` prints timings
  * instead, `--perf-mxfp4` the MXFP4 GEMM shapes of the medium preset (perf_mx.c). `--threads N`
@@ -25,6 +26,8 @@ int main(int argc, char **argv) {
       g_require_dev = true;
     } else if (!strcmp(argv[i], "--quick")) {
       g_quick = true;
+    } else if (!strcmp(argv[i], "--groups") && i + 1 < argc && real_groups_valid(argv[i + 1])) {
+      g_real_groups = argv[++i];
     } else if (!strcmp(argv[i], "--ref") && i + 1 < argc &&
                (!strcmp(argv[i + 1], "cpu") || !strcmp(argv[i + 1], "cpu-fast"))) {
       ref = argv[++i];
@@ -37,8 +40,9 @@ int main(int argc, char **argv) {
       }
     } else {
       fprintf(stderr,
-              "usage: %s [--perf | --perf-mxfp4 | --real [--quick]] [--require-device] "
-              "[--ref cpu|cpu-fast] [--threads N]\n", argv[0]);
+              "usage: %s [--perf | --perf-mxfp4 | --real [--quick] [--groups LIST]] "
+              "[--require-device] [--ref cpu|cpu-fast] [--threads N]\n"
+              "  LIST: comma-separated of fused, rows, gemm, seq, mla, moe\n", argv[0]);
       return 2;
     }
   }

@@ -12,7 +12,9 @@
  * and must equal cpu-fast bit for bit at these shapes too. With --require-device the other
  * host backends are left out (device time is what that run is for).
  * What it is not: the CUDA backend's internals (forced kernel variants, fit rules, side
- * stream): k3k-gpu-check. --quick: T in {1, 65} and fewer of the big cases. */
+ * stream): k3k-gpu-check. --quick: T in {1, 65} and fewer of the big cases. --groups LIST
+ * (fused, rows, gemm, seq, mla, moe): only those files' cases, for a short device call (no
+ * coverage check then). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +51,35 @@ void real_unit_heads(tt_t *x, int64_t rows, int64_t nh) {
     }
 }
 
+const char *g_real_groups;
+
+/* True when no --groups list was given or `name` is one of its comma-separated entries. */
+static bool want(const char *name) {
+  if (!g_real_groups) return true;
+  const size_t n = strlen(name);
+  for (const char *c = g_real_groups; *c;) {
+    const char *e = strchr(c, ',');
+    const size_t len = e ? (size_t)(e - c) : strlen(c);
+    if (len == n && !strncmp(c, name, n)) return true;
+    c = e ? e + 1 : c + len;
+  }
+  return false;
+}
+
+bool real_groups_valid(const char *list) {
+  static const char *const known[] = {"fused", "rows", "gemm", "seq", "mla", "moe"};
+  for (const char *c = list; *c;) {
+    const char *e = strchr(c, ',');
+    const size_t len = e ? (size_t)(e - c) : strlen(c);
+    bool ok = false;
+    for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++)
+      ok = strlen(known[i]) == len && !strncmp(c, known[i], len);
+    if (!ok) return false;
+    c = e ? e + 1 : c + len;
+  }
+  return true;
+}
+
 void t_real(void) {
   if (g_quick) g_real_T = k_quick, g_real_nT = 2;
   int dev = 0;
@@ -61,11 +92,11 @@ void t_real(void) {
   printf("\n");
   /* a GPU host without a usable device must not pass silently */
   if (g_require_dev) check(dev > 0, "--require-device: no device backend is available");
-  t_fused_real();
-  real_rows();
-  real_gemm();
-  real_seq();
-  real_mla();
-  real_moe();
-  cov_check(g_require_dev, true);
+  if (want("fused")) t_fused_real();
+  if (want("rows")) real_rows();
+  if (want("gemm")) real_gemm();
+  if (want("seq")) real_seq();
+  if (want("mla")) real_mla();
+  if (want("moe")) real_moe();
+  if (!g_real_groups) cov_check(g_require_dev, true); /* a subset covers a subset of the ops */
 }
