@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # One command for a GPU host with only CUDA installed: build (or use carried binaries), run the
-# GPU parity suite and the perf suite, write logs to LOGDIR.
+# op test on the device (tiny and real shapes), the CUDA-internals checks and the perf suite,
+# write logs to LOGDIR.
 #
 #   scripts/gpu/run.sh LOGDIR [--bin DIR] [--quick] [--no-perf]
 #
-#   --bin DIR   use a prebuilt k3k-gpu-check from DIR (built elsewhere with
-#               -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON; it needs only libcublasLt.so.13 and libc)
-#               instead of building here.
-#   --quick     parity at the tiny shapes only.
+#   --bin DIR   use prebuilt test_kernels and k3k-gpu-check from DIR (built elsewhere with
+#               -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON; they need only libcublasLt.so.13 and libc)
+#               instead of building here; DIR must hold both.
+#   --quick     test_kernels --real --quick (T in {1, 65}, fewer big cases) and
+#               k3k-gpu-check --quick.
 #   --no-perf   skip the perf table.
 # Building here needs cmake, nvcc, pkg-config, and the dev packages of jansson and xxhash (the
 # kernels-only configuration still configures k3_base/k3_ckpt); without them use --bin.
-# Logs: LOGDIR/parity.log, LOGDIR/ops-real.log (test_kernels --real, when BIN has it),
-# LOGDIR/perf.log, LOGDIR/build.log, LOGDIR/nvidia-smi.txt.
-# Exit status: 0 when parity passed (and perf ran), 1 otherwise.
+# Parity, each op synchronised (K3PD_CUDA_SYNC=1) so a device fault names its op:
+#   LOGDIR/ops-tiny.log    `test_kernels`: every op at the tiny shapes on every backend, the
+#                          device judged against "cpu" by the one tolerance model (CI's cases)
+#   LOGDIR/ops-real.log    `test_kernels --real --require-device`: every op at the real K3
+#                          shapes, the device against cpu-fast; fails on a refused case or an op
+#                          of k3k_ops.def no case ran on the device
+#   LOGDIR/internals.log   `k3k-gpu-check`: the CUDA backend's internals the op API cannot reach
+# and LOGDIR/perf.log (k3k-gpu-check --perf), LOGDIR/build.log, LOGDIR/nvidia-smi.txt.
+# Exit status: 0 when all three parity runs passed (and perf ran), 1 otherwise.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 logdir=${1:?usage: scripts/gpu/run.sh LOGDIR [--bin DIR] [--quick] [--no-perf]}
 shift
 bin="" quick="" perf=1
@@ -33,29 +41,36 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64
 nvidia-smi > "$logdir/nvidia-smi.txt" 2>&1 || true
 if [ -z "$bin" ]; then
   bdir=build-gpu
-  { cmake -S . -B "$bdir" -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON -DCMAKE_BUILD_TYPE=Release &&
-    cmake --build "$bdir" -j"$(nproc)" --target k3k-gpu-check; } > "$logdir/build.log" 2>&1
-  if [ $? -ne 0 ]; then
+  if ! { cmake -S . -B "$bdir" -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON -DCMAKE_BUILD_TYPE=Release &&
+    cmake --build "$bdir" -j"$(nproc)" --target k3k-gpu-check test_kernels &&
+    mkdir -p "$bdir/bin" && cp "$bdir/tests/gpu/k3k-gpu-check" "$bdir/tests/kernels/test_kernels" "$bdir/bin/"; } \
+    > "$logdir/build.log" 2>&1; then
     echo "build failed; see $logdir/build.log" >&2
     tail -20 "$logdir/build.log" >&2
     exit 1
   fi
-  bin=$bdir/tests/gpu
+  bin=$bdir/bin
 fi
-exe=$bin/k3k-gpu-check
-[ -x "$exe" ] || { echo "no executable $exe" >&2; exit 1; }
+exe=$bin/k3k-gpu-check ops=$bin/test_kernels
+for x in "$exe" "$ops"; do
+  [ -x "$x" ] || { echo "no executable $x" >&2; exit 1; }
+done
 status=0
-# Parity: each op synchronised (K3PD_CUDA_SYNC=1) so a device fault names its op.
-K3PD_CUDA_SYNC=1 timeout 900 "$exe" $quick > "$logdir/parity.log" 2>&1 || status=1
-grep -E "^FAIL" "$logdir/parity.log" | head -40
-tail -1 "$logdir/parity.log"
-# The op test (tests/kernels): the fused ops at the real K3 shapes, cuda against the CPU
-# reference, one tolerance model (docs/kernels.md); present in a pack.sh bundle's bin/.
-if [ -x "$bin/test_kernels" ]; then
-  K3PD_CUDA_SYNC=1 timeout 300 "$bin/test_kernels" --real --require-device > "$logdir/ops-real.log" 2>&1 || status=1
-  grep -E "^FAIL" "$logdir/ops-real.log" | head -20
-  echo "test_kernels --real: $(grep -E "passed" "$logdir/ops-real.log" | tail -1)"
+# run NAME LOG TIMEOUT CMD...: one parity run, its FAIL lines and its last line on stdout.
+run() {
+  local name=$1 log=$2 limit=$3
+  shift 3
+  K3PD_CUDA_SYNC=1 timeout "$limit" "$@" > "$log" 2>&1 || status=1
+  grep -E "^FAIL" "$log" | head -20
+  echo "$name: $(tail -1 "$log")"
+}
+run "test_kernels" "$logdir/ops-tiny.log" 300 env K3PD_FAST_MIN_WORK=0 "$ops"
+if [ -n "$quick" ]; then
+  run "test_kernels --real --quick" "$logdir/ops-real.log" 600 "$ops" --real --quick --require-device
+else
+  run "test_kernels --real" "$logdir/ops-real.log" 1500 "$ops" --real --require-device
 fi
+run "k3k-gpu-check" "$logdir/internals.log" 900 "$exe" $quick
 if [ "$perf" = 1 ]; then
   timeout 600 "$exe" --perf --no-parity > "$logdir/perf.log" 2>&1 || status=1
   grep -E "^(CEILING|PERF|FAIL)" "$logdir/perf.log"

@@ -1,6 +1,7 @@
-/* Parity and perf of the skinny GEMM (kernels/cuda/gemv.cu) inside k3k-gpu-check.
+/* Parity and perf of the skinny GEMM (kernels/cuda/gemv.cu) inside k3k-gpu-check (CUDA
+ * internals: forced variants the op API cannot select).
  *
- * Parity (gpu_gemv_cases, run with the other parity cases):
+ * Parity (gpu_gemv_cases, one of k3k-gpu-check's groups):
  *   - small shapes compared in full against the reference GEMM: odd N (tails of row tiles), K not
  *     a multiple of 32 (partial steps), every M class (1..16), F32 and BF16 y, a strided y (column
  *     view) and an x row stride > K, each through the GEMM op (the dispatch) and then with every
@@ -11,7 +12,8 @@
  *     rows spread over N, the last block ending at N, so every row-tile position and the tail are
  *     covered), and run a second time to check the result is bit-identical; then each kernel
  *     variant forced with the shape rule's split and NT.
- * Tolerances as the other GEMM cases (gpu_parity.c): BF16 y 1e-2, F32 y 1e-4 (relative Frobenius).
+ * Tolerances as test_kernels' model (tests/kernels/tolerance.c): BF16 y 1e-2, F32 y 1e-4
+ * (relative Frobenius, gpair_check with the same magnitude floor).
  * gemv_multi (gpu_gemv_multi.c; the runner's grouped projections, rn_dev_gemms): every output and
  * the optional normed-x side output compared BYTE FOR BYTE with the unfused chain (the RMSNORM op,
  * then k3k_cuda_gemv with the shape rule per output) at M = 1..4: the runner's groups at full

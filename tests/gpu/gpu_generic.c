@@ -1,6 +1,6 @@
 /* The generic-shape CUDA kernels (kernels/cuda/generic.h) inside k3k-gpu-check.
  *
- * Parity (gpu_generic_cases, with the other parity cases): the generic grouped MXFP4 expert GEMM
+ * Parity (gpu_generic_cases, one of k3k-gpu-check's groups of CUDA internals): the generic grouped MXFP4 expert GEMM
  * (k3k_cu_moe_gemm_generic) against the tensor-core kernel (k3k_cu_moe_gemm) on a shape both
  * take (N = 64, K = 128: the tiny preset's gate/up), one expert and a grouped plan with a row
  * gather (4 stacked experts, one without rows), plain with F32 y and fused SiTU with bf16 y, in

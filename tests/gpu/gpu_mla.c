@@ -1,13 +1,17 @@
-/* Parity of the CUDA MLA_PREFILL kernel (kernels/cuda/mla_prefill.cu) and the MLA_DECODE op
- * (mla.cu, mla_decode_wg.cu) against the reference.
+/* The MLA_DECODE kernel variants (kernels/cuda/mla.cu, mla_decode_wg.cu) that only a forced
+ * path reaches, against the reference backend, inside k3k-gpu-check (CUDA internals).
  *
- * What it is for: causal bottom-right attention over ragged sequences with a prefix (Lk > Lq,
- * chunked prefill), odd lengths around the 64-key and 128-query tile edges, real head count,
- * BF16 and F32 outputs, and the metadata errors (Lk < Lq → K3_EINVAL, cu past the rows →
- * K3_ERANGE) with the output left untouched.
- * Tolerance TOL_BF16 (1e-2 relative Frobenius): q/k/v are bf16 on both sides; the kernel rounds
- * p to bf16 for the P·V tensor-core product (2^-9 relative per term, averaging out over keys)
- * and a BF16 output adds one rounding; observed errors are ~3e-3. */
+ * What it is for: k3k_cuda_mla_probe forces the split-S form (32768), the far L2 prefetch
+ * (16384) and the fallback path that K3PD_MLA_DECODE_OLD=1 selects (4096 | 8192), each over
+ * partial tiles, page sizes 64 / 16 / 8, head groups that are not multiples of 48 and late-tile
+ * score spikes, plus the refused calls (page id past the pool, seq_len past the table: K3_ERANGE
+ * and the output untouched) on that path.
+ * What it is not: the op's parity on the service path (probe 0): test_kernels --real
+ * (tests/kernels/real_mla.c) runs those cases, MLA_PREFILL's and the cache ops' through the op
+ * API with the one tolerance model.
+ * Tolerance TOL_BF16 (1e-2 relative Frobenius with gpair_check's magnitude floor): the kernels
+ * round q_lat, p and o_lat to bf16 for the tensor cores (~3 more 2^-9 terms than the bf16
+ * output's own rounding); an indexing error gives O(1). */
 #include <stdio.h>
 #include <string.h>
 
@@ -23,87 +27,6 @@
     if (gpair_new(g, &(p), (dt), (nd), SH(__VA_ARGS__))) goto out; \
   } while (0)
 
-static void t_mla_prefill(gctx *g, int n, const int32_t *lq, const int32_t *lk, int64_t NH,
-                          k3k_dtype_t odt, bool bad) {
-  int64_t Tq = 0, Tk = 0;
-  for (int i = 0; i < n; i++) Tq += lq[i], Tk += lk[i];
-  gpair q = {0}, kv = {0}, kr = {0}, cq = {0}, ck = {0}, o = {0};
-  char what[200];
-  int off = snprintf(what, sizeof what, "mla_prefill NH=%lld o=%s lq/lk=", (long long)NH,
-                     k3k_dtype_name(odt));
-  for (int i = 0; i < n && off < 150; i++)
-    off += snprintf(what + off, sizeof what - off, "%s%d/%d", i ? "," : "", lq[i], lk[i]);
-  NEW(q, K3K_BF16, 2, Tq ? Tq : 1, NH * 192);
-  NEW(kv, K3K_BF16, 2, Tk ? Tk : 1, NH * 256);
-  NEW(kr, K3K_BF16, 2, Tk ? Tk : 1, 64);
-  NEW(cq, K3K_I32, 1, n + 1);
-  NEW(ck, K3K_I32, 1, n + 1);
-  NEW(o, odt, 2, Tq ? Tq : 1, NH * 128);
-  gpair_rand(g, &q, -1, 1), gpair_rand(g, &kv, -1, 1), gpair_rand(g, &kr, -1, 1);
-  int64_t aq = 0, ak = 0;
-  gpair_host_set(&cq, 0, 0), gpair_host_set(&ck, 0, 0);
-  for (int i = 0; i < n; i++) {
-    aq += lq[i], ak += lk[i];
-    gpair_host_set(&cq, i + 1, (float)aq), gpair_host_set(&ck, i + 1, (float)ak);
-  }
-  gpair_upload(g, &cq), gpair_upload(g, &ck);
-  gpair_poison(g, &o);
-  k3k_mla_params_t p = {n, (int32_t)NH, 128, 64, 128, 512, 0, 0, 0.0f};
-  if (!bad) {
-    gpair *a[] = {&q, &kv, &kr, &cq, &ck, &o};
-    if (!g_run2(g, K3K_OP_MLA_PREFILL, &p, a, 6, what)) gpair_check(g, &o, TOL_BF16, what);
-    goto out;
-  }
-  /* Rejected calls: sequence 0 with Lk < Lq (swap the bounds), then cu_k past the rows. */
-  {
-    const k3k_tensor_t *td[] = {&q.d, &kv.d, &kr.d, &cq.d, &ck.d, &o.d};
-    gpair_host_set(&ck, 1, (float)(lq[0] - 1));
-    gpair_upload(g, &ck);
-    int rc1 = k3k_run(g->cuda, K3K_OP_MLA_PREFILL, &p, td, 6);
-    gpair_host_set(&ck, 1, (float)lk[0]);
-    gpair_host_set(&ck, n, (float)(Tk + 1));
-    gpair_upload(g, &ck);
-    int rc2 = k3k_run(g->cuda, K3K_OP_MLA_PREFILL, &p, td, 6);
-    g_record(g, rc1 == K3_EINVAL && rc2 == K3_ERANGE, "%s: Lk<Lq -> %s, cu_k past rows -> %s",
-             what, k3_errname(rc1), k3_errname(rc2));
-    /* The output must still be the poison (0xFF bytes everywhere). */
-    int rc = g->cuda->synchronize(g->cuda);
-    bool untouched = rc == 0;
-    if (untouched) {
-      size_t nb = o.bytes;
-      unsigned char *hb = (unsigned char *)o.h.data;
-      if (g->cuda->copy_to_host(g->cuda, hb, o.d.data, nb)) untouched = false;
-      for (size_t i = 0; untouched && i < nb; i++) untouched = hb[i] == 0xFF;
-    }
-    g_record(g, untouched, "%s: output untouched after rejected calls", what);
-  }
-out:
-  gpair_free(g, &q), gpair_free(g, &kv), gpair_free(g, &kr), gpair_free(g, &cq);
-  gpair_free(g, &ck), gpair_free(g, &o);
-}
-
-void gpu_mla_prefill_cases(gctx *g, bool quick) {
-  static const int32_t kT[] = {1, 63, 64, 65, 1000};
-  for (int i = 0; i < 5; i++) {
-    t_mla_prefill(g, 1, &kT[i], &kT[i], 2, K3K_BF16, false);
-    if (quick && i == 1) break;
-  }
-  /* prefix (chunked prefill): the chunk is the last Lq of Lk positions */
-  static const int32_t pq[] = {65}, pk[] = {200};
-  t_mla_prefill(g, 1, pq, pk, 4, K3K_BF16, false);
-  /* ragged, with an empty sequence, a prefix, F32 output */
-  static const int32_t rq[] = {63, 1, 0, 130, 129}, rk[] = {63, 100, 5, 300, 129};
-  t_mla_prefill(g, 5, rq, rk, 3, K3K_F32, false);
-  /* real head count */
-  static const int32_t hq[] = {65, 17}, hk[] = {65, 80};
-  t_mla_prefill(g, 2, hq, hk, 96, K3K_BF16, false);
-  /* metadata errors */
-  static const int32_t eq[] = {10, 5}, ek[] = {20, 5};
-  t_mla_prefill(g, 2, eq, ek, 2, K3K_BF16, true);
-}
-
-/* MLA absorbed decode (MLA_DECODE) cases; moved here from gpu_parity.c. */
-/* ---- MLA decode ---- */
 /* spike: the token at len - 70 of every sequence of len >= 100 gets rope dims of +-24 (sign
  * from the RNG), so some heads' scores jump far above the running max in a late tile (the
  * Hopper kernel's exact rescale path) and others land a few units above it (the lazy path's
@@ -195,23 +118,8 @@ out:
   gpair_free(g, &sl), gpair_free(g, &o);
 }
 
-void gpu_mla_decode_cases(gctx *g, bool quick) {
-  static const int32_t l1[] = {1}, l2[] = {63, 64, 65, 1000, 1}, l3[] = {1000, 0, 130};
-  t_mla_decode(g, 1, l1, 48, 64, 0, 0);
-  t_mla_decode(g, 5, l2, 96, 64, 0, 0);
-  t_mla_decode(g, 3, l3, 96, 64, 0, 0);
-  /* Page sizes: 16 and 8 (TMA runs inside a page), 7 (the mma.sync kernel), 128 (2 tiles). */
-  t_mla_decode(g, 5, l2, 96, 16, 0, 0);
-  t_mla_decode(g, 3, l3, 48, 8, 0, 0);
-  t_mla_decode(g, 5, l2, 96, 7, 0, 0);
-  t_mla_decode(g, 3, l3, 96, 128, 0, 0);
-  t_mla_decode(g, 5, l2, 96, 64, 1, 0);
-  t_mla_decode(g, 3, l3, 96, 16, 1, 0);
-  /* head counts that are not multiples of 48 (the Hopper kernel pads the last group): the 48B's
-   * 32 heads, and 80 = 48 + 32 (two groups, the second partial), page sizes 64, 16 and 8 */
-  t_mla_decode(g, 5, l2, 32, 64, 0, 0);
-  t_mla_decode(g, 3, l3, 80, 16, 1, 0);
-  t_mla_decode(g, 1, l1, 32, 8, 0, 0);
+void gpu_mla_path_cases(gctx *g, bool quick) {
+  static const int32_t l2[] = {63, 64, 65, 1000, 1}, l3[] = {1000, 0, 130};
   /* split S (probe 32768): partial tiles, splits, page sizes 16 and 8, a partial head group */
   t_mla_decode(g, 5, l2, 96, 16, 1, 32768);
   t_mla_decode(g, 3, l3, 80, 8, 0, 32768);
@@ -219,15 +127,10 @@ void gpu_mla_decode_cases(gctx *g, bool quick) {
   t_mla_decode(g, 5, l2, 96, 64, 1, 4096 | 8192);
   t_mla_decode(g, 3, l3, 80, 16, 0, 4096 | 8192);
   if (!quick) {
-    int32_t l4[64];
-    for (int i = 0; i < 64; i++) l4[i] = 1 + (i * 997) % 2048;
-    t_mla_decode(g, 64, l4, 96, 64, 0, 0);
     /* long splits (tens of tiles per block: the page lookups and L2 prefetches 3 tiles ahead
-     * run in steady state), with spikes in late tiles, page sizes 64 and 16, both paths */
+     * run in steady state), with spikes in late tiles, each forced variant */
     int32_t l5[16];
     for (int i = 0; i < 16; i++) l5[i] = 2500 + (i * 331) % 2600;
-    t_mla_decode(g, 16, l5, 96, 64, 1, 0);
-    t_mla_decode(g, 16, l5, 96, 16, 1, 0);
     t_mla_decode(g, 16, l5, 96, 64, 1, 4096 | 8192);
     t_mla_decode(g, 16, l5, 96, 16, 1, 16384); /* far L2 prefetch variant */
     t_mla_decode(g, 16, l5, 96, 64, 1, 32768); /* split S */

@@ -1,11 +1,14 @@
 /* The decode step's one-launch residual glue (k3k_cuda_add_mix_norm, kernels/cuda/resnorm.cu)
- * inside k3k-gpu-check's parity cases (gpu_resnorm_cases): for each form (add + mix + norm, mix
+ * inside k3k-gpu-check (CUDA internals, gpu_resnorm_cases): for each form (add + mix + norm, mix
  * + norm, add + norm, norm alone) at K3's width 7168 and odd widths (each norm vector count
- * 1/2/4/8), 1-4 tokens, 0-12 snapshots:
+ * 1/2/4/8), 1-4 tokens, 0-15 snapshots:
  *   - P, h and xn of the fused launch are byte-identical to the ADD, ATTN_RES_MIX and RMSNORM
- *     ops queued one after the other on the same inputs (the promise the runner relies on);
- *   - the op chain's xn matches the reference backend (relative 1e-2: bf16 outputs);
- *   - refusals: more tokens than SMs, 16 snapshots, a misaligned row, xn aliasing P. */
+ *     ops queued one after the other on the same device and inputs (the promise the runner
+ *     relies on: a device-only comparison the op test cannot make);
+ *   - refusals of k3k_cuda_add_mix_norm_fits: more tokens than SMs, a misaligned row, xn
+ *     aliasing P.
+ * The fused op's parity against the reference at these shapes (RES_MIX_NORM through the op API)
+ * is test_kernels --real's (tests/kernels/t_fused.c t_fused_real). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,20 +50,14 @@ static void rc_free(gctx *g, rcase *c) {
   for (int i = 0; i < 8; i++) gpair_free(g, ps[i]);
 }
 
-/* The op chain on backend be over the views of side (0: host/reference, 1: device). */
-static int chain(k3k_backend_t *be, rcase *c, int dev, bool add, bool mix) {
-  gpair *P = &c->P, *a = &c->a, *S = &c->S, *h = &c->h;
-  const k3k_tensor_t *tP = dev ? &P->d : &P->h, *ta = dev ? &a->d : &a->h;
-  k3k_tensor_t sv = k3k_tensor_slice(dev ? &S->d : &S->h, 0, 0, c->nb);
+/* The op chain on the device views (be: the cuda backend). */
+static int chain(k3k_backend_t *be, rcase *c, bool add, bool mix) {
+  k3k_tensor_t sv = k3k_tensor_slice(&c->S.d, 0, 0, c->nb);
   const k3k_attn_res_params_t mp = {.eps = 1e-5f};
   const k3k_rmsnorm_params_t np = {.eps = 1e-5f, .bf16_inner = 1};
-  int rc = add ? k3k_add(be, tP, ta, tP) : 0;
-  if (!rc && mix)
-    rc = k3k_attn_res_mix(be, &mp, &sv, tP, dev ? &c->wn.d : &c->wn.h, dev ? &c->wp.d : &c->wp.h,
-                          dev ? &h->d : &h->h);
-  if (!rc)
-    rc = k3k_rmsnorm(be, &np, mix ? (dev ? &h->d : &h->h) : tP, dev ? &c->lw.d : &c->lw.h,
-                     dev ? &c->xn.d : &c->xn.h);
+  int rc = add ? k3k_add(be, &c->P.d, &c->a.d, &c->P.d) : 0;
+  if (!rc && mix) rc = k3k_attn_res_mix(be, &mp, &sv, &c->P.d, &c->wn.d, &c->wp.d, &c->h.d);
+  if (!rc) rc = k3k_rmsnorm(be, &np, mix ? &c->h.d : &c->P.d, &c->lw.d, &c->xn.d);
   return rc;
 }
 
@@ -97,7 +94,7 @@ static void one(gctx *g, int64_t T, int64_t d, int64_t nb, bool add, bool mix) {
   if (!rc) rc = be->copy_from_host(be, c.P.d.data, p0, c.P.bytes);
   if (!rc) rc = gpair_poison(g, &c.h);
   if (!rc) rc = gpair_poison(g, &c.xn);
-  if (!rc) rc = chain(be, &c, 1, add, mix);
+  if (!rc) rc = chain(be, &c, add, mix);
   if (!rc) rc = be->synchronize(be);
   for (int i = 0; i < 3 && !rc; i++)
     if (!(ops[i] = dl(be, outs[i]))) rc = K3_EDEVICE;
@@ -108,8 +105,6 @@ static void one(gctx *g, int64_t T, int64_t d, int64_t nb, bool add, bool mix) {
   bool same = !memcmp(fused[0], ops[0], c.P.bytes) && !memcmp(fused[2], ops[2], c.xn.bytes) &&
               (!mix || !memcmp(fused[1], ops[1], c.h.bytes));
   g_record(g, same, "%s: P, h, xn byte-identical to the three ops", what);
-  /* the op chain against the reference backend (host views still hold the original P) */
-  if (!chain(g->ref, &c, 0, add, mix)) gpair_check(g, &c.xn, 1e-2, what);
 done:
   free(p0);
   for (int i = 0; i < 3; i++) free(fused[i]), free(ops[i]);

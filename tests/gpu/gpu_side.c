@@ -1,5 +1,5 @@
 /* The CUDA backend's side stream (k3k_cuda_side_*, kernels/cuda/side_stream.cu) inside
- * k3k-gpu-check's parity cases (gpu_side_cases):
+ * k3k-gpu-check's CUDA-internals groups (gpu_side_cases):
  *   - misuse is refused with K3_EINVAL and leaves the lane unchanged: mark/end on the main
  *     lane, begin twice, wait from the side lane, mark numbers outside 1..2;
  *   - ordering and results, eagerly and inside a CUDA graph capture: main writes x, the side

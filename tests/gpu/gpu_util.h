@@ -1,9 +1,11 @@
-/* Helpers of the GPU test program (k3k-gpu-check): paired host/device tensors, random fill,
- * poisoning, and the relative Frobenius comparison.
+/* Helpers of the GPU test programs (k3k-gpu-check, k3k-gpu-moe): paired host/device tensors,
+ * random fill, poisoning, and the relative Frobenius comparison.
  *
- * What it is for: every parity case builds its inputs once on the host, uploads the same bytes
- * to the "cuda" backend, runs the op on the reference backend and on "cuda", and compares.
- * What it is not: a general test harness (tests/kernels/ is the op test program).
+ * What it is for: a check of a CUDA internal builds its inputs once on the host, uploads the
+ * same bytes to the "cuda" backend, runs the reference (an op on the reference backend, or the
+ * path the internal stands in for) and the internal, and compares.
+ * What it is not: the op test. Every op's parity is test_kernels' (tests/kernels, tiny and
+ * --real shapes), whose tolerance model (tests/kernels/tolerance.c) gpair_check follows.
  * Ownership: a gpair owns both buffers; gpair_free releases them. */
 #ifndef K3K_GPU_UTIL_H
 #define K3K_GPU_UTIL_H
