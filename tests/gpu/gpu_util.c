@@ -9,6 +9,7 @@
 
 #include "k3pd/err.h"
 #include "k3pd/util.h"
+#include "tol_model.h"
 
 uint64_t g_rand_u64(gctx *g) { /* xorshift64* */
   g->rng ^= g->rng >> 12;
@@ -108,43 +109,27 @@ bool gpair_check(gctx *g, gpair *p, double tol, const char *what) {
   }
   gpair dp = *p;
   dp.h.data = dev;
-  double num = 0.0, den = 0.0, maxabs = 0.0;
-  int64_t nan_mismatch = 0, int_mismatch = 0;
+  tol_sums_t sum = {0};
+  int64_t int_mismatch = 0;
   for (int64_t i = 0; i < n; i++) {
-    float r = gpair_host_get(p, i), d = gpair_host_get(&dp, i);
-    if (p->h.dtype == K3K_I32) {
+    if (p->h.dtype == K3K_I32)
       int_mismatch += ((const int32_t *)p->h.data)[i] != ((const int32_t *)dev)[i];
-      continue;
-    }
-    if (isnan(r) != isnan(d)) {
-      nan_mismatch++;
-      continue;
-    }
-    if (isnan(r)) continue;
-    double e = (double)d - (double)r;
-    num += e * e;
-    den += (double)r * r;
-    if (fabs(e) > maxabs) maxabs = fabs(e);
+    else
+      tol_sums_add(&sum, gpair_host_get(&dp, i), gpair_host_get(p, i));
   }
   free(dev);
-  double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-  /* the magnitude floor (gpu_util.h): one output-dtype ulp of the operands' RMS per element */
-  double ulp = p->h.dtype == K3K_BF16 ? 0x1p-7 : 0x1p-23;
-  double rin = g->in_rms[p->h.dtype == K3K_BF16 ? 0 : 1];
-  double fl2 = (double)n * (ulp * rin) * (ulp * rin);
-  double rel_eff = den > 0 || fl2 > 0 ? sqrt(num / fmax(den, fl2)) : sqrt(num);
-  bool floored = fl2 > den && num > 0; /* an exact match needs no floor */
-  bool ok = nan_mismatch == 0 && int_mismatch == 0 && rel_eff <= tol;
+  const bool bf16 = p->h.dtype == K3K_BF16; /* the one tolerance model (tol_model.h) */
+  const tol_verdict_t v =
+      tol_model(&sum, n, bf16 ? TOL_ULP_BF16 : TOL_ULP_F32, g->in_rms[bf16 ? 0 : 1], tol);
+  const bool ok = v.ok && int_mismatch == 0;
   if (p->h.dtype == K3K_I32)
     g_record(g, ok, "%s: %lld of %lld indices differ", what, (long long)int_mismatch,
              (long long)n);
-  else
+  else /* rel_eff is rel unless the floor bound */
     g_record(g, ok, "%s: rel_fro=%.3e%s (tol %.0e) max_abs=%.3e nan_mismatch=%lld n=%lld", what,
-             floored ? rel_eff : rel, floored ? " against the magnitude floor" : "", tol, maxabs,
-             (long long)nan_mismatch, (long long)n);
-  if (floored)
-    printf("     (rel_fro against |ref| %.3e; |ref| rms %.3e below the floor %.3e = ulp x operand "
-           "rms %.3e)\n", rel, sqrt(den / (double)n), ulp * rin, rin);
+             v.rel_eff, v.floored ? " against the magnitude floor" : "", tol, sum.maxabs,
+             (long long)sum.nan_bad, (long long)n);
+  if (v.floored) tol_print_floor(&v);
   return ok;
 }
 

@@ -47,15 +47,10 @@ int gpair_upload(gctx *g, gpair *p);
 int gpair_poison(gctx *g, gpair *p);
 /* Compares device against host: relative Frobenius error over F32/BF16 (exact for I32).
  * A NaN on one side only fails. Records and prints one line; returns true when it passed.
- * Tolerance model: ‖dev − ref‖ ≤ tol · max(‖ref‖, √n · ulp · r), ulp = the output dtype's
- * spacing at 1.0 (bf16 2^-7, f32 2^-23), r = g->in_rms of the output's dtype: the RMS of the
- * case's operands held in the output's precision (for a bf16 output its bf16 activations and
- * weights; f32 gate logits, betas and states do not count: a log-gate of -40 is no magnitude
- * of the result). The floor binds only for an output whose RMS is below one ulp of those
- * operands' RMS (cancellation, strong decay: the output of one KDA token under gates near
- * e^-5), where each bf16 rounding of terms at the operands' magnitude already moves the
- * output by about its own size and its relative error measures rounding, not the kernel; any
- * output above that magnitude keeps the plain relative bound. */
+ * Tolerance model (tests/common/tol_model.h, test_kernels' own): ‖dev − ref‖ ≤ tol · max(‖ref‖,
+ * √n · ulp · r), r = g->in_rms of the output's dtype: the RMS of the case's operands held in
+ * the output's precision (for a bf16 output its bf16 activations and weights; f32 gate logits,
+ * betas and states do not count: a log-gate of -40 is no magnitude of the result). */
 bool gpair_check(gctx *g, gpair *p, double tol, const char *what);
 float gpair_host_get(const gpair *p, int64_t i);
 void gpair_host_set(gpair *p, int64_t i, float v);

@@ -15,6 +15,7 @@
  *       ulp the output dtype's spacing at 1.0 (BF16 2^-7, F32 2^-23) and r_in the RMS of the
  *       finite elements of the case's operands held in the output's dtype (inputs and in/out
  *       state as they were before the run; pure outputs do not count).
+ * The bound's arithmetic is tests/common/tol_model.c, shared with the GPU internals programs.
  * Why these figures (derived in docs/kernels.md "One op test"): a BF16 output is one RNE
  * rounding on each side, and two fp32 values straddling a rounding boundary differ by one bf16
  * ulp (2^-8 relative) on a few elements, so the aggregate stays ~2e-3; fp32 outputs differ by
@@ -29,6 +30,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "tol_model.h"
 
 /* Slot s's tensor over another buffer with the same layout (a host copy of s->buf). */
 static tt_t over(const tt_t *s, const void *buf) {
@@ -79,31 +81,18 @@ bool tol_judge(const char *name, const char *be_name, bool exact, int i, const t
     if (verbose && !exact) printf("  %s[%s] t[%d]: exact (n=%lld)\n", name, be_name, i, (long long)n);
     return diff < 0;
   }
-  double num = 0, den = 0, maxabs = 0;
-  int64_t nan_bad = 0;
-  for (int64_t e = 0; e < n; e++) {
-    const double a = tt_get(&g, e), b = tt_get(&r, e);
-    if (isnan(a) != isnan(b)) nan_bad++;
-    if (isnan(a) || isnan(b)) continue;
-    num += (a - b) * (a - b);
-    den += b * b;
-    if (fabs(a - b) > maxabs) maxabs = fabs(a - b);
-  }
-  const double ulp = s->t.dtype == K3K_BF16 ? 0x1p-7 : 0x1p-23;
+  tol_sums_t sum = {0};
+  for (int64_t e = 0; e < n; e++) tol_sums_add(&sum, tt_get(&g, e), tt_get(&r, e));
   const double rin = in_rms ? in_rms[s->t.dtype == K3K_BF16 ? 0 : 1] : 0;
-  const double fl2 = (double)n * (ulp * rin) * (ulp * rin);
-  const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-  const double rel_eff = den > 0 || fl2 > 0 ? sqrt(num / fmax(den, fl2)) : sqrt(num);
-  const bool floored = fl2 > den && num > 0; /* an exact match needs no floor */
-  const bool ok = nan_bad == 0 && rel_eff <= tol;
-  check(ok, "%s[%s] t[%d]: rel_fro %.3e%s > tol %.0e or %lld NaN mismatches (max_abs %.3e)", name,
-        be_name, i, rel_eff, floored ? " (against the magnitude floor)" : "", tol,
-        (long long)nan_bad, maxabs);
+  const tol_verdict_t v =
+      tol_model(&sum, n, s->t.dtype == K3K_BF16 ? TOL_ULP_BF16 : TOL_ULP_F32, rin, tol);
+  check(v.ok, "%s[%s] t[%d]: rel_fro %.3e%s > tol %.0e or %lld NaN mismatches (max_abs %.3e)",
+        name, be_name, i, v.rel_eff, v.floored ? " (against the magnitude floor)" : "", tol,
+        (long long)sum.nan_bad, sum.maxabs);
   if (verbose)
     printf("  %s[%s] t[%d]: rel_fro %.3e%s (tol %.0e) max_abs %.3e n=%lld\n", name, be_name, i,
-           rel_eff, floored ? " against the magnitude floor" : "", tol, maxabs, (long long)n);
-  if (verbose && floored)
-    printf("     (rel_fro against |ref| %.3e; |ref| rms %.3e below the floor %.3e = ulp x "
-           "operand rms %.3e)\n", rel, sqrt(den / (double)n), ulp * rin, rin);
-  return ok;
+           v.rel_eff, v.floored ? " against the magnitude floor" : "", tol, sum.maxabs,
+           (long long)n);
+  if (verbose && v.floored) tol_print_floor(&v);
+  return v.ok;
 }
