@@ -1,7 +1,7 @@
 /* test_kernels harness implementation (see harness.h): tensors, RNG, counters, and run_case,
  * where float64 math checks "cpu" (and the other host backends), cpu-fast is bit-identical to
  * "cpu", and a device backend is judged against "cpu" by the one tolerance model
- * (tolerance.c). */
+ * (tolerance.c). Each backend's run is op_check.c's case_run. */
 #include "harness.h"
 
 #include <stdarg.h>
@@ -126,138 +126,91 @@ int run_host(const char *backend, k3k_op_t op, const void *params, tt_t *slots, 
   return k3k_run(k3k_backend_get(backend), op, params, tp, n);
 }
 
-int run_case(const char *name, k3k_op_t op, const void *params, tt_t *slots, int n, int want_rc) {
-  const char *const *names = k3k_backend_names();
-  void **ref_bytes = calloc((size_t)n, sizeof(void *)); /* "cpu" outputs: what the others match */
-  void **orig = calloc((size_t)n, sizeof(void *));      /* inputs as given, for every backend */
-  for (int i = 0; i < n; i++) {
-    orig[i] = malloc(slots[i].bytes);
-    memcpy(orig[i], slots[i].buf, slots[i].bytes);
+/* A host backend's output slot i (got: a host copy of its buffer) against the float64 math. */
+static void check_want(const char *name, const char *be_name, int i, const tt_t *s, void *got) {
+  const k3k_tensor_t gt = view_in(s, got);
+  double maxerr = 0;
+  int64_t bad = -1;
+  for (int64_t e = 0; e < tt_numel(s); e++) {
+    double err = fabs(get_t(&gt, e) - s->want[e]);
+    if (!(err <= s->atol + s->rtol * fabs(s->want[e])) && bad < 0) bad = e;
+    if (err > maxerr || isnan(err)) maxerr = isnan(err) ? INFINITY : err;
   }
+  check(bad < 0, "%s[%s] t[%d]: element %lld got %.8g want %.8g (max abs err %.3g)", name,
+        be_name, i, (long long)bad, bad >= 0 ? get_t(&gt, bad) : 0.0,
+        bad >= 0 ? s->want[bad] : 0.0, maxerr);
+}
+
+/* The other host backends: output slot i byte for byte equal to "cpu"'s (host copies). */
+static void check_bits(const char *name, const char *be_name, int i, const tt_t *s, void *got,
+                       void *ref) {
+  const k3k_tensor_t gt = view_in(s, got), rt = view_in(s, ref);
+  int64_t diff = -1;
+  for (int64_t e = 0; e < tt_numel(s) && diff < 0; e++)
+    if (memcmp(elem_ptr(&gt, e), elem_ptr(&rt, e), k3k_dtype_size(s->t.dtype))) diff = e;
+  check(diff < 0, "%s[%s] t[%d]: not bit-identical to cpu at element %lld (%.9g vs %.9g)", name,
+        be_name, i, (long long)diff, diff >= 0 ? get_t(&gt, diff) : 0.0,
+        diff >= 0 ? get_t(&rt, diff) : 0.0);
+}
+
+/* Every backend in k3k_backend_names() order ("cpu" first) through case_run (op_check.c). */
+int run_case(const char *name, k3k_op_t op, const void *params, tt_t *slots, int n, int want_rc) {
+  void *orig[K3K_MAX_ARGS] = {0}; /* inputs and in/out slots as given, for every backend */
+  void *ref[K3K_MAX_ARGS] = {0};  /* "cpu" outputs: what the others match */
+  for (int i = 0; i < n; i++)
+    if (!slots[i].out || slots[i].inout) orig[i] = dup_buf(&slots[i]);
   double rms[2];
   tol_in_rms(slots, n, orig, rms);
   int ran = 0;
   bool on_dev = false, on_any = false;
-  for (int b = 0; names[b]; b++) {
-    k3k_backend_t *be = k3k_backend_get(names[b]);
+  for (const char *const *nm = k3k_backend_names(); *nm; nm++) {
+    k3k_backend_t *be = k3k_backend_get(*nm);
     if (!be) continue;
     ran++;
-    void *dev[K3K_MAX_ARGS] = {0};
-    k3k_tensor_t tv[K3K_MAX_ARGS];
-    const k3k_tensor_t *tp[K3K_MAX_ARGS];
-    bool ok = true;
-    for (int i = 0; i < n; i++) {
-      tt_t *s = &slots[i];
-      if (be->alloc(be, s->bytes, &dev[i])) {
-        ok = false;
-        break;
-      }
-      size_t off = (size_t)((char *)s->t.data - (char *)s->buf);
-      if (s->out && !s->inout) {
-        /* Poison: all-ones bytes are NaN for f32/bf16 and −1 for i32. */
-        void *tmp = malloc(s->bytes);
-        memset(tmp, 0xFF, s->bytes);
-        be->copy_from_host(be, dev[i], tmp, s->bytes);
-        free(tmp);
-      } else {
-        be->copy_from_host(be, dev[i], orig[i], s->bytes);
-      }
-      tv[i] = s->t;
-      tv[i].data = (char *)dev[i] + off;
-      tv[i].backend = be;
-      tp[i] = &tv[i];
-    }
-    check(ok, "%s[%s]: alloc", name, be->name);
-    if (!ok) {
-      for (int i = 0; i < n; i++)
-        if (dev[i]) be->free(be, dev[i]);
-      continue;
-    }
-    int rc = k3k_run(be, op, params, tp, n);
-    be->synchronize(be);
+    void *got[K3K_MAX_ARGS] = {0};
+    bool called;
+    const int rc = case_run(be, op, params, slots, n, orig, got, NULL, &called);
+    check(called, "%s[%s]: alloc", name, be->name);
+    if (!called) continue;
     if (rc == K3_ENOTSUP && !be->host_memory && want_rc != K3_ENOTSUP && !g_require_dev) {
       /* A device backend that does not implement this op/shape (its `supports` said no) is a
        * skip, not a failure; the CPU backends must run everything. */
       g_skip++;
       printf("SKIP: %s[%s]: not supported\n", name, be->name);
-      for (int i = 0; i < n; i++) be->free(be, dev[i]);
+      for (int i = 0; i < n; i++) free(got[i]);
       continue;
     }
     check(rc == want_rc, "%s[%s]: rc %d (%s), want %d", name, be->name, rc, k3_errname(rc),
           want_rc);
-    const bool is_cpu = !strcmp(be->name, "cpu");
-    if (rc == 0 && want_rc == 0) {
-      on_any = true;
-      on_dev |= !be->host_memory;
-    }
+    const bool ok = rc == 0 && want_rc == 0;
+    on_any |= ok;
+    on_dev |= ok && !be->host_memory;
+    if (want_rc != 0) case_untouched(name, be->name, slots, n, orig, got);
     for (int i = 0; i < n; i++) {
-      tt_t *s = &slots[i];
-      if (!s->out) {
-        be->free(be, dev[i]);
-        continue;
-      }
-      void *host = malloc(s->bytes);
-      be->copy_to_host(be, host, dev[i], s->bytes);
-      k3k_tensor_t ht = s->t;
-      ht.data = (char *)host + ((char *)s->t.data - (char *)s->buf);
-      if (rc == 0 && want_rc == 0 && s->want && be->host_memory) {
-        /* the math: "cpu" (the specification) and the other host backends */
-        double maxerr = 0;
-        int64_t bad = -1;
-        for (int64_t e = 0; e < tt_numel(s); e++) {
-          double got = get_t(&ht, e), w = s->want[e];
-          double err = fabs(got - w);
-          if (!(err <= s->atol + s->rtol * fabs(w))) {
-            if (bad < 0) bad = e;
-          }
-          if (err > maxerr || isnan(err)) maxerr = isnan(err) ? INFINITY : err;
-        }
-        check(bad < 0, "%s[%s] t[%d]: element %lld got %.8g want %.8g (max abs err %.3g)", name,
-              be->name, i, (long long)bad, bad >= 0 ? get_t(&ht, bad) : 0.0,
-              bad >= 0 ? s->want[bad] : 0.0, maxerr);
-      }
-      if (want_rc != 0 && s->inout) {
-        check(!memcmp(host, orig[i], s->bytes), "%s[%s] t[%d]: changed although the op failed",
-              name, be->name, i);
-      } else if (want_rc != 0) {
-        /* "On error nothing changed": the poison must still be there. */
-        bool untouched = true;
-        for (int64_t e = 0; e < tt_numel(s) && untouched; e++)
-          for (size_t by = 0; by < k3k_dtype_size(s->t.dtype); by++)
-            if (((const uint8_t *)elem_ptr(&ht, e))[by] != 0xFF) untouched = false;
-        check(untouched, "%s[%s] t[%d]: written although the op failed", name, be->name, i);
-      }
-      if (rc == 0 && is_cpu) {
-        free(ref_bytes[i]);
-        ref_bytes[i] = host;
-        host = NULL;
-      } else if (rc == 0 && want_rc == 0 && !ref_bytes[i]) {
+      const tt_t *s = &slots[i];
+      if (!s->out) continue;
+      if (ok && s->want && be->host_memory) check_want(name, be->name, i, s, got[i]);
+      if (rc == 0 && !strcmp(be->name, "cpu")) {
+        free(ref[i]);
+        ref[i] = got[i];
+        got[i] = NULL;
+      } else if (ok && !ref[i]) {
         check(false, "%s[%s] t[%d]: no \"cpu\" output to judge against", name, be->name, i);
-      } else if (rc == 0 && want_rc == 0 && !be->host_memory) {
+      } else if (ok && !be->host_memory) {
         /* a device backend: the one tolerance model against "cpu" (tolerance.c) */
-        tol_judge(name, be->name, false, i, s, host, ref_bytes[i], rms, false);
+        tol_judge(name, be->name, false, i, s, got[i], ref[i], rms, false);
       } else if (rc == 0 && be->host_memory) {
-        k3k_tensor_t rt = s->t;
-        rt.data = (char *)ref_bytes[i] + ((char *)s->t.data - (char *)s->buf);
-        int64_t diff = -1;
-        for (int64_t e = 0; e < tt_numel(s) && diff < 0; e++)
-          if (memcmp(elem_ptr(&ht, e), elem_ptr(&rt, e), k3k_dtype_size(s->t.dtype))) diff = e;
-        check(diff < 0, "%s[%s] t[%d]: not bit-identical to cpu at element %lld (%.9g vs %.9g)",
-              name, be->name, i, (long long)diff, diff >= 0 ? get_t(&ht, diff) : 0.0,
-              diff >= 0 ? get_t(&rt, diff) : 0.0);
+        check_bits(name, be->name, i, s, got[i], ref[i]);
       }
-      free(host);
-      be->free(be, dev[i]);
     }
+    for (int i = 0; i < n; i++) free(got[i]);
   }
   if (want_rc == 0) cov_note(op, on_dev, on_any);
   for (int i = 0; i < n; i++) {
     /* Leave the reference result in the host tensor so cases can chain ops. */
-    if (ref_bytes[i]) memcpy(slots[i].buf, ref_bytes[i], slots[i].bytes);
-    free(ref_bytes[i]);
+    if (ref[i]) memcpy(slots[i].buf, ref[i], slots[i].bytes);
+    free(ref[i]);
     free(orig[i]);
   }
-  free(ref_bytes);
-  free(orig);
   return ran;
 }

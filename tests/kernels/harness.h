@@ -117,6 +117,18 @@ void fused_check(const char *name, k3k_op_t op, const void *params, tt_t *s, int
                  const ft_table_t *tab);
 /* The same for a call every backend must refuse with want_rc (!= 0), writing nothing. */
 void op_check_err(const char *name, k3k_op_t op, const void *params, tt_t *s, int n, int want_rc);
+/* One backend's run of a case (the one upload/poison/run/download of run_case and fused_check):
+ * slots uploaded from orig (inputs, in/out; buf NULL: a NULL tensor), pure outputs poisoned
+ * (all-ones bytes), tab's PTR slot (tab may be NULL) filled with its matrices' addresses on be,
+ * MOE_ROUTED's NULL ws slot given k3k_workspace bytes. Once the op was called (*called, may be
+ * NULL), every output goes to got[i] (malloc'd; the caller frees), whatever the op returned.
+ * Returns the op's rc (or the synchronisation's), or K3_ENOMEM when the setup failed. */
+int case_run(k3k_backend_t *be, k3k_op_t op, const void *params, const tt_t *s, int n,
+             void **orig, void **got, const ft_table_t *tab, bool *called);
+/* After a refused call: checks every byte of each pure output in got still the poison and
+ * every in/out slot equal to orig. */
+void case_untouched(const char *name, const char *be_name, const tt_t *s, int n, void **orig,
+                    void **got);
 void *dup_buf(const tt_t *s);
 k3k_tensor_t view_in(const tt_t *s, void *buf);
 void tt_free_all(tt_t *s, int n); /* tt_free of every slot with a buffer */

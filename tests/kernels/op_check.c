@@ -6,7 +6,8 @@
  * "cpu", because the single-threaded "cpu" is slow at real shapes), then on every other
  * available backend, and judges each output by the one tolerance model (tolerance.c): host
  * backends bit for bit, device backends by the relative Frobenius bound with its magnitude
- * floor. op_check_err is the same for a call every backend must refuse.
+ * floor. op_check_err is the same for a call every backend must refuse. case_run and
+ * case_untouched (harness.h) serve run_case (harness.c) too.
  * What it is not: the float64 check of "cpu" against the math (run_case, harness.c) — a fused
  * case checks "cpu" against the chain of ops it means instead (chain).
  * Invariants: outputs are poisoned (all-ones bytes: NaN, -1) before each run; in/out tensors
@@ -39,13 +40,9 @@ static int upload_table(k3k_backend_t *be, const ft_table_t *tab, void **dev, vo
   return rc;
 }
 
-/* Runs op on be with slots (a slot with buf NULL is a NULL tensor) uploaded from orig (outputs
- * poisoned; tab's PTR slot filled with the addresses of its matrices uploaded to be; an op's
- * NULL ws slot given k3k_workspace bytes when the backend needs them), downloads every output
- * into got[i] (malloc'd, slot bytes) once the op was called, whatever it returned. Returns the
- * op's rc (or the synchronisation's), or K3_ENOMEM when the setup failed (got untouched). */
-static int run_on(k3k_backend_t *be, k3k_op_t op, const void *params, tt_t *s, int n,
-                  void **orig, void **got, const ft_table_t *tab) {
+/* One backend's run of a case (harness.h). */
+int case_run(k3k_backend_t *be, k3k_op_t op, const void *params, const tt_t *s, int n,
+             void **orig, void **got, const ft_table_t *tab, bool *called) {
   void *dev[K3K_MAX_ARGS] = {0}, **mdev = tab ? calloc((size_t)tab->n, sizeof *mdev) : NULL;
   k3k_tensor_t tv[K3K_MAX_ARGS];
   const k3k_tensor_t *tp[K3K_MAX_ARGS] = {0};
@@ -81,6 +78,7 @@ static int run_on(k3k_backend_t *be, k3k_op_t op, const void *params, tt_t *s, i
     }
   }
   const bool ran = !rc;
+  if (called) *called = ran;
   if (ran) {
     rc = k3k_run(be, op, params, tp, n);
     const int src = be->synchronize(be);
@@ -101,8 +99,8 @@ static int run_on(k3k_backend_t *be, k3k_op_t op, const void *params, tt_t *s, i
 }
 
 /* After a refused call: every pure output still the poison, every in/out slot as it was. */
-static void untouched(const char *name, const char *be_name, const tt_t *s, int n, void **orig,
-                      void **got) {
+void case_untouched(const char *name, const char *be_name, const tt_t *s, int n, void **orig,
+                    void **got) {
   for (int i = 0; i < n; i++) {
     if (!s[i].out || !s[i].buf || !got[i]) continue;
     bool same = true;
@@ -126,10 +124,10 @@ static void judge(const char *name, k3k_op_t op, const void *params, tt_t *s, in
   double rms[2];
   tol_in_rms(s, n, orig, rms);
   k3k_backend_t *rb = k3k_backend_get(g_ref);
-  int rc = rb ? run_on(rb, op, params, s, n, orig, ref, tab) : K3_ENOTSUP;
+  int rc = rb ? case_run(rb, op, params, s, n, orig, ref, tab, NULL) : K3_ENOTSUP;
   check(rc == want_rc, "%s[%s]: rc %d (%s), want %d (%s)", name, g_ref, rc, k3_errname(rc),
         want_rc, k3_errname(want_rc));
-  if (want_rc && rb) untouched(name, rb->name, s, n, orig, ref);
+  if (want_rc && rb) case_untouched(name, rb->name, s, n, orig, ref);
   for (int i = 0; i < n && !rc && chain; i++)
     if (s[i].out && chain[i]) tol_judge(name, "reference vs chain", true, i, &s[i], ref[i], chain[i], rms, false);
   on_any = !rc && !want_rc;
@@ -137,14 +135,14 @@ static void judge(const char *name, k3k_op_t op, const void *params, tt_t *s, in
     k3k_backend_t *be = k3k_backend_get(*nm);
     if (!be || be == rb || (be->host_memory && !g_host_others)) continue;
     void *got[K3K_MAX_ARGS] = {0};
-    const int brc = run_on(be, op, params, s, n, orig, got, tab);
+    const int brc = case_run(be, op, params, s, n, orig, got, tab, NULL);
     if (brc == K3_ENOTSUP && !be->host_memory && !g_require_dev && want_rc != K3_ENOTSUP) {
       g_skip++;
       printf("SKIP: %s[%s]: not supported\n", name, be->name);
     } else if (want_rc) {
       check(brc == want_rc, "%s[%s]: rc %d (%s), want %s", name, be->name, brc, k3_errname(brc),
             k3_errname(want_rc));
-      untouched(name, be->name, s, n, orig, got);
+      case_untouched(name, be->name, s, n, orig, got);
     } else {
       check(brc == 0, "%s[%s]: rc %d (%s)", name, be->name, brc, k3_errname(brc));
       for (int i = 0; i < n && !brc; i++)
