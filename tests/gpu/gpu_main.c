@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "csv.h"
 #include "gpu_util.h"
 #include "k3k.h"
 
@@ -47,19 +48,6 @@ static void run_group(gctx *g, int i, bool quick) {
   }
 }
 
-/* True when `name` is one of the comma-separated entries of `list`. */
-static bool in_list(const char *list, const char *name) {
-  size_t n = strlen(name);
-  for (const char *s = list; *s;) {
-    const char *e = strchr(s, ',');
-    size_t len = e ? (size_t)(e - s) : strlen(s);
-    if (len == n && !strncmp(s, name, n)) return true;
-    if (!e) break;
-    s = e + 1;
-  }
-  return false;
-}
-
 int main(int argc, char **argv) {
   bool quick = false, perf = false, checks = true;
   const char *ref = "cpu-fast", *only = NULL, *cases = NULL;
@@ -78,25 +66,19 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  for (const char *c = cases; c && *c;) { /* every entry must be a known group */
-    const char *e = strchr(c, ',');
-    size_t len = e ? (size_t)(e - c) : strlen(c);
-    bool known = false;
-    for (int i = 0; i < N_GROUPS && !known; i++)
-      known = strlen(k_groups[i]) == len && !strncmp(c, k_groups[i], len);
-    if (!known) {
-      fprintf(stderr, "--cases: unknown group '%.*s' (known: gemv, gemv_multi, generic, side, "
-              "resnorm, mla; the ops' parity is test_kernels --real)\n", (int)len, c);
-      return 2;
-    }
-    c = e ? e + 1 : c + len;
+  size_t len;
+  const char *bad = cases ? csv_unknown(cases, k_groups, (size_t)N_GROUPS, &len) : NULL;
+  if (bad) { /* every entry must be a known group */
+    fprintf(stderr, "--cases: unknown group '%.*s' (known: gemv, gemv_multi, generic, side, "
+            "resnorm, mla; the ops' parity is test_kernels --real)\n", (int)len, bad);
+    return 2;
   }
   gctx g;
   int orc = gctx_open(&g, ref, seed, "k3k-gpu-check");
   if (orc) return orc;
   g.perf_only = only;
   for (int i = 0; i < N_GROUPS && checks; i++)
-    if (!cases || in_list(cases, k_groups[i])) run_group(&g, i, quick);
+    if (!cases || csv_has(cases, k_groups[i])) run_group(&g, i, quick);
   if (perf) gpu_perf(&g);
   printf("%d passed, %d failed\n", g.passed, g.failed);
   k3k_backends_shutdown();

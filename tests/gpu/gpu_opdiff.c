@@ -29,6 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "csv.h"
 #include "gpu_runner_util.h"
 #include "k3_runner.h"
 #include "k3k.h"
@@ -304,17 +305,7 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < N_EXPS && !rc; i++) {
     const exp_t *e = &k_exps[i];
-    if (exps) {
-      /* whole-name match inside the comma list */
-      const char *p = exps;
-      size_t n = strlen(e->name);
-      bool found = false;
-      while ((p = strstr(p, e->name))) {
-        if ((p == exps || p[-1] == ',') && (p[n] == ',' || p[n] == 0)) found = true;
-        p += n;
-      }
-      if (!found) continue;
-    }
+    if (exps && !csv_has(exps, e->name)) continue;
     double el = (double)(k3_now_ns() - t0) / 1e9;
     if (budget > 0 && el > budget) {
       printf("budget: %.0f s elapsed, experiment %s and later not run\n", el, e->name);

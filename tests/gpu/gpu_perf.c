@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "csv.h"
 #include "gpu_util.h"
 #include "k3k_cuda_ops.h"
 #include "k3pd/err.h"
@@ -57,16 +58,7 @@ static double time_it(pctx *P, bench_fn fn, void *arg, int iters) {
 /* True when perf group `tag` was asked for (--only a,b,c; every group when --only is absent). */
 static bool want(const pctx *P, const char *tag) {
   const char *o = P->g->perf_only;
-  if (!o || !*o) return true;
-  size_t n = strlen(tag);
-  for (const char *s = o; *s;) {
-    const char *e = strchr(s, ',');
-    size_t len = e ? (size_t)(e - s) : strlen(s);
-    if (len == n && !strncmp(s, tag, n)) return true;
-    if (!e) break;
-    s = e + 1;
-  }
-  return false;
+  return !o || !*o || csv_has(o, tag);
 }
 
 static void report(pctx *P, const char *name, double t, double bytes, double flop) {

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "csv.h"
 #include "real.h"
 
 bool g_quick;
@@ -53,31 +54,12 @@ void real_unit_heads(tt_t *x, int64_t rows, int64_t nh) {
 
 const char *g_real_groups;
 
-/* True when no --groups list was given or `name` is one of its comma-separated entries. */
-static bool want(const char *name) {
-  if (!g_real_groups) return true;
-  const size_t n = strlen(name);
-  for (const char *c = g_real_groups; *c;) {
-    const char *e = strchr(c, ',');
-    const size_t len = e ? (size_t)(e - c) : strlen(c);
-    if (len == n && !strncmp(c, name, n)) return true;
-    c = e ? e + 1 : c + len;
-  }
-  return false;
-}
+/* True when no --groups list was given or `name` is one of its entries. */
+static bool want(const char *name) { return !g_real_groups || csv_has(g_real_groups, name); }
 
 bool real_groups_valid(const char *list) {
   static const char *const known[] = {"fused", "rows", "gemm", "seq", "mla", "moe"};
-  for (const char *c = list; *c;) {
-    const char *e = strchr(c, ',');
-    const size_t len = e ? (size_t)(e - c) : strlen(c);
-    bool ok = false;
-    for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++)
-      ok = strlen(known[i]) == len && !strncmp(c, known[i], len);
-    if (!ok) return false;
-    c = e ? e + 1 : c + len;
-  }
-  return true;
+  return !csv_unknown(list, known, sizeof known / sizeof known[0], NULL);
 }
 
 void t_real(void) {
