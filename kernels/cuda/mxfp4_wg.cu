@@ -11,28 +11,36 @@
  * Shape: the weights are the M side and the tokens the N side ("swapped" GEMM), so the MXFP4
  * tile never goes through shared memory as bf16: each thread dequantises its own A fragments
  * (wgmma m64k16, register operand) straight from the packed bytes, and the gathered token rows
- * are the B operand (K-major, 128-byte swizzle) in shared memory. A block is two math
- * warpgroups over one (expert, 128 weight rows, up to 224 tokens) tile: warpgroup w takes rows
- * 64w..64w+63 (fused: 32 features, gate rows at fragment rows g and up rows at g + 8, so gate
- * and up of a feature land in the same thread's accumulators and SiTU needs no exchange). The
- * wgmma N is the tile's token count rounded up to 32 (one of seven instructions, picked per
- * tile), so a ragged expert wastes < 32 columns; an expert with more than 224 rows is cut into
- * near-equal tiles. Each weight element is dequantised once per token tile, i.e. once per
- * expert at K3's ~160 rows per expert.
+ * are the B operand (K-major, 128-byte swizzle) in shared memory. A block is NWG math
+ * warpgroups over one (expert, 64·NWG weight rows, up to 32·NBMAX tokens) tile (wg_shape: 4 ×
+ * 128 by default, 2 × 224 for comparison): warpgroup w takes rows 64w..64w+63 (fused: 32
+ * features, gate rows at fragment rows g and up rows at g + 8, so gate and up of a feature land
+ * in the same thread's accumulators and SiTU needs no exchange). The wgmma N is the tile's token
+ * count rounded up to 32 (one instruction per N, picked per tile), so a ragged expert wastes
+ * < 32 columns; an expert with more rows than a tile holds is cut into near-equal tiles. Each
+ * weight element is dequantised once per token tile: twice per expert at K3's ~146 rows per
+ * expert in the default shape (two tiles of ~73), once in the 2 × 224 one.
  *
  * Pipeline (K in chunks of 64): token rows (gathered through the plan) and packed weight rows
- * arrive by cp.async in a WG_STG-stage ring, scales by plain loads two chunks ahead. Per chunk a
- * warpgroup dequantises chunk c into one of two A register sets while the wgmma of chunk c−1
- * still runs, issues the 4 wgmma of chunk c, waits for chunk c−1's (wait_group 1), and one
- * block barrier frees chunk c−1's stage for the copies of chunk c+WG_STG−1.
+ * arrive by cp.async in a WG_STG-stage ring (every thread copies its share), scales by plain
+ * loads two chunks ahead. 4-warpgroup shape: a thread waits for the stage's full mbarrier
+ * (cp.async arrives when its copies land), dequantises, issues the chunk's 4 wgmma, waits for
+ * them, arrives on the stage's empty mbarrier and issues its copies of chunk c+WG_MB_D (after
+ * the stage's previous use was released by everyone), so warps drift apart by up to two chunks
+ * and one warpgroup's dequant overlaps the others' wgmma. 2-warpgroup shape: a warpgroup
+ * dequantises chunk c into one of two A register sets while the wgmma of chunk c−1 still runs,
+ * issues the 4 wgmma of chunk c, waits for chunk c−1's (wait_group 1), and one block barrier
+ * frees chunk c−1's stage for the copies of chunk c+WG_STG−1.
  *
  * Dequantisation (per thread, per chunk, per row): fragment a0/a2 of k step s need packed bytes
  * 8s+t and 8s+4+t (t = lane % 4; one byte = the (even, odd) k pair); three byte permutes gather
  * bytes t, t+4, t+8, t+12 of a 16-byte scale group into one word, and the table-free E2M1 →
  * bf16 trick of mxfp4_tc.cu (nibbles i, i+4 → bf16x2 × 2^-126, then × 2^(s−1) for the E8M0
- * scale as two multiplies, the second by 1 unless s > 128; exact) plus two permutes put the
- * pairs back in k order. The whole dequant is one basic block (selects, no branches); the first
- * version (a branch around the second multiply, N up to 256) measured 41.6 ms, this one 39.1. */
+ * scale; exact) plus two permutes put the pairs back in k order. The scale: 2-warpgroup shape,
+ * two multiplies always (the second by 1 unless s > 128), one basic block (a branch around the
+ * second multiply made ptxas serialise the wgmma there: 41.6 vs 39.1 ms in session 4);
+ * 4-warpgroup shape, one multiply on a warp-uniform branch per chunk unless a scale of the
+ * warp's chunk is > 128 (−7 % of the expert GEMMs, session 14). */
 #include "cuda_common.cuh"
 #include "mla_prefill_sm90.cuh"
 #include "mxfp4_args.cuh"
@@ -158,11 +166,34 @@ __device__ __forceinline__ void wg_rs(float *d, const uint32_t *a, uint64_t db) 
 }
 
 
-constexpr int WG_STG = 4;            /* ring stages (chunks of 64 k) */
-constexpr int WG_TOK = 224;          /* most tokens per tile (the largest wgmma N used) */
-constexpr int WG_XS = WG_TOK * 128;  /* a stage's token rows: 224 × 64 k bf16, swizzled */
-constexpr int WG_WS = 128 * 32;      /* a stage's packed weight rows: 128 × 64 k */
-constexpr int WG_SMEM = WG_STG * (WG_XS + WG_WS) + 1024; /* + alignment slack: 145 KB */
+constexpr int WG_STG = 4; /* ring stages (chunks of 64 k) */
+constexpr int WG_MB_D = 2; /* 4-warpgroup shape: chunks of copies a thread has in flight */
+
+/* The two block shapes (NWG math warpgroups of 64 weight rows over token tiles of up to 32·NBMAX
+ * tokens, the largest wgmma N):
+ *   NWG 4 (the default since session 14): 512 threads, 256 weight rows × up to 128 tokens, at
+ *     most 128 registers a thread: one A register set (a warpgroup's dequant does not overlap
+ *     its own wgmma, the other three warpgroups' do), stages handed over by mbarriers instead of
+ *     a block barrier per chunk, the scale as one multiply unless the warp's chunk has a scale
+ *     > 128, the multiply form of the E2M1 unpacking (dq<true>). Each token row copied from L2
+ *     feeds twice the weight rows of NWG 2, so the L2 → SM traffic per FLOP halves.
+ *   NWG 2 (session 4's kernel; K3PD_MX_WG=2): 256 threads, 128 weight rows × up to 224 tokens,
+ *     244-255 registers (the fp32 accumulators of N = 224), two A register sets, a block
+ *     barrier per chunk, two multiplies always.
+ * Measured (docs/perf-gpu-moe.md, 2026-12-03): K3's 8K prefill expert GEMMs 42.3 → 30.4 ms. */
+template <int NWG> struct wg_shape {
+  static constexpr int THREADS = 128 * NWG;
+  static constexpr int NBMAX = NWG == 4 ? 4 : 7;
+  static constexpr bool MB = NWG == 4;               /* mbarrier hand-over */
+  static constexpr int NA = NWG == 4 ? 1 : 2;        /* A register sets */
+  static constexpr int SC = NWG == 4 ? 6 : 0;        /* dequant_chunk's mode */
+  static constexpr int ROWS = 64 * NWG;              /* weight rows of a block tile */
+  static constexpr int TOK = 32 * NBMAX;             /* most tokens per tile */
+  static constexpr int XS = TOK * 128;               /* a stage's token rows: TOK × 64 k bf16 */
+  static constexpr int WS = ROWS * 32;               /* a stage's packed weight rows × 64 k */
+  static constexpr int SMEM = WG_STG * (XS + WS) + 1024 + 16 * WG_STG; /* + slack, mbarriers */
+  static constexpr int XPASS = THREADS / 8;          /* token rows copied per pass of the block */
+};
 
 /* Weight row and set (0 gate/plain, 1 up) of block tile row br (0..127). Fused: warpgroup
  * br/64 owns features nbase + 32·(br/64) ..+31; in its warp (br/16)%4, fragment rows 0..7 are
@@ -193,8 +224,18 @@ __device__ __forceinline__ uint32_t scale_f2(uint32_t s) {
   const uint32_t f = (s > 128 && s != 255) ? (s - 1) << 7 : 0x3F80u;
   return f | (f << 16);
 }
-/* Nibbles i and i+4 of w as bf16x2 codes × 2^-126 (low half nibble i), unscaled. */
-__device__ __forceinline__ uint32_t dq(uint32_t w, int i) {
+/* Nibbles i and i+4 of w as bf16x2 codes × 2^-126 (low half nibble i), unscaled. IM: the
+ * multiply form of mxfp4_dec.cu (mask, IMAD making the two shifted copies, mask; w2 = w >> 8 for
+ * i = 2, 3): 2 ALU + 1 FMA-pipe operation instead of 3 ALU. */
+template <bool IM>
+__device__ __forceinline__ uint32_t dq(uint32_t w, uint32_t w2, int i) {
+  if (IM) {
+    const uint32_t M = 0x81C081C0u;
+    if (i == 0) return ((w & 0x000F000Fu) * 4160u) & M;
+    if (i == 1) return ((w & 0x00F000F0u) * 260u) & M;
+    if (i == 2) return ((w2 & 0x000F000Fu) * 4160u) & M;
+    return ((w2 & 0x00F000F0u) * 260u) & M;
+  }
   const uint32_t M1 = 0x01C001C0u, M2 = 0x80008000u;
   if (i == 0) return ((w << 6) & M1) | ((w << 12) & M2);
   if (i == 1) return ((w << 2) & M1) | ((w << 8) & M2);
@@ -203,15 +244,25 @@ __device__ __forceinline__ uint32_t dq(uint32_t w, int i) {
 }
 
 /* Chunk stage `wr` (packed rows br0 at +0 and br0+8 at +256, 32 bytes each) → the A fragments
- * of the chunk's 4 k16 steps. Always two multiplies (f2 = 1 unless s > 128): a warp-uniform
- * branch to a one-multiply path made ptxas serialise the wgmma (register pressure). */
+ * of the chunk's 4 k16 steps. SC & 2, the scale: 0 two multiplies always (f2 = 1 unless s > 128;
+ * in the 2-warpgroup shape a warp-uniform branch to a one-multiply path made ptxas serialise the
+ * wgmma: register pressure); 2 one multiply by 2^(s-1) unless some lane of the warp has a scale
+ * > 128 in this chunk (then the two-multiply form, on a warp-uniform branch; real checkpoints
+ * never have one). SC & 4: the multiply form of dq. Both forms are exact: same bits. */
+template <int SC>
 __device__ __forceinline__ void dequant_chunk(const unsigned char *wr, uint32_t psel,
                                               const uint32_t (&S)[2][2], uint32_t (&A)[4][4]) {
+  constexpr bool IM = (SC & 4) != 0;
   uint4 v[2][2];
 #pragma unroll
   for (int h = 0; h < 2; h++)
 #pragma unroll
     for (int q = 0; q < 2; q++) v[h][q] = *reinterpret_cast<const uint4 *>(wr + h * 256 + q * 16);
+  bool one = false;
+  if (SC & 2) {
+    const uint32_t m = max(max(S[0][0], S[0][1]), max(S[1][0], S[1][1]));
+    one = !__any_sync(0xffffffffu, m > 128u);
+  }
 #pragma unroll
   for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -219,11 +270,16 @@ __device__ __forceinline__ void dequant_chunk(const unsigned char *wr, uint32_t 
       const uint32_t w = __byte_perm(__byte_perm(v[h][q].x, v[h][q].y, psel),
                                      __byte_perm(v[h][q].z, v[h][q].w, psel),
                                      0x5410); /* bytes t, t+4, t+8, t+12 */
-      const uint32_t f1 = scale_f1(S[h][q]), f2 = scale_f2(S[h][q]);
+      const uint32_t w2 = w >> 8;
       uint32_t r[4];
+      if (one) { /* every scale of the warp's chunk <= 128: one multiply by 2^(s-1) */
+        const uint32_t f = (S[h][q] + 126u) * 0x00800080u;
 #pragma unroll
-      for (int i = 0; i < 4; i++) {
-        r[i] = bmul2(bmul2(dq(w, i), f1), f2);
+        for (int i = 0; i < 4; i++) r[i] = bmul2(dq<IM>(w, w2, i), f);
+      } else {
+        const uint32_t f1 = scale_f1(S[h][q]), f2 = scale_f2(S[h][q]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) r[i] = bmul2(bmul2(dq<IM>(w, w2, i), f1), f2);
       }
       A[2 * q][h] = __byte_perm(r[0], r[1], 0x5410);         /* byte t: k 2t, 2t+1 */
       A[2 * q][2 + h] = __byte_perm(r[2], r[3], 0x5410);     /* byte t+4: k 8+2t.. */
@@ -244,31 +300,40 @@ struct wthr {
   const uint8_t *sp[2]; /* dequant role: scale rows of fragment rows g, g+8 */
   bool sv[2];
   uint32_t psel; /* byte permute selecting byte t of two words */
+  uint32_t full, empty; /* MB: shared addresses of the stages' full[WG_STG], empty[WG_STG] */
   int t, wg, warp, g, tig, br0, nbase, nk;
+  int cbase; /* MB: chunks this block consumed before the current token tile */
 };
 
 /* One token tile [tb, tb+tsz) (tsz <= 32·NB) of the block's 128 weight rows: the main loop over
  * K and the epilogue. Leaves the ring idle (all copies and wgmma done, a barrier passed). */
-template <bool FUSED, int NB>
+template <bool FUSED, int NWG, int NB>
 __device__ __forceinline__ void wg_tile(const mx_kargs &a, const wthr &c, int tb, int tsz) {
+  using SH = wg_shape<NWG>;
+  constexpr int SC = SH::SC;
+  static_assert(SH::MB || SH::NA == 2, "the block-barrier loop double-buffers A");
+  constexpr bool MB = SH::MB;
+  constexpr int NX = (32 * NB + SH::XPASS - 1) / SH::XPASS; /* token rows a thread copies */
   const int t = c.t, nk = c.nk;
-  /* x rows this thread copies: tile rows (t >> 3) + 32i (i < NB), segment t & 7; −1: zero */
-  int32_t xrow[NB];
+  /* x rows this thread copies: tile rows (t >> 3) + XPASS·i (i < NX), segment t & 7; −1: zero */
+  int32_t xrow[NX];
 #pragma unroll
-  for (int i = 0; i < NB; i++) {
-    const int r = (t >> 3) + 32 * i;
+  for (int i = 0; i < NX; i++) {
+    const int r = (t >> 3) + SH::XPASS * i;
     xrow[i] = r < tsz ? (a.x_gather ? __ldg(a.x_gather + tb + r) : tb + r) : -1;
   }
   auto issue = [&](int kc) {
     if (kc < nk) {
       const int st = kc % WG_STG;
 #pragma unroll
-      for (int i = 0; i < NB; i++) {
+      for (int i = 0; i < NX; i++) {
+        const int r = (t >> 3) + SH::XPASS * i;
+        if (r >= 32 * NB) break; /* past the wgmma N: never read */
         const bool v = xrow[i] >= 0;
         const uint16_t *src = v ? a.x + (int64_t)xrow[i] * a.ldx + kc * 64 + (t & 7) * 8 : a.x;
-        cp_async16(c.Xs + st * WG_XS + swz((t >> 3) + 32 * i, t & 7), src, v);
+        cp_async16(c.Xs + st * SH::XS + swz(r, t & 7), src, v);
       }
-      cp_async16(c.Ws + st * WG_WS + t * 16, c.wsrc + (int64_t)kc * 32, c.wvalid);
+      cp_async16(c.Ws + st * SH::WS + t * 16, c.wsrc + (int64_t)kc * 32, c.wvalid);
     }
     cp_async_commit(); /* always one group per chunk (empty past the end) */
   };
@@ -282,12 +347,58 @@ __device__ __forceinline__ void wg_tile(const mx_kargs &a, const wthr &c, int tb
   };
   /* chunk kc's packed rows br0, br0+8 → A fragments of its 4 k16 steps */
   auto dequant = [&](int kc, const uint32_t(&S)[2][2], uint32_t(&A)[4][4]) {
-    dequant_chunk(c.Ws + (kc % WG_STG) * WG_WS + c.br0 * 32, c.psel, S, A);
+    dequant_chunk<SC>(c.Ws + (kc % WG_STG) * SH::WS + c.br0 * 32, c.psel, S, A);
   };
   float acc[16 * NB];
 #pragma unroll
   for (int i = 0; i < 16 * NB; i++) acc[i] = 0.0f;
   uint32_t A0[4][4], A1[4][4], S0[2][2], S1[2][2];
+  if (MB) {
+    /* Stage use n = cbase + kc (running over the block's token tiles): stage n % WG_STG, its
+     * (n / WG_STG)-th use. full[st]: every thread's copies of the use landed (cp.async arrives
+     * when they complete); empty[st]: every thread's wgmma of the use completed. A thread issues
+     * the copies of chunk kc + WG_MB_D after its own chunk kc, waiting only for the stage's
+     * previous use to be released: the warps drift apart by up to WG_MB_D chunks instead of
+     * meeting at a block barrier every chunk. */
+    auto issue_mb = [&](int kc) {
+      if (kc >= nk) return;
+      const int n = c.cbase + kc, st = n % WG_STG;
+      if (n >= WG_STG) mbar_wait(c.empty + 8 * st, ((n / WG_STG) - 1) & 1);
+#pragma unroll
+      for (int i = 0; i < NX; i++) {
+        const int r = (t >> 3) + SH::XPASS * i;
+        if (r >= 32 * NB) break;
+        const bool v = xrow[i] >= 0;
+        const uint16_t *src = v ? a.x + (int64_t)xrow[i] * a.ldx + kc * 64 + (t & 7) * 8 : a.x;
+        cp_async16(c.Xs + st * SH::XS + swz(r, t & 7), src, v);
+      }
+      cp_async16(c.Ws + st * SH::WS + t * 16, c.wsrc + (int64_t)kc * 32, c.wvalid);
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(c.full + 8 * st)
+                   : "memory");
+    };
+    for (int s = 0; s < WG_MB_D; s++) issue_mb(s);
+    scales(0, S0);
+    scales(1, S1);
+    auto chunk_mb = [&](int kc, uint32_t(&A)[4][4], uint32_t(&S)[2][2]) {
+      const int n = c.cbase + kc, st = n % WG_STG;
+      mbar_wait(c.full + 8 * st, (n / WG_STG) & 1);
+      fence_proxy_async(); /* the stage's token rows are read next by wgmma (async proxy) */
+      dequant(kc, S, A);
+      scales(kc + 2, S);
+      wgmma_fence();
+      const uint32_t xs = c.xb + st * SH::XS;
+#pragma unroll
+      for (int s = 0; s < 4; s++) wg_rs<NB>(acc, A[s], gmma_desc(xs + 32 * s, 16, 1024));
+      wgmma_commit();
+      wgmma_wait<0>();
+      mbar_arrive(c.empty + 8 * st);
+      issue_mb(kc + WG_MB_D);
+    };
+    for (int kc = 0; kc < nk; kc += 2) {
+      chunk_mb(kc, A0, S0);
+      chunk_mb(kc + 1, A0, S1);
+    }
+  } else {
   for (int s = 0; s < WG_STG - 1; s++) issue(s);
   scales(0, S0);
   scales(1, S1);
@@ -298,11 +409,11 @@ __device__ __forceinline__ void wg_tile(const mx_kargs &a, const wthr &c, int tb
     dequant(kc, S, A); /* overlaps the wgmma of chunk kc-1 */
     scales(kc + 2, S);
     wgmma_fence();
-    const uint32_t xs = c.xb + (kc % WG_STG) * WG_XS;
+    const uint32_t xs = c.xb + (kc % WG_STG) * SH::XS;
 #pragma unroll
     for (int s = 0; s < 4; s++) wg_rs<NB>(acc, A[s], gmma_desc(xs + 32 * s, 16, 1024));
     wgmma_commit();
-    wgmma_wait<1>();             /* chunk kc-1's wgmma done: its stage and A set are free */
+    wgmma_wait<1>(); /* chunk kc-1's wgmma done: its stage and A set are free */
     cp_async_wait<WG_STG - 3>(); /* chunk kc+1 landed (this thread's copies) */
     fence_proxy_async();
     __syncthreads(); /* ... everyone's; nobody reads chunk kc-1's stage any more */
@@ -311,6 +422,7 @@ __device__ __forceinline__ void wg_tile(const mx_kargs &a, const wthr &c, int tb
   for (int kc = 0; kc < nk; kc += 2) { /* nk is even (K % 128 == 0) */
     chunk(kc, A0, S0);
     chunk(kc + 1, A1, S1);
+  }
   }
   wgmma_wait<0>();
 #pragma unroll
@@ -338,17 +450,19 @@ __device__ __forceinline__ void wg_tile(const mx_kargs &a, const wthr &c, int tb
   __syncthreads(); /* the next token tile refills the ring */
 }
 
-template <bool FUSED>
-__global__ void __launch_bounds__(256, 1) mx_wg_kernel(mx_kargs a) {
+template <bool FUSED, int NWG>
+__global__ void __launch_bounds__(128 * NWG, 1) mx_wg_kernel(mx_kargs a) {
+  using SH = wg_shape<NWG>;
+  constexpr int NBMAX = SH::NBMAX;
   extern __shared__ unsigned char wsm[];
   int e, rb, re;
   if (!mx_expert_rows(a, blockIdx.y, e, rb, re)) return;
   wthr c;
-  c.nbase = blockIdx.x * (FUSED ? 64 : 128);
+  c.nbase = blockIdx.x * (FUSED ? SH::ROWS / 2 : SH::ROWS);
   if (c.nbase >= a.N) return;
   const uint32_t s0 = smem_u32(wsm);
   c.Xs = wsm + (((s0 + 1023u) & ~1023u) - s0);
-  c.Ws = c.Xs + WG_STG * WG_XS;
+  c.Ws = c.Xs + WG_STG * SH::XS;
   c.xb = smem_u32(c.Xs);
   c.t = threadIdx.x;
   c.wg = c.t >> 7;
@@ -373,18 +487,29 @@ __global__ void __launch_bounds__(256, 1) mx_wg_kernel(mx_kargs a) {
     c.sp[h] = mx_scale(m, e) + (int64_t)(c.sv[h] ? row : 0) * m.lds;
   }
   c.psel = (uint32_t)c.tig | ((uint32_t)(c.tig + 4) << 4);
-  const int rows = re - rb, ntt = (rows + WG_TOK - 1) / WG_TOK;
-  for (int tt = 0; tt < ntt; tt++) {
+  c.full = smem_u32(c.Ws + WG_STG * SH::WS);
+  c.empty = c.full + 8 * WG_STG;
+  c.cbase = 0;
+  if (SH::MB) {
+    if (c.t == 0)
+      for (int i = 0; i < WG_STG; i++) {
+        mbar_init(c.full + 8 * i, SH::THREADS);
+        mbar_init(c.empty + 8 * i, SH::THREADS);
+      }
+    __syncthreads();
+  }
+  const int rows = re - rb, ntt = (rows + SH::TOK - 1) / SH::TOK;
+  for (int tt = 0; tt < ntt; tt++, c.cbase += c.nk) {
     const int tb = rb + (int)((int64_t)tt * rows / ntt);
     const int tsz = rb + (int)((int64_t)(tt + 1) * rows / ntt) - tb;
     switch ((tsz + 31) >> 5) { /* wgmma N = 32·nb, block-uniform */
-    case 1: wg_tile<FUSED, 1>(a, c, tb, tsz); break;
-    case 2: wg_tile<FUSED, 2>(a, c, tb, tsz); break;
-    case 3: wg_tile<FUSED, 3>(a, c, tb, tsz); break;
-    case 4: wg_tile<FUSED, 4>(a, c, tb, tsz); break;
-    case 5: wg_tile<FUSED, 5>(a, c, tb, tsz); break;
-    case 6: wg_tile<FUSED, 6>(a, c, tb, tsz); break;
-    default: wg_tile<FUSED, 7>(a, c, tb, tsz); break;
+    case 1: wg_tile<FUSED, NWG, 1>(a, c, tb, tsz); break;
+    case 2: wg_tile<FUSED, NWG, (NBMAX < 2 ? NBMAX : 2)>(a, c, tb, tsz); break;
+    case 3: wg_tile<FUSED, NWG, (NBMAX < 3 ? NBMAX : 3)>(a, c, tb, tsz); break;
+    case 4: wg_tile<FUSED, NWG, (NBMAX < 4 ? NBMAX : 4)>(a, c, tb, tsz); break;
+    case 5: wg_tile<FUSED, NWG, (NBMAX < 5 ? NBMAX : 5)>(a, c, tb, tsz); break;
+    case 6: wg_tile<FUSED, NWG, (NBMAX < 6 ? NBMAX : 6)>(a, c, tb, tsz); break;
+    default: wg_tile<FUSED, NWG, NBMAX>(a, c, tb, tsz); break;
     }
   }
 }
@@ -400,6 +525,32 @@ bool k3k_cu_moe_wg_wanted(void) {
   return v != 0;
 }
 
+/* The block shape (wg_shape): K3PD_MX_WG=2 takes the 2-warpgroup one (comparison runs), else 4;
+ * read once. */
+static int wg_groups(void) {
+  static int v = 0;
+  if (!v) {
+    const char *s = getenv("K3PD_MX_WG");
+    v = s && atoi(s) == 2 ? 2 : 4;
+  }
+  return v;
+}
+
+template <bool FUSED, int NWG>
+static int wg_launch(cudaStream_t st, const mx_kargs &g, int max_active) {
+  using SH = wg_shape<NWG>;
+  static bool lim;
+  if (!lim) {
+    K3K_CU(cudaFuncSetAttribute(mx_wg_kernel<FUSED, NWG>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, SH::SMEM));
+    lim = true;
+  }
+  const int rpb = FUSED ? SH::ROWS / 2 : SH::ROWS;
+  dim3 grid((unsigned)((g.N + rpb - 1) / rpb), (unsigned)max_active);
+  mx_wg_kernel<FUSED, NWG><<<grid, SH::THREADS, SH::SMEM, st>>>(g);
+  return 0;
+}
+
 int k3k_cu_moe_gemm_wg(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
   if (a->K % 128 || a->N % 16 || a->ldx % 8 || ((uintptr_t)a->x & 15) || a->w.ld_packed % 16 ||
       a->max_active <= 0 || a->max_active > 65535)
@@ -408,22 +559,12 @@ int k3k_cu_moe_gemm_wg(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
   if (fused && a->up.ld_packed % 16) return K3_EINVAL;
   mx_kargs g;
   mx_fill_args(&g, a);
-  static bool lim[2];
-  const int rpb = fused ? 64 : 128;
-  dim3 grid((unsigned)((a->N + rpb - 1) / rpb), (unsigned)a->max_active);
-  if (fused) {
-    if (!lim[0]) {
-      K3K_CU(cudaFuncSetAttribute(mx_wg_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
-      lim[0] = true;
-    }
-    mx_wg_kernel<true><<<grid, 256, WG_SMEM, st>>>(g);
-  } else {
-    if (!lim[1]) {
-      K3K_CU(cudaFuncSetAttribute(mx_wg_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM));
-      lim[1] = true;
-    }
-    mx_wg_kernel<false><<<grid, 256, WG_SMEM, st>>>(g);
-  }
+  int rc;
+  if (wg_groups() == 2)
+    rc = fused ? wg_launch<true, 2>(st, g, a->max_active) : wg_launch<false, 2>(st, g, a->max_active);
+  else
+    rc = fused ? wg_launch<true, 4>(st, g, a->max_active) : wg_launch<false, 4>(st, g, a->max_active);
+  if (rc) return rc;
   K3K_LAUNCHED("mxfp4_grouped_gemm_prefill_wgmma");
   return 0;
 }
