@@ -138,12 +138,13 @@ size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t E, int32_t F, int32_t D);
 
 /* The path rule. ON by default for batches with at least K3K_CU_MOE_DQ_ROWS_DEFAULT plan rows
  * per active expert on average, i.e. T*k / min(E, T*k) >= rows (the measured crossover against
- * the grouped W4A16 kernel: perf-gpu-moe.md "Dequant-once prefill"): the medium preset's 8K
- * prefill (512 rows per expert) takes it, a K3 8K prefill (E = 896: ~146) and every decode step
- * do not. K3PD_MOE_DQ=0 turns it off, K3PD_MOE_DQ=2 takes it for every batch (tests),
+ * the grouped W4A16 kernel, 384 since its 4-warpgroup form of session 14, 256 before:
+ * perf-gpu-moe.md "Dequant-once prefill"): the medium preset's 8K prefill (512 rows per expert)
+ * takes it, a K3 prefill of up to ~21K tokens (E = 896: ~146 rows at 8K, ~292 at 16K) and every
+ * decode step do not. K3PD_MOE_DQ=0 turns it off, K3PD_MOE_DQ=2 takes it for every batch (tests),
  * K3PD_MOE_DQ_ROWS sets the threshold. Deterministic in (T, k, E) and the environment read at
  * the first call. */
-#define K3K_CU_MOE_DQ_ROWS_DEFAULT 256
+#define K3K_CU_MOE_DQ_ROWS_DEFAULT 384
 bool k3k_cu_moe_dq_wanted(int64_t T, int32_t k, int32_t E);
 
 /* Runs the routed experts of one MoE layer (see the file comment). */

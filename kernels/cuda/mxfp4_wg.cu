@@ -180,9 +180,12 @@ constexpr int WG_MB_D = 2; /* 4-warpgroup shape: chunks of copies a thread has i
  *   NWG 2 (session 4's kernel; K3PD_MX_WG=2): 256 threads, 128 weight rows × up to 224 tokens,
  *     244-255 registers (the fp32 accumulators of N = 224), two A register sets, a block
  *     barrier per chunk, two multiplies always.
- * Measured (docs/perf-gpu-moe.md, 2026-12-03): K3's 8K prefill expert GEMMs 42.3 → 30.4 ms. */
+ * Measured (docs/perf-gpu-moe.md, 2026-12-03): K3's 8K prefill expert GEMMs 42.3 → 30.4 ms; a
+ * 3 × 192-row shape with 160-token tiles (168 registers, each weight dequantised once at K3's
+ * ~146 rows) took 32.9 ms. */
 template <int NWG> struct wg_shape {
   static constexpr int THREADS = 128 * NWG;
+  static_assert(NWG == 2 || NWG == 4, "the two measured shapes");
   static constexpr int NBMAX = NWG == 4 ? 4 : 7;
   static constexpr bool MB = NWG == 4;               /* mbarrier hand-over */
   static constexpr int NA = NWG == 4 ? 1 : 2;        /* A register sets */
@@ -322,19 +325,20 @@ __device__ __forceinline__ void wg_tile(const mx_kargs &a, const wthr &c, int tb
     const int r = (t >> 3) + SH::XPASS * i;
     xrow[i] = r < tsz ? (a.x_gather ? __ldg(a.x_gather + tb + r) : tb + r) : -1;
   }
-  auto issue = [&](int kc) {
-    if (kc < nk) {
-      const int st = kc % WG_STG;
+  /* this thread's copies of chunk kc (token rows, its packed row half) into stage st */
+  auto copy = [&](int kc, int st) {
 #pragma unroll
-      for (int i = 0; i < NX; i++) {
-        const int r = (t >> 3) + SH::XPASS * i;
-        if (r >= 32 * NB) break; /* past the wgmma N: never read */
-        const bool v = xrow[i] >= 0;
-        const uint16_t *src = v ? a.x + (int64_t)xrow[i] * a.ldx + kc * 64 + (t & 7) * 8 : a.x;
-        cp_async16(c.Xs + st * SH::XS + swz(r, t & 7), src, v);
-      }
-      cp_async16(c.Ws + st * SH::WS + t * 16, c.wsrc + (int64_t)kc * 32, c.wvalid);
+    for (int i = 0; i < NX; i++) {
+      const int r = (t >> 3) + SH::XPASS * i;
+      if (r >= 32 * NB) break; /* past the wgmma N: never read */
+      const bool v = xrow[i] >= 0;
+      const uint16_t *src = v ? a.x + (int64_t)xrow[i] * a.ldx + kc * 64 + (t & 7) * 8 : a.x;
+      cp_async16(c.Xs + st * SH::XS + swz(r, t & 7), src, v);
     }
+    cp_async16(c.Ws + st * SH::WS + t * 16, c.wsrc + (int64_t)kc * 32, c.wvalid);
+  };
+  auto issue = [&](int kc) {
+    if (kc < nk) copy(kc, kc % WG_STG);
     cp_async_commit(); /* always one group per chunk (empty past the end) */
   };
   auto scales = [&](int kc, uint32_t(&S)[2][2]) {
@@ -364,15 +368,7 @@ __device__ __forceinline__ void wg_tile(const mx_kargs &a, const wthr &c, int tb
       if (kc >= nk) return;
       const int n = c.cbase + kc, st = n % WG_STG;
       if (n >= WG_STG) mbar_wait(c.empty + 8 * st, ((n / WG_STG) - 1) & 1);
-#pragma unroll
-      for (int i = 0; i < NX; i++) {
-        const int r = (t >> 3) + SH::XPASS * i;
-        if (r >= 32 * NB) break;
-        const bool v = xrow[i] >= 0;
-        const uint16_t *src = v ? a.x + (int64_t)xrow[i] * a.ldx + kc * 64 + (t & 7) * 8 : a.x;
-        cp_async16(c.Xs + st * SH::XS + swz(r, t & 7), src, v);
-      }
-      cp_async16(c.Ws + st * SH::WS + t * 16, c.wsrc + (int64_t)kc * 32, c.wvalid);
+      copy(kc, st);
       asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(c.full + 8 * st)
                    : "memory");
     };
