@@ -140,7 +140,7 @@ size_t k3k_cu_moe_dq_scratch_bytes(int64_t tk, int32_t E, int32_t F, int32_t D);
  * per active expert on average, i.e. T*k / min(E, T*k) >= rows (the measured crossover against
  * the grouped W4A16 kernel, 384 since its 4-warpgroup form of session 14, 256 before:
  * perf-gpu-moe.md "Dequant-once prefill"): the medium preset's 8K prefill (512 rows per expert)
- * takes it, a K3 prefill of up to ~21K tokens (E = 896: ~146 rows at 8K, ~292 at 16K) and every
+ * takes it, a K3 prefill of up to ~20K tokens (E = 896: ~162 rows per active expert at 8K, ~310 at 16K) and every
  * decode step do not. K3PD_MOE_DQ=0 turns it off, K3PD_MOE_DQ=2 takes it for every batch (tests),
  * K3PD_MOE_DQ_ROWS sets the threshold. Deterministic in (T, k, E) and the environment read at
  * the first call. */

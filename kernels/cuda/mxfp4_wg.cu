@@ -18,8 +18,8 @@
  * in the same thread's accumulators and SiTU needs no exchange). The wgmma N is the tile's token
  * count rounded up to 32 (one instruction per N, picked per tile), so a ragged expert wastes
  * < 32 columns; an expert with more rows than a tile holds is cut into near-equal tiles. Each
- * weight element is dequantised once per token tile: twice per expert at K3's ~146 rows per
- * expert in the default shape (two tiles of ~73), once in the 2 × 224 one.
+ * weight element is dequantised once per token tile: twice per expert at K3's ~162 rows per
+ * expert in the default shape (two tiles of ~81), once in the 2 × 224 one.
  *
  * Pipeline (K in chunks of 64): token rows (gathered through the plan) and packed weight rows
  * arrive by cp.async in a WG_STG-stage ring (every thread copies its share), scales by plain
@@ -182,7 +182,7 @@ constexpr int WG_MB_D = 2; /* 4-warpgroup shape: chunks of copies a thread has i
  *     barrier per chunk, two multiplies always.
  * Measured (docs/perf-gpu-moe.md, 2026-12-03): K3's 8K prefill expert GEMMs 42.3 → 30.4 ms; a
  * 3 × 192-row shape with 160-token tiles (168 registers, each weight dequantised once at K3's
- * ~146 rows) took 32.9 ms. */
+ * ~162 rows) took 32.9 ms. */
 template <int NWG> struct wg_shape {
   static constexpr int THREADS = 128 * NWG;
   static_assert(NWG == 2 || NWG == 4, "the two measured shapes");
