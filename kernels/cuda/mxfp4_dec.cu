@@ -31,7 +31,7 @@
  * inside a step is free (mma sums), so x is fed in the weights' (k, k+4) pairing by byte
  * permutes, once per 128 k for both halves.
  *
- * Dequantisation (dq4): for a 32-bit word w of 8 codes, bf16x2 register i holds codes i and i+4
+ * Dequantisation (mx_e2m1_mul4, mxfp4_e2m1.cuh): for a 32-bit word w of 8 codes, bf16x2 register i holds codes i and i+4
  * as the E2M1 value × 2^-126: ((w_i & 0x000F000F) · (2^6 + 2^12)) & 0x81C081C0, where w_i has
  * codes i, i+4 in its nibbles 0 and 4 (w, w>>4 via the mask 0x00F000F0 and multiplier
  * 2^2 + 2^8, and the same on w>>8 for i = 2, 3). The multiply makes two disjoint copies of
@@ -53,6 +53,7 @@
 #include "mma_sm80.cuh"
 #include "moe_ops.h"
 #include "mxfp4_args.cuh"
+#include "mxfp4_e2m1.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -97,15 +98,8 @@ __device__ __forceinline__ uint4 ld_w(const void *p, int pf) {
   return pf == 2 ? ld_stream16<256>(p) : pf == 1 ? ld_stream16<128>(p) : ld_stream16<0>(p);
 }
 
-__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
-  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&a),
-                             *reinterpret_cast<__nv_bfloat162 *>(&b));
-  return *reinterpret_cast<uint32_t *>(&r);
-}
-
-/* E8M0 byte s → bf16x2 factors: fast path 2^(s−1) (s <= 128); slow path f1·f2 with f2 = 1 for
- * s <= 128, 2^127 · 2^(s−128) for 129..254, NaN for 255. */
-__device__ __forceinline__ uint32_t sfac_fast(uint32_t s) { return (s + 126u) * 0x00800080u; }
+/* E8M0 byte s → bf16x2 factors: fast path mx_scale_one (2^(s−1), s <= 128); slow path f1·f2
+ * with f2 = 1 for s <= 128, 2^127 · 2^(s−128) for 129..254, NaN for 255. */
 __device__ __forceinline__ void sfac_slow(uint32_t s, uint32_t &f1, uint32_t &f2) {
   if (s <= 128) {
     f1 = (s + 126u) << 7;
@@ -119,15 +113,6 @@ __device__ __forceinline__ void sfac_slow(uint32_t s, uint32_t &f1, uint32_t &f2
   }
   f1 |= f1 << 16;
   f2 |= f2 << 16;
-}
-
-/* The 8 codes of w as 4 bf16x2 registers × 2^-126 (register i: codes i and i+4). */
-__device__ __forceinline__ void dq4(uint32_t w, uint32_t r[4]) {
-  const uint32_t M = 0x81C081C0u, w2 = w >> 8;
-  r[0] = ((w & 0x000F000Fu) * 4160u) & M;
-  r[1] = ((w & 0x00F000F0u) * 260u) & M;
-  r[2] = ((w2 & 0x000F000Fu) * 4160u) & M;
-  r[3] = ((w2 & 0x00F000F0u) * 260u) & M;
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4 &v, int q) {
@@ -144,21 +129,21 @@ __device__ __forceinline__ void unit_mma(const uint4 &w0, const uint4 &w1, uint3
     sfac_slow(s0, f10, f20);
     sfac_slow(s1, f11, f21);
   } else {
-    f10 = sfac_fast(s0);
-    f11 = sfac_fast(s1);
+    f10 = mx_scale_one(s0);
+    f11 = mx_scale_one(s1);
   }
 #pragma unroll
   for (int q = 0; q < 4; q++) {
     uint32_t ra[4], rb[4];
-    dq4(word_of(w0, q), ra);
-    dq4(word_of(w1, q), rb);
+    mx_e2m1_mul4(word_of(w0, q), ra);
+    mx_e2m1_mul4(word_of(w1, q), rb);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-      ra[i] = bmul2(ra[i], f10);
-      rb[i] = bmul2(rb[i], f11);
+      ra[i] = mx_bmul2(ra[i], f10);
+      rb[i] = mx_bmul2(rb[i], f11);
       if (SLOW) {
-        ra[i] = bmul2(ra[i], f20);
-        rb[i] = bmul2(rb[i], f21);
+        ra[i] = mx_bmul2(ra[i], f20);
+        rb[i] = mx_bmul2(rb[i], f21);
       }
     }
 #pragma unroll

@@ -42,17 +42,13 @@
 #include "mma_sm80.cuh"
 #include "moe_ops.h"
 #include "mxfp4_args.cuh"
+#include "mxfp4_e2m1.cuh"
 #include "mxfp4_wg.h"
 
 namespace {
 
 
 
-__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
-  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&a),
-                             *reinterpret_cast<__nv_bfloat162 *>(&b));
-  return *reinterpret_cast<uint32_t *>(&r);
-}
 /* E8M0 byte s → the bf16x2 factor(s) that turn the 2^-126-biased codes into values: 2^(s−1),
  * split in two multiplies when s > 128 (f2 = 0: none). */
 __device__ __forceinline__ void scale_factors(uint32_t s, uint32_t &f1, uint32_t &f2) {
@@ -76,8 +72,8 @@ __device__ __forceinline__ uint32_t dq(uint32_t w, int i, uint32_t f1, uint32_t 
   else if (i == 1) r = ((w << 2) & M1) | ((w << 8) & M2);
   else if (i == 2) r = ((w >> 2) & M1) | ((w << 4) & M2);
   else r = ((w >> 6) & M1) | (w & M2);
-  r = bmul2(r, f1);
-  return f2 ? bmul2(r, f2) : r;
+  r = mx_bmul2(r, f1);
+  return f2 ? mx_bmul2(r, f2) : r;
 }
 __device__ __forceinline__ uint32_t word_of(const uint4 &v, int q) {
   return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;

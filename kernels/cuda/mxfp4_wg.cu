@@ -44,6 +44,7 @@
 #include "cuda_common.cuh"
 #include "mla_prefill_sm90.cuh"
 #include "mxfp4_args.cuh"
+#include "mxfp4_e2m1.cuh"
 #include "mxfp4_wg.h"
 
 #include <stdlib.h>
@@ -175,7 +176,7 @@ constexpr int WG_MB_D = 2; /* 4-warpgroup shape: chunks of copies a thread has i
  *     most 128 registers a thread: one A register set (a warpgroup's dequant does not overlap
  *     its own wgmma, the other three warpgroups' do), stages handed over by mbarriers instead of
  *     a block barrier per chunk, the scale as one multiply unless the warp's chunk has a scale
- *     > 128, the multiply form of the E2M1 unpacking (dq<true>). Each token row copied from L2
+ *     > 128, the multiply form of the E2M1 unpacking (mx_e2m1_mul4). Each token row copied from L2
  *     feeds twice the weight rows of NWG 2, so the L2 → SM traffic per FLOP halves.
  *   NWG 2 (session 4's kernel; K3PD_MX_WG=2): 256 threads, 128 weight rows × up to 224 tokens,
  *     244-255 registers (the fp32 accumulators of N = 224), two A register sets, a block
@@ -211,11 +212,6 @@ __device__ __forceinline__ int tile_row(int nbase, int br, int &set) {
   return nbase + 32 * (br >> 6) + 8 * ((br >> 4) & 3) + (br & 7);
 }
 
-__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
-  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&a),
-                             *reinterpret_cast<__nv_bfloat162 *>(&b));
-  return *reinterpret_cast<uint32_t *>(&r);
-}
 /* E8M0 byte s → the bf16x2 factors turning the 2^-126-biased codes into values: f1 = 2^(s−1)
  * when s <= 128, else 2^127 with f2 = 2^(s−128) (f2 = 1 when s <= 128); 255 gives NaN. Selects, no branches (the dequant must stay one basic
  * block so the compiler can interleave its loads and chains). */
@@ -228,17 +224,11 @@ __device__ __forceinline__ uint32_t scale_f2(uint32_t s) {
   return f | (f << 16);
 }
 /* Nibbles i and i+4 of w as bf16x2 codes × 2^-126 (low half nibble i), unscaled. IM: the
- * multiply form of mxfp4_dec.cu (mask, IMAD making the two shifted copies, mask; w2 = w >> 8 for
- * i = 2, 3): 2 ALU + 1 FMA-pipe operation instead of 3 ALU. */
+ * multiply form (mxfp4_e2m1.cuh: 2 ALU + 1 IMAD per register; the 4-warpgroup shape), else the
+ * shift form (3 ALU; the 2-warpgroup shape, as measured in session 4). */
 template <bool IM>
 __device__ __forceinline__ uint32_t dq(uint32_t w, uint32_t w2, int i) {
-  if (IM) {
-    const uint32_t M = 0x81C081C0u;
-    if (i == 0) return ((w & 0x000F000Fu) * 4160u) & M;
-    if (i == 1) return ((w & 0x00F000F0u) * 260u) & M;
-    if (i == 2) return ((w2 & 0x000F000Fu) * 4160u) & M;
-    return ((w2 & 0x00F000F0u) * 260u) & M;
-  }
+  if (IM) return mx_e2m1_mul(w, w2, i);
   const uint32_t M1 = 0x01C001C0u, M2 = 0x80008000u;
   if (i == 0) return ((w << 6) & M1) | ((w << 12) & M2);
   if (i == 1) return ((w << 2) & M1) | ((w << 8) & M2);
@@ -276,13 +266,13 @@ __device__ __forceinline__ void dequant_chunk(const unsigned char *wr, uint32_t 
       const uint32_t w2 = w >> 8;
       uint32_t r[4];
       if (one) { /* every scale of the warp's chunk <= 128: one multiply by 2^(s-1) */
-        const uint32_t f = (S[h][q] + 126u) * 0x00800080u;
+        const uint32_t f = mx_scale_one(S[h][q]);
 #pragma unroll
-        for (int i = 0; i < 4; i++) r[i] = bmul2(dq<IM>(w, w2, i), f);
+        for (int i = 0; i < 4; i++) r[i] = mx_bmul2(dq<IM>(w, w2, i), f);
       } else {
         const uint32_t f1 = scale_f1(S[h][q]), f2 = scale_f2(S[h][q]);
 #pragma unroll
-        for (int i = 0; i < 4; i++) r[i] = bmul2(bmul2(dq<IM>(w, w2, i), f1), f2);
+        for (int i = 0; i < 4; i++) r[i] = mx_bmul2(mx_bmul2(dq<IM>(w, w2, i), f1), f2);
       }
       A[2 * q][h] = __byte_perm(r[0], r[1], 0x5410);         /* byte t: k 2t, 2t+1 */
       A[2 * q][2 + h] = __byte_perm(r[2], r[3], 0x5410);     /* byte t+4: k 8+2t.. */
@@ -308,7 +298,7 @@ struct wthr {
   int cbase; /* MB: chunks this block consumed before the current token tile */
 };
 
-/* One token tile [tb, tb+tsz) (tsz <= 32·NB) of the block's 128 weight rows: the main loop over
+/* One token tile [tb, tb+tsz) (tsz <= 32·NB) of the block's 64·NWG weight rows: the main loop over
  * K and the epilogue. Leaves the ring idle (all copies and wgmma done, a barrier passed). */
 template <bool FUSED, int NWG, int NB>
 __device__ __forceinline__ void wg_tile(const mx_kargs &a, const wthr &c, int tb, int tsz) {
@@ -395,30 +385,30 @@ __device__ __forceinline__ void wg_tile(const mx_kargs &a, const wthr &c, int tb
       chunk_mb(kc + 1, A0, S1);
     }
   } else {
-  for (int s = 0; s < WG_STG - 1; s++) issue(s);
-  scales(0, S0);
-  scales(1, S1);
-  cp_async_wait<WG_STG - 2>(); /* chunk 0 landed (this thread's copies) */
-  fence_proxy_async();         /* read next by wgmma (async proxy) */
-  __syncthreads();
-  auto chunk = [&](int kc, uint32_t(&A)[4][4], uint32_t(&S)[2][2]) {
-    dequant(kc, S, A); /* overlaps the wgmma of chunk kc-1 */
-    scales(kc + 2, S);
-    wgmma_fence();
-    const uint32_t xs = c.xb + (kc % WG_STG) * SH::XS;
+    for (int s = 0; s < WG_STG - 1; s++) issue(s);
+    scales(0, S0);
+    scales(1, S1);
+    cp_async_wait<WG_STG - 2>(); /* chunk 0 landed (this thread's copies) */
+    fence_proxy_async();         /* read next by wgmma (async proxy) */
+    __syncthreads();
+    auto chunk = [&](int kc, uint32_t(&A)[4][4], uint32_t(&S)[2][2]) {
+      dequant(kc, S, A); /* overlaps the wgmma of chunk kc-1 */
+      scales(kc + 2, S);
+      wgmma_fence();
+      const uint32_t xs = c.xb + (kc % WG_STG) * SH::XS;
 #pragma unroll
-    for (int s = 0; s < 4; s++) wg_rs<NB>(acc, A[s], gmma_desc(xs + 32 * s, 16, 1024));
-    wgmma_commit();
-    wgmma_wait<1>(); /* chunk kc-1's wgmma done: its stage and A set are free */
-    cp_async_wait<WG_STG - 3>(); /* chunk kc+1 landed (this thread's copies) */
-    fence_proxy_async();
-    __syncthreads(); /* ... everyone's; nobody reads chunk kc-1's stage any more */
-    issue(kc + WG_STG - 1);
-  };
-  for (int kc = 0; kc < nk; kc += 2) { /* nk is even (K % 128 == 0) */
-    chunk(kc, A0, S0);
-    chunk(kc + 1, A1, S1);
-  }
+      for (int s = 0; s < 4; s++) wg_rs<NB>(acc, A[s], gmma_desc(xs + 32 * s, 16, 1024));
+      wgmma_commit();
+      wgmma_wait<1>(); /* chunk kc-1's wgmma done: its stage and A set are free */
+      cp_async_wait<WG_STG - 3>(); /* chunk kc+1 landed (this thread's copies) */
+      fence_proxy_async();
+      __syncthreads(); /* ... everyone's; nobody reads chunk kc-1's stage any more */
+      issue(kc + WG_STG - 1);
+    };
+    for (int kc = 0; kc < nk; kc += 2) { /* nk is even (K % 128 == 0) */
+      chunk(kc, A0, S0);
+      chunk(kc + 1, A1, S1);
+    }
   }
   wgmma_wait<0>();
 #pragma unroll
@@ -557,9 +547,11 @@ int k3k_cu_moe_gemm_wg(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
   mx_fill_args(&g, a);
   int rc;
   if (wg_groups() == 2)
-    rc = fused ? wg_launch<true, 2>(st, g, a->max_active) : wg_launch<false, 2>(st, g, a->max_active);
+    rc = fused ? wg_launch<true, 2>(st, g, a->max_active)
+               : wg_launch<false, 2>(st, g, a->max_active);
   else
-    rc = fused ? wg_launch<true, 4>(st, g, a->max_active) : wg_launch<false, 4>(st, g, a->max_active);
+    rc = fused ? wg_launch<true, 4>(st, g, a->max_active)
+               : wg_launch<false, 4>(st, g, a->max_active);
   if (rc) return rc;
   K3K_LAUNCHED("mxfp4_grouped_gemm_prefill_wgmma");
   return 0;
