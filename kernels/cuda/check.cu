@@ -89,10 +89,24 @@ __global__ void pages_check_kernel(dv pt, dv lens, int64_t n, int64_t max_pages,
 }
 
 /* Scratch layout: [result word | bitmap]. Reads the result back (one synchronisation). */
+/* The context's pinned host word for check results (allocated once): a device-to-host copy
+ * into pageable memory is staged and synchronous, one more round trip per checked call. */
+static int host_word(k3k_cuda_ctx *cx) {
+  if (!cx->check_host) {
+    void *p = NULL;
+    K3K_CU(cudaMallocHost(&p, 64));
+    cx->check_host = (unsigned *)p;
+  }
+  return 0;
+}
+
 static int finish(k3k_cuda_ctx *cx, unsigned *res) {
-  unsigned host = 0;
-  K3K_CU(cudaMemcpyAsync(&host, res, sizeof host, cudaMemcpyDeviceToHost, cx->stream));
+  int rc = host_word(cx);
+  if (rc) return rc;
+  K3K_CU(cudaMemcpyAsync(cx->check_host, res, sizeof(unsigned), cudaMemcpyDeviceToHost,
+                         cx->stream));
   K3K_CU(cudaStreamSynchronize(cx->stream));
+  const unsigned host = *cx->check_host;
   if (host & 5u) return K3_ERANGE;
   if (host & 2u) return K3_EINVAL;
   return 0;
@@ -160,11 +174,8 @@ int k3k_cuda_check_pages_begin(k3k_cuda_ctx *cx, const k3k_tensor_t *pt,
                                int64_t n_pages, unsigned *res, bool *queued) {
   *queued = false;
   if (n <= 0 || cx->trusted_ids) return 0;
-  if (!cx->check_host) {
-    void *p = NULL;
-    K3K_CU(cudaMallocHost(&p, 64));
-    cx->check_host = (unsigned *)p;
-  }
+  int rc = host_word(cx);
+  if (rc) return rc;
   if (!cx->check_ev) K3K_CU(cudaEventCreateWithFlags(&cx->check_ev, cudaEventDisableTiming));
   K3K_CU(cudaMemsetAsync(res, 0, sizeof(unsigned), cx->stream));
   pages_check_kernel<<<(unsigned)n, 128, 0, cx->stream>>>(mkdv(pt), mkdv(lens), n, pt->shape[1],

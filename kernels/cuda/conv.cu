@@ -4,19 +4,23 @@
  * one-token decode update. W (kernel width) <= 8. Fast path (BF16 x rows with inner stride 1,
  * BF16/F32 y rows, 16-byte aligned, C % 8 == 0, 2 <= W <= 8): a thread owns 8 channels of one
  * contiguous token range (one range per block, the grid one wave), streams its 16-byte chunk of
- * each row through a private cp.async ring in shared memory (15 rows in flight) and keeps the
- * W-1 previous inputs and the weights in registers, so x is read once (plus a W-1 row halo per
- * range) and y written once, both in 512-byte warp-wide runs; the sequence of the range's first
- * token is found once by binary search and later ones by walking cu_seqlens. Same summation
- * order as the generic kernel (one thread per (token, channel)), which every other view takes;
- * the fast path's SiLU uses __expf/__fdividef (see silu_fast). The cu_seqlens/slot check is
- * one kernel whose device flag gates the kernels here, with the op's one synchronisation last.
+ * each row through a private cp.async ring in shared memory (12 rows in flight, 4 per step) and
+ * keeps the W-1 previous inputs and the weights in registers, so x is read once (plus a W-1 row
+ * halo per range) and y written once, both in 512-byte warp-wide runs; steps of 4 tokens inside
+ * one sequence run fully unrolled (window shifts become renames). The sequence of the range's
+ * first token is found once by binary search and later ones by walking cu_seqlens. Same
+ * summation order as the generic kernel (one thread per (token, channel)), which every other
+ * view takes; the fast path's SiLU uses ex2/rcp.approx.ftz (see silu_fast). The cu_seqlens/slot
+ * check is one kernel whose device flag gates the kernels here, with the op's one
+ * synchronisation last.
  * What it is not: fused with the projections; the fused decode step (kda.cu) has its own copy of
  * the step for the K3 shapes.
  * Invariants (k3k.h): state[slot][c][j] = x_{start-W+1+j}, oldest first; after the outputs the
  * slot holds the last W-1 raw inputs (from the old state when the sequence is shorter); a
  * sequence of length 0 keeps its state. The outputs are computed by one kernel and the states
  * rewritten by a second one queued after it, so no thread reads a state another has replaced. */
+#include <stdlib.h>
+
 #include "cuda_common.cuh"
 #include "mma_sm80.cuh" /* cp_async16 */
 
@@ -105,32 +109,122 @@ __device__ __forceinline__ void conv_window(float win[W > 1 ? W - 1 : 1][8], con
   }
 }
 
-/* SiLU with the fast intrinsics (ex2.approx-based __expf, __fdividef): ~2 ulp in fp32, far
- * below the BF16 output rounding and the F32 tolerance (1e-4); it roughly halves the per-
- * element instruction count. For a < -87, __expf(-a) = inf and __fdividef returns 0 (silu's
- * limit). */
-__device__ __forceinline__ float silu_fast(float a) { return __fdividef(a, 1.0f + __expf(-a)); }
+/* The fast path's state update, done by the block that owns the sequence's first token right
+ * after it read the old state there (conv_window at t = start): entry j of the new state is
+ * x_{end-W+1+j}, or for a sequence shorter than W-1 the old entry j + (end - start) (or 0
+ * without read_state). Entries are rewritten in increasing j and entry j reads old entry
+ * j + len > j, so every old value is read before it is replaced; no other block reads this slot
+ * (conv_bound), so the update needs no second kernel. */
+template <int W>
+__device__ __forceinline__ void conv_new_state(const uint16_t *x, int64_t ldx, int64_t c,
+                                               int64_t start, int64_t end, const dv &st,
+                                               int64_t slot, int read_state) {
+  const int64_t base = slot * st.s[0] + c * 8 * st.s[1];
+#pragma unroll
+  for (int j = 0; j < W - 1; j++) {
+    const int64_t p = end - (W - 1) + j;
+    float v[8];
+    if (p >= start) {
+      unpack8(((const bf16x8 *)(x + p * ldx))[c], v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; k++)
+        v[k] = read_state ? dv_ld(st, base + k * st.s[1] + (j + (end - start)) * st.s[2]) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) dv_st(st, base + k * st.s[1] + j * st.s[2], v[k]);
+  }
+}
+
+/* A token range boundary of the fast path: a boundary that falls inside the first W-1 tokens of
+ * a sequence moves back to the sequence's start, so the only block whose windows reach into a
+ * sequence's old state is the one that owns its first token (it also writes the new state).
+ * Monotone in t, and both blocks that share a boundary compute the same value. */
+__device__ __forceinline__ int64_t conv_bound(const int32_t *cu, int nseq, int64_t t, int W) {
+  if (t <= cu[0] || t >= cu[nseq]) return t;
+  int lo = 0, hi = nseq - 1; /* the last sequence s with cu[s] <= t: non-empty, holds t */
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  return t - cu[lo] < W - 1 ? cu[lo] : t;
+}
+
+/* SiLU a / (1 + e^-a) on the MUFU unit directly: ex2.approx.ftz and rcp.approx.ftz (~2 ulp in
+ * fp32 each, like __expf / __fdividef, far below the BF16 output rounding and the F32
+ * tolerance 1e-4), without the denormal-range fix-ups the non-ftz intrinsics add, which were a
+ * large part of the fast path's instructions per element. a < -87: e = inf (or 1 + e past
+ * 2^126), the reciprocal flushes to 0 and the result is -0 (silu's limit; the old __fdividef
+ * form gave the same). */
+__device__ __forceinline__ float silu_fast(float a) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(a * -1.4426950408889634f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return a * r;
+}
+
+/* One token of 8 channels: y = act(Σ_{j<W-1} w[j]·win[j] + w[W-1]·x), then the window moves
+ * on by x. Same summation order as the generic kernel and the reference. */
+template <int W, bool YF32, bool ACT>
+__device__ __forceinline__ void conv_token(const float (&wr)[8][W], float (&win)[W - 1][8],
+                                           const uint4 &raw, char *yp) {
+  float xt[8], o[8];
+  unpack8(*reinterpret_cast<const bf16x8 *>(&raw), xt);
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W - 1; j++) acc += wr[k][j] * win[j][k];
+    acc += wr[k][W - 1] * xt[k];
+    o[k] = ACT ? silu_fast(acc) : acc;
+  }
+#pragma unroll
+  for (int j = 0; j + 1 < W - 1; j++)
+#pragma unroll
+    for (int k = 0; k < 8; k++) win[j][k] = win[j + 1][k];
+#pragma unroll
+  for (int k = 0; k < 8; k++) win[W - 2][k] = xt[k];
+  if (YF32) {
+    float4 *yr = (float4 *)yp;
+    yr[0] = make_float4(o[0], o[1], o[2], o[3]);
+    yr[1] = make_float4(o[4], o[5], o[6], o[7]);
+  } else {
+    *(bf16x8 *)yp = pack8(o);
+  }
+}
+
+/* Tokens per step of the stream loop: a step waits for, reads and refills CONV_U ring slots
+ * (one commit group) and, when its tokens lie inside one sequence (all but a few steps),
+ * computes them fully unrolled, so the window shifts become register renames and the loop,
+ * the sequence test and the address arithmetic are paid once per CONV_U tokens. */
+#define CONV_U 4
 
 /* wf: the weights as F32 [C][W] contiguous with a 16-byte aligned base (loaded as float4), or
  * NULL (then w through dv). bad: the metadata check's device flag (nothing written when set),
  * or NULL. */
-template <int W, bool YF32>
-__global__ void __launch_bounds__(CONV_TPB, W <= 5 ? 4 : 2)
+template <int W, bool YF32, bool ACT, int U, int D>
+__global__ void __launch_bounds__(CONV_TPB, D >= 32 ? (W <= 4 ? 3 : 2) : W <= 4 ? 4 : W <= 6 ? 3 : 2)
     conv_prefill_vec_kernel(const uint16_t *x, int64_t ldx, dv w, const float *wf,
                             const int32_t *cu, const int32_t *slots, int nseq, dv st, void *y,
-                            int64_t ldy, int64_t c8, int64_t T, int G, int read_state, int act,
+                            int64_t ldy, int64_t c8, int64_t T, int G, int read_state,
                             const unsigned *bad) {
-  __shared__ uint4 ring[CONV_D][CONV_TPB];
+  __shared__ uint4 ring[D][CONV_TPB];
   if (bad && *bad) return;
   const int64_t c = blockIdx.x * (int64_t)CONV_TPB + threadIdx.x;
-  const int64_t tb = T * blockIdx.y / G, te = T * (blockIdx.y + 1) / G, n = te - tb;
+  const int64_t tb = conv_bound(cu, nseq, T * blockIdx.y / G, W),
+                te = conv_bound(cu, nseq, T * (blockIdx.y + 1) / G, W), n = te - tb;
   if (c >= c8 || n <= 0) return;
-  const uint16_t *xc = x + c * 8;
-  /* The first CONV_D rows go out before anything else, so the weight loads, the sequence
-   * search and the window below run under their latency. One commit group per row. */
+  /* The first D rows go out before anything else, so the weight loads, the sequence
+   * search and the window below run under their latency. xr: the next row to issue. */
+  const uint16_t *xr = x + tb * ldx + c * 8;
 #pragma unroll
-  for (int i = 0; i < CONV_D; i++) {
-    cp_async16(&ring[i][threadIdx.x], xc + (i < n ? tb + i : tb) * ldx, i < n);
+  for (int g = 0; g < (D / U); g++) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int r = g * U + u;
+      cp_async16(&ring[r][threadIdx.x], r < n ? xr : x, r < n);
+      xr += ldx;
+    }
     cp_async_commit();
   }
   float wr[8][W];
@@ -159,48 +253,46 @@ __global__ void __launch_bounds__(CONV_TPB, W <= 5 ? 4 : 2)
   int s = lo;
   int64_t start = cu[s], next = s + 1 < nseq ? cu[s + 1] : INT64_MAX;
   float win[W - 1][8];
-  if (t_lo < t_hi) conv_window<W>(win, x, ldx, c, t_lo, start, st, slots[s], read_state);
-  for (int64_t i = 0; i < n; i++) {
-    const int64_t t = tb + i;
-    uint4 *slot = &ring[i & (CONV_D - 1)][threadIdx.x];
-    cp_async_wait<CONV_D - 1>(); /* this thread's row i has landed */
-    if (t >= t_lo && t < t_hi) {
-      if (t >= next) { /* a new sequence starts here (empty ones skipped): state window */
-        while (s + 1 < nseq && cu[s + 1] <= t) s++;
-        start = cu[s];
-        next = s + 1 < nseq ? cu[s + 1] : INT64_MAX;
-        conv_window<W>(win, x, ldx, c, t, start, st, slots[s], read_state);
-      }
-      const uint4 raw = *slot;
-      float xt[8], o[8];
-      unpack8(*reinterpret_cast<const bf16x8 *>(&raw), xt);
+  if (t_lo < t_hi) {
+    conv_window<W>(win, x, ldx, c, t_lo, start, st, slots[s], read_state);
+    if (t_lo == start) conv_new_state<W>(x, ldx, c, start, cu[s + 1], st, slots[s], read_state);
+  }
+  const int64_t ldyb = ldy * (YF32 ? 4 : 2);
+  char *yp = (char *)y + tb * ldyb + c * (YF32 ? 32 : 16);
+  for (int64_t i0 = 0; i0 < n; i0 += U, yp += U * ldyb) {
+    const int64_t t0 = tb + i0;
+    const int sb = (int)(i0 & (D - 1));
+    cp_async_wait<(D / U) - 1>(); /* this thread's rows i0 .. i0 + U - 1 have landed */
+    uint4 raw[U];
 #pragma unroll
-      for (int k = 0; k < 8; k++) {
-        float acc = 0.0f;
+    for (int u = 0; u < U; u++) raw[u] = ring[sb + u][threadIdx.x];
+    if (t0 >= t_lo && t0 + U <= t_hi && t0 + U <= next) {
 #pragma unroll
-        for (int j = 0; j < W - 1; j++) acc += wr[k][j] * win[j][k];
-        acc += wr[k][W - 1] * xt[k];
-        o[k] = act ? silu_fast(acc) : acc;
-      }
+      for (int u = 0; u < U; u++) conv_token<W, YF32, ACT>(wr, win, raw[u], yp + u * ldyb);
+    } else { /* a range edge or a sequence start inside the step: token by token */
 #pragma unroll
-      for (int j = 0; j + 1 < W - 1; j++)
-#pragma unroll
-        for (int k = 0; k < 8; k++) win[j][k] = win[j + 1][k];
-#pragma unroll
-      for (int k = 0; k < 8; k++) win[W - 2][k] = xt[k];
-      if (YF32) {
-        float4 *yr = (float4 *)((float *)y + t * ldy) + 2 * c;
-        yr[0] = make_float4(o[0], o[1], o[2], o[3]);
-        yr[1] = make_float4(o[4], o[5], o[6], o[7]);
-      } else {
-        ((bf16x8 *)((uint16_t *)y + t * ldy))[c] = pack8(o);
+      for (int u = 0; u < U; u++) {
+        const int64_t t = t0 + u;
+        if (t < t_lo || t >= t_hi) continue;
+        if (t >= next) { /* a new sequence starts here (empty ones skipped): state window */
+          while (s + 1 < nseq && cu[s + 1] <= t) s++;
+          start = cu[s];
+          next = s + 1 < nseq ? cu[s + 1] : INT64_MAX;
+          conv_window<W>(win, x, ldx, c, t, start, st, slots[s], read_state);
+          conv_new_state<W>(x, ldx, c, start, cu[s + 1], st, slots[s], read_state);
+        }
+        conv_token<W, YF32, ACT>(wr, win, raw[u], yp + u * ldyb);
       }
     }
-    /* Refill the slot just read with row i + CONV_D. Issued after the store of y, which
-     * depends on the slot's value, and the asm's memory clobber keeps it there, so the read
-     * has completed before the asynchronous write can land. */
-    const int64_t r = i + CONV_D;
-    cp_async16(slot, xc + (r < n ? tb + r : tb) * ldx, r < n);
+    /* Refill the step's slots with rows i0 + D ... Issued after the stores of y, which
+     * depend on the slots' values (the asm's memory clobber keeps the order), so the reads
+     * have completed before the asynchronous writes can land. */
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t r = i0 + D + u;
+      cp_async16(&ring[sb + u][threadIdx.x], r < n ? xr : x, r < n);
+      xr += ldx;
+    }
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -209,47 +301,84 @@ __global__ void __launch_bounds__(CONV_TPB, W <= 5 ? 4 : 2)
 static bool al16c(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Blocks of the kernel that fit on one SM (occupancy API, asked once per instance). */
-template <int W, bool YF32>
+template <int W, bool YF32, bool ACT, int U, int D>
 static int conv_blocks_per_sm() {
   static int cached;
   if (!cached) {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, conv_prefill_vec_kernel<W, YF32>,
-                                                      CONV_TPB, 0) != cudaSuccess || b < 1)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &b, conv_prefill_vec_kernel<W, YF32, ACT, U, D>, CONV_TPB, 0) != cudaSuccess ||
+        b < 1)
       b = 1;
     cached = b;
   }
   return cached;
 }
 
-template <int W, bool YF32>
+/* K3PD_CONV_WAVES (measurement only, read once): waves of token ranges, 1 (default) .. 8. */
+static int conv_waves(void) {
+  static int v = 0;
+  if (!v) {
+    const char *e = getenv("K3PD_CONV_WAVES");
+    v = e && *e >= '1' && *e <= '8' ? *e - '0' : 1;
+  }
+  return v;
+}
+
+template <int W, bool YF32, bool ACT, int U, int D>
 static void launch_conv_vec_t(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
                               const k3k_conv_params_t *p, const unsigned *bad) {
   const k3k_tensor_t *x = t[0], *w = t[1], *y = t[5];
   int64_t T = x->shape[0], c8 = x->shape[1] / 8;
   int64_t nct = k3k_ceil_div(c8, CONV_TPB);
   /* One wave: G token ranges per channel tile, at least 16 tokens each. */
-  int64_t slots_total = (int64_t)conv_blocks_per_sm<W, YF32>() * (cx->num_sms > 0 ? cx->num_sms : 132);
-  int64_t G = slots_total / nct, gmax = (T + 15) / 16;
+  int64_t slots_total = (int64_t)conv_blocks_per_sm<W, YF32, ACT, U, D>() *
+                        (cx->num_sms > 0 ? cx->num_sms : 132);
+  int64_t G = conv_waves() * slots_total / nct, gmax = (T + 15) / 16;
   if (G > gmax) G = gmax;
   if (G > 65535) G = 65535;
   if (G < 1) G = 1;
   const float *wf = w->dtype == K3K_F32 && w->stride[1] == 1 && w->stride[0] == W && al16c(w->data)
                         ? (const float *)w->data
                         : NULL;
-  conv_prefill_vec_kernel<W, YF32><<<dim3((unsigned)nct, (unsigned)G), CONV_TPB, 0, cx->stream>>>(
-      (const uint16_t *)x->data, x->stride[0], mkdv(w), wf, (const int32_t *)t[2]->data,
-      (const int32_t *)t[3]->data, p->n_seqs, mkdv(t[4]), y->data, y->stride[0], c8, T, (int)G,
-      p->read_state, p->activation, bad);
+  conv_prefill_vec_kernel<W, YF32, ACT, U, D>
+      <<<dim3((unsigned)nct, (unsigned)G), CONV_TPB, 0, cx->stream>>>(
+          (const uint16_t *)x->data, x->stride[0], mkdv(w), wf, (const int32_t *)t[2]->data,
+          (const int32_t *)t[3]->data, p->n_seqs, mkdv(t[4]), y->data, y->stride[0], c8, T,
+          (int)G, p->read_state, bad);
+}
+
+/* K3PD_CONV_STEP (measurement only, read once): the step x ring shape of the K3 instance
+ * (W = 4, BF16 y, SiLU): 0 or unset = 4 tokens x 16 slots (the default), 1 = 2 x 16,
+ * 2 = 8 x 32, 3 = 4 x 32. Every other instance runs 4 x 16. */
+static int conv_step_variant(void) {
+  static int v = -1;
+  if (v < 0) {
+    const char *e = getenv("K3PD_CONV_STEP");
+    v = e && *e >= '0' && *e <= '3' ? *e - '0' : 0;
+  }
+  return v;
 }
 
 template <int W>
 static void launch_conv_vec(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
                             const k3k_conv_params_t *p, const unsigned *bad) {
-  if (t[5]->dtype == K3K_F32)
-    launch_conv_vec_t<W, true>(cx, t, p, bad);
+  const bool f32 = t[5]->dtype == K3K_F32;
+  if constexpr (W == 4) {
+    if (!f32 && p->activation && conv_step_variant() != 0) {
+      switch (conv_step_variant()) {
+        case 1: launch_conv_vec_t<W, false, true, 2, 16>(cx, t, p, bad); return;
+        case 2: launch_conv_vec_t<W, false, true, 8, 32>(cx, t, p, bad); return;
+        default: launch_conv_vec_t<W, false, true, 4, 32>(cx, t, p, bad); return;
+      }
+    }
+  }
+  if (p->activation)
+    f32 ? launch_conv_vec_t<W, true, true, CONV_U, CONV_D>(cx, t, p, bad)
+        : launch_conv_vec_t<W, false, true, CONV_U, CONV_D>(cx, t, p, bad);
   else
-    launch_conv_vec_t<W, false>(cx, t, p, bad);
+    f32 ? launch_conv_vec_t<W, true, false, CONV_U, CONV_D>(cx, t, p, bad)
+        : launch_conv_vec_t<W, false, false, CONV_U, CONV_D>(cx, t, p, bad);
 }
 
 int k3k_cuda_conv_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
@@ -287,10 +416,12 @@ int k3k_cuda_conv_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor
         mkdv(st), mkdv(y), T, C, width, p->read_state, p->activation, bad);
     K3K_LAUNCHED("conv_prefill");
   }
-  conv_state_kernel<<<dim3(k3k_ceil_div(C, 256), (unsigned)p->n_seqs), 256, 0, cx->stream>>>(
-      mkdv(x), (const int32_t *)cu->data, (const int32_t *)sl->data, mkdv(st), C, width,
-      p->read_state, bad);
-  K3K_LAUNCHED("conv_state");
+  if (!(T > 0 && vec)) { /* the fast path rewrites the states itself (conv_new_state) */
+    conv_state_kernel<<<dim3(k3k_ceil_div(C, 256), (unsigned)p->n_seqs), 256, 0, cx->stream>>>(
+        mkdv(x), (const int32_t *)cu->data, (const int32_t *)sl->data, mkdv(st), C, width,
+        p->read_state, bad);
+    K3K_LAUNCHED("conv_state");
+  }
   return k3k_cuda_check_end(cx, bad);
 }
 

@@ -24,6 +24,9 @@ enum { CX, CW, CCU, CSL, CST, CY };
  * T/equal tokens, or -`equal` sequences covering rows [T/10, T - T/10) only (the rows outside
  * every sequence stay poisoned on every backend); state of dtype sdt in reversed slots. bad:
  * also the refused calls. */
+static void conv_case_cu(int64_t T, int64_t C, int W, int read_state, k3k_dtype_t ydt,
+                         k3k_dtype_t sdt, const int32_t *cu, int n, bool bad);
+
 static void conv_case(int64_t T, int64_t C, int W, int read_state, k3k_dtype_t ydt,
                       k3k_dtype_t sdt, int equal, bool bad) {
   int32_t cu[8];
@@ -38,6 +41,24 @@ static void conv_case(int64_t T, int64_t C, int W, int read_state, k3k_dtype_t y
   } else {
     n = real_split_lens(T, cu, 8);
   }
+  conv_case_cu(T, C, W, read_state, ydt, sdt, cu, n, bad);
+}
+
+/* Many short sequences (lengths cycling 0, 1, 2, 3, 5, 9, 17, 4): the fast path's token ranges
+ * (~16 tokens at C = 2048) start inside the first W-1 tokens of many sequences, where the range
+ * boundary moves back to the sequence start, and sequences shorter than W-1 keep part of their
+ * old state. */
+static void conv_short_case(int W, int read_state, k3k_dtype_t sdt) {
+  static const int32_t lens[8] = {0, 1, 2, 3, 5, 9, 17, 4};
+  enum { N = 160 };
+  int32_t cu[N + 1];
+  cu[0] = 3;
+  for (int i = 0; i < N; i++) cu[i + 1] = cu[i] + lens[(i * 5 + W) % 8];
+  conv_case_cu(cu[N] + 5, 2048, W, read_state, K3K_BF16, sdt, cu, N, false);
+}
+
+static void conv_case_cu(int64_t T, int64_t C, int W, int read_state, k3k_dtype_t ydt,
+                         k3k_dtype_t sdt, const int32_t *cu, int n, bool bad) {
   const int64_t S = n + 2, sh[3] = {S, C, W - 1};
   tt_t s[6] = {tt_2d(K3K_BF16, T, C, 0), tt_2d(K3K_F32, C, W, 0), tt_1d(K3K_I32, n + 1),
                tt_1d(K3K_I32, n), tt_new(sdt, 3, sh, 0), tt_2d(ydt, T, C, 0)};
@@ -80,6 +101,8 @@ static void conv_cases(void) {
       conv_case(1000, 2048, W, 1, K3K_BF16, W & 1 ? K3K_F32 : K3K_BF16, 0, W == 8);
     conv_case(65, 256, W, W & 1, K3K_F32, K3K_BF16, 0, false);
   }
+  for (int W = 2; W <= 8; W += g_quick ? 6 : 1)
+    conv_short_case(W, W != 5, W & 1 ? K3K_F32 : K3K_BF16);
   conv_case(3000, 512, 3, 0, K3K_BF16, K3K_F32, 3, false);
   conv_case(3000, 512, 4, 1, K3K_BF16, K3K_BF16, -3, false); /* rows outside sequences */
   conv_case(300, 12, 4, 1, K3K_F32, K3K_BF16, -2, false);    /* the same, generic kernel */
