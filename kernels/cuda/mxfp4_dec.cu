@@ -480,6 +480,178 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
   }
 }
 
+/* ---- Variants 9+: the ring kernel with its per-unit bookkeeping taken out (session 15) ----
+ *
+ * Why: ncu at T = 64 (E = 256) showed the ring kernel integer-issue bound: ~17 ALU instructions
+ * per 8-code word, of which the E2M1 unpacking is 9 and the rest is per-unit bookkeeping (global
+ * and shared addresses recomputed from the step index, the slot index select, two 4-byte scale
+ * copies per unit and their shifts, a warp vote per unit). Here the same warps, units, ring and
+ * math run with:
+ *   - the warp's k steps fully unrolled (at most NKS per warp: K <= 512·NKS), so every unit's
+ *     slot and every address offset is a compile-time immediate on four per-block pointers;
+ *   - the scale bytes of all the warp's units loaded once per block into registers (one word per
+ *     k step: rows g and g+8 of both halves), and one warp vote per block instead of per unit
+ *     (a block whose units hold any scale > 128 runs every unit on the two-multiply form, which
+ *     is exact and gives the same bits for scales <= 128);
+ *   - slots of 1 KB (weights only).
+ * Numerics: the same units in the same order through unit_mma, the same reduction and epilogue:
+ * outputs bit-identical to variants 0 and 5 (k3k-gpu-moe compares them byte for byte). */
+constexpr int SLOT4 = 1024;
+constexpr int DEC4_NKS = 7; /* k steps per warp unrolled: K <= 512 · 7 = 3584 (K3: 3584, 3072) */
+
+/* The 4 scale bytes of k step i < nks for this lane as one word sw[i]: byte 2m + h = half m,
+ * row g + 8h. Returns whether any of them is above 128 (the two-multiply form). */
+template <int NKS>
+__device__ __forceinline__ bool dec4_scales(const uint8_t *const (&sc)[2][2], int nks,
+                                            uint32_t (&sw)[NKS]) {
+  bool big = false;
+#pragma unroll
+  for (int i = 0; i < NKS; i++) {
+    sw[i] = 0;
+    if (i < nks) {
+      const uint32_t a = __ldg(sc[0][0] + 16 * i), b = __ldg(sc[0][1] + 16 * i),
+                     c = __ldg(sc[1][0] + 16 * i), d = __ldg(sc[1][1] + 16 * i);
+      sw[i] = __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+      big |= (a > 128u) | (b > 128u) | (c > 128u) | (d > 128u);
+    }
+  }
+  return big;
+}
+
+template <int S, int PM, int NKS, bool SLOW>
+__device__ __forceinline__ void dec4_units(const uint8_t *const (&pk)[2][2],
+                                           const uint32_t (&sw)[NKS], int nks, bool tv,
+                                           const uint16_t *xk, uint32_t dw, const uint8_t *rw,
+                                           const bool (&valid)[2], float (&c)[2][4]) {
+  const int nu = 2 * nks;
+  uint32_t xb[4][2][2];
+#pragma unroll
+  for (int u = 0; u < 2 * NKS; u++) {
+    const int i = u >> 1, m = u & 1;
+    if (u >= nu) break;
+    { /* issue unit un = u + S - 1 into the slot read last (always commit one group) */
+      const int un = u + S - 1, mi = un & 1, ii = un >> 1;
+      if (un < 2 * NKS && un < nu && valid[mi]) {
+        const uint32_t o = (uint32_t)((un % S) * SLOT4);
+        cpa16(dw + o, pk[mi][0] + 256 * ii);
+        cpa16(dw + o + 512, pk[mi][1] + 256 * ii);
+      }
+      cpa_commit();
+    }
+    cpa_wait<S - 1>(); /* unit u has landed */
+    if (m == 0) x_frags<PM != 0>(reinterpret_cast<const uint4 *>(xk + 512 * i), tv, xb);
+    if (valid[m]) {
+      const uint32_t o = (uint32_t)((u % S) * SLOT4);
+      const uint4 w0 = *reinterpret_cast<const uint4 *>(rw + o);
+      const uint4 w1 = *reinterpret_cast<const uint4 *>(rw + o + 512);
+      const uint32_t s0 = __byte_perm(sw[i], 0, 0x4440 + 2 * m),
+                     s1 = __byte_perm(sw[i], 0, 0x4441 + 2 * m);
+      unit_mma<SLOW>(w0, w1, s0, s1, xb, c[m]);
+    }
+  }
+}
+
+template <bool FUSED, int S, int MINB, int PM, int NKS>
+__global__ void __launch_bounds__(DW * 32, MINB) mx_dec4_kernel(dargs a) {
+  static_assert(S >= 2 && S <= 8, "ring slots per warp");
+  static_assert(PM != 2 || !FUSED, "only the down GEMM reads before the wait");
+  extern __shared__ uint4 ring4[];
+  uint8_t *const ring = reinterpret_cast<uint8_t *>(ring4);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  if (PM == 1) {
+    pdl_wait();
+    pdl_trigger();
+  }
+  int e, rb, re;
+  if (!mx_expert_rows(a, blockIdx.y, e, rb, re)) return;
+  const int row0 = blockIdx.x * (FUSED ? 16 : 32);
+  const int nk = a.K >> 7, kb = warp;
+  const int nks = nk > warp ? (nk - warp + DW - 1) / DW : 0;
+  /* pk[m][h]: row g + 8h of half m at this warp's first k step */
+  const uint8_t *pk[2][2];
+  bool valid[2];
+#pragma unroll
+  for (int m = 0; m < 2; m++) {
+    const mx_dset &set = (FUSED && m == 1) ? a.up : a.w;
+    int r = FUSED ? row0 : row0 + 16 * m;
+    valid[m] = r < a.N;
+    if (!valid[m]) r = 0;
+    pk[m][0] = mx_packed(set, e) + (int64_t)(r + g) * set.ldp + t4 * 16 + kb * 64;
+    pk[m][1] = pk[m][0] + 8 * set.ldp;
+  }
+  uint32_t sw[NKS];
+  bool slow = false;
+  uint8_t *const wr = ring + warp * (S * SLOT4); /* this warp's S slots */
+  const uint32_t dw = (uint32_t)__cvta_generic_to_shared(wr) + lane * 16;
+  const uint8_t *const rw = wr + lane * 16;
+
+  for (int tb = rb; tb < re; tb += 8) {
+    float c[2][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) c[m][j] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S - 1; j++) { /* units 0 .. S-2 (one group each, empty or not) */
+      if (j < 2 * nks && valid[j & 1]) {
+        cpa16(dw + j * SLOT4, pk[j & 1][0] + 256 * (j >> 1));
+        cpa16(dw + j * SLOT4 + 512, pk[j & 1][1] + 256 * (j >> 1));
+      }
+      cpa_commit();
+    }
+    if (tb == rb) { /* the scales, once per block, under the first units' copies */
+      const uint8_t *sc[2][2]; /* sc[m][h]: the scale byte of row g + 8h of half m */
+#pragma unroll
+      for (int m = 0; m < 2; m++) {
+        const mx_dset &set = (FUSED && m == 1) ? a.up : a.w;
+        const int r = valid[m] ? (FUSED ? row0 : row0 + 16 * m) : 0;
+        sc[m][0] = mx_scale(set, e) + (int64_t)(r + g) * set.lds + t4 + kb * 4;
+        sc[m][1] = sc[m][0] + 8 * set.lds;
+      }
+      slow = __any_sync(0xffffffffu, dec4_scales<NKS>(sc, nks, sw));
+      if (PM == 2) { /* the first units are in flight; x and y are the pass's */
+        pdl_wait();
+        pdl_trigger();
+      }
+    }
+    const int tok = tb + g;
+    const bool tv = tok < re;
+    const uint16_t *xk = a.x;
+    if (tv) {
+      const int xrow = a.x_gather ? (PM ? a.x_gather[tok] : __ldg(a.x_gather + tok)) : tok;
+      xk = a.x + (int64_t)xrow * a.ldx + t4 * 32 + kb * 128;
+    }
+    if (slow)
+      dec4_units<S, PM, NKS, true>(pk, sw, nks, tv, xk, dw, rw, valid, c);
+    else
+      dec4_units<S, PM, NKS, false>(pk, sw, nks, tv, xk, dw, rw, valid, c);
+    cpa_wait<0>(); /* nothing in flight into slot 0 (the last units may be empty groups) */
+    { /* partials through each warp's own slot 0 */
+      float4 *const red = reinterpret_cast<float4 *>(wr);
+      red[2 * lane] = make_float4(c[0][0], c[0][1], c[0][2], c[0][3]);
+      red[2 * lane + 1] = make_float4(c[1][0], c[1][1], c[1][2], c[1][3]);
+      __syncthreads();
+      if (warp == 0) {
+#pragma unroll
+        for (int q = 1; q < DW; q++) {
+          const float4 *o = reinterpret_cast<const float4 *>(ring + q * (S * SLOT4));
+          const float4 o0 = o[2 * lane], o1 = o[2 * lane + 1];
+          c[0][0] += o0.x;
+          c[0][1] += o0.y;
+          c[0][2] += o0.z;
+          c[0][3] += o0.w;
+          c[1][0] += o1.x;
+          c[1][1] += o1.y;
+          c[1][2] += o1.z;
+          c[1][3] += o1.w;
+        }
+      }
+    }
+    if (warp == 0) mx_store_frags<FUSED>(a, c, tb + 2 * t4, re, row0, g, valid);
+    __syncthreads(); /* slot 0 is refilled by the next token chunk */
+  }
+}
+
 /* Variants (k3k_cu_moe_dec_variant; figures in docs/perf-gpu-moe.md): pipeline depth NB,
  * blocks per SM the registers are capped for (MINB), the L2 prefetch hint pf (2: 256 bytes,
  * 1: 128, 0: none); ring > 0: mx_dec3_kernel with that many slots per warp (L2::256B always),
@@ -488,18 +660,22 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
  * outputs are wrong). The default is 5 since session 5 (measured against 0 on the medium preset:
  * decode batch 1 -0.4 %, batch 64 -2.2 %, T = 16 MoE block -2.3 %; docs/perf-gpu-moe.md). */
 struct variant {
-  int nb, minb, pf, ring, pdl;
+  int nb, minb, pf, ring, pdl, gen; /* gen: 3 = mx_dec2/3_kernel (by ring), 4 = mx_dec4_kernel */
 };
 constexpr variant VARIANTS[] = {
-    {2, 6, 2, 0, 0}, /* 0: register streaming (the default until session 5) */
-    {2, 6, 0, 0, 0}, /* 1: no prefetch hint */
-    {2, 5, 0, 0, 0}, /* 2: 20 warps per SM */
-    {2, 6, 2, 4, 0}, /* 3: ring of 4 units per warp, 24 warps per SM */
-    {2, 6, 2, 4, 1}, /* 4: 3 + PDL, down's first units before the wait */
-    {2, 6, 2, 6, 1}, /* 5: 4 with a ring of 6: the default */
-    {2, 8, 2, 4, 1}, /* 6: 4 at 32 warps per SM (64 registers) */
-    {2, 6, 2, 4, 2}, /* 7: 3 + PDL, no loads before the wait */
-    {2, 8, 2, 5, 1}, /* 8: 6 with a ring of 5 (8 × 26.6 KB of shared memory per SM) */
+    {2, 6, 2, 0, 0, 3}, /* 0: register streaming (the default until session 5) */
+    {2, 6, 0, 0, 0, 3}, /* 1: no prefetch hint */
+    {2, 5, 0, 0, 0, 3}, /* 2: 20 warps per SM */
+    {2, 6, 2, 4, 0, 3}, /* 3: ring of 4 units per warp, 24 warps per SM */
+    {2, 6, 2, 4, 1, 3}, /* 4: 3 + PDL, down's first units before the wait */
+    {2, 6, 2, 6, 1, 3}, /* 5: 4 with a ring of 6: the default */
+    {2, 8, 2, 4, 1, 3}, /* 6: 4 at 32 warps per SM (64 registers) */
+    {2, 6, 2, 4, 2, 3}, /* 7: 3 + PDL, no loads before the wait */
+    {2, 8, 2, 5, 1, 3}, /* 8: 6 with a ring of 5 (8 × 26.6 KB of shared memory per SM) */
+    {2, 6, 2, 6, 1, 4}, /* 9: mx_dec4_kernel, 6 slots of 1 KB, 24 warps per SM, PDL as 5 */
+    {2, 6, 2, 8, 1, 4}, /* 10: 9 with 8 slots */
+    {2, 5, 2, 6, 1, 4}, /* 11: 9 at 20 warps per SM (more registers) */
+    {2, 7, 2, 6, 1, 4}, /* 12: 9 capped at 72 registers (7 blocks' worth) */
 };
 constexpr int NVAR = (int)(sizeof VARIANTS / sizeof VARIANTS[0]);
 
@@ -585,6 +761,43 @@ int launch_ring(cudaStream_t st, const dargs &d, int max_active, const variant &
   return launch3_pm<FUSED, 4, 6>(st, d, max_active, v);
 }
 
+/* mx_dec4_kernel: shared memory carved out as for launch3; PM as launch3_pm. */
+template <bool FUSED, int S, int MINB, int PM>
+int launch4(cudaStream_t st, const dargs &d, int max_active) {
+  void (*k)(dargs) = mx_dec4_kernel<FUSED, S, MINB, PM, DEC4_NKS>;
+  const int RT = FUSED ? 16 : 32;
+  const dim3 grid((unsigned)((d.N + RT - 1) / RT), (unsigned)max_active), block(DW * 32);
+  const int smem = DW * S * SLOT4;
+  static bool carved = false;
+  if (!carved) {
+    int dev = 0, per_sm = 0;
+    K3K_CU(cudaGetDevice(&dev));
+    K3K_CU(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    const int64_t need = (int64_t)MINB * (smem + 1024);
+    int pct = per_sm > 0 ? (int)((100 * need + per_sm - 1) / per_sm) : 100;
+    K3K_CU(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                pct > 100 ? 100 : pct));
+    carved = true;
+  }
+  K3K_CU(pdl_launch(k, grid, block, (size_t)smem, st, d));
+  K3K_LAUNCHED("mxfp4_grouped_gemm_decode4");
+  return 0;
+}
+
+template <bool FUSED, int S, int MINB>
+int launch4_pm(cudaStream_t st, const dargs &d, int max_active) {
+  if (!FUSED && d.expert_off) return launch4<false, S, MINB, 2>(st, d, max_active);
+  return launch4<FUSED, S, MINB, 1>(st, d, max_active);
+}
+
+template <bool FUSED>
+int launch_gen4(cudaStream_t st, const dargs &d, int max_active, const variant &v) {
+  if (v.ring == 8) return launch4_pm<FUSED, 8, 6>(st, d, max_active);
+  if (v.minb == 5) return launch4_pm<FUSED, 6, 5>(st, d, max_active);
+  if (v.minb == 7) return launch4_pm<FUSED, 6, 7>(st, d, max_active);
+  return launch4_pm<FUSED, 6, 6>(st, d, max_active);
+}
+
 } // namespace
 
 int k3k_cu_moe_dec_variant(int v) {
@@ -609,6 +822,12 @@ int k3k_cu_moe_gemm_dec(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
   mx_fill_args(&d, a);
   d.pf = v.pf;
   d.nomath = vi >= 100; /* timing only: loads without the math */
+  if (v.gen == 4 && !d.nomath && a->K <= 512 * DEC4_NKS)
+    return fused ? launch_gen4<true>(st, d, a->max_active, v)
+                 : launch_gen4<false>(st, d, a->max_active, v);
+  if (v.gen == 4) /* K past the unrolled steps, or timing only: variant 5's kernel */
+    return fused ? launch_ring<true>(st, d, a->max_active, VARIANTS[5])
+                 : launch_ring<false>(st, d, a->max_active, VARIANTS[5]);
   if (v.ring)
     return fused ? launch_ring<true>(st, d, a->max_active, v)
                  : launch_ring<false>(st, d, a->max_active, v);
