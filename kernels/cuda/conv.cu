@@ -3,22 +3,25 @@
  * What it is for: packed ragged sequences (cu_seqlens) with a per-sequence state slot, and the
  * one-token decode update. W (kernel width) <= 8. Fast path (BF16 x rows with inner stride 1,
  * BF16/F32 y rows, 16-byte aligned, C % 8 == 0, 2 <= W <= 8): a thread owns 8 channels of one
- * contiguous token range (one range per block, the grid one wave), streams its 16-byte chunk of
- * each row through a private cp.async ring in shared memory (12 rows in flight, 4 per step) and
- * keeps the W-1 previous inputs and the weights in registers, so x is read once (plus a W-1 row
+ * contiguous token range (one range per block, the grid CONV_WAVES waves), streams its 16-byte
+ * chunk of each row through a private cp.async ring in shared memory (12 rows in flight, 4 per
+ * step) and keeps the W-1 previous inputs and the weights in registers, so x is read once (plus a W-1 row
  * halo per range) and y written once, both in 512-byte warp-wide runs; steps of 4 tokens inside
  * one sequence run fully unrolled (window shifts become renames). The sequence of the range's
  * first token is found once by binary search and later ones by walking cu_seqlens. Same
  * summation order as the generic kernel (one thread per (token, channel)), which every other
  * view takes; the fast path's SiLU uses ex2/rcp.approx.ftz (see silu_fast). The cu_seqlens/slot
  * check is one kernel whose device flag gates the kernels here, with the op's one
- * synchronisation last.
+ * synchronisation last. The fast path rewrites the states itself: range boundaries never fall
+ * inside the first W-1 tokens of a sequence (conv_bound), so the block owning a sequence's first
+ * token is the only reader of its old state and writes the new one right after (conv_new_state).
  * What it is not: fused with the projections; the fused decode step (kda.cu) has its own copy of
  * the step for the K3 shapes.
  * Invariants (k3k.h): state[slot][c][j] = x_{start-W+1+j}, oldest first; after the outputs the
  * slot holds the last W-1 raw inputs (from the old state when the sequence is shorter); a
- * sequence of length 0 keeps its state. The outputs are computed by one kernel and the states
- * rewritten by a second one queued after it, so no thread reads a state another has replaced. */
+ * sequence of length 0 keeps its state. Generic path: the outputs are computed by one kernel and
+ * the states rewritten by a second one queued after it, so no thread reads a state another has
+ * replaced; fast path: one kernel (above). */
 #include <stdlib.h>
 
 #include "cuda_common.cuh"
@@ -78,12 +81,12 @@ __global__ void conv_state_kernel(dv x, const int32_t *cu, const int32_t *slots,
 }
 
 /* Fast path: a block of CONV_TPB threads owns 8 * CONV_TPB channels (a thread 8 channels, one
- * 16-byte chunk of a row) and one contiguous range of tokens, the grid is one wave (ranges of
- * T / G tokens, G from the occupancy), so every block streams about the same bytes and none
- * waits for a second wave. Each thread streams its chunk of every row through its own ring of
- * CONV_D shared-memory slots with cp.async (CONV_D - 1 rows in flight per thread, independent
- * of the registers, which hold the weights and the W-1 window); no thread reads another's slot,
- * so there is no barrier. */
+ * 16-byte chunk of a row) and one contiguous range of tokens, the grid a few waves (ranges of
+ * ~T / G tokens, G = CONV_WAVES x the resident blocks / channel tiles), so every block streams
+ * about the same bytes and the block scheduler evens out their different rates. Each thread
+ * streams its chunk of every row through its own ring of CONV_D shared-memory slots with
+ * cp.async (D - U rows in flight per thread, independent of the registers, which hold the
+ * weights and the W-1 window); no thread reads another's slot, so there is no barrier. */
 #define CONV_TPB 128
 #define CONV_D 16
 
@@ -198,12 +201,14 @@ __device__ __forceinline__ void conv_token(const float (&wr)[8][W], float (&win)
  * computes them fully unrolled, so the window shifts become register renames and the loop,
  * the sequence test and the address arithmetic are paid once per CONV_U tokens. */
 #define CONV_U 4
+#define CONV_WAVES 4 /* default waves of token ranges (conv_waves) */
 
 /* wf: the weights as F32 [C][W] contiguous with a 16-byte aligned base (loaded as float4), or
  * NULL (then w through dv). bad: the metadata check's device flag (nothing written when set),
  * or NULL. */
 template <int W, bool YF32, bool ACT, int U, int D>
-__global__ void __launch_bounds__(CONV_TPB, D >= 32 ? (W <= 4 ? 3 : 2) : W <= 4 ? 4 : W <= 6 ? 3 : 2)
+__global__ void __launch_bounds__(CONV_TPB,
+                                  D >= 32 ? (W <= 4 ? 3 : 2) : W <= 4 ? 4 : W <= 6 ? 3 : 2)
     conv_prefill_vec_kernel(const uint16_t *x, int64_t ldx, dv w, const float *wf,
                             const int32_t *cu, const int32_t *slots, int nseq, dv st, void *y,
                             int64_t ldy, int64_t c8, int64_t T, int G, int read_state,
@@ -315,12 +320,16 @@ static int conv_blocks_per_sm() {
   return cached;
 }
 
-/* K3PD_CONV_WAVES (measurement only, read once): waves of token ranges, 1 (default) .. 8. */
+/* Waves of token ranges (the grid is this many times the resident blocks): blocks stream at
+ * different rates, and with one wave the kernel waited for the slowest (achieved occupancy 12.8
+ * of 16 warps per SM under ncu); with trusted ids 4 waves measured 112.9-113.0 us, 3 114-117,
+ * 6 115-116, 8 120-121, one wave 125-133 us (H200, 2026-12-03). K3PD_CONV_WAVES (measurement
+ * only, read once): 1 .. 8. */
 static int conv_waves(void) {
   static int v = 0;
   if (!v) {
     const char *e = getenv("K3PD_CONV_WAVES");
-    v = e && *e >= '1' && *e <= '8' ? *e - '0' : 1;
+    v = e && *e >= '1' && *e <= '8' ? *e - '0' : CONV_WAVES;
   }
   return v;
 }
@@ -331,7 +340,7 @@ static void launch_conv_vec_t(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
   const k3k_tensor_t *x = t[0], *w = t[1], *y = t[5];
   int64_t T = x->shape[0], c8 = x->shape[1] / 8;
   int64_t nct = k3k_ceil_div(c8, CONV_TPB);
-  /* One wave: G token ranges per channel tile, at least 16 tokens each. */
+  /* G token ranges per channel tile (conv_waves() waves), at least 16 tokens each. */
   int64_t slots_total = (int64_t)conv_blocks_per_sm<W, YF32, ACT, U, D>() *
                         (cx->num_sms > 0 ? cx->num_sms : 132);
   int64_t G = conv_waves() * slots_total / nct, gmax = (T + 15) / 16;

@@ -41,10 +41,11 @@
  * applies the E8M0 scale (exact); units where some lane has a scale > 128 (never in real
  * checkpoints; NaN 0xFF included) take a second multiply on a warp-uniform branch.
  *
- * Variants 3-8 (mx_dec3_kernel, session 5; K3PD_MXDEC / k3k_cu_moe_dec_variant; 5 is the
- * default): the same blocks, units and math with the weights brought in by a per-warp cp.async
- * ring in shared memory instead of registers, and optionally launched with PDL; bit-identical
- * outputs to variant 0 (k3k-gpu-moe compares them byte for byte).
+ * Variants 3-8 (mx_dec3_kernel, session 5; K3PD_MXDEC / k3k_cu_moe_dec_variant; 5 was the
+ * default until session 15, now taken for calls with < 64 expert slots): the same blocks, units
+ * and math with the weights brought in by a per-warp cp.async ring in shared memory instead of
+ * registers, and optionally launched with PDL; bit-identical outputs to variant 0 (k3k-gpu-moe
+ * compares them byte for byte).
  *
  * Invariants: results differ from the reference chain only by fp32 summation order (fixed:
  * one accumulator chain per half tile in k order, then the 4 warps' partials in warp order:
@@ -657,8 +658,9 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec4_kernel(dargs a) {
  * 1: 128, 0: none); ring > 0: mx_dec3_kernel with that many slots per warp (L2::256B always),
  * pdl 0: plain launches, 1: PDL with the down GEMM's first units before the wait (PM 2),
  * 2: PDL, every kernel waits first (PM 1). v + 100: the same without the math (timing only:
- * outputs are wrong). The default is 5 since session 5 (measured against 0 on the medium preset:
- * decode batch 1 -0.4 %, batch 64 -2.2 %, T = 16 MoE block -2.3 %; docs/perf-gpu-moe.md). */
+ * outputs are wrong). 5 was the default from session 5 (measured against 0 on the medium preset:
+ * decode batch 1 -0.4 %, batch 64 -2.2 %, T = 16 MoE block -2.3 %; docs/perf-gpu-moe.md); since
+ * session 15 the default is VAR_AUTO (9 or 5 by the call's expert slots, below). */
 struct variant {
   int nb, minb, pf, ring, pdl, gen; /* gen: 3 = mx_dec2/3_kernel (by ring), 4 = mx_dec4_kernel */
 };
@@ -679,13 +681,21 @@ constexpr variant VARIANTS[] = {
 };
 constexpr int NVAR = (int)(sizeof VARIANTS / sizeof VARIANTS[0]);
 
+/* The default (K3PD_MXDEC unset): variant 9 (mx_dec4_kernel) when the call has at least
+ * DEC_AUTO_ACTIVE expert slots, else variant 5. Measured on the H200 (2026-12-03, session 15,
+ * docs/perf-gpu-moe.md): 9 beats 5 by 5-8 % at T = 16 (E = 896 and 256) and T = 64 (E = 256;
+ * the medium decode step at batch 64: 37.20 -> 35.04 ms), but the K3 MoE block at T = 1
+ * (16 experts) ran 146-151 us on 5 against 161-163 us on 9, though each GEMM alone was faster on
+ * 9 (the pair under PDL was not: not understood yet). */
+constexpr int VAR_AUTO = 99, DEC_AUTO_ACTIVE = 64;
+
 int g_variant = -2; /* -2: not read from the environment yet */
 
 int current_variant() {
   if (g_variant == -2) {
     const char *s = getenv("K3PD_MXDEC");
-    int v = s ? atoi(s) : 5;
-    g_variant = (v >= -1 && v < NVAR) ? v : 5;
+    int v = s ? atoi(s) : VAR_AUTO;
+    g_variant = (v >= -1 && v < NVAR) || v == VAR_AUTO ? v : VAR_AUTO;
   }
   return g_variant;
 }
@@ -802,12 +812,13 @@ int launch_gen4(cudaStream_t st, const dargs &d, int max_active, const variant &
 
 int k3k_cu_moe_dec_variant(int v) {
   const int prev = current_variant();
-  if ((v >= -1 && v < NVAR) || (v >= 100 && v < 100 + NVAR)) g_variant = v;
+  if ((v >= -1 && v < NVAR) || v == VAR_AUTO || (v >= 100 && v < 100 + NVAR)) g_variant = v;
   return prev;
 }
 
 int k3k_cu_moe_gemm_dec(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
-  const int vi = current_variant();
+  int vi = current_variant();
+  if (vi == VAR_AUTO) vi = a->max_active >= DEC_AUTO_ACTIVE ? 9 : 5;
   if (vi < 0) return 1;
   const variant &v = VARIANTS[vi % 100];
   if (a->K % 128 || a->N % 16 || a->ldx % 8 || ((uintptr_t)a->x & 15) || a->w.ld_packed % 16 ||

@@ -379,15 +379,16 @@ static void dec_exact_pipeline_case(gctx *g, int v, int32_t T, int32_t E, int32_
 }
 
 /* The decode-kernel cases (rows_hint <= 16) again under each decode variant of K3PD_MXDEC_TEST
- * (a list; default "-1,0,1,2,5": the older cp.async kernel, the register-streaming kernel and
- * its measured alternatives, and the default ring kernel 5 once more for its bit-exact
- * comparison with variant 0, next to the default kernel run above). */
+ * (a list; default "-1,0,1,2,5,9,12,99": the older cp.async kernel, the register-streaming
+ * kernel and its measured alternatives, the ring kernels 5 and 9/12 (mx_dec4_kernel) and the
+ * default 99 (9 or 5 by the call's expert slots), each ring form also compared bit for bit with
+ * variant 0). */
 void dec_variant_cases(gctx *g) {
   const char *s = getenv("K3PD_MXDEC_TEST");
   int32_t *vs = NULL;
   size_t nv = 0;
   char err[96];
-  if (k3_parse_int_list(s && *s ? s : "-1,0,1,2,5", &vs, &nv, err, sizeof err)) {
+  if (k3_parse_int_list(s && *s ? s : "-1,0,1,2,5,9,12,99", &vs, &nv, err, sizeof err)) {
     g_record(g, false, "K3PD_MXDEC_TEST: %s", err);
     return;
   }
@@ -407,7 +408,7 @@ void dec_variant_cases(gctx *g) {
     mx_gemm_case(g, 11, 272, 384, K3K_BF16, K3K_F32, 110, 130); /* half tile, 3 k steps */
     pipeline_case(g, 2, 16, 8); /* gather, fused SiTU, experts of 1-2 rows */
     k3k_cu_moe_dec_variant(prev);
-    if (vs[i] >= 3 && vs[i] < 100) { /* the ring variants: bit-identical to variant 0 */
+    if (vs[i] >= 3) { /* the ring variants and the default: bit-identical to variant 0 */
       dec_exact_op_case(g, vs[i], 1, H1, DL, K3K_BF16, 118, 123, 0);
       dec_exact_op_case(g, vs[i], 16, DL, H1, K3K_F32, 118, 123, 0);  /* two token chunks */
       dec_exact_op_case(g, vs[i], 11, 272, 384, K3K_F32, 110, 130, 0); /* half tile, slow path */
