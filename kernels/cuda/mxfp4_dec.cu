@@ -347,6 +347,31 @@ __device__ __forceinline__ uint32_t bitoff(const uint8_t *p) {
   return 8u * (uint32_t)(reinterpret_cast<uintptr_t>(p) & 3);
 }
 
+/* The 4 warps' partial tiles summed into warp 0's c, in warp order, through each warp's own
+ * ring (wr; warp q's ring at ring + q·ring_bytes). One block barrier; warp 0 then holds the sum. */
+__device__ __forceinline__ void ring_reduce(float (&c)[2][4], uint8_t *wr, const uint8_t *ring,
+                                            int ring_bytes, int lane, int warp) {
+  float4 *const red = reinterpret_cast<float4 *>(wr);
+  red[2 * lane] = make_float4(c[0][0], c[0][1], c[0][2], c[0][3]);
+  red[2 * lane + 1] = make_float4(c[1][0], c[1][1], c[1][2], c[1][3]);
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int q = 1; q < DW; q++) {
+      const float4 *o = reinterpret_cast<const float4 *>(ring + q * ring_bytes);
+      const float4 o0 = o[2 * lane], o1 = o[2 * lane + 1];
+      c[0][0] += o0.x;
+      c[0][1] += o0.y;
+      c[0][2] += o0.z;
+      c[0][3] += o0.w;
+      c[1][0] += o1.x;
+      c[1][1] += o1.y;
+      c[1][2] += o1.z;
+      c[1][3] += o1.w;
+    }
+  }
+}
+
 template <bool FUSED, int S, int MINB, int PM>
 __global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
   static_assert(S >= 2 && S <= 8, "ring slots per warp");
@@ -453,27 +478,7 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec3_kernel(dargs a) {
     }
 #undef DEC3_ISSUE
     /* partials through each warp's own slot 0 (all of its copies have landed: see Groups) */
-    {
-      float4 *const red = reinterpret_cast<float4 *>(wr);
-      red[2 * lane] = make_float4(c[0][0], c[0][1], c[0][2], c[0][3]);
-      red[2 * lane + 1] = make_float4(c[1][0], c[1][1], c[1][2], c[1][3]);
-      __syncthreads();
-      if (warp == 0) {
-#pragma unroll
-        for (int q = 1; q < DW; q++) {
-          const float4 *o = reinterpret_cast<const float4 *>(ring + q * (S * SLOT));
-          const float4 o0 = o[2 * lane], o1 = o[2 * lane + 1];
-          c[0][0] += o0.x;
-          c[0][1] += o0.y;
-          c[0][2] += o0.z;
-          c[0][3] += o0.w;
-          c[1][0] += o1.x;
-          c[1][1] += o1.y;
-          c[1][2] += o1.z;
-          c[1][3] += o1.w;
-        }
-      }
-    }
+    ring_reduce(c, wr, ring, S * SLOT, lane, warp);
     if (warp == 0) { /* c[m][2h + j] = (row g + 8h of half m, token tb + 2·t4 + j) */
       mx_store_frags<FUSED>(a, c, tb + 2 * t4, re, row0, g, valid);
     }
@@ -627,27 +632,7 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec4_kernel(dargs a) {
     else
       dec4_units<S, PM, NKS, false>(pk, sw, nks, tv, xk, dw, rw, valid, c);
     cpa_wait<0>(); /* nothing in flight into slot 0 (the last units may be empty groups) */
-    { /* partials through each warp's own slot 0 */
-      float4 *const red = reinterpret_cast<float4 *>(wr);
-      red[2 * lane] = make_float4(c[0][0], c[0][1], c[0][2], c[0][3]);
-      red[2 * lane + 1] = make_float4(c[1][0], c[1][1], c[1][2], c[1][3]);
-      __syncthreads();
-      if (warp == 0) {
-#pragma unroll
-        for (int q = 1; q < DW; q++) {
-          const float4 *o = reinterpret_cast<const float4 *>(ring + q * (S * SLOT4));
-          const float4 o0 = o[2 * lane], o1 = o[2 * lane + 1];
-          c[0][0] += o0.x;
-          c[0][1] += o0.y;
-          c[0][2] += o0.z;
-          c[0][3] += o0.w;
-          c[1][0] += o1.x;
-          c[1][1] += o1.y;
-          c[1][2] += o1.z;
-          c[1][3] += o1.w;
-        }
-      }
-    }
+    ring_reduce(c, wr, ring, S * SLOT4, lane, warp); /* partials through slot 0 */
     if (warp == 0) mx_store_frags<FUSED>(a, c, tb + 2 * t4, re, row0, g, valid);
     __syncthreads(); /* slot 0 is refilled by the next token chunk */
   }
