@@ -31,6 +31,17 @@
 
 __device__ __forceinline__ float silu_f(float a) { return a / (1.0f + expf(-a)); }
 
+/* The last sequence s with cu[s] <= t (so empty sequences are skipped; for cu[0] <= t < cu[nseq]
+ * it is the non-empty sequence holding t). */
+__device__ __forceinline__ int conv_seq_of(const int32_t *cu, int nseq, int64_t t) {
+  int lo = 0, hi = nseq - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 __global__ void conv_prefill_kernel(dv x, dv w, const int32_t *cu, const int32_t *slots,
                                     int nseq, dv st, dv y, int64_t T, int64_t c_total,
                                     int width, int read_state, int act, const unsigned *bad) {
@@ -39,11 +50,7 @@ __global__ void conv_prefill_kernel(dv x, dv w, const int32_t *cu, const int32_t
   const int64_t t_lo = cu[0], t_hi = cu[nseq]; /* rows outside every sequence: not written */
   for (int64_t t = blockIdx.y; t < T; t += gridDim.y) { /* T may exceed the grid's 65535 rows */
     if (t < t_lo || t >= t_hi) continue;
-    int lo = 0, hi = nseq - 1; /* the last sequence s with cu[s] <= t (skips empty ones) */
-    while (lo < hi) {
-      int mid = (lo + hi + 1) >> 1;
-      if (cu[mid] <= t) lo = mid; else hi = mid - 1;
-    }
+    const int lo = conv_seq_of(cu, nseq, t);
     int64_t start = cu[lo];
     int64_t slot = slots[lo];
     float acc = 0.0f;
@@ -145,12 +152,8 @@ __device__ __forceinline__ void conv_new_state(const uint16_t *x, int64_t ldx, i
  * Monotone in t, and both blocks that share a boundary compute the same value. */
 __device__ __forceinline__ int64_t conv_bound(const int32_t *cu, int nseq, int64_t t, int W) {
   if (t <= cu[0] || t >= cu[nseq]) return t;
-  int lo = 0, hi = nseq - 1; /* the last sequence s with cu[s] <= t: non-empty, holds t */
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
-  }
-  return t - cu[lo] < W - 1 ? cu[lo] : t;
+  const int64_t start = cu[conv_seq_of(cu, nseq, t)];
+  return t - start < W - 1 ? start : t;
 }
 
 /* SiLU a / (1 + e^-a) on the MUFU unit directly: ex2.approx.ftz and rcp.approx.ftz (~2 ulp in
@@ -206,13 +209,13 @@ __device__ __forceinline__ void conv_token(const float (&wr)[8][W], float (&win)
 /* wf: the weights as F32 [C][W] contiguous with a 16-byte aligned base (loaded as float4), or
  * NULL (then w through dv). bad: the metadata check's device flag (nothing written when set),
  * or NULL. */
-template <int W, bool YF32, bool ACT, int U, int D>
-__global__ void __launch_bounds__(CONV_TPB,
-                                  D >= 32 ? (W <= 4 ? 3 : 2) : W <= 4 ? 4 : W <= 6 ? 3 : 2)
+template <int W, bool YF32, bool ACT>
+__global__ void __launch_bounds__(CONV_TPB, W <= 4 ? 4 : W <= 6 ? 3 : 2)
     conv_prefill_vec_kernel(const uint16_t *x, int64_t ldx, dv w, const float *wf,
                             const int32_t *cu, const int32_t *slots, int nseq, dv st, void *y,
                             int64_t ldy, int64_t c8, int64_t T, int G, int read_state,
                             const unsigned *bad) {
+  constexpr int U = CONV_U, D = CONV_D;
   __shared__ uint4 ring[D][CONV_TPB];
   if (bad && *bad) return;
   const int64_t c = blockIdx.x * (int64_t)CONV_TPB + threadIdx.x;
@@ -250,12 +253,7 @@ __global__ void __launch_bounds__(CONV_TPB,
   }
   /* Rows before cu[0] or from cu[n] on belong to no sequence: not written (as the reference). */
   const int64_t t_lo = cu[0] > tb ? cu[0] : tb, t_hi = cu[nseq] < te ? cu[nseq] : te;
-  int lo = 0, hi = nseq - 1; /* the last sequence s with cu[s] <= t_lo (skips empty ones) */
-  while (lo < hi) {
-    int mid = (lo + hi + 1) >> 1;
-    if (cu[mid] <= t_lo) lo = mid; else hi = mid - 1;
-  }
-  int s = lo;
+  int s = conv_seq_of(cu, nseq, t_lo);
   int64_t start = cu[s], next = s + 1 < nseq ? cu[s + 1] : INT64_MAX;
   float win[W - 1][8];
   if (t_lo < t_hi) {
@@ -306,13 +304,13 @@ __global__ void __launch_bounds__(CONV_TPB,
 static bool al16c(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Blocks of the kernel that fit on one SM (occupancy API, asked once per instance). */
-template <int W, bool YF32, bool ACT, int U, int D>
+template <int W, bool YF32, bool ACT>
 static int conv_blocks_per_sm() {
   static int cached;
   if (!cached) {
     int b = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &b, conv_prefill_vec_kernel<W, YF32, ACT, U, D>, CONV_TPB, 0) != cudaSuccess ||
+            &b, conv_prefill_vec_kernel<W, YF32, ACT>, CONV_TPB, 0) != cudaSuccess ||
         b < 1)
       b = 1;
     cached = b;
@@ -334,14 +332,14 @@ static int conv_waves(void) {
   return v;
 }
 
-template <int W, bool YF32, bool ACT, int U, int D>
+template <int W, bool YF32, bool ACT>
 static void launch_conv_vec_t(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
                               const k3k_conv_params_t *p, const unsigned *bad) {
   const k3k_tensor_t *x = t[0], *w = t[1], *y = t[5];
   int64_t T = x->shape[0], c8 = x->shape[1] / 8;
   int64_t nct = k3k_ceil_div(c8, CONV_TPB);
   /* G token ranges per channel tile (conv_waves() waves), at least 16 tokens each. */
-  int64_t slots_total = (int64_t)conv_blocks_per_sm<W, YF32, ACT, U, D>() *
+  int64_t slots_total = (int64_t)conv_blocks_per_sm<W, YF32, ACT>() *
                         (cx->num_sms > 0 ? cx->num_sms : 132);
   int64_t G = conv_waves() * slots_total / nct, gmax = (T + 15) / 16;
   if (G > gmax) G = gmax;
@@ -350,44 +348,23 @@ static void launch_conv_vec_t(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
   const float *wf = w->dtype == K3K_F32 && w->stride[1] == 1 && w->stride[0] == W && al16c(w->data)
                         ? (const float *)w->data
                         : NULL;
-  conv_prefill_vec_kernel<W, YF32, ACT, U, D>
+  conv_prefill_vec_kernel<W, YF32, ACT>
       <<<dim3((unsigned)nct, (unsigned)G), CONV_TPB, 0, cx->stream>>>(
           (const uint16_t *)x->data, x->stride[0], mkdv(w), wf, (const int32_t *)t[2]->data,
           (const int32_t *)t[3]->data, p->n_seqs, mkdv(t[4]), y->data, y->stride[0], c8, T,
           (int)G, p->read_state, bad);
 }
 
-/* K3PD_CONV_STEP (measurement only, read once): the step x ring shape of the K3 instance
- * (W = 4, BF16 y, SiLU): 0 or unset = 4 tokens x 16 slots (the default), 1 = 2 x 16,
- * 2 = 8 x 32, 3 = 4 x 32. Every other instance runs 4 x 16. */
-static int conv_step_variant(void) {
-  static int v = -1;
-  if (v < 0) {
-    const char *e = getenv("K3PD_CONV_STEP");
-    v = e && *e >= '0' && *e <= '3' ? *e - '0' : 0;
-  }
-  return v;
-}
-
 template <int W>
 static void launch_conv_vec(k3k_cuda_ctx *cx, const k3k_tensor_t *const *t,
                             const k3k_conv_params_t *p, const unsigned *bad) {
   const bool f32 = t[5]->dtype == K3K_F32;
-  if constexpr (W == 4) {
-    if (!f32 && p->activation && conv_step_variant() != 0) {
-      switch (conv_step_variant()) {
-        case 1: launch_conv_vec_t<W, false, true, 2, 16>(cx, t, p, bad); return;
-        case 2: launch_conv_vec_t<W, false, true, 8, 32>(cx, t, p, bad); return;
-        default: launch_conv_vec_t<W, false, true, 4, 32>(cx, t, p, bad); return;
-      }
-    }
-  }
   if (p->activation)
-    f32 ? launch_conv_vec_t<W, true, true, CONV_U, CONV_D>(cx, t, p, bad)
-        : launch_conv_vec_t<W, false, true, CONV_U, CONV_D>(cx, t, p, bad);
+    f32 ? launch_conv_vec_t<W, true, true>(cx, t, p, bad)
+        : launch_conv_vec_t<W, false, true>(cx, t, p, bad);
   else
-    f32 ? launch_conv_vec_t<W, true, false, CONV_U, CONV_D>(cx, t, p, bad)
-        : launch_conv_vec_t<W, false, false, CONV_U, CONV_D>(cx, t, p, bad);
+    f32 ? launch_conv_vec_t<W, true, false>(cx, t, p, bad)
+        : launch_conv_vec_t<W, false, false>(cx, t, p, bad);
 }
 
 int k3k_cuda_conv_prefill(k3k_cuda_ctx *cx, const void *params, const k3k_tensor_t *const *t) {
