@@ -55,7 +55,8 @@ int k3k_cu_moe_gemm(cudaStream_t st, const k3k_cu_moe_gemm_args *a);
 int k3k_cu_moe_gemm_dec(cudaStream_t st, const k3k_cu_moe_gemm_args *a);
 /* Process-wide decode-kernel choice, for tests and benchmarks (not thread-safe; set it before
  * launching): -1 the cp.async kernel, 0 .. 12 the measured variants of mxfp4_dec.cu, 99 the
- * default (variant 9 for calls with >= 64 expert slots, else 5); out of range: unchanged. The
+ * default (variant 9, mx_dec4_kernel, since session 16 at every batch size); out of range:
+ * unchanged. The
  * first call reads K3PD_MXDEC from the environment. Returns the previous choice. */
 int k3k_cu_moe_dec_variant(int v);
 

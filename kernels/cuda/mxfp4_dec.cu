@@ -167,28 +167,25 @@ template <bool COH> __device__ __forceinline__ uint4 ldx16(const uint4 *p) {
 /* This lane's x for a new 128-k step (token g, k 32·t4..; zero when !tv) as mma B fragments:
  * xb[q][p] = (x[8q+p], x[8q+p+4]), (x[8q+p+1], x[8q+p+5]) for p = 0 (i0 = 0), 1 (2). */
 template <bool COH>
-__device__ __forceinline__ void x_frags(const uint4 *xp, bool tv, uint32_t (&xb)[4][2][2]) {
-  uint32_t xu[16];
-  if (tv) {
+__device__ __forceinline__ void x_load(const uint4 *xp, bool tv, uint4 (&xr)[4]) {
 #pragma unroll
-    for (int v = 0; v < 4; v++) {
-      const uint4 q = ldx16<COH>(xp + v);
-      xu[4 * v] = q.x;
-      xu[4 * v + 1] = q.y;
-      xu[4 * v + 2] = q.z;
-      xu[4 * v + 3] = q.w;
-    }
-  } else {
-#pragma unroll
-    for (int v = 0; v < 16; v++) xu[v] = 0;
-  }
+  for (int v = 0; v < 4; v++) xr[v] = tv ? ldx16<COH>(xp + v) : make_uint4(0u, 0u, 0u, 0u);
+}
+__device__ __forceinline__ void x_perm(const uint4 (&xr)[4], uint32_t (&xb)[4][2][2]) {
 #pragma unroll
   for (int q = 0; q < 4; q++)
 #pragma unroll
     for (int p = 0; p < 2; p++) {
-      xb[q][p][0] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x5410);
-      xb[q][p][1] = __byte_perm(xu[4 * q + p], xu[4 * q + 2 + p], 0x7632);
+      const uint32_t lo = p ? xr[q].y : xr[q].x, hi = p ? xr[q].w : xr[q].z;
+      xb[q][p][0] = __byte_perm(lo, hi, 0x5410);
+      xb[q][p][1] = __byte_perm(lo, hi, 0x7632);
     }
+}
+template <bool COH>
+__device__ __forceinline__ void x_frags(const uint4 *xp, bool tv, uint32_t (&xb)[4][2][2]) {
+  uint4 xr[4];
+  x_load<COH>(xp, tv, xr);
+  x_perm(xr, xb);
 }
 
 template <bool FUSED, int NB, int MINB>
@@ -524,7 +521,9 @@ __device__ __forceinline__ bool dec4_scales(const uint8_t *const (&sc)[2][2], in
   return big;
 }
 
-template <int S, int PM, int NKS, bool SLOW>
+/* The units of one token chunk, fully unrolled, on the one-multiply scale form (every scale of
+ * the block <= 128). */
+template <int S, int PM, int NKS>
 __device__ __forceinline__ void dec4_units(const uint8_t *const (&pk)[2][2],
                                            const uint32_t (&sw)[NKS], int nks, bool tv,
                                            const uint16_t *xk, uint32_t dw, const uint8_t *rw,
@@ -552,7 +551,51 @@ __device__ __forceinline__ void dec4_units(const uint8_t *const (&pk)[2][2],
       const uint4 w1 = *reinterpret_cast<const uint4 *>(rw + o + 512);
       const uint32_t s0 = __byte_perm(sw[i], 0, 0x4440 + 2 * m),
                      s1 = __byte_perm(sw[i], 0, 0x4441 + 2 * m);
-      unit_mma<SLOW>(w0, w1, s0, s1, xb, c[m]);
+      unit_mma<false>(w0, w1, s0, s1, xb, c[m]);
+    }
+  }
+}
+
+/* dec4_units for blocks with a scale above 128 (the two-multiply form; never in real
+ * checkpoints): the same units in the same order, as a rolled loop over the k steps, so that the
+ * kernel carries one unrolled body, not two. Why (session 16): with both unrolled the kernel was
+ * 105-115 KB of code (58-67 KB now; mx_dec3_kernel 23-33 KB), and at one token, where the
+ * gate/up and down kernels run side by side under PDL, the pair ran ~10 us slower than the two
+ * kernels alone (the instruction cache is the likely reason: not measured); rolled, the pair runs
+ * faster than variant 5's (docs/perf-gpu-moe.md). */
+template <int S, int PM, int NKS>
+__device__ __forceinline__ void dec4_units_slow(const uint8_t *const (&pk)[2][2],
+                                                const uint32_t (&sw)[NKS], int nks, bool tv,
+                                                const uint16_t *xk, uint32_t dw,
+                                                const uint8_t *rw, const bool (&valid)[2],
+                                                float (&c)[2][4]) {
+  const int nu = 2 * nks;
+  uint32_t xb[4][2][2];
+#pragma unroll 1
+  for (int i = 0; i < nks; i++) {
+    uint32_t swi = sw[0]; /* sw[i] without a dynamic index (sw stays in registers) */
+#pragma unroll
+    for (int j = 1; j < NKS; j++)
+      if (j == i) swi = sw[j];
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+      const int u = 2 * i + m, un = u + S - 1, mi = (m + S - 1) & 1;
+      if (un < nu && valid[mi]) {
+        const uint32_t o = (uint32_t)((un % S) * SLOT4);
+        cpa16(dw + o, pk[mi][0] + 256 * (un >> 1));
+        cpa16(dw + o + 512, pk[mi][1] + 256 * (un >> 1));
+      }
+      cpa_commit();
+      cpa_wait<S - 1>(); /* unit u has landed */
+      if (m == 0) x_frags<PM != 0>(reinterpret_cast<const uint4 *>(xk + 512 * i), tv, xb);
+      if (valid[m]) {
+        const uint32_t o = (uint32_t)((u % S) * SLOT4);
+        const uint4 w0 = *reinterpret_cast<const uint4 *>(rw + o);
+        const uint4 w1 = *reinterpret_cast<const uint4 *>(rw + o + 512);
+        const uint32_t s0 = __byte_perm(swi, 0, 0x4440 + 2 * m),
+                       s1 = __byte_perm(swi, 0, 0x4441 + 2 * m);
+        unit_mma<true>(w0, w1, s0, s1, xb, c[m]);
+      }
     }
   }
 }
@@ -568,8 +611,16 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec4_kernel(dargs a) {
     pdl_wait();
     pdl_trigger();
   }
-  int e, rb, re;
-  if (!mx_expert_rows(a, blockIdx.y, e, rb, re)) return;
+  int rb, re;
+  const uint8_t *pb[2], *sb[2]; /* expert e's packed and scale bases, per half */
+  {
+    int e;
+    if (!mx_expert_rows(a, blockIdx.y, e, rb, re)) return;
+    pb[0] = mx_packed(a.w, e);
+    sb[0] = mx_scale(a.w, e);
+    pb[1] = FUSED ? mx_packed(a.up, e) : pb[0];
+    sb[1] = FUSED ? mx_scale(a.up, e) : sb[0];
+  }
   const int row0 = blockIdx.x * (FUSED ? 16 : 32);
   const int nk = a.K >> 7, kb = warp;
   const int nks = nk > warp ? (nk - warp + DW - 1) / DW : 0;
@@ -582,7 +633,7 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec4_kernel(dargs a) {
     int r = FUSED ? row0 : row0 + 16 * m;
     valid[m] = r < a.N;
     if (!valid[m]) r = 0;
-    pk[m][0] = mx_packed(set, e) + (int64_t)(r + g) * set.ldp + t4 * 16 + kb * 64;
+    pk[m][0] = pb[m] + (int64_t)(r + g) * set.ldp + t4 * 16 + kb * 64;
     pk[m][1] = pk[m][0] + 8 * set.ldp;
   }
   uint32_t sw[NKS];
@@ -611,7 +662,7 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec4_kernel(dargs a) {
       for (int m = 0; m < 2; m++) {
         const mx_dset &set = (FUSED && m == 1) ? a.up : a.w;
         const int r = valid[m] ? (FUSED ? row0 : row0 + 16 * m) : 0;
-        sc[m][0] = mx_scale(set, e) + (int64_t)(r + g) * set.lds + t4 + kb * 4;
+        sc[m][0] = sb[m] + (int64_t)(r + g) * set.lds + t4 + kb * 4;
         sc[m][1] = sc[m][0] + 8 * set.lds;
       }
       slow = __any_sync(0xffffffffu, dec4_scales<NKS>(sc, nks, sw));
@@ -628,9 +679,9 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec4_kernel(dargs a) {
       xk = a.x + (int64_t)xrow * a.ldx + t4 * 32 + kb * 128;
     }
     if (slow)
-      dec4_units<S, PM, NKS, true>(pk, sw, nks, tv, xk, dw, rw, valid, c);
+      dec4_units_slow<S, PM, NKS>(pk, sw, nks, tv, xk, dw, rw, valid, c);
     else
-      dec4_units<S, PM, NKS, false>(pk, sw, nks, tv, xk, dw, rw, valid, c);
+      dec4_units<S, PM, NKS>(pk, sw, nks, tv, xk, dw, rw, valid, c);
     cpa_wait<0>(); /* nothing in flight into slot 0 (the last units may be empty groups) */
     ring_reduce(c, wr, ring, S * SLOT4, lane, warp); /* partials through slot 0 */
     if (warp == 0) mx_store_frags<FUSED>(a, c, tb + 2 * t4, re, row0, g, valid);
@@ -644,8 +695,8 @@ __global__ void __launch_bounds__(DW * 32, MINB) mx_dec4_kernel(dargs a) {
  * pdl 0: plain launches, 1: PDL with the down GEMM's first units before the wait (PM 2),
  * 2: PDL, every kernel waits first (PM 1). v + 100: the same without the math (timing only:
  * outputs are wrong). 5 was the default from session 5 (measured against 0 on the medium preset:
- * decode batch 1 -0.4 %, batch 64 -2.2 %, T = 16 MoE block -2.3 %; docs/perf-gpu-moe.md); since
- * session 15 the default is VAR_AUTO (9 or 5 by the call's expert slots, below). */
+ * decode batch 1 -0.4 %, batch 64 -2.2 %, T = 16 MoE block -2.3 %; docs/perf-gpu-moe.md); in
+ * session 15 9 for calls with >= 64 expert slots and 5 below; since session 16 9 (below). */
 struct variant {
   int nb, minb, pf, ring, pdl, gen; /* gen: 3 = mx_dec2/3_kernel (by ring), 4 = mx_dec4_kernel */
 };
@@ -655,24 +706,23 @@ constexpr variant VARIANTS[] = {
     {2, 5, 0, 0, 0, 3}, /* 2: 20 warps per SM */
     {2, 6, 2, 4, 0, 3}, /* 3: ring of 4 units per warp, 24 warps per SM */
     {2, 6, 2, 4, 1, 3}, /* 4: 3 + PDL, down's first units before the wait */
-    {2, 6, 2, 6, 1, 3}, /* 5: 4 with a ring of 6: the default */
+    {2, 6, 2, 6, 1, 3}, /* 5: 4 with a ring of 6 (the default of sessions 5-14) */
     {2, 8, 2, 4, 1, 3}, /* 6: 4 at 32 warps per SM (64 registers) */
     {2, 6, 2, 4, 2, 3}, /* 7: 3 + PDL, no loads before the wait */
     {2, 8, 2, 5, 1, 3}, /* 8: 6 with a ring of 5 (8 × 26.6 KB of shared memory per SM) */
-    {2, 6, 2, 6, 1, 4}, /* 9: mx_dec4_kernel, 6 slots of 1 KB, 24 warps per SM, PDL as 5 */
+    {2, 6, 2, 6, 1, 4}, /* 9: mx_dec4_kernel, 6 slots of 1 KB, 24 warps/SM, PDL as 5: default */
     {2, 6, 2, 8, 1, 4}, /* 10: 9 with 8 slots */
     {2, 5, 2, 6, 1, 4}, /* 11: 9 at 20 warps per SM (more registers) */
     {2, 7, 2, 6, 1, 4}, /* 12: 9 capped at 72 registers (7 blocks' worth) */
 };
 constexpr int NVAR = (int)(sizeof VARIANTS / sizeof VARIANTS[0]);
 
-/* The default (K3PD_MXDEC unset): variant 9 (mx_dec4_kernel) when the call has at least
- * DEC_AUTO_ACTIVE expert slots, else variant 5. Measured on the H200 (2026-12-03, session 15,
- * docs/perf-gpu-moe.md): 9 beats 5 by 5-8 % at T = 16 (E = 896 and 256) and T = 64 (E = 256;
- * the medium decode step at batch 64: 37.20 -> 35.04 ms), but the K3 MoE block at T = 1
- * (16 experts) ran 146-151 us on 5 against 161-163 us on 9, though each GEMM alone was faster on
- * 9 (the pair under PDL was not: not understood yet). */
-constexpr int VAR_AUTO = 99, DEC_AUTO_ACTIVE = 64;
+/* The default (K3PD_MXDEC unset, or 99, session 15's name of the default): variant 9
+ * (mx_dec4_kernel). Measured on the H200 (2026-12-03, docs/perf-gpu-moe.md): 9 beats 5 by 5-8 %
+ * at T = 16 (E = 896 and 256) and T = 64 (E = 256); at T = 1 its gate/up -> down pair ran ~10 us
+ * slower than 5's until session 16 rolled its slow path (dec4_units_slow: half the code), after
+ * which the K3 MoE block at T = 1 runs 140.2 us on 9 against 148.0 us on 5. */
+constexpr int VAR_AUTO = 99, VAR_DEFAULT = 9;
 
 int g_variant = -2; /* -2: not read from the environment yet */
 
@@ -803,7 +853,7 @@ int k3k_cu_moe_dec_variant(int v) {
 
 int k3k_cu_moe_gemm_dec(cudaStream_t st, const k3k_cu_moe_gemm_args *a) {
   int vi = current_variant();
-  if (vi == VAR_AUTO) vi = a->max_active >= DEC_AUTO_ACTIVE ? 9 : 5;
+  if (vi == VAR_AUTO) vi = VAR_DEFAULT;
   if (vi < 0) return 1;
   const variant &v = VARIANTS[vi % 100];
   if (a->K % 128 || a->N % 16 || a->ldx % 8 || ((uintptr_t)a->x & 15) || a->w.ld_packed % 16 ||
