@@ -381,7 +381,7 @@ static void dec_exact_pipeline_case(gctx *g, int v, int32_t T, int32_t E, int32_
 /* The decode-kernel cases (rows_hint <= 16) again under each decode variant of K3PD_MXDEC_TEST
  * (a list; default "-1,0,1,2,5,9,12,99": the older cp.async kernel, the register-streaming
  * kernel and its measured alternatives, the ring kernels 5 and 9/12 (mx_dec4_kernel) and the
- * default 99 (9 or 5 by the call's expert slots), each ring form also compared bit for bit with
+ * default 99 (variant 9 since session 16), each ring form also compared bit for bit with
  * variant 0). */
 void dec_variant_cases(gctx *g) {
   const char *s = getenv("K3PD_MXDEC_TEST");
