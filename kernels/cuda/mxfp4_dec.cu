@@ -521,8 +521,35 @@ __device__ __forceinline__ bool dec4_scales(const uint8_t *const (&sc)[2][2], in
   return big;
 }
 
-/* The units of one token chunk, fully unrolled, on the one-multiply scale form (every scale of
- * the block <= 128). */
+/* Unit u (k step i = u / 2, half m = u % 2) of a token chunk: issue unit u + S - 1 into the slot
+ * read last (every call commits one group, empty or not), wait until unit u has landed, build
+ * this k step's x fragments when m == 0, then unit u's math with the k step's scale word swi. */
+template <int S, int PM, int NKS, bool SLOW>
+__device__ __forceinline__ void dec4_unit(int u, int i, int m, int nu, uint32_t swi,
+                                          const uint8_t *const (&pk)[2][2], bool tv,
+                                          const uint16_t *xk, uint32_t dw, const uint8_t *rw,
+                                          const bool (&valid)[2], uint32_t (&xb)[4][2][2],
+                                          float (&c)[2][4]) {
+  const int un = u + S - 1, mi = un & 1;
+  if ((SLOW || un < 2 * NKS) && un < nu && valid[mi]) { /* (the unrolled form drops the tail) */
+    const uint32_t o = (uint32_t)((un % S) * SLOT4);
+    cpa16(dw + o, pk[mi][0] + 256 * (un >> 1));
+    cpa16(dw + o + 512, pk[mi][1] + 256 * (un >> 1));
+  }
+  cpa_commit();
+  cpa_wait<S - 1>(); /* unit u has landed */
+  if (m == 0) x_frags<PM != 0>(reinterpret_cast<const uint4 *>(xk + 512 * i), tv, xb);
+  if (valid[m]) {
+    const uint32_t o = (uint32_t)((u % S) * SLOT4);
+    const uint4 w0 = *reinterpret_cast<const uint4 *>(rw + o);
+    const uint4 w1 = *reinterpret_cast<const uint4 *>(rw + o + 512);
+    const uint32_t s0 = __byte_perm(swi, 0, 0x4440 + 2 * m), s1 = __byte_perm(swi, 0, 0x4441 + 2 * m);
+    unit_mma<SLOW>(w0, w1, s0, s1, xb, c[m]);
+  }
+}
+
+/* The units of one token chunk, fully unrolled (slots and offsets are immediates), on the
+ * one-multiply scale form (every scale of the block <= 128). */
 template <int S, int PM, int NKS>
 __device__ __forceinline__ void dec4_units(const uint8_t *const (&pk)[2][2],
                                            const uint32_t (&sw)[NKS], int nks, bool tv,
@@ -532,27 +559,8 @@ __device__ __forceinline__ void dec4_units(const uint8_t *const (&pk)[2][2],
   uint32_t xb[4][2][2];
 #pragma unroll
   for (int u = 0; u < 2 * NKS; u++) {
-    const int i = u >> 1, m = u & 1;
     if (u >= nu) break;
-    { /* issue unit un = u + S - 1 into the slot read last (always commit one group) */
-      const int un = u + S - 1, mi = un & 1, ii = un >> 1;
-      if (un < 2 * NKS && un < nu && valid[mi]) {
-        const uint32_t o = (uint32_t)((un % S) * SLOT4);
-        cpa16(dw + o, pk[mi][0] + 256 * ii);
-        cpa16(dw + o + 512, pk[mi][1] + 256 * ii);
-      }
-      cpa_commit();
-    }
-    cpa_wait<S - 1>(); /* unit u has landed */
-    if (m == 0) x_frags<PM != 0>(reinterpret_cast<const uint4 *>(xk + 512 * i), tv, xb);
-    if (valid[m]) {
-      const uint32_t o = (uint32_t)((u % S) * SLOT4);
-      const uint4 w0 = *reinterpret_cast<const uint4 *>(rw + o);
-      const uint4 w1 = *reinterpret_cast<const uint4 *>(rw + o + 512);
-      const uint32_t s0 = __byte_perm(sw[i], 0, 0x4440 + 2 * m),
-                     s1 = __byte_perm(sw[i], 0, 0x4441 + 2 * m);
-      unit_mma<false>(w0, w1, s0, s1, xb, c[m]);
-    }
+    dec4_unit<S, PM, NKS, false>(u, u >> 1, u & 1, nu, sw[u >> 1], pk, tv, xk, dw, rw, valid, xb, c);
   }
 }
 
@@ -578,25 +586,8 @@ __device__ __forceinline__ void dec4_units_slow(const uint8_t *const (&pk)[2][2]
     for (int j = 1; j < NKS; j++)
       if (j == i) swi = sw[j];
 #pragma unroll
-    for (int m = 0; m < 2; m++) {
-      const int u = 2 * i + m, un = u + S - 1, mi = (m + S - 1) & 1;
-      if (un < nu && valid[mi]) {
-        const uint32_t o = (uint32_t)((un % S) * SLOT4);
-        cpa16(dw + o, pk[mi][0] + 256 * (un >> 1));
-        cpa16(dw + o + 512, pk[mi][1] + 256 * (un >> 1));
-      }
-      cpa_commit();
-      cpa_wait<S - 1>(); /* unit u has landed */
-      if (m == 0) x_frags<PM != 0>(reinterpret_cast<const uint4 *>(xk + 512 * i), tv, xb);
-      if (valid[m]) {
-        const uint32_t o = (uint32_t)((u % S) * SLOT4);
-        const uint4 w0 = *reinterpret_cast<const uint4 *>(rw + o);
-        const uint4 w1 = *reinterpret_cast<const uint4 *>(rw + o + 512);
-        const uint32_t s0 = __byte_perm(swi, 0, 0x4440 + 2 * m),
-                       s1 = __byte_perm(swi, 0, 0x4441 + 2 * m);
-        unit_mma<true>(w0, w1, s0, s1, xb, c[m]);
-      }
-    }
+    for (int m = 0; m < 2; m++)
+      dec4_unit<S, PM, NKS, true>(2 * i + m, i, m, nu, swi, pk, tv, xk, dw, rw, valid, xb, c);
   }
 }
 
