@@ -18,6 +18,8 @@
 # BIN holds k3pd-generate and k3k-gpu-model (built with -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON)
 # plus, when the host lacks them, libjansson.so.4 and libxxhash.so.0.
 # Logs: LOGDIR/model4l.log, gen4l.log, kl48b.log, tiny.log, tiny-48b.log (and medium.log, genmed.log, ncu.csv, ncu.txt).
+# scripts/gpu/table.py LOGDIR turns them (with scripts/gpu/run.sh's logs in the same LOGDIR) into
+# issue 19's table.
 # Exit status: 0 when every step passed, else 1.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One command for a GPU host with only CUDA installed: build (or use carried binaries), run the
-# op test on the device (tiny and real shapes), the CUDA-internals checks and the perf suite,
-# write logs to LOGDIR.
+# op test on the device (tiny and real shapes), the CUDA-internals checks, the MoE suite and the
+# perf suite, write logs to LOGDIR and issue 19's table (with scripts/gpu/model.sh's logs when
+# they are in LOGDIR too) to LOGDIR/table.md.
 #
 #   scripts/gpu/run.sh LOGDIR [--bin DIR] [--quick] [--no-perf]
 #
-#   --bin DIR   use prebuilt test_kernels and k3k-gpu-check from DIR (built elsewhere with
-#               -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON; they need only libcublasLt.so.13 and libc)
-#               instead of building here; DIR must hold both.
+#   --bin DIR   use prebuilt test_kernels, k3k-gpu-check and k3k-gpu-moe from DIR (built
+#               elsewhere with -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON; they need only
+#               libcublasLt.so.13 and libc, plus libjansson/libxxhash where the host lacks them)
+#               instead of building here; DIR must hold all three.
 #   --quick     test_kernels --real --quick (T in {1, 65}, fewer big cases) and
 #               k3k-gpu-check --quick.
 #   --no-perf   skip the perf table.
@@ -20,8 +22,12 @@
 #                          shapes, the device against cpu-fast; fails on a refused case or an op
 #                          of k3k_ops.def no case ran on the device
 #   LOGDIR/internals.log   `k3k-gpu-check`: the CUDA backend's internals the op API cannot reach
-# and LOGDIR/perf.log (k3k-gpu-check --perf), LOGDIR/build.log, LOGDIR/nvidia-smi.txt.
-# Exit status: 0 when all three parity runs passed (and perf ran), 1 otherwise.
+#   LOGDIR/moe.log         `k3k-gpu-moe`: router, plan, MXFP4 expert GEMMs (every decode variant
+#                          byte for byte against variant 0), combine, the MoE block against cpu
+# and LOGDIR/perf.log (k3k-gpu-check --perf), LOGDIR/moe-perf.log (k3k-gpu-moe --perf at T = 1,
+# 16, 8192, E = 896), LOGDIR/moe-e256.log (T = 64, E = 256), LOGDIR/table.md
+# (scripts/gpu/table.py), LOGDIR/build.log, LOGDIR/nvidia-smi.txt.
+# Exit status: 0 when all four parity runs passed (and perf ran), 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 logdir=${1:?usage: scripts/gpu/run.sh LOGDIR [--bin DIR] [--quick] [--no-perf]}
@@ -42,8 +48,9 @@ nvidia-smi > "$logdir/nvidia-smi.txt" 2>&1 || true
 if [ -z "$bin" ]; then
   bdir=build-gpu
   if ! { cmake -S . -B "$bdir" -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON -DCMAKE_BUILD_TYPE=Release &&
-    cmake --build "$bdir" -j"$(nproc)" --target k3k-gpu-check test_kernels &&
-    mkdir -p "$bdir/bin" && cp "$bdir/tests/gpu/k3k-gpu-check" "$bdir/tests/kernels/test_kernels" "$bdir/bin/"; } \
+    cmake --build "$bdir" -j"$(nproc)" --target k3k-gpu-check k3k-gpu-moe test_kernels &&
+    mkdir -p "$bdir/bin" && cp "$bdir/tests/gpu/k3k-gpu-check" "$bdir/tests/gpu/k3k-gpu-moe" \
+      "$bdir/tests/kernels/test_kernels" "$bdir/bin/"; } \
     > "$logdir/build.log" 2>&1; then
     echo "build failed; see $logdir/build.log" >&2
     tail -20 "$logdir/build.log" >&2
@@ -51,8 +58,9 @@ if [ -z "$bin" ]; then
   fi
   bin=$bdir/bin
 fi
-exe=$bin/k3k-gpu-check ops=$bin/test_kernels
-for x in "$exe" "$ops"; do
+exe=$bin/k3k-gpu-check ops=$bin/test_kernels moe=$bin/k3k-gpu-moe
+export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$bin
+for x in "$exe" "$ops" "$moe"; do
   [ -x "$x" ] || { echo "no executable $x" >&2; exit 1; }
 done
 status=0
@@ -71,8 +79,16 @@ else
   run "test_kernels --real" "$logdir/ops-real.log" 1500 "$ops" --real --require-device
 fi
 run "k3k-gpu-check" "$logdir/internals.log" 900 "$exe" $quick
+run "k3k-gpu-moe" "$logdir/moe.log" 600 "$moe"
 if [ "$perf" = 1 ]; then
   timeout 600 "$exe" --perf --no-parity > "$logdir/perf.log" 2>&1 || status=1
   grep -E "^(CEILING|PERF|FAIL)" "$logdir/perf.log"
+  timeout 300 "$moe" --perf --no-parity --perf-t 1,16,8192 > "$logdir/moe-perf.log" 2>&1 || status=1
+  timeout 120 "$moe" --perf --no-parity --perf-e 256 --perf-t 64 > "$logdir/moe-e256.log" 2>&1 || status=1
+  grep -E "^PERF (moe|ceilings)" "$logdir/moe-perf.log" "$logdir/moe-e256.log"
+  if command -v python3 > /dev/null; then
+    python3 scripts/gpu/table.py "$logdir" > "$logdir/table.md" 2>&1 || status=1
+    cat "$logdir/table.md"
+  fi
 fi
 exit $status
