@@ -19,10 +19,13 @@ import sys
 OP = re.compile(r"^PERF (.+?)\s+([\d.]+) us\s+[\d.]+ GB/s\s+[\d.]+ TFLOP/s\s+floor\s+([\d.]+) us\s+x([\d.]+)")
 PREFILL = re.compile(r"^PERF prefill (\d+) tokens \(one pass\): ([\d.]+) s = (\d+) tokens/s; FLOP floor "
                      r"([\d.]+) s .* = ([\d.]+)x")
-DEC1 = re.compile(r"^PERF decode batch 1: eager ([\d.]+) ms/step, graph ([\d.]+) ms/step .*weight-read "
+DEC1 = re.compile(r"^PERF decode batch 1: eager [\d.]+ ms/step, graph ([\d.]+) ms/step .*weight-read "
                   r"floor ([\d.]+) ms .* graph ([\d.]+)x")
 DECB = re.compile(r"^PERF decode batch (\d+): graph ([\d.]+) ms/step = (\d+) tokens/s .*floor ([\d.]+) ms "
                   r".* graph ([\d.]+)x floor")
+# k3k-gpu-model's three lines: key, pattern, the type of each group
+MODEL = (("prefill", PREFILL, (int, float, int, float, float)), ("dec1", DEC1, (float, float, float)),
+         ("decb", DECB, (int, float, int, float, float)))
 CEIL = re.compile(r"^(?:CEILING|PERF ceilings)[: ](.*)$")
 
 
@@ -38,19 +41,12 @@ def read(path):
             if m:
                 out["ops"].setdefault(m.group(1).strip(), (float(m.group(2)), float(m.group(3)), float(m.group(4))))
                 continue
-            m = PREFILL.match(line)
+            for key, pat, types in MODEL:
+                m = pat.match(line)
+                if m:
+                    out[key] = tuple(t(g) for t, g in zip(types, m.groups()))
+                    break
             if m:
-                out["prefill"] = (int(m.group(1)), float(m.group(2)), int(m.group(3)), float(m.group(4)),
-                                  float(m.group(5)))
-                continue
-            m = DEC1.match(line)
-            if m:
-                out["dec1"] = (float(m.group(2)), float(m.group(3)), float(m.group(4)))
-                continue
-            m = DECB.match(line)
-            if m:
-                out["decb"] = (int(m.group(1)), float(m.group(2)), int(m.group(3)), float(m.group(4)),
-                               float(m.group(5)))
                 continue
             m = CEIL.match(line)
             if m:
