@@ -167,11 +167,10 @@ template <bool COH> __device__ __forceinline__ uint4 ldx16(const uint4 *p) {
 /* This lane's x for a new 128-k step (token g, k 32·t4..; zero when !tv) as mma B fragments:
  * xb[q][p] = (x[8q+p], x[8q+p+4]), (x[8q+p+1], x[8q+p+5]) for p = 0 (i0 = 0), 1 (2). */
 template <bool COH>
-__device__ __forceinline__ void x_load(const uint4 *xp, bool tv, uint4 (&xr)[4]) {
+__device__ __forceinline__ void x_frags(const uint4 *xp, bool tv, uint32_t (&xb)[4][2][2]) {
+  uint4 xr[4];
 #pragma unroll
   for (int v = 0; v < 4; v++) xr[v] = tv ? ldx16<COH>(xp + v) : make_uint4(0u, 0u, 0u, 0u);
-}
-__device__ __forceinline__ void x_perm(const uint4 (&xr)[4], uint32_t (&xb)[4][2][2]) {
 #pragma unroll
   for (int q = 0; q < 4; q++)
 #pragma unroll
@@ -180,12 +179,6 @@ __device__ __forceinline__ void x_perm(const uint4 (&xr)[4], uint32_t (&xb)[4][2
       xb[q][p][0] = __byte_perm(lo, hi, 0x5410);
       xb[q][p][1] = __byte_perm(lo, hi, 0x7632);
     }
-}
-template <bool COH>
-__device__ __forceinline__ void x_frags(const uint4 *xp, bool tv, uint32_t (&xb)[4][2][2]) {
-  uint4 xr[4];
-  x_load<COH>(xp, tv, xr);
-  x_perm(xr, xb);
 }
 
 template <bool FUSED, int NB, int MINB>
