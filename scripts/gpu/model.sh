@@ -13,7 +13,10 @@
 #   5. with --profile (after --medium): the medium preset's prefill / decode batch 1 / decode
 #      batch 64 under ncu, summarised per kernel by scripts/gpu/ncu_sum.py.
 #
-#   scripts/gpu/model.sh BIN LOGDIR [--medium [--profile]]
+#   scripts/gpu/model.sh BIN LOGDIR [--medium [--profile]] [--medium-only]
+#
+# --medium-only runs step 4 (and 5) alone: for hosts that limit one command's time, steps 1-3
+# (~3 minutes on an H200) and 4-5 as two commands into the same LOGDIR are the same run.
 #
 # BIN holds k3pd-generate and k3k-gpu-model (built with -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON)
 # plus, when the host lacks them, libjansson.so.4 and libxxhash.so.0.
@@ -23,32 +26,46 @@
 # Exit status: 0 when every step passed, else 1.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-bin=$(cd "${1:?usage: scripts/gpu/model.sh BIN LOGDIR [--medium]}" && pwd)
-logdir=${2:?usage: scripts/gpu/model.sh BIN LOGDIR [--medium]}
-medium=${3:-}
-profile=${4:-}
+usage="usage: scripts/gpu/model.sh BIN LOGDIR [--medium [--profile]] [--medium-only]"
+bin=$(cd "${1:?$usage}" && pwd) || exit 2
+logdir=${2:?$usage}
+shift 2
+medium="" profile="" small=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --medium) medium=--medium ;;
+    --profile) profile=--profile ;;
+    --medium-only) medium=--medium small=0 ;;
+    *) echo "unknown option $1; $usage" >&2; exit 2 ;;
+  esac
+  shift
+done
 mkdir -p "$logdir"
+t0=$(date +%s)
 export LD_LIBRARY_PATH=$bin:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 cfg=$root/tests/gpu/data/k3-medium-4l16e.json
 status=0
-timeout 400 "$bin/k3k-gpu-model" --synthetic-config "$cfg" --device-synth --verify-synth 64 \
-  --steps 64 --perf > "$logdir/model4l.log" 2>&1 || status=1
-grep -E "^(PASS|FAIL|PERF)|passed" "$logdir/model4l.log"
-timeout 200 "$bin/k3pd-generate" --synthetic-config "$cfg" --device cuda --perf \
-  --prompt-ids "$(seq -s, 1000 1299)" --max-new-tokens 32 --ignore-eos > "$logdir/gen4l.log" 2>&1 \
-  || { echo "k3pd-generate failed: $logdir/gen4l.log"; status=1; }
-grep "k3pd-generate:" "$logdir/gen4l.log" | tail -3
-timeout 200 "$bin/k3k-gpu-model" --synthetic-config "$root/tests/gpu/data/kl48b-4l.json" --device-synth \
-  --verify-synth 4 --steps 16 --perf --perf-prefill 4096 > "$logdir/kl48b.log" 2>&1 || status=1
-grep -E "^(PASS|FAIL|PERF)|passed" "$logdir/kl48b.log"
-# the tiny presets on the generic-shape KDA/MLA/MoE kernels (docs/perf-gpu-model.md "The tiny
-# presets on the GPU"; tiny's --tol as its ctest k3k_gpu_model_tiny)
-for p in tiny tiny-48b; do
-  t=; [ $p = tiny ] && t="--tol 6e-2"
-  timeout 120 "$bin/k3k-gpu-model" --synthetic $p --device-synth --verify-synth -1 --steps 64 $t \
-    > "$logdir/$p.log" 2>&1 || status=1
-  grep -E "^FAIL|passed" "$logdir/$p.log"
-done
+if [ "$small" = 1 ]; then
+  timeout 400 "$bin/k3k-gpu-model" --synthetic-config "$cfg" --device-synth --verify-synth 64 \
+    --steps 64 --perf > "$logdir/model4l.log" 2>&1 || status=1
+  grep -E "^(PASS|FAIL|PERF)|passed" "$logdir/model4l.log"
+  timeout 200 "$bin/k3pd-generate" --synthetic-config "$cfg" --device cuda --perf \
+    --prompt-ids "$(seq -s, 1000 1299)" --max-new-tokens 32 --ignore-eos > "$logdir/gen4l.log" 2>&1 \
+    || { echo "k3pd-generate failed: $logdir/gen4l.log"; status=1; }
+  grep "k3pd-generate:" "$logdir/gen4l.log" | tail -3
+  timeout 200 "$bin/k3k-gpu-model" --synthetic-config "$root/tests/gpu/data/kl48b-4l.json" --device-synth \
+    --verify-synth 4 --steps 16 --perf --perf-prefill 4096 > "$logdir/kl48b.log" 2>&1 || status=1
+  grep -E "^(PASS|FAIL|PERF)|passed" "$logdir/kl48b.log"
+  # the tiny presets on the generic-shape KDA/MLA/MoE kernels (docs/perf-gpu-model.md "The tiny
+  # presets on the GPU"; tiny's --tol as its ctest k3k_gpu_model_tiny)
+  for p in tiny tiny-48b; do
+    t=; [ $p = tiny ] && t="--tol 6e-2"
+    timeout 120 "$bin/k3k-gpu-model" --synthetic $p --device-synth --verify-synth -1 --steps 64 $t \
+      > "$logdir/$p.log" 2>&1 || status=1
+    grep -E "^FAIL|passed" "$logdir/$p.log"
+  done
+  echo "small configs done ($(( $(date +%s) - t0 )) s)"
+fi
 if [ "$medium" = "--medium" ]; then
   timeout 300 "$bin/k3k-gpu-model" --synthetic medium --device-synth --verify-synth 1 --perf \
     --no-parity --graph-steps 4 > "$logdir/medium.log" 2>&1 || status=1
@@ -67,5 +84,6 @@ if [ "$medium" = "--medium" ]; then
     python3 "$root/scripts/gpu/ncu_sum.py" "$logdir/ncu.csv" --grid --top 40 > "$logdir/ncu.txt" 2>&1
     head -50 "$logdir/ncu.txt"
   fi
+  echo "medium done ($(( $(date +%s) - t0 )) s)"
 fi
 exit $status

@@ -4,7 +4,7 @@
 # perf suite, write logs to LOGDIR and issue 19's table (with scripts/gpu/model.sh's logs when
 # they are in LOGDIR too) to LOGDIR/table.md.
 #
-#   scripts/gpu/run.sh LOGDIR [--bin DIR] [--quick] [--no-perf]
+#   scripts/gpu/run.sh LOGDIR [--bin DIR] [--quick] [--no-perf] [--part parity|perf]
 #
 #   --bin DIR   use prebuilt test_kernels, k3k-gpu-check and k3k-gpu-moe from DIR (built
 #               elsewhere with -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON; they need only
@@ -13,6 +13,9 @@
 #   --quick     test_kernels --real --quick (T in {1, 65}, fewer big cases) and
 #               k3k-gpu-check --quick.
 #   --no-perf   skip the perf table.
+#   --part P    only the parity runs (P = parity) or only the perf runs and the table (P = perf),
+#               for hosts that limit one command's time (the full run takes ~8-10 minutes on an
+#               H200): two commands into the same LOGDIR are the same run.
 # Building here needs cmake, nvcc, pkg-config, and the dev packages of jansson and xxhash (the
 # kernels-only configuration still configures k3_base/k3_ckpt); without them use --bin.
 # Parity, each op synchronised (K3PD_CUDA_SYNC=1) so a device fault names its op:
@@ -30,14 +33,22 @@
 # Exit status: 0 when all four parity runs passed (and perf ran), 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
-logdir=${1:?usage: scripts/gpu/run.sh LOGDIR [--bin DIR] [--quick] [--no-perf]}
+usage="usage: scripts/gpu/run.sh LOGDIR [--bin DIR] [--quick] [--no-perf] [--part parity|perf]"
+logdir=${1:?$usage}
 shift
-bin="" quick="" perf=1
+bin="" quick="" perf=1 parity=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --quick) quick=--quick; shift ;;
     --no-perf) perf=0; shift ;;
+    --part)
+      case "${2:-}" in
+        parity) perf=0 ;;
+        perf) parity=0 ;;
+        *) echo "--part takes parity or perf, not '${2:-}'" >&2; exit 2 ;;
+      esac
+      shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -63,23 +74,26 @@ export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$bin
 for x in "$exe" "$ops" "$moe"; do
   [ -x "$x" ] || { echo "no executable $x" >&2; exit 1; }
 done
-status=0
-# run NAME LOG TIMEOUT CMD...: one parity run, its FAIL lines and its last line on stdout.
+status=0 t0=$(date +%s)
+# run NAME LOG TIMEOUT CMD...: one parity run, its FAIL lines and its last line on stdout, with
+# the seconds since the start.
 run() {
   local name=$1 log=$2 limit=$3
   shift 3
   K3PD_CUDA_SYNC=1 timeout "$limit" "$@" > "$log" 2>&1 || status=1
   grep -E "^FAIL" "$log" | head -20
-  echo "$name: $(tail -1 "$log")"
+  echo "$name ($(( $(date +%s) - t0 )) s): $(tail -1 "$log")"
 }
-run "test_kernels" "$logdir/ops-tiny.log" 300 env K3PD_FAST_MIN_WORK=0 "$ops"
-if [ -n "$quick" ]; then
-  run "test_kernels --real --quick" "$logdir/ops-real.log" 600 "$ops" --real --quick --require-device
-else
-  run "test_kernels --real" "$logdir/ops-real.log" 1500 "$ops" --real --require-device
+if [ "$parity" = 1 ]; then
+  run "test_kernels" "$logdir/ops-tiny.log" 300 env K3PD_FAST_MIN_WORK=0 "$ops"
+  if [ -n "$quick" ]; then
+    run "test_kernels --real --quick" "$logdir/ops-real.log" 600 "$ops" --real --quick --require-device
+  else
+    run "test_kernels --real" "$logdir/ops-real.log" 1500 "$ops" --real --require-device
+  fi
+  run "k3k-gpu-check" "$logdir/internals.log" 900 "$exe" $quick
+  run "k3k-gpu-moe" "$logdir/moe.log" 600 "$moe"
 fi
-run "k3k-gpu-check" "$logdir/internals.log" 900 "$exe" $quick
-run "k3k-gpu-moe" "$logdir/moe.log" 600 "$moe"
 if [ "$perf" = 1 ]; then
   timeout 600 "$exe" --perf --no-parity > "$logdir/perf.log" 2>&1 || status=1
   grep -E "^(CEILING|PERF|FAIL)" "$logdir/perf.log"
@@ -90,5 +104,6 @@ if [ "$perf" = 1 ]; then
     python3 scripts/gpu/table.py "$logdir" > "$logdir/table.md" 2>&1 || status=1
     cat "$logdir/table.md"
   fi
+  echo "perf done ($(( $(date +%s) - t0 )) s)"
 fi
 exit $status
