@@ -8,7 +8,7 @@
  * Plan algorithm (deterministic, no atomics on the order): tokens are cut into chunks of
  * PLAN_CHUNK; pass 1 counts rows per (chunk, expert); pass 2 (one block) turns the counts into
  * expert_off, per-(chunk, expert) bases and the active-expert list; pass 3 walks each chunk's
- * tokens in order and hands out rows. Combine: one block per token, 16-byte loads when rows and
+ * (token, choice) pairs in order, 32 at a time, and hands out rows. Combine: one block per token, 16-byte loads when rows and
  * y are contiguous BF16 with D % 8 == 0; that fast kernel issues all of a thread's row loads
  * before the first use and is launched with PDL (pdl.cuh). */
 #include "cuda_common.cuh"
@@ -70,25 +70,44 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-/* Per chunk, one warp walks the tokens in order; the k choices of a token take consecutive
- * rows of their (distinct) experts. */
+/* Per chunk, warp 0 walks the chunk's (token, choice) pairs in flat order p = t·k + i, which is
+ * the plan's order within an expert, 32 at a time: lanes with the same expert find each other
+ * (__match_any_sync), a pair's row is pos[e] + the number of its peers on lower lanes, and the
+ * highest peer moves pos[e] on. The pairs are staged in shared memory by the whole block first
+ * (PLAN_STAGE at a time), so the walk never waits on a global load. Deterministic for any ids,
+ * repeated experts in one token included. (It was one token per step with a shared atomic per
+ * choice and the ids read from global memory on the way.) */
+#define PLAN_STAGE 2048
 __global__ void plan_assign(const int32_t *idx, int T, int k, int E, const int32_t *base,
                             int32_t *gather_tok, int32_t *row_idx) {
-  extern __shared__ int32_t pos[];
+  extern __shared__ int32_t pos[]; /* [E], then the staged ids [PLAN_STAGE] */
+  int32_t *sid = pos + E;
   for (int e = threadIdx.x; e < E; e += blockDim.x) pos[e] = base[(size_t)blockIdx.x * E + e];
-  __syncthreads();
-  int t0 = blockIdx.x * PLAN_CHUNK, t1 = min(T, t0 + PLAN_CHUNK);
-  if (threadIdx.x >= 32) return;
-  for (int t = t0; t < t1; t++) {
-    for (int i = threadIdx.x; i < k; i += 32) {
-      int e = idx[(size_t)t * k + i], r = -1;
-      if (e >= 0 && e < E) {
-        r = atomicAdd(&pos[e], 1); /* distinct experts per token: no contention in practice */
-        gather_tok[r] = t;
+  const int64_t p0 = (int64_t)blockIdx.x * PLAN_CHUNK * k,
+                p1 = (int64_t)min(T, (int)(blockIdx.x + 1) * PLAN_CHUNK) * k;
+  const int lane = threadIdx.x & 31;
+  for (int64_t s0 = p0; s0 < p1; s0 += PLAN_STAGE) {
+    const int n = (int)min((int64_t)PLAN_STAGE, p1 - s0);
+    __syncthreads(); /* pos written / the previous stage walked */
+    for (int j = threadIdx.x; j < n; j += blockDim.x) sid[j] = idx[s0 + j];
+    __syncthreads();
+    if (threadIdx.x >= 32) continue;
+    for (int j0 = 0; j0 < n; j0 += 32) {
+      const int j = j0 + lane;
+      const int e = j < n ? sid[j] : -1;
+      const bool ok = e >= 0 && e < E;
+      const unsigned peers = __match_any_sync(0xffffffffu, ok ? e : -1 - lane);
+      int r = -1;
+      if (ok) {
+        const int before = __popc(peers & ((1u << lane) - 1u));
+        r = pos[e] + before;
+        gather_tok[r] = (int32_t)((s0 + j) / k);
       }
-      row_idx[(size_t)t * k + i] = r;
+      __syncwarp();
+      if (ok && (peers >> lane) == 1u) pos[e] = r + 1; /* the highest peer */
+      __syncwarp();
+      if (j < n) row_idx[s0 + j] = r;
     }
-    __syncwarp();
   }
 }
 
@@ -106,7 +125,8 @@ int k3k_cu_moe_plan(cudaStream_t st, const int32_t *idx, int32_t T, int32_t k, i
   plan_scan<<<1, 1024, 0, st>>>(cnt, nch, E, expert_off, active);
   K3K_LAUNCHED("moe_plan_scan");
   if (nch > 0) {
-    plan_assign<<<nch, 256, smem, st>>>(idx, T, k, E, cnt, gather_tok, row_idx);
+    const size_t smem_a = smem + PLAN_STAGE * sizeof(int32_t); /* <= 40 KB at E = 8192 */
+    plan_assign<<<nch, 256, smem_a, st>>>(idx, T, k, E, cnt, gather_tok, row_idx);
     K3K_LAUNCHED("moe_plan_assign");
   }
   return 0;

@@ -182,9 +182,11 @@ static void combine_case(gctx *g, int64_t T, int k, int64_t D, k3k_dtype_t dt, b
 }
 
 /* ---- device plan vs k3k_moe_plan ---- */
-static void plan_case(gctx *g, int32_t T, int32_t k, int32_t E) {
+/* repeats: a token may choose one expert more than once (no router does, but the plan's order
+ * (by expert, then token, then choice) still defines the rows, and the host plan follows it) */
+static void plan_case(gctx *g, int32_t T, int32_t k, int32_t E, bool repeats) {
   char what[120];
-  snprintf(what, sizeof what, "moe_plan T=%d k=%d E=%d", T, k, E);
+  snprintf(what, sizeof what, "moe_plan T=%d k=%d E=%d%s", T, k, E, repeats ? " repeats" : "");
   int32_t TK = T * k;
   int32_t *idx = malloc((size_t)TK * 4), *off = malloc((size_t)(E + 1) * 4);
   int32_t *gt = malloc((size_t)TK * 4), *ri = malloc((size_t)TK * 4);
@@ -197,7 +199,7 @@ static void plan_case(gctx *g, int32_t T, int32_t k, int32_t E) {
     g_record(g, false, "%s: alloc", what);
     goto out;
   }
-  for (int32_t t = 0; t < T; t++) /* k distinct experts per token, skewed toward low ids */
+  for (int32_t t = 0; t < T; t++) /* k experts per token, skewed toward low ids */
     for (int32_t i = 0; i < k; i++) {
       int32_t e;
       bool dup;
@@ -205,7 +207,7 @@ static void plan_case(gctx *g, int32_t T, int32_t k, int32_t E) {
         uint64_t r = g_rand_u64(g);
         e = (int32_t)((r % 3 == 0) ? (r >> 8) % (uint64_t)(E < 40 ? E : 40) : (r >> 8) % (uint64_t)E);
         dup = false;
-        for (int32_t j = 0; j < i; j++) dup |= idx[t * k + j] == e;
+        for (int32_t j = 0; j < i && !repeats; j++) dup |= idx[t * k + j] == e;
       } while (dup);
       idx[t * k + i] = e;
     }
@@ -332,10 +334,14 @@ int gpu_moe_parity(gctx *g) {
   combine_case(g, 3, 4, 100, K3K_BF16, false); /* scalar path */
   combine_case(g, 4, 4, 64, K3K_BF16, true);
   combine_case(g, 2, 20, DL, K3K_BF16, false); /* k > 16: two batches of row loads */
-  plan_case(g, 1, 16, 896);
-  plan_case(g, 16, 16, 896);
-  plan_case(g, 300, 16, 896); /* three chunks */
-  plan_case(g, 64, 8, 32);
+  plan_case(g, 1, 16, 896, false);
+  plan_case(g, 16, 16, 896, false);
+  plan_case(g, 300, 16, 896, false); /* three chunks */
+  plan_case(g, 64, 8, 32, false);
+  plan_case(g, 64, 16, 256, false);  /* medium decode, batch 64 (the 3-launch plan) */
+  plan_case(g, 64, 16, 256, true);
+  plan_case(g, 300, 40, 896, true);  /* 5120 pairs per chunk: three shared-memory stages */
+  plan_case(g, 8192, 16, 896, false); /* K3 prefill */
   route_plan_case(g, 1, 896, 16, 1, 1, 0);  /* K3 decode: one launch (warp form: E² too big) */
   route_plan_case(g, 1, 256, 16, 1, 1, 1);  /* medium decode, batch 1 (rank form) */
   route_plan_case(g, 4, 256, 16, 1, 1, 0);  /* warp form (T·E² > 2^16) */
