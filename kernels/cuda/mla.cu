@@ -312,8 +312,8 @@ static size_t mla_work_bytes(const k3k_cu_mla_decode_args *a) {
 }
 
 /* Benchmark hook: 1 = the mma.sync kernel even where the Hopper kernel applies; 1024 = the
- * Hopper kernel with an exact max exchange and rescale on every tile, 2048 = without queueing
- * S of the next tile behind P.V, 4096 = warpgroup 1's producer thread does the page lookups and
+ * Hopper kernel with an exact max exchange and rescale on every tile, 2048 = S of the next tile
+ * queued behind P.V (the default of sessions 3-16), 4096 = warpgroup 1's producer thread does the page lookups and
  * L2 prefetches (the kernel before session 10), 8192 = the op path before session 10 (q staged,
  * output through fp32 + cast), 16384 = L2 prefetch 5 tiles ahead instead of 3, 32768 = split S
  * (S starts on the first refill batch; mla_decode_wg.cu) (all correct). Flags that leave a stage of
@@ -322,14 +322,14 @@ static size_t mla_work_bytes(const k3k_cu_mla_decode_args *a) {
 static int g_mla_probe;
 void k3k_cuda_mla_probe(int mode) { g_mla_probe = mode; }
 
-/* K3PD_MLA_DECODE_OLD=1: the op as measured on 2026-12-02 06:30 (fallback until the session-10
- * path is measured): probe bits 4096 (warpgroup 1's producer thread does the page lookups and
- * L2 prefetches) and 8192 (q copied to a bf16 staging buffer, output through fp32 + cast). */
+/* K3PD_MLA_DECODE_OLD=1: the op as measured on 2026-12-02 06:30 (the fallback): probe bits 4096
+ * (warpgroup 1's producer thread does the page lookups and L2 prefetches), 8192 (q copied to a
+ * bf16 staging buffer, output through fp32 + cast) and 2048 (S queued behind P.V). */
 static int mla_old_bits(void) {
   static int bits = -1;
   if (bits < 0) {
     const char *e = getenv("K3PD_MLA_DECODE_OLD");
-    bits = e && e[0] == '1' ? 4096 | 8192 : 0;
+    bits = e && e[0] == '1' ? 4096 | 8192 | 2048 : 0;
   }
   return bits;
 }

@@ -26,8 +26,10 @@
  * thread at 168); it refills a stage in two batches as P.V releases its blocks (see the
  * kernel). Warpgroup 0's thread 0 looks up the pool rows of tile i+3 and prefetches it into L2
  * before waiting for tile i (since session 10; probe 4096 = the producer thread did it).
- * Benchmark variants (probe bits, all correct): 16384 prefetches 5 tiles ahead; 32768 splits S
- * over the two refill batches (their own mbarriers, two accumulator chains).
+ * S of tile i+1 is issued as soon as tile i+1 landed, ahead of P.V(i) if it comes to that.
+ * Benchmark variants (probe bits, all correct): 2048 queues S(i+1) behind P.V(i) (sessions
+ * 3-16); 16384 prefetches 5 tiles ahead; 32768 splits S over the two refill batches (their own
+ * mbarriers, two accumulator chains).
  * What it is not: the op (mla.cu builds q_lat, picks this kernel or the mma.sync one, merges
  * splits); page sizes that are not multiples of 8 (mla.cu's kernel takes those).
  * Invariants: shared tiles are 1024-byte aligned (128-byte swizzle atoms); token rows past the
@@ -342,7 +344,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 
   const int wg = w >> 2, wq = w & 3, g = lane >> 2, t4 = lane & 3;
   const bool math = !(a.probe & 2);
-  const bool order = !(a.probe & 2048); /* benchmark variant: S(i+1) may run ahead of P.V(i) */
+  /* S(i+1) may run ahead of P.V(i) (session 17: 308 against 318-342 µs with the order kept,
+   * B = 64 x 8K); probe 2048 keeps the order of sessions 3-16 (P.V(i) queued first, barrier 8),
+   * which paid while warpgroup 1's producer thread also did the lookups (probe 4096). */
+  const bool order = (a.probe & 2048) != 0;
   /* Who looks up and L2-prefetches tile i+3: warpgroup 0's thread 0 during S of tile i
    * (default), or warpgroup 1's producer thread after the P.V issue (probe 4096, the kernel as
    * measured on 2026-11-29). Either writes rows_s slot (i+3)&3 before the barrier that lets
@@ -411,8 +416,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
        * accumulator chain makes ptxas serialise them: it sees a divergent loop inside the
        * pipeline); under probe 32768 once batch 0 landed, batch 1 waited for between chains. */
       mbar_wait(bar0 + 8 * s, par);
-      /* P.V of the previous tile goes to the tensor cores first: its stage is then released
-       * ~1.2 K cycles sooner (S would otherwise run ahead of it), which is the refill window. */
+      /* Probe 2048: P.V of the previous tile goes to the tensor cores first (its stage is then
+       * released ~1.2 K cycles sooner, the refill window of sessions 3-9). */
       if (i > 0 && order) bar_sync(8, 256);
       if (math && !split_s) {
         fence_regs<24>(sc);

@@ -2,7 +2,8 @@
  * path reaches, against the reference backend, inside k3k-gpu-check (CUDA internals).
  *
  * What it is for: k3k_cuda_mla_probe forces the split-S form (32768), the far L2 prefetch
- * (16384) and the fallback path that K3PD_MLA_DECODE_OLD=1 selects (4096 | 8192), each over
+ * (16384), S queued behind P.V (2048, the order of sessions 3-16) and the fallback path that
+ * K3PD_MLA_DECODE_OLD=1 selects (4096 | 8192 | 2048), each over
  * partial tiles, page sizes 64 / 16 / 8, head groups that are not multiples of 48 and late-tile
  * score spikes, plus the refused calls (page id past the pool, seq_len past the table: K3_ERANGE
  * and the output untouched) on that path.
@@ -31,8 +32,8 @@
  * from the RNG), so some heads' scores jump far above the running max in a late tile (the
  * Hopper kernel's exact rescale path) and others land a few units above it (the lazy path's
  * P > 1). */
-/* probe: k3k_cuda_mla_probe bits for this case (0: the service path; 4096 | 8192: the path
- * that K3PD_MLA_DECODE_OLD=1 selects, kept as fallback). */
+/* probe: k3k_cuda_mla_probe bits for this case (0: the service path; 4096 | 8192 | 2048: the
+ * path that K3PD_MLA_DECODE_OLD=1 selects, kept as fallback). */
 static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_t ps,
                          int spike, int probe) {
   int64_t maxp = 0, pages = 0;
@@ -50,6 +51,7 @@ static void t_mla_decode(gctx *g, int n, const int32_t *lens, int64_t NH, int64_
                      probe == 16384             ? " far-prefetch"
                      : probe == 32768           ? " split-S"
                      : probe == (32768 | 16384) ? " split-S far-prefetch"
+                     : probe == 2048            ? " ordered"
                      : probe                    ? " old-path"
                                                 : "",
                      (long long)NH, (long long)ps);
@@ -124,14 +126,17 @@ void gpu_mla_path_cases(gctx *g, bool quick) {
   t_mla_decode(g, 5, l2, 96, 16, 1, 32768);
   t_mla_decode(g, 3, l3, 80, 8, 0, 32768);
   /* the fallback path (K3PD_MLA_DECODE_OLD=1) */
-  t_mla_decode(g, 5, l2, 96, 64, 1, 4096 | 8192);
-  t_mla_decode(g, 3, l3, 80, 16, 0, 4096 | 8192);
+  t_mla_decode(g, 5, l2, 96, 64, 1, 4096 | 8192 | 2048);
+  t_mla_decode(g, 3, l3, 80, 16, 0, 4096 | 8192 | 2048);
+  /* S queued behind P.V (the default of sessions 3-16) */
+  t_mla_decode(g, 5, l2, 96, 64, 1, 2048);
   if (!quick) {
     /* long splits (tens of tiles per block: the page lookups and L2 prefetches 3 tiles ahead
      * run in steady state), with spikes in late tiles, each forced variant */
     int32_t l5[16];
     for (int i = 0; i < 16; i++) l5[i] = 2500 + (i * 331) % 2600;
-    t_mla_decode(g, 16, l5, 96, 64, 1, 4096 | 8192);
+    t_mla_decode(g, 16, l5, 96, 64, 1, 4096 | 8192 | 2048);
+    t_mla_decode(g, 16, l5, 96, 16, 1, 2048);
     t_mla_decode(g, 16, l5, 96, 16, 1, 16384); /* far L2 prefetch variant */
     t_mla_decode(g, 16, l5, 96, 64, 1, 32768); /* split S */
     t_mla_decode(g, 16, l5, 96, 16, 1, 32768 | 16384);

@@ -262,7 +262,8 @@ int gpu_perf(gctx *g) {
     /* Old vs new in the same run (session 10): the op and its phases under each switch,
      * two rounds in alternating order; phases are medians of 9 event-bracketed calls. */
     static const struct { int m; const char *n; } ab[] = {
-        {4096 | 8192, "old (K3PD_MLA_DECODE_OLD=1)"}, {0, "new"},
+        {4096 | 8192 | 2048, "old (K3PD_MLA_DECODE_OLD=1)"}, {0, "new"},
+        {2048, "new, S queued behind P.V (s3-16)"},
         {4096, "new op, old prefetch placement"}, {8192, "new kernel, old op path"},
         {16384, "new, L2 prefetch 5 tiles ahead"}, {32768, "new, split S"},
         {32768 | 16384, "new, split S + far prefetch"}};
@@ -306,7 +307,6 @@ int gpu_perf(gctx *g) {
      * (wrong results, timing only; see k3k_cuda_mla_probe in mla.cu). */
     static const struct { int m; const char *n; } pv[] = {
         {1, "mma.sync kernel"},         {1024, "exact rescale every tile"},
-        {2048, "S not queued behind P.V"},
         {2, "no wgmma"},                {32, "no loads (math only)"},
         {2 | 32, "softmax+barriers only"}, {8, "1 head group"}};
     for (size_t m = 0; m < sizeof pv / sizeof pv[0]; m++) {
