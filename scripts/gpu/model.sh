@@ -16,7 +16,7 @@
 #   scripts/gpu/model.sh BIN LOGDIR [--medium [--profile]] [--medium-only]
 #
 # --medium-only runs step 4 (and 5) alone: for hosts that limit one command's time, steps 1-3
-# (~3 minutes on an H200) and 4-5 as two commands into the same LOGDIR are the same run.
+# (94 s on an H200, step 4 70 s; session 17) and 4-5 as two commands into one LOGDIR are one run.
 #
 # BIN holds k3pd-generate and k3k-gpu-model (built with -DK3PD_CUDA=ON -DK3PD_KERNELS_ONLY=ON)
 # plus, when the host lacks them, libjansson.so.4 and libxxhash.so.0.

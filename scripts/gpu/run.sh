@@ -14,8 +14,8 @@
 #               k3k-gpu-check --quick.
 #   --no-perf   skip the perf table.
 #   --part P    only the parity runs (P = parity) or only the perf runs and the table (P = perf),
-#               for hosts that limit one command's time (the full run takes ~8-10 minutes on an
-#               H200): two commands into the same LOGDIR are the same run.
+#               for hosts that limit one command's time (the full run took 212 s on an H200
+#               with --bin, parity 194 s of it): two commands into the same LOGDIR are the same run.
 # Building here needs cmake, nvcc, pkg-config, and the dev packages of jansson and xxhash (the
 # kernels-only configuration still configures k3_base/k3_ckpt); without them use --bin.
 # Parity, each op synchronised (K3PD_CUDA_SYNC=1) so a device fault names its op:
