@@ -313,8 +313,8 @@ static size_t mla_work_bytes(const k3k_cu_mla_decode_args *a) {
 
 /* Benchmark hook: 1 = the mma.sync kernel even where the Hopper kernel applies; 1024 = the
  * Hopper kernel with an exact max exchange and rescale on every tile, 2048 = S of the next tile
- * queued behind P.V (the default of sessions 3-16), 4096 = warpgroup 1's producer thread does the page lookups and
- * L2 prefetches (the kernel before session 10), 8192 = the op path before session 10 (q staged,
+ * queued behind P.V (the default of sessions 3-16), 4096 = warpgroup 1's producer thread does
+ * the page lookups and L2 prefetches (the kernel before session 10), 8192 = the op path before session 10 (q staged,
  * output through fp32 + cast), 16384 = L2 prefetch 5 tiles ahead instead of 3, 32768 = split S
  * (S starts on the first refill batch; mla_decode_wg.cu) (all correct). Flags that leave a stage of
  * the Hopper kernel out (wrong results, timing only): 2 = no wgmma, 8 = only the first head

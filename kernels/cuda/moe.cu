@@ -8,8 +8,8 @@
  * Plan algorithm (deterministic, no atomics on the order): tokens are cut into chunks of
  * PLAN_CHUNK; pass 1 counts rows per (chunk, expert); pass 2 (one block) turns the counts into
  * expert_off, per-(chunk, expert) bases and the active-expert list; pass 3 walks each chunk's
- * (token, choice) pairs in order, 32 at a time, and hands out rows. Combine: one block per token, 16-byte loads when rows and
- * y are contiguous BF16 with D % 8 == 0; that fast kernel issues all of a thread's row loads
+ * (token, choice) pairs in order, 32 at a time, and hands out rows. Combine: one block per
+ * token, 16-byte loads when rows and y are contiguous BF16 with D % 8 == 0; that fast kernel issues all of a thread's row loads
  * before the first use and is launched with PDL (pdl.cuh). */
 #include "cuda_common.cuh"
 #include "pdl.cuh"

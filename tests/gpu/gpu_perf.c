@@ -10,12 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "csv.h"
 #include "gpu_util.h"
 #include "k3k_cuda_ops.h"
 #include "k3pd/err.h"
+#include "k3pd/util.h"
 
 typedef struct {
   gctx *g;
@@ -26,13 +26,6 @@ typedef struct {
 } pctx;
 
 typedef int (*bench_fn)(void *arg);
-
-/* Wall seconds (CLOCK_MONOTONIC). */
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* Median time in seconds of `fn` over `iters` runs after a warm-up of at least 3 runs and
  * PERF_WARM_S of device-synchronised wall time (at most 1000 runs), as do_bench warms up by
@@ -46,12 +39,12 @@ static double time_it(pctx *P, bench_fn fn, void *arg, int iters) {
   cudaEventCreate(&e1);
   double ts[64];
   if (iters > 64) iters = 64;
-  const double w0 = now_s();
+  const uint64_t w0 = k3_now_ns();
   for (int i = 0; i < 1000; i++) {
     if (fn(arg)) return -1;
     if (i >= 2) {
       if (cudaStreamSynchronize(P->cx->stream) != cudaSuccess) return -1;
-      if (now_s() - w0 >= PERF_WARM_S) break;
+      if ((k3_now_ns() - w0) * 1e-9 >= PERF_WARM_S) break;
     }
   }
   for (int i = 0; i < iters; i++) {
